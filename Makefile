@@ -1,0 +1,51 @@
+# The two commands of the README: `make demo` and `make test`. Both set everything up first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+DEMO_DB := sqlite:///$(CURDIR)/var/demo.sqlite3
+
+.PHONY: install demo test lint format typecheck migrations-check check bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+install: $(BIN)/.installed
+
+## Set up, run the demonstration on SQLite, then serve the admin on 127.0.0.1:8000.
+demo: install
+	mkdir -p var
+	DATABASE_URL=$(DEMO_DB) $(PY) manage.py migrate --noinput
+	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_demo
+	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_demo_data
+	DATABASE_URL=$(DEMO_DB) $(PY) manage.py runserver 127.0.0.1:8000
+
+## Set up and run the whole suite (DATABASE_URL picks the database; default SQLite).
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+typecheck: install
+	$(BIN)/mypy llm_budgets
+
+migrations-check: install
+	$(PY) manage.py makemigrations --check --dry-run
+
+check: lint typecheck migrations-check test
+
+## Admission throughput on PostgreSQL (see docs/performance.md).
+bench: install
+	$(PY) bench/admission.py
+
+clean:
+	rm -rf $(VENV) var build *.egg-info

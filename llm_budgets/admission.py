@@ -1,0 +1,231 @@
+"""Admission: price the worst case and take a hold on every budget that applies, or on none.
+
+The hold is taken in one transaction that locks the counter rows (``select_for_update``, in
+primary-key order, so concurrent admissions cannot deadlock) and checks
+``spent + reserved + amount <= limit`` on each. On SQLite, which has no row locks, the same
+transaction takes the database write lock at BEGIN (``transaction_mode=IMMEDIATE``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from llm_budgets import validation
+from llm_budgets.conf import conf
+from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, OutputCeilingRequired
+from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
+from llm_budgets.models import Counter, Reservation, ReservationHold
+from llm_budgets.pricing import price_in_effect, worst_case
+from llm_budgets.selectors import ApplicableBudget, applicable_budgets
+from llm_budgets.tenants import end_user_ensure, tenant_get
+
+
+class NoApplicableBudget(InvalidUsage):
+    """No budget covers the request: admitting it would spend without any cap."""
+
+    code = "no_budget"
+
+    def __init__(self, tenant: str) -> None:
+        super().__init__(
+            f"No budget applies to tenant {tenant!r}, so the call would be uncapped and was "
+            'refused. Set one, e.g. budgets.set_limit(amount=Decimal("1000"), window="month") '
+            "for a global cap.",
+            field="tenant",
+        )
+
+
+@dataclass(frozen=True)
+class _Request:
+    tenant: str
+    end_user: str | None
+    provider: str
+    model: str
+    input_tokens: int
+    max_output_tokens: int | None
+    idempotency_key: str | None
+    ttl: timedelta
+
+
+def _validate(
+    *,
+    tenant: object,
+    end_user: object,
+    provider: object,
+    model: object,
+    input_tokens: object,
+    max_output_tokens: object,
+    idempotency_key: object,
+    ttl: object,
+) -> _Request:
+    if ttl is None:
+        ttl_delta = timedelta(seconds=conf.DEFAULT_TTL_SECONDS)
+    elif isinstance(ttl, timedelta):
+        ttl_delta = ttl
+    elif isinstance(ttl, int) and not isinstance(ttl, bool):
+        ttl_delta = timedelta(seconds=ttl)
+    else:
+        raise InvalidUsage(f"ttl must be seconds (int) or a timedelta, got {ttl!r}.", field="ttl")
+    if not timedelta(seconds=1) <= ttl_delta <= timedelta(seconds=conf.MAX_TTL_SECONDS):
+        raise InvalidUsage(
+            f"ttl must be from 1 to {conf.MAX_TTL_SECONDS} seconds, "
+            f"got {ttl_delta.total_seconds():g}.",
+            field="ttl",
+        )
+    return _Request(
+        tenant=validation.identifier("tenant", tenant),
+        end_user=None if end_user is None else validation.identifier("end_user", end_user),
+        provider=validation.identifier("provider", provider, max_length=64),
+        model=validation.identifier("model", model, max_length=128),
+        input_tokens=validation.token_count("input_tokens", input_tokens),
+        max_output_tokens=None
+        if max_output_tokens is None
+        else validation.token_count("max_output_tokens", max_output_tokens, allow_zero=False),
+        idempotency_key=None
+        if idempotency_key is None
+        else validation.identifier("idempotency_key", idempotency_key),
+        ttl=ttl_delta,
+    )
+
+
+class _MissingCounters(Exception):
+    """Leaves the locking transaction so missing counters are created without holding locks."""
+
+
+def reservation_create(
+    *,
+    tenant: object,
+    end_user: object = None,
+    provider: object,
+    model: object,
+    input_tokens: object,
+    max_output_tokens: object = None,
+    idempotency_key: object = None,
+    ttl: object = None,
+    now: datetime | None = None,
+) -> Reservation:
+    """Admit a call: hold its worst-case cost on every budget that applies, or raise.
+
+    Raises ``InvalidUsage`` (bad arguments), ``UnknownTenant``, ``OutputCeilingRequired``,
+    ``UnknownPrice``, ``NoApplicableBudget``, ``BudgetExceeded`` or ``LedgerUnavailable``; in each
+    case no hold is taken.
+    """
+    request = _validate(
+        tenant=tenant,
+        end_user=end_user,
+        provider=provider,
+        model=model,
+        input_tokens=input_tokens,
+        max_output_tokens=max_output_tokens,
+        idempotency_key=idempotency_key,
+        ttl=ttl,
+    )
+    now = now or timezone.now()
+    with ledger_guard("admission"):
+        tenant_obj = tenant_get(request.tenant)
+        if request.idempotency_key is not None:
+            existing = Reservation.objects.filter(
+                tenant=tenant_obj, idempotency_key=request.idempotency_key
+            ).first()
+            if existing is not None:
+                return existing
+        ceiling = request.max_output_tokens
+        if ceiling is None:
+            ceiling = tenant_obj.plan.default_max_output_tokens if tenant_obj.plan else None
+            if ceiling is None:
+                raise OutputCeilingRequired()
+        price = price_in_effect(provider=request.provider, model=request.model, at=now)
+        amount = worst_case(price, input_tokens=request.input_tokens, max_output_tokens=ceiling)
+        user_obj = end_user_ensure(tenant_obj, request.end_user) if request.end_user else None
+        applicable = applicable_budgets(tenant_obj, user_obj, now)
+        if not applicable:
+            raise NoApplicableBudget(request.tenant)
+        reservation = Reservation(
+            tenant=tenant_obj,
+            end_user=user_obj,
+            provider=request.provider,
+            model=request.model,
+            price=price,
+            input_tokens=request.input_tokens,
+            max_output_tokens=ceiling,
+            amount=amount,
+            currency=price.currency,
+            idempotency_key=request.idempotency_key,
+            created_at=now,
+            expires_at=now + request.ttl,
+        )
+        for _attempt in range(2):
+            try:
+                return _hold(reservation, applicable)
+            except _MissingCounters:
+                Counter.objects.bulk_create(
+                    [Counter(budget=a.budget, period_start=a.period.start) for a in applicable],
+                    ignore_conflicts=True,
+                )
+            except IntegrityError:
+                if request.idempotency_key is None:
+                    raise
+                # A concurrent request with the same key won the insert: return its reservation.
+                return Reservation.objects.get(
+                    tenant=tenant_obj, idempotency_key=request.idempotency_key
+                )
+        return _hold(reservation, applicable)
+
+
+def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reservation:
+    """The one transaction: lock the counters in pk order, check each, hold on all or raise."""
+    by_key = {(a.budget.pk, a.period.start): a for a in applicable}
+    bound_sqlite_wait()
+    with transaction.atomic():
+        bound_lock_wait()
+        reservation.save(force_insert=True)
+        counters = list(
+            Counter.objects.select_for_update()
+            .filter(
+                budget__in=[a.budget.pk for a in applicable],
+                period_start__in={k[1] for k in by_key},
+            )
+            .order_by("pk")
+        )
+        counters = [c for c in counters if (c.budget_id, c.period_start) in by_key]
+        if len(counters) < len(by_key):
+            raise _MissingCounters
+        refusals = []
+        for counter in counters:
+            item = by_key[(counter.budget_id, counter.period_start)]
+            remaining = item.budget.limit - counter.spent - counter.reserved
+            if reservation.amount > remaining:
+                refusals.append((remaining, item))
+        if refusals:
+            remaining, item = min(refusals, key=lambda r: r[0])
+            raise _exceeded(reservation, item, remaining)
+        Counter.objects.filter(pk__in=[c.pk for c in counters]).update(
+            reserved=F("reserved") + reservation.amount
+        )
+        ReservationHold.objects.bulk_create(
+            [ReservationHold(reservation=reservation, counter=c) for c in counters]
+        )
+    return reservation
+
+
+def _exceeded(
+    reservation: Reservation, item: ApplicableBudget, remaining: Decimal
+) -> BudgetExceeded:
+    budget = item.budget
+    return BudgetExceeded(
+        scope=budget.scope_label,
+        window=budget.window,
+        limit=budget.limit,
+        remaining=max(Decimal(0), remaining),
+        requested=reservation.amount,
+        resets_at=item.period.end,
+        currency=budget.currency,
+        budget_id=budget.pk,
+        tenant=reservation.tenant.external_id,
+        end_user=reservation.end_user.external_id if reservation.end_user else None,
+    )

@@ -1,0 +1,247 @@
+"""The public Python API: ``from llm_budgets import budgets``.
+
+Thin by design: each function validates nothing itself and calls one service. See the README's
+five-minute tour.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from decimal import Decimal
+from types import TracebackType
+from typing import Any
+from uuid import UUID
+
+from django.utils import timezone
+
+from llm_budgets import admission, limits, pricing, selectors, settlement, tenants
+from llm_budgets.exceptions import ReservationStateError
+from llm_budgets.models import Budget, EndUser, Price, Reservation, ReservationState, Tenant
+from llm_budgets.settlement import CommitResult
+
+logger = logging.getLogger("llm_budgets")
+
+__all__ = [
+    "CommitResult",
+    "Hold",
+    "commit",
+    "ensure_tenant",
+    "release",
+    "reserve",
+    "set_limit",
+    "set_price",
+    "status",
+    "sweep",
+]
+
+
+class Hold:
+    """A reservation as the caller sees it. Use it as a context manager to never leak it.
+
+    Inside ``with budgets.reserve(...) as hold:`` an exception releases the hold, except a
+    ``TimeoutError``: a timeout is no proof the provider stopped, so the hold stays and expires
+    (charged as estimated). Leaving the block without commit or release raises
+    ``ReservationStateError`` and also leaves the hold to expire, for the same reason.
+    """
+
+    def __init__(self, reservation: Reservation) -> None:
+        self._reservation = reservation
+        self._result: CommitResult | None = None
+
+    def __repr__(self) -> str:
+        return f"<Hold {self.id} {self.amount} {self.currency} {self.state}>"
+
+    @property
+    def id(self) -> UUID:
+        return self._reservation.pk
+
+    @property
+    def amount(self) -> Decimal:
+        return self._reservation.amount
+
+    @property
+    def currency(self) -> str:
+        return self._reservation.currency
+
+    @property
+    def expires_at(self) -> datetime:
+        return self._reservation.expires_at
+
+    @property
+    def state(self) -> str:
+        return self._reservation.state
+
+    @property
+    def model(self) -> str:
+        return self._reservation.model
+
+    @property
+    def max_output_tokens(self) -> int:
+        return self._reservation.max_output_tokens
+
+    @property
+    def reservation(self) -> Reservation:
+        return self._reservation
+
+    def commit(
+        self, *, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0
+    ) -> CommitResult:
+        """Charge actual usage; returns ``cost`` and ``overage``. Idempotent."""
+        self._result = settlement.reservation_commit(
+            self.id,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cached_input_tokens=cached_input_tokens,
+        )
+        self._reservation.state = self._result.state
+        return self._result
+
+    def release(self) -> str:
+        """Drop the hold (the call produced nothing). Returns the final state."""
+        self._reservation.state = settlement.reservation_release(self.id)
+        return self._reservation.state
+
+    def refresh(self) -> Hold:
+        self._reservation.refresh_from_db()
+        return self
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._reservation.state != ReservationState.HELD:
+            return
+        if exc_type is None:
+            raise ReservationStateError(
+                f"Reservation {self.id} left its with-block still held: call hold.commit(...) "
+                "after the provider answers, or hold.release() if it produced nothing. The hold "
+                "stays until it expires and is then charged as estimated spend.",
+                state=self.state,
+            )
+        if issubclass(exc_type, TimeoutError):
+            logger.warning(
+                "llm_budgets: reservation %s timed out; its hold stays until expiry.", self.id
+            )
+            return
+        self.release()
+
+
+def set_price(
+    *,
+    provider: str,
+    model: str,
+    input_per_mtok: Decimal | int | str,
+    output_per_mtok: Decimal | int | str,
+    cached_input_per_mtok: Decimal | int | str | None = None,
+    cache_write_per_mtok: Decimal | int | str | None = None,
+    per_request: Decimal | int | str = 0,
+    effective_from: datetime | None = None,
+) -> Price:
+    """Add a price version for (provider, model), in effect from ``effective_from`` (now)."""
+    return pricing.price_set(
+        provider=provider,
+        model=model,
+        input_per_mtok=input_per_mtok,
+        output_per_mtok=output_per_mtok,
+        cached_input_per_mtok=cached_input_per_mtok,
+        cache_write_per_mtok=cache_write_per_mtok,
+        per_request=per_request,
+        effective_from=effective_from,
+    )
+
+
+def ensure_tenant(
+    external_id: str,
+    *,
+    name: str | None = None,
+    timezone: str | None = None,
+    billing_day: int | None = None,
+    plan: str | None = None,
+) -> Tenant:
+    """Create the tenant, or update the fields given."""
+    return tenants.tenant_ensure(
+        external_id, name=name, timezone=timezone, billing_day=billing_day, plan=plan
+    )
+
+
+def set_limit(
+    *,
+    amount: Decimal | int | str,
+    window: str,
+    tenant: str | None = None,
+    end_user: str | None = None,
+    actor: str = "",
+    reason: str = "",
+) -> Budget:
+    """Create or change a budget: global (no tenant), a tenant, each of its end users (``"*"``),
+    or one end user."""
+    return limits.budget_set_limit(
+        amount=amount, window=window, tenant=tenant, end_user=end_user, actor=actor, reason=reason
+    )
+
+
+def reserve(
+    *,
+    tenant: str,
+    model: str,
+    input_tokens: int,
+    max_output_tokens: int | None = None,
+    end_user: str | None = None,
+    provider: str = "openai",
+    idempotency_key: str | None = None,
+    ttl: int | None = None,
+) -> Hold:
+    """Admit a call and hold its worst-case cost, or raise a ``BudgetError`` that says why."""
+    return Hold(
+        admission.reservation_create(
+            tenant=tenant,
+            end_user=end_user,
+            provider=provider,
+            model=model,
+            input_tokens=input_tokens,
+            max_output_tokens=max_output_tokens,
+            idempotency_key=idempotency_key,
+            ttl=ttl,
+        )
+    )
+
+
+def commit(
+    hold_id: UUID | str, *, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0
+) -> CommitResult:
+    """Commit a reservation by id (e.g. from another process)."""
+    return settlement.reservation_commit(
+        hold_id,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cached_input_tokens=cached_input_tokens,
+    )
+
+
+def release(hold_id: UUID | str) -> str:
+    """Release a reservation by id. Returns its final state."""
+    return settlement.reservation_release(hold_id)
+
+
+def status(*, tenant: str, end_user: str | None = None) -> list[selectors.BudgetStatus]:
+    """Every budget that applies to the tenant (and end user): limit, spent, reserved, remaining,
+    period start and ``resets_at``."""
+    tenant_obj = tenants.tenant_get(tenant)
+    user_obj = None
+    if end_user is not None:
+        user_obj = tenant_obj.end_users.filter(external_id=end_user).first()
+        if user_obj is None:
+            # Not seen yet: show the defaults it would get, without creating it.
+            user_obj = EndUser(tenant=tenant_obj, external_id=end_user)
+    return selectors.budget_statuses(tenant_obj, user_obj, timezone.now())
+
+
+def sweep(**kwargs: Any) -> int:
+    """Expire overdue holds (see ``EXPIRED_HOLD_POLICY``). Returns how many expired."""
+    return settlement.reservations_sweep(**kwargs)

@@ -1,0 +1,124 @@
+"""System checks for ``settings.LLM_BUDGETS`` and for the database's ability to lock rows."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import connections
+
+from llm_budgets.conf import DEFAULTS, EXPIRED_HOLD_POLICIES
+
+
+def _is_positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+@register(Tags.compatibility)
+def check_settings(**kwargs: Any) -> list[CheckMessage]:
+    user = getattr(settings, "LLM_BUDGETS", {})
+    if not isinstance(user, dict):
+        return [
+            Error(
+                "LLM_BUDGETS must be a dict.",
+                hint=f"Got {type(user).__name__}; see docs/settings.md.",
+                id="llm_budgets.E001",
+            )
+        ]
+    errors: list[CheckMessage] = []
+    for key in sorted(set(user) - set(DEFAULTS)):
+        errors.append(
+            Error(
+                f"LLM_BUDGETS has an unknown key {key!r}.",
+                hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
+                id="llm_budgets.E002",
+            )
+        )
+    values = {**DEFAULTS, **user}
+    if not _is_positive_int(values["DEFAULT_TTL_SECONDS"]):
+        errors.append(
+            Error(
+                "LLM_BUDGETS['DEFAULT_TTL_SECONDS'] must be a positive integer (seconds).",
+                hint=f"Got {values['DEFAULT_TTL_SECONDS']!r}.",
+                id="llm_budgets.E003",
+            )
+        )
+    lock_timeout = values["LOCK_TIMEOUT_SECONDS"]
+    if (
+        isinstance(lock_timeout, bool)
+        or not isinstance(lock_timeout, int | float | Decimal)
+        or not 0 < lock_timeout <= 60
+    ):
+        errors.append(
+            Error(
+                "LLM_BUDGETS['LOCK_TIMEOUT_SECONDS'] must be a number of seconds in (0, 60].",
+                hint=f"Got {lock_timeout!r}. Admission waits at most this long for a counter lock.",
+                id="llm_budgets.E004",
+            )
+        )
+    if values["EXPIRED_HOLD_POLICY"] not in EXPIRED_HOLD_POLICIES:
+        errors.append(
+            Error(
+                "LLM_BUDGETS['EXPIRED_HOLD_POLICY'] must be 'charge' or 'release'.",
+                hint=f"Got {values['EXPIRED_HOLD_POLICY']!r}.",
+                id="llm_budgets.E005",
+            )
+        )
+    currency = values["CURRENCY"]
+    if not isinstance(currency, str) or not re.fullmatch(r"[A-Z]{3}", currency):
+        errors.append(
+            Error(
+                "LLM_BUDGETS['CURRENCY'] must be an ISO 4217 code such as 'USD'.",
+                hint=f"Got {currency!r}.",
+                id="llm_budgets.E006",
+            )
+        )
+    if not _is_positive_int(values["MAX_TOKENS_PER_CALL"]):
+        errors.append(
+            Error(
+                "LLM_BUDGETS['MAX_TOKENS_PER_CALL'] must be a positive integer.",
+                hint=f"Got {values['MAX_TOKENS_PER_CALL']!r}.",
+                id="llm_budgets.E007",
+            )
+        )
+    max_ttl = values["MAX_TTL_SECONDS"]
+    if not _is_positive_int(max_ttl) or (
+        _is_positive_int(values["DEFAULT_TTL_SECONDS"]) and max_ttl < values["DEFAULT_TTL_SECONDS"]
+    ):
+        errors.append(
+            Error(
+                "LLM_BUDGETS['MAX_TTL_SECONDS'] must be a positive integer "
+                "no smaller than DEFAULT_TTL_SECONDS.",
+                hint=f"Got {max_ttl!r}.",
+                id="llm_budgets.E008",
+            )
+        )
+    return errors
+
+
+@register(Tags.database)
+def check_row_locking(**kwargs: Any) -> list[CheckMessage]:
+    """Warn when admission cannot be serialised: no row locks and no write lock at BEGIN."""
+    messages: list[CheckMessage] = []
+    for alias in kwargs.get("databases") or []:
+        connection = connections[alias]
+        if connection.features.has_select_for_update:
+            continue
+        mode = (connection.settings_dict.get("OPTIONS") or {}).get("transaction_mode")
+        if connection.vendor == "sqlite" and str(mode).upper() == "IMMEDIATE":
+            continue
+        messages.append(
+            Warning(
+                f"Database {alias!r} ({connection.vendor}) cannot lock rows, so concurrent "
+                "admissions may overspend a budget.",
+                hint=(
+                    "Use PostgreSQL in production. On SQLite set "
+                    "OPTIONS={'transaction_mode': 'IMMEDIATE', 'timeout': 5}."
+                ),
+                id="llm_budgets.W001",
+            )
+        )
+    return messages

@@ -1,0 +1,66 @@
+"""The app's settings: one dict, ``settings.LLM_BUDGETS``, read through a typed object.
+
+Every access re-reads ``django.conf.settings`` so ``override_settings`` just works. Values are
+validated by the system checks in :mod:`llm_budgets.checks`, not here: reading stays cheap on the
+admission path.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    # Seconds a hold lives before the sweep expires it (per call: ``reserve(ttl=...)``).
+    "DEFAULT_TTL_SECONDS": 120,
+    # How long admission waits for a counter lock before refusing with LedgerUnavailable.
+    "LOCK_TIMEOUT_SECONDS": 3,
+    # What the sweep does with an overdue hold: "charge" its amount as estimated spend
+    # (a timeout is no proof the provider stopped), or "release" it.
+    "EXPIRED_HOLD_POLICY": "charge",
+    # Currency of prices and limits (ISO 4217). One currency per installation for now.
+    "CURRENCY": "USD",
+    # Token counts above this are refused as absurd (InvalidUsage), per field and per call.
+    "MAX_TOKENS_PER_CALL": 10_000_000,
+    # Longest TTL a caller may ask for, in seconds.
+    "MAX_TTL_SECONDS": 24 * 60 * 60,
+}
+
+EXPIRED_HOLD_POLICIES = ("charge", "release")
+
+
+class Settings:
+    """Shadow of ``settings.LLM_BUDGETS`` with defaults filled in."""
+
+    def _get(self, key: str) -> Any:
+        user = getattr(settings, "LLM_BUDGETS", None) or {}
+        return user.get(key, DEFAULTS[key])
+
+    @property
+    def DEFAULT_TTL_SECONDS(self) -> int:
+        return int(self._get("DEFAULT_TTL_SECONDS"))
+
+    @property
+    def LOCK_TIMEOUT_SECONDS(self) -> Decimal:
+        return Decimal(str(self._get("LOCK_TIMEOUT_SECONDS")))
+
+    @property
+    def EXPIRED_HOLD_POLICY(self) -> str:
+        return str(self._get("EXPIRED_HOLD_POLICY"))
+
+    @property
+    def CURRENCY(self) -> str:
+        return str(self._get("CURRENCY"))
+
+    @property
+    def MAX_TOKENS_PER_CALL(self) -> int:
+        return int(self._get("MAX_TOKENS_PER_CALL"))
+
+    @property
+    def MAX_TTL_SECONDS(self) -> int:
+        return int(self._get("MAX_TTL_SECONDS"))
+
+
+conf = Settings()

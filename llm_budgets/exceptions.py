@@ -1,0 +1,164 @@
+"""Every error the app raises, under one base, :class:`BudgetError`.
+
+Errors carry context as attributes (for the REST layer and for logs) and a message a person can
+act on. HTTP mapping lives only in the API layer.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.utils import timezone
+
+from llm_budgets.money import display
+
+
+class BudgetError(Exception):
+    """Base of every llm_budgets error."""
+
+    code = "budget_error"
+
+    def __init__(self, message: str, **context: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.context = context
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class BudgetExceeded(BudgetError):
+    """Admitting the request would take a budget past its limit."""
+
+    code = "budget_exceeded"
+
+    def __init__(
+        self,
+        *,
+        scope: str,
+        window: str,
+        limit: Decimal,
+        remaining: Decimal,
+        requested: Decimal,
+        resets_at: datetime | None,
+        currency: str,
+        budget_id: int | None = None,
+        tenant: str | None = None,
+        end_user: str | None = None,
+    ) -> None:
+        self.scope = scope
+        self.window = window
+        self.limit = limit
+        self.remaining = remaining
+        self.requested = requested
+        self.resets_at = resets_at
+        self.currency = currency
+        self.budget_id = budget_id
+        self.tenant = tenant
+        self.end_user = end_user
+        when = f"resets at {resets_at.isoformat()}" if resets_at else "never resets (lifetime)"
+        message = (
+            f"Budget exceeded: {scope} {window} budget has {display(remaining)} {currency} "
+            f"remaining of {display(limit)}; this request needs {display(requested)}. It {when}."
+        )
+        super().__init__(
+            message,
+            scope=scope,
+            window=window,
+            limit=limit,
+            remaining=remaining,
+            requested=requested,
+            resets_at=resets_at,
+        )
+
+    @property
+    def retry_after(self) -> int | None:
+        """Whole seconds until the budget resets, or None for a lifetime budget."""
+        if self.resets_at is None:
+            return None
+        seconds = (self.resets_at - timezone.now()).total_seconds()
+        return max(1, int(seconds) + (0 if seconds == int(seconds) else 1))
+
+
+class UnknownPrice(BudgetError, LookupError):
+    """No price is in effect for the model, so the worst case cannot be priced."""
+
+    code = "unknown_price"
+
+    def __init__(self, *, provider: str, model: str) -> None:
+        self.provider = provider
+        self.model = model
+        super().__init__(
+            f"No price is in effect for {provider}/{model}, so the call cannot be admitted. "
+            f'Set one with budgets.set_price(provider="{provider}", model="{model}", ...).',
+            provider=provider,
+            model=model,
+        )
+
+
+class OutputCeilingRequired(BudgetError, ValueError):
+    """The request has no ``max_output_tokens`` and its plan sets no default."""
+
+    code = "output_ceiling_required"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "max_output_tokens is required: without an output ceiling the worst-case cost is "
+            "unbounded. Pass max_output_tokens, or set default_max_output_tokens on the plan."
+        )
+
+
+class InvalidUsage(BudgetError, ValueError):
+    """An argument is missing, of the wrong type or out of range; ``field`` names it."""
+
+    code = "invalid"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        self.field = field
+        super().__init__(message, field=field)
+
+
+class UnknownTenant(InvalidUsage, LookupError):
+    """No tenant has that external id."""
+
+    code = "unknown_tenant"
+
+    def __init__(self, external_id: str) -> None:
+        self.external_id = external_id
+        super().__init__(
+            f"No tenant has external_id {external_id!r}. "
+            f'Create it first with budgets.ensure_tenant("{external_id}", ...).',
+            field="tenant",
+        )
+
+
+class ReservationNotFound(BudgetError, LookupError):
+    """No reservation has that id."""
+
+    code = "reservation_not_found"
+
+    def __init__(self, reservation_id: object) -> None:
+        self.reservation_id = reservation_id
+        super().__init__(f"No reservation has id {reservation_id}.")
+
+
+class ReservationStateError(BudgetError):
+    """The reservation's state does not allow the operation (e.g. commit after release)."""
+
+    code = "reservation_state"
+
+    def __init__(self, message: str, *, state: str) -> None:
+        self.state = state
+        super().__init__(message, state=state)
+
+
+class LedgerUnavailable(BudgetError):
+    """The ledger could not be read or written in time; the call is refused (fail closed)."""
+
+    code = "ledger_unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        self.retry_after = retry_after
+        super().__init__(message, retry_after=retry_after)

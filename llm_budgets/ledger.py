@@ -1,0 +1,47 @@
+"""The ledger's failure boundary: any database error becomes ``LedgerUnavailable`` (fail closed),
+and lock waits are bounded by ``LOCK_TIMEOUT_SECONDS`` on every backend."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import DatabaseError, connection
+
+from llm_budgets.conf import conf
+from llm_budgets.exceptions import LedgerUnavailable
+
+logger = logging.getLogger("llm_budgets")
+
+
+@contextmanager
+def ledger_guard(action: str) -> Iterator[None]:
+    """Turn a database failure into a refusal that explains itself."""
+    try:
+        yield
+    except DatabaseError as exc:
+        logger.error("llm_budgets: ledger unavailable during %s: %s", action, exc)
+        raise LedgerUnavailable(
+            f"The budget ledger could not be read or written during {action} "
+            f"({type(exc).__name__}: {str(exc).strip() or 'no detail'}). The call was refused; "
+            "retry shortly.",
+            retry_after=max(1, int(conf.LOCK_TIMEOUT_SECONDS)),
+        ) from exc
+
+
+def bound_sqlite_wait() -> None:
+    """SQLite takes its write lock at BEGIN, so its busy timeout must be set before the block."""
+    if connection.vendor == "sqlite" and not connection.in_atomic_block:
+        with connection.cursor() as cursor:
+            cursor.execute(f"PRAGMA busy_timeout = {int(conf.LOCK_TIMEOUT_SECONDS * 1000)}")
+
+
+def bound_lock_wait() -> None:
+    """Inside the transaction: wait at most LOCK_TIMEOUT_SECONDS for a row lock (PostgreSQL)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT set_config('lock_timeout', %s, true)",
+                [f"{int(conf.LOCK_TIMEOUT_SECONDS * 1000)}ms"],
+            )

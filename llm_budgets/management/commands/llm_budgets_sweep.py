@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from llm_budgets.settlement import reservations_sweep
+
+
+class Command(BaseCommand):
+    help = "Expire overdue holds (charged as estimated spend, or released: EXPIRED_HOLD_POLICY)."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        expired = reservations_sweep()
+        self.stdout.write(f"Expired {expired} overdue hold(s).")

@@ -1,0 +1,54 @@
+"""Conservation check: a counter's ``spent`` is the sum of its ledger lines and its ``reserved``
+the sum of its live holds. Reports drift; fixes nothing by itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.db.models import Sum
+
+from llm_budgets.models import Counter, ReservationHold, ReservationState, UsageRecord
+from llm_budgets.money import ZERO
+
+
+@dataclass(frozen=True)
+class Drift:
+    counter_id: int
+    budget_id: int
+    field: str  # "spent" or "reserved"
+    stored: Decimal
+    expected: Decimal
+
+    def __str__(self) -> str:
+        return (
+            f"counter {self.counter_id} (budget {self.budget_id}): {self.field} is {self.stored}, "
+            f"ledger says {self.expected} (drift {self.stored - self.expected})"
+        )
+
+
+def counters_drift() -> list[Drift]:
+    """Every counter whose stored totals differ from what the ledger and live holds say."""
+    spent: dict[int, Decimal] = {}
+    for row in (
+        UsageRecord.objects.filter(reservation__holds__isnull=False)
+        .values("reservation__holds__counter")
+        .annotate(total=Sum("cost"))
+    ):
+        spent[row["reservation__holds__counter"]] = row["total"]
+    reserved: dict[int, Decimal] = {
+        row["counter"]: row["total"]
+        for row in ReservationHold.objects.filter(reservation__state=ReservationState.HELD)
+        .values("counter")
+        .annotate(total=Sum("reservation__amount"))
+    }
+    drift = []
+    for counter in Counter.objects.order_by("pk"):
+        for field, expected in (
+            ("spent", spent.get(counter.pk, ZERO)),
+            ("reserved", reserved.get(counter.pk, ZERO)),
+        ):
+            stored = getattr(counter, field)
+            if stored != expected:
+                drift.append(Drift(counter.pk, counter.budget_id, field, stored, expected))
+    return drift

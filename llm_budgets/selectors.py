@@ -1,0 +1,97 @@
+"""Reads: which budgets apply to a request, and where each stands now. No writes here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.db.models import Q
+
+from llm_budgets.models import Budget, Counter, EndUser, Scope, Tenant
+from llm_budgets.windows import Period, period_for
+
+
+@dataclass(frozen=True)
+class ApplicableBudget:
+    budget: Budget
+    period: Period
+
+
+def applicable_budgets(
+    tenant: Tenant, end_user: EndUser | None, at: datetime
+) -> list[ApplicableBudget]:
+    """Global, tenant, and the end user's own budgets (each replacing the ``*`` default for
+    its window), each with the period that contains ``at``."""
+    scopes = Q(scope=Scope.GLOBAL) | Q(tenant=tenant, scope=Scope.TENANT)
+    if end_user is not None:
+        scopes |= Q(tenant=tenant, scope=Scope.END_USER_DEFAULT)
+        if end_user.pk is not None:
+            scopes |= Q(end_user=end_user, scope=Scope.END_USER)
+    budgets = list(Budget.objects.filter(scopes))
+    own_windows = {b.window for b in budgets if b.scope == Scope.END_USER}
+    result = []
+    for budget in budgets:
+        if budget.scope == Scope.END_USER_DEFAULT and budget.window in own_windows:
+            continue
+        # Attach the objects we already have, so labels cost no queries.
+        budget.tenant = tenant if budget.tenant_id else None
+        if budget.scope == Scope.END_USER:
+            budget.end_user = end_user
+        if budget.scope == Scope.GLOBAL:
+            period = period_for(budget.window, at)
+        else:
+            period = period_for(
+                budget.window, at, timezone=tenant.timezone, billing_day=tenant.billing_day
+            )
+        result.append(ApplicableBudget(budget, period))
+    return result
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    budget_id: int
+    scope: str
+    scope_label: str
+    window: str
+    limit: Decimal
+    spent: Decimal
+    reserved: Decimal
+    remaining: Decimal
+    currency: str
+    period_start: datetime
+    resets_at: datetime | None
+
+
+def budget_statuses(tenant: Tenant, end_user: EndUser | None, at: datetime) -> list[BudgetStatus]:
+    """Every budget that applies, with its current period's spent, reserved and remaining."""
+    applicable = applicable_budgets(tenant, end_user, at)
+    counters = {
+        (c.budget_id, c.period_start): c
+        for c in Counter.objects.filter(
+            budget__in=[a.budget for a in applicable],
+            period_start__in={a.period.start for a in applicable},
+        )
+    }
+    statuses = []
+    for item in applicable:
+        budget = item.budget
+        counter = counters.get((budget.pk, item.period.start))
+        spent = counter.spent if counter else Decimal(0)
+        reserved = counter.reserved if counter else Decimal(0)
+        statuses.append(
+            BudgetStatus(
+                budget_id=budget.pk,
+                scope=budget.scope,
+                scope_label=budget.scope_label,
+                window=budget.window,
+                limit=budget.limit,
+                spent=spent,
+                reserved=reserved,
+                remaining=max(Decimal(0), budget.limit - spent - reserved),
+                currency=budget.currency,
+                period_start=item.period.start,
+                resets_at=item.period.end,
+            )
+        )
+    return statuses

@@ -1,0 +1,265 @@
+"""Settlement: commit actual usage, release an unused hold, expire overdue holds.
+
+Every transition locks the reservation row first, so each reservation ends in exactly one terminal
+state however many processes try. Counters are then locked in primary-key order, as in admission.
+Usage is charged to the counters the hold was taken on: the period the reservation was made in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from uuid import UUID
+
+from django.db import transaction
+from django.db.models import F, Sum
+from django.utils import timezone
+
+from llm_budgets import validation
+from llm_budgets.conf import conf
+from llm_budgets.exceptions import InvalidUsage, ReservationNotFound, ReservationStateError
+from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
+from llm_budgets.models import Counter, Reservation, ReservationState, UsageKind, UsageRecord
+from llm_budgets.money import ZERO, round_charge
+from llm_budgets.pricing import actual_cost
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    reservation_id: UUID
+    state: str
+    cost: Decimal
+    reserved: Decimal
+    overage: Decimal  # actual cost above the hold; zero when the hold covered it
+    currency: str
+
+
+def _reservation_id(value: object) -> UUID:
+    if isinstance(value, UUID):
+        return value
+    try:
+        return UUID(str(value))
+    except ValueError:
+        raise InvalidUsage(
+            f"reservation id must be a UUID, got {value!r}.", field="reservation_id"
+        ) from None
+
+
+def _lock_reservation(reservation_id: UUID) -> Reservation:
+    try:
+        return (
+            Reservation.objects.select_for_update().select_related("price").get(pk=reservation_id)
+        )
+    except Reservation.DoesNotExist:
+        raise ReservationNotFound(reservation_id) from None
+
+
+def _move(reservation: Reservation, *, reserved: Decimal, spent: Decimal) -> None:
+    """Add ``reserved`` and ``spent`` (either may be negative) to every counter of the hold."""
+    counter_ids = list(
+        Counter.objects.select_for_update()
+        .filter(holds__reservation=reservation)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    Counter.objects.filter(pk__in=counter_ids).update(
+        reserved=F("reserved") + reserved, spent=F("spent") + spent
+    )
+
+
+def _result(reservation: Reservation) -> CommitResult:
+    totals = reservation.usage_records.aggregate(cost=Sum("cost"), overage=Sum("overage"))
+    return CommitResult(
+        reservation_id=reservation.pk,
+        state=str(reservation.state),
+        # SQLite sums decimals with float-like scale: bring totals back to the stored precision.
+        cost=round_charge(totals["cost"] or ZERO),
+        reserved=reservation.amount,
+        overage=round_charge(totals["overage"] or ZERO),
+        currency=reservation.currency,
+    )
+
+
+def _record(
+    reservation: Reservation,
+    *,
+    kind: str,
+    cost: Decimal,
+    estimated: bool,
+    now: datetime,
+    overage: Decimal = ZERO,
+    **usage: int,
+) -> None:
+    UsageRecord.objects.create(
+        reservation=reservation,
+        kind=kind,
+        tenant_id=reservation.tenant_id,
+        end_user_id=reservation.end_user_id,
+        provider=reservation.provider,
+        model=reservation.model,
+        price_id=reservation.price_id,
+        cost=cost,
+        currency=reservation.currency,
+        is_estimated=estimated,
+        overage=overage,
+        period_start=reservation.created_at,
+        created_at=now,
+        **usage,
+    )
+
+
+def reservation_commit(
+    reservation_id: object,
+    *,
+    input_tokens: object,
+    output_tokens: object,
+    cached_input_tokens: object = 0,
+    now: datetime | None = None,
+) -> CommitResult:
+    """Charge actual usage at the reservation's price version.
+
+    Settling twice returns the first result; a late commit after expiry trues the estimated
+    charge up (or down) to the actual cost."""
+    rid = _reservation_id(reservation_id)
+    usage = {
+        "input_tokens": validation.token_count("input_tokens", input_tokens),
+        "output_tokens": validation.token_count("output_tokens", output_tokens),
+        "cached_input_tokens": validation.token_count("cached_input_tokens", cached_input_tokens),
+    }
+    now = now or timezone.now()
+    with ledger_guard("commit"):
+        bound_sqlite_wait()
+        with transaction.atomic():
+            bound_lock_wait()
+            reservation = _lock_reservation(rid)
+            if reservation.state == ReservationState.COMMITTED:
+                return _result(reservation)
+            if reservation.state == ReservationState.RELEASED:
+                raise ReservationStateError(
+                    f"Reservation {rid} was released, so it cannot be committed: a release "
+                    "says the call produced nothing. Reserve again for a new call.",
+                    state=reservation.state,
+                )
+            cost = actual_cost(reservation.price, **usage)
+            overage = max(ZERO, cost - reservation.amount)
+            if reservation.state == ReservationState.HELD:
+                _move(reservation, reserved=-reservation.amount, spent=cost)
+                _record(
+                    reservation,
+                    kind=UsageKind.CHARGE,
+                    cost=cost,
+                    estimated=False,
+                    now=now,
+                    overage=overage,
+                    **usage,
+                )
+            else:  # EXPIRED: the sweep already dropped the hold and may have charged an estimate.
+                estimate = reservation.usage_records.filter(kind=UsageKind.CHARGE).first()
+                if estimate is None:
+                    _move(reservation, reserved=ZERO, spent=cost)
+                    _record(
+                        reservation,
+                        kind=UsageKind.CHARGE,
+                        cost=cost,
+                        estimated=False,
+                        now=now,
+                        overage=overage,
+                        **usage,
+                    )
+                else:
+                    _move(reservation, reserved=ZERO, spent=cost - estimate.cost)
+                    _record(
+                        reservation,
+                        kind=UsageKind.TRUE_UP,
+                        cost=cost - estimate.cost,
+                        estimated=False,
+                        now=now,
+                        overage=overage,
+                        **usage,
+                    )
+            reservation.state = ReservationState.COMMITTED
+            reservation.settled_at = now
+            reservation.save(update_fields=["state", "settled_at"])
+            return _result(reservation)
+
+
+def reservation_release(reservation_id: object, *, now: datetime | None = None) -> str:
+    """Drop the hold: the call provably produced nothing. Returns the reservation's final state.
+
+    Releasing a committed reservation changes nothing and returns ``committed``; releasing twice
+    is a no-op. Releasing an expired hold that was charged as an estimate refunds the estimate.
+    """
+    rid = _reservation_id(reservation_id)
+    now = now or timezone.now()
+    with ledger_guard("release"):
+        bound_sqlite_wait()
+        with transaction.atomic():
+            bound_lock_wait()
+            reservation = _lock_reservation(rid)
+            if reservation.state in (ReservationState.COMMITTED, ReservationState.RELEASED):
+                return str(reservation.state)
+            if reservation.state == ReservationState.HELD:
+                _move(reservation, reserved=-reservation.amount, spent=ZERO)
+            else:
+                estimate = reservation.usage_records.filter(kind=UsageKind.CHARGE).first()
+                if estimate is not None:
+                    _move(reservation, reserved=ZERO, spent=-estimate.cost)
+                    _record(
+                        reservation,
+                        kind=UsageKind.TRUE_UP,
+                        cost=-estimate.cost,
+                        estimated=False,
+                        now=now,
+                    )
+            reservation.state = ReservationState.RELEASED
+            reservation.settled_at = now
+            reservation.save(update_fields=["state", "settled_at"])
+            return str(reservation.state)
+
+
+def reservation_expire(reservation_id: object, *, now: datetime | None = None) -> bool:
+    """Expire one overdue hold. By default its amount is charged as *estimated* spend (a timeout is
+    no proof the provider stopped); with ``EXPIRED_HOLD_POLICY="release"`` it is dropped. Returns
+    whether this call expired it (False if it was settled meanwhile or is not yet due)."""
+    rid = _reservation_id(reservation_id)
+    now = now or timezone.now()
+    with ledger_guard("expiry"):
+        bound_sqlite_wait()
+        with transaction.atomic():
+            bound_lock_wait()
+            reservation = _lock_reservation(rid)
+            if reservation.state != ReservationState.HELD or reservation.expires_at > now:
+                return False
+            if conf.EXPIRED_HOLD_POLICY == "charge":
+                _move(reservation, reserved=-reservation.amount, spent=reservation.amount)
+                _record(
+                    reservation,
+                    kind=UsageKind.CHARGE,
+                    cost=reservation.amount,
+                    estimated=True,
+                    now=now,
+                )
+            else:
+                _move(reservation, reserved=-reservation.amount, spent=ZERO)
+            reservation.state = ReservationState.EXPIRED
+            reservation.settled_at = now
+            reservation.save(update_fields=["state", "settled_at"])
+            return True
+
+
+def reservations_sweep(*, now: datetime | None = None, batch_size: int = 500) -> int:
+    """Expire every overdue hold, in batches, one transaction each. Returns how many expired."""
+    now = now or timezone.now()
+    expired = 0
+    while True:
+        with ledger_guard("sweep"):
+            due = list(
+                Reservation.objects.filter(state=ReservationState.HELD, expires_at__lte=now)
+                .order_by("expires_at")
+                .values_list("pk", flat=True)[:batch_size]
+            )
+        expired_now = sum(reservation_expire(rid, now=now) for rid in due)
+        expired += expired_now
+        if len(due) < batch_size or expired_now == 0:
+            return expired

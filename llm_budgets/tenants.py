@@ -1,0 +1,96 @@
+"""Tenants and end users: created on first sight, race-free."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from llm_budgets import validation
+from llm_budgets.exceptions import InvalidUsage, UnknownTenant
+from llm_budgets.models import AuditEvent, EndUser, Plan, Tenant
+
+
+def tenant_get(external_id: str) -> Tenant:
+    validation.identifier("tenant", external_id)
+    try:
+        return Tenant.objects.select_related("plan").get(external_id=external_id)
+    except Tenant.DoesNotExist:
+        raise UnknownTenant(external_id) from None
+
+
+def tenant_ensure(
+    external_id: str,
+    *,
+    name: str | None = None,
+    timezone: str | None = None,
+    billing_day: int | None = None,
+    plan: Plan | str | None = None,
+    actor: str = "",
+) -> Tenant:
+    """Create the tenant, or update the fields given. Returns the tenant."""
+    validation.identifier("tenant", external_id)
+    if billing_day is not None and (
+        isinstance(billing_day, bool)
+        or not isinstance(billing_day, int)
+        or not 1 <= billing_day <= 31
+    ):
+        raise InvalidUsage(
+            f"billing_day must be a whole number from 1 to 31, got {billing_day!r}.",
+            field="billing_day",
+        )
+    if isinstance(plan, str):
+        try:
+            plan = Plan.objects.get(name=plan)
+        except Plan.DoesNotExist:
+            raise InvalidUsage(f"No plan is named {plan!r}.", field="plan") from None
+    changes = {
+        key: value
+        for key, value in {
+            "name": name,
+            "timezone": timezone,
+            "billing_day": billing_day,
+            "plan": plan,
+        }.items()
+        if value is not None
+    }
+    with transaction.atomic():
+        tenant, created = Tenant.objects.select_for_update().get_or_create(
+            external_id=external_id, defaults=changes
+        )
+        before = {key: _plain(getattr(tenant, key)) for key in changes}
+        if not created:
+            for key, value in changes.items():
+                setattr(tenant, key, value)
+        try:
+            tenant.full_clean()
+        except ValidationError as exc:
+            field, messages = next(iter(exc.message_dict.items()))
+            raise InvalidUsage(f"{field}: {' '.join(messages)}", field=field) from None
+        if created or any(before[key] != _plain(value) for key, value in changes.items()):
+            tenant.save()
+            AuditEvent.objects.create(
+                action="tenant.create" if created else "tenant.update",
+                actor=actor,
+                tenant=tenant,
+                target=f"tenant {external_id}",
+                before=None if created else before,
+                after={key: _plain(value) for key, value in changes.items()},
+            )
+    return tenant
+
+
+def end_user_ensure(tenant: Tenant, external_id: str) -> EndUser:
+    """The end user, created on first sight. Concurrent first requests all get the same row."""
+    validation.identifier("end_user", external_id)
+    try:
+        return EndUser.objects.get(tenant=tenant, external_id=external_id)
+    except EndUser.DoesNotExist:
+        # ON CONFLICT DO NOTHING, then read: whoever inserted first, everyone sees one row.
+        EndUser.objects.bulk_create(
+            [EndUser(tenant=tenant, external_id=external_id)], ignore_conflicts=True
+        )
+        return EndUser.objects.get(tenant=tenant, external_id=external_id)
+
+
+def _plain(value: object) -> object:
+    return value.name if isinstance(value, Plan) else value

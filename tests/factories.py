@@ -1,0 +1,43 @@
+"""Fixture builders. Prices are chosen so that amounts are easy to reason about."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+
+from llm_budgets import budgets
+
+# One output token of "fake/m30" costs 0.03: max_output_tokens=1000 holds exactly 30.
+FAKE_PROVIDER = "fake"
+FAKE_MODEL = "m30"
+
+
+def price_fake(*, effective_from: datetime | None = None, output_per_mtok: str = "30000") -> None:
+    budgets.set_price(
+        provider=FAKE_PROVIDER,
+        model=FAKE_MODEL,
+        input_per_mtok=Decimal("0"),
+        output_per_mtok=Decimal(output_per_mtok),
+        effective_from=effective_from,
+    )
+
+
+def seed(*, limit: str = "100", tenant: str = "acme", window: str = "month") -> None:
+    """The seed scenario: one tenant capped at ``limit``; each call's worst case is 30."""
+    price_fake()
+    budgets.ensure_tenant(tenant, name=tenant.title())
+    budgets.set_limit(tenant=tenant, amount=Decimal(limit), window=window)
+
+
+def reserve_30(
+    *, tenant: str = "acme", end_user: str | None = None, **kwargs: object
+) -> budgets.Hold:
+    return budgets.reserve(
+        tenant=tenant,
+        end_user=end_user,
+        provider=FAKE_PROVIDER,
+        model=FAKE_MODEL,
+        input_tokens=0,
+        max_output_tokens=1000,
+        **kwargs,  # type: ignore[arg-type]
+    )
