@@ -1,0 +1,36 @@
+"""The ledger's tables, one module per domain. Only the services write them.
+
+Invariants that a database can hold are constraints: non-negative amounts, one counter per
+(budget, period), one tenant per external id, one charge line per reservation, one reservation per
+(tenant, idempotency key).
+"""
+
+from llm_budgets.models.audit import AuditEvent
+from llm_budgets.models.budgets import Budget, Counter, Scope, Window
+from llm_budgets.models.ledger import (
+    Reservation,
+    ReservationHold,
+    ReservationState,
+    UsageKind,
+    UsageRecord,
+)
+from llm_budgets.models.pricing import Price, PriceSource
+from llm_budgets.models.tenancy import EndUser, Plan, Tenant
+
+__all__ = [
+    "AuditEvent",
+    "Budget",
+    "Counter",
+    "EndUser",
+    "Plan",
+    "Price",
+    "PriceSource",
+    "Reservation",
+    "ReservationHold",
+    "ReservationState",
+    "Scope",
+    "Tenant",
+    "UsageKind",
+    "UsageRecord",
+    "Window",
+]

@@ -1,0 +1,117 @@
+"""Budgets (scope x window x limit) and their per-period counters."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from llm_budgets.models.fields import money_field
+from llm_budgets.models.tenancy import EndUser, Tenant
+
+
+class Scope(models.TextChoices):
+    GLOBAL = "global", "Global"
+    TENANT = "tenant", "Tenant"
+    END_USER_DEFAULT = "end_user_default", "Each end user of a tenant"
+    END_USER = "end_user", "One end user"
+
+
+class Window(models.TextChoices):
+    MONTH = "month", "Month"
+    DAY = "day", "Day"
+    HOUR = "hour", "Hour"
+    LIFETIME = "lifetime", "Lifetime"
+
+
+class Budget(models.Model):
+    """One enforceable cap: a scope, a window and a limit."""
+
+    scope = models.CharField(max_length=20, choices=Scope.choices)
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="budgets"
+    )
+    end_user = models.ForeignKey(
+        EndUser, null=True, blank=True, on_delete=models.CASCADE, related_name="budgets"
+    )
+    window = models.CharField(max_length=20, choices=Window.choices)
+    limit = money_field()
+    currency = models.CharField(max_length=3, default="USD")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["scope", "tenant_id", "end_user_id", "window"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(limit__gte=0), name="llmb_budget_limit_non_negative"
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(scope=Scope.GLOBAL, tenant__isnull=True, end_user__isnull=True)
+                    | Q(scope=Scope.TENANT, tenant__isnull=False, end_user__isnull=True)
+                    | Q(scope=Scope.END_USER_DEFAULT, tenant__isnull=False, end_user__isnull=True)
+                    | Q(scope=Scope.END_USER, tenant__isnull=False, end_user__isnull=False)
+                ),
+                name="llmb_budget_scope_matches_owner",
+            ),
+            models.UniqueConstraint(
+                fields=["window"],
+                condition=Q(scope=Scope.GLOBAL),
+                name="llmb_budget_one_global_per_window",
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "window"],
+                condition=Q(scope=Scope.TENANT),
+                name="llmb_budget_one_tenant_per_window",
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "window"],
+                condition=Q(scope=Scope.END_USER_DEFAULT),
+                name="llmb_budget_one_user_default_per_window",
+            ),
+            models.UniqueConstraint(
+                fields=["end_user", "window"],
+                condition=Q(scope=Scope.END_USER),
+                name="llmb_budget_one_end_user_per_window",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope_label} {self.window} {self.limit} {self.currency}"
+
+    @property
+    def scope_label(self) -> str:
+        """The scope as a person reads it: ``global``, ``tenant acme``, ``end user acme/u-1``."""
+        if self.scope == Scope.GLOBAL:
+            return "global"
+        if self.scope == Scope.TENANT:
+            return f"tenant {self.tenant.external_id}"  # type: ignore[union-attr]
+        if self.scope == Scope.END_USER_DEFAULT:
+            return f"end user {self.tenant.external_id}/*"  # type: ignore[union-attr]
+        return f"end user {self.tenant.external_id}/{self.end_user.external_id}"  # type: ignore[union-attr]
+
+
+class Counter(models.Model):
+    """``(budget, period_start) -> spent, reserved``: the only rows admission locks."""
+
+    budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="counters")
+    period_start = models.DateTimeField()
+    spent = money_field(default=0)
+    reserved = money_field(default=0)
+
+    class Meta:
+        ordering = ["budget_id", "-period_start"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["budget", "period_start"], name="llmb_counter_one_per_period"
+            ),
+            models.CheckConstraint(
+                condition=Q(spent__gte=0), name="llmb_counter_spent_non_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(reserved__gte=0), name="llmb_counter_reserved_non_negative"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.budget} from {self.period_start:%Y-%m-%d %H:%M}"

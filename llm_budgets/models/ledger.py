@@ -1,0 +1,149 @@
+"""Reservations, the counters they hold, and the immutable ledger lines."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+from llm_budgets.models.budgets import Counter
+from llm_budgets.models.fields import money_field
+from llm_budgets.models.pricing import Price
+from llm_budgets.models.tenancy import EndUser, Tenant
+
+
+class ReservationState(models.TextChoices):
+    HELD = "held", "Held"
+    COMMITTED = "committed", "Committed"
+    RELEASED = "released", "Released"
+    EXPIRED = "expired", "Expired"
+
+
+class Reservation(models.Model):
+    """A durable hold of a call's worst-case cost on every counter that applies."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="reservations")
+    end_user = models.ForeignKey(
+        EndUser, null=True, blank=True, on_delete=models.PROTECT, related_name="reservations"
+    )
+    provider = models.CharField(max_length=64)
+    model = models.CharField(max_length=128)
+    price = models.ForeignKey(Price, on_delete=models.PROTECT, related_name="reservations")
+    input_tokens = models.PositiveIntegerField()
+    max_output_tokens = models.PositiveIntegerField()
+    amount = money_field()
+    currency = models.CharField(max_length=3, default="USD")
+    state = models.CharField(
+        max_length=10,
+        choices=ReservationState.choices,
+        default=ReservationState.HELD,
+        db_index=True,
+    )
+    # NULL, not "": the unique constraint applies only to calls that gave a key.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    counters = models.ManyToManyField(
+        Counter, through="ReservationHold", related_name="reservations"
+    )
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField(db_index=True)
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="llmb_reservation_idempotency_per_tenant",
+            ),
+            models.CheckConstraint(
+                condition=Q(amount__gte=0), name="llmb_reservation_amount_non_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(expires_at__gt=models.F("created_at")),
+                name="llmb_reservation_expires_after_start",
+            ),
+        ]
+        indexes = [models.Index(fields=["state", "expires_at"], name="llmb_reservation_due")]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.provider}/{self.model} {self.amount} ({self.state})"
+
+
+class ReservationHold(models.Model):
+    """Which counters a reservation holds its amount on (the same amount on each)."""
+
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="holds")
+    counter = models.ForeignKey(Counter, on_delete=models.PROTECT, related_name="holds")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["reservation", "counter"], name="llmb_hold_once_per_counter"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.reservation_id} on counter {self.counter_id}"
+
+
+class UsageKind(models.TextChoices):
+    CHARGE = "charge", "Charge"
+    TRUE_UP = "true_up", "True-up of an estimated charge"
+
+
+class UsageRecord(models.Model):
+    """An immutable ledger line. A counter's ``spent`` is the sum of the lines of its reservations.
+
+    A reservation has at most one ``charge`` line; a late commit after an estimated expiry adds
+    one ``true_up`` line with the difference (possibly negative).
+    """
+
+    reservation = models.ForeignKey(
+        Reservation, on_delete=models.PROTECT, related_name="usage_records"
+    )
+    kind = models.CharField(max_length=10, choices=UsageKind.choices, default=UsageKind.CHARGE)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_records")
+    end_user = models.ForeignKey(
+        EndUser, null=True, blank=True, on_delete=models.PROTECT, related_name="usage_records"
+    )
+    provider = models.CharField(max_length=64)
+    model = models.CharField(max_length=128)
+    price = models.ForeignKey(Price, on_delete=models.PROTECT, related_name="usage_records")
+    input_tokens = models.PositiveIntegerField(default=0)
+    cached_input_tokens = models.PositiveIntegerField(default=0)
+    output_tokens = models.PositiveIntegerField(default=0)
+    cost = money_field()
+    currency = models.CharField(max_length=3, default="USD")
+    overage = money_field(
+        default=0, help_text="Cost above the hold (actual - reserved), when positive."
+    )
+    is_estimated = models.BooleanField(
+        default=False,
+        help_text="Charged from the hold (expired or uncertain), not from reported usage.",
+    )
+    period_start = models.DateTimeField(
+        help_text="When the reservation was made; its period is charged."
+    )
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["reservation", "kind"], name="llmb_usage_one_line_per_kind"
+            ),
+            models.CheckConstraint(
+                condition=Q(kind=UsageKind.TRUE_UP) | Q(cost__gte=0),
+                name="llmb_usage_charge_non_negative",
+            ),
+            models.CheckConstraint(
+                condition=Q(overage__gte=0), name="llmb_usage_overage_non_negative"
+            ),
+        ]
+        indexes = [models.Index(fields=["tenant", "created_at"], name="llmb_usage_tenant_time")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.cost} {self.currency} for {self.reservation_id}"
