@@ -40,9 +40,10 @@ class Hold:
     """A reservation as the caller sees it. Use it as a context manager to never leak it.
 
     Inside ``with budgets.reserve(...) as hold:`` an exception releases the hold, except a
-    ``TimeoutError``: a timeout is no proof the provider stopped, so the hold stays and expires
-    (charged as estimated). Leaving the block without commit or release raises
-    ``ReservationStateError`` and also leaves the hold to expire, for the same reason.
+    ``TimeoutError``: a timeout is no proof the provider stopped, so the hold is marked UNCERTAIN
+    and stays counted until usage arrives or the reconcile job settles it. Leaving the block
+    without commit or release raises ``ReservationStateError`` and leaves the hold to expire
+    (charged as estimated), for the same reason.
     """
 
     def __init__(self, reservation: Reservation) -> None:
@@ -102,6 +103,12 @@ class Hold:
         self._reservation.state = settlement.reservation_release(self.id)
         return self._reservation.state
 
+    def mark_uncertain(self) -> str:
+        """The call's outcome is unknown: keep the hold counted until usage arrives or the
+        reconcile job settles it (``UNCERTAIN_SETTLE_RULE``). Returns the state."""
+        self._reservation.state = settlement.reservation_mark_uncertain(self.id)
+        return self._reservation.state
+
     def refresh(self) -> Hold:
         self._reservation.refresh_from_db()
         return self
@@ -126,8 +133,10 @@ class Hold:
             )
         if issubclass(exc_type, TimeoutError):
             logger.warning(
-                "llm_budgets: reservation %s timed out; its hold stays until expiry.", self.id
+                "llm_budgets: reservation %s timed out; its hold stays counted (uncertain).",
+                self.id,
             )
+            self.mark_uncertain()
             return
         self.release()
 

@@ -26,9 +26,29 @@ DEFAULTS: dict[str, Any] = {
     "MAX_TOKENS_PER_CALL": 10_000_000,
     # Longest TTL a caller may ask for, in seconds.
     "MAX_TTL_SECONDS": 24 * 60 * 60,
+    # Jobs (docs/operations.md). An UNCERTAIN reservation (outcome unknown) older than
+    # UNCERTAIN_MAX_AGE_SECONDS is settled by rule: "charge" its hold as estimated spend, or
+    # "release" it.
+    "UNCERTAIN_SETTLE_RULE": "charge",
+    "UNCERTAIN_MAX_AGE_SECONDS": 60 * 60,
+    # Warning emails: percentages of a budget (plan and budget may override), and whether a
+    # crash between sending and recording re-sends ("at_least_once") or gives up ("at_most_once").
+    "WARNING_THRESHOLDS": [50, 80, 100],
+    "WARNING_DELIVERY": "at_least_once",
+    # A claim to send older than this is taken to be a crashed sender.
+    "WARNING_CLAIM_TIMEOUT_SECONDS": 10 * 60,
+    # Sender address of warning emails; None: settings.DEFAULT_FROM_EMAIL.
+    "WARNING_FROM_EMAIL": None,
+    # Retention: released (never charged) reservations are deleted this many days after settling.
+    # Ledger lines, and reservations that have any, are never deleted.
+    "RETENTION_RELEASED_DAYS": 30,
+    # The daily rollup job rebuilds this many recent local days (late true-ups land in the past).
+    "ROLLUP_LOOKBACK_DAYS": 3,
 }
 
 EXPIRED_HOLD_POLICIES = ("charge", "release")
+UNCERTAIN_SETTLE_RULES = ("charge", "release")
+WARNING_DELIVERIES = ("at_least_once", "at_most_once")
 
 
 class Settings:
@@ -61,6 +81,39 @@ class Settings:
     @property
     def MAX_TTL_SECONDS(self) -> int:
         return int(self._get("MAX_TTL_SECONDS"))
+
+    @property
+    def UNCERTAIN_SETTLE_RULE(self) -> str:
+        return str(self._get("UNCERTAIN_SETTLE_RULE"))
+
+    @property
+    def UNCERTAIN_MAX_AGE_SECONDS(self) -> int:
+        return int(self._get("UNCERTAIN_MAX_AGE_SECONDS"))
+
+    @property
+    def WARNING_THRESHOLDS(self) -> list[int]:
+        return [int(p) for p in self._get("WARNING_THRESHOLDS")]
+
+    @property
+    def WARNING_DELIVERY(self) -> str:
+        return str(self._get("WARNING_DELIVERY"))
+
+    @property
+    def WARNING_CLAIM_TIMEOUT_SECONDS(self) -> int:
+        return int(self._get("WARNING_CLAIM_TIMEOUT_SECONDS"))
+
+    @property
+    def WARNING_FROM_EMAIL(self) -> str:
+        value = self._get("WARNING_FROM_EMAIL")
+        return str(value) if value else str(settings.DEFAULT_FROM_EMAIL)
+
+    @property
+    def RETENTION_RELEASED_DAYS(self) -> int:
+        return int(self._get("RETENTION_RELEASED_DAYS"))
+
+    @property
+    def ROLLUP_LOOKBACK_DAYS(self) -> int:
+        return int(self._get("ROLLUP_LOOKBACK_DAYS"))
 
 
 conf = Settings()

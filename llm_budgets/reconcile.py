@@ -8,7 +8,7 @@ from decimal import Decimal
 
 from django.db.models import Sum
 
-from llm_budgets.models import Counter, ReservationHold, ReservationState, UsageRecord
+from llm_budgets.models import LIVE_STATES, Counter, ReservationHold, UsageRecord
 from llm_budgets.money import ZERO
 
 
@@ -38,7 +38,7 @@ def counters_drift() -> list[Drift]:
         spent[row["reservation__holds__counter"]] = row["total"]
     reserved: dict[int, Decimal] = {
         row["counter"]: row["total"]
-        for row in ReservationHold.objects.filter(reservation__state=ReservationState.HELD)
+        for row in ReservationHold.objects.filter(reservation__state__in=LIVE_STATES)
         .values("counter")
         .annotate(total=Sum("reservation__amount"))
     }

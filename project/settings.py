@@ -34,6 +34,12 @@ INSTALLED_APPS = [
     "rest_framework",
     "llm_budgets",
 ]
+try:  # the admin-editable beat schedule (demo, docker-compose); optional like Celery itself
+    import django_celery_beat  # noqa: F401
+
+    INSTALLED_APPS.append("django_celery_beat")
+except ImportError:  # pragma: no cover
+    pass
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -89,9 +95,22 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
 EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+EMAIL_FILE_PATH = env("EMAIL_FILE_PATH", default=str(VAR_DIR / "mail"))
+EMAIL_HOST = env("EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_TIMEOUT = 30  # well below WARNING_CLAIM_TIMEOUT_SECONDS: a stuck send is not re-claimed
+DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="budgets@localhost")
 
+# Celery (project/celery.py). The demo runs tasks eagerly in-process; docker-compose sets a Redis
+# broker and CELERY_TASK_ALWAYS_EAGER=false, and runs a worker and beat. The beat schedule lives
+# in the database (django-celery-beat, editable in the admin): `manage.py
+# llm_budgets_install_schedule` writes the defaults of llm_budgets.schedule.BEAT_SCHEDULE.
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="memory://")
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=True)
+CELERY_TASK_DEFAULT_QUEUE = env("CELERY_TASK_DEFAULT_QUEUE", default="celery")
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_TIMEZONE = TIME_ZONE
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 LOGGING = {
     "version": 1,

@@ -8,6 +8,7 @@ Invariants that a database can hold are constraints: non-negative amounts, one c
 from llm_budgets.models.audit import AuditEvent
 from llm_budgets.models.budgets import Budget, Counter, Scope, Window
 from llm_budgets.models.ledger import (
+    LIVE_STATES,
     Reservation,
     ReservationHold,
     ReservationState,
@@ -15,12 +16,17 @@ from llm_budgets.models.ledger import (
     UsageRecord,
 )
 from llm_budgets.models.pricing import Price, PriceSource
+from llm_budgets.models.rollups import DailyUsage
 from llm_budgets.models.tenancy import EndUser, Plan, Tenant
+from llm_budgets.models.thresholds import DeliveryState, ThresholdCrossing
 
 __all__ = [
+    "LIVE_STATES",
     "AuditEvent",
     "Budget",
     "Counter",
+    "DailyUsage",
+    "DeliveryState",
     "EndUser",
     "Plan",
     "Price",
@@ -30,6 +36,7 @@ __all__ = [
     "ReservationState",
     "Scope",
     "Tenant",
+    "ThresholdCrossing",
     "UsageKind",
     "UsageRecord",
     "Window",

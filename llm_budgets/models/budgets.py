@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from llm_budgets.models.fields import money_field
+from llm_budgets.models.fields import money_field, validate_thresholds
 from llm_budgets.models.tenancy import EndUser, Tenant
 
 
@@ -36,6 +36,13 @@ class Budget(models.Model):
     window = models.CharField(max_length=20, choices=Window.choices)
     limit = money_field()
     currency = models.CharField(max_length=3, default="USD")
+    warning_thresholds = models.JSONField(
+        null=True,
+        blank=True,
+        validators=[validate_thresholds],
+        help_text="Percentages that trigger a warning for this budget, e.g. [80, 100]; [] for "
+        "none. Empty: the tenant's plan's, else LLM_BUDGETS['WARNING_THRESHOLDS'].",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
