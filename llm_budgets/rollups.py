@@ -57,13 +57,14 @@ def daily_usage_rebuild(
                     tenant__in=zone_tenants, period_start__gte=start, period_start__lt=end
                 )
                 .values("tenant_id", "end_user_id", "provider", "model", "currency")
+                # Annotation names differ from the fields they sum (Django resolves to the alias).
                 .annotate(
-                    calls=Count("pk", filter=Q(kind=UsageKind.CHARGE)),
-                    input_tokens=Sum("input_tokens"),
-                    cached_input_tokens=Sum("cached_input_tokens"),
-                    output_tokens=Sum("output_tokens"),
-                    cost=Sum("cost"),
-                    estimated_cost=Sum("cost", filter=Q(is_estimated=True)),
+                    n_calls=Count("pk", filter=Q(kind=UsageKind.CHARGE)),
+                    n_input=Sum("input_tokens"),
+                    n_cached=Sum("cached_input_tokens"),
+                    n_output=Sum("output_tokens"),
+                    total=Sum("cost"),
+                    total_estimated=Sum("cost", filter=Q(is_estimated=True)),
                 )
                 .order_by()
             )
@@ -84,12 +85,12 @@ def _row(day: date, row: Mapping[str, Any], now: datetime) -> DailyUsage:
         provider=row["provider"],
         model=row["model"],
         currency=row["currency"],
-        calls=row["calls"],
-        input_tokens=row["input_tokens"] or 0,
-        cached_input_tokens=row["cached_input_tokens"] or 0,
-        output_tokens=row["output_tokens"] or 0,
-        cost=round_charge(Decimal(row["cost"] or ZERO)),
-        estimated_cost=round_charge(Decimal(row["estimated_cost"] or ZERO)),
+        calls=row["n_calls"],
+        input_tokens=row["n_input"] or 0,
+        cached_input_tokens=row["n_cached"] or 0,
+        output_tokens=row["n_output"] or 0,
+        cost=round_charge(Decimal(row["total"] or ZERO)),
+        estimated_cost=round_charge(Decimal(row["total_estimated"] or ZERO)),
         updated_at=now,
     )
 
@@ -138,19 +139,19 @@ def daily_usage_totals(
     return [
         DayTotal(
             day=row["day"],
-            calls=row["calls"],
-            input_tokens=row["input_tokens"],
-            output_tokens=row["output_tokens"],
-            cost=round_charge(Decimal(row["cost"])),
-            estimated_cost=round_charge(Decimal(row["estimated_cost"])),
+            calls=row["n_calls"],
+            input_tokens=row["n_input"],
+            output_tokens=row["n_output"],
+            cost=round_charge(Decimal(row["total"])),
+            estimated_cost=round_charge(Decimal(row["total_estimated"])),
         )
         for row in rows.values("day")
         .annotate(
-            calls=Sum("calls"),
-            input_tokens=Sum("input_tokens"),
-            output_tokens=Sum("output_tokens"),
-            cost=Sum("cost"),
-            estimated_cost=Sum("estimated_cost"),
+            n_calls=Sum("calls"),
+            n_input=Sum("input_tokens"),
+            n_output=Sum("output_tokens"),
+            total=Sum("cost"),
+            total_estimated=Sum("estimated_cost"),
         )
         .order_by("day")
     ]

@@ -153,13 +153,13 @@ def thresholds_due(*, now: datetime | None = None) -> list[int]:
     """Crossings whose email is due: never claimed, or claimed by a sender presumed crashed."""
     now = now or timezone.now()
     return list(
-        ThresholdCrossing.objects.filter(_claimable(now) | _stale(now))
+        ThresholdCrossing.objects.filter(_claimable() | _stale(now))
         .order_by("crossed_at")
         .values_list("pk", flat=True)
     )
 
 
-def _claimable(now: datetime) -> Q:
+def _claimable() -> Q:
     return Q(state=DeliveryState.PENDING)
 
 
@@ -184,9 +184,9 @@ def threshold_warning_send(crossing_id: int, *, now: datetime | None = None) -> 
         )
         if abandoned:
             logger.warning("llm_budgets: warning %s abandoned (at-most-once).", crossing_id)
-        claim = _claimable(now)
+        claim = _claimable()
     else:
-        claim = _claimable(now) | _stale(now)
+        claim = _claimable() | _stale(now)
     # The claim: only one worker's conditional UPDATE matches.
     if not rows.filter(claim).update(
         state=DeliveryState.SENDING, claimed_at=now, claim_token=token, attempts=F("attempts") + 1
