@@ -15,7 +15,7 @@ from llm_budgets.models import Reservation, ReservationState
 from llm_budgets.schedule import BEAT_SCHEDULE, JOBS, periodic_tasks_install
 from llm_budgets.settlement import reservation_mark_uncertain
 from project import celery_app
-from tests.factories import reserve_30, reserve_30_at, seed
+from tests.factories import price_fake, reserve_30, reserve_30_at, seed
 
 pytestmark = pytest.mark.django_db
 
@@ -27,6 +27,7 @@ def test_every_scheduled_task_is_registered() -> None:
 
 
 def test_the_sweep_task_expires_overdue_holds() -> None:
+    price_fake(effective_from=timezone.now() - timedelta(days=1))
     seed()
     reserve_30_at(timezone.now() - timedelta(seconds=10), ttl=1)
     assert tasks.sweep_expired_holds.delay().get() == 1
