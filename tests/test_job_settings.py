@@ -18,7 +18,7 @@ def _ids(**settings: Any) -> list[str]:
 
 def test_defaults_pass() -> None:
     assert _ids() == []
-    assert conf.WARNING_THRESHOLDS == DEFAULTS["WARNING_THRESHOLDS"]
+    assert DEFAULTS["WARNING_THRESHOLDS"] == conf.WARNING_THRESHOLDS
 
 
 @pytest.mark.parametrize(

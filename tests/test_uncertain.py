@@ -4,8 +4,8 @@ settles it by rule after a maximum age."""
 from __future__ import annotations
 
 from datetime import timedelta
-from io import StringIO
 from decimal import Decimal
+from io import StringIO
 
 import pytest
 from django.core.management import call_command
