@@ -54,4 +54,4 @@ bench: install
 	$(PY) bench/admission.py
 
 clean:
-	rm -rf $(VENV) .venv-tools var build *.egg-info
+	rm -rf $(VENV) .venv313 .venv-tools var build *.egg-info

@@ -90,11 +90,11 @@ def price_set(
         model=model,
         input_per_mtok=validation.money("input_per_mtok", input_per_mtok),
         output_per_mtok=validation.money("output_per_mtok", output_per_mtok),
-        cached_input_per_mtok=validation.money(
-            "cached_input_per_mtok", cached_input_per_mtok, allow_none=True
+        cached_input_per_mtok=validation.optional_money(
+            "cached_input_per_mtok", cached_input_per_mtok
         ),
-        cache_write_per_mtok=validation.money(
-            "cache_write_per_mtok", cache_write_per_mtok, allow_none=True
+        cache_write_per_mtok=validation.optional_money(
+            "cache_write_per_mtok", cache_write_per_mtok
         ),
         per_request=validation.money("per_request", per_request),
         currency=conf.CURRENCY,
