@@ -91,8 +91,9 @@ class UnknownPrice(BudgetError, LookupError):
         self.provider = provider
         self.model = model
         super().__init__(
-            f"No price is in effect for {provider}/{model}, so the call cannot be admitted. "
-            f'Set one with budgets.set_price(provider="{provider}", model="{model}", ...).',
+            f"No price is in effect for {provider}/{model}, so the call cannot be admitted "
+            "(an unpriced model is never treated as free). "
+            f'Set one with budgets.set_price(provider=..., model="{model}", ...).',
             provider=provider,
             model=model,
         )
