@@ -41,7 +41,7 @@ def price_in_effect(*, provider: str | None, model: str, at: datetime) -> Price:
             )
     price = versions.order_by("-effective_from").first()
     if price is None:
-        raise UnknownPrice(provider=provider or "(any provider)", model=model)
+        raise UnknownPrice(provider=provider, model=model)
     return price
 
 
