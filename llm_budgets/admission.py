@@ -44,7 +44,7 @@ class NoApplicableBudget(InvalidUsage):
 class _Request:
     tenant: str
     end_user: str | None
-    provider: str
+    provider: str | None
     model: str
     input_tokens: int
     max_output_tokens: int | None
@@ -80,7 +80,9 @@ def _validate(
     return _Request(
         tenant=validation.identifier("tenant", tenant),
         end_user=None if end_user is None else validation.identifier("end_user", end_user),
-        provider=validation.identifier("provider", provider, max_length=64),
+        provider=None
+        if provider is None
+        else validation.identifier("provider", provider, max_length=64),
         model=validation.identifier("model", model, max_length=128),
         input_tokens=validation.token_count("input_tokens", input_tokens),
         max_output_tokens=None
@@ -101,7 +103,7 @@ def reservation_create(
     *,
     tenant: object,
     end_user: object = None,
-    provider: object,
+    provider: object = None,
     model: object,
     input_tokens: object,
     max_output_tokens: object = None,
@@ -148,7 +150,7 @@ def reservation_create(
         reservation = Reservation(
             tenant=tenant_obj,
             end_user=user_obj,
-            provider=request.provider,
+            provider=price.provider,
             model=request.model,
             price=price,
             input_tokens=request.input_tokens,

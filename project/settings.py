@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import django
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -94,11 +95,29 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
-EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
-EMAIL_FILE_PATH = env("EMAIL_FILE_PATH", default=str(VAR_DIR / "mail"))
-EMAIL_HOST = env("EMAIL_HOST", default="localhost")
-EMAIL_PORT = env.int("EMAIL_PORT", default=25)
-EMAIL_TIMEOUT = 30  # well below WARNING_CLAIM_TIMEOUT_SECONDS: a stuck send is not re-claimed
+_email_backend = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+# SMTP (EMAIL_HOST/EMAIL_PORT) or the file backend (EMAIL_FILE_PATH, visible across processes).
+_email_options = {
+    "host": env("EMAIL_HOST", default="localhost"),
+    "port": env.int("EMAIL_PORT", default=25),
+    "timeout": 30,  # well below WARNING_CLAIM_TIMEOUT_SECONDS: a stuck send is not re-claimed
+    "file_path": env("EMAIL_FILE_PATH", default=str(VAR_DIR / "mail")),
+}
+if django.VERSION >= (6, 1):  # EMAIL_BACKEND is deprecated there in favour of MAILERS.
+    _wanted = {"smtp": ("host", "port", "timeout"), "filebased": ("file_path",)}
+    _kind = next((k for k in _wanted if f".{k}." in _email_backend), "")
+    MAILERS = {
+        "default": {
+            "BACKEND": _email_backend,
+            "OPTIONS": {key: _email_options[key] for key in _wanted.get(_kind, ())},
+        }
+    }
+else:
+    EMAIL_BACKEND = _email_backend
+    EMAIL_HOST = _email_options["host"]
+    EMAIL_PORT = _email_options["port"]
+    EMAIL_TIMEOUT = _email_options["timeout"]
+    EMAIL_FILE_PATH = _email_options["file_path"]
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="budgets@localhost")
 
 # Celery (project/celery.py). The demo runs tasks eagerly in-process; docker-compose sets a Redis

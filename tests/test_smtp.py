@@ -8,6 +8,7 @@ import email.policy
 from email.message import EmailMessage
 from typing import Any
 
+import django
 import pytest
 from django.test import override_settings
 
@@ -48,13 +49,17 @@ def test_the_warning_goes_through_smtp_with_its_headers_and_bodies(smtp_server: 
     reserve_30()
     reserve_30()
     [crossing_id] = thresholds_scan()
+    smtp = "django.core.mail.backends.smtp.EmailBackend"
+    if django.VERSION >= (6, 1):
+        mail_settings: dict[str, Any] = {
+            "MAILERS": {
+                "default": {"BACKEND": smtp, "OPTIONS": {"host": "127.0.0.1", "port": port}}
+            }
+        }
+    else:
+        mail_settings = {"EMAIL_BACKEND": smtp, "EMAIL_HOST": "127.0.0.1", "EMAIL_PORT": port}
     with override_settings(
-        EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend",
-        EMAIL_HOST="127.0.0.1",
-        EMAIL_PORT=port,
-        EMAIL_USE_TLS=False,
-        EMAIL_TIMEOUT=10,
-        LLM_BUDGETS={"WARNING_FROM_EMAIL": "budgets@saas.test"},
+        **mail_settings, LLM_BUDGETS={"WARNING_FROM_EMAIL": "budgets@saas.test"}
     ):
         assert threshold_warning_send(crossing_id) == "sent"
     [envelope] = inbox.envelopes

@@ -51,14 +51,6 @@ def test_marking_a_settled_reservation_changes_nothing() -> None:
     assert reservation_mark_uncertain(hold.id) == ReservationState.RELEASED
 
 
-def test_a_timeout_in_the_with_block_marks_the_hold_uncertain() -> None:
-    seed()
-    with pytest.raises(TimeoutError), reserve_30() as hold:
-        raise TimeoutError
-    assert hold.refresh().state == ReservationState.UNCERTAIN
-    assert _counter().reserved == Decimal(30)
-
-
 def test_real_usage_settles_an_uncertain_hold() -> None:
     seed()
     hold = reserve_30()

@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from llm_budgets.models.fields import money_field
 from llm_budgets.models.tenancy import EndUser, Tenant
+from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 
 
 class DailyUsage(models.Model):
@@ -27,8 +27,13 @@ class DailyUsage(models.Model):
     input_tokens = models.PositiveBigIntegerField(default=0)
     cached_input_tokens = models.PositiveBigIntegerField(default=0)
     output_tokens = models.PositiveBigIntegerField(default=0)
-    cost = money_field(default=0)
-    estimated_cost = money_field(default=0, help_text="Part of the cost charged from holds.")
+    cost = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0)
+    estimated_cost = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        default=0,
+        help_text="Part of the cost charged from holds.",
+    )
     currency = models.CharField(max_length=3, default="USD")
     updated_at = models.DateTimeField()
 

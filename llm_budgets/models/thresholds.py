@@ -7,8 +7,8 @@ from django.db import models
 from django.db.models import Q
 
 from llm_budgets.models.budgets import Budget
-from llm_budgets.models.fields import money_field
 from llm_budgets.models.tenancy import Tenant
+from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 
 
 class DeliveryState(models.TextChoices):
@@ -32,9 +32,9 @@ class ThresholdCrossing(models.Model):
     )
     period_start = models.DateTimeField()
     threshold = models.PositiveSmallIntegerField(help_text="Percent of the limit.")
-    limit = money_field()
-    spent = money_field()
-    reserved = money_field()
+    limit = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
+    spent = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
+    reserved = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
     currency = models.CharField(max_length=3, default="USD")
     crossed_at = models.DateTimeField()
     state = models.CharField(
