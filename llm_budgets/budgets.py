@@ -27,6 +27,7 @@ __all__ = [
     "Hold",
     "commit",
     "ensure_tenant",
+    "mark_uncertain",
     "release",
     "reserve",
     "set_limit",
@@ -238,6 +239,12 @@ def commit(
 def release(hold_id: UUID | str) -> str:
     """Release a reservation by id. Returns its final state."""
     return settlement.reservation_release(hold_id)
+
+
+def mark_uncertain(hold_id: UUID | str) -> str:
+    """The call's outcome is unknown (by id, e.g. from a watchdog): keep its hold counted until
+    usage arrives or the reconcile job settles it. Returns the state."""
+    return settlement.reservation_mark_uncertain(hold_id)
 
 
 def status(*, tenant: str, end_user: str | None = None) -> list[selectors.BudgetStatus]:
