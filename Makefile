@@ -22,7 +22,7 @@ demo: install
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_install_schedule
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_demo
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_demo_data
-	DATABASE_URL=$(DEMO_DB) $(PY) manage.py runserver 127.0.0.1:8000
+	DEBUG=true DATABASE_URL=$(DEMO_DB) $(PY) manage.py runserver 127.0.0.1:8000
 
 ## Set up and run the whole suite (DATABASE_URL picks the database; default SQLite).
 test: install
