@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.core.mail import EmailMultiAlternatives
 from django.db import IntegrityError, transaction
@@ -28,7 +29,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from llm_budgets.conf import conf
-from llm_budgets.models import Budget, Counter, DeliveryState, Scope, ThresholdCrossing
+from llm_budgets.models import Budget, Counter, DeliveryState, Plan, Scope, ThresholdCrossing
 from llm_budgets.signals import threshold_crossed
 from llm_budgets.windows import LIFETIME_START, period_for
 
@@ -62,14 +63,31 @@ class _Crossed:
     thresholds: list[int]
 
 
+def _lowest_threshold() -> int | None:
+    """The lowest threshold any budget can have (None: warnings are off everywhere)."""
+    configured: list[Any] = [conf.WARNING_THRESHOLDS]
+    configured += Plan.objects.exclude(warning_thresholds=None).values_list(
+        "warning_thresholds", flat=True
+    )
+    configured += (
+        Budget.objects.exclude(warning_thresholds=None)
+        .values_list("warning_thresholds", flat=True)
+        .distinct()
+    )
+    return min((p for thresholds in configured for p in thresholds or ()), default=None)
+
+
 def _crossed(now: datetime) -> list[_Crossed]:
     """Counters of current periods with at least one threshold reached (known or not)."""
+    lowest = _lowest_threshold()
+    if lowest is None:
+        return []
     candidates = (
         Counter.objects.select_related("budget__tenant__plan")
         .filter(Q(period_start__gte=now - _LONGEST_PERIOD) | Q(period_start=LIFETIME_START))
         .filter(budget__limit__gt=0, period_start__lte=now)
-        # Any threshold is at least 1 %: skip counters below that without loading them.
-        .filter(spent__gte=F("budget__limit") / 100 - F("reserved"))
+        # Skip, in SQL, counters below the lowest threshold anywhere.
+        .filter(spent__gte=F("budget__limit") * lowest / 100 - F("reserved"))
     )
     found = []
     for counter in candidates:

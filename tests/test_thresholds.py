@@ -280,3 +280,19 @@ def test_concurrent_scans_and_senders_email_once(acme: None) -> None:
     assert not [r for r in results if isinstance(r, BaseException)], results
     assert _crossings() == [(50, DeliveryState.SENT)]
     assert len(mail.outbox) == 1
+
+
+@pytest.mark.usefixtures("acme")
+def test_a_budget_threshold_below_every_default_is_still_found() -> None:
+    Budget.objects.update(warning_thresholds=[20])
+    reserve_30()  # 30 %: below the default 50 %, above this budget's 20 %
+    thresholds.thresholds_scan()
+    assert _crossings() == [(20, DeliveryState.PENDING)]
+
+
+@override_settings(LLM_BUDGETS={"WARNING_THRESHOLDS": []})
+@pytest.mark.usefixtures("acme")
+def test_no_thresholds_anywhere_scans_nothing() -> None:
+    for _ in range(3):
+        reserve_30()
+    assert thresholds.thresholds_scan() == []
