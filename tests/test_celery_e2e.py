@@ -87,11 +87,21 @@ def celery_worker_and_beat(tmp_path: Path) -> Iterator[Path]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        _forget_queue(env["CELERY_TASK_DEFAULT_QUEUE"])
     # Keep the logs visible when the test failed.
     for name in commands:
         log_path = tmp_path / f"{name}.log"
         if log_path.exists():
             sys.stderr.write(f"--- {name} log (tail) ---\n{log_path.read_text()[-3000:]}\n")
+
+
+def _forget_queue(queue: str) -> None:
+    """Leave the shared Redis as we found it: drop our queue and kombu's bindings for it."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = [queue, *client.scan_iter(match=f"_kombu.binding*.{queue}")]
+    client.delete(*keys)
 
 
 def test_worker_and_beat_sweep_an_overdue_hold_and_send_a_warning(tmp_path: Path) -> None:
