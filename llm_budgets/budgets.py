@@ -173,10 +173,17 @@ def ensure_tenant(
     timezone: str | None = None,
     billing_day: int | None = None,
     plan: str | None = None,
+    billing_emails: str | None = None,
 ) -> Tenant:
-    """Create the tenant, or update the fields given."""
+    """Create the tenant, or update the fields given (``billing_emails``: who gets budget
+    warnings, separated by commas or new lines)."""
     return tenants.tenant_ensure(
-        external_id, name=name, timezone=timezone, billing_day=billing_day, plan=plan
+        external_id,
+        name=name,
+        timezone=timezone,
+        billing_day=billing_day,
+        plan=plan,
+        billing_emails=billing_emails,
     )
 
 

@@ -25,9 +25,13 @@ def tenant_ensure(
     timezone: str | None = None,
     billing_day: int | None = None,
     plan: Plan | str | None = None,
+    billing_emails: str | None = None,
     actor: str = "",
 ) -> Tenant:
-    """Create the tenant, or update the fields given. Returns the tenant."""
+    """Create the tenant, or update the fields given. Returns the tenant.
+
+    ``billing_emails``: the billing contacts who receive budget warnings, separated by commas or
+    new lines (``""`` clears them)."""
     validation.identifier("tenant", external_id)
     if billing_day is not None and (
         isinstance(billing_day, bool)
@@ -50,6 +54,7 @@ def tenant_ensure(
             "timezone": timezone,
             "billing_day": billing_day,
             "plan": plan,
+            "billing_emails": billing_emails,
         }.items()
         if value is not None
     }

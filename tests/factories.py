@@ -53,9 +53,7 @@ def reserve_30(
 
 
 def billing_contacts(emails: str, *, tenant: str = "acme") -> None:
-    from llm_budgets.models import Tenant
-
-    Tenant.objects.filter(external_id=tenant).update(billing_emails=emails)
+    budgets.ensure_tenant(tenant, billing_emails=emails)
 
 
 def reserve_30_at(at: datetime, *, tenant: str = "acme", ttl: int = 120) -> object:

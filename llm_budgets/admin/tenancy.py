@@ -38,7 +38,7 @@ class PlanAdmin(admin.ModelAdmin):
 class TenantForm(forms.ModelForm):
     class Meta:
         model = Tenant
-        fields = ["external_id", "name", "plan", "timezone", "billing_day"]
+        fields = ["external_id", "name", "plan", "timezone", "billing_day", "billing_emails"]
 
     def clean_plan(self) -> Plan | None:
         plan: Plan | None = self.cleaned_data["plan"]
@@ -53,7 +53,15 @@ class TenantAdmin(admin.ModelAdmin):
     """The tenant page also shows where each budget stands and the holds still open."""
 
     form = TenantForm
-    fields = ["external_id", "name", "plan", "timezone", "billing_day", "created_at"]
+    fields = [
+        "external_id",
+        "name",
+        "plan",
+        "timezone",
+        "billing_day",
+        "billing_emails",
+        "created_at",
+    ]
     list_display = ["external_id", "name", "plan", "timezone", "billing_day", "created_at"]
     list_filter = ["plan", "timezone"]
     list_select_related = ["plan"]
@@ -75,6 +83,7 @@ class TenantAdmin(admin.ModelAdmin):
             timezone=obj.timezone,
             billing_day=obj.billing_day,
             plan=obj.plan,
+            billing_emails=obj.billing_emails,
             actor=actor(request),
         )
         adopt(obj, saved)
