@@ -12,11 +12,11 @@ from datetime import datetime
 from decimal import Decimal
 
 from llm_budgets.models import (
+    LIVE_STATES,
     Budget,
     Counter,
     EndUser,
     Reservation,
-    ReservationState,
     Scope,
     Tenant,
 )
@@ -52,7 +52,8 @@ def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
             budget.window, at, timezone=tenant.timezone, billing_day=tenant.billing_day
         )
         applicable.append(ApplicableBudget(budget, period))
-    held = Reservation.objects.filter(tenant=tenant, state=ReservationState.HELD)
+    # Open: still counted in reserved (held, or uncertain until usage or the reconcile job).
+    held = Reservation.objects.filter(tenant=tenant, state__in=LIVE_STATES)
     open_reservations = list(held.select_related("end_user").order_by("expires_at")[:rows])
     return TenantOverview(
         budgets=shared,

@@ -166,6 +166,11 @@ def test_tenant_page_shows_current_period_numbers_and_open_holds(
     html = page.content.decode()
     for text in ["55.00 USD", "30.00 USD", str(held.id), "Open reservations (1)"]:  # type: ignore[attr-defined]
         assert text in html
+    # An uncertain hold is still counted, so it is still open.
+    held.mark_uncertain()  # type: ignore[attr-defined]
+    page = admin_client.get(_url(Tenant, "change", tenant.pk))  # type: ignore[attr-defined]
+    assert [r["id"] for r in page.context["reservation_rows"]] == [held.id]  # type: ignore[attr-defined]
+    assert admin_client.get(page.context["open_reservations_url"]).status_code == 200
 
 
 def test_tenant_page_query_count_does_not_grow_with_the_tenant(

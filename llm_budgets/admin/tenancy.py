@@ -16,7 +16,7 @@ from django.utils.http import urlencode
 
 from llm_budgets.admin.base import actor, adopt, money_text
 from llm_budgets.admin_selectors import tenant_overview
-from llm_budgets.models import EndUser, Plan, ReservationState, Scope, Tenant
+from llm_budgets.models import LIVE_STATES, EndUser, Plan, Scope, Tenant
 from llm_budgets.selectors import BudgetStatus
 from llm_budgets.tenants import end_user_ensure, tenant_ensure
 
@@ -141,7 +141,7 @@ def _overview_context(tenant: Tenant) -> dict[str, Any]:
         ],
         "open_reservation_count": overview.open_reservation_count,
         "open_reservations_url": _changelist(
-            "reservation", {**by_tenant, "state__exact": ReservationState.HELD}
+            "reservation", {**by_tenant, "state__in": ",".join(LIVE_STATES)}
         ),
         "tenant_links": [
             ("End users", _changelist("enduser", by_tenant)),
