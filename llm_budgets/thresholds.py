@@ -66,11 +66,11 @@ class _Crossed:
 def _lowest_threshold() -> int | None:
     """The lowest threshold any budget can have (None: warnings are off everywhere)."""
     configured: list[Any] = [conf.WARNING_THRESHOLDS]
-    configured += Plan.objects.exclude(warning_thresholds=None).values_list(
+    configured += Plan.objects.filter(warning_thresholds__isnull=False).values_list(
         "warning_thresholds", flat=True
     )
     configured += (
-        Budget.objects.exclude(warning_thresholds=None)
+        Budget.objects.filter(warning_thresholds__isnull=False)
         .values_list("warning_thresholds", flat=True)
         .distinct()
     )

@@ -12,6 +12,8 @@ from pathlib import Path
 import django
 import environ
 
+from llm_budgets.schedule import BEAT_SCHEDULE
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 VAR_DIR.mkdir(exist_ok=True)
@@ -39,8 +41,9 @@ try:  # the admin-editable beat schedule (demo, docker-compose); optional like C
     import django_celery_beat  # noqa: F401
 
     INSTALLED_APPS.append("django_celery_beat")
-except ImportError:  # pragma: no cover
-    pass
+    HAS_CELERY_BEAT_DB = True
+except ImportError:  # pragma: no cover - e.g. Django 6.1, which django-celery-beat 2.9 refuses
+    HAS_CELERY_BEAT_DB = False
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -121,13 +124,16 @@ else:
 DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="budgets@localhost")
 
 # Celery (project/celery.py). The demo runs tasks eagerly in-process; docker-compose sets a Redis
-# broker and CELERY_TASK_ALWAYS_EAGER=false, and runs a worker and beat. The beat schedule lives
-# in the database (django-celery-beat, editable in the admin): `manage.py
-# llm_budgets_install_schedule` writes the defaults of llm_budgets.schedule.BEAT_SCHEDULE.
+# broker and CELERY_TASK_ALWAYS_EAGER=false, and runs a worker and beat. With django-celery-beat
+# the schedule lives in the database, editable in the admin (`manage.py
+# llm_budgets_install_schedule` writes the defaults); without it, beat reads the ready dict.
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="memory://")
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=True)
 CELERY_TASK_DEFAULT_QUEUE = env("CELERY_TASK_DEFAULT_QUEUE", default="celery")
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+if HAS_CELERY_BEAT_DB:
+    CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+else:  # pragma: no cover
+    CELERY_BEAT_SCHEDULE = BEAT_SCHEDULE
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 

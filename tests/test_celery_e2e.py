@@ -1,9 +1,11 @@
 """End to end: a real Celery worker and beat (subprocesses) against Redis, on this test's
-database. Beat reads its schedule from django-celery-beat rows, as in the demo project; the worker
-sweeps an overdue hold and emails a warning (file backend: visible across processes)."""
+database. Beat reads its schedule from django-celery-beat rows, as in the demo project (or, where
+that package is not installed, from the ready dict); the worker sweeps an overdue hold and emails a
+warning (file backend: visible across processes)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import pytest
 from django.utils import timezone
 
 from llm_budgets.models import DeliveryState, Reservation, ReservationState, ThresholdCrossing
+from tests.celery_e2e_app import FAST_TASKS
 from tests.factories import billing_contacts, price_fake, reserve_30, reserve_30_at, seed
 from tests.services import REDIS_URL, redis_ping, require, subprocess_database_url
 
@@ -26,12 +29,16 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.concurrency]
 DEADLINE_SECONDS = 120
 
 
-def _schedule_every_second(*tasks: str) -> None:
+def _beat_arguments(tmp_path: Path) -> list[str]:
+    """Beat with the sweep and the warning scan due every second."""
+    if importlib.util.find_spec("django_celery_beat") is None:
+        return ["-A", "tests.celery_e2e_app", "beat", f"--schedule={tmp_path / 'beat-schedule'}"]
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
     every = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.SECONDS)
-    for task in tasks:
+    for task in FAST_TASKS:
         PeriodicTask.objects.create(name=f"e2e {task}", task=task, interval=every)
+    return ["-A", "project", "beat", "--scheduler=django_celery_beat.schedulers:DatabaseScheduler"]
 
 
 @contextmanager
@@ -49,10 +56,12 @@ def celery_worker_and_beat(tmp_path: Path) -> Iterator[Path]:
         "EMAIL_FILE_PATH": str(mail_dir),
         "DJANGO_SETTINGS_MODULE": "project.settings",
     }
-    celery = [sys.executable, "-m", "celery", "-A", "project"]
+    celery = [sys.executable, "-m", "celery"]
     commands = {
         "worker": [
             *celery,
+            "-A",
+            "project",
             "worker",
             "--pool=solo",
             "--without-gossip",
@@ -64,8 +73,7 @@ def celery_worker_and_beat(tmp_path: Path) -> Iterator[Path]:
         ],
         "beat": [
             *celery,
-            "beat",
-            "--scheduler=django_celery_beat.schedulers:DatabaseScheduler",
+            *_beat_arguments(tmp_path),
             f"--pidfile={tmp_path / 'beat.pid'}",
             "--loglevel=INFO",
         ],
@@ -111,7 +119,6 @@ def test_worker_and_beat_sweep_an_overdue_hold_and_send_a_warning(tmp_path: Path
     billing_contacts("billing@acme.test")
     overdue = reserve_30_at(timezone.now() - timedelta(seconds=30), ttl=1)
     reserve_30()  # 60 of 100 in use: the 50 % threshold is reached
-    _schedule_every_second("llm_budgets.sweep_expired_holds", "llm_budgets.scan_thresholds")
 
     with celery_worker_and_beat(tmp_path) as mail_dir:
         deadline = time.monotonic() + DEADLINE_SECONDS

@@ -50,6 +50,8 @@ def test_the_housekeeping_tasks_run() -> None:
 
 
 def test_the_schedule_installs_as_editable_rows_once() -> None:
+    # Not installable beside Django 6.1 (see pyproject.toml); the Django 5.2 leg runs this.
+    pytest.importorskip("django_celery_beat")
     from django_celery_beat.models import PeriodicTask
 
     assert sorted(periodic_tasks_install()) == sorted(JOBS)
