@@ -5,7 +5,10 @@ management command, for hosts that run cron instead (docs/operations.md).
 
 from __future__ import annotations
 
+from functools import partial
+
 from celery import shared_task
+from django.db import transaction
 
 from llm_budgets import retention, rollups, settlement, thresholds
 
@@ -23,10 +26,10 @@ def reconcile_uncertain() -> int:
 @shared_task(name="llm_budgets.scan_thresholds", ignore_result=True)
 def scan_thresholds() -> int:
     """Record new crossings, then enqueue one email task for each crossing that is due (new ones
-    and any left behind by a crashed sender). Runs after the scan's transaction has committed."""
+    and any left behind by a crashed sender), once the rows are committed."""
     created = thresholds.thresholds_scan()
     for crossing_id in thresholds.thresholds_due():
-        send_threshold_warning.delay(crossing_id)
+        transaction.on_commit(partial(send_threshold_warning.delay, crossing_id))
     return len(created)
 
 
