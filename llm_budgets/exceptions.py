@@ -87,14 +87,19 @@ class UnknownPrice(BudgetError, LookupError):
 
     code = "unknown_price"
 
-    def __init__(self, *, provider: str, model: str) -> None:
+    def __init__(self, *, provider: str, model: str, policy: str | None = None) -> None:
         self.provider = provider
         self.model = model
+        self.policy = policy
+        why = f" and the plan's unknown-model policy ({policy}) cannot price it" if policy else ""
         super().__init__(
-            f"No price is in effect for {provider}/{model}, so the call cannot be admitted. "
-            f'Set one with budgets.set_price(provider="{provider}", model="{model}", ...).',
+            f"No price is in effect for {provider}/{model}{why}, so the call cannot be admitted. "
+            f'Set one with budgets.set_price(provider="{provider}", model="{model}", ...), '
+            "import the catalogue with `manage.py llm_budgets_sync_prices`, or give the plan an "
+            "unknown-model policy (reserve_fixed or price_as).",
             provider=provider,
             model=model,
+            policy=policy,
         )
 
 

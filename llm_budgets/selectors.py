@@ -61,6 +61,7 @@ class BudgetStatus:
     currency: str
     period_start: datetime
     resets_at: datetime | None
+    unit: str = "provider_cost"  # what the counter counts: provider cost or customer price
 
 
 def budget_statuses(tenant: Tenant, end_user: EndUser | None, at: datetime) -> list[BudgetStatus]:
@@ -92,6 +93,7 @@ def budget_statuses(tenant: Tenant, end_user: EndUser | None, at: datetime) -> l
                 currency=budget.currency,
                 period_start=item.period.start,
                 resets_at=item.period.end,
+                unit=budget.unit,
             )
         )
     return statuses
