@@ -31,6 +31,7 @@ from llm_budgets.models import (
     UnknownModelPolicy,
     UsageRecord,
 )
+from llm_budgets.money import RATE_DECIMAL_PLACES, RATE_QUANTUM, RATE_SIGNIFICANT_DIGITS
 
 
 def price_in_effect(*, provider: str, model: str, at: datetime) -> Price:
@@ -116,6 +117,23 @@ PRICE_FIELDS = (
 _REQUIRED_RATES = ("input_per_mtok", "output_per_mtok")
 
 
+def _rate(field: str, value: object, *, allow_none: bool = False) -> Decimal | None:
+    """A non-negative rate that every database stores exactly: at most ``RATE_DECIMAL_PLACES``
+    decimals and ``RATE_SIGNIFICANT_DIGITS`` significant digits (nothing is rounded away
+    silently)."""
+    rate = validation.money(field, value, allow_none=allow_none)
+    if rate is not None and (
+        rate != rate.quantize(RATE_QUANTUM)
+        or len(rate.normalize().as_tuple().digits) > RATE_SIGNIFICANT_DIGITS
+    ):
+        raise InvalidUsage(
+            f"{field}={rate} has more than {RATE_DECIMAL_PLACES} decimal places or "
+            f"{RATE_SIGNIFICANT_DIGITS} significant digits.",
+            field=field,
+        )
+    return rate
+
+
 def _rate_map(field: str, value: object, *, names: tuple[str, ...]) -> dict[str, str | None]:
     if not isinstance(value, Mapping):
         raise InvalidUsage(f"{field} must be a mapping of rates.", field=field)
@@ -126,8 +144,8 @@ def _rate_map(field: str, value: object, *, names: tuple[str, ...]) -> dict[str,
         )
     result = {}
     for key, rate in value.items():
-        amount = validation.money(f"{field}.{key}", rate, allow_none=True)
-        result[key] = None if amount is None else str(amount)
+        amount = _rate(f"{field}.{key}", rate, allow_none=True)
+        result[key] = None if amount is None else plain(amount)
     return result
 
 
@@ -199,10 +217,8 @@ def price_values(**given: object) -> dict[str, Any]:
         raise InvalidUsage(f"unknown price fields {sorted(unknown)}.", field=sorted(unknown)[0])
     values: dict[str, Any] = {}
     for name in TOKEN_RATES:
-        values[name] = validation.money(
-            name, given.get(name), allow_none=name not in _REQUIRED_RATES
-        )
-    values["per_request"] = validation.money("per_request", given.get("per_request") or 0)
+        values[name] = _rate(name, given.get(name), allow_none=name not in _REQUIRED_RATES)
+    values["per_request"] = _rate("per_request", given.get("per_request") or 0)
     fees = given.get("tool_fees") or {}
     names = tuple(fees) if isinstance(fees, Mapping) else ()
     values["tool_fees"] = {
@@ -219,15 +235,21 @@ def price_values(**given: object) -> dict[str, Any]:
     return values
 
 
+def plain(value: Decimal) -> str:
+    """An amount without trailing zeros or exponent: ``2.5``, ``100``."""
+    return format(value.normalize(), "f")
+
+
+def comparable(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Pricing fields with amounts as plain strings, so stored and fresh values compare equal."""
+    return {
+        key: plain(value) if isinstance(value, Decimal) else value for key, value in values.items()
+    }
+
+
 def price_snapshot(price: Price) -> dict[str, Any]:
     """A version's pricing fields as JSON-friendly values (for comparing and auditing)."""
-    snapshot: dict[str, Any] = {}
-    for name in PRICE_FIELDS:
-        value = getattr(price, name)
-        if isinstance(value, Decimal):
-            value = str(value.normalize())
-        snapshot[name] = value
-    return snapshot
+    return comparable({name: getattr(price, name) for name in PRICE_FIELDS})
 
 
 def price_set(
