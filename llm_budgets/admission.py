@@ -20,7 +20,7 @@ from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.exceptions import BudgetExceeded, InvalidUsage
 from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
-from llm_budgets.models import Counter, Reservation, ReservationHold
+from llm_budgets.models import Counter, PricingBasis, Reservation, ReservationHold
 from llm_budgets.quotes import input_token_count, request_estimate
 from llm_budgets.selectors import ApplicableBudget, applicable_budgets
 from llm_budgets.tenants import end_user_ensure, tenant_get
@@ -44,7 +44,7 @@ class NoApplicableBudget(InvalidUsage):
 class _Request:
     tenant: str
     end_user: str | None
-    provider: str
+    provider: str | None
     model: str
     input_tokens: int
     max_output_tokens: int | None
@@ -79,7 +79,9 @@ def _validate(
             f"got {ttl_delta.total_seconds():g}.",
             field="ttl",
         )
-    provider = validation.identifier("provider", provider, max_length=64)
+    provider = (
+        None if provider is None else validation.identifier("provider", provider, max_length=64)
+    )
     model = validation.identifier("model", model, max_length=128)
     return _Request(
         tenant=validation.identifier("tenant", tenant),
@@ -111,7 +113,7 @@ def reservation_create(
     *,
     tenant: object,
     end_user: object = None,
-    provider: object,
+    provider: object = None,
     model: object,
     input_tokens: object = None,
     max_output_tokens: object = None,
@@ -164,7 +166,9 @@ def reservation_create(
         reservation = Reservation(
             tenant=tenant_obj,
             end_user=user_obj,
-            provider=request.provider,
+            provider=estimate.price.provider
+            if estimate.pricing_basis == PricingBasis.PRICE and estimate.price
+            else request.provider or "",
             model=request.model,
             price=estimate.price,
             pricing_basis=estimate.pricing_basis,

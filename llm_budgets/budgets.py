@@ -203,7 +203,7 @@ def reserve(
     input_tokens: int | None = None,
     max_output_tokens: int | None = None,
     end_user: str | None = None,
-    provider: str = "openai",
+    provider: str | None = None,
     idempotency_key: str | None = None,
     ttl: int | None = None,
     messages: list[dict[str, Any]] | None = None,
@@ -212,7 +212,8 @@ def reserve(
     """Admit a call and hold its worst-case cost, or raise a ``BudgetError`` that says why.
 
     Give ``input_tokens`` (all input, cached included), or ``messages`` / ``prompt`` to have
-    them counted offline (docs/pricing.md)."""
+    them counted offline (docs/pricing.md). ``provider`` may be left out when exactly one
+    provider prices ``model``."""
     return Hold(
         admission.reservation_create(
             tenant=tenant,
@@ -235,7 +236,7 @@ def quote(
     model: str,
     input_tokens: int | None = None,
     max_output_tokens: int | None = None,
-    provider: str = "openai",
+    provider: str | None = None,
     end_user: str | None = None,
     messages: list[dict[str, Any]] | None = None,
     prompt: str | None = None,

@@ -34,14 +34,25 @@ from llm_budgets.models import (
 from llm_budgets.money import RATE_DECIMAL_PLACES, RATE_QUANTUM, RATE_SIGNIFICANT_DIGITS
 
 
-def price_in_effect(*, provider: str, model: str, at: datetime) -> Price:
-    """The newest version that has started by ``at`` and not ended; ``UnknownPrice`` if none."""
-    price = (
-        Price.objects.filter(provider=provider, model=model, effective_from__lte=at)
-        .filter(Q(effective_to__isnull=True) | Q(effective_to__gt=at))
-        .order_by("-effective_from")
-        .first()
+def price_in_effect(*, provider: str | None, model: str, at: datetime) -> Price:
+    """The newest version that has started by ``at`` and not ended; ``UnknownPrice`` if none.
+
+    Without a provider, the model must be priced by exactly one provider.
+    """
+    versions = Price.objects.filter(model=model, effective_from__lte=at).filter(
+        Q(effective_to__isnull=True) | Q(effective_to__gt=at)
     )
+    if provider is not None:
+        versions = versions.filter(provider=provider)
+    else:
+        providers = sorted(set(versions.values_list("provider", flat=True)))
+        if len(providers) > 1:
+            raise InvalidUsage(
+                f"{model} is priced by several providers ({', '.join(providers)}): "
+                "pass provider= to say which one serves the call.",
+                field="provider",
+            )
+    price = versions.order_by("-effective_from").first()
     if price is None:
         raise UnknownPrice(provider=provider, model=model)
     return price
@@ -56,7 +67,9 @@ class Pricing:
     fixed_amount: Decimal | None = None
 
 
-def pricing_for_request(*, plan: Plan | None, provider: str, model: str, at: datetime) -> Pricing:
+def pricing_for_request(
+    *, plan: Plan | None, provider: str | None, model: str, at: datetime
+) -> Pricing:
     """The model's price in effect, else what the plan's unknown-model policy says. Never zero:
     the default policy refuses with ``UnknownPrice``."""
     try:
@@ -121,7 +134,7 @@ def _rate(field: str, value: object, *, allow_none: bool = False) -> Decimal | N
     """A non-negative rate that every database stores exactly: at most ``RATE_DECIMAL_PLACES``
     decimals and ``RATE_SIGNIFICANT_DIGITS`` significant digits (nothing is rounded away
     silently)."""
-    rate = validation.money(field, value, allow_none=allow_none)
+    rate = validation.optional_money(field, value) if allow_none else validation.money(field, value)
     if rate is not None and (
         rate != rate.quantize(RATE_QUANTUM)
         or len(rate.normalize().as_tuple().digits) > RATE_SIGNIFICANT_DIGITS

@@ -16,7 +16,7 @@ from llm_budgets.conf import conf
 from llm_budgets.costs import Item, customer_hold, worst_case_items
 from llm_budgets.exceptions import InvalidUsage, OutputCeilingRequired
 from llm_budgets.ledger import ledger_guard
-from llm_budgets.models import BudgetUnit, EndUser, Price, Tenant
+from llm_budgets.models import BudgetUnit, EndUser, Price, PricingBasis, Tenant
 from llm_budgets.money import round_hold
 from llm_budgets.pricing import output_ceiling, pricing_for_request
 from llm_budgets.selectors import BudgetStatus, budget_statuses
@@ -44,7 +44,7 @@ def tenant_markup(tenant: Tenant) -> Decimal:
 
 
 def input_token_count(
-    *, provider: str, model: str, input_tokens: object, messages: object, prompt: object
+    *, provider: str | None, model: str, input_tokens: object, messages: object, prompt: object
 ) -> int:
     """``input_tokens`` as given, or counted from ``messages`` / ``prompt``."""
     if input_tokens is not None:
@@ -61,7 +61,7 @@ def input_token_count(
 def request_estimate(
     tenant: Tenant,
     *,
-    provider: str,
+    provider: str | None,
     model: str,
     input_tokens: int,
     max_output_tokens: int | None,
@@ -111,7 +111,7 @@ class BudgetDraw:
 
 @dataclass(frozen=True)
 class Quote:
-    provider: str
+    provider: str | None
     model: str
     estimate: Estimate
     budgets: list[BudgetDraw]
@@ -127,7 +127,7 @@ def quote(
     *,
     tenant: str,
     model: str,
-    provider: str = "openai",
+    provider: str | None = None,
     input_tokens: object = None,
     messages: object = None,
     prompt: object = None,
@@ -138,7 +138,8 @@ def quote(
 ) -> Quote:
     """The itemised worst case, the price version and the budgets a request would draw on.
     Reads only: nothing is held or created."""
-    validation.identifier("provider", provider, max_length=64)
+    if provider is not None:
+        validation.identifier("provider", provider, max_length=64)
     validation.identifier("model", model, max_length=128)
     tokens = input_token_count(
         provider=provider,
@@ -178,4 +179,6 @@ def quote(
                 else estimate.amount
             )
             draws.append(BudgetDraw(status, status.unit, amount, amount <= status.remaining))
+    if estimate.price is not None and estimate.pricing_basis == PricingBasis.PRICE:
+        provider = estimate.price.provider
     return Quote(provider, model, estimate, draws, conf.CURRENCY)

@@ -93,9 +93,12 @@ def _reservation_id(value: object) -> UUID:
 
 def _lock_reservation(reservation_id: UUID) -> Reservation:
     try:
+        # of=("self",): lock only the reservation. A plain FOR UPDATE would also lock the joined
+        # price row, which every admission key-share locks for its foreign key: a deadlock.
         return (
-            # No select_related: the price is nullable, and FOR UPDATE refuses outer joins.
-            Reservation.objects.select_for_update().get(pk=reservation_id)
+            Reservation.objects.select_for_update(of=("self",))
+            .select_related("price")
+            .get(pk=reservation_id)
         )
     except Reservation.DoesNotExist:
         raise ReservationNotFound(reservation_id) from None
@@ -238,11 +241,18 @@ def reservation_commit(
                 provider_cost, customer_charge(provider_cost, reservation.markup_percent)
             )
             overage = max(ZERO, provider_cost - reservation.amount)
-            line = {"overage": overage, "usage": usage, "priced": (price_id, basis)}
+            priced = (price_id, basis)
             if reservation.state == ReservationState.HELD:
                 _move(reservation, reserved=-_held(reservation), spent=cost)
                 _record(
-                    reservation, kind=UsageKind.CHARGE, cost=cost, estimated=False, now=now, **line
+                    reservation,
+                    kind=UsageKind.CHARGE,
+                    cost=cost,
+                    estimated=False,
+                    now=now,
+                    overage=overage,
+                    usage=usage,
+                    priced=priced,
                 )
             else:  # EXPIRED: the sweep already dropped the hold and may have charged an estimate.
                 estimate = reservation.usage_records.filter(kind=UsageKind.CHARGE).first()
@@ -254,7 +264,9 @@ def reservation_commit(
                         cost=cost,
                         estimated=False,
                         now=now,
-                        **line,
+                        overage=overage,
+                        usage=usage,
+                        priced=priced,
                     )
                 else:
                     _move(reservation, reserved=NONE, spent=cost - _charged(estimate))
@@ -264,7 +276,9 @@ def reservation_commit(
                         cost=cost - _charged(estimate),
                         estimated=False,
                         now=now,
-                        **line,
+                        overage=overage,
+                        usage=usage,
+                        priced=priced,
                     )
             reservation.state = ReservationState.COMMITTED
             reservation.settled_at = now

@@ -98,13 +98,13 @@ def encoding(name: str) -> tiktoken.Encoding:
     )
 
 
-def encoding_name(provider: str, model: str) -> str | None:
+def encoding_name(provider: str | None, model: str) -> str | None:
     """The bundled encoding of an OpenAI-family model, or None (then the bound is used)."""
     try:
         name = tiktoken.model.encoding_name_for_model(model)
     except KeyError:
         return None
-    if provider not in OPENAI_PROVIDERS or name not in _ENCODINGS:
+    if (provider is not None and provider not in OPENAI_PROVIDERS) or name not in _ENCODINGS:
         return None
     return name
 
@@ -148,7 +148,7 @@ def _bound(texts: Iterable[str], overhead: int) -> int:
 
 
 def count_input_tokens(
-    *, provider: str, model: str, messages: object = None, prompt: object = None
+    *, provider: str | None, model: str, messages: object = None, prompt: object = None
 ) -> int:
     """Input tokens of ``messages`` (chat) or ``prompt`` (text): exact with tiktoken for
     OpenAI-family models, a conservative bound for others."""

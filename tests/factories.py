@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 
 from llm_budgets import budgets
+from llm_budgets.models import Price
 
 # One output token of "fake/m30" costs 0.03: max_output_tokens=1000 holds exactly 30.
 FAKE_PROVIDER = "fake"
 FAKE_MODEL = "m30"
+# Tests move the clock through the past; the fixture price is in effect for all of it.
+PRICES_START = datetime(2020, 1, 1, tzinfo=UTC)
 
 
 def price_fake(*, effective_from: datetime | None = None, output_per_mtok: str = "30000") -> None:
@@ -18,26 +21,32 @@ def price_fake(*, effective_from: datetime | None = None, output_per_mtok: str =
         model=FAKE_MODEL,
         input_per_mtok=Decimal("0"),
         output_per_mtok=Decimal(output_per_mtok),
-        effective_from=effective_from,
+        effective_from=effective_from or PRICES_START,
     )
 
 
 def seed(*, limit: str = "100", tenant: str = "acme", window: str = "month") -> None:
     """The seed scenario: one tenant capped at ``limit``; each call's worst case is 30."""
-    price_fake()
+    if not Price.objects.filter(provider=FAKE_PROVIDER, model=FAKE_MODEL).exists():
+        price_fake()
     budgets.ensure_tenant(tenant, name=tenant.title())
     budgets.set_limit(tenant=tenant, amount=Decimal(limit), window=window)
 
 
 def reserve_30(
-    *, tenant: str = "acme", end_user: str | None = None, **kwargs: object
+    *,
+    tenant: str = "acme",
+    end_user: str | None = None,
+    max_output_tokens: int = 1000,
+    provider: str | None = FAKE_PROVIDER,
+    **kwargs: object,
 ) -> budgets.Hold:
     return budgets.reserve(
         tenant=tenant,
         end_user=end_user,
-        provider=FAKE_PROVIDER,
+        provider=provider,
         model=FAKE_MODEL,
         input_tokens=0,
-        max_output_tokens=1000,
+        max_output_tokens=max_output_tokens,
         **kwargs,  # type: ignore[arg-type]
     )

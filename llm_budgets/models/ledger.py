@@ -9,9 +9,9 @@ from django.db import models
 from django.db.models import Q
 
 from llm_budgets.models.budgets import BudgetUnit, Counter
-from llm_budgets.models.fields import money_field
 from llm_budgets.models.pricing import Price, PricingBasis
 from llm_budgets.models.tenancy import EndUser, Tenant
+from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 
 
 class ReservationState(models.TextChoices):
@@ -40,9 +40,16 @@ class Reservation(models.Model):
     )
     input_tokens = models.PositiveIntegerField()
     max_output_tokens = models.PositiveIntegerField()
-    amount = money_field(help_text="The hold at provider cost.")
+    amount = models.DecimalField(
+        max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, help_text="The hold at provider cost."
+    )
     markup_percent = models.DecimalField(max_digits=7, decimal_places=3, default=0)
-    customer_amount = money_field(default=0, help_text="The hold at customer price.")
+    customer_amount = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        default=0,
+        help_text="The hold at customer price.",
+    )
     currency = models.CharField(max_length=3, default="USD")
     state = models.CharField(
         max_length=10,
@@ -145,11 +152,21 @@ class UsageRecord(models.Model):
     output_tokens = models.PositiveIntegerField(default=0)
     reasoning_tokens = models.PositiveIntegerField(default=0)
     tool_calls = models.JSONField(default=dict, blank=True)
-    cost = money_field(help_text="Provider cost.")
-    customer_cost = money_field(default=0, help_text="Cost at the customer price (markup).")
+    cost = models.DecimalField(
+        max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, help_text="Provider cost."
+    )
+    customer_cost = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        default=0,
+        help_text="Cost at the customer price (markup).",
+    )
     currency = models.CharField(max_length=3, default="USD")
-    overage = money_field(
-        default=0, help_text="Cost above the hold (actual - reserved), when positive."
+    overage = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        default=0,
+        help_text="Cost above the hold (actual - reserved), when positive.",
     )
     is_estimated = models.BooleanField(
         default=False,

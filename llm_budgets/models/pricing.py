@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from llm_budgets.models.fields import rate_field
+from llm_budgets.money import RATE_DECIMAL_PLACES, RATE_MAX_DIGITS
 
 
 class PriceSource(models.TextChoices):
@@ -26,21 +26,43 @@ class Price(models.Model):
 
     provider = models.CharField(max_length=64)
     model = models.CharField(max_length=128)
-    input_per_mtok = rate_field()
-    cached_input_per_mtok = rate_field(
-        null=True, blank=True, help_text="Empty: cached input costs as input."
+    input_per_mtok = models.DecimalField(
+        max_digits=RATE_MAX_DIGITS, decimal_places=RATE_DECIMAL_PLACES
     )
-    cache_write_per_mtok = rate_field(
-        null=True, blank=True, help_text="Empty: cache writes cost as input."
+    cached_input_per_mtok = models.DecimalField(
+        max_digits=RATE_MAX_DIGITS,
+        decimal_places=RATE_DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="Empty: cached input costs as input.",
     )
-    cache_write_1h_per_mtok = rate_field(
-        null=True, blank=True, help_text="1-hour cache writes. Empty: priced as cache writes."
+    cache_write_per_mtok = models.DecimalField(
+        max_digits=RATE_MAX_DIGITS,
+        decimal_places=RATE_DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="Empty: cache writes cost as input.",
     )
-    output_per_mtok = rate_field()
-    reasoning_per_mtok = rate_field(
-        null=True, blank=True, help_text="Empty: reasoning tokens cost as output."
+    cache_write_1h_per_mtok = models.DecimalField(
+        max_digits=RATE_MAX_DIGITS,
+        decimal_places=RATE_DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="1-hour cache writes. Empty: priced as cache writes.",
     )
-    per_request = rate_field(default=0)
+    output_per_mtok = models.DecimalField(
+        max_digits=RATE_MAX_DIGITS, decimal_places=RATE_DECIMAL_PLACES
+    )
+    reasoning_per_mtok = models.DecimalField(
+        max_digits=RATE_MAX_DIGITS,
+        decimal_places=RATE_DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="Empty: reasoning tokens cost as output.",
+    )
+    per_request = models.DecimalField(
+        max_digits=RATE_MAX_DIGITS, decimal_places=RATE_DECIMAL_PLACES, default=0
+    )
     tool_fees = models.JSONField(
         default=dict,
         blank=True,

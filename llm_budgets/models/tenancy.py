@@ -6,7 +6,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from llm_budgets.models.fields import money_field, validate_timezone
+from llm_budgets.models.fields import validate_timezone
+from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 
 
 class UnknownModelPolicy(models.TextChoices):
@@ -15,8 +16,7 @@ class UnknownModelPolicy(models.TextChoices):
     PRICE_AS = "price_as", "Price it as another model"
 
 
-def markup_field(**kwargs: object) -> models.DecimalField:
-    return models.DecimalField(max_digits=7, decimal_places=3, **kwargs)  # type: ignore[arg-type]
+MARKUP_DIGITS, MARKUP_PLACES = 7, 3
 
 
 class Plan(models.Model):
@@ -31,15 +31,22 @@ class Plan(models.Model):
     unknown_model_policy = models.CharField(
         max_length=20, choices=UnknownModelPolicy.choices, default=UnknownModelPolicy.REFUSE
     )
-    unknown_model_fixed_amount = money_field(
-        null=True, blank=True, help_text="reserve_fixed: the amount held and charged per request."
+    unknown_model_fixed_amount = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="reserve_fixed: the amount held and charged per request.",
     )
     unknown_model_price_as_provider = models.CharField(max_length=64, blank=True)
     unknown_model_price_as_model = models.CharField(
         max_length=128, blank=True, help_text="price_as: the model whose price is used."
     )
-    markup_percent = markup_field(
-        default=0, help_text="Customer price = provider cost x (1 + markup/100)."
+    markup_percent = models.DecimalField(
+        max_digits=MARKUP_DIGITS,
+        decimal_places=MARKUP_PLACES,
+        default=0,
+        help_text="Customer price = provider cost x (1 + markup/100).",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -79,8 +86,12 @@ class Tenant(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(31)],
         help_text="Day of month the monthly period starts (clamped to the month's last day).",
     )
-    markup_percent = markup_field(
-        null=True, blank=True, help_text="Overrides the plan's markup. Empty: the plan's."
+    markup_percent = models.DecimalField(
+        max_digits=MARKUP_DIGITS,
+        decimal_places=MARKUP_PLACES,
+        null=True,
+        blank=True,
+        help_text="Overrides the plan's markup. Empty: the plan's.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

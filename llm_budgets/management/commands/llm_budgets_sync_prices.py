@@ -70,7 +70,7 @@ class Command(BaseCommand):
         if report.ignored_dimensions:
             ignored = ", ".join(sorted(report.ignored_dimensions))
             self.stdout.write(
-                f"  price keys not modelled here (audio, image, video usage is not priced): {ignored}"
+                f"  price keys not modelled (audio, image, video usage is not priced): {ignored}"
             )
         if not report.changed_anything:
             self.stdout.write("Nothing to change: prices are up to date.")

@@ -1,0 +1,12 @@
+# The demo project as a web process. Production hosts add llm_budgets to their own image instead.
+FROM python:3.12-slim
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY llm_budgets ./llm_budgets
+RUN pip install --no-cache-dir ".[postgres,celery]" gunicorn
+COPY manage.py ./
+COPY project ./project
+COPY templates ./templates
+EXPOSE 8000
+CMD ["gunicorn", "project.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "3"]

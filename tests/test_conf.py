@@ -1,0 +1,72 @@
+"""Settings object and system checks (llm_budgets.E0xx / W001)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.db import connections
+from django.test import override_settings
+
+from llm_budgets.checks import check_row_locking, check_settings
+from llm_budgets.conf import conf
+
+
+def ids(**settings: Any) -> list[str]:
+    with override_settings(LLM_BUDGETS=settings):
+        return [message.id or "" for message in check_settings()]
+
+
+def test_defaults_apply_and_are_re_read_on_every_access() -> None:
+    with override_settings(LLM_BUDGETS={}):
+        assert conf.DEFAULT_TTL_SECONDS == 120
+        assert conf.EXPIRED_HOLD_POLICY == "charge"
+    with override_settings(LLM_BUDGETS={"DEFAULT_TTL_SECONDS": 30, "LOCK_TIMEOUT_SECONDS": 0.5}):
+        assert conf.DEFAULT_TTL_SECONDS == 30
+        assert Decimal("0.5") == conf.LOCK_TIMEOUT_SECONDS
+
+
+def test_the_project_settings_pass_every_check() -> None:
+    assert check_settings() == []
+
+
+def test_the_settings_must_be_a_dict() -> None:
+    with override_settings(LLM_BUDGETS=["DEFAULT_TTL_SECONDS"]):
+        assert [m.id for m in check_settings()] == ["llm_budgets.E001"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"DEFAULT_TTL": 10}, "llm_budgets.E002"),
+        ({"DEFAULT_TTL_SECONDS": 0}, "llm_budgets.E003"),
+        ({"DEFAULT_TTL_SECONDS": "120"}, "llm_budgets.E003"),
+        ({"LOCK_TIMEOUT_SECONDS": 0}, "llm_budgets.E004"),
+        ({"LOCK_TIMEOUT_SECONDS": 600}, "llm_budgets.E004"),
+        ({"LOCK_TIMEOUT_SECONDS": True}, "llm_budgets.E004"),
+        ({"EXPIRED_HOLD_POLICY": "forget"}, "llm_budgets.E005"),
+        ({"CURRENCY": "usd"}, "llm_budgets.E006"),
+        ({"MAX_TOKENS_PER_CALL": -1}, "llm_budgets.E007"),
+        ({"MAX_TTL_SECONDS": 60}, "llm_budgets.E008"),  # below the default TTL of 120
+    ],
+)
+def test_each_bad_value_has_its_own_check(settings: dict[str, Any], expected: str) -> None:
+    assert ids(**settings) == [expected]
+
+
+def test_unlockable_sqlite_gets_a_warning() -> None:
+    connection = connections["default"]
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    saved = dict(options)
+    try:
+        options.pop("transaction_mode", None)
+        warnings = check_row_locking(databases=["default"])
+    finally:
+        options.clear()
+        options.update(saved)
+    if connection.vendor == "sqlite":
+        assert [w.id for w in warnings] == ["llm_budgets.W001"]
+    else:
+        assert warnings == []  # PostgreSQL locks rows whatever the options say
+    assert check_row_locking(databases=["default"]) == []

@@ -1,0 +1,261 @@
+"""Settlement rules (issue 2, D3-D7): commit, release, expiry, the period a charge lands in."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from django.test import override_settings
+
+from llm_budgets import budgets
+from llm_budgets.admission import reservation_create
+from llm_budgets.exceptions import InvalidUsage, ReservationNotFound, ReservationStateError
+from llm_budgets.models import Counter, ReservationState, UsageKind, UsageRecord
+from llm_budgets.reconcile import counters_drift
+from llm_budgets.settlement import (
+    reservation_commit,
+    reservation_expire,
+    reservation_release,
+    reservations_sweep,
+)
+from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed
+
+pytestmark = pytest.mark.django_db
+
+
+def _counter() -> Counter:
+    return Counter.objects.get()
+
+
+def test_commit_replaces_the_hold_with_the_actual_cost() -> None:
+    seed()
+    hold = reserve_30()
+    result = hold.commit(input_tokens=0, output_tokens=400)
+    assert (result.cost, result.overage, result.state) == (Decimal(12), Decimal(0), "committed")
+    counter = _counter()
+    assert (counter.spent, counter.reserved) == (Decimal(12), Decimal(0))
+    line = UsageRecord.objects.get()
+    assert (line.kind, line.cost, line.is_estimated, line.output_tokens) == (
+        UsageKind.CHARGE,
+        Decimal(12),
+        False,
+        400,
+    )
+
+
+def test_cost_above_the_hold_is_recorded_as_overage_and_spent_exceeds_only_by_it() -> None:
+    seed(limit="30")
+    hold = reserve_30()
+    result = hold.commit(input_tokens=0, output_tokens=1500)  # 45 against a hold of 30
+    assert (result.cost, result.overage) == (Decimal(45), Decimal(15))
+    counter = _counter()
+    line = UsageRecord.objects.get()
+    assert line.overage == Decimal(15)
+    assert counter.spent + counter.reserved - counter.budget.limit == line.overage
+
+
+def test_settling_twice_returns_the_first_result_and_counts_once() -> None:
+    seed()
+    hold = reserve_30()
+    first = hold.commit(input_tokens=0, output_tokens=100)
+    second = budgets.commit(hold.id, input_tokens=0, output_tokens=900)
+    assert second == first
+    assert _counter().spent == Decimal(3)
+    assert UsageRecord.objects.count() == 1
+
+
+def test_commit_after_release_raises_and_changes_nothing() -> None:
+    seed()
+    hold = reserve_30()
+    assert hold.release() == "released"
+    with pytest.raises(ReservationStateError, match="released") as info:
+        budgets.commit(hold.id, input_tokens=0, output_tokens=1)
+    assert info.value.state == ReservationState.RELEASED
+    assert (_counter().spent, _counter().reserved) == (0, 0)
+
+
+def test_release_after_commit_changes_nothing_and_reports_committed() -> None:
+    seed()
+    hold = reserve_30()
+    hold.commit(input_tokens=0, output_tokens=100)
+    assert budgets.release(hold.id) == "committed"
+    assert (_counter().spent, _counter().reserved) == (Decimal(3), 0)
+
+
+def test_releasing_twice_is_a_no_op() -> None:
+    seed()
+    hold = reserve_30()
+    assert hold.release() == "released"
+    assert budgets.release(hold.id) == "released"
+    assert _counter().reserved == 0
+
+
+def test_unknown_or_malformed_ids_are_refused() -> None:
+    seed()
+    with pytest.raises(ReservationNotFound):
+        budgets.commit("00000000-0000-0000-0000-000000000000", input_tokens=0, output_tokens=0)
+    with pytest.raises(InvalidUsage) as info:
+        budgets.release("not-a-uuid")
+    assert info.value.field == "reservation_id"
+
+
+@pytest.mark.parametrize(
+    ("usage", "field"),
+    [
+        ({"input_tokens": -1, "output_tokens": 0}, "input_tokens"),
+        ({"input_tokens": 0, "output_tokens": 2.5}, "output_tokens"),
+        (
+            {"input_tokens": 10, "output_tokens": 0, "cached_input_tokens": 11},
+            "cached_input_tokens",
+        ),
+    ],
+)
+def test_bad_usage_is_refused_and_the_hold_stays(usage: dict[str, object], field: str) -> None:
+    seed()
+    hold = reserve_30()
+    with pytest.raises(InvalidUsage) as info:
+        budgets.commit(hold.id, **usage)  # type: ignore[arg-type]
+    assert info.value.field == field
+    assert hold.refresh().state == ReservationState.HELD
+    assert UsageRecord.objects.count() == 0
+
+
+def test_cached_input_is_priced_at_the_cached_rate() -> None:
+    budgets.set_price(
+        provider="openai",
+        model="gpt-4o",
+        input_per_mtok=Decimal("2.50"),
+        cached_input_per_mtok=Decimal("1.25"),
+        output_per_mtok=Decimal("10.00"),
+    )
+    budgets.ensure_tenant("acme")
+    budgets.set_limit(tenant="acme", amount=100, window="month")
+    hold = budgets.reserve(tenant="acme", model="gpt-4o", input_tokens=1000, max_output_tokens=100)
+    result = hold.commit(input_tokens=1000, cached_input_tokens=400, output_tokens=100)
+    # 600 x 2.50 + 400 x 1.25 + 100 x 10.00, per million
+    assert result.cost == Decimal("0.003")
+
+
+def test_usage_belongs_to_the_period_the_reservation_was_made_in() -> None:
+    seed(window="day")
+    made = datetime(2026, 3, 10, 23, 59, tzinfo=UTC)
+    reservation = reservation_create(
+        tenant="acme",
+        provider=FAKE_PROVIDER,
+        model=FAKE_MODEL,
+        input_tokens=0,
+        max_output_tokens=1000,
+        ttl=600,
+        now=made,
+    )
+    reservation_commit(
+        reservation.pk, input_tokens=0, output_tokens=1000, now=made + timedelta(minutes=5)
+    )
+    old_day = Counter.objects.get(period_start=datetime(2026, 3, 10, tzinfo=UTC))
+    assert (old_day.spent, old_day.reserved) == (Decimal(30), 0)
+    assert UsageRecord.objects.get().period_start == made
+    # The new day starts clean: three fresh holds of 30 fit in its 100.
+    next_day = made + timedelta(minutes=6)
+    for _ in range(3):
+        reservation_create(
+            tenant="acme",
+            provider=FAKE_PROVIDER,
+            model=FAKE_MODEL,
+            input_tokens=0,
+            max_output_tokens=1000,
+            now=next_day,
+        )
+    new_day = Counter.objects.get(period_start=datetime(2026, 3, 11, tzinfo=UTC))
+    assert (new_day.spent, new_day.reserved) == (0, Decimal(90))
+
+
+def _overdue_hold(ttl: int = 5) -> tuple[object, datetime]:
+    made = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
+    reservation = reservation_create(
+        tenant="acme",
+        provider=FAKE_PROVIDER,
+        model=FAKE_MODEL,
+        input_tokens=0,
+        max_output_tokens=1000,
+        ttl=ttl,
+        now=made,
+    )
+    return reservation.pk, made + timedelta(seconds=ttl)
+
+
+def test_sweep_charges_an_overdue_hold_as_estimated_by_default() -> None:
+    seed(window="lifetime")
+    _rid, due = _overdue_hold()
+    assert reservations_sweep(now=due - timedelta(seconds=1)) == 0
+    assert reservations_sweep(now=due) == 1
+    counter = _counter()
+    assert (counter.spent, counter.reserved) == (Decimal(30), 0)
+    line = UsageRecord.objects.get()
+    assert (line.cost, line.is_estimated) == (Decimal(30), True)
+    assert reservations_sweep(now=due) == 0  # nothing left to expire
+
+
+def test_a_late_commit_trues_an_estimated_charge_up_to_the_actual_cost() -> None:
+    seed(window="lifetime")
+    rid, due = _overdue_hold()
+    reservations_sweep(now=due)
+    result = reservation_commit(rid, input_tokens=0, output_tokens=200, now=due)
+    assert (result.cost, result.state) == (Decimal(6), "committed")
+    assert _counter().spent == Decimal(6)
+    assert sorted(UsageRecord.objects.values_list("kind", "cost")) == [
+        (UsageKind.CHARGE, Decimal(30)),
+        (UsageKind.TRUE_UP, Decimal(-24)),
+    ]
+    assert counters_drift() == []
+
+
+def test_a_late_release_refunds_an_estimated_charge() -> None:
+    seed(window="lifetime")
+    rid, due = _overdue_hold()
+    reservations_sweep(now=due)
+    assert reservation_release(rid, now=due) == "released"
+    assert _counter().spent == 0
+    assert counters_drift() == []
+
+
+@override_settings(LLM_BUDGETS={"EXPIRED_HOLD_POLICY": "release"})
+def test_the_release_policy_drops_overdue_holds_and_a_late_commit_charges_in_full() -> None:
+    seed(window="lifetime")
+    rid, due = _overdue_hold()
+    assert reservations_sweep(now=due) == 1
+    assert (_counter().spent, _counter().reserved) == (0, 0)
+    assert UsageRecord.objects.count() == 0
+    reservation_commit(rid, input_tokens=0, output_tokens=200, now=due)
+    assert _counter().spent == Decimal(6)
+    assert counters_drift() == []
+
+
+def test_expire_does_nothing_to_a_settled_or_not_yet_due_hold() -> None:
+    seed(window="lifetime")
+    rid, due = _overdue_hold()
+    assert reservation_expire(rid, now=due - timedelta(seconds=1)) is False
+    reservation_commit(rid, input_tokens=0, output_tokens=1, now=due)
+    assert reservation_expire(rid, now=due) is False
+
+
+def test_the_sweep_command_reports_what_it_did() -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    seed()
+    reserve_30(ttl=1)
+    out = StringIO()
+    call_command("llm_budgets_sweep", stdout=out)
+    assert "Expired 0 overdue hold(s)." in out.getvalue()  # not yet due
+
+
+def test_the_sweep_works_in_batches() -> None:
+    seed(limit="1000", window="lifetime")
+    due = None
+    for _ in range(5):
+        _, due = _overdue_hold()
+    assert due is not None
+    assert reservations_sweep(now=due, batch_size=2) == 5
+    assert _counter().reserved == 0
