@@ -89,12 +89,32 @@ class Hold:
     def reservation(self) -> Reservation:
         return self._reservation
 
-    def commit(self, *, usage: Usage | None = None, **counts: Any) -> CommitResult:
+    def commit(
+        self,
+        *,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        cached_input_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        cache_write_1h_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        tool_calls: dict[str, int] | None = None,
+        usage: Usage | None = None,
+    ) -> CommitResult:
         """Charge actual usage; returns ``cost`` and ``overage``. Idempotent. Give the counts
-        (``input_tokens``, ``output_tokens``, ``cached_input_tokens``, ``cache_write_tokens``,
-        ``cache_write_1h_tokens``, ``reasoning_tokens``, ``tool_calls``; see
+        (the public convention: ``input_tokens`` includes cache reads and writes; see
         ``llm_budgets.usage``) or ``usage=llm_budgets.usage.from_anthropic(response.usage)``."""
-        self._result = settlement.reservation_commit(self.id, usage=usage, **counts)
+        self._result = settlement.reservation_commit(
+            self.id,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cached_input_tokens=cached_input_tokens,
+            cache_write_tokens=cache_write_tokens,
+            cache_write_1h_tokens=cache_write_1h_tokens,
+            reasoning_tokens=reasoning_tokens,
+            tool_calls=tool_calls,
+            usage=usage,
+        )
         self._reservation.state = self._result.state
         return self._result
 
@@ -257,9 +277,30 @@ def quote(
     )
 
 
-def commit(hold_id: UUID | str, *, usage: Usage | None = None, **counts: Any) -> CommitResult:
+def commit(
+    hold_id: UUID | str,
+    *,
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
+    cached_input_tokens: int = 0,
+    cache_write_tokens: int = 0,
+    cache_write_1h_tokens: int = 0,
+    reasoning_tokens: int = 0,
+    tool_calls: dict[str, int] | None = None,
+    usage: Usage | None = None,
+) -> CommitResult:
     """Commit a reservation by id (e.g. from another process); counts as in ``Hold.commit``."""
-    return settlement.reservation_commit(hold_id, usage=usage, **counts)
+    return settlement.reservation_commit(
+        hold_id,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cached_input_tokens=cached_input_tokens,
+        cache_write_tokens=cache_write_tokens,
+        cache_write_1h_tokens=cache_write_1h_tokens,
+        reasoning_tokens=reasoning_tokens,
+        tool_calls=tool_calls,
+        usage=usage,
+    )
 
 
 def release(hold_id: UUID | str) -> str:

@@ -17,7 +17,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from llm_budgets import validation
+from llm_budgets import costs, validation
 from llm_budgets.conf import conf
 from llm_budgets.costs import TOKEN_RATES
 from llm_budgets.exceptions import InvalidUsage, UnknownPrice
@@ -32,6 +32,7 @@ from llm_budgets.models import (
     UsageRecord,
 )
 from llm_budgets.money import RATE_DECIMAL_PLACES, RATE_QUANTUM, RATE_SIGNIFICANT_DIGITS
+from llm_budgets.usage import usage_validate
 
 
 def price_in_effect(*, provider: str | None, model: str, at: datetime) -> Price:
@@ -56,6 +57,48 @@ def price_in_effect(*, provider: str | None, model: str, at: datetime) -> Price:
     if price is None:
         raise UnknownPrice(provider=provider, model=model)
     return price
+
+
+def worst_case(
+    price: Price,
+    *,
+    input_tokens: int,
+    max_output_tokens: int,
+    start: datetime | None = None,
+    end: datetime | None = None,
+) -> Decimal:
+    """The hold for a request (keyword form of ``costs.worst_case``; the window defaults to
+    now, which matters only for time-of-day prices)."""
+    start = start or timezone.now()
+    return costs.worst_case(
+        price,
+        input_tokens=input_tokens,
+        max_output_tokens=max_output_tokens,
+        start=start,
+        end=end or start,
+    )
+
+
+def actual_cost(
+    price: Price,
+    *,
+    input_tokens: int,
+    output_tokens: int,
+    cached_input_tokens: int = 0,
+    cache_write_tokens: int = 0,
+    reasoning_tokens: int = 0,
+    at: datetime | None = None,
+) -> Decimal:
+    """What usage costs at ``price`` (keyword form of ``costs.actual_cost``; the counts follow
+    the convention of ``llm_budgets.usage``)."""
+    usage = usage_validate(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cached_input_tokens=cached_input_tokens,
+        cache_write_tokens=cache_write_tokens,
+        reasoning_tokens=reasoning_tokens,
+    )
+    return costs.actual_cost(price, usage, at=at or timezone.now())
 
 
 @dataclass(frozen=True)
