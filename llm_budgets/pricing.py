@@ -14,7 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from llm_budgets import costs, validation
@@ -35,14 +35,30 @@ from llm_budgets.money import RATE_DECIMAL_PLACES, RATE_QUANTUM, RATE_SIGNIFICAN
 from llm_budgets.usage import usage_validate
 
 
+def prices_in_effect(at: datetime) -> QuerySet[Price]:
+    """Versions that have started by ``at`` and not ended (older ones may be superseded)."""
+    return Price.objects.filter(effective_from__lte=at).filter(
+        Q(effective_to__isnull=True) | Q(effective_to__gt=at)
+    )
+
+
+def current_versions(at: datetime) -> QuerySet[Price]:
+    """The version in effect at ``at`` for each (provider, model): the newest started one."""
+    newest = (
+        prices_in_effect(at)
+        .filter(provider=OuterRef("provider"), model=OuterRef("model"))
+        .order_by("-effective_from")
+        .values("pk")[:1]
+    )
+    return Price.objects.filter(pk=Subquery(newest))
+
+
 def price_in_effect(*, provider: str | None, model: str, at: datetime) -> Price:
     """The newest version that has started by ``at`` and not ended; ``UnknownPrice`` if none.
 
     Without a provider, the model must be priced by exactly one provider.
     """
-    versions = Price.objects.filter(model=model, effective_from__lte=at).filter(
-        Q(effective_to__isnull=True) | Q(effective_to__gt=at)
-    )
+    versions = prices_in_effect(at).filter(model=model)
     if provider is not None:
         versions = versions.filter(provider=provider)
     else:
