@@ -186,10 +186,17 @@ def ensure_tenant(
     timezone: str | None = None,
     billing_day: int | None = None,
     plan: str | None = None,
+    markup_percent: Decimal | int | str | None = None,
 ) -> Tenant:
-    """Create the tenant, or update the fields given."""
+    """Create the tenant, or update the fields given (``markup_percent`` overrides the plan's
+    markup for customer prices)."""
     return tenants.tenant_ensure(
-        external_id, name=name, timezone=timezone, billing_day=billing_day, plan=plan
+        external_id,
+        name=name,
+        timezone=timezone,
+        billing_day=billing_day,
+        plan=plan,
+        markup_percent=markup_percent,
     )
 
 

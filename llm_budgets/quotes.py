@@ -154,6 +154,8 @@ def quote(
         else validation.token_count("max_output_tokens", max_output_tokens, allow_zero=False)
     )
     now = now or timezone.now()
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1):
+        raise InvalidUsage(f"ttl must be a positive number of seconds, got {ttl!r}.", field="ttl")
     ttl_seconds = conf.DEFAULT_TTL_SECONDS if ttl is None else ttl
     with ledger_guard("quote"):
         tenant_obj = tenant_get(tenant)

@@ -142,3 +142,19 @@ def test_a_changed_future_version_is_replaced() -> None:
     replaced = Price.objects.get(effective_from=datetime(2026, 11, 3, tzinfo=UTC))
     assert replaced.input_per_mtok == Decimal("0.75")
     assert AuditEvent.objects.filter(action="price.replace_future").count() == 1
+
+
+def test_the_progress_bar_draws_only_on_a_terminal() -> None:
+    from llm_budgets.management.commands.llm_budgets_sync_prices import ProgressBar
+
+    class Terminal(StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal, pipe = Terminal(), StringIO()
+    for stream in (terminal, pipe):
+        bar = ProgressBar(stream, width=4)
+        bar(1, 2)
+        bar(2, 2)
+    assert terminal.getvalue() == "\r[##--] 1/2 models\r[####] 2/2 models\n"
+    assert pipe.getvalue() == ""

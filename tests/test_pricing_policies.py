@@ -13,6 +13,7 @@ from llm_budgets import budgets
 from llm_budgets.admission import reservation_create
 from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, OutputCeilingRequired, UnknownPrice
 from llm_budgets.models import (
+    AuditEvent,
     Counter,
     Plan,
     PricingBasis,
@@ -229,10 +230,14 @@ def test_budgets_in_customer_price_hold_and_spend_the_marked_up_amount() -> None
 def test_a_tenant_markup_overrides_the_plan() -> None:
     _price()
     _tenant(Plan.objects.create(name="markup", markup_percent=Decimal(20)))
-    from llm_budgets.models import Tenant
-
-    Tenant.objects.filter(external_id="acme").update(markup_percent=Decimal(50))
+    budgets.ensure_tenant("acme", markup_percent="50")
     assert _reserve(at=T0).customer_amount == Decimal("16.5")
+    assert AuditEvent.objects.filter(
+        action="tenant.update", after={"markup_percent": "50"}
+    ).exists()
+    with pytest.raises(InvalidUsage) as info:
+        budgets.ensure_tenant("acme", markup_percent=0.5)
+    assert info.value.field == "markup_percent"
 
 
 def test_a_customer_price_budget_refuses_on_the_marked_up_amount() -> None:
