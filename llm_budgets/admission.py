@@ -13,7 +13,6 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from llm_budgets import validation
@@ -22,7 +21,7 @@ from llm_budgets.exceptions import BudgetExceeded, InvalidUsage
 from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
 from llm_budgets.models import Counter, PricingBasis, Reservation, ReservationHold
 from llm_budgets.quotes import input_token_count, request_estimate
-from llm_budgets.selectors import ApplicableBudget, applicable_budgets
+from llm_budgets.selectors import ApplicableBudget, applicable_budgets, counters_matching
 from llm_budgets.tenants import end_user_ensure, tenant_get
 
 
@@ -187,7 +186,10 @@ def reservation_create(
                 return _hold(reservation, applicable)
             except _MissingCounters:
                 Counter.objects.bulk_create(
-                    [Counter(budget=a.budget, period_start=a.period.start) for a in applicable],
+                    [
+                        Counter(budget=a.budget, end_user=a.end_user, period_start=a.period.start)
+                        for a in applicable
+                    ],
                     ignore_conflicts=True,
                 )
             except IntegrityError:
@@ -202,43 +204,35 @@ def reservation_create(
 
 def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reservation:
     """The one transaction: lock the counters in pk order, check each, hold on all or raise."""
-    by_key = {(a.budget.pk, a.period.start): a for a in applicable}
+    by_key = {a.counter_key: a for a in applicable}
     bound_sqlite_wait()
     with transaction.atomic():
         bound_lock_wait()
         reservation.save(force_insert=True)
         counters = list(
-            Counter.objects.select_for_update()
-            .filter(
-                budget__in=[a.budget.pk for a in applicable],
-                period_start__in={k[1] for k in by_key},
-            )
-            .order_by("pk")
+            Counter.objects.select_for_update().filter(counters_matching(applicable)).order_by("pk")
         )
-        counters = [c for c in counters if (c.budget_id, c.period_start) in by_key]
         if len(counters) < len(by_key):
             raise _MissingCounters
         refusals = []
         for counter in counters:
-            item = by_key[(counter.budget_id, counter.period_start)]
+            item = by_key[(counter.budget_id, counter.end_user_id, counter.period_start)]
             remaining = item.budget.limit - counter.spent - counter.reserved
             if reservation.amount_for(item.budget.unit) > remaining:
                 refusals.append((remaining, item))
         if refusals:
             remaining, item = min(refusals, key=lambda r: r[0])
             raise _exceeded(reservation, item, remaining)
-        holds = [
-            ReservationHold(
-                reservation=reservation,
-                counter=c,
-                unit=by_key[(c.budget_id, c.period_start)].budget.unit,
-            )
-            for c in counters
-        ]
-        for unit in {hold.unit for hold in holds}:
-            Counter.objects.filter(pk__in=[h.counter.pk for h in holds if h.unit == unit]).update(
-                reserved=F("reserved") + reservation.amount_for(unit)
-            )
+        # Exact Decimal arithmetic on the locked rows (SQL arithmetic is floating point on SQLite).
+        # Each counter holds the amount in its budget's unit: provider cost or customer price.
+        holds = []
+        for counter in counters:
+            unit = by_key[
+                (counter.budget_id, counter.end_user_id, counter.period_start)
+            ].budget.unit
+            counter.reserved += reservation.amount_for(unit)
+            holds.append(ReservationHold(reservation=reservation, counter=counter, unit=unit))
+        Counter.objects.bulk_update(counters, ["reserved"])
         ReservationHold.objects.bulk_create(holds)
     return reservation
 

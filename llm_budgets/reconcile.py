@@ -9,7 +9,7 @@ from decimal import Decimal
 from django.db.models import Case, F, Sum, When
 
 from llm_budgets.models import BudgetUnit, Counter, ReservationHold, ReservationState, UsageRecord
-from llm_budgets.money import ZERO
+from llm_budgets.money import ZERO, round_charge
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,8 @@ class Drift:
 def counters_drift() -> list[Drift]:
     """Every counter whose stored totals differ from what the ledger and live holds say.
 
-    Each hold counts in its own unit: provider cost, or customer price."""
+    Each hold counts in its own unit: provider cost, or customer price. Sums are brought to the
+    stored precision: SQLite adds decimals in floating point."""
     customer = BudgetUnit.CUSTOMER_PRICE
     spent: dict[int, Decimal] = {}
     for row in (
@@ -45,9 +46,9 @@ def counters_drift() -> list[Drift]:
             )
         )
     ):
-        spent[row["reservation__holds__counter"]] = row["total"]
+        spent[row["reservation__holds__counter"]] = round_charge(row["total"])
     reserved: dict[int, Decimal] = {
-        row["counter"]: row["total"]
+        row["counter"]: round_charge(row["total"])
         for row in ReservationHold.objects.filter(reservation__state=ReservationState.HELD)
         .values("counter")
         .annotate(

@@ -13,7 +13,7 @@ from decimal import Decimal
 from uuid import UUID
 
 from django.db import transaction
-from django.db.models import F, Sum
+from django.db.models import Sum
 from django.utils import timezone
 
 from llm_budgets.conf import conf
@@ -106,21 +106,23 @@ def _lock_reservation(reservation_id: UUID) -> Reservation:
 
 def _move(reservation: Reservation, *, reserved: Amounts, spent: Amounts) -> None:
     """Add ``reserved`` and ``spent`` (either may be negative) to every counter of the hold, each
-    in the unit its hold was taken in."""
-    counter_ids = list(
-        Counter.objects.select_for_update()
+    in the unit its hold was taken in (provider cost or customer price).
+
+    The rows are locked in pk order (as admission locks them) and the sums are exact Decimal
+    arithmetic here, not SQL arithmetic, which is floating point on SQLite.
+    """
+    counters = list(
+        Counter.objects.select_for_update(of=("self",))
         .filter(holds__reservation=reservation)
         .order_by("pk")
-        .values_list("pk", flat=True)
     )
     units = dict(
         ReservationHold.objects.filter(reservation=reservation).values_list("counter_id", "unit")
     )
-    for unit in sorted(set(units.values())):
-        Counter.objects.filter(pk__in=[pk for pk in counter_ids if units[pk] == unit]).update(
-            reserved=F("reserved") + reserved.for_unit(unit),
-            spent=F("spent") + spent.for_unit(unit),
-        )
+    for counter in counters:
+        counter.reserved += reserved.for_unit(units[counter.pk])
+        counter.spent += spent.for_unit(units[counter.pk])
+    Counter.objects.bulk_update(counters, ["reserved", "spent"])
 
 
 def _result(reservation: Reservation) -> CommitResult:
