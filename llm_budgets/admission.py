@@ -23,6 +23,7 @@ from llm_budgets.models import Counter, PricingBasis, Reservation, ReservationHo
 from llm_budgets.quotes import input_token_count, request_estimate
 from llm_budgets.selectors import ApplicableBudget, applicable_budgets, counters_matching
 from llm_budgets.tenants import end_user_ensure, tenant_get
+from llm_budgets.usage import tool_calls_validate
 
 
 class NoApplicableBudget(InvalidUsage):
@@ -120,6 +121,7 @@ def reservation_create(
     ttl: object = None,
     messages: object = None,
     prompt: object = None,
+    max_tool_calls: object = None,
     now: datetime | None = None,
 ) -> Reservation:
     """Admit a call: hold its worst-case cost on every budget that applies, or raise.
@@ -157,6 +159,7 @@ def reservation_create(
             max_output_tokens=request.max_output_tokens,
             start=now,
             end=now + request.ttl,
+            max_tool_calls=tool_calls_validate(max_tool_calls, field="max_tool_calls"),
         )
         user_obj = end_user_ensure(tenant_obj, request.end_user) if request.end_user else None
         applicable = applicable_budgets(tenant_obj, user_obj, now)

@@ -235,8 +235,11 @@ def reserve(
     ttl: int | None = None,
     messages: list[dict[str, Any]] | None = None,
     prompt: str | None = None,
+    max_tool_calls: dict[str, int] | None = None,
 ) -> Hold:
     """Admit a call and hold its worst-case cost, or raise a ``BudgetError`` that says why.
+
+    ``max_tool_calls`` (e.g. ``{"web_search": 3}``) adds those tools' fees to the hold.
 
     Give ``input_tokens`` (all input, cached included), or ``messages`` / ``prompt`` to have
     them counted offline (docs/pricing.md). ``provider`` may be left out when exactly one
@@ -253,6 +256,7 @@ def reserve(
             ttl=ttl,
             messages=messages,
             prompt=prompt,
+            max_tool_calls=max_tool_calls,
         )
     )
 
@@ -268,6 +272,7 @@ def quote(
     messages: list[dict[str, Any]] | None = None,
     prompt: str | None = None,
     ttl: int | None = None,
+    max_tool_calls: dict[str, int] | None = None,
 ) -> Quote:
     """Explain a price without holding anything: the itemised worst case, the price version (or
     the unknown-model policy) and the budgets the request would draw on."""
@@ -281,6 +286,7 @@ def quote(
         max_output_tokens=max_output_tokens,
         end_user=end_user,
         ttl=ttl,
+        max_tool_calls=max_tool_calls,
     )
 
 

@@ -22,6 +22,7 @@ from llm_budgets.pricing import output_ceiling, pricing_for_request
 from llm_budgets.selectors import BudgetStatus, budget_statuses
 from llm_budgets.tenants import tenant_get
 from llm_budgets.tokens import count_input_tokens
+from llm_budgets.usage import tool_calls_validate
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ def request_estimate(
     max_output_tokens: int | None,
     start: datetime,
     end: datetime,
+    max_tool_calls: dict[str, int] | None = None,
 ) -> Estimate:
     """Price a request's worst case for ``tenant``. Raises ``UnknownPrice`` (per the plan's
     policy) or ``OutputCeilingRequired``."""
@@ -84,6 +86,7 @@ def request_estimate(
             max_output_tokens=ceiling,
             start=start,
             end=end,
+            tool_calls=max_tool_calls,
         )
     amount = round_hold(sum((item.amount for item in items), Decimal(0)))
     markup = tenant_markup(tenant)
@@ -134,6 +137,7 @@ def quote(
     max_output_tokens: object = None,
     end_user: str | None = None,
     ttl: int | None = None,
+    max_tool_calls: object = None,
     now: datetime | None = None,
 ) -> Quote:
     """The itemised worst case, the price version and the budgets a request would draw on.
@@ -167,6 +171,7 @@ def quote(
             max_output_tokens=ceiling,
             start=now,
             end=now + timedelta(seconds=ttl_seconds),
+            max_tool_calls=tool_calls_validate(max_tool_calls, field="max_tool_calls"),
         )
         user_obj = None
         if end_user is not None:

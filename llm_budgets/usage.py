@@ -85,22 +85,23 @@ def usage_validate(
             f"({counts['output_tokens']}): output_tokens includes reasoning.",
             field="reasoning_tokens",
         )
-    return Usage(**counts, tool_calls=_tool_calls(tool_calls))
+    return Usage(**counts, tool_calls=tool_calls_validate(tool_calls))
 
 
-def _tool_calls(value: object) -> dict[str, int]:
+def tool_calls_validate(value: object, *, field: str = "tool_calls") -> dict[str, int]:
+    """``{"tool name": calls}``; ``InvalidUsage`` names ``field``."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
         raise InvalidUsage(
-            f'tool_calls must map tool names to call counts, e.g. {{"web_search": 2}}, '
+            f'{field} must map tool names to call counts, e.g. {{"web_search": 2}}, '
             f"got {type(value).__name__}.",
-            field="tool_calls",
+            field=field,
         )
     calls = {}
     for name, count in value.items():
-        validation.identifier("tool_calls", name, max_length=64)
-        calls[name] = validation.token_count(f"tool_calls[{name!r}]", count)
+        validation.identifier(field, name, max_length=64)
+        calls[name] = validation.token_count(f"{field}[{name!r}]", count)
     return {name: count for name, count in calls.items() if count}
 
 

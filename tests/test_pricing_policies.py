@@ -273,3 +273,17 @@ def test_the_unit_of_a_budget_cannot_change() -> None:
             tenant="acme", amount=Decimal(5), window="lifetime", unit="customer_price"
         )
     assert info.value.field == "unit"
+
+
+def test_the_hold_covers_the_tool_calls_the_request_may_make() -> None:
+    _price(tool_fees={"web_search": "0.01"}, per_request="0.001")
+    _tenant()
+    held = _reserve(at=T0, input_tokens=0, max_output_tokens=1, max_tool_calls={"web_search": 3})
+    assert held.amount == Decimal("0.03101")  # 3 searches + request fee + 1e-5 of output
+    with pytest.raises(InvalidUsage) as info:
+        _reserve(at=T0, max_tool_calls={"web_search": -1})
+    assert info.value.field == "max_tool_calls['web_search']"
+    result = reservation_commit(
+        held.pk, input_tokens=0, output_tokens=0, tool_calls={"web_search": 4}, now=T0
+    )
+    assert (result.cost, result.overage) == (Decimal("0.041"), Decimal("0.00999"))
