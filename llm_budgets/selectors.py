@@ -81,6 +81,7 @@ class BudgetStatus:
     currency: str
     period_start: datetime
     resets_at: datetime | None
+    unit: str = "provider_cost"  # what the counter counts: provider cost or customer price
 
 
 def budget_statuses(tenant: Tenant, end_user: EndUser | None, at: datetime) -> list[BudgetStatus]:
@@ -114,6 +115,7 @@ def statuses_for(applicable: Sequence[ApplicableBudget]) -> list[BudgetStatus]:
                 currency=budget.currency,
                 period_start=item.period.start,
                 resets_at=item.period.end,
+                unit=budget.unit,
             )
         )
     return statuses

@@ -6,7 +6,7 @@ Invariants that a database can hold are constraints: non-negative amounts, one c
 """
 
 from llm_budgets.models.audit import AuditEvent
-from llm_budgets.models.budgets import Budget, Counter, Scope, Window
+from llm_budgets.models.budgets import Budget, BudgetUnit, Counter, Scope, Window
 from llm_budgets.models.ledger import (
     Reservation,
     ReservationHold,
@@ -14,22 +14,25 @@ from llm_budgets.models.ledger import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.models.pricing import Price, PriceSource
-from llm_budgets.models.tenancy import EndUser, Plan, Tenant
+from llm_budgets.models.pricing import Price, PriceSource, PricingBasis
+from llm_budgets.models.tenancy import EndUser, Plan, Tenant, UnknownModelPolicy
 
 __all__ = [
     "AuditEvent",
     "Budget",
+    "BudgetUnit",
     "Counter",
     "EndUser",
     "Plan",
     "Price",
     "PriceSource",
+    "PricingBasis",
     "Reservation",
     "ReservationHold",
     "ReservationState",
     "Scope",
     "Tenant",
+    "UnknownModelPolicy",
     "UsageKind",
     "UsageRecord",
     "Window",

@@ -23,6 +23,11 @@ class Window(models.TextChoices):
     LIFETIME = "lifetime", "Lifetime"
 
 
+class BudgetUnit(models.TextChoices):
+    PROVIDER_COST = "provider_cost", "Provider cost"
+    CUSTOMER_PRICE = "customer_price", "Customer price (with markup)"
+
+
 class Budget(models.Model):
     """One enforceable cap: a scope, a window and a limit."""
 
@@ -36,6 +41,9 @@ class Budget(models.Model):
     window = models.CharField(max_length=20, choices=Window.choices)
     limit = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
     currency = models.CharField(max_length=3, default="USD")
+    unit = models.CharField(
+        max_length=20, choices=BudgetUnit.choices, default=BudgetUnit.PROVIDER_COST
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
