@@ -13,17 +13,17 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
-from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, OutputCeilingRequired
+from llm_budgets.exceptions import BudgetExceeded, InvalidUsage
 from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
-from llm_budgets.models import Counter, Reservation, ReservationHold
-from llm_budgets.pricing import price_in_effect, worst_case
-from llm_budgets.selectors import ApplicableBudget, applicable_budgets
+from llm_budgets.models import Counter, PricingBasis, Reservation, ReservationHold
+from llm_budgets.quotes import input_token_count, request_estimate
+from llm_budgets.selectors import ApplicableBudget, applicable_budgets, counters_matching
 from llm_budgets.tenants import end_user_ensure, tenant_get
+from llm_budgets.usage import tool_calls_validate
 
 
 class NoApplicableBudget(InvalidUsage):
@@ -62,6 +62,8 @@ def _validate(
     max_output_tokens: object,
     idempotency_key: object,
     ttl: object,
+    messages: object = None,
+    prompt: object = None,
 ) -> _Request:
     if ttl is None:
         ttl_delta = timedelta(seconds=conf.DEFAULT_TTL_SECONDS)
@@ -77,14 +79,22 @@ def _validate(
             f"got {ttl_delta.total_seconds():g}.",
             field="ttl",
         )
+    provider = (
+        None if provider is None else validation.identifier("provider", provider, max_length=64)
+    )
+    model = validation.identifier("model", model, max_length=128)
     return _Request(
         tenant=validation.identifier("tenant", tenant),
         end_user=None if end_user is None else validation.identifier("end_user", end_user),
-        provider=None
-        if provider is None
-        else validation.identifier("provider", provider, max_length=64),
-        model=validation.identifier("model", model, max_length=128),
-        input_tokens=validation.token_count("input_tokens", input_tokens),
+        provider=provider,
+        model=model,
+        input_tokens=input_token_count(
+            provider=provider,
+            model=model,
+            input_tokens=input_tokens,
+            messages=messages,
+            prompt=prompt,
+        ),
         max_output_tokens=None
         if max_output_tokens is None
         else validation.token_count("max_output_tokens", max_output_tokens, allow_zero=False),
@@ -105,10 +115,13 @@ def reservation_create(
     end_user: object = None,
     provider: object = None,
     model: object,
-    input_tokens: object,
+    input_tokens: object = None,
     max_output_tokens: object = None,
     idempotency_key: object = None,
     ttl: object = None,
+    messages: object = None,
+    prompt: object = None,
+    max_tool_calls: object = None,
     now: datetime | None = None,
 ) -> Reservation:
     """Admit a call: hold its worst-case cost on every budget that applies, or raise.
@@ -126,6 +139,8 @@ def reservation_create(
         max_output_tokens=max_output_tokens,
         idempotency_key=idempotency_key,
         ttl=ttl,
+        messages=messages,
+        prompt=prompt,
     )
     now = now or timezone.now()
     with ledger_guard("admission"):
@@ -136,13 +151,16 @@ def reservation_create(
             ).first()
             if existing is not None:
                 return existing
-        ceiling = request.max_output_tokens
-        if ceiling is None:
-            ceiling = tenant_obj.plan.default_max_output_tokens if tenant_obj.plan else None
-            if ceiling is None:
-                raise OutputCeilingRequired()
-        price = price_in_effect(provider=request.provider, model=request.model, at=now)
-        amount = worst_case(price, input_tokens=request.input_tokens, max_output_tokens=ceiling)
+        estimate = request_estimate(
+            tenant_obj,
+            provider=request.provider,
+            model=request.model,
+            input_tokens=request.input_tokens,
+            max_output_tokens=request.max_output_tokens,
+            start=now,
+            end=now + request.ttl,
+            max_tool_calls=tool_calls_validate(max_tool_calls, field="max_tool_calls"),
+        )
         user_obj = end_user_ensure(tenant_obj, request.end_user) if request.end_user else None
         applicable = applicable_budgets(tenant_obj, user_obj, now)
         if not applicable:
@@ -150,13 +168,18 @@ def reservation_create(
         reservation = Reservation(
             tenant=tenant_obj,
             end_user=user_obj,
-            provider=price.provider,
+            provider=estimate.price.provider
+            if estimate.pricing_basis == PricingBasis.PRICE and estimate.price
+            else request.provider or "",
             model=request.model,
-            price=price,
+            price=estimate.price,
+            pricing_basis=estimate.pricing_basis,
             input_tokens=request.input_tokens,
-            max_output_tokens=ceiling,
-            amount=amount,
-            currency=price.currency,
+            max_output_tokens=estimate.max_output_tokens,
+            amount=estimate.amount,
+            markup_percent=estimate.markup_percent,
+            customer_amount=estimate.customer_amount,
+            currency=conf.CURRENCY,
             idempotency_key=request.idempotency_key,
             created_at=now,
             expires_at=now + request.ttl,
@@ -166,7 +189,10 @@ def reservation_create(
                 return _hold(reservation, applicable)
             except _MissingCounters:
                 Counter.objects.bulk_create(
-                    [Counter(budget=a.budget, period_start=a.period.start) for a in applicable],
+                    [
+                        Counter(budget=a.budget, end_user=a.end_user, period_start=a.period.start)
+                        for a in applicable
+                    ],
                     ignore_conflicts=True,
                 )
             except IntegrityError:
@@ -181,37 +207,36 @@ def reservation_create(
 
 def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reservation:
     """The one transaction: lock the counters in pk order, check each, hold on all or raise."""
-    by_key = {(a.budget.pk, a.period.start): a for a in applicable}
+    by_key = {a.counter_key: a for a in applicable}
     bound_sqlite_wait()
     with transaction.atomic():
         bound_lock_wait()
         reservation.save(force_insert=True)
         counters = list(
-            Counter.objects.select_for_update()
-            .filter(
-                budget__in=[a.budget.pk for a in applicable],
-                period_start__in={k[1] for k in by_key},
-            )
-            .order_by("pk")
+            Counter.objects.select_for_update().filter(counters_matching(applicable)).order_by("pk")
         )
-        counters = [c for c in counters if (c.budget_id, c.period_start) in by_key]
         if len(counters) < len(by_key):
             raise _MissingCounters
         refusals = []
         for counter in counters:
-            item = by_key[(counter.budget_id, counter.period_start)]
+            item = by_key[(counter.budget_id, counter.end_user_id, counter.period_start)]
             remaining = item.budget.limit - counter.spent - counter.reserved
-            if reservation.amount > remaining:
+            if reservation.amount_for(item.budget.unit) > remaining:
                 refusals.append((remaining, item))
         if refusals:
             remaining, item = min(refusals, key=lambda r: r[0])
             raise _exceeded(reservation, item, remaining)
-        Counter.objects.filter(pk__in=[c.pk for c in counters]).update(
-            reserved=F("reserved") + reservation.amount
-        )
-        ReservationHold.objects.bulk_create(
-            [ReservationHold(reservation=reservation, counter=c) for c in counters]
-        )
+        # Exact Decimal arithmetic on the locked rows (SQL arithmetic is floating point on SQLite).
+        # Each counter holds the amount in its budget's unit: provider cost or customer price.
+        holds = []
+        for counter in counters:
+            unit = by_key[
+                (counter.budget_id, counter.end_user_id, counter.period_start)
+            ].budget.unit
+            counter.reserved += reservation.amount_for(unit)
+            holds.append(ReservationHold(reservation=reservation, counter=counter, unit=unit))
+        Counter.objects.bulk_update(counters, ["reserved"])
+        ReservationHold.objects.bulk_create(holds)
     return reservation
 
 
@@ -224,7 +249,7 @@ def _exceeded(
         window=budget.window,
         limit=budget.limit,
         remaining=max(Decimal(0), remaining),
-        requested=reservation.amount,
+        requested=reservation.amount_for(budget.unit),
         resets_at=item.period.end,
         currency=budget.currency,
         budget_id=budget.pk,

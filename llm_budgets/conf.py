@@ -26,6 +26,9 @@ DEFAULTS: dict[str, Any] = {
     "MAX_TOKENS_PER_CALL": 10_000_000,
     # Longest TTL a caller may ask for, in seconds.
     "MAX_TTL_SECONDS": 24 * 60 * 60,
+    # Multiplier (>= 1) on the conservative token bound used for prompts of models that tiktoken
+    # cannot count (see llm_budgets/tokens.py).
+    "TOKEN_ESTIMATE_SAFETY_MARGIN": "1.10",
     # Jobs (docs/operations.md). An UNCERTAIN reservation (outcome unknown) older than
     # UNCERTAIN_MAX_AGE_SECONDS is settled by rule: "charge" its hold as estimated spend, or
     # "release" it.
@@ -114,6 +117,10 @@ class Settings:
     @property
     def ROLLUP_LOOKBACK_DAYS(self) -> int:
         return int(self._get("ROLLUP_LOOKBACK_DAYS"))
+
+    @property
+    def TOKEN_ESTIMATE_SAFETY_MARGIN(self) -> Decimal:
+        return Decimal(str(self._get("TOKEN_ESTIMATE_SAFETY_MARGIN")))
 
 
 conf = Settings()

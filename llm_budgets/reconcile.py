@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-from django.db.models import Sum
+from django.db.models import Case, F, Sum, When
 
-from llm_budgets.models import LIVE_STATES, Counter, ReservationHold, UsageRecord
-from llm_budgets.money import ZERO
+from llm_budgets.models import LIVE_STATES, BudgetUnit, Counter, ReservationHold, UsageRecord
+from llm_budgets.money import ZERO, round_charge
 
 
 @dataclass(frozen=True)
@@ -28,19 +28,37 @@ class Drift:
 
 
 def counters_drift() -> list[Drift]:
-    """Every counter whose stored totals differ from what the ledger and live holds say."""
+    """Every counter whose stored totals differ from what the ledger and live holds say.
+
+    Each hold counts in its own unit: provider cost, or customer price. Sums are brought to the
+    stored precision: SQLite adds decimals in floating point."""
+    customer = BudgetUnit.CUSTOMER_PRICE
     spent: dict[int, Decimal] = {}
     for row in (
         UsageRecord.objects.filter(reservation__holds__isnull=False)
         .values("reservation__holds__counter")
-        .annotate(total=Sum("cost"))
+        .annotate(
+            total=Sum(
+                Case(
+                    When(reservation__holds__unit=customer, then=F("customer_cost")),
+                    default=F("cost"),
+                )
+            )
+        )
     ):
-        spent[row["reservation__holds__counter"]] = row["total"]
+        spent[row["reservation__holds__counter"]] = round_charge(row["total"])
     reserved: dict[int, Decimal] = {
-        row["counter"]: row["total"]
+        row["counter"]: round_charge(row["total"])
         for row in ReservationHold.objects.filter(reservation__state__in=LIVE_STATES)
         .values("counter")
-        .annotate(total=Sum("reservation__amount"))
+        .annotate(
+            total=Sum(
+                Case(
+                    When(unit=customer, then=F("reservation__customer_amount")),
+                    default=F("reservation__amount"),
+                )
+            )
+        )
     }
     drift = []
     for counter in Counter.objects.order_by("pk"):

@@ -64,6 +64,7 @@ def daily_usage_rebuild(
                     n_cached=Sum("cached_input_tokens"),
                     n_output=Sum("output_tokens"),
                     total=Sum("cost"),
+                    total_customer=Sum("customer_cost"),
                     total_estimated=Sum("cost", filter=Q(is_estimated=True)),
                 )
                 .order_by()
@@ -90,6 +91,7 @@ def _row(day: date, row: Mapping[str, Any], now: datetime) -> DailyUsage:
         cached_input_tokens=row["n_cached"] or 0,
         output_tokens=row["n_output"] or 0,
         cost=round_charge(Decimal(row["total"] or ZERO)),
+        customer_cost=round_charge(Decimal(row["total_customer"] or ZERO)),
         estimated_cost=round_charge(Decimal(row["total_estimated"] or ZERO)),
         updated_at=now,
     )
@@ -126,6 +128,7 @@ class DayTotal:
     input_tokens: int
     output_tokens: int
     cost: Decimal
+    customer_cost: Decimal
     estimated_cost: Decimal
 
 
@@ -143,6 +146,7 @@ def daily_usage_totals(
             input_tokens=row["n_input"],
             output_tokens=row["n_output"],
             cost=round_charge(Decimal(row["total"])),
+            customer_cost=round_charge(Decimal(row["total_customer"])),
             estimated_cost=round_charge(Decimal(row["total_estimated"])),
         )
         for row in rows.values("day")
@@ -151,6 +155,7 @@ def daily_usage_totals(
             n_input=Sum("input_tokens"),
             n_output=Sum("output_tokens"),
             total=Sum("cost"),
+            total_customer=Sum("customer_cost"),
             total_estimated=Sum("estimated_cost"),
         )
         .order_by("day")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
@@ -26,12 +28,15 @@ def tenant_ensure(
     billing_day: int | None = None,
     plan: Plan | str | None = None,
     billing_emails: str | None = None,
+    markup_percent: object = None,
     actor: str = "",
 ) -> Tenant:
     """Create the tenant, or update the fields given. Returns the tenant.
 
     ``billing_emails``: the billing contacts who receive budget warnings, separated by commas or
-    new lines (``""`` clears them)."""
+    new lines (``""`` clears them).
+
+    ``markup_percent`` overrides the plan's markup for customer prices."""
     validation.identifier("tenant", external_id)
     if billing_day is not None and (
         isinstance(billing_day, bool)
@@ -55,6 +60,7 @@ def tenant_ensure(
             "billing_day": billing_day,
             "plan": plan,
             "billing_emails": billing_emails,
+            "markup_percent": validation.optional_money("markup_percent", markup_percent),
         }.items()
         if value is not None
     }
@@ -98,4 +104,6 @@ def end_user_ensure(tenant: Tenant, external_id: str) -> EndUser:
 
 
 def _plain(value: object) -> object:
+    if isinstance(value, Decimal):
+        return format(value.normalize(), "f")
     return value.name if isinstance(value, Plan) else value

@@ -23,7 +23,14 @@ from llm_budgets.tenants import end_user_ensure, tenant_ensure
 
 @admin.register(Plan)
 class PlanAdmin(admin.ModelAdmin):
-    list_display = ["name", "default_max_output_tokens", "tenant_count", "created_at"]
+    list_display = [
+        "name",
+        "default_max_output_tokens",
+        "unknown_model_policy",
+        "markup_percent",
+        "tenant_count",
+        "created_at",
+    ]
     search_fields = ["name"]
     readonly_fields = ["created_at"]
 
@@ -38,7 +45,15 @@ class PlanAdmin(admin.ModelAdmin):
 class TenantForm(forms.ModelForm):
     class Meta:
         model = Tenant
-        fields = ["external_id", "name", "plan", "timezone", "billing_day", "billing_emails"]
+        fields = [
+            "external_id",
+            "name",
+            "plan",
+            "timezone",
+            "billing_day",
+            "markup_percent",
+            "billing_emails",
+        ]
 
     def clean_plan(self) -> Plan | None:
         plan: Plan | None = self.cleaned_data["plan"]
@@ -60,6 +75,7 @@ class TenantAdmin(admin.ModelAdmin):
         "timezone",
         "billing_day",
         "billing_emails",
+        "markup_percent",
         "created_at",
     ]
     list_display = ["external_id", "name", "plan", "timezone", "billing_day", "created_at"]
@@ -84,6 +100,7 @@ class TenantAdmin(admin.ModelAdmin):
             billing_day=obj.billing_day,
             plan=obj.plan,
             billing_emails=obj.billing_emails,
+            markup_percent=obj.markup_percent,
             actor=actor(request),
         )
         adopt(obj, saved)

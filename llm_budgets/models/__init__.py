@@ -6,7 +6,7 @@ Invariants that a database can hold are constraints: non-negative amounts, one c
 """
 
 from llm_budgets.models.audit import AuditEvent
-from llm_budgets.models.budgets import Budget, Counter, Scope, Window
+from llm_budgets.models.budgets import Budget, BudgetUnit, Counter, Scope, Window
 from llm_budgets.models.ledger import (
     LIVE_STATES,
     Reservation,
@@ -15,15 +15,16 @@ from llm_budgets.models.ledger import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.models.pricing import Price, PriceSource
+from llm_budgets.models.pricing import Price, PriceSource, PricingBasis
 from llm_budgets.models.rollups import DailyUsage
-from llm_budgets.models.tenancy import EndUser, Plan, Tenant
+from llm_budgets.models.tenancy import EndUser, Plan, Tenant, UnknownModelPolicy
 from llm_budgets.models.thresholds import DeliveryState, ThresholdCrossing
 
 __all__ = [
     "LIVE_STATES",
     "AuditEvent",
     "Budget",
+    "BudgetUnit",
     "Counter",
     "DailyUsage",
     "DeliveryState",
@@ -31,12 +32,14 @@ __all__ = [
     "Plan",
     "Price",
     "PriceSource",
+    "PricingBasis",
     "Reservation",
     "ReservationHold",
     "ReservationState",
     "Scope",
     "Tenant",
     "ThresholdCrossing",
+    "UnknownModelPolicy",
     "UsageKind",
     "UsageRecord",
     "Window",

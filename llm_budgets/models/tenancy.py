@@ -12,6 +12,16 @@ from llm_budgets.models.fields import (
     validate_thresholds,
     validate_timezone,
 )
+from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
+
+
+class UnknownModelPolicy(models.TextChoices):
+    REFUSE = "refuse", "Refuse the call"
+    RESERVE_FIXED = "reserve_fixed", "Hold and charge a fixed amount per request"
+    PRICE_AS = "price_as", "Price it as another model"
+
+
+MARKUP_DIGITS, MARKUP_PLACES = 7, 3
 
 
 class Plan(models.Model):
@@ -30,10 +40,45 @@ class Plan(models.Model):
         help_text="Percentages of a budget that trigger a warning email, e.g. [50, 80, 100]. "
         "Empty: LLM_BUDGETS['WARNING_THRESHOLDS'].",
     )
+    unknown_model_policy = models.CharField(
+        max_length=20, choices=UnknownModelPolicy.choices, default=UnknownModelPolicy.REFUSE
+    )
+    unknown_model_fixed_amount = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="reserve_fixed: the amount held and charged per request.",
+    )
+    unknown_model_price_as_provider = models.CharField(max_length=64, blank=True)
+    unknown_model_price_as_model = models.CharField(
+        max_length=128, blank=True, help_text="price_as: the model whose price is used."
+    )
+    markup_percent = models.DecimalField(
+        max_digits=MARKUP_DIGITS,
+        decimal_places=MARKUP_PLACES,
+        default=0,
+        help_text="Customer price = provider cost x (1 + markup/100).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(markup_percent__gte=-100), name="llmb_plan_markup_above_minus_100"
+            ),
+            models.CheckConstraint(
+                condition=~Q(unknown_model_policy=UnknownModelPolicy.RESERVE_FIXED)
+                | Q(unknown_model_fixed_amount__gt=0),
+                name="llmb_plan_fixed_policy_has_amount",
+            ),
+            models.CheckConstraint(
+                condition=~Q(unknown_model_policy=UnknownModelPolicy.PRICE_AS)
+                | (~Q(unknown_model_price_as_provider="") & ~Q(unknown_model_price_as_model="")),
+                name="llmb_plan_price_as_names_model",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -58,6 +103,13 @@ class Tenant(models.Model):
         validators=[validate_email_list],
         help_text="Billing contacts who receive budget warnings: addresses separated by commas "
         "or new lines.",
+    )
+    markup_percent = models.DecimalField(
+        max_digits=MARKUP_DIGITS,
+        decimal_places=MARKUP_PLACES,
+        null=True,
+        blank=True,
+        help_text="Overrides the plan's markup. Empty: the plan's.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
