@@ -9,7 +9,7 @@ from decimal import Decimal
 from django.db.models import Q
 
 from llm_budgets.models import Budget, Counter, EndUser, Scope, Tenant
-from llm_budgets.windows import Period, period_for
+from llm_budgets.windows import Period, period_for, rolling_window, tenant_period
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,40 @@ def applicable_budgets(
         if budget.scope == Scope.GLOBAL:
             period = period_for(budget.window, at)
         else:
-            period = period_for(
-                budget.window, at, timezone=tenant.timezone, billing_day=tenant.billing_day
-            )
+            period = tenant_period(budget.window, at, tenant)
         result.append(ApplicableBudget(budget, period))
+    return result
+
+
+@dataclass(frozen=True)
+class Bucket:
+    start: datetime
+    spent: Decimal
+    reserved: Decimal
+
+
+def rolling_buckets(applicable: list[ApplicableBudget], at: datetime) -> dict[int, list[Bucket]]:
+    """The buckets each rolling budget counts at ``at`` (and any later ones, e.g. from a clock
+    behind another's), by budget id, oldest first: one query, at most a window's buckets per
+    budget. Summed here in ``Decimal`` (SQLite sums decimals as floats)."""
+    windows = [
+        (a.budget.pk, window)
+        for a in applicable
+        if (window := rolling_window(a.budget.window)) is not None
+    ]
+    result: dict[int, list[Bucket]] = {pk: [] for pk, _ in windows}
+    if not windows:
+        return result
+    condition = Q()
+    for pk, window in windows:
+        condition |= Q(budget_id=pk, period_start__gte=window.counted_from(at))
+    rows = (
+        Counter.objects.filter(condition)
+        .order_by("budget_id", "period_start")
+        .values_list("budget_id", "period_start", "spent", "reserved")
+    )
+    for budget_id, start, spent, reserved in rows:
+        result[budget_id].append(Bucket(start, spent, reserved))
     return result
 
 
@@ -59,13 +89,14 @@ class BudgetStatus:
     reserved: Decimal
     remaining: Decimal
     currency: str
-    period_start: datetime
-    resets_at: datetime | None
+    period_start: datetime  # rolling: start of the oldest bucket counted
+    resets_at: datetime | None  # rolling: when all spend now counted has left the window
 
 
 def budget_statuses(tenant: Tenant, end_user: EndUser | None, at: datetime) -> list[BudgetStatus]:
     """Every budget that applies, with its current period's spent, reserved and remaining."""
     applicable = applicable_budgets(tenant, end_user, at)
+    rolling = rolling_buckets(applicable, at)
     counters = {
         (c.budget_id, c.period_start): c
         for c in Counter.objects.filter(
@@ -76,9 +107,21 @@ def budget_statuses(tenant: Tenant, end_user: EndUser | None, at: datetime) -> l
     statuses = []
     for item in applicable:
         budget = item.budget
-        counter = counters.get((budget.pk, item.period.start))
-        spent = counter.spent if counter else Decimal(0)
-        reserved = counter.reserved if counter else Decimal(0)
+        period_start, resets_at = item.period.start, item.period.end
+        if budget.pk in rolling:
+            # The whole window: its buckets' totals; it is clear when its newest spend leaves.
+            buckets = rolling[budget.pk]
+            spent = sum((b.spent for b in buckets), Decimal(0))
+            reserved = sum((b.reserved for b in buckets), Decimal(0))
+            window = rolling_window(budget.window)
+            assert window is not None
+            period_start = window.counted_from(at)
+            used = [b.start for b in buckets if b.spent or b.reserved]
+            resets_at = window.leaves_at(used[-1]) if used else None
+        else:
+            counter = counters.get((budget.pk, item.period.start))
+            spent = counter.spent if counter else Decimal(0)
+            reserved = counter.reserved if counter else Decimal(0)
         statuses.append(
             BudgetStatus(
                 budget_id=budget.pk,
@@ -90,8 +133,8 @@ def budget_statuses(tenant: Tenant, end_user: EndUser | None, at: datetime) -> l
                 reserved=reserved,
                 remaining=max(Decimal(0), budget.limit - spent - reserved),
                 currency=budget.currency,
-                period_start=item.period.start,
-                resets_at=item.period.end,
+                period_start=period_start,
+                resets_at=resets_at,
             )
         )
     return statuses
