@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -328,3 +329,41 @@ def test_a_late_clock_still_counts_a_newer_bucket() -> None:
     results = run_threads(21, lambda i: _reserve_at(moments[i % 3]))
     assert results.count("admitted") == 3, results
     assert sum(Counter.objects.values_list("reserved", flat=True)) == Decimal(90)
+
+
+# --- The cap is hard over any interval of the window's length ---------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("seed_value", [1, 2, 3])
+def test_no_interval_of_the_window_length_holds_more_than_the_limit(seed_value: int) -> None:
+    """Random admissions over three hours, some committed below their hold, some released: in
+    every 60-minute interval (not only bucket-aligned ones) admitted spend stays within 100."""
+    rng = random.Random(seed_value)
+    start = utc(2026, 11, 29, 10, 0)
+    with _at(start):
+        seed(limit="100", window="rolling:1h")
+    moments = sorted(start + timedelta(seconds=rng.randrange(3 * 3600)) for _ in range(120))
+    for moment in moments:
+        with _at(moment):
+            try:
+                hold = reserve_30()
+            except BudgetExceeded:
+                continue
+            outcome = rng.random()
+            if outcome < 0.6:
+                hold.commit(input_tokens=0, output_tokens=rng.randrange(1001))
+            elif outcome < 0.8:
+                hold.release()
+    admitted = [
+        (
+            r.created_at,
+            r.amount if r.state == "held" else sum(u.cost for u in r.usage_records.all()),
+        )
+        for r in Reservation.objects.prefetch_related("usage_records")
+    ]
+    assert len(admitted) >= 8
+    for begin, _ in admitted:
+        in_window = [amount for at, amount in admitted if begin <= at < begin + timedelta(hours=1)]
+        assert sum(in_window) <= Decimal(100), (begin, in_window)
+    assert counters_drift() == []
