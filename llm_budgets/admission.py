@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -46,7 +46,7 @@ class NoApplicableBudget(InvalidUsage):
 class _Request:
     tenant: str
     end_user: str | None
-    provider: str
+    provider: str | None
     model: str
     input_tokens: int
     max_output_tokens: int | None
@@ -82,7 +82,9 @@ def _validate(
     return _Request(
         tenant=validation.identifier("tenant", tenant),
         end_user=None if end_user is None else validation.identifier("end_user", end_user),
-        provider=validation.identifier("provider", provider, max_length=64),
+        provider=None
+        if provider is None
+        else validation.identifier("provider", provider, max_length=64),
         model=validation.identifier("model", model, max_length=128),
         input_tokens=validation.token_count("input_tokens", input_tokens),
         max_output_tokens=None
@@ -103,7 +105,7 @@ def reservation_create(
     *,
     tenant: object,
     end_user: object = None,
-    provider: object,
+    provider: object = None,
     model: object,
     input_tokens: object,
     max_output_tokens: object = None,
@@ -150,7 +152,7 @@ def reservation_create(
         reservation = Reservation(
             tenant=tenant_obj,
             end_user=user_obj,
-            provider=request.provider,
+            provider=price.provider,
             model=request.model,
             price=price,
             input_tokens=request.input_tokens,
@@ -194,8 +196,11 @@ def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reser
         bound_lock_wait()
         reservation.save(force_insert=True)
         if rolling_ids:
+            # NO KEY UPDATE: serialises admissions without blocking inserts of new bucket
+            # counters, which key-share lock the budget row for their foreign key.
+            no_key = connection.features.has_select_for_no_key_update
             list(
-                Budget.objects.select_for_update()
+                Budget.objects.select_for_update(no_key=no_key)
                 .filter(pk__in=rolling_ids)
                 .order_by("pk")
                 .values_list("pk", flat=True)

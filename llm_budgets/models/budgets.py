@@ -6,8 +6,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
-from llm_budgets.models.fields import money_field
 from llm_budgets.models.tenancy import EndUser, Tenant
+from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 
 
 class Scope(models.TextChoices):
@@ -55,7 +55,7 @@ class Budget(models.Model):
         help_text="month, day, hour, lifetime, or rolling:<duration> such as rolling:1h or "
         "rolling:7d.",
     )
-    limit = money_field()
+    limit = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
     currency = models.CharField(max_length=3, default="USD")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -121,8 +121,8 @@ class Counter(models.Model):
 
     budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="counters")
     period_start = models.DateTimeField()
-    spent = money_field(default=0)
-    reserved = money_field(default=0)
+    spent = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0)
+    reserved = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0)
 
     class Meta:
         ordering = ["budget_id", "-period_start"]
