@@ -11,7 +11,7 @@ import time_machine
 from django.db import IntegrityError, connection
 from django.test.utils import CaptureQueriesContext
 
-from llm_budgets import admission, budgets
+from llm_budgets import admission, budgets, settlement
 from llm_budgets.exceptions import BudgetExceeded, InvalidUsage
 from llm_budgets.models import Budget, Counter, Reservation, Tenant
 from llm_budgets.reconcile import counters_drift
@@ -367,3 +367,44 @@ def test_no_interval_of_the_window_length_holds_more_than_the_limit(seed_value: 
         in_window = [amount for at, amount in admitted if begin <= at < begin + timedelta(hours=1)]
         assert sum(in_window) <= Decimal(100), (begin, in_window)
     assert counters_drift() == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.concurrency
+def test_reserving_settling_and_creating_buckets_together_never_deadlocks() -> None:
+    """Threads on both sides of bucket boundaries reserve, commit, release and expire at once,
+    with a calendar and two rolling budgets applying: no deadlock, no drift, no overspend."""
+    with _at(NOW - timedelta(hours=1)):
+        seed(limit="100000", window="month")
+        budgets.set_limit(tenant="acme", amount=Decimal(600), window="rolling:1h")
+        budgets.set_limit(amount=Decimal(100000), window="rolling:2h")  # global, 2 min buckets
+
+    def cycle(index: int) -> str:
+        for step in range(6):
+            moment = NOW + timedelta(seconds=index + 7 * step)
+            try:
+                reservation = admission.reservation_create(
+                    tenant="acme",
+                    provider=FAKE_PROVIDER,
+                    model=FAKE_MODEL,
+                    input_tokens=0,
+                    max_output_tokens=1000,
+                    now=moment,
+                    ttl=1,
+                )
+            except BudgetExceeded:
+                continue
+            if step % 3 == 0:
+                settlement.reservation_commit(
+                    reservation.pk, input_tokens=0, output_tokens=500, now=moment
+                )
+            elif step % 3 == 1:
+                settlement.reservation_release(reservation.pk, now=moment)
+            else:
+                settlement.reservations_sweep(now=moment + timedelta(seconds=2))
+        return "ok"
+
+    assert run_threads(8, cycle) == ["ok"] * 8
+    assert counters_drift() == []
+    tenant_rolling = Budget.objects.get(window="rolling:1h")
+    assert sum(tenant_rolling.counters.values_list("spent", flat=True)) <= Decimal(600)
