@@ -220,7 +220,7 @@ def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reser
         refusals = []
         for counter in counters:
             item = by_key[(counter.budget_id, counter.period_start)]
-            buckets = windows.get(counter.budget_id)
+            buckets = windows.get((counter.budget_id, counter.period_start))
             if buckets is None:
                 used = counter.spent + counter.reserved
             else:

@@ -53,28 +53,34 @@ class Bucket:
     reserved: Decimal
 
 
-def rolling_buckets(applicable: list[ApplicableBudget], at: datetime) -> dict[int, list[Bucket]]:
-    """The buckets each rolling budget counts at ``at`` (and any later ones, e.g. from a clock
-    behind another's), by budget id, oldest first: one query, at most a window's buckets per
-    budget. Summed here in ``Decimal`` (SQLite sums decimals as floats)."""
+def rolling_buckets(
+    applicable: list[ApplicableBudget], at: datetime
+) -> dict[tuple[int, datetime], list[Bucket]]:
+    """The buckets each rolling budget counts at ``at`` (and any newer ones, e.g. from a clock
+    ahead of this one), oldest first, keyed like the counters of ``applicable``: one query, at
+    most a window of buckets per budget. Summed by callers in ``Decimal`` (SQLite sums decimals
+    as floats)."""
     windows = [
-        (a.budget.pk, window)
-        for a in applicable
-        if (window := rolling_window(a.budget.window)) is not None
+        (item, window)
+        for item in applicable
+        if (window := rolling_window(item.budget.window)) is not None
     ]
-    result: dict[int, list[Bucket]] = {pk: [] for pk, _ in windows}
+    result: dict[tuple[int, datetime], list[Bucket]] = {
+        (item.budget.pk, item.period.start): [] for item, _ in windows
+    }
     if not windows:
         return result
     condition = Q()
-    for pk, window in windows:
-        condition |= Q(budget_id=pk, period_start__gte=window.counted_from(at))
+    for item, window in windows:
+        condition |= Q(budget_id=item.budget.pk, period_start__gte=window.counted_from(at))
+    keys = {item.budget.pk: (item.budget.pk, item.period.start) for item, _ in windows}
     rows = (
         Counter.objects.filter(condition)
         .order_by("budget_id", "period_start")
         .values_list("budget_id", "period_start", "spent", "reserved")
     )
     for budget_id, start, spent, reserved in rows:
-        result[budget_id].append(Bucket(start, spent, reserved))
+        result[keys[budget_id]].append(Bucket(start, spent, reserved))
     return result
 
 
@@ -108,9 +114,9 @@ def budget_statuses(tenant: Tenant, end_user: EndUser | None, at: datetime) -> l
     for item in applicable:
         budget = item.budget
         period_start, resets_at = item.period.start, item.period.end
-        if budget.pk in rolling:
+        if (budget.pk, item.period.start) in rolling:
             # The whole window: its buckets' totals; it is clear when its newest spend leaves.
-            buckets = rolling[budget.pk]
+            buckets = rolling[(budget.pk, item.period.start)]
             spent = sum((b.spent for b in buckets), Decimal(0))
             reserved = sum((b.reserved for b in buckets), Decimal(0))
             window = rolling_window(budget.window)
