@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from types import SimpleNamespace
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -299,3 +300,23 @@ def test_change_after_the_previous_one_took_effect_starts_from_the_new_calendar(
         tenant = Tenant.objects.get()
         assert tenant.previous_billing_day == 15
         assert tenant.calendar_effective_from == utc(2027, 1, 15)
+
+
+def test_day_and_hour_windows_switch_zone_at_the_same_moment_as_the_month() -> None:
+    tenant = SimpleNamespace(
+        timezone="America/New_York",
+        billing_day=1,
+        previous_timezone="UTC",
+        previous_billing_day=1,
+        calendar_effective_from=utc(2026, 12, 1),
+    )
+    # Before the moment: UTC days and hours, even though New York's day differs.
+    day = tenant_period("day", utc(2026, 11, 30, 23), tenant)  # type: ignore[arg-type]
+    assert (day.start, day.end) == (utc(2026, 11, 30), utc(2026, 12, 1))
+    # From it: New York's calendar, its first day cut to start at the moment, not before.
+    day = tenant_period("day", utc(2026, 12, 1, 1), tenant)  # type: ignore[arg-type]
+    assert (day.start, day.end) == (utc(2026, 12, 1), utc(2026, 12, 1, 5))
+    day = tenant_period("day", utc(2026, 12, 1, 5), tenant)  # type: ignore[arg-type]
+    assert (day.start, day.end) == (utc(2026, 12, 1, 5), utc(2026, 12, 2, 5))
+    hour = tenant_period("hour", utc(2026, 12, 1, 0, 30), tenant)  # type: ignore[arg-type]
+    assert (hour.start, hour.end) == (utc(2026, 12, 1), utc(2026, 12, 1, 1))

@@ -8,12 +8,14 @@ from decimal import Decimal
 
 import pytest
 import time_machine
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection
 from django.test.utils import CaptureQueriesContext
 
 from llm_budgets import admission, budgets, settlement
 from llm_budgets.exceptions import BudgetExceeded, InvalidUsage
 from llm_budgets.models import Budget, Counter, Reservation, Tenant
+from llm_budgets.models.budgets import validate_window
 from llm_budgets.reconcile import counters_drift
 from llm_budgets.selectors import applicable_budgets, rolling_buckets
 from llm_budgets.windows import period_for, rolling_window, window_name
@@ -408,3 +410,12 @@ def test_reserving_settling_and_creating_buckets_together_never_deadlocks() -> N
     assert counters_drift() == []
     tenant_rolling = Budget.objects.get(window="rolling:1h")
     assert sum(tenant_rolling.counters.values_list("spent", flat=True)) <= Decimal(600)
+
+
+def test_model_validation_names_the_canonical_spelling() -> None:
+    with pytest.raises(ValidationError, match="Write 'rolling:24h' as 'rolling:1d'"):
+        validate_window("rolling:24h")
+    with pytest.raises(ValidationError, match="rolling:<number><unit>"):
+        validate_window("rolling:1w")
+    validate_window("rolling:1d")
+    validate_window("month")
