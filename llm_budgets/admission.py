@@ -216,7 +216,7 @@ def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reser
         counters = [c for c in counters if (c.budget_id, c.period_start) in by_key]
         if len(counters) < len(by_key):
             raise _MissingCounters
-        windows = rolling_buckets(applicable, reservation.created_at) if rolling_ids else {}
+        windows = rolling_buckets(applicable) if rolling_ids else {}
         refusals = []
         for counter in counters:
             item = by_key[(counter.budget_id, counter.period_start)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -54,12 +55,12 @@ class Bucket:
 
 
 def rolling_buckets(
-    applicable: list[ApplicableBudget], at: datetime
+    applicable: Sequence[ApplicableBudget],
 ) -> dict[tuple[int, datetime], list[Bucket]]:
-    """The buckets each rolling budget counts at ``at`` (and any newer ones, e.g. from a clock
-    ahead of this one), oldest first, keyed like the counters of ``applicable``: one query, at
-    most a window of buckets per budget. Summed by callers in ``Decimal`` (SQLite sums decimals
-    as floats)."""
+    """The buckets each rolling budget counts in the window ending with its current bucket
+    (``item.period``), and any newer ones (e.g. from a clock ahead of this one), oldest first,
+    keyed like the counters of ``applicable``. One query, at most a window of buckets per budget;
+    callers sum in ``Decimal`` (SQLite sums decimals as floats)."""
     windows = [
         (item, window)
         for item in applicable
@@ -72,7 +73,8 @@ def rolling_buckets(
         return result
     condition = Q()
     for item, window in windows:
-        condition |= Q(budget_id=item.budget.pk, period_start__gte=window.counted_from(at))
+        since = window.counted_from(item.period.start)
+        condition |= Q(budget_id=item.budget.pk, period_start__gte=since)
     keys = {item.budget.pk: (item.budget.pk, item.period.start) for item, _ in windows}
     rows = (
         Counter.objects.filter(condition)
@@ -101,27 +103,34 @@ class BudgetStatus:
 
 def budget_statuses(tenant: Tenant, end_user: EndUser | None, at: datetime) -> list[BudgetStatus]:
     """Every budget that applies, with its current period's spent, reserved and remaining."""
-    applicable = applicable_budgets(tenant, end_user, at)
-    rolling = rolling_buckets(applicable, at)
+    return statuses_for(applicable_budgets(tenant, end_user, at))
+
+
+def statuses_for(applicable: Sequence[ApplicableBudget]) -> list[BudgetStatus]:
+    """Current-period numbers for budgets whose periods are known, in two queries however many
+    budgets: one for calendar counters, one for rolling windows' buckets. A period without a
+    counter row yet has spent and reserved zero. A rolling budget reports its whole window:
+    ``period_start`` is the oldest bucket counted, ``resets_at`` when everything now counted has
+    dropped out (None if nothing is)."""
+    rolling = rolling_buckets(applicable)
+    calendar = [a for a in applicable if (a.budget.pk, a.period.start) not in rolling]
     counters = {
         (c.budget_id, c.period_start): c
         for c in Counter.objects.filter(
-            budget__in=[a.budget for a in applicable],
-            period_start__in={a.period.start for a in applicable},
+            budget__in=[a.budget for a in calendar],
+            period_start__in={a.period.start for a in calendar},
         )
     }
     statuses = []
     for item in applicable:
         budget = item.budget
         period_start, resets_at = item.period.start, item.period.end
-        if (budget.pk, item.period.start) in rolling:
-            # The whole window: its buckets' totals; it is clear when its newest spend leaves.
+        window = rolling_window(budget.window)
+        if window is not None:
             buckets = rolling[(budget.pk, item.period.start)]
             spent = sum((b.spent for b in buckets), Decimal(0))
             reserved = sum((b.reserved for b in buckets), Decimal(0))
-            window = rolling_window(budget.window)
-            assert window is not None
-            period_start = window.counted_from(at)
+            period_start = window.counted_from(item.period.start)
             used = [b.start for b in buckets if b.spent or b.reserved]
             resets_at = window.leaves_at(used[-1]) if used else None
         else:

@@ -13,6 +13,7 @@ from django.db import IntegrityError, connection
 from django.test.utils import CaptureQueriesContext
 
 from llm_budgets import admission, budgets, settlement
+from llm_budgets.admin_selectors import tenant_overview
 from llm_budgets.exceptions import BudgetExceeded, InvalidUsage
 from llm_budgets.models import Budget, Counter, Reservation, Tenant
 from llm_budgets.models.budgets import validate_window
@@ -266,7 +267,7 @@ def test_the_window_query_reads_at_most_a_window_of_buckets() -> None:
     with _at(end):
         (status,) = budgets.status(tenant="acme")
         tenant = Tenant.objects.get()
-        window = rolling_buckets(applicable_budgets(tenant, None, end), end)
+        window = rolling_buckets(applicable_budgets(tenant, None, end))
     # 61 buckets counted (12:00 to 13:00); one spend every other minute from 12:00 on.
     assert status.spent == Decimal(30) * 30
     assert Counter.objects.count() == 90
@@ -419,3 +420,23 @@ def test_model_validation_names_the_canonical_spelling() -> None:
         validate_window("rolling:1w")
     validate_window("rolling:1d")
     validate_window("month")
+
+
+@pytest.mark.django_db
+def test_admin_tenant_page_shows_an_end_users_rolling_window() -> None:
+    start = utc(2026, 11, 29, 10, 0)
+    with _at(start):
+        seed(limit="1000")
+        budgets.set_limit(tenant="acme", end_user="vip", amount=Decimal(100), window="rolling:1h")
+        reserve_30(end_user="vip").commit(input_tokens=0, output_tokens=1000)
+    with _at(start + timedelta(minutes=30)):
+        reserve_30(end_user="vip")
+    overview = tenant_overview(Tenant.objects.get(), start + timedelta(minutes=45))
+    (own,) = overview.end_user_budgets
+    assert (own.window, own.spent, own.reserved, own.remaining) == (
+        "rolling:1h",
+        Decimal(30),
+        Decimal(30),
+        Decimal(40),
+    )
+    assert own.resets_at == start + timedelta(minutes=91)
