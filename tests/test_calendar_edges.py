@@ -17,6 +17,7 @@ from llm_budgets import budgets
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.models import Counter, Tenant, UsageRecord
 from llm_budgets.reconcile import counters_drift
+from llm_budgets.tenants import _schedule_calendar_change
 from llm_budgets.windows import period_for, tenant_period
 from tests.factories import reserve_30, seed
 
@@ -320,3 +321,32 @@ def test_day_and_hour_windows_switch_zone_at_the_same_moment_as_the_month() -> N
     assert (day.start, day.end) == (utc(2026, 12, 1, 5), utc(2026, 12, 2, 5))
     hour = tenant_period("hour", utc(2026, 12, 1, 0, 30), tenant)  # type: ignore[arg-type]
     assert (hour.start, hour.end) == (utc(2026, 12, 1), utc(2026, 12, 1, 1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    changed_at=st.datetimes(
+        min_value=datetime(2020, 1, 1), max_value=datetime(2030, 12, 31), timezones=st.just(UTC)
+    ),
+    old=st.tuples(st.sampled_from(ZONES), st.integers(1, 31)),
+    new=st.tuples(st.sampled_from(ZONES), st.integers(1, 31)),
+    window=st.sampled_from(["hour", "day", "month"]),
+)
+def test_a_calendar_change_never_shortens_the_running_period_and_periods_still_tile(
+    changed_at: datetime, old: tuple[str, int], new: tuple[str, int], window: str
+) -> None:
+    tenant = Tenant(external_id="t", timezone=old[0], billing_day=old[1])
+    _schedule_calendar_change(tenant, {"timezone": new[0], "billing_day": new[1]}, changed_at)
+    tenant.timezone, tenant.billing_day = new
+    running = period_for(window, changed_at, timezone=old[0], billing_day=old[1])
+    # The period running when the change is made keeps its start and its end.
+    assert tenant_period(window, changed_at, tenant) == running
+    # Walking on from it, periods tile time across the switch: no gap, no overlap.
+    at = running.end
+    assert at is not None
+    for _ in range(3 if window == "month" else 40):
+        period = tenant_period(window, at, tenant)
+        assert period.start == at, (at, period)
+        assert period.end is not None
+        assert period.end > at
+        at = period.end
