@@ -117,6 +117,7 @@ def test_spend_drops_out_bucket_by_bucket_and_retry_after_says_when_it_fits() ->
         "rolling:1h",
     )
     assert refusal.resets_at == utc(2026, 11, 29, 11, 1)
+    assert "It has room for it at 2026-11-29T11:01:00+00:00, as older spend leaves" in str(refusal)
     with _at(utc(2026, 11, 29, 10, 50)):
         assert refusal.retry_after == 11 * 60
     with _at(utc(2026, 11, 29, 11, 0, 59)), pytest.raises(BudgetExceeded):
