@@ -13,7 +13,6 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from llm_budgets import validation
@@ -23,7 +22,13 @@ from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
 from llm_budgets.models import Budget, Counter, Reservation, ReservationHold
 from llm_budgets.money import ZERO
 from llm_budgets.pricing import price_in_effect, worst_case
-from llm_budgets.selectors import ApplicableBudget, Bucket, applicable_budgets, rolling_buckets
+from llm_budgets.selectors import (
+    ApplicableBudget,
+    Bucket,
+    applicable_budgets,
+    counters_matching,
+    rolling_buckets,
+)
 from llm_budgets.tenants import end_user_ensure, tenant_get
 from llm_budgets.windows import rolling_window
 
@@ -168,7 +173,10 @@ def reservation_create(
                 return _hold(reservation, applicable)
             except _MissingCounters:
                 Counter.objects.bulk_create(
-                    [Counter(budget=a.budget, period_start=a.period.start) for a in applicable],
+                    [
+                        Counter(budget=a.budget, end_user=a.end_user, period_start=a.period.start)
+                        for a in applicable
+                    ],
                     ignore_conflicts=True,
                 )
             except IntegrityError:
@@ -189,7 +197,7 @@ def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reser
     row itself, locked (in pk order) before any counter: every path that locks both takes budgets
     first, so the order stays canonical and deadlock-free.
     """
-    by_key = {(a.budget.pk, a.period.start): a for a in applicable}
+    by_key = {a.counter_key: a for a in applicable}
     rolling_ids = sorted(a.budget.pk for a in applicable if rolling_window(a.budget.window))
     bound_sqlite_wait()
     with transaction.atomic():
@@ -206,21 +214,16 @@ def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reser
                 .values_list("pk", flat=True)
             )
         counters = list(
-            Counter.objects.select_for_update()
-            .filter(
-                budget__in=[a.budget.pk for a in applicable],
-                period_start__in={k[1] for k in by_key},
-            )
-            .order_by("pk")
+            Counter.objects.select_for_update().filter(counters_matching(applicable)).order_by("pk")
         )
-        counters = [c for c in counters if (c.budget_id, c.period_start) in by_key]
         if len(counters) < len(by_key):
             raise _MissingCounters
         windows = rolling_buckets(applicable) if rolling_ids else {}
         refusals = []
         for counter in counters:
-            item = by_key[(counter.budget_id, counter.period_start)]
-            buckets = windows.get((counter.budget_id, counter.period_start))
+            key = (counter.budget_id, counter.end_user_id, counter.period_start)
+            item = by_key[key]
+            buckets = windows.get(key)
             if buckets is None:
                 used = counter.spent + counter.reserved
             else:
@@ -231,9 +234,10 @@ def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reser
         if refusals:
             remaining, item, buckets = min(refusals, key=lambda r: r[0])
             raise _exceeded(reservation, item, remaining, buckets)
-        Counter.objects.filter(pk__in=[c.pk for c in counters]).update(
-            reserved=F("reserved") + reservation.amount
-        )
+        # Exact Decimal arithmetic on the locked rows (SQL arithmetic is floating point on SQLite).
+        for counter in counters:
+            counter.reserved += reservation.amount
+        Counter.objects.bulk_update(counters, ["reserved"])
         ReservationHold.objects.bulk_create(
             [ReservationHold(reservation=reservation, counter=c) for c in counters]
         )

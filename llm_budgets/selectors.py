@@ -17,6 +17,12 @@ from llm_budgets.windows import Period, period_for, rolling_window, tenant_perio
 class ApplicableBudget:
     budget: Budget
     period: Period
+    # For an each-end-user (``"*"``) budget: the end user whose own counter it draws on.
+    end_user: EndUser | None = None
+
+    @property
+    def counter_key(self) -> tuple[int, int | None, datetime]:
+        return (self.budget.pk, self.end_user.pk if self.end_user else None, self.period.start)
 
 
 def applicable_budgets(
@@ -43,8 +49,21 @@ def applicable_budgets(
             period = period_for(budget.window, at)
         else:
             period = tenant_period(budget.window, at, tenant)
-        result.append(ApplicableBudget(budget, period))
+        share = end_user if budget.scope == Scope.END_USER_DEFAULT else None
+        result.append(ApplicableBudget(budget, period, share))
     return result
+
+
+def counters_matching(applicable: Sequence[ApplicableBudget]) -> Q:
+    """A filter for exactly the counter rows of ``applicable`` (never another end user's)."""
+    match = Q(pk__in=[])
+    for item in applicable:
+        budget_id, end_user_id, start = item.counter_key
+        if end_user_id is None:
+            match |= Q(budget_id=budget_id, end_user__isnull=True, period_start=start)
+        else:
+            match |= Q(budget_id=budget_id, end_user_id=end_user_id, period_start=start)
+    return match
 
 
 @dataclass(frozen=True)
@@ -56,33 +75,39 @@ class Bucket:
 
 def rolling_buckets(
     applicable: Sequence[ApplicableBudget],
-) -> dict[tuple[int, datetime], list[Bucket]]:
+) -> dict[tuple[int, int | None, datetime], list[Bucket]]:
     """The buckets each rolling budget counts in the window ending with its current bucket
     (``item.period``), and any newer ones (e.g. from a clock ahead of this one), oldest first,
-    keyed like the counters of ``applicable``. One query, at most a window of buckets per budget;
-    callers sum in ``Decimal`` (SQLite sums decimals as floats)."""
+    keyed by ``counter_key`` (an each-end-user budget counts only that end user's buckets). One
+    query, at most a window of buckets per budget; callers sum in ``Decimal`` (SQLite sums
+    decimals as floats)."""
     windows = [
         (item, window)
         for item in applicable
         if (window := rolling_window(item.budget.window)) is not None
     ]
-    result: dict[tuple[int, datetime], list[Bucket]] = {
-        (item.budget.pk, item.period.start): [] for item, _ in windows
+    result: dict[tuple[int, int | None, datetime], list[Bucket]] = {
+        item.counter_key: [] for item, _ in windows
     }
     if not windows:
         return result
-    condition = Q()
+    condition = Q(pk__in=[])
+    keys = {}
     for item, window in windows:
+        budget_id, end_user_id, _start = item.counter_key
         since = window.counted_from(item.period.start)
-        condition |= Q(budget_id=item.budget.pk, period_start__gte=since)
-    keys = {item.budget.pk: (item.budget.pk, item.period.start) for item, _ in windows}
+        if end_user_id is None:
+            condition |= Q(budget_id=budget_id, end_user__isnull=True, period_start__gte=since)
+        else:
+            condition |= Q(budget_id=budget_id, end_user_id=end_user_id, period_start__gte=since)
+        keys[(budget_id, end_user_id)] = item.counter_key
     rows = (
         Counter.objects.filter(condition)
-        .order_by("budget_id", "period_start")
-        .values_list("budget_id", "period_start", "spent", "reserved")
+        .order_by("budget_id", "end_user_id", "period_start")
+        .values_list("budget_id", "end_user_id", "period_start", "spent", "reserved")
     )
-    for budget_id, start, spent, reserved in rows:
-        result[keys[budget_id]].append(Bucket(start, spent, reserved))
+    for budget_id, end_user_id, start, spent, reserved in rows:
+        result[keys[(budget_id, end_user_id)]].append(Bucket(start, spent, reserved))
     return result
 
 
@@ -113,13 +138,10 @@ def statuses_for(applicable: Sequence[ApplicableBudget]) -> list[BudgetStatus]:
     ``period_start`` is the oldest bucket counted, ``resets_at`` when everything now counted has
     dropped out (None if nothing is)."""
     rolling = rolling_buckets(applicable)
-    calendar = [a for a in applicable if (a.budget.pk, a.period.start) not in rolling]
+    calendar = [a for a in applicable if a.counter_key not in rolling]
     counters = {
-        (c.budget_id, c.period_start): c
-        for c in Counter.objects.filter(
-            budget__in=[a.budget for a in calendar],
-            period_start__in={a.period.start for a in calendar},
-        )
+        (c.budget_id, c.end_user_id, c.period_start): c
+        for c in Counter.objects.filter(counters_matching(calendar))
     }
     statuses = []
     for item in applicable:
@@ -127,14 +149,14 @@ def statuses_for(applicable: Sequence[ApplicableBudget]) -> list[BudgetStatus]:
         period_start, resets_at = item.period.start, item.period.end
         window = rolling_window(budget.window)
         if window is not None:
-            buckets = rolling[(budget.pk, item.period.start)]
+            buckets = rolling[item.counter_key]
             spent = sum((b.spent for b in buckets), Decimal(0))
             reserved = sum((b.reserved for b in buckets), Decimal(0))
             period_start = window.counted_from(item.period.start)
             used = [b.start for b in buckets if b.spent or b.reserved]
             resets_at = window.leaves_at(used[-1]) if used else None
         else:
-            counter = counters.get((budget.pk, item.period.start))
+            counter = counters.get(item.counter_key)
             spent = counter.spent if counter else Decimal(0)
             reserved = counter.reserved if counter else Decimal(0)
         statuses.append(

@@ -229,8 +229,13 @@ def test_end_user_rolling_budget_replaces_the_default_for_the_same_window() -> N
         reserve_30(end_user="bob")
         with pytest.raises(BudgetExceeded):
             reserve_30(end_user="bob")
+        reserve_30(end_user="alice")  # "*" caps each end user's own window
         for _ in range(3):
             reserve_30(end_user="vip")
+    with _at(utc(2026, 11, 29, 10, 30)):
+        (bob,) = [s for s in budgets.status(tenant="acme", end_user="bob") if s.scope != "tenant"]
+    assert (bob.reserved, bob.remaining) == (Decimal(30), Decimal(0))
+    assert counters_drift() == []
 
 
 # --- Cost: proportional to buckets, never to ledger lines --------------------------------------
