@@ -84,7 +84,7 @@ def tenant_ensure(
                 tenant=tenant,
                 target=f"tenant {external_id}",
                 before=None if created else before,
-                after={key: _plain(value) for key, value in changes.items()},
+                after=_after(tenant, changes),
             )
     return tenant
 
@@ -121,6 +121,15 @@ def end_user_ensure(tenant: Tenant, external_id: str) -> EndUser:
             [EndUser(tenant=tenant, external_id=external_id)], ignore_conflicts=True
         )
         return EndUser.objects.get(tenant=tenant, external_id=external_id)
+
+
+def _after(tenant: Tenant, changes: Mapping[str, object]) -> dict[str, object]:
+    after = {key: _plain(value) for key, value in changes.items()}
+    if tenant.calendar_effective_from is not None and (
+        "timezone" in changes or "billing_day" in changes
+    ):
+        after["calendar_effective_from"] = tenant.calendar_effective_from.isoformat()
+    return after
 
 
 def _plain(value: object) -> object:

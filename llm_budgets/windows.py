@@ -257,7 +257,10 @@ def period_for(window: str, at: datetime, *, timezone: str = "UTC", billing_day:
             anchor = _anchor(year, month, billing_day)
         wall = datetime.combine(anchor, datetime.min.time())
         return _calendar_period(at, zone, wall, _next_month_anchor(billing_day))
-    raise ValueError(f"Unknown window {window!r}; expected one of {', '.join(Window.values)}.")
+    raise ValueError(
+        f"Unknown window {window!r}; expected one of {', '.join(Window.values)} or "
+        "rolling:<duration>."
+    )
 
 
 class CalendarOwner(Protocol):

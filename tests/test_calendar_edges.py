@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from llm_budgets import budgets
 from llm_budgets.exceptions import BudgetExceeded
-from llm_budgets.models import Counter, Tenant, UsageRecord
+from llm_budgets.models import AuditEvent, Counter, Tenant, UsageRecord
 from llm_budgets.reconcile import counters_drift
 from llm_budgets.tenants import _schedule_calendar_change
 from llm_budgets.windows import period_for, tenant_period
@@ -234,6 +234,11 @@ def test_billing_day_change_cannot_reset_the_budget_early() -> None:
         budgets.ensure_tenant("acme", billing_day=15)
         tenant = Tenant.objects.get()
         assert tenant.calendar_effective_from == utc(2026, 12, 1)
+        audit = AuditEvent.objects.filter(action="tenant.update").get()
+        assert audit.after == {
+            "billing_day": 15,
+            "calendar_effective_from": "2026-12-01T00:00:00+00:00",
+        }
     for moment in (utc(2026, 11, 10, 13), utc(2026, 11, 20), utc(2026, 11, 30, 23, 59)):
         with time_machine.travel(moment, tick=False), pytest.raises(BudgetExceeded) as info:
             reserve_30()
