@@ -413,7 +413,8 @@ def test_reserving_settling_and_creating_buckets_together_never_deadlocks() -> N
                 settlement.reservations_sweep(now=moment + timedelta(seconds=2))
         return "ok"
 
-    assert run_threads(8, cycle) == ["ok"] * 8
+    threads = 8 if connection.vendor == "postgresql" else 4  # SQLite: one writer at a time
+    assert run_threads(threads, cycle) == ["ok"] * threads
     assert counters_drift() == []
     tenant_rolling = Budget.objects.get(window="rolling:1h")
     assert sum(tenant_rolling.counters.values_list("spent", flat=True)) <= Decimal(600)
