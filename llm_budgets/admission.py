@@ -12,18 +12,26 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.exceptions import BudgetExceeded, InvalidUsage
 from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
-from llm_budgets.models import Counter, PricingBasis, Reservation, ReservationHold
+from llm_budgets.models import Budget, Counter, PricingBasis, Reservation, ReservationHold
+from llm_budgets.money import ZERO
 from llm_budgets.quotes import input_token_count, request_estimate
-from llm_budgets.selectors import ApplicableBudget, applicable_budgets, counters_matching
+from llm_budgets.selectors import (
+    ApplicableBudget,
+    Bucket,
+    applicable_budgets,
+    counters_matching,
+    rolling_buckets,
+)
 from llm_budgets.tenants import end_user_ensure, tenant_get
 from llm_budgets.usage import tool_calls_validate
+from llm_budgets.windows import rolling_window
 
 
 class NoApplicableBudget(InvalidUsage):
@@ -206,26 +214,50 @@ def reservation_create(
 
 
 def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reservation:
-    """The one transaction: lock the counters in pk order, check each, hold on all or raise."""
+    """The one transaction: lock the counters in pk order, check each, hold on all or raise.
+
+    A rolling budget is checked against the sum of its window's buckets, and the hold lands on
+    the current bucket. Its buckets move with time, so admissions to it serialise on the budget
+    row itself, locked (in pk order) before any counter: every path that locks both takes budgets
+    first, so the order stays canonical and deadlock-free.
+    """
     by_key = {a.counter_key: a for a in applicable}
+    rolling_ids = sorted(a.budget.pk for a in applicable if rolling_window(a.budget.window))
     bound_sqlite_wait()
     with transaction.atomic():
         bound_lock_wait()
         reservation.save(force_insert=True)
+        if rolling_ids:
+            # NO KEY UPDATE: serialises admissions without blocking inserts of new bucket
+            # counters, which key-share lock the budget row for their foreign key.
+            no_key = connection.features.has_select_for_no_key_update
+            list(
+                Budget.objects.select_for_update(no_key=no_key)
+                .filter(pk__in=rolling_ids)
+                .order_by("pk")
+                .values_list("pk", flat=True)
+            )
         counters = list(
             Counter.objects.select_for_update().filter(counters_matching(applicable)).order_by("pk")
         )
         if len(counters) < len(by_key):
             raise _MissingCounters
+        windows = rolling_buckets(applicable) if rolling_ids else {}
         refusals = []
         for counter in counters:
-            item = by_key[(counter.budget_id, counter.end_user_id, counter.period_start)]
-            remaining = item.budget.limit - counter.spent - counter.reserved
+            key = (counter.budget_id, counter.end_user_id, counter.period_start)
+            item = by_key[key]
+            buckets = windows.get(key)
+            if buckets is None:
+                used = counter.spent + counter.reserved
+            else:
+                used = sum((b.spent + b.reserved for b in buckets), ZERO)
+            remaining = item.budget.limit - used
             if reservation.amount_for(item.budget.unit) > remaining:
-                refusals.append((remaining, item))
+                refusals.append((remaining, item, buckets))
         if refusals:
-            remaining, item = min(refusals, key=lambda r: r[0])
-            raise _exceeded(reservation, item, remaining)
+            remaining, item, buckets = min(refusals, key=lambda r: r[0])
+            raise _exceeded(reservation, item, remaining, buckets)
         # Exact Decimal arithmetic on the locked rows (SQL arithmetic is floating point on SQLite).
         # Each counter holds the amount in its budget's unit: provider cost or customer price.
         holds = []
@@ -241,16 +273,27 @@ def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reser
 
 
 def _exceeded(
-    reservation: Reservation, item: ApplicableBudget, remaining: Decimal
+    reservation: Reservation,
+    item: ApplicableBudget,
+    remaining: Decimal,
+    buckets: list[Bucket] | None = None,
 ) -> BudgetExceeded:
     budget = item.budget
+    resets_at = item.period.end
+    window = rolling_window(budget.window)
+    if window is not None and buckets is not None:
+        # When enough of the window's spend and holds drop out for this request to fit.
+        resets_at = window.fits_at(
+            [(b.start, b.spent + b.reserved) for b in buckets],
+            reservation.amount_for(budget.unit) - remaining,
+        )
     return BudgetExceeded(
         scope=budget.scope_label,
         window=budget.window,
         limit=budget.limit,
         remaining=max(Decimal(0), remaining),
         requested=reservation.amount_for(budget.unit),
-        resets_at=item.period.end,
+        resets_at=resets_at,
         currency=budget.currency,
         budget_id=budget.pk,
         tenant=reservation.tenant.external_id,

@@ -59,6 +59,8 @@ class BudgetExceeded(BudgetError):
         self.tenant = tenant
         self.end_user = end_user
         when = f"resets at {resets_at.isoformat()}" if resets_at else "never resets (lifetime)"
+        if resets_at and window.startswith("rolling:"):
+            when = f"has room for it at {resets_at.isoformat()}, as older spend leaves the window"
         message = (
             f"Budget exceeded: {scope} {window} budget has {display(remaining)} {currency} "
             f"remaining of {display(limit)}; this request needs {display(requested)}. It {when}."

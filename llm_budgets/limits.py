@@ -7,8 +7,9 @@ from django.db import transaction
 from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.exceptions import InvalidUsage
-from llm_budgets.models import AuditEvent, Budget, BudgetUnit, Scope, Window
+from llm_budgets.models import AuditEvent, Budget, BudgetUnit, Scope
 from llm_budgets.tenants import end_user_ensure, tenant_get
+from llm_budgets.windows import window_name
 
 ALL_END_USERS = "*"
 
@@ -28,17 +29,16 @@ def budget_set_limit(
     No tenant: the global cap. A tenant: its cap. ``end_user="*"``: the default for each end user of
     the tenant. ``end_user="u-1"``: that end user's own budget, which replaces the default for the
     same window. ``unit``: what the budget counts, ``provider_cost`` (default) or
-    ``customer_price``; fixed once the budget has counted anything.
+    ``customer_price``; fixed once the budget has counted anything. ``window`` is ``month``,
+    ``day``, ``hour``, ``lifetime`` or a rolling duration such as ``rolling:1h`` / ``rolling:7d``
+    (stored canonically: ``rolling:24h`` is ``rolling:1d``).
     """
     if unit is not None and unit not in BudgetUnit.values:
         raise InvalidUsage(
             f"unit must be one of {', '.join(BudgetUnit.values)}, got {unit!r}.", field="unit"
         )
     limit = validation.money("amount", amount)
-    if window not in Window.values:
-        raise InvalidUsage(
-            f"window must be one of {', '.join(Window.values)}, got {window!r}.", field="window"
-        )
+    window = window_name(window)
     if end_user is not None and tenant is None:
         raise InvalidUsage(
             "end_user needs a tenant: end users belong to one tenant.", field="tenant"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -29,9 +29,26 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from llm_budgets.conf import conf
-from llm_budgets.models import Budget, Counter, DeliveryState, Plan, Scope, ThresholdCrossing
+from llm_budgets.models import (
+    Budget,
+    Counter,
+    DeliveryState,
+    EndUser,
+    Plan,
+    Scope,
+    ThresholdCrossing,
+)
+from llm_budgets.selectors import ApplicableBudget, statuses_for
 from llm_budgets.signals import threshold_crossed
-from llm_budgets.windows import LIFETIME_START, period_for
+from llm_budgets.windows import (
+    LIFETIME_START,
+    MAX_ROLLING,
+    ROLLING_PREFIX,
+    Period,
+    period_for,
+    rolling_window,
+    tenant_period,
+)
 
 logger = logging.getLogger("llm_budgets")
 
@@ -49,17 +66,28 @@ def budget_thresholds(budget: Budget) -> list[int]:
     return sorted(conf.WARNING_THRESHOLDS)
 
 
-def _current_period_start(budget: Budget, at: datetime) -> datetime:
+def _current_period(budget: Budget, at: datetime) -> Period:
     if budget.scope == Scope.GLOBAL or budget.tenant is None:
-        return period_for(budget.window, at).start
-    return period_for(
-        budget.window, at, timezone=budget.tenant.timezone, billing_day=budget.tenant.billing_day
-    ).start
+        return period_for(budget.window, at)
+    return tenant_period(budget.window, at, budget.tenant)
+
+
+def _warning_period(budget: Budget, period: Period, at: datetime) -> datetime:
+    """What a warning is sent once per: the calendar period; for a rolling window, each span of
+    the window's length (aligned to the Unix epoch), so a rolling budget re-arms once per length."""
+    window = rolling_window(budget.window)
+    if window is None:
+        return period.start
+    step = int(window.duration.total_seconds())
+    return datetime.fromtimestamp(int(at.timestamp()) // step * step, UTC)
 
 
 @dataclass(frozen=True)
 class _Crossed:
-    counter: Counter
+    item: ApplicableBudget
+    period_key: datetime
+    spent: Decimal
+    reserved: Decimal
     thresholds: list[int]
 
 
@@ -77,27 +105,51 @@ def _lowest_threshold() -> int | None:
     return min((p for thresholds in configured for p in thresholds or ()), default=None)
 
 
+def _candidates(now: datetime, lowest: int) -> list[ApplicableBudget]:
+    """(budget, end user) pairs whose current usage may have reached a threshold.
+
+    A calendar counter is the whole period: those below the lowest threshold are skipped in SQL.
+    A rolling window sums many buckets, so any bucket with usage in the last year makes its budget
+    a candidate; ``statuses_for`` then reads each candidate's window (one query for all)."""
+    recent = Q(period_start__gte=now - _LONGEST_PERIOD) | Q(period_start=LIFETIME_START)
+    live = Counter.objects.filter(budget__limit__gt=0, period_start__lte=now)
+    calendar = (
+        live.exclude(budget__window__startswith=ROLLING_PREFIX)
+        .filter(recent)
+        .filter(spent__gte=F("budget__limit") * lowest / 100 - F("reserved"))
+    )
+    rolling = live.filter(
+        budget__window__startswith=ROLLING_PREFIX,
+        period_start__gte=now - MAX_ROLLING - _LONGEST_PERIOD,
+    ).filter(Q(spent__gt=0) | Q(reserved__gt=0))
+    pairs = set(calendar.values_list("budget_id", "end_user_id")) | set(
+        rolling.values_list("budget_id", "end_user_id").distinct()
+    )
+    budgets = Budget.objects.select_related("tenant__plan").in_bulk({b for b, _ in pairs})
+    end_users = EndUser.objects.in_bulk({u for _, u in pairs if u is not None})
+    items = []
+    for budget_id, end_user_id in sorted(pairs, key=lambda pair: (pair[0], pair[1] or 0)):
+        budget = budgets[budget_id]
+        share = end_users[end_user_id] if end_user_id is not None else None
+        items.append(ApplicableBudget(budget, _current_period(budget, now), share))
+    return items
+
+
 def _crossed(now: datetime) -> list[_Crossed]:
-    """Counters of current periods with at least one threshold reached (known or not)."""
+    """Budgets (per end user for each-end-user budgets) whose current spent + reserved reached
+    at least one of their thresholds (recorded already or not)."""
     lowest = _lowest_threshold()
     if lowest is None:
         return []
-    candidates = (
-        Counter.objects.select_related("budget__tenant__plan")
-        .filter(Q(period_start__gte=now - _LONGEST_PERIOD) | Q(period_start=LIFETIME_START))
-        .filter(budget__limit__gt=0, period_start__lte=now)
-        # Skip, in SQL, counters below the lowest threshold anywhere.
-        .filter(spent__gte=F("budget__limit") * lowest / 100 - F("reserved"))
-    )
+    items = _candidates(now, lowest)
     found = []
-    for counter in candidates:
-        budget = counter.budget
-        if counter.period_start != _current_period_start(budget, now):
-            continue
-        used = counter.spent + counter.reserved
+    for item, status in zip(items, statuses_for(items), strict=True):
+        budget = item.budget
+        used = status.spent + status.reserved
         reached = [t for t in budget_thresholds(budget) if used * 100 >= budget.limit * t]
         if reached:
-            found.append(_Crossed(counter, reached))
+            key = _warning_period(budget, item.period, now)
+            found.append(_Crossed(item, key, status.spent, status.reserved, reached))
     return found
 
 
@@ -113,14 +165,17 @@ def thresholds_scan(*, now: datetime | None = None) -> list[int]:
         return []
     known = set(
         ThresholdCrossing.objects.filter(
-            budget__in=[c.counter.budget_id for c in crossed],
-            period_start__in={c.counter.period_start for c in crossed},
-        ).values_list("budget_id", "period_start", "threshold")
+            budget__in=[c.item.budget.pk for c in crossed],
+            period_start__in={c.period_key for c in crossed},
+        ).values_list("budget_id", "end_user_id", "period_start", "threshold")
     )
     with transaction.atomic():
         for item in crossed:
-            counter, budget = item.counter, item.counter.budget
-            new = [t for t in item.thresholds if (budget.pk, counter.period_start, t) not in known]
+            budget, end_user = item.item.budget, item.item.end_user
+            user_id = end_user.pk if end_user else None
+            new = [
+                t for t in item.thresholds if (budget.pk, user_id, item.period_key, t) not in known
+            ]
             for threshold in new:
                 superseded = threshold != new[-1]
                 try:
@@ -129,11 +184,12 @@ def thresholds_scan(*, now: datetime | None = None) -> list[int]:
                             ThresholdCrossing.objects.create(
                                 budget=budget,
                                 tenant=budget.tenant,
-                                period_start=counter.period_start,
+                                end_user=end_user,
+                                period_start=item.period_key,
                                 threshold=threshold,
                                 limit=budget.limit,
-                                spent=counter.spent,
-                                reserved=counter.reserved,
+                                spent=item.spent,
+                                reserved=item.reserved,
                                 currency=budget.currency,
                                 crossed_at=now,
                                 state=DeliveryState.SKIPPED
@@ -154,6 +210,7 @@ def _signal(crossings: list[ThresholdCrossing]) -> None:
             sender=ThresholdCrossing,
             crossing=crossing,
             budget=crossing.budget,
+            end_user=crossing.end_user,
             threshold=crossing.threshold,
             period_start=crossing.period_start,
             spent=crossing.spent,
@@ -210,7 +267,9 @@ def threshold_warning_send(crossing_id: int, *, now: datetime | None = None) -> 
         state=DeliveryState.SENDING, claimed_at=now, claim_token=token, attempts=F("attempts") + 1
     ):
         return str(rows.values_list("state", flat=True).first() or "missing")
-    crossing = ThresholdCrossing.objects.select_related("budget", "tenant").get(pk=crossing_id)
+    crossing = ThresholdCrossing.objects.select_related("budget", "tenant", "end_user").get(
+        pk=crossing_id
+    )
     mine = rows.filter(claim_token=token, state=DeliveryState.SENDING)
     recipients = crossing.tenant.billing_contacts if crossing.tenant else []
     if not recipients:
@@ -234,6 +293,12 @@ def threshold_warning_send(crossing_id: int, *, now: datetime | None = None) -> 
     return DeliveryState.SENT
 
 
+def _scope_label(crossing: ThresholdCrossing) -> str:
+    if crossing.end_user is not None and crossing.tenant is not None:
+        return f"end user {crossing.tenant.external_id}/{crossing.end_user.external_id}"
+    return crossing.budget.scope_label
+
+
 def _message(crossing: ThresholdCrossing, recipients: list[str]) -> EmailMultiAlternatives:
     budget = crossing.budget
     used = crossing.spent + crossing.reserved
@@ -243,8 +308,8 @@ def _message(crossing: ThresholdCrossing, recipients: list[str]) -> EmailMultiAl
         "crossing": crossing,
         "tenant": crossing.tenant,
         "budget": budget,
-        "scope": budget.scope_label,
-        "window": budget.get_window_display(),
+        "scope": _scope_label(crossing),
+        "window": budget.window.replace(ROLLING_PREFIX, "rolling "),
         "threshold": crossing.threshold,
         "limit": crossing.limit,
         "spent": crossing.spent,

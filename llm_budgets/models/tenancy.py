@@ -111,6 +111,15 @@ class Tenant(models.Model):
         blank=True,
         help_text="Overrides the plan's markup. Empty: the plan's.",
     )
+    # A change of timezone or billing day takes effect at the end of the monthly period it was
+    # made in (see ``windows.tenant_period``); until then the previous calendar applies.
+    previous_timezone = models.CharField(max_length=64, blank=True, default="")
+    previous_billing_day = models.PositiveSmallIntegerField(null=True, blank=True)
+    calendar_effective_from = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the current timezone and billing day took or take effect; empty: always.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -7,7 +7,7 @@ from django.db import models
 from django.db.models import Q
 
 from llm_budgets.models.budgets import Budget
-from llm_budgets.models.tenancy import Tenant
+from llm_budgets.models.tenancy import EndUser, Tenant
 from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 
 
@@ -30,7 +30,17 @@ class ThresholdCrossing(models.Model):
     tenant = models.ForeignKey(
         Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="crossings"
     )
-    period_start = models.DateTimeField()
+    end_user = models.ForeignKey(
+        EndUser,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="crossings",
+        help_text="For an each-end-user budget: whose usage crossed it.",
+    )
+    period_start = models.DateTimeField(
+        help_text="The period (rolling windows: the span of the window's length) it is once per."
+    )
     threshold = models.PositiveSmallIntegerField(help_text="Percent of the limit.")
     limit = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
     spent = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
@@ -50,9 +60,16 @@ class ThresholdCrossing(models.Model):
     class Meta:
         ordering = ["-crossed_at"]
         constraints = [
+            # Two partial constraints: NULL end users would otherwise never collide.
             models.UniqueConstraint(
                 fields=["budget", "period_start", "threshold"],
+                condition=Q(end_user__isnull=True),
                 name="llmb_crossing_once_per_period",
+            ),
+            models.UniqueConstraint(
+                fields=["budget", "end_user", "period_start", "threshold"],
+                condition=Q(end_user__isnull=False),
+                name="llmb_crossing_once_per_user_period",
             ),
             models.CheckConstraint(
                 condition=Q(threshold__gte=1, threshold__lte=100),
