@@ -300,3 +300,36 @@ def test_no_thresholds_anywhere_scans_nothing() -> None:
     for _ in range(3):
         reserve_30()
     assert thresholds.thresholds_scan() == []
+
+
+def test_each_end_user_budget_warns_per_end_user() -> None:
+    price_fake()
+    budgets.ensure_tenant("acme", billing_emails="billing@acme.test")
+    budgets.set_limit(tenant="acme", end_user="*", amount=Decimal(50), window="month")
+    reserve_30(end_user="u-1")  # 60 % of u-1's own 50
+    reserve_30(end_user="u-2")
+    _scan_job()
+    crossings = ThresholdCrossing.objects.order_by("end_user__external_id")
+    assert [(c.end_user.external_id, c.threshold, c.state) for c in crossings] == [  # type: ignore[union-attr]
+        ("u-1", 50, DeliveryState.SENT),
+        ("u-2", 50, DeliveryState.SENT),
+    ]
+    assert sorted("acme/u-1" in m.body for m in mail.outbox) == [False, True]
+
+
+def test_a_rolling_budget_warns_on_its_whole_window_and_re_arms_each_window_length() -> None:
+    start = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    price_fake(effective_from=start - timedelta(days=1))
+    budgets.ensure_tenant("acme", billing_emails="billing@acme.test")
+    budgets.set_limit(tenant="acme", amount=Decimal(100), window="rolling:1h")
+    # Two holds in different buckets: each bucket holds 30 %, the window 60 %.
+    reserve_30_at(start)
+    reserve_30_at(start + timedelta(minutes=10))
+    assert thresholds.thresholds_scan(now=start + timedelta(minutes=11))
+    assert thresholds.thresholds_scan(now=start + timedelta(minutes=30)) == []
+    # The next hour-long span re-arms it: the first hold has left the window, the second and a
+    # new one make 60 % again.
+    reserve_30_at(start + timedelta(minutes=61))
+    new = thresholds.thresholds_scan(now=start + timedelta(minutes=62))
+    assert [c.threshold for c in ThresholdCrossing.objects.filter(pk__in=new)] == [50]
+    assert ThresholdCrossing.objects.count() == 2
