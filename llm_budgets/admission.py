@@ -18,26 +18,17 @@ from django.utils import timezone
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
-from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, OutputCeilingRequired
+from llm_budgets.exceptions import (
+    BudgetExceeded,
+    InvalidUsage,
+    NoApplicableBudget,
+    OutputCeilingRequired,
+)
 from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
 from llm_budgets.models import Counter, Reservation, ReservationHold
 from llm_budgets.pricing import price_in_effect, worst_case
 from llm_budgets.selectors import ApplicableBudget, applicable_budgets
 from llm_budgets.tenants import end_user_ensure, tenant_get
-
-
-class NoApplicableBudget(InvalidUsage):
-    """No budget covers the request: admitting it would spend without any cap."""
-
-    code = "no_budget"
-
-    def __init__(self, tenant: str) -> None:
-        super().__init__(
-            f"No budget applies to tenant {tenant!r}, so the call would be uncapped and was "
-            'refused. Set one, e.g. budgets.set_limit(amount=Decimal("1000"), window="month") '
-            "for a global cap.",
-            field="tenant",
-        )
 
 
 @dataclass(frozen=True)

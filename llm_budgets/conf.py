@@ -26,6 +26,9 @@ DEFAULTS: dict[str, Any] = {
     "MAX_TOKENS_PER_CALL": 10_000_000,
     # Longest TTL a caller may ask for, in seconds.
     "MAX_TTL_SECONDS": 24 * 60 * 60,
+    # Requests per API key for the REST API (DRF rate syntax "N/second|minute|hour|day"), or None
+    # for no limit. Counted in Django's default cache: use a shared one with several processes.
+    "API_THROTTLE_RATE": "600/minute",
 }
 
 EXPIRED_HOLD_POLICIES = ("charge", "release")
@@ -61,6 +64,11 @@ class Settings:
     @property
     def MAX_TTL_SECONDS(self) -> int:
         return int(self._get("MAX_TTL_SECONDS"))
+
+    @property
+    def API_THROTTLE_RATE(self) -> str | None:
+        rate = self._get("API_THROTTLE_RATE")
+        return None if rate is None else str(rate)
 
 
 conf = Settings()

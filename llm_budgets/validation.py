@@ -64,3 +64,17 @@ def identifier(field: str, value: object, *, max_length: int = 255) -> str:
     if len(value) > max_length:
         raise InvalidUsage(f"{field} must be at most {max_length} characters.", field=field)
     return value
+
+
+def ttl_seconds(field: str, value: object) -> int:
+    """A hold lifetime in whole seconds, from 1 to ``MAX_TTL_SECONDS``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidUsage(
+            f"{field} must be a whole number of seconds, got {type(value).__name__} {value!r}.",
+            field=field,
+        )
+    if not 1 <= value <= conf.MAX_TTL_SECONDS:
+        raise InvalidUsage(
+            f"{field} must be from 1 to {conf.MAX_TTL_SECONDS} seconds, got {value}.", field=field
+        )
+    return value
