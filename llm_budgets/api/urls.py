@@ -46,5 +46,6 @@ urlpatterns = [
     *api_patterns,
     path(docs.SCHEMA_PATH, docs.SchemaView.as_view(), name="schema"),
     path("docs/", docs.SwaggerView.as_view(), name="docs"),
-    re_path(r"^.*$", views.NotFoundView.as_view(), name="not-found"),
+    # Any other path, newlines included, gets a JSON 404.
+    re_path(r"^[\s\S]*$", views.NotFoundView.as_view(), name="not-found"),
 ]
