@@ -272,3 +272,23 @@ def test_unknown_paths_are_a_json_404(acme: Any) -> None:
     response = acme.get(f"{BASE}nothing/here")
     assert response.status_code == 404
     assert error(response)["code"] == "not_found"
+
+
+def test_unstorable_text_is_a_400_not_a_ledger_outage(acme: Any) -> None:
+    # PostgreSQL text cannot hold NUL: without the check this surfaced as a 503.
+    response = reserve(acme, end_user="u\x00")
+    assert response.status_code == 400
+    assert error(response)["field"] == "end_user"
+    keyed = acme.post(f"{BASE}reservations", reserve_body(idempotency_key="k\x00"), format="json")
+    assert keyed.status_code == 400
+    for path, params in [
+        ("prices", {"provider": "a\x00"}),
+        ("tenants/acme/status", {"end_user": "a\x00"}),
+    ]:
+        assert acme.get(f"{BASE}{path}", params).status_code == 400, path
+
+
+def test_a_huge_offset_is_an_empty_page(acme: Any) -> None:
+    response = acme.get(f"{BASE}prices", {"offset": 10**30})
+    assert response.status_code == 200
+    assert response.json()["results"] == []

@@ -27,6 +27,7 @@ from rest_framework.utils.encoders import JSONEncoder
 from llm_budgets.api.exceptions import ApiError
 from llm_budgets.ledger import ledger_guard
 from llm_budgets.models import ApiKey, IdempotencyRecord
+from llm_budgets.validation import storable
 
 HEADER = "Idempotency-Key"
 FIELD = "idempotency_key"
@@ -52,9 +53,9 @@ def key_of(request: Request) -> str | None:
     key = header if header is not None else body
     if key is None:
         return None
-    if not isinstance(key, str) or not key.strip() or len(key) > 255:
+    if not isinstance(key, str) or not key.strip() or len(key) > 255 or not storable(key):
         raise ApiError(
-            f"{HEADER} must be a non-empty string of at most 255 characters.",
+            f"{HEADER} must be a non-empty string of at most 255 characters, without NUL.",
             code="invalid",
             status_code=status.HTTP_400_BAD_REQUEST,
         )
@@ -76,7 +77,7 @@ def _claim(api_key: ApiKey, key: str, request: Request, digest: str) -> Idempote
                     api_key=api_key,
                     key=key,
                     method=request.method or "",
-                    path=request.path[:512],
+                    path=request.path.encode("unicode_escape").decode("ascii")[:512],
                     request_hash=digest,
                     created_at=timezone.now(),
                 )

@@ -6,7 +6,7 @@ from uuid import UUID
 
 from rest_framework.request import Request
 
-from llm_budgets import tenants
+from llm_budgets import tenants, validation
 from llm_budgets.exceptions import InvalidUsage, ReservationNotFound, UnknownTenant
 from llm_budgets.ledger import ledger_guard
 from llm_budgets.models import ApiKey, Reservation, Tenant
@@ -15,6 +15,14 @@ from llm_budgets.models import ApiKey, Reservation, Tenant
 def api_key_of(request: Request) -> ApiKey:
     assert isinstance(request.auth, ApiKey), "HasApiKey runs before any view"
     return request.auth
+
+
+def query_id(request: Request, name: str, *, max_length: int = 255) -> str | None:
+    """An optional identifier from the query string, checked like any other (400 if bad)."""
+    value = request.query_params.get(name)
+    if value is None or value == "":
+        return None
+    return validation.identifier(name, value, max_length=max_length)
 
 
 def tenant_for(request: Request, external_id: str | None) -> Tenant:

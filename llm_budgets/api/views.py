@@ -27,7 +27,7 @@ from llm_budgets.api.exceptions import ApiError, exception_handler
 from llm_budgets.api.idempotency import HEADER, idempotent
 from llm_budgets.api.permissions import HasApiKey, IsOperatorKey
 from llm_budgets.api.schema import api_schema
-from llm_budgets.api.scoping import api_key_of, reservation_for, tenant_for
+from llm_budgets.api.scoping import api_key_of, query_id, reservation_for, tenant_for
 from llm_budgets.api.throttling import ApiKeyRateThrottle
 from llm_budgets.ledger import ledger_guard
 from llm_budgets.models import Budget, EndUser, Price, Reservation
@@ -237,7 +237,7 @@ class TenantStatusView(ApiView):
     )
     def get(self, request: Request, external_id: str) -> Response:
         tenant = tenant_for(request, external_id)
-        end_user_id = request.query_params.get("end_user") or None
+        end_user_id = query_id(request, "end_user")
         with ledger_guard("status"):
             end_user = None
             if end_user_id is not None:
@@ -253,6 +253,10 @@ class TenantStatusView(ApiView):
 class Pagination(LimitOffsetPagination):
     default_limit = 100
     max_limit = 1000
+    max_offset = 10**9  # beyond this an OFFSET overflows some databases; nothing is there anyway
+
+    def get_offset(self, request: Request) -> int:
+        return min(super().get_offset(request), self.max_offset)
 
 
 class PriceListView(ApiView, generics.ListAPIView[Price]):
@@ -262,8 +266,8 @@ class PriceListView(ApiView, generics.ListAPIView[Price]):
     def get_queryset(self) -> QuerySet[Price]:
         prices = Price.objects.all()
         for name in ("provider", "model"):
-            value = self.request.query_params.get(name)
-            if value:
+            value = query_id(self.request, name)
+            if value is not None:
                 prices = prices.filter(**{name: value})
         return prices
 
@@ -288,8 +292,8 @@ class BudgetListView(ApiView, generics.ListAPIView[Budget]):
 
     def get_queryset(self) -> QuerySet[Budget]:
         budgets = Budget.objects.select_related("tenant", "end_user")
-        tenant = self.request.query_params.get("tenant")
-        if tenant:
+        tenant = query_id(self.request, "tenant")
+        if tenant is not None:
             budgets = budgets.filter(tenant__external_id=tenant)
         return budgets
 
