@@ -21,7 +21,7 @@ demo: install
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py migrate --noinput
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_demo
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_demo_data
-	DATABASE_URL=$(DEMO_DB) $(PY) manage.py runserver 127.0.0.1:8000
+	DEBUG=true DATABASE_URL=$(DEMO_DB) $(PY) manage.py runserver 127.0.0.1:8000
 
 ## Set up and run the whole suite (DATABASE_URL picks the database; default SQLite).
 test: install
@@ -54,4 +54,4 @@ bench: install
 	$(PY) bench/admission.py
 
 clean:
-	rm -rf $(VENV) .venv-tools var build *.egg-info
+	rm -rf $(VENV) .venv313 .venv-tools var build *.egg-info

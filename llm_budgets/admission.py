@@ -35,7 +35,7 @@ from llm_budgets.tenants import end_user_ensure, tenant_get
 class _Request:
     tenant: str
     end_user: str | None
-    provider: str
+    provider: str | None
     model: str
     input_tokens: int
     max_output_tokens: int | None
@@ -71,7 +71,9 @@ def _validate(
     return _Request(
         tenant=validation.identifier("tenant", tenant),
         end_user=None if end_user is None else validation.identifier("end_user", end_user),
-        provider=validation.identifier("provider", provider, max_length=64),
+        provider=None
+        if provider is None
+        else validation.identifier("provider", provider, max_length=64),
         model=validation.identifier("model", model, max_length=128),
         input_tokens=validation.token_count("input_tokens", input_tokens),
         max_output_tokens=None
@@ -92,7 +94,7 @@ def reservation_create(
     *,
     tenant: object,
     end_user: object = None,
-    provider: object,
+    provider: object = None,
     model: object,
     input_tokens: object,
     max_output_tokens: object = None,
@@ -139,7 +141,7 @@ def reservation_create(
         reservation = Reservation(
             tenant=tenant_obj,
             end_user=user_obj,
-            provider=request.provider,
+            provider=price.provider,
             model=request.model,
             price=price,
             input_tokens=request.input_tokens,

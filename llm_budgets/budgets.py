@@ -193,11 +193,13 @@ def reserve(
     input_tokens: int,
     max_output_tokens: int | None = None,
     end_user: str | None = None,
-    provider: str = "openai",
+    provider: str | None = None,
     idempotency_key: str | None = None,
     ttl: int | None = None,
 ) -> Hold:
-    """Admit a call and hold its worst-case cost, or raise a ``BudgetError`` that says why."""
+    """Admit a call and hold its worst-case cost, or raise a ``BudgetError`` that says why.
+
+    ``provider`` may be left out when exactly one provider prices ``model``."""
     return Hold(
         admission.reservation_create(
             tenant=tenant,

@@ -87,12 +87,14 @@ class UnknownPrice(BudgetError, LookupError):
 
     code = "unknown_price"
 
-    def __init__(self, *, provider: str, model: str) -> None:
+    def __init__(self, *, provider: str | None, model: str) -> None:
         self.provider = provider
         self.model = model
+        name = f"{provider}/{model}" if provider else f"{model} (from any provider)"
         super().__init__(
-            f"No price is in effect for {provider}/{model}, so the call cannot be admitted. "
-            f'Set one with budgets.set_price(provider="{provider}", model="{model}", ...).',
+            f"No price is in effect for {name}, so the call cannot be admitted "
+            "(an unpriced model is never treated as free). "
+            f'Set one with budgets.set_price(provider=..., model="{model}", ...).',
             provider=provider,
             model=model,
         )

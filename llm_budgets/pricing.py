@@ -21,14 +21,25 @@ from llm_budgets.models import AuditEvent, Price, PriceSource
 from llm_budgets.money import MILLION, round_charge, round_hold
 
 
-def price_in_effect(*, provider: str, model: str, at: datetime) -> Price:
-    """The newest version that has started by ``at`` and not ended; ``UnknownPrice`` if none."""
-    price = (
-        Price.objects.filter(provider=provider, model=model, effective_from__lte=at)
-        .filter(Q(effective_to__isnull=True) | Q(effective_to__gt=at))
-        .order_by("-effective_from")
-        .first()
+def price_in_effect(*, provider: str | None, model: str, at: datetime) -> Price:
+    """The newest version that has started by ``at`` and not ended; ``UnknownPrice`` if none.
+
+    Without a provider, the model must be priced by exactly one provider.
+    """
+    versions = Price.objects.filter(model=model, effective_from__lte=at).filter(
+        Q(effective_to__isnull=True) | Q(effective_to__gt=at)
     )
+    if provider is not None:
+        versions = versions.filter(provider=provider)
+    else:
+        providers = sorted(set(versions.values_list("provider", flat=True)))
+        if len(providers) > 1:
+            raise InvalidUsage(
+                f"{model} is priced by several providers ({', '.join(providers)}): "
+                "pass provider= to say which one serves the call.",
+                field="provider",
+            )
+    price = versions.order_by("-effective_from").first()
     if price is None:
         raise UnknownPrice(provider=provider, model=model)
     return price
@@ -90,11 +101,11 @@ def price_set(
         model=model,
         input_per_mtok=validation.money("input_per_mtok", input_per_mtok),
         output_per_mtok=validation.money("output_per_mtok", output_per_mtok),
-        cached_input_per_mtok=validation.money(
-            "cached_input_per_mtok", cached_input_per_mtok, allow_none=True
+        cached_input_per_mtok=validation.optional_money(
+            "cached_input_per_mtok", cached_input_per_mtok
         ),
-        cache_write_per_mtok=validation.money(
-            "cache_write_per_mtok", cache_write_per_mtok, allow_none=True
+        cache_write_per_mtok=validation.optional_money(
+            "cache_write_per_mtok", cache_write_per_mtok
         ),
         per_request=validation.money("per_request", per_request),
         currency=conf.CURRENCY,

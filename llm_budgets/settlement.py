@@ -48,8 +48,12 @@ def _reservation_id(value: object) -> UUID:
 
 def _lock_reservation(reservation_id: UUID) -> Reservation:
     try:
+        # of=("self",): lock only the reservation. A plain FOR UPDATE would also lock the joined
+        # price row, which every admission key-share locks for its foreign key: a deadlock.
         return (
-            Reservation.objects.select_for_update().select_related("price").get(pk=reservation_id)
+            Reservation.objects.select_for_update(of=("self",))
+            .select_related("price")
+            .get(pk=reservation_id)
         )
     except Reservation.DoesNotExist:
         raise ReservationNotFound(reservation_id) from None

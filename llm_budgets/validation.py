@@ -28,11 +28,14 @@ def token_count(field: str, value: object, *, allow_zero: bool = True) -> int:
     return value
 
 
-def money(field: str, value: object, *, allow_none: bool = False) -> Decimal | None:
+def optional_money(field: str, value: object) -> Decimal | None:
+    """``money``, or None when no value is given."""
+    return None if value is None else money(field, value)
+
+
+def money(field: str, value: object) -> Decimal:
     """A finite, non-negative Decimal amount. Floats are refused: money is never binary."""
     if value is None:
-        if allow_none:
-            return None
         raise InvalidUsage(f"{field} is required.", field=field)
     if isinstance(value, float):
         raise InvalidUsage(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import django
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -91,7 +92,11 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
-EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+_email_backend = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+if django.VERSION >= (6, 1):  # EMAIL_BACKEND is deprecated there in favour of MAILERS.
+    MAILERS = {"default": {"BACKEND": _email_backend}}
+else:
+    EMAIL_BACKEND = _email_backend
 
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="memory://")
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=True)

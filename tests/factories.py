@@ -38,12 +38,13 @@ def reserve_30(
     tenant: str = "acme",
     end_user: str | None = None,
     max_output_tokens: int = 1000,
+    provider: str | None = FAKE_PROVIDER,
     **kwargs: object,
 ) -> budgets.Hold:
     return budgets.reserve(
         tenant=tenant,
         end_user=end_user,
-        provider=FAKE_PROVIDER,
+        provider=provider,
         model=FAKE_MODEL,
         input_tokens=0,
         max_output_tokens=max_output_tokens,

@@ -153,7 +153,7 @@ def test_leaving_the_with_block_unsettled_is_an_error() -> None:
 
 def test_unknown_price_refuses_and_writes_nothing(acme: None) -> None:
     before = _ledger_rows()
-    with pytest.raises(UnknownPrice, match=r"openai/gpt-9.*set_price"):
+    with pytest.raises(UnknownPrice, match=r"gpt-9 \(from any provider\).*never treated as free"):
         budgets.reserve(
             tenant="acme", end_user="new", model="gpt-9", input_tokens=1, max_output_tokens=1
         )
@@ -318,6 +318,15 @@ def test_prices_refuse_floats() -> None:
     with pytest.raises(InvalidUsage, match=r"Decimal\(\"2.5\"\)") as info:
         budgets.set_price(provider="openai", model="x", input_per_mtok=2.5, output_per_mtok=1)  # type: ignore[arg-type]
     assert info.value.field == "input_per_mtok"
+
+
+def test_the_provider_can_be_left_out_only_when_one_provider_prices_the_model() -> None:
+    seed()
+    assert reserve_30(provider=None).reservation.provider == FAKE_PROVIDER
+    budgets.set_price(provider="other", model=FAKE_MODEL, input_per_mtok=1, output_per_mtok=1)
+    with pytest.raises(InvalidUsage, match="several providers") as info:
+        budgets.reserve(tenant="acme", model=FAKE_MODEL, input_tokens=0, max_output_tokens=1)
+    assert info.value.field == "provider"
 
 
 def test_the_provider_is_part_of_the_price_key() -> None:

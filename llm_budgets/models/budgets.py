@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from llm_budgets.models.fields import money_field
 from llm_budgets.models.tenancy import EndUser, Tenant
+from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 
 
 class Scope(models.TextChoices):
@@ -34,7 +34,7 @@ class Budget(models.Model):
         EndUser, null=True, blank=True, on_delete=models.CASCADE, related_name="budgets"
     )
     window = models.CharField(max_length=20, choices=Window.choices)
-    limit = money_field()
+    limit = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
     currency = models.CharField(max_length=3, default="USD")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -96,8 +96,8 @@ class Counter(models.Model):
 
     budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="counters")
     period_start = models.DateTimeField()
-    spent = money_field(default=0)
-    reserved = money_field(default=0)
+    spent = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0)
+    reserved = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0)
 
     class Meta:
         ordering = ["budget_id", "-period_start"]

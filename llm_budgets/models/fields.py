@@ -1,18 +1,10 @@
-"""Field helpers shared by the models: money columns and time zone validation."""
+"""Validators shared by the models."""
 
 from __future__ import annotations
 
 import zoneinfo
 
 from django.core.exceptions import ValidationError
-from django.db import models
-
-from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
-
-
-def money_field(**kwargs: object) -> models.DecimalField:
-    """A money column at the stored precision (see ``llm_budgets.money``)."""
-    return models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, **kwargs)  # type: ignore[arg-type]
 
 
 def validate_timezone(value: str) -> None:

@@ -8,9 +8,9 @@ from django.db import models
 from django.db.models import Q
 
 from llm_budgets.models.budgets import Counter
-from llm_budgets.models.fields import money_field
 from llm_budgets.models.pricing import Price
 from llm_budgets.models.tenancy import EndUser, Tenant
+from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 
 
 class ReservationState(models.TextChoices):
@@ -33,7 +33,7 @@ class Reservation(models.Model):
     price = models.ForeignKey(Price, on_delete=models.PROTECT, related_name="reservations")
     input_tokens = models.PositiveIntegerField()
     max_output_tokens = models.PositiveIntegerField()
-    amount = money_field()
+    amount = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
     currency = models.CharField(max_length=3, default="USD")
     state = models.CharField(
         max_length=10,
@@ -115,10 +115,13 @@ class UsageRecord(models.Model):
     input_tokens = models.PositiveIntegerField(default=0)
     cached_input_tokens = models.PositiveIntegerField(default=0)
     output_tokens = models.PositiveIntegerField(default=0)
-    cost = money_field()
+    cost = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
     currency = models.CharField(max_length=3, default="USD")
-    overage = money_field(
-        default=0, help_text="Cost above the hold (actual - reserved), when positive."
+    overage = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        default=0,
+        help_text="Cost above the hold (actual - reserved), when positive.",
     )
     is_estimated = models.BooleanField(
         default=False,

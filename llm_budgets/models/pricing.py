@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from llm_budgets.models.fields import money_field
+from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 
 
 class PriceSource(models.TextChoices):
@@ -18,15 +18,25 @@ class Price(models.Model):
 
     provider = models.CharField(max_length=64)
     model = models.CharField(max_length=128)
-    input_per_mtok = money_field()
-    cached_input_per_mtok = money_field(
-        null=True, blank=True, help_text="Empty: cached input costs as input."
+    input_per_mtok = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
+    cached_input_per_mtok = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="Empty: cached input costs as input.",
     )
-    cache_write_per_mtok = money_field(
-        null=True, blank=True, help_text="Empty: cache writes cost as input."
+    cache_write_per_mtok = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="Empty: cache writes cost as input.",
     )
-    output_per_mtok = money_field()
-    per_request = money_field(default=0)
+    output_per_mtok = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
+    per_request = models.DecimalField(
+        max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0
+    )
     currency = models.CharField(max_length=3, default="USD")
     effective_from = models.DateTimeField()
     effective_to = models.DateTimeField(null=True, blank=True)
