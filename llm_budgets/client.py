@@ -203,6 +203,12 @@ class RemoteHold:
         )
         return self
 
+    def mark_uncertain(self) -> str:
+        """The call's outcome is unknown: keep the hold counted until usage arrives or the
+        reconcile job settles it. Returns the state."""
+        self._data = self._client._post(f"reservations/{self.id}/uncertain", {})
+        return self.state
+
     def refresh(self) -> RemoteHold:
         self._data = self._client._get(f"reservations/{self.id}")
         return self
@@ -228,6 +234,11 @@ class RemoteHold:
             )
         if issubclass(exc_type, TimeoutError | httpx.TimeoutException):
             logger.warning("llm_budgets: reservation %s timed out; its hold stays.", self.id)
+            try:
+                self.mark_uncertain()
+            except ApiError as error:
+                if error.code != "not_implemented":  # a server without the UNCERTAIN state
+                    raise
             return
         self.release()
 
@@ -274,7 +285,7 @@ class BudgetsClient:
         max_output_tokens: int | None = None,
         tenant: str | None = None,
         end_user: str | None = None,
-        provider: str = "openai",
+        provider: str | None = None,
         idempotency_key: str | None = None,
         ttl: int | None = None,
     ) -> RemoteHold:
@@ -282,11 +293,15 @@ class BudgetsClient:
         why. ``tenant`` is implied by a tenant key and required with an operator key."""
         body: dict[str, Any] = {
             "model": model,
-            "provider": provider,
             "input_tokens": input_tokens,
             "max_output_tokens": max_output_tokens,
         }
-        optional = {"tenant": tenant, "end_user": end_user, "ttl_seconds": ttl}
+        optional = {
+            "tenant": tenant,
+            "end_user": end_user,
+            "provider": provider,
+            "ttl_seconds": ttl,
+        }
         body.update({k: v for k, v in optional.items() if v is not None})
         return RemoteHold(self, self._post("reservations", body, idempotency_key=idempotency_key))
 

@@ -292,3 +292,20 @@ def test_a_huge_offset_is_an_empty_page(acme: Any) -> None:
     response = acme.get(f"{BASE}prices", {"offset": 10**30})
     assert response.status_code == 200
     assert response.json()["results"] == []
+
+
+def test_the_provider_may_be_left_out_when_one_provider_prices_the_model(acme: Any) -> None:
+    body = reserve_body()
+    del body["provider"]
+    response = acme.post(f"{BASE}reservations", body, format="json")
+    assert response.status_code == 201, response.content
+    assert response.json()["provider"] == "fake"
+
+
+def test_wrong_method_and_media_type_answer_in_the_error_shape(acme: Any) -> None:
+    wrong_method = acme.get(f"{BASE}reservations")
+    assert wrong_method.status_code == 405
+    assert error(wrong_method)["code"] == "method_not_allowed"
+    form = acme.post(f"{BASE}reservations", {"model": "m30"})  # multipart, not JSON
+    assert form.status_code == 415
+    assert error(form)["code"] == "unsupported_media_type"

@@ -10,6 +10,7 @@ request changed nothing, so its retry runs again (a refused reservation may fit 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 from rest_framework import status
 from rest_framework.request import Request
@@ -139,7 +140,8 @@ def idempotent(handler: Handler) -> Handler:
         try:
             response = handler(view, request, *args, **kwargs)
         except BaseException:
-            owned.delete()
+            with contextlib.suppress(DatabaseError):  # never hide the real error behind this one
+                owned.delete()
             raise
         if status.is_success(response.status_code):
             owned.update(

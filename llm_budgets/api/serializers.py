@@ -90,7 +90,12 @@ class ReserveRequestSerializer(StrictSerializer):
         "key.",
     )
     end_user = serializers.CharField(required=False, allow_null=True, max_length=255)
-    provider = serializers.CharField(required=False, max_length=64, default="openai")
+    provider = serializers.CharField(
+        required=False,
+        allow_null=True,
+        max_length=64,
+        help_text="May be left out when exactly one provider prices the model.",
+    )
     model = serializers.CharField(max_length=128)
     input_tokens = serializers.IntegerField(min_value=0)
     max_output_tokens = serializers.IntegerField(

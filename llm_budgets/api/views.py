@@ -101,7 +101,7 @@ class ReservationCreateView(ApiView):
         reservation = admission.reservation_create(
             tenant=tenant.external_id,
             end_user=data.get("end_user"),
-            provider=data["provider"],
+            provider=data.get("provider"),
             model=data["model"],
             input_tokens=data["input_tokens"],
             max_output_tokens=data.get("max_output_tokens"),
