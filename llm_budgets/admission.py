@@ -13,7 +13,6 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from llm_budgets import validation
@@ -27,7 +26,7 @@ from llm_budgets.exceptions import (
 from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
 from llm_budgets.models import Counter, Reservation, ReservationHold
 from llm_budgets.pricing import price_in_effect, worst_case
-from llm_budgets.selectors import ApplicableBudget, applicable_budgets
+from llm_budgets.selectors import ApplicableBudget, applicable_budgets, counters_matching
 from llm_budgets.tenants import end_user_ensure, tenant_get
 
 
@@ -157,7 +156,10 @@ def reservation_create(
                 return _hold(reservation, applicable)
             except _MissingCounters:
                 Counter.objects.bulk_create(
-                    [Counter(budget=a.budget, period_start=a.period.start) for a in applicable],
+                    [
+                        Counter(budget=a.budget, end_user=a.end_user, period_start=a.period.start)
+                        for a in applicable
+                    ],
                     ignore_conflicts=True,
                 )
             except IntegrityError:
@@ -172,34 +174,29 @@ def reservation_create(
 
 def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reservation:
     """The one transaction: lock the counters in pk order, check each, hold on all or raise."""
-    by_key = {(a.budget.pk, a.period.start): a for a in applicable}
+    by_key = {a.counter_key: a for a in applicable}
     bound_sqlite_wait()
     with transaction.atomic():
         bound_lock_wait()
         reservation.save(force_insert=True)
         counters = list(
-            Counter.objects.select_for_update()
-            .filter(
-                budget__in=[a.budget.pk for a in applicable],
-                period_start__in={k[1] for k in by_key},
-            )
-            .order_by("pk")
+            Counter.objects.select_for_update().filter(counters_matching(applicable)).order_by("pk")
         )
-        counters = [c for c in counters if (c.budget_id, c.period_start) in by_key]
         if len(counters) < len(by_key):
             raise _MissingCounters
         refusals = []
         for counter in counters:
-            item = by_key[(counter.budget_id, counter.period_start)]
+            item = by_key[(counter.budget_id, counter.end_user_id, counter.period_start)]
             remaining = item.budget.limit - counter.spent - counter.reserved
             if reservation.amount > remaining:
                 refusals.append((remaining, item))
         if refusals:
             remaining, item = min(refusals, key=lambda r: r[0])
             raise _exceeded(reservation, item, remaining)
-        Counter.objects.filter(pk__in=[c.pk for c in counters]).update(
-            reserved=F("reserved") + reservation.amount
-        )
+        # Exact Decimal arithmetic on the locked rows (SQL arithmetic is floating point on SQLite).
+        for counter in counters:
+            counter.reserved += reservation.amount
+        Counter.objects.bulk_update(counters, ["reserved"])
         ReservationHold.objects.bulk_create(
             [ReservationHold(reservation=reservation, counter=c) for c in counters]
         )

@@ -9,7 +9,7 @@ from decimal import Decimal
 from django.db.models import Sum
 
 from llm_budgets.models import Counter, ReservationHold, ReservationState, UsageRecord
-from llm_budgets.money import ZERO
+from llm_budgets.money import ZERO, round_charge
 
 
 @dataclass(frozen=True)
@@ -28,16 +28,18 @@ class Drift:
 
 
 def counters_drift() -> list[Drift]:
-    """Every counter whose stored totals differ from what the ledger and live holds say."""
+    """Every counter whose stored totals differ from what the ledger and live holds say.
+
+    Sums are brought to the stored precision: SQLite adds decimals in floating point."""
     spent: dict[int, Decimal] = {}
     for row in (
         UsageRecord.objects.filter(reservation__holds__isnull=False)
         .values("reservation__holds__counter")
         .annotate(total=Sum("cost"))
     ):
-        spent[row["reservation__holds__counter"]] = row["total"]
+        spent[row["reservation__holds__counter"]] = round_charge(row["total"])
     reserved: dict[int, Decimal] = {
-        row["counter"]: row["total"]
+        row["counter"]: round_charge(row["total"])
         for row in ReservationHold.objects.filter(reservation__state=ReservationState.HELD)
         .values("counter")
         .annotate(total=Sum("reservation__amount"))
