@@ -5,48 +5,114 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('llm_budgets', '0002_counter_per_end_user_of_default_budgets'),
+        ("llm_budgets", "0002_counter_per_end_user_of_default_budgets"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ApiKey',
+            name="ApiKey",
             fields=[
-                ('id', models.CharField(editable=False, max_length=150, primary_key=True, serialize=False, unique=True)),
-                ('prefix', models.CharField(editable=False, max_length=8, unique=True)),
-                ('hashed_key', models.CharField(editable=False, max_length=150)),
-                ('created', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('name', models.CharField(default=None, help_text='A free-form name for the API key. Need not be unique. 50 characters max.', max_length=50)),
-                ('revoked', models.BooleanField(blank=True, default=False, help_text='If the API key is revoked, clients cannot use it anymore. (This cannot be undone.)')),
-                ('expiry_date', models.DateTimeField(blank=True, help_text='Once API key expires, clients cannot use it anymore.', null=True, verbose_name='Expires')),
-                ('tenant', models.ForeignKey(blank=True, help_text='Empty: an operator key, acting for every tenant.', null=True, on_delete=django.db.models.deletion.CASCADE, related_name='api_keys', to='llm_budgets.tenant')),
+                (
+                    "id",
+                    models.CharField(
+                        editable=False,
+                        max_length=150,
+                        primary_key=True,
+                        serialize=False,
+                        unique=True,
+                    ),
+                ),
+                ("prefix", models.CharField(editable=False, max_length=8, unique=True)),
+                ("hashed_key", models.CharField(editable=False, max_length=150)),
+                ("created", models.DateTimeField(auto_now_add=True, db_index=True)),
+                (
+                    "name",
+                    models.CharField(
+                        default=None,
+                        help_text="A free-form name for the API key. Need not be unique. 50 characters max.",
+                        max_length=50,
+                    ),
+                ),
+                (
+                    "revoked",
+                    models.BooleanField(
+                        blank=True,
+                        default=False,
+                        help_text="If the API key is revoked, clients cannot use it anymore. (This cannot be undone.)",
+                    ),
+                ),
+                (
+                    "expiry_date",
+                    models.DateTimeField(
+                        blank=True,
+                        help_text="Once API key expires, clients cannot use it anymore.",
+                        null=True,
+                        verbose_name="Expires",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Empty: an operator key, acting for every tenant.",
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="api_keys",
+                        to="llm_budgets.tenant",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'API key',
-                'verbose_name_plural': 'API keys',
-                'ordering': ('-created',),
-                'abstract': False,
+                "verbose_name": "API key",
+                "verbose_name_plural": "API keys",
+                "ordering": ("-created",),
+                "abstract": False,
             },
         ),
         migrations.CreateModel(
-            name='IdempotencyRecord',
+            name="IdempotencyRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(max_length=255)),
-                ('method', models.CharField(max_length=10)),
-                ('path', models.CharField(max_length=512)),
-                ('request_hash', models.CharField(help_text='SHA-256 of method, path and body.', max_length=64)),
-                ('status_code', models.PositiveSmallIntegerField(blank=True, help_text='Empty while the first request is still running.', null=True)),
-                ('response_body', models.JSONField(blank=True, null=True)),
-                ('created_at', models.DateTimeField()),
-                ('api_key', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='llm_budgets.apikey')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("key", models.CharField(max_length=255)),
+                ("method", models.CharField(max_length=10)),
+                ("path", models.CharField(max_length=512)),
+                (
+                    "request_hash",
+                    models.CharField(help_text="SHA-256 of method, path and body.", max_length=64),
+                ),
+                (
+                    "status_code",
+                    models.PositiveSmallIntegerField(
+                        blank=True,
+                        help_text="Empty while the first request is still running.",
+                        null=True,
+                    ),
+                ),
+                ("response_body", models.JSONField(blank=True, null=True)),
+                ("created_at", models.DateTimeField()),
+                (
+                    "api_key",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="llm_budgets.apikey",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
-                'indexes': [models.Index(fields=['created_at'], name='llmb_idempotency_created')],
-                'constraints': [models.UniqueConstraint(fields=('api_key', 'key'), name='llmb_idempotency_one_per_key')],
+                "ordering": ["-created_at"],
+                "indexes": [models.Index(fields=["created_at"], name="llmb_idempotency_created")],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("api_key", "key"), name="llmb_idempotency_one_per_key"
+                    )
+                ],
             },
         ),
     ]
