@@ -5,27 +5,41 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('llm_budgets', '0001_initial'),
+        ("llm_budgets", "0001_initial"),
     ]
 
     operations = [
         migrations.RemoveConstraint(
-            model_name='counter',
-            name='llmb_counter_one_per_period',
+            model_name="counter",
+            name="llmb_counter_one_per_period",
         ),
         migrations.AddField(
-            model_name='counter',
-            name='end_user',
-            field=models.ForeignKey(blank=True, help_text='Whose share of an each-end-user budget this counts; empty for other budgets.', null=True, on_delete=django.db.models.deletion.CASCADE, related_name='default_budget_counters', to='llm_budgets.enduser'),
+            model_name="counter",
+            name="end_user",
+            field=models.ForeignKey(
+                blank=True,
+                help_text="Whose share of an each-end-user budget this counts; empty for other budgets.",
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="default_budget_counters",
+                to="llm_budgets.enduser",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='counter',
-            constraint=models.UniqueConstraint(condition=models.Q(('end_user__isnull', True)), fields=('budget', 'period_start'), name='llmb_counter_one_per_period'),
+            model_name="counter",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("end_user__isnull", True)),
+                fields=("budget", "period_start"),
+                name="llmb_counter_one_per_period",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='counter',
-            constraint=models.UniqueConstraint(condition=models.Q(('end_user__isnull', False)), fields=('budget', 'end_user', 'period_start'), name='llmb_counter_one_per_end_user_period'),
+            model_name="counter",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("end_user__isnull", False)),
+                fields=("budget", "end_user", "period_start"),
+                name="llmb_counter_one_per_end_user_period",
+            ),
         ),
     ]
