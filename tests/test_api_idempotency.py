@@ -8,6 +8,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 
 from llm_budgets import admission, budgets
@@ -170,3 +171,21 @@ def test_concurrent_duplicates_run_once() -> None:
     assert Reservation.objects.count() == 1
     assert Counter.objects.get().reserved == Decimal(30)
     assert IdempotencyRecord.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_old_records_are_cleared_and_their_key_runs_again() -> None:
+    seed()
+    client = client_for(new_key("acme"))
+    first = post(client, "budgets", {}, key="old")  # a 403 for a tenant key: not stored
+    assert first.status_code == 403
+    post(client, "reservations", reserve_body(), key="recent")
+    IdempotencyRecord.objects.update(created_at=timezone.now() - timedelta(hours=30))
+    post(client, "reservations", reserve_body(input_tokens=1), key="fresh")
+    call_command("llm_budgets_clear_idempotency_keys", "--hours", "24")
+    assert list(IdempotencyRecord.objects.values_list("key", flat=True)) == ["fresh"]
+    again = post(client, "reservations", reserve_body(), key="recent")
+    assert again.status_code == 201
+    assert not again.has_header("Idempotent-Replayed")
+    # The reservation's own key still returns the same reservation.
+    assert Reservation.objects.count() == 2

@@ -15,7 +15,7 @@ import functools
 import hashlib
 import json
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from django.db import DatabaseError, IntegrityError, transaction
@@ -153,3 +153,12 @@ def idempotent(handler: Handler) -> Handler:
         return response
 
     return wrapper
+
+
+def idempotency_records_clear(*, older_than: timedelta, now: datetime | None = None) -> int:
+    """Delete records older than ``older_than`` (like Django's ``clearsessions``): after that a
+    retry with the same key runs again. Reservations stay protected by their own idempotency key.
+    Returns how many were deleted."""
+    cutoff = (now or timezone.now()) - older_than
+    deleted, _ = IdempotencyRecord.objects.filter(created_at__lt=cutoff).delete()
+    return deleted
