@@ -5,6 +5,7 @@ Invariants that a database can hold are constraints: non-negative amounts, one c
 (tenant, idempotency key).
 """
 
+from llm_budgets.models.api import ApiKey, IdempotencyRecord
 from llm_budgets.models.audit import AuditEvent
 from llm_budgets.models.budgets import Budget, BudgetUnit, Counter, Scope, Window
 from llm_budgets.models.ledger import (
@@ -22,6 +23,7 @@ from llm_budgets.models.thresholds import DeliveryState, ThresholdCrossing
 
 __all__ = [
     "LIVE_STATES",
+    "ApiKey",
     "AuditEvent",
     "Budget",
     "BudgetUnit",
@@ -29,6 +31,7 @@ __all__ = [
     "DailyUsage",
     "DeliveryState",
     "EndUser",
+    "IdempotencyRecord",
     "Plan",
     "Price",
     "PriceSource",
