@@ -18,10 +18,18 @@ from django.utils import timezone
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
-from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, OutputCeilingRequired
+from llm_budgets.degradation import Rung, effect_at, ladder_parse, substitutes, used_percent
+from llm_budgets.exceptions import (
+    BudgetExceeded,
+    InvalidUsage,
+    KillSwitchActive,
+    OutputCeilingRequired,
+)
+from llm_budgets.killswitches import kill_switches_covering, refusal_for
 from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
-from llm_budgets.models import Counter, Reservation, ReservationHold
+from llm_budgets.models import Counter, KillSwitch, Reservation, ReservationHold
 from llm_budgets.pricing import price_in_effect, worst_case
+from llm_budgets.refusals import refusal_record
 from llm_budgets.selectors import ApplicableBudget, applicable_budgets
 from llm_budgets.tenants import end_user_ensure, tenant_get
 
@@ -109,14 +117,19 @@ def reservation_create(
     max_output_tokens: object = None,
     idempotency_key: object = None,
     ttl: object = None,
+    allow_degrade: object = False,
     now: datetime | None = None,
 ) -> Reservation:
     """Admit a call: hold its worst-case cost on every budget that applies, or raise.
 
     Raises ``InvalidUsage`` (bad arguments), ``UnknownTenant``, ``OutputCeilingRequired``,
-    ``UnknownPrice``, ``NoApplicableBudget``, ``BudgetExceeded`` or ``LedgerUnavailable``; in each
-    case no hold is taken.
+    ``UnknownPrice``, ``NoApplicableBudget``, ``KillSwitchActive``, ``BudgetExceeded`` or
+    ``LedgerUnavailable``; in each case no hold is taken. With ``allow_degrade=True`` the plan's
+    degradation ladder may grant a cheaper model or a lower output ceiling (see
+    :mod:`llm_budgets.degradation`); the reservation says what was granted.
     """
+    if not isinstance(allow_degrade, bool):
+        raise InvalidUsage("allow_degrade must be True or False.", field="allow_degrade")
     request = _validate(
         tenant=tenant,
         end_user=end_user,
@@ -147,6 +160,11 @@ def reservation_create(
         applicable = applicable_budgets(tenant_obj, user_obj, now)
         if not applicable:
             raise NoApplicableBudget(request.tenant)
+        ladder = (
+            ladder_parse(tenant_obj.plan.degradation_ladder)
+            if allow_degrade and tenant_obj.plan is not None
+            else []
+        )
         reservation = Reservation(
             tenant=tenant_obj,
             end_user=user_obj,
@@ -161,30 +179,47 @@ def reservation_create(
             created_at=now,
             expires_at=now + request.ttl,
         )
-        for _attempt in range(2):
-            try:
-                return _hold(reservation, applicable)
-            except _MissingCounters:
-                Counter.objects.bulk_create(
-                    [Counter(budget=a.budget, period_start=a.period.start) for a in applicable],
-                    ignore_conflicts=True,
-                )
-            except IntegrityError:
-                if request.idempotency_key is None:
-                    raise
-                # A concurrent request with the same key won the insert: return its reservation.
-                return Reservation.objects.get(
-                    tenant=tenant_obj, idempotency_key=request.idempotency_key
-                )
-        return _hold(reservation, applicable)
+        try:
+            return _admit(reservation, applicable, ladder, request.idempotency_key)
+        except (BudgetExceeded, KillSwitchActive) as refusal:
+            refusal_record(refusal, reservation=reservation, now=now)
+            raise
 
 
-def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reservation:
-    """The one transaction: lock the counters in pk order, check each, hold on all or raise."""
+def _admit(
+    reservation: Reservation,
+    applicable: list[ApplicableBudget],
+    ladder: list[Rung],
+    idempotency_key: str | None,
+) -> Reservation:
+    for _attempt in range(2):
+        try:
+            return _hold(reservation, applicable, ladder)
+        except _MissingCounters:
+            Counter.objects.bulk_create(
+                [Counter(budget=a.budget, period_start=a.period.start) for a in applicable],
+                ignore_conflicts=True,
+            )
+        except IntegrityError:
+            if idempotency_key is None:
+                raise
+            # A concurrent request with the same key won the insert: return its reservation.
+            return Reservation.objects.get(
+                tenant_id=reservation.tenant_id, idempotency_key=idempotency_key
+            )
+    return _hold(reservation, applicable, ladder)
+
+
+def _hold(
+    reservation: Reservation, applicable: list[ApplicableBudget], ladder: list[Rung]
+) -> Reservation:
+    """The one transaction: refuse if a kill switch covers the request, lock the counters in pk
+    order, apply the degradation ladder, check each, hold on all or raise."""
     by_key = {(a.budget.pk, a.period.start): a for a in applicable}
     bound_sqlite_wait()
     with transaction.atomic():
         bound_lock_wait()
+        blocked_substitutes = _refuse_if_switched(reservation, ladder)
         reservation.save(force_insert=True)
         counters = list(
             Counter.objects.select_for_update()
@@ -197,10 +232,12 @@ def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reser
         counters = [c for c in counters if (c.budget_id, c.period_start) in by_key]
         if len(counters) < len(by_key):
             raise _MissingCounters
+        if ladder:
+            _degrade(reservation, ladder, counters, by_key, blocked_substitutes)
         refusals = []
         for counter in counters:
             item = by_key[(counter.budget_id, counter.period_start)]
-            remaining = item.budget.limit - counter.spent - counter.reserved
+            remaining = item.limit - counter.spent - counter.reserved
             if reservation.amount > remaining:
                 refusals.append((remaining, item))
         if refusals:
@@ -215,6 +252,78 @@ def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reser
     return reservation
 
 
+def _refuse_if_switched(reservation: Reservation, ladder: list[Rung]) -> dict[str, KillSwitch]:
+    """One query for every open switch that covers the request; raise for the first that covers
+    the model asked for. Returns the switches that only block a ladder substitute, by model."""
+    requested = reservation.model
+    switches = kill_switches_covering(
+        tenant_id=reservation.tenant_id,
+        end_user_id=reservation.end_user_id,
+        provider=reservation.provider,
+        models={requested, *substitutes(ladder, requested)},
+        now=reservation.created_at,
+    )
+    blocked: dict[str, KillSwitch] = {}
+    for switch in switches:
+        if switch.model in ("", requested):
+            raise _switched(reservation, switch)
+        blocked.setdefault(switch.model, switch)
+    return blocked
+
+
+def _switched(reservation: Reservation, switch: KillSwitch) -> KillSwitchActive:
+    return refusal_for(
+        switch,
+        tenant=reservation.tenant.external_id,
+        end_user=reservation.end_user.external_id if reservation.end_user else None,
+        model=reservation.requested_model or reservation.model,
+    )
+
+
+def _degrade(
+    reservation: Reservation,
+    ladder: list[Rung],
+    counters: list[Counter],
+    by_key: dict[tuple[int, datetime], ApplicableBudget],
+    blocked_substitutes: dict[str, KillSwitch],
+) -> None:
+    """Apply the rungs in force, read from the counters this transaction has locked. A changed
+    model is repriced here, so the caller checks the budgets with the amount actually held."""
+    used = used_percent(
+        (c.spent + c.reserved, by_key[(c.budget_id, c.period_start)].limit) for c in counters
+    )
+    effect = effect_at(
+        ladder, used, model=reservation.model, max_output_tokens=reservation.max_output_tokens
+    )
+    if not effect.changes(reservation.model, reservation.max_output_tokens):
+        return
+    if effect.model in blocked_substitutes:
+        raise _switched(reservation, blocked_substitutes[effect.model])
+    price = reservation.price
+    if effect.model != reservation.model:
+        price = price_in_effect(
+            provider=reservation.provider, model=effect.model, at=reservation.created_at
+        )
+    reservation.requested_model = reservation.model
+    reservation.model = effect.model
+    reservation.price = price
+    reservation.max_output_tokens = effect.max_output_tokens
+    reservation.amount = worst_case(
+        price, input_tokens=reservation.input_tokens, max_output_tokens=effect.max_output_tokens
+    )
+    reservation.degraded = True
+    reservation.save(
+        update_fields=[
+            "requested_model",
+            "model",
+            "price",
+            "max_output_tokens",
+            "amount",
+            "degraded",
+        ]
+    )
+
+
 def _exceeded(
     reservation: Reservation, item: ApplicableBudget, remaining: Decimal
 ) -> BudgetExceeded:
@@ -222,7 +331,7 @@ def _exceeded(
     return BudgetExceeded(
         scope=budget.scope_label,
         window=budget.window,
-        limit=budget.limit,
+        limit=item.limit,
         remaining=max(Decimal(0), remaining),
         requested=reservation.amount,
         resets_at=item.period.end,

@@ -9,7 +9,7 @@ from decimal import Decimal
 from django.db.models import Sum
 
 from llm_budgets.models import Counter, ReservationHold, ReservationState, UsageRecord
-from llm_budgets.money import ZERO
+from llm_budgets.money import ZERO, round_charge
 
 
 @dataclass(frozen=True)
@@ -31,11 +31,19 @@ def counters_drift() -> list[Drift]:
     """Every counter whose stored totals differ from what the ledger and live holds say."""
     spent: dict[int, Decimal] = {}
     for row in (
-        UsageRecord.objects.filter(reservation__holds__isnull=False)
+        UsageRecord.objects.filter(counter__isnull=True, reservation__holds__isnull=False)
         .values("reservation__holds__counter")
         .annotate(total=Sum("cost"))
     ):
         spent[row["reservation__holds__counter"]] = row["total"]
+    # Adjustments of one counter (an end user's reset) count on that counter alone.
+    for adjusted in (
+        UsageRecord.objects.filter(counter__isnull=False)
+        .values("counter")
+        .annotate(total=Sum("cost"))
+    ):
+        counter_id = adjusted["counter"]
+        spent[counter_id] = round_charge(spent.get(counter_id, ZERO) + adjusted["total"])
     reserved: dict[int, Decimal] = {
         row["counter"]: row["total"]
         for row in ReservationHold.objects.filter(reservation__state=ReservationState.HELD)

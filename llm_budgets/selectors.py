@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import Q
+from django.db.models import DecimalField, OuterRef, Q, Subquery, Sum
 
-from llm_budgets.models import Budget, Counter, EndUser, Scope, Tenant
+from llm_budgets.models import Budget, BudgetRaise, Counter, EndUser, Scope, Tenant
+from llm_budgets.money import ZERO, round_charge
 from llm_budgets.windows import Period, period_for
 
 
@@ -16,6 +17,12 @@ from llm_budgets.windows import Period, period_for
 class ApplicableBudget:
     budget: Budget
     period: Period
+    raised: Decimal = Decimal(0)  # active temporary raises (BudgetRaise) at the time asked
+
+    @property
+    def limit(self) -> Decimal:
+        """The limit admission enforces: the budget's own plus its active raises."""
+        return self.budget.limit + self.raised
 
 
 def applicable_budgets(
@@ -28,7 +35,19 @@ def applicable_budgets(
         scopes |= Q(tenant=tenant, scope=Scope.END_USER_DEFAULT)
         if end_user.pk is not None:
             scopes |= Q(end_user=end_user, scope=Scope.END_USER)
-    budgets = list(Budget.objects.filter(scopes))
+    # Active raises ride along as a subquery: no extra round trip on the admission path.
+    active_raises = (
+        BudgetRaise.objects.filter(budget=OuterRef("pk"), starts_at__lte=at, ends_at__gt=at)
+        .order_by()
+        .values("budget")
+        .annotate(total=Sum("amount"))
+        .values("total")
+    )
+    budgets = list(
+        Budget.objects.filter(scopes).annotate(
+            raised_by=Subquery(active_raises, output_field=DecimalField())
+        )
+    )
     own_windows = {b.window for b in budgets if b.scope == Scope.END_USER}
     result = []
     for budget in budgets:
@@ -44,7 +63,8 @@ def applicable_budgets(
             period = period_for(
                 budget.window, at, timezone=tenant.timezone, billing_day=tenant.billing_day
             )
-        result.append(ApplicableBudget(budget, period))
+        raised = round_charge(Decimal(str(budget.raised_by))) if budget.raised_by else ZERO
+        result.append(ApplicableBudget(budget, period, raised))
     return result
 
 
@@ -61,6 +81,7 @@ class BudgetStatus:
     currency: str
     period_start: datetime
     resets_at: datetime | None
+    raised: Decimal = ZERO  # included in ``limit``
 
 
 def budget_statuses(tenant: Tenant, end_user: EndUser | None, at: datetime) -> list[BudgetStatus]:
@@ -85,13 +106,14 @@ def budget_statuses(tenant: Tenant, end_user: EndUser | None, at: datetime) -> l
                 scope=budget.scope,
                 scope_label=budget.scope_label,
                 window=budget.window,
-                limit=budget.limit,
+                limit=item.limit,
                 spent=spent,
                 reserved=reserved,
-                remaining=max(Decimal(0), budget.limit - spent - reserved),
+                remaining=max(Decimal(0), item.limit - spent - reserved),
                 currency=budget.currency,
                 period_start=item.period.start,
                 resets_at=item.period.end,
+                raised=item.raised,
             )
         )
     return statuses

@@ -7,6 +7,7 @@ Invariants that a database can hold are constraints: non-negative amounts, one c
 
 from llm_budgets.models.audit import AuditEvent
 from llm_budgets.models.budgets import Budget, Counter, Scope, Window
+from llm_budgets.models.control import BudgetRaise, KillSwitch, Refusal, RefusalKind
 from llm_budgets.models.ledger import (
     Reservation,
     ReservationHold,
@@ -20,11 +21,15 @@ from llm_budgets.models.tenancy import EndUser, Plan, Tenant
 __all__ = [
     "AuditEvent",
     "Budget",
+    "BudgetRaise",
     "Counter",
     "EndUser",
+    "KillSwitch",
     "Plan",
     "Price",
     "PriceSource",
+    "Refusal",
+    "RefusalKind",
     "Reservation",
     "ReservationHold",
     "ReservationState",
