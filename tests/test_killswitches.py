@@ -51,7 +51,11 @@ def test_a_global_trip_refuses_everyone_and_names_switch_reason_and_who() -> Non
     ("scope", "refused", "admitted"),
     [
         ({"tenant": "acme"}, [("acme", None)], [("globex", None)]),
-        ({"tenant": "acme", "end_user": "u-1"}, [("acme", "u-1")], [("acme", "u-2"), ("acme", None)]),
+        (
+            {"tenant": "acme", "end_user": "u-1"},
+            [("acme", "u-1")],
+            [("acme", "u-2"), ("acme", None)],
+        ),
         ({"provider": FAKE_PROVIDER}, [("acme", None), ("globex", "u-1")], []),
         ({"provider": "other"}, [], [("acme", None)]),
         ({"model": FAKE_MODEL, "tenant": "globex"}, [("globex", "u-1")], [("acme", "u-1")]),
@@ -80,10 +84,18 @@ def test_clear_reopens_admission_and_both_are_audited(acme: None) -> None:
     reserve_30().release()
     assert cleared.cleared_by == "bob" and cleared.clear_reason == "v2 rolled back"
     trip, clear = AuditEvent.objects.filter(action__startswith="kill_switch").order_by("pk")
-    assert (trip.action, trip.actor, trip.reason) == ("kill_switch.trip", "alice", "loop in agent v2")
+    assert (trip.action, trip.actor, trip.reason) == (
+        "kill_switch.trip",
+        "alice",
+        "loop in agent v2",
+    )
     assert trip.after is not None and trip.after["scope"] == f"tenant acme, model {FAKE_MODEL}"
     assert trip.tenant is not None and trip.tenant.external_id == "acme"
-    assert (clear.action, clear.actor, clear.reason) == ("kill_switch.clear", "bob", "v2 rolled back")
+    assert (clear.action, clear.actor, clear.reason) == (
+        "kill_switch.clear",
+        "bob",
+        "v2 rolled back",
+    )
     assert clear.before is not None and clear.before["reason"] == "loop in agent v2"
 
 
