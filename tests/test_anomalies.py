@@ -47,11 +47,13 @@ def test_a_runaway_loop_trips_that_end_user_and_only_a_person_clears_it() -> Non
     _reserve_at(now - timedelta(minutes=5), end_user="u-2")
     (switch,) = anomalies_detect(now=now)
     assert (switch.automatic, switch.detector, switch.auto_clear_at) == (True, RUNAWAY, None)
-    assert switch.end_user is not None and switch.end_user.external_id == "u-1"
+    assert switch.end_user is not None
+    assert switch.end_user.external_id == "u-1"
     assert "6 reservations in the last minute" in switch.reason
     with pytest.raises(KillSwitchActive) as refused:
         reserve_30(end_user="u-1")
-    assert refused.value.automatic and refused.value.scope == "end user acme/u-1"
+    assert refused.value.automatic
+    assert refused.value.scope == "end user acme/u-1"
     reserve_30(end_user="u-2").release()  # only the looping user is stopped
     assert AuditEvent.objects.get(action="kill_switch.trip").actor == "detector:runaway_loop"
 
@@ -81,7 +83,8 @@ def test_spend_velocity_trips_the_tenant() -> None:
     reserve_30(end_user="u-2")  # held: 60
     (switch,) = anomalies_detect()
     assert (switch.detector, switch.end_user_id) == (VELOCITY, None)
-    assert switch.tenant is not None and switch.tenant.external_id == "acme"
+    assert switch.tenant is not None
+    assert switch.tenant.external_id == "acme"
     assert "spent 60.00" in switch.reason
 
 
@@ -92,7 +95,8 @@ def test_spend_velocity_per_end_user() -> None:
     assert anomalies_detect() == []
     reserve_30(end_user="u-1").commit(input_tokens=0, output_tokens=1000)
     (switch,) = anomalies_detect()
-    assert switch.end_user is not None and switch.end_user.external_id == "u-1"
+    assert switch.end_user is not None
+    assert switch.end_user.external_id == "u-1"
 
 
 def test_a_failure_storm_trips_the_tenant() -> None:
@@ -104,7 +108,8 @@ def test_a_failure_storm_trips_the_tenant() -> None:
     assert anomalies_detect() == []  # exactly half: not above
     reserve_30().release()
     (switch,) = anomalies_detect()
-    assert switch.detector == FAILURES and "3 of 5" in switch.reason
+    assert switch.detector == FAILURES
+    assert "3 of 5" in switch.reason
 
 
 def test_a_plan_without_thresholds_never_trips() -> None:

@@ -51,7 +51,8 @@ def test_a_temporary_raise_adds_room_until_it_expires_by_itself() -> None:
         assert refused.value.limit == Decimal(60)
     event = AuditEvent.objects.get(action="budget.raise")
     assert (event.actor, event.reason) == ("carol", "launch day")
-    assert event.after is not None and event.after["raise"] == "30"
+    assert event.after is not None
+    assert event.after["raise"] == "30"
 
 
 @pytest.mark.parametrize(
@@ -107,7 +108,8 @@ def test_voiding_a_line_compensates_every_counter_it_was_charged_to_once() -> No
     with pytest.raises(InvalidUsage):
         usage_void(record_id=adjustment.pk, reason="void the void")
     event = AuditEvent.objects.get(action="usage.void")
-    assert event.before is not None and Decimal(event.before["cost"]) == 15
+    assert event.before is not None
+    assert Decimal(event.before["cost"]) == 15
 
 
 def test_a_line_of_an_expired_hold_cannot_be_voided_until_it_settles() -> None:

@@ -43,7 +43,8 @@ def test_a_global_trip_refuses_everyone_and_names_switch_reason_and_who() -> Non
     )
     assert error.tripped_by == "alice"
     assert error.tripped_at == switch.tripped_at
-    assert "bad deploy of the agent" in str(error) and "alice" in str(error)
+    assert "bad deploy of the agent" in str(error)
+    assert "alice" in str(error)
     assert Reservation.objects.count() == 0
 
 
@@ -82,21 +83,25 @@ def test_clear_reopens_admission_and_both_are_audited(acme: None) -> None:
         reserve_30()
     cleared = budgets.clear(tenant="acme", model=FAKE_MODEL, reason="v2 rolled back", actor="bob")
     reserve_30().release()
-    assert cleared.cleared_by == "bob" and cleared.clear_reason == "v2 rolled back"
+    assert cleared.cleared_by == "bob"
+    assert cleared.clear_reason == "v2 rolled back"
     trip, clear = AuditEvent.objects.filter(action__startswith="kill_switch").order_by("pk")
     assert (trip.action, trip.actor, trip.reason) == (
         "kill_switch.trip",
         "alice",
         "loop in agent v2",
     )
-    assert trip.after is not None and trip.after["scope"] == f"tenant acme, model {FAKE_MODEL}"
-    assert trip.tenant is not None and trip.tenant.external_id == "acme"
+    assert trip.after is not None
+    assert trip.after["scope"] == f"tenant acme, model {FAKE_MODEL}"
+    assert trip.tenant is not None
+    assert trip.tenant.external_id == "acme"
     assert (clear.action, clear.actor, clear.reason) == (
         "kill_switch.clear",
         "bob",
         "v2 rolled back",
     )
-    assert clear.before is not None and clear.before["reason"] == "loop in agent v2"
+    assert clear.before is not None
+    assert clear.before["reason"] == "loop in agent v2"
 
 
 def test_clear_needs_the_exact_scope_and_a_reason(acme: None) -> None:
@@ -121,7 +126,8 @@ def test_clear_needs_the_exact_scope_and_a_reason(acme: None) -> None:
 def test_tripping_a_tripped_scope_keeps_the_first_switch(acme: None) -> None:
     first = budgets.trip(tenant="acme", reason="first")
     again = budgets.trip(tenant="acme", reason="second")
-    assert again.pk == first.pk and again.reason == "first"
+    assert again.pk == first.pk
+    assert again.reason == "first"
     assert KillSwitch.objects.count() == 1
 
 
@@ -169,8 +175,10 @@ def test_signals_and_operator_email_are_sent_after_commit(
         kill_switch_cleared.disconnect(on_clear)
     assert [kind for kind, _ in received] == ["tripped", "cleared"]
     assert [m.to for m in mail.outbox] == [["ops@example.com"], ["ops@example.com"]]
-    assert "tenant acme" in mail.outbox[0].subject and "attack" in mail.outbox[0].body
-    assert "cleared" in mail.outbox[1].subject.lower() and "bob" in mail.outbox[1].body
+    assert "tenant acme" in mail.outbox[0].subject
+    assert "attack" in mail.outbox[0].body
+    assert "cleared" in mail.outbox[1].subject.lower()
+    assert "bob" in mail.outbox[1].body
 
 
 def test_a_failing_email_does_not_undo_the_trip(
@@ -207,17 +215,21 @@ def test_refusals_are_recorded_with_budget_or_switch(acme: None) -> None:
         reserve_30(end_user="u-1")
     switched, exceeded = Refusal.objects.order_by("-pk")
     assert exceeded.kind == RefusalKind.BUDGET
-    assert exceeded.tenant is not None and exceeded.tenant.external_id == "acme"
-    assert exceeded.end_user is not None and exceeded.end_user.external_id == "u-1"
+    assert exceeded.tenant is not None
+    assert exceeded.tenant.external_id == "acme"
+    assert exceeded.end_user is not None
+    assert exceeded.end_user.external_id == "u-1"
     assert (exceeded.model, exceeded.requested, exceeded.remaining) == (
         FAKE_MODEL,
         Decimal(30),
         Decimal(20),
     )
-    assert exceeded.budget is not None and exceeded.budget.window == "day"
+    assert exceeded.budget is not None
+    assert exceeded.budget.window == "day"
     assert "end user acme/u-1 day budget" in exceeded.detail
     assert switched.kind == RefusalKind.KILL_SWITCH
-    assert switched.kill_switch is not None and switched.detail.endswith("attack")
+    assert switched.kill_switch is not None
+    assert switched.detail.endswith("attack")
 
 
 def test_a_failure_to_record_a_refusal_never_admits(acme: None, monkeypatch: Any) -> None:
