@@ -1,0 +1,44 @@
+"""The audit log: read-only, append-only."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import admin
+from django.utils.html import format_html
+
+from llm_budgets.admin.base import ReadOnlyAdmin
+from llm_budgets.models import AuditEvent
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "action", "actor", "tenant", "target"]
+    list_filter = ["action"]
+    list_select_related = ["tenant"]
+    search_fields = ["actor", "target", "reason", "tenant__external_id"]
+    date_hierarchy = "created_at"
+    fields = readonly_fields = (
+        "created_at",
+        "action",
+        "actor",
+        "tenant",
+        "target",
+        "before_json",
+        "after_json",
+        "reason",
+    )
+
+    @admin.display(description="Before")
+    def before_json(self, obj: AuditEvent) -> str:
+        return _pretty(obj.before)
+
+    @admin.display(description="After")
+    def after_json(self, obj: AuditEvent) -> str:
+        return _pretty(obj.after)
+
+
+def _pretty(value: object) -> str:
+    if value is None:
+        return "-"
+    return format_html("<pre>{}</pre>", json.dumps(value, indent=2, sort_keys=True))

@@ -1,0 +1,387 @@
+"""The admin (issue 2 item E): every model registered, the ledger read-only, writes through the
+services (audited), and the tenant page showing where each budget stands."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from llm_budgets import admin_selectors, budgets
+from llm_budgets.admin.ledger import ReservationAdmin, ReservationHoldInline
+from llm_budgets.models import (
+    AuditEvent,
+    Budget,
+    Counter,
+    EndUser,
+    Plan,
+    Price,
+    Reservation,
+    ReservationHold,
+    Scope,
+    Tenant,
+    UsageRecord,
+)
+from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed
+
+pytestmark = pytest.mark.django_db
+
+ALL_MODELS = [Plan, Tenant, EndUser, Budget, Counter, Price, Reservation, UsageRecord, AuditEvent]
+READ_ONLY_MODELS = [Counter, Reservation, UsageRecord, AuditEvent]
+
+
+def _url(model: type, action: str, *args: object) -> str:
+    return reverse(f"admin:llm_budgets_{model._meta.model_name}_{action}", args=args)
+
+
+@pytest.fixture
+def ledger() -> dict[str, object]:
+    """acme capped at 100 a month, each end user at 80 a day, u-1 at 40 a month of its own;
+    one hold of 30 open for u-1, and one call of u-2 committed at 15."""
+    seed(limit="100")
+    Tenant.objects.filter(external_id="acme").update(plan=Plan.objects.create(name="pro"))
+    budgets.set_limit(tenant="acme", end_user="*", amount=Decimal("80"), window="day")
+    budgets.set_limit(tenant="acme", end_user="u-1", amount=Decimal("40"), window="month")
+    held = reserve_30(end_user="u-1")
+    reserve_30(end_user="u-2").commit(input_tokens=0, output_tokens=500)
+    return {"tenant": Tenant.objects.get(external_id="acme"), "held": held}
+
+
+def _logged_in(**fields: object) -> Client:
+    # No password: hashing one costs most of a test's time, and force_login needs none.
+    user = get_user_model().objects.create_user(password=None, **fields)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def admin_client() -> Client:
+    """A superuser named ``admin`` (overrides pytest-django's, which hashes a password)."""
+    return _logged_in(username="admin", is_staff=True, is_superuser=True)
+
+
+@pytest.fixture
+def staff_client() -> Client:
+    """A staff member with no permission at all."""
+    return _logged_in(username="staff", is_staff=True)
+
+
+def test_every_model_is_registered() -> None:
+    for model in ALL_MODELS:
+        assert admin.site.is_registered(model), model
+    # Holds are shown on their reservation's page.
+    assert ReservationHoldInline in ReservationAdmin.inlines
+    assert ReservationHoldInline.model is ReservationHold
+
+
+@pytest.mark.usefixtures("ledger")
+@pytest.mark.parametrize("model", ALL_MODELS, ids=lambda m: m.__name__)
+def test_changelist_search_and_change_page_render(admin_client: Client, model: type) -> None:
+    assert admin_client.get(_url(model, "changelist")).status_code == 200
+    assert admin_client.get(_url(model, "changelist"), {"q": "acme"}).status_code == 200
+    obj = model._default_manager.first()
+    assert obj is not None
+    assert admin_client.get(_url(model, "change", obj.pk)).status_code == 200
+
+
+@pytest.mark.usefixtures("ledger")
+@pytest.mark.parametrize("model", ALL_MODELS, ids=lambda m: m.__name__)
+def test_staff_without_permissions_is_refused(staff_client: Client, model: type) -> None:
+    obj = model._default_manager.first()
+    assert staff_client.get(_url(model, "changelist")).status_code == 403
+    assert staff_client.get(_url(model, "change", obj.pk)).status_code == 403
+    assert staff_client.get(_url(model, "add")).status_code == 403
+
+
+@pytest.mark.usefixtures("ledger")
+@pytest.mark.parametrize("model", READ_ONLY_MODELS, ids=lambda m: m.__name__)
+def test_read_only_models_refuse_add_change_delete(admin_client: Client, model: type) -> None:
+    obj = model._default_manager.first()
+    before = model._default_manager.values().get(pk=obj.pk)
+    assert admin_client.get(_url(model, "add")).status_code == 403
+    assert admin_client.get(_url(model, "delete", obj.pk)).status_code == 403
+    assert admin_client.post(_url(model, "change", obj.pk), {"_save": "1"}).status_code == 403
+    page = admin_client.get(_url(model, "change", obj.pk)).content.decode()
+    assert 'name="_save"' not in page
+    changelist = admin_client.get(_url(model, "changelist")).content.decode()
+    assert _url(model, "add") not in changelist
+    assert "delete_selected" not in changelist
+    assert model._default_manager.values().get(pk=obj.pk) == before
+
+
+@pytest.mark.usefixtures("ledger")
+@pytest.mark.parametrize("model", ALL_MODELS, ids=lambda m: m.__name__)
+def test_view_permission_alone_shows_pages_without_save(staff_client: Client, model: type) -> None:
+    user = get_user_model().objects.get(username="staff")
+    user.user_permissions.add(Permission.objects.get(codename=f"view_{model._meta.model_name}"))
+    obj = model._default_manager.first()
+    assert staff_client.get(_url(model, "changelist")).status_code == 200
+    page = staff_client.get(_url(model, "change", obj.pk))
+    assert page.status_code == 200
+    assert 'name="_save"' not in page.content.decode()
+    assert staff_client.post(_url(model, "change", obj.pk), {"_save": "1"}).status_code == 403
+
+
+def test_tenant_page_shows_current_period_numbers_and_open_holds(
+    admin_client: Client, ledger: dict[str, object]
+) -> None:
+    tenant = ledger["tenant"]
+    page = admin_client.get(_url(Tenant, "change", tenant.pk))  # type: ignore[attr-defined]
+    assert page.status_code == 200
+    rows = {(r["scope"], r["window"]): r for r in page.context["budget_rows"]}
+    tenant_month = rows[("tenant acme", "month")]
+    assert tenant_month["limit"] == "100.00 USD"
+    assert tenant_month["spent"] == "15.00 USD"
+    assert tenant_month["reserved"] == "30.00 USD"
+    assert tenant_month["remaining"] == "55.00 USD"
+    assert tenant_month["resets_at"] is not None
+    assert ("end user acme/*", "day") in rows
+    [own] = page.context["end_user_budget_rows"]
+    assert (own["scope"], own["limit"], own["reserved"], own["remaining"]) == (
+        "end user acme/u-1",
+        "40.00 USD",
+        "30.00 USD",
+        "10.00 USD",
+    )
+    [open_row] = page.context["reservation_rows"]
+    held = ledger["held"]
+    assert open_row["id"] == held.id  # type: ignore[attr-defined]
+    assert open_row["amount"] == "30.00 USD"
+    html = page.content.decode()
+    for text in ["55.00 USD", "30.00 USD", str(held.id), "Open reservations (1)"]:  # type: ignore[attr-defined]
+        assert text in html
+
+
+def test_tenant_page_query_count_does_not_grow_with_the_tenant(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(admin_selectors, "TENANT_PAGE_ROWS", 5)
+    seed(limit="100000")
+    tenant = Tenant.objects.get(external_id="acme")
+    url = _url(Tenant, "change", tenant.pk)
+
+    def grow_to(end_users: int) -> int:
+        for i in range(EndUser.objects.filter(tenant=tenant).count(), end_users):
+            budgets.set_limit(tenant="acme", end_user=f"u-{i}", amount=Decimal("90"), window="day")
+            reserve_30(end_user=f"u-{i}")
+        with CaptureQueriesContext(connection) as queries:
+            page = admin_client.get(url)
+        assert page.status_code == 200
+        assert len(page.context["reservation_rows"]) == min(end_users, 5)
+        return len(queries)
+
+    admin_client.get(url)  # warm the per-process caches (content types) out of the count
+    small = grow_to(2)
+    large = grow_to(12)
+    assert large == small, (small, large)
+    assert large <= 11, large
+    html = admin_client.get(url).content.decode()
+    assert "All 12 open reservations" in html
+    assert "All 12 end-user budgets" in html
+
+
+def test_budget_limit_change_goes_through_the_service_and_is_audited(
+    admin_client: Client, ledger: dict[str, object]
+) -> None:
+    budget = Budget.objects.get(scope=Scope.TENANT, window="month")
+    response = admin_client.post(
+        _url(Budget, "change", budget.pk),
+        {"limit": "150", "reason": "support ticket 42", "_save": "1"},
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    budget.refresh_from_db()
+    assert budget.limit == Decimal("150")
+    event = AuditEvent.objects.filter(action="budget.change_limit").get()
+    assert event.actor == "admin"
+    assert event.reason == "support ticket 42"
+    assert event.tenant == ledger["tenant"]
+    assert Decimal(event.before["limit"]) == 100
+    assert Decimal(event.after["limit"]) == 150
+
+
+def test_budget_change_cannot_move_its_scope(admin_client: Client) -> None:
+    seed(limit="100")
+    budget = Budget.objects.get()
+    admin_client.post(
+        _url(Budget, "change", budget.pk),
+        {"limit": "100", "scope": Scope.GLOBAL, "window": "day", "tenant": "", "_save": "1"},
+    )
+    budget.refresh_from_db()
+    assert (budget.scope, budget.window, budget.tenant_id) == (
+        Scope.TENANT,
+        "month",
+        Tenant.objects.get().pk,
+    )
+
+
+def test_budget_add_goes_through_the_service(admin_client: Client) -> None:
+    seed(limit="100")
+    tenant = Tenant.objects.get()
+    response = admin_client.post(
+        _url(Budget, "add"),
+        {"scope": Scope.END_USER_DEFAULT, "tenant": tenant.pk, "window": "day", "limit": "5"},
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    budget = Budget.objects.get(scope=Scope.END_USER_DEFAULT)
+    assert (budget.tenant, budget.limit, budget.currency) == (tenant, Decimal(5), "USD")
+    event = AuditEvent.objects.get(action="budget.create", tenant=tenant, actor="admin")
+    assert "acme/*" in event.target
+
+
+@pytest.mark.parametrize(
+    ("scope", "window", "limit", "message"),
+    [
+        (Scope.END_USER, "day", "5", "needs an end user"),
+        (Scope.GLOBAL, "day", "5", "takes no tenant"),
+        (Scope.TENANT, "month", "5", "already exists"),
+        (Scope.TENANT, "day", "-1", "greater than or equal to 0"),
+    ],
+)
+def test_budget_add_refuses_what_the_scope_does_not_allow(
+    admin_client: Client, scope: str, window: str, limit: str, message: str
+) -> None:
+    seed(limit="100")
+    tenant = Tenant.objects.get()
+    events = AuditEvent.objects.count()
+    response = admin_client.post(
+        _url(Budget, "add"), {"scope": scope, "tenant": tenant.pk, "window": window, "limit": limit}
+    )
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert Budget.objects.count() == 1
+    assert AuditEvent.objects.count() == events
+
+
+def test_tenant_add_and_change_go_through_tenant_ensure(admin_client: Client) -> None:
+    plan = Plan.objects.create(name="pro")
+    response = admin_client.post(
+        _url(Tenant, "add"),
+        {
+            "external_id": "globex",
+            "name": "Globex",
+            "plan": plan.pk,
+            "timezone": "UTC",
+            "billing_day": "1",
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    tenant = Tenant.objects.get(external_id="globex")
+    assert AuditEvent.objects.filter(action="tenant.create", tenant=tenant, actor="admin").exists()
+
+    response = admin_client.post(
+        _url(Tenant, "change", tenant.pk),
+        {
+            "external_id": "renamed",
+            "name": "Globex Inc",
+            "plan": plan.pk,
+            "timezone": "Europe/Amsterdam",
+            "billing_day": "15",
+            "_save": "1",
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    tenant.refresh_from_db()
+    assert (tenant.external_id, tenant.name, tenant.timezone, tenant.billing_day) == (
+        "globex",  # the host's key is fixed once created
+        "Globex Inc",
+        "Europe/Amsterdam",
+        15,
+    )
+    event = AuditEvent.objects.get(action="tenant.update", tenant=tenant)
+    assert event.actor == "admin"
+    assert event.before["timezone"] == "UTC"
+    assert event.after["timezone"] == "Europe/Amsterdam"
+
+
+def test_tenant_change_refuses_a_bad_timezone_and_a_cleared_plan(admin_client: Client) -> None:
+    budgets.ensure_tenant("acme", timezone="UTC")
+    tenant = Tenant.objects.get()
+    tenant.plan = Plan.objects.create(name="pro")
+    tenant.save()
+    events = AuditEvent.objects.count()
+    for data, message in [
+        ({"timezone": "Mars/Olympus", "plan": tenant.plan.pk}, "not an IANA time zone"),
+        ({"timezone": "UTC", "plan": ""}, "cannot be removed here"),
+    ]:
+        response = admin_client.post(
+            _url(Tenant, "change", tenant.pk), {"name": "", "billing_day": "1", **data}
+        )
+        assert response.status_code == 200
+        assert message in response.content.decode()
+    tenant.refresh_from_db()
+    assert (tenant.timezone, tenant.plan.name) == ("UTC", "pro")
+    assert AuditEvent.objects.count() == events
+
+
+def test_tenant_and_budget_cannot_be_deleted(admin_client: Client) -> None:
+    seed(limit="100")
+    tenant, budget = Tenant.objects.get(), Budget.objects.get()
+    assert admin_client.post(_url(Tenant, "delete", tenant.pk), {"post": "yes"}).status_code == 403
+    assert admin_client.post(_url(Budget, "delete", budget.pk), {"post": "yes"}).status_code == 403
+    assert Budget.objects.filter(pk=budget.pk).exists()
+
+
+def test_price_versions_are_added_through_the_service_never_changed(admin_client: Client) -> None:
+    response = admin_client.post(
+        _url(Price, "add"),
+        {
+            "provider": "openai",
+            "model": "gpt-4o",
+            "input_per_mtok": "2.50",
+            "cached_input_per_mtok": "",
+            "cache_write_per_mtok": "",
+            "output_per_mtok": "10.00",
+            "per_request": "0",
+            "effective_from_0": "",
+            "effective_from_1": "",
+            "source": "manual",
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    price = Price.objects.get(provider="openai")
+    assert (price.input_per_mtok, price.output_per_mtok) == (Decimal("2.50"), Decimal("10.00"))
+    assert AuditEvent.objects.filter(action="price.set", actor="admin").exists()
+
+    page = admin_client.get(_url(Price, "change", price.pk)).content.decode()
+    assert 'name="_save"' not in page
+    response = admin_client.post(
+        _url(Price, "change", price.pk), {"input_per_mtok": "0", "_save": "1"}
+    )
+    assert response.status_code == 403
+    assert admin_client.post(_url(Price, "delete", price.pk), {"post": "yes"}).status_code == 403
+    price.refresh_from_db()
+    assert price.input_per_mtok == Decimal("2.50")
+    changelist = admin_client.get(_url(Price, "changelist")).content.decode()
+    for text in ["openai", "gpt-4o", "2.50 USD", "10.00 USD", "Manual"]:
+        assert text in changelist
+
+
+def test_end_user_add_goes_through_end_user_ensure(admin_client: Client) -> None:
+    seed(limit="100")
+    tenant = Tenant.objects.get()
+    data = {"tenant": tenant.pk, "external_id": "u-9"}
+    assert admin_client.post(_url(EndUser, "add"), data).status_code == 302
+    assert EndUser.objects.get(tenant=tenant, external_id="u-9")
+    assert admin_client.post(_url(EndUser, "add"), data).status_code == 200  # already there
+    assert EndUser.objects.filter(tenant=tenant).count() == 1
+
+
+def test_ledger_pages_show_money_with_currency(admin_client: Client) -> None:
+    seed(limit="100")
+    hold = reserve_30()
+    hold.commit(input_tokens=0, output_tokens=500)
+    page = admin_client.get(_url(Reservation, "change", hold.id)).content.decode()
+    assert "30.00 USD" in page  # the hold
+    assert "15.00 USD" in page  # its ledger line
+    assert (
+        f"{FAKE_PROVIDER}/{FAKE_MODEL}"
+        in admin_client.get(_url(UsageRecord, "changelist")).content.decode()
+    )
