@@ -16,7 +16,6 @@ from django.utils import timezone
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
     AuditEvent,
-    Budget,
     Counter,
     EndUser,
     Reservation,
@@ -25,8 +24,7 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.money import ZERO
-from llm_budgets.windows import period_for
+from llm_budgets.selectors import applicable_budgets, counters_matching
 
 
 def _reason(reason: str) -> str:
@@ -100,31 +98,30 @@ def usage_void(
 def end_user_spend_reset(
     *, end_user: EndUser, reason: str, actor: str = "", now: datetime | None = None
 ) -> list[UsageRecord]:
-    """Bring the end user's own budgets' spend for the current period back to zero, one
-    adjustment line per counter. Holds in flight stay held. The tenant's and the global budgets
-    are untouched: that money was spent."""
+    """Bring the end user's spend for the current period back to zero on its own budgets and on
+    its share of each-end-user (``"*"``) budgets, one adjustment line per counter. Holds in
+    flight stay held. The tenant's and the global budgets are untouched: that money was spent."""
     why = _reason(reason)
     now = now or timezone.now()
     tenant = end_user.tenant
-    budgets = Budget.objects.filter(end_user=end_user, scope=Scope.END_USER)
-    keys = {
-        (
-            b.pk,
-            period_for(
-                b.window, now, timezone=tenant.timezone, billing_day=tenant.billing_day
-            ).start,
-        )
-        for b in budgets
-    }
+    # The end user's own budgets and its share of each "*" budget: never the tenant's or global.
+    mine = [
+        a
+        for a in applicable_budgets(tenant, end_user, now)
+        if a.budget.scope in (Scope.END_USER, Scope.END_USER_DEFAULT)
+    ]
     lines = []
     with transaction.atomic():
-        counters = [
-            c
-            for c in Counter.objects.select_for_update()
-            .filter(budget__in=[k[0] for k in keys], period_start__in={k[1] for k in keys})
-            .order_by("pk")
-            if (c.budget_id, c.period_start) in keys and c.spent > ZERO
-        ]
+        counters = (
+            list(
+                Counter.objects.select_for_update()
+                .filter(counters_matching(mine), spent__gt=0)
+                .select_related("budget")
+                .order_by("pk")
+            )
+            if mine
+            else []
+        )
         before: dict[str, str] = {}
         for counter in counters:
             before[str(counter.pk)] = str(counter.spent)

@@ -6,21 +6,18 @@ tenant has: the admin page must stay fast for the biggest tenant.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 
 from llm_budgets.models import (
     Budget,
-    Counter,
     EndUser,
     Reservation,
     ReservationState,
     Scope,
     Tenant,
 )
-from llm_budgets.selectors import ApplicableBudget, BudgetStatus, budget_statuses
+from llm_budgets.selectors import ApplicableBudget, BudgetStatus, budget_statuses, statuses_for
 from llm_budgets.windows import period_for
 
 # Rows shown per table; the page links to the full, filtered changelist beyond that.
@@ -61,39 +58,3 @@ def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
         open_reservations=open_reservations,
         open_reservation_count=held.count(),
     )
-
-
-def statuses_for(applicable: Sequence[ApplicableBudget]) -> list[BudgetStatus]:
-    """Current-period numbers for budgets whose periods are known, in one counter query.
-
-    A period without a counter row yet has spent and reserved zero. (``selectors.budget_statuses``
-    does the same for one request's budgets and could be written as a call to this.)
-    """
-    counters = {
-        (c.budget_id, c.period_start): c
-        for c in Counter.objects.filter(
-            budget__in=[a.budget for a in applicable],
-            period_start__in={a.period.start for a in applicable},
-        )
-    }
-    result = []
-    for item in applicable:
-        counter = counters.get((item.budget.pk, item.period.start))
-        spent = counter.spent if counter else Decimal(0)
-        reserved = counter.reserved if counter else Decimal(0)
-        result.append(
-            BudgetStatus(
-                budget_id=item.budget.pk,
-                scope=item.budget.scope,
-                scope_label=item.budget.scope_label,
-                window=item.budget.window,
-                limit=item.budget.limit,
-                spent=spent,
-                reserved=reserved,
-                remaining=max(Decimal(0), item.budget.limit - spent - reserved),
-                currency=item.budget.currency,
-                period_start=item.period.start,
-                resets_at=item.period.end,
-            )
-        )
-    return result

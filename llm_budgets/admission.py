@@ -13,7 +13,6 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from llm_budgets import validation
@@ -30,7 +29,7 @@ from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
 from llm_budgets.models import Counter, KillSwitch, Reservation, ReservationHold
 from llm_budgets.pricing import price_in_effect, worst_case
 from llm_budgets.refusals import refusal_record
-from llm_budgets.selectors import ApplicableBudget, applicable_budgets
+from llm_budgets.selectors import ApplicableBudget, applicable_budgets, counters_matching
 from llm_budgets.tenants import end_user_ensure, tenant_get
 
 
@@ -197,7 +196,10 @@ def _admit(
             return _hold(reservation, applicable, ladder)
         except _MissingCounters:
             Counter.objects.bulk_create(
-                [Counter(budget=a.budget, period_start=a.period.start) for a in applicable],
+                [
+                    Counter(budget=a.budget, end_user=a.end_user, period_start=a.period.start)
+                    for a in applicable
+                ],
                 ignore_conflicts=True,
             )
         except IntegrityError:
@@ -215,37 +217,32 @@ def _hold(
 ) -> Reservation:
     """The one transaction: refuse if a kill switch covers the request, lock the counters in pk
     order, apply the degradation ladder, check each, hold on all or raise."""
-    by_key = {(a.budget.pk, a.period.start): a for a in applicable}
+    by_key = {a.counter_key: a for a in applicable}
     bound_sqlite_wait()
     with transaction.atomic():
         bound_lock_wait()
         blocked_substitutes = _refuse_if_switched(reservation, ladder)
         reservation.save(force_insert=True)
         counters = list(
-            Counter.objects.select_for_update()
-            .filter(
-                budget__in=[a.budget.pk for a in applicable],
-                period_start__in={k[1] for k in by_key},
-            )
-            .order_by("pk")
+            Counter.objects.select_for_update().filter(counters_matching(applicable)).order_by("pk")
         )
-        counters = [c for c in counters if (c.budget_id, c.period_start) in by_key]
         if len(counters) < len(by_key):
             raise _MissingCounters
         if ladder:
             _degrade(reservation, ladder, counters, by_key, blocked_substitutes)
         refusals = []
         for counter in counters:
-            item = by_key[(counter.budget_id, counter.period_start)]
+            item = by_key[(counter.budget_id, counter.end_user_id, counter.period_start)]
             remaining = item.limit - counter.spent - counter.reserved
             if reservation.amount > remaining:
                 refusals.append((remaining, item))
         if refusals:
             remaining, item = min(refusals, key=lambda r: r[0])
             raise _exceeded(reservation, item, remaining)
-        Counter.objects.filter(pk__in=[c.pk for c in counters]).update(
-            reserved=F("reserved") + reservation.amount
-        )
+        # Exact Decimal arithmetic on the locked rows (SQL arithmetic is floating point on SQLite).
+        for counter in counters:
+            counter.reserved += reservation.amount
+        Counter.objects.bulk_update(counters, ["reserved"])
         ReservationHold.objects.bulk_create(
             [ReservationHold(reservation=reservation, counter=c) for c in counters]
         )
@@ -284,13 +281,14 @@ def _degrade(
     reservation: Reservation,
     ladder: list[Rung],
     counters: list[Counter],
-    by_key: dict[tuple[int, datetime], ApplicableBudget],
+    by_key: dict[tuple[int, int | None, datetime], ApplicableBudget],
     blocked_substitutes: dict[str, KillSwitch],
 ) -> None:
     """Apply the rungs in force, read from the counters this transaction has locked. A changed
     model is repriced here, so the caller checks the budgets with the amount actually held."""
     used = used_percent(
-        (c.spent + c.reserved, by_key[(c.budget_id, c.period_start)].limit) for c in counters
+        (c.spent + c.reserved, by_key[(c.budget_id, c.end_user_id, c.period_start)].limit)
+        for c in counters
     )
     effect = effect_at(
         ladder, used, model=reservation.model, max_output_tokens=reservation.max_output_tokens

@@ -28,14 +28,16 @@ class Drift:
 
 
 def counters_drift() -> list[Drift]:
-    """Every counter whose stored totals differ from what the ledger and live holds say."""
+    """Every counter whose stored totals differ from what the ledger and live holds say.
+
+    Sums are brought to the stored precision: SQLite adds decimals in floating point."""
     spent: dict[int, Decimal] = {}
     for row in (
         UsageRecord.objects.filter(counter__isnull=True, reservation__holds__isnull=False)
         .values("reservation__holds__counter")
         .annotate(total=Sum("cost"))
     ):
-        spent[row["reservation__holds__counter"]] = row["total"]
+        spent[row["reservation__holds__counter"]] = round_charge(row["total"])
     # Adjustments of one counter (an end user's reset) count on that counter alone.
     for adjusted in (
         UsageRecord.objects.filter(counter__isnull=False)
@@ -45,7 +47,7 @@ def counters_drift() -> list[Drift]:
         counter_id = adjusted["counter"]
         spent[counter_id] = round_charge(spent.get(counter_id, ZERO) + adjusted["total"])
     reserved: dict[int, Decimal] = {
-        row["counter"]: row["total"]
+        row["counter"]: round_charge(row["total"])
         for row in ReservationHold.objects.filter(reservation__state=ReservationState.HELD)
         .values("counter")
         .annotate(total=Sum("reservation__amount"))

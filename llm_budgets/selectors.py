@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -17,6 +18,13 @@ from llm_budgets.windows import Period, period_for
 class ApplicableBudget:
     budget: Budget
     period: Period
+    # For an each-end-user (``"*"``) budget: the end user whose own counter it draws on.
+    end_user: EndUser | None = None
+
+    @property
+    def counter_key(self) -> tuple[int, int | None, datetime]:
+        return (self.budget.pk, self.end_user.pk if self.end_user else None, self.period.start)
+
     raised: Decimal = Decimal(0)  # active temporary raises (BudgetRaise) at the time asked
 
     @property
@@ -63,9 +71,22 @@ def applicable_budgets(
             period = period_for(
                 budget.window, at, timezone=tenant.timezone, billing_day=tenant.billing_day
             )
+        share = end_user if budget.scope == Scope.END_USER_DEFAULT else None
         raised = round_charge(Decimal(str(budget.raised_by))) if budget.raised_by else ZERO
-        result.append(ApplicableBudget(budget, period, raised))
+        result.append(ApplicableBudget(budget, period, share, raised))
     return result
+
+
+def counters_matching(applicable: Sequence[ApplicableBudget]) -> Q:
+    """A filter for exactly the counter rows of ``applicable`` (never another end user's)."""
+    match = Q(pk__in=[])
+    for item in applicable:
+        budget_id, end_user_id, start = item.counter_key
+        if end_user_id is None:
+            match |= Q(budget_id=budget_id, end_user__isnull=True, period_start=start)
+        else:
+            match |= Q(budget_id=budget_id, end_user_id=end_user_id, period_start=start)
+    return match
 
 
 @dataclass(frozen=True)
@@ -86,18 +107,20 @@ class BudgetStatus:
 
 def budget_statuses(tenant: Tenant, end_user: EndUser | None, at: datetime) -> list[BudgetStatus]:
     """Every budget that applies, with its current period's spent, reserved and remaining."""
-    applicable = applicable_budgets(tenant, end_user, at)
+    return statuses_for(applicable_budgets(tenant, end_user, at))
+
+
+def statuses_for(applicable: Sequence[ApplicableBudget]) -> list[BudgetStatus]:
+    """Current-period numbers for budgets whose periods are known, in one counter query.
+    A period without a counter row yet has spent and reserved zero."""
     counters = {
-        (c.budget_id, c.period_start): c
-        for c in Counter.objects.filter(
-            budget__in=[a.budget for a in applicable],
-            period_start__in={a.period.start for a in applicable},
-        )
+        (c.budget_id, c.end_user_id, c.period_start): c
+        for c in Counter.objects.filter(counters_matching(applicable))
     }
     statuses = []
     for item in applicable:
         budget = item.budget
-        counter = counters.get((budget.pk, item.period.start))
+        counter = counters.get(item.counter_key)
         spent = counter.spent if counter else Decimal(0)
         reserved = counter.reserved if counter else Decimal(0)
         statuses.append(

@@ -13,7 +13,7 @@ from decimal import Decimal
 from uuid import UUID
 
 from django.db import transaction
-from django.db.models import F, Sum
+from django.db.models import Sum
 from django.utils import timezone
 
 from llm_budgets import validation
@@ -60,16 +60,20 @@ def _lock_reservation(reservation_id: UUID) -> Reservation:
 
 
 def _move(reservation: Reservation, *, reserved: Decimal, spent: Decimal) -> None:
-    """Add ``reserved`` and ``spent`` (either may be negative) to every counter of the hold."""
-    counter_ids = list(
-        Counter.objects.select_for_update()
+    """Add ``reserved`` and ``spent`` (either may be negative) to every counter of the hold.
+
+    The rows are locked in pk order (as admission locks them) and the sums are exact Decimal
+    arithmetic here, not SQL arithmetic, which is floating point on SQLite.
+    """
+    counters = list(
+        Counter.objects.select_for_update(of=("self",))
         .filter(holds__reservation=reservation)
         .order_by("pk")
-        .values_list("pk", flat=True)
     )
-    Counter.objects.filter(pk__in=counter_ids).update(
-        reserved=F("reserved") + reserved, spent=F("spent") + spent
-    )
+    for counter in counters:
+        counter.reserved += reserved
+        counter.spent += spent
+    Counter.objects.bulk_update(counters, ["reserved", "spent"])
 
 
 def _result(reservation: Reservation) -> CommitResult:

@@ -336,3 +336,19 @@ def test_the_provider_is_part_of_the_price_key() -> None:
             tenant="acme", provider="other", model=FAKE_MODEL, input_tokens=0, max_output_tokens=1
         )
     assert reserve_30().reservation.provider == FAKE_PROVIDER
+
+
+def test_the_star_budget_is_a_cap_for_each_end_user_not_a_shared_pool() -> None:
+    seed(limit="1000")
+    budgets.set_limit(tenant="acme", end_user="*", amount=Decimal("50"), window="day")
+    reserve_30(end_user="u-1")
+    reserve_30(end_user="u-2")  # u-2's own 50, untouched by u-1's hold
+    with pytest.raises(BudgetExceeded) as info:
+        reserve_30(end_user="u-1")
+    assert (info.value.scope, info.value.remaining) == ("end user acme/*", Decimal(20))
+    by_user = {s.scope: s.reserved for s in budgets.status(tenant="acme", end_user="u-2")}
+    assert by_user[Scope.END_USER_DEFAULT] == Decimal(30)
+    assert by_user[Scope.TENANT] == Decimal(60)
+    # Someone not seen yet has the whole default.
+    fresh = {s.scope: s.remaining for s in budgets.status(tenant="acme", end_user="new")}
+    assert fresh[Scope.END_USER_DEFAULT] == Decimal(50)

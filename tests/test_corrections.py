@@ -128,3 +128,20 @@ def test_voiding_after_a_reset_cannot_drive_a_counter_negative() -> None:
     with pytest.raises(InvalidUsage):
         usage_void(record_id=UsageRecord.objects.get(kind="charge").pk, reason="refund")
     assert counters_drift() == []
+
+
+def test_resetting_an_end_user_resets_its_share_of_each_end_user_budgets_only() -> None:
+    seed(limit="1000")
+    budgets.set_limit(tenant="acme", end_user="*", amount=Decimal("50"), window="day")
+    reserve_30(end_user="u-1").commit(input_tokens=0, output_tokens=1000)
+    reserve_30(end_user="u-2").commit(input_tokens=0, output_tokens=1000)
+    (line,) = end_user_spend_reset(end_user=EndUser.objects.get(external_id="u-1"), reason="x")
+    assert line.cost == Decimal(-30)
+    shares = {
+        c.end_user.external_id: c.spent
+        for c in Counter.objects.filter(end_user__isnull=False).select_related("end_user")
+    }
+    assert shares == {"u-1": Decimal(0), "u-2": Decimal(30)}
+    assert Counter.objects.get(budget__scope="tenant").spent == Decimal(60)
+    reserve_30(end_user="u-1").release()  # u-1 has its room back
+    assert counters_drift() == []

@@ -6,7 +6,7 @@ from django.db import models
 from django.db.models import Q
 
 from llm_budgets.models.tenancy import EndUser, Tenant
-from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
+from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS, display
 
 
 class Scope(models.TextChoices):
@@ -77,7 +77,7 @@ class Budget(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.scope_label} {self.window} {self.limit} {self.currency}"
+        return f"{self.scope_label} {self.window} {display(self.limit)} {self.currency}"
 
     @property
     def scope_label(self) -> str:
@@ -92,9 +92,21 @@ class Budget(models.Model):
 
 
 class Counter(models.Model):
-    """``(budget, period_start) -> spent, reserved``: the only rows admission locks."""
+    """``(budget, period_start) -> spent, reserved``: the only rows admission locks.
+
+    A ``"*"`` budget (each end user of a tenant) is a cap per end user, so its counters are
+    per ``(budget, end_user, period_start)``; every other budget's have no end user.
+    """
 
     budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="counters")
+    end_user = models.ForeignKey(
+        EndUser,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="default_budget_counters",
+        help_text="Whose share of an each-end-user budget this counts; empty for other budgets.",
+    )
     period_start = models.DateTimeField()
     spent = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0)
     reserved = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0)
@@ -103,7 +115,14 @@ class Counter(models.Model):
         ordering = ["budget_id", "-period_start"]
         constraints = [
             models.UniqueConstraint(
-                fields=["budget", "period_start"], name="llmb_counter_one_per_period"
+                fields=["budget", "period_start"],
+                condition=Q(end_user__isnull=True),
+                name="llmb_counter_one_per_period",
+            ),
+            models.UniqueConstraint(
+                fields=["budget", "end_user", "period_start"],
+                condition=Q(end_user__isnull=False),
+                name="llmb_counter_one_per_end_user_period",
             ),
             models.CheckConstraint(
                 condition=Q(spent__gte=0), name="llmb_counter_spent_non_negative"
@@ -114,4 +133,5 @@ class Counter(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.budget} from {self.period_start:%Y-%m-%d %H:%M}"
+        whose = f" for {self.end_user.external_id}" if self.end_user_id else ""  # type: ignore[union-attr]
+        return f"{self.budget}{whose} from {self.period_start:%Y-%m-%d %H:%M}"
