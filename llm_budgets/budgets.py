@@ -275,12 +275,13 @@ def trip(
     end_user: str | None = None,
     provider: str | None = None,
     model: str | None = None,
-    reason: str,
+    reason: str = "",
     actor: str = "",
     auto_clear_at: datetime | None = None,
 ) -> KillSwitch:
     """Stop every admission in a scope now. No scope: global; several: their intersection (e.g.
-    one model for one tenant). Stays until ``clear`` (or ``auto_clear_at``, if given)."""
+    one model for one tenant). Stays until ``clear`` (or ``auto_clear_at``, if given). ``reason``
+    is required (``InvalidUsage`` without one)."""
     scope = killswitches.switch_scope(
         tenant=tenant, end_user=end_user, provider=provider, model=model
     )
@@ -296,7 +297,7 @@ def clear(
     end_user: str | None = None,
     provider: str | None = None,
     model: str | None = None,
-    reason: str,
+    reason: str = "",
     actor: str = "",
 ) -> KillSwitch:
     """Clear the switch tripped on exactly this scope. ``InvalidUsage`` if none is tripped."""

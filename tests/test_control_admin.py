@@ -22,6 +22,7 @@ from llm_budgets.models import (
     BudgetRaise,
     Counter,
     KillSwitch,
+    Refusal,
     Scope,
     Tenant,
     UsageKind,
@@ -244,3 +245,36 @@ def test_a_person_in_both_roles_may_do_both(tenant: Tenant) -> None:
         _tenant_url(tenant, "reset_end_user"), {"end_user": "u-1", "reason": "goodwill"}
     )
     assert response.status_code == 302
+
+
+def test_billing_admin_changes_a_limit_audited(billing: Client, tenant: Tenant) -> None:
+    budget = Budget.objects.get(scope=Scope.TENANT)
+    change = reverse("admin:llm_budgets_budget_change", args=[budget.pk])
+    response = billing.post(change, {"limit": "500", "reason": "upgrade", "_save": "1"})
+    assert response.status_code == 302
+    assert Budget.objects.get(pk=budget.pk).limit == 500
+    event = AuditEvent.objects.get(action="budget.change_limit")
+    assert (event.actor, event.reason) == ("billing", "upgrade")
+
+
+@pytest.mark.parametrize("model", [KillSwitch, BudgetRaise, Refusal])
+def test_control_pages_render_for_a_superuser(tenant: Tenant, model: type) -> None:
+    client = _member("root")
+    get_user_model().objects.filter(username="root").update(is_superuser=True)
+    budgets.trip(tenant="acme", end_user="u-1", reason="x")
+    with pytest.raises(KillSwitchActive):
+        reserve_30(end_user="u-1")
+    BudgetRaise.objects.create(
+        budget=Budget.objects.get(scope=Scope.TENANT),
+        amount=Decimal(1),
+        starts_at=timezone.now(),
+        ends_at=timezone.now() + timedelta(hours=1),
+        reason="x",
+    )
+    name = model._meta.model_name
+    changelist = client.get(reverse(f"admin:llm_budgets_{name}_changelist") + "?q=acme")
+    assert changelist.status_code == 200
+    row = model.objects.get()
+    assert client.get(reverse(f"admin:llm_budgets_{name}_change", args=[row.pk])).status_code == 200
+    add = client.get(reverse(f"admin:llm_budgets_{name}_add"))
+    assert add.status_code == (403 if model is Refusal else 200)
