@@ -44,3 +44,10 @@ def refusal_record(
             row.save(force_insert=True)
     except Exception:
         logger.exception("llm_budgets: could not record a refusal (the refusal stands)")
+
+
+def refusals_prune(*, before: datetime) -> int:
+    """Delete refusal records older than ``before`` (they are diagnostics, not the ledger).
+    Returns how many were deleted."""
+    deleted, _ = Refusal.objects.filter(created_at__lt=before).delete()
+    return deleted

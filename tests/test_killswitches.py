@@ -297,3 +297,21 @@ def test_a_trip_on_one_connection_refuses_the_next_admission_on_another() -> Non
     results = run_threads(4, work)
     assert results == ["tripped", "refused", "refused", "refused"]
     assert admitted_after_trip == []
+
+
+def test_old_refusal_records_are_pruned_by_command(acme: None) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    budgets.trip(tenant="acme", reason="attack")
+    for _ in range(2):
+        with pytest.raises(KillSwitchActive):
+            reserve_30()
+    Refusal.objects.filter(pk=Refusal.objects.first().pk).update(  # type: ignore[union-attr]
+        created_at=timezone.now() - timedelta(days=91)
+    )
+    out = StringIO()
+    call_command("llm_budgets_prune_refusals", stdout=out)
+    assert "Deleted 1 refusal record(s)" in out.getvalue()
+    assert Refusal.objects.count() == 1
