@@ -10,21 +10,24 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
     AuditEvent,
+    BudgetUnit,
     Counter,
     EndUser,
     Reservation,
+    ReservationHold,
     ReservationState,
     Scope,
     UsageKind,
     UsageRecord,
 )
+from llm_budgets.money import ZERO
 from llm_budgets.selectors import applicable_budgets, counters_matching
+from llm_budgets.windows import rolling_window
 
 
 def _reason(reason: str) -> str:
@@ -57,18 +60,21 @@ def usage_void(
             )
         if UsageRecord.objects.filter(voids=line).exists():
             raise InvalidUsage(f"Line {record_id} is already voided.", field="record_id")
-        counters = list(
-            Counter.objects.select_for_update()
-            .filter(holds__reservation=reservation)
-            .order_by("pk")
+        units = dict(
+            ReservationHold.objects.filter(reservation=reservation).values_list("counter", "unit")
         )
+        counters = list(
+            Counter.objects.select_for_update().filter(pk__in=list(units)).order_by("pk")
+        )
+        # Exact Decimal arithmetic on the locked rows; each counter in its hold's unit.
         for counter in counters:
-            if counter.spent - line.cost < 0:
+            counter.spent -= line.cost_for(units[counter.pk])
+            if counter.spent < 0:
                 raise InvalidUsage(
                     f"Voiding would take counter {counter.pk} below zero (it was reset since).",
                     field="record_id",
                 )
-        Counter.objects.filter(pk__in=[c.pk for c in counters]).update(spent=F("spent") - line.cost)
+        Counter.objects.bulk_update(counters, ["spent"])
         adjustment = UsageRecord.objects.create(
             reservation=reservation,
             kind=UsageKind.ADJUSTMENT,
@@ -79,6 +85,7 @@ def usage_void(
             model=line.model,
             price_id=line.price_id,
             cost=-line.cost,
+            customer_cost=-line.customer_cost,
             currency=line.currency,
             period_start=line.period_start,
             created_at=now,
@@ -108,7 +115,9 @@ def end_user_spend_reset(
     mine = [
         a
         for a in applicable_budgets(tenant, end_user, now)
+        # Rolling windows are left alone: their spend leaves the window by itself.
         if a.budget.scope in (Scope.END_USER, Scope.END_USER_DEFAULT)
+        and rolling_window(a.budget.window) is None
     ]
     lines = []
     with transaction.atomic():
@@ -125,14 +134,15 @@ def end_user_spend_reset(
         before: dict[str, str] = {}
         for counter in counters:
             before[str(counter.pk)] = str(counter.spent)
-            Counter.objects.filter(pk=counter.pk).update(spent=F("spent") - counter.spent)
+            # The line carries the amount in its counter's unit only (it counts nowhere else).
+            field = "customer_cost" if counter.budget.unit == BudgetUnit.CUSTOMER_PRICE else "cost"
             lines.append(
                 UsageRecord.objects.create(
                     kind=UsageKind.ADJUSTMENT,
                     counter=counter,
                     tenant=tenant,
                     end_user=end_user,
-                    cost=-counter.spent,
+                    **{field: -counter.spent},
                     currency=counter.budget.currency,
                     period_start=counter.period_start,
                     created_at=now,
@@ -147,4 +157,7 @@ def end_user_spend_reset(
             after={"spent_by_counter": {k: "0" for k in before}, "lines": [x.pk for x in lines]},
             reason=why,
         )
+        for counter in counters:
+            counter.spent = ZERO
+        Counter.objects.bulk_update(counters, ["spent"])
     return lines

@@ -18,7 +18,7 @@ from llm_budgets.models import (
     Tenant,
 )
 from llm_budgets.selectors import ApplicableBudget, BudgetStatus, budget_statuses, statuses_for
-from llm_budgets.windows import period_for
+from llm_budgets.windows import tenant_period
 
 # Rows shown per table; the page links to the full, filtered changelist beyond that.
 TENANT_PAGE_ROWS = 50
@@ -45,10 +45,7 @@ def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
     applicable = []
     for budget in own:
         budget.tenant = tenant  # labels without a query per row
-        period = period_for(
-            budget.window, at, timezone=tenant.timezone, billing_day=tenant.billing_day
-        )
-        applicable.append(ApplicableBudget(budget, period))
+        applicable.append(ApplicableBudget(budget, tenant_period(budget.window, at, tenant)))
     held = Reservation.objects.filter(tenant=tenant, state=ReservationState.HELD)
     open_reservations = list(held.select_related("end_user").order_by("expires_at")[:rows])
     return TenantOverview(

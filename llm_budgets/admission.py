@@ -12,25 +12,36 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.degradation import Rung, effect_at, ladder_parse, substitutes, used_percent
-from llm_budgets.exceptions import (
-    BudgetExceeded,
-    InvalidUsage,
-    KillSwitchActive,
-    OutputCeilingRequired,
-)
+from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, KillSwitchActive
 from llm_budgets.killswitches import kill_switches_covering, refusal_for
 from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
-from llm_budgets.models import Counter, KillSwitch, Reservation, ReservationHold
-from llm_budgets.pricing import price_in_effect, worst_case
+from llm_budgets.models import (
+    Budget,
+    Counter,
+    KillSwitch,
+    PricingBasis,
+    Reservation,
+    ReservationHold,
+)
+from llm_budgets.money import ZERO
+from llm_budgets.quotes import input_token_count, request_estimate
 from llm_budgets.refusals import refusal_record
-from llm_budgets.selectors import ApplicableBudget, applicable_budgets, counters_matching
+from llm_budgets.selectors import (
+    ApplicableBudget,
+    Bucket,
+    applicable_budgets,
+    counters_matching,
+    rolling_buckets,
+)
 from llm_budgets.tenants import end_user_ensure, tenant_get
+from llm_budgets.usage import tool_calls_validate
+from llm_budgets.windows import rolling_window
 
 
 class NoApplicableBudget(InvalidUsage):
@@ -69,6 +80,8 @@ def _validate(
     max_output_tokens: object,
     idempotency_key: object,
     ttl: object,
+    messages: object = None,
+    prompt: object = None,
 ) -> _Request:
     if ttl is None:
         ttl_delta = timedelta(seconds=conf.DEFAULT_TTL_SECONDS)
@@ -84,14 +97,22 @@ def _validate(
             f"got {ttl_delta.total_seconds():g}.",
             field="ttl",
         )
+    provider = (
+        None if provider is None else validation.identifier("provider", provider, max_length=64)
+    )
+    model = validation.identifier("model", model, max_length=128)
     return _Request(
         tenant=validation.identifier("tenant", tenant),
         end_user=None if end_user is None else validation.identifier("end_user", end_user),
-        provider=None
-        if provider is None
-        else validation.identifier("provider", provider, max_length=64),
-        model=validation.identifier("model", model, max_length=128),
-        input_tokens=validation.token_count("input_tokens", input_tokens),
+        provider=provider,
+        model=model,
+        input_tokens=input_token_count(
+            provider=provider,
+            model=model,
+            input_tokens=input_tokens,
+            messages=messages,
+            prompt=prompt,
+        ),
         max_output_tokens=None
         if max_output_tokens is None
         else validation.token_count("max_output_tokens", max_output_tokens, allow_zero=False),
@@ -112,10 +133,13 @@ def reservation_create(
     end_user: object = None,
     provider: object = None,
     model: object,
-    input_tokens: object,
+    input_tokens: object = None,
     max_output_tokens: object = None,
     idempotency_key: object = None,
     ttl: object = None,
+    messages: object = None,
+    prompt: object = None,
+    max_tool_calls: object = None,
     allow_degrade: object = False,
     now: datetime | None = None,
 ) -> Reservation:
@@ -138,6 +162,8 @@ def reservation_create(
         max_output_tokens=max_output_tokens,
         idempotency_key=idempotency_key,
         ttl=ttl,
+        messages=messages,
+        prompt=prompt,
     )
     now = now or timezone.now()
     with ledger_guard("admission"):
@@ -148,13 +174,17 @@ def reservation_create(
             ).first()
             if existing is not None:
                 return existing
-        ceiling = request.max_output_tokens
-        if ceiling is None:
-            ceiling = tenant_obj.plan.default_max_output_tokens if tenant_obj.plan else None
-            if ceiling is None:
-                raise OutputCeilingRequired()
-        price = price_in_effect(provider=request.provider, model=request.model, at=now)
-        amount = worst_case(price, input_tokens=request.input_tokens, max_output_tokens=ceiling)
+        tool_calls = tool_calls_validate(max_tool_calls, field="max_tool_calls")
+        estimate = request_estimate(
+            tenant_obj,
+            provider=request.provider,
+            model=request.model,
+            input_tokens=request.input_tokens,
+            max_output_tokens=request.max_output_tokens,
+            start=now,
+            end=now + request.ttl,
+            max_tool_calls=tool_calls,
+        )
         user_obj = end_user_ensure(tenant_obj, request.end_user) if request.end_user else None
         applicable = applicable_budgets(tenant_obj, user_obj, now)
         if not applicable:
@@ -167,33 +197,48 @@ def reservation_create(
         reservation = Reservation(
             tenant=tenant_obj,
             end_user=user_obj,
-            provider=price.provider,
+            provider=estimate.price.provider
+            if estimate.pricing_basis == PricingBasis.PRICE and estimate.price
+            else request.provider or "",
             model=request.model,
-            price=price,
+            price=estimate.price,
+            pricing_basis=estimate.pricing_basis,
             input_tokens=request.input_tokens,
-            max_output_tokens=ceiling,
-            amount=amount,
-            currency=price.currency,
+            max_output_tokens=estimate.max_output_tokens,
+            amount=estimate.amount,
+            markup_percent=estimate.markup_percent,
+            customer_amount=estimate.customer_amount,
+            currency=conf.CURRENCY,
             idempotency_key=request.idempotency_key,
             created_at=now,
             expires_at=now + request.ttl,
         )
+        degrade = _Degrade(ladder, request.ttl, tool_calls) if ladder else None
         try:
-            return _admit(reservation, applicable, ladder, request.idempotency_key)
+            return _admit(reservation, applicable, degrade, request.idempotency_key)
         except (BudgetExceeded, KillSwitchActive) as refusal:
             refusal_record(refusal, reservation=reservation, now=now)
             raise
 
 
+@dataclass(frozen=True)
+class _Degrade:
+    """What admission needs to reprice a request the degradation ladder changes."""
+
+    ladder: list[Rung]
+    ttl: timedelta
+    max_tool_calls: dict[str, int] | None
+
+
 def _admit(
     reservation: Reservation,
     applicable: list[ApplicableBudget],
-    ladder: list[Rung],
+    degrade: _Degrade | None,
     idempotency_key: str | None,
 ) -> Reservation:
     for _attempt in range(2):
         try:
-            return _hold(reservation, applicable, ladder)
+            return _hold(reservation, applicable, degrade)
         except _MissingCounters:
             Counter.objects.bulk_create(
                 [
@@ -209,43 +254,80 @@ def _admit(
             return Reservation.objects.get(
                 tenant_id=reservation.tenant_id, idempotency_key=idempotency_key
             )
-    return _hold(reservation, applicable, ladder)
+    return _hold(reservation, applicable, degrade)
 
 
 def _hold(
-    reservation: Reservation, applicable: list[ApplicableBudget], ladder: list[Rung]
+    reservation: Reservation, applicable: list[ApplicableBudget], degrade: _Degrade | None
 ) -> Reservation:
     """The one transaction: refuse if a kill switch covers the request, lock the counters in pk
-    order, apply the degradation ladder, check each, hold on all or raise."""
+    order, apply the degradation ladder, check each, hold on all or raise.
+
+    A rolling budget is checked against the sum of its window's buckets, and the hold lands on
+    the current bucket. Its buckets move with time, so admissions to it serialise on the budget
+    row itself, locked (in pk order) before any counter: every path that locks both takes budgets
+    first, so the order stays canonical and deadlock-free.
+    """
     by_key = {a.counter_key: a for a in applicable}
+    rolling_ids = sorted(a.budget.pk for a in applicable if rolling_window(a.budget.window))
     bound_sqlite_wait()
     with transaction.atomic():
         bound_lock_wait()
-        blocked_substitutes = _refuse_if_switched(reservation, ladder)
+        blocked_substitutes = _refuse_if_switched(reservation, degrade.ladder if degrade else [])
         reservation.save(force_insert=True)
+        if rolling_ids:
+            # NO KEY UPDATE: serialises admissions without blocking inserts of new bucket
+            # counters, which key-share lock the budget row for their foreign key.
+            no_key = connection.features.has_select_for_no_key_update
+            list(
+                Budget.objects.select_for_update(no_key=no_key)
+                .filter(pk__in=rolling_ids)
+                .order_by("pk")
+                .values_list("pk", flat=True)
+            )
         counters = list(
             Counter.objects.select_for_update().filter(counters_matching(applicable)).order_by("pk")
         )
         if len(counters) < len(by_key):
             raise _MissingCounters
-        if ladder:
-            _degrade(reservation, ladder, counters, by_key, blocked_substitutes)
+        windows = rolling_buckets(applicable) if rolling_ids else {}
+        used_by_key = {}
+        for counter in counters:
+            key = (counter.budget_id, counter.end_user_id, counter.period_start)
+            buckets = windows.get(key)
+            if buckets is None:
+                used_by_key[key] = counter.spent + counter.reserved
+            else:
+                used_by_key[key] = sum((b.spent + b.reserved for b in buckets), ZERO)
+        if degrade is not None:
+            _degrade(
+                reservation,
+                degrade,
+                [(used, by_key[key].limit) for key, used in used_by_key.items()],
+                blocked_substitutes,
+            )
         refusals = []
         for counter in counters:
-            item = by_key[(counter.budget_id, counter.end_user_id, counter.period_start)]
-            remaining = item.limit - counter.spent - counter.reserved
-            if reservation.amount > remaining:
-                refusals.append((remaining, item))
+            key = (counter.budget_id, counter.end_user_id, counter.period_start)
+            item = by_key[key]
+            buckets = windows.get(key)
+            remaining = item.limit - used_by_key[key]
+            if reservation.amount_for(item.budget.unit) > remaining:
+                refusals.append((remaining, item, buckets))
         if refusals:
-            remaining, item = min(refusals, key=lambda r: r[0])
-            raise _exceeded(reservation, item, remaining)
+            remaining, item, buckets = min(refusals, key=lambda r: r[0])
+            raise _exceeded(reservation, item, remaining, buckets)
         # Exact Decimal arithmetic on the locked rows (SQL arithmetic is floating point on SQLite).
+        # Each counter holds the amount in its budget's unit: provider cost or customer price.
+        holds = []
         for counter in counters:
-            counter.reserved += reservation.amount
+            unit = by_key[
+                (counter.budget_id, counter.end_user_id, counter.period_start)
+            ].budget.unit
+            counter.reserved += reservation.amount_for(unit)
+            holds.append(ReservationHold(reservation=reservation, counter=counter, unit=unit))
         Counter.objects.bulk_update(counters, ["reserved"])
-        ReservationHold.objects.bulk_create(
-            [ReservationHold(reservation=reservation, counter=c) for c in counters]
-        )
+        ReservationHold.objects.bulk_create(holds)
     return reservation
 
 
@@ -279,60 +361,77 @@ def _switched(reservation: Reservation, switch: KillSwitch) -> KillSwitchActive:
 
 def _degrade(
     reservation: Reservation,
-    ladder: list[Rung],
-    counters: list[Counter],
-    by_key: dict[tuple[int, int | None, datetime], ApplicableBudget],
+    degrade: _Degrade,
+    usage: list[tuple[Decimal, Decimal]],
     blocked_substitutes: dict[str, KillSwitch],
 ) -> None:
-    """Apply the rungs in force, read from the counters this transaction has locked. A changed
-    model is repriced here, so the caller checks the budgets with the amount actually held."""
-    used = used_percent(
-        (c.spent + c.reserved, by_key[(c.budget_id, c.end_user_id, c.period_start)].limit)
-        for c in counters
-    )
+    """Apply the rungs in force at the usage read from the counters this transaction has locked.
+    A changed request is repriced here (same provider, same plan policies), so the caller checks
+    the budgets with the amounts actually held."""
     effect = effect_at(
-        ladder, used, model=reservation.model, max_output_tokens=reservation.max_output_tokens
+        degrade.ladder,
+        used_percent(usage),
+        model=reservation.model,
+        max_output_tokens=reservation.max_output_tokens,
     )
     if not effect.changes(reservation.model, reservation.max_output_tokens):
         return
     if effect.model in blocked_substitutes:
         raise _switched(reservation, blocked_substitutes[effect.model])
-    price = reservation.price
-    if effect.model != reservation.model:
-        price = price_in_effect(
-            provider=reservation.provider, model=effect.model, at=reservation.created_at
-        )
+    estimate = request_estimate(
+        reservation.tenant,
+        provider=reservation.provider or None,
+        model=effect.model,
+        input_tokens=reservation.input_tokens,
+        max_output_tokens=effect.max_output_tokens,
+        start=reservation.created_at,
+        end=reservation.created_at + degrade.ttl,
+        max_tool_calls=degrade.max_tool_calls,
+    )
     reservation.requested_model = reservation.model
     reservation.model = effect.model
-    reservation.price = price
-    reservation.max_output_tokens = effect.max_output_tokens
-    reservation.amount = worst_case(
-        price, input_tokens=reservation.input_tokens, max_output_tokens=effect.max_output_tokens
-    )
+    reservation.price = estimate.price
+    reservation.pricing_basis = estimate.pricing_basis
+    reservation.max_output_tokens = estimate.max_output_tokens
+    reservation.amount = estimate.amount
+    reservation.customer_amount = estimate.customer_amount
     reservation.degraded = True
     reservation.save(
         update_fields=[
             "requested_model",
             "model",
             "price",
+            "pricing_basis",
             "max_output_tokens",
             "amount",
+            "customer_amount",
             "degraded",
         ]
     )
 
 
 def _exceeded(
-    reservation: Reservation, item: ApplicableBudget, remaining: Decimal
+    reservation: Reservation,
+    item: ApplicableBudget,
+    remaining: Decimal,
+    buckets: list[Bucket] | None = None,
 ) -> BudgetExceeded:
     budget = item.budget
+    resets_at = item.period.end
+    window = rolling_window(budget.window)
+    if window is not None and buckets is not None:
+        # When enough of the window's spend and holds drop out for this request to fit.
+        resets_at = window.fits_at(
+            [(b.start, b.spent + b.reserved) for b in buckets],
+            reservation.amount_for(budget.unit) - remaining,
+        )
     return BudgetExceeded(
         scope=budget.scope_label,
         window=budget.window,
         limit=item.limit,
         remaining=max(Decimal(0), remaining),
-        requested=reservation.amount,
-        resets_at=item.period.end,
+        requested=reservation.amount_for(budget.unit),
+        resets_at=resets_at,
         currency=budget.currency,
         budget_id=budget.pk,
         tenant=reservation.tenant.external_id,

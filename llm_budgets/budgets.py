@@ -15,7 +15,16 @@ from uuid import UUID
 
 from django.utils import timezone
 
-from llm_budgets import admission, killswitches, limits, pricing, selectors, settlement, tenants
+from llm_budgets import (
+    admission,
+    killswitches,
+    limits,
+    pricing,
+    quotes,
+    selectors,
+    settlement,
+    tenants,
+)
 from llm_budgets import explain as explanations
 from llm_budgets.exceptions import ReservationStateError
 from llm_budgets.models import (
@@ -27,17 +36,22 @@ from llm_budgets.models import (
     ReservationState,
     Tenant,
 )
+from llm_budgets.quotes import Quote
 from llm_budgets.settlement import CommitResult
+from llm_budgets.usage import Usage
 
 logger = logging.getLogger("llm_budgets")
 
 __all__ = [
     "CommitResult",
     "Hold",
+    "Quote",
+    "Usage",
     "clear",
     "commit",
     "ensure_tenant",
     "explain",
+    "quote",
     "release",
     "reserve",
     "set_limit",
@@ -106,14 +120,30 @@ class Hold:
         return self._reservation
 
     def commit(
-        self, *, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0
+        self,
+        *,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        cached_input_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        cache_write_1h_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        tool_calls: dict[str, int] | None = None,
+        usage: Usage | None = None,
     ) -> CommitResult:
-        """Charge actual usage; returns ``cost`` and ``overage``. Idempotent."""
+        """Charge actual usage; returns ``cost`` and ``overage``. Idempotent. Give the counts
+        (the public convention: ``input_tokens`` includes cache reads and writes; see
+        ``llm_budgets.usage``) or ``usage=llm_budgets.usage.from_anthropic(response.usage)``."""
         self._result = settlement.reservation_commit(
             self.id,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             cached_input_tokens=cached_input_tokens,
+            cache_write_tokens=cache_write_tokens,
+            cache_write_1h_tokens=cache_write_1h_tokens,
+            reasoning_tokens=reasoning_tokens,
+            tool_calls=tool_calls,
+            usage=usage,
         )
         self._reservation.state = self._result.state
         return self._result
@@ -159,21 +189,23 @@ def set_price(
     model: str,
     input_per_mtok: Decimal | int | str,
     output_per_mtok: Decimal | int | str,
-    cached_input_per_mtok: Decimal | int | str | None = None,
-    cache_write_per_mtok: Decimal | int | str | None = None,
-    per_request: Decimal | int | str = 0,
     effective_from: datetime | None = None,
+    actor: str = "",
+    **fields: Any,
 ) -> Price:
-    """Add a price version for (provider, model), in effect from ``effective_from`` (now)."""
+    """Add a price version for (provider, model), in effect from ``effective_from`` (now).
+
+    Other ``fields``: ``cached_input_per_mtok``, ``cache_write_per_mtok``,
+    ``cache_write_1h_per_mtok``, ``reasoning_per_mtok``, ``per_request``, ``tool_fees``,
+    ``tiers``, ``daily_spans``, ``max_output_tokens``, ``context_window`` (docs/pricing.md)."""
     return pricing.price_set(
         provider=provider,
         model=model,
         input_per_mtok=input_per_mtok,
         output_per_mtok=output_per_mtok,
-        cached_input_per_mtok=cached_input_per_mtok,
-        cache_write_per_mtok=cache_write_per_mtok,
-        per_request=per_request,
         effective_from=effective_from,
+        actor=actor,
+        **fields,
     )
 
 
@@ -184,10 +216,17 @@ def ensure_tenant(
     timezone: str | None = None,
     billing_day: int | None = None,
     plan: str | None = None,
+    markup_percent: Decimal | int | str | None = None,
 ) -> Tenant:
-    """Create the tenant, or update the fields given."""
+    """Create the tenant, or update the fields given (``markup_percent`` overrides the plan's
+    markup for customer prices)."""
     return tenants.tenant_ensure(
-        external_id, name=name, timezone=timezone, billing_day=billing_day, plan=plan
+        external_id,
+        name=name,
+        timezone=timezone,
+        billing_day=billing_day,
+        plan=plan,
+        markup_percent=markup_percent,
     )
 
 
@@ -199,11 +238,18 @@ def set_limit(
     end_user: str | None = None,
     actor: str = "",
     reason: str = "",
+    unit: str | None = None,
 ) -> Budget:
     """Create or change a budget: global (no tenant), a tenant, each of its end users (``"*"``),
-    or one end user."""
+    or one end user. ``unit``: ``provider_cost`` (default) or ``customer_price``."""
     return limits.budget_set_limit(
-        amount=amount, window=window, tenant=tenant, end_user=end_user, actor=actor, reason=reason
+        amount=amount,
+        window=window,
+        tenant=tenant,
+        end_user=end_user,
+        actor=actor,
+        reason=reason,
+        unit=unit,
     )
 
 
@@ -211,19 +257,26 @@ def reserve(
     *,
     tenant: str,
     model: str,
-    input_tokens: int,
+    input_tokens: int | None = None,
     max_output_tokens: int | None = None,
     end_user: str | None = None,
     provider: str | None = None,
     idempotency_key: str | None = None,
     ttl: int | None = None,
+    messages: list[dict[str, Any]] | None = None,
+    prompt: str | None = None,
+    max_tool_calls: dict[str, int] | None = None,
     allow_degrade: bool = False,
 ) -> Hold:
     """Admit a call and hold its worst-case cost, or raise a ``BudgetError`` that says why.
 
-    ``provider`` may be left out when exactly one provider prices ``model``. With
-    ``allow_degrade=True`` the plan's degradation ladder may grant a cheaper model or a lower
-    output ceiling: call the provider with ``hold.model`` and ``hold.max_output_tokens``."""
+    ``max_tool_calls`` (e.g. ``{"web_search": 3}``) adds those tools' fees to the hold.
+
+    Give ``input_tokens`` (all input, cached included), or ``messages`` / ``prompt`` to have
+    them counted offline (docs/pricing.md). ``provider`` may be left out when exactly one
+    provider prices ``model``. With ``allow_degrade=True`` the plan's degradation ladder may
+    grant a cheaper model or a lower output ceiling: call the provider with ``hold.model`` and
+    ``hold.max_output_tokens``."""
     return Hold(
         admission.reservation_create(
             tenant=tenant,
@@ -234,20 +287,66 @@ def reserve(
             max_output_tokens=max_output_tokens,
             idempotency_key=idempotency_key,
             ttl=ttl,
+            messages=messages,
+            prompt=prompt,
+            max_tool_calls=max_tool_calls,
             allow_degrade=allow_degrade,
         )
     )
 
 
+def quote(
+    *,
+    tenant: str,
+    model: str,
+    input_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+    provider: str | None = None,
+    end_user: str | None = None,
+    messages: list[dict[str, Any]] | None = None,
+    prompt: str | None = None,
+    ttl: int | None = None,
+    max_tool_calls: dict[str, int] | None = None,
+) -> Quote:
+    """Explain a price without holding anything: the itemised worst case, the price version (or
+    the unknown-model policy) and the budgets the request would draw on."""
+    return quotes.quote(
+        tenant=tenant,
+        model=model,
+        provider=provider,
+        input_tokens=input_tokens,
+        messages=messages,
+        prompt=prompt,
+        max_output_tokens=max_output_tokens,
+        end_user=end_user,
+        ttl=ttl,
+        max_tool_calls=max_tool_calls,
+    )
+
+
 def commit(
-    hold_id: UUID | str, *, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0
+    hold_id: UUID | str,
+    *,
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
+    cached_input_tokens: int = 0,
+    cache_write_tokens: int = 0,
+    cache_write_1h_tokens: int = 0,
+    reasoning_tokens: int = 0,
+    tool_calls: dict[str, int] | None = None,
+    usage: Usage | None = None,
 ) -> CommitResult:
-    """Commit a reservation by id (e.g. from another process)."""
+    """Commit a reservation by id (e.g. from another process); counts as in ``Hold.commit``."""
     return settlement.reservation_commit(
         hold_id,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         cached_input_tokens=cached_input_tokens,
+        cache_write_tokens=cache_write_tokens,
+        cache_write_1h_tokens=cache_write_1h_tokens,
+        reasoning_tokens=reasoning_tokens,
+        tool_calls=tool_calls,
+        usage=usage,
     )
 
 

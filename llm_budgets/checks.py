@@ -107,7 +107,25 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
                 id="llm_budgets.E040",
             )
         )
+    errors.extend(_check_safety_margin(values["TOKEN_ESTIMATE_SAFETY_MARGIN"]))
     return errors
+
+
+def _check_safety_margin(value: Any) -> list[CheckMessage]:
+    try:
+        margin = None if isinstance(value, bool | float) else Decimal(str(value))
+    except ArithmeticError:
+        margin = None
+    if margin is not None and margin.is_finite() and 1 <= margin <= 10:
+        return []
+    return [
+        Error(
+            "LLM_BUDGETS['TOKEN_ESTIMATE_SAFETY_MARGIN'] must be a number from 1 to 10 "
+            "(a Decimal, int or numeric string).",
+            hint=f"Got {value!r}. It multiplies the conservative token bound; see docs/pricing.md.",
+            id="llm_budgets.E030",
+        )
+    ]
 
 
 @register(Tags.database)

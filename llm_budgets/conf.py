@@ -28,6 +28,9 @@ DEFAULTS: dict[str, Any] = {
     "MAX_TTL_SECONDS": 24 * 60 * 60,
     # Addresses emailed when a kill switch is tripped or cleared. Empty: no email.
     "OPERATOR_EMAILS": [],
+    # Multiplier (>= 1) on the conservative token bound used for prompts of models that tiktoken
+    # cannot count (see llm_budgets/tokens.py).
+    "TOKEN_ESTIMATE_SAFETY_MARGIN": "1.10",
 }
 
 EXPIRED_HOLD_POLICIES = ("charge", "release")
@@ -67,6 +70,10 @@ class Settings:
     @property
     def OPERATOR_EMAILS(self) -> list[str]:
         return list(self._get("OPERATOR_EMAILS"))
+
+    @property
+    def TOKEN_ESTIMATE_SAFETY_MARGIN(self) -> Decimal:
+        return Decimal(str(self._get("TOKEN_ESTIMATE_SAFETY_MARGIN")))
 
 
 conf = Settings()

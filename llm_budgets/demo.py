@@ -85,7 +85,11 @@ class FakeProvider:
             raise ProviderError("fake provider: 503 Service Unavailable")
         usage = {"input_tokens": 0, "output_tokens": max_output_tokens}
         with self._lock:
-            self.billed += actual_cost(self._price, **usage)
+            self.billed += actual_cost(
+                self._price,
+                input_tokens=usage["input_tokens"],
+                output_tokens=usage["output_tokens"],
+            )
         return usage
 
 
@@ -121,7 +125,9 @@ def naive_call_then_add(counter: NaiveCounter, provider: FakeProvider, price: Pr
     if not counter.allows():
         return Outcome(REFUSED)
     usage = provider.call(max_output_tokens=OUTPUT_CEILING)
-    counter.add(actual_cost(price, **usage))
+    counter.add(
+        actual_cost(price, input_tokens=usage["input_tokens"], output_tokens=usage["output_tokens"])
+    )
     return Outcome(ADMITTED)
 
 
@@ -153,7 +159,7 @@ def guarded_call(tenant: str, provider: FakeProvider, *, fail: bool = False) -> 
         ) as hold:
             held = hold.amount
             usage = provider.call(max_output_tokens=hold.max_output_tokens, fail=fail)
-            hold.commit(**usage)
+            hold.commit(input_tokens=usage["input_tokens"], output_tokens=usage["output_tokens"])
     except BudgetExceeded as exc:
         return Outcome(REFUSED, message=str(exc))
     except ProviderError:

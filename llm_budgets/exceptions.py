@@ -59,6 +59,8 @@ class BudgetExceeded(BudgetError):
         self.tenant = tenant
         self.end_user = end_user
         when = f"resets at {resets_at.isoformat()}" if resets_at else "never resets (lifetime)"
+        if resets_at and window.startswith("rolling:"):
+            when = f"has room for it at {resets_at.isoformat()}, as older spend leaves the window"
         message = (
             f"Budget exceeded: {scope} {window} budget has {display(remaining)} {currency} "
             f"remaining of {display(limit)}; this request needs {display(requested)}. It {when}."
@@ -87,16 +89,21 @@ class UnknownPrice(BudgetError, LookupError):
 
     code = "unknown_price"
 
-    def __init__(self, *, provider: str | None, model: str) -> None:
+    def __init__(self, *, provider: str | None, model: str, policy: str | None = None) -> None:
         self.provider = provider
         self.model = model
+        self.policy = policy
         name = f"{provider}/{model}" if provider else f"{model} (from any provider)"
+        why = f" and the plan's unknown-model policy ({policy}) cannot price it" if policy else ""
         super().__init__(
-            f"No price is in effect for {name}, so the call cannot be admitted "
+            f"No price is in effect for {name}{why}, so the call cannot be admitted "
             "(an unpriced model is never treated as free). "
-            f'Set one with budgets.set_price(provider=..., model="{model}", ...).',
+            f'Set one with budgets.set_price(provider=..., model="{model}", ...), import the '
+            "catalogue with `manage.py llm_budgets_sync_prices`, or give the tenant's plan an "
+            "unknown-model policy (reserve_fixed or price_as).",
             provider=provider,
             model=model,
+            policy=policy,
         )
 
 

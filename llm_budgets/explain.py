@@ -1,7 +1,8 @@
 """``explain``: every budget and kill switch that applies to a would-be request, with its state.
 
-A read: nothing is held, created or recorded (an unseen end user is shown with the defaults it
-would get).
+Built on :func:`llm_budgets.quotes.quote` (the itemised worst case and every budget it would draw
+on) plus the open kill switches that cover the request. A read: nothing is held, created or
+recorded.
 """
 
 from __future__ import annotations
@@ -12,12 +13,9 @@ from decimal import Decimal
 
 from django.utils import timezone
 
-from llm_budgets import validation
-from llm_budgets.exceptions import OutputCeilingRequired
 from llm_budgets.killswitches import kill_switches_covering
 from llm_budgets.models import EndUser
-from llm_budgets.pricing import price_in_effect, worst_case
-from llm_budgets.selectors import BudgetStatus, budget_statuses
+from llm_budgets.quotes import BudgetDraw, Quote, quote
 from llm_budgets.tenants import tenant_get
 
 
@@ -33,82 +31,61 @@ class SwitchState:
 
 
 @dataclass(frozen=True)
-class BudgetVerdict:
-    status: BudgetStatus
-    fits: bool  # the request's worst case fits in what remains
-
-
-@dataclass(frozen=True)
 class Explanation:
-    tenant: str
-    end_user: str | None
-    provider: str
-    model: str
-    amount: Decimal  # the worst case admission would hold
-    currency: str
-    budgets: list[BudgetVerdict]
+    quote: Quote
     switches: list[SwitchState]
+
+    @property
+    def budgets(self) -> list[BudgetDraw]:
+        """Every budget that applies: its status now, what the request would hold, ``fits``."""
+        return self.quote.budgets
+
+    @property
+    def amount(self) -> Decimal:
+        """The worst case admission would hold (provider cost)."""
+        return self.quote.estimate.amount
 
     @property
     def would_admit(self) -> bool:
         """Whether admission would admit it now (without degradation)."""
-        return bool(self.budgets) and not self.switches and all(b.fits for b in self.budgets)
+        return self.quote.admissible and not self.switches
 
 
 def request_explain(
     *,
-    tenant: object,
-    model: object,
-    input_tokens: object,
-    max_output_tokens: object = None,
-    end_user: object = None,
-    provider: object = None,
+    tenant: str,
+    model: str,
+    input_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+    end_user: str | None = None,
+    provider: str | None = None,
     now: datetime | None = None,
 ) -> Explanation:
     now = now or timezone.now()
-    tenant_obj = tenant_get(validation.identifier("tenant", tenant))
-    model_name = validation.identifier("model", model, max_length=128)
-    tokens_in = validation.token_count("input_tokens", input_tokens)
-    ceiling = (
-        None
-        if max_output_tokens is None
-        else validation.token_count("max_output_tokens", max_output_tokens, allow_zero=False)
+    result = quote(
+        tenant=tenant,
+        model=model,
+        provider=provider,
+        input_tokens=input_tokens,
+        max_output_tokens=max_output_tokens,
+        end_user=end_user,
+        now=now,
     )
-    if ceiling is None:
-        ceiling = tenant_obj.plan.default_max_output_tokens if tenant_obj.plan else None
-        if ceiling is None:
-            raise OutputCeilingRequired()
-    price = price_in_effect(
-        provider=None
-        if provider is None
-        else validation.identifier("provider", provider, max_length=64),
-        model=model_name,
-        at=now,
+    tenant_obj = tenant_get(tenant)
+    user = (
+        EndUser.objects.filter(tenant=tenant_obj, external_id=end_user).first()
+        if end_user is not None
+        else None
     )
-    amount = worst_case(price, input_tokens=tokens_in, max_output_tokens=ceiling)
-    user_obj = None
-    user_id = None
-    if end_user is not None:
-        user_id = validation.identifier("end_user", end_user)
-        user_obj = tenant_obj.end_users.filter(external_id=user_id).first() or EndUser(
-            tenant=tenant_obj, external_id=user_id
-        )
-    statuses = budget_statuses(tenant_obj, user_obj, now)
     switches = kill_switches_covering(
         tenant_id=tenant_obj.pk,
-        end_user_id=user_obj.pk if user_obj is not None else None,
-        provider=price.provider,
-        models=[model_name],
+        end_user_id=user.pk if user is not None else None,
+        provider=result.provider or provider or "",
+        models=[model],
         now=now,
     )
     return Explanation(
-        tenant=tenant_obj.external_id,
-        end_user=user_id,
-        provider=price.provider,
-        model=model_name,
-        amount=amount,
-        currency=price.currency,
-        budgets=[BudgetVerdict(s, amount <= s.limit - s.spent - s.reserved) for s in statuses],
+        quote=result,
         switches=[
             SwitchState(
                 switch_id=s.pk,

@@ -13,6 +13,13 @@ from decimal import ROUND_CEILING, ROUND_HALF_EVEN, Decimal
 DECIMAL_PLACES = 10
 MAX_DIGITS = 24
 QUANTUM = Decimal(1).scaleb(-DECIMAL_PLACES)
+# Price rates (per million tokens, per call) are stored finer than amounts: catalogues state
+# rates such as 0.041666666666666664 per million tokens.
+RATE_DECIMAL_PLACES = 18
+RATE_MAX_DIGITS = 32
+RATE_QUANTUM = Decimal(1).scaleb(-RATE_DECIMAL_PLACES)
+# SQLite keeps a decimal exactly only up to 15 significant digits (it stores REAL).
+RATE_SIGNIFICANT_DIGITS = 15
 ZERO = Decimal(0)
 MILLION = Decimal(1_000_000)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-from django.db.models import Sum
+from django.db.models import Case, F, Sum, When
 
-from llm_budgets.models import Counter, ReservationHold, ReservationState, UsageRecord
+from llm_budgets.models import BudgetUnit, Counter, ReservationHold, ReservationState, UsageRecord
 from llm_budgets.money import ZERO, round_charge
 
 
@@ -30,19 +30,35 @@ class Drift:
 def counters_drift() -> list[Drift]:
     """Every counter whose stored totals differ from what the ledger and live holds say.
 
-    Sums are brought to the stored precision: SQLite adds decimals in floating point."""
+    Each hold counts in its own unit: provider cost, or customer price. Sums are brought to the
+    stored precision: SQLite adds decimals in floating point."""
+    customer = BudgetUnit.CUSTOMER_PRICE
     spent: dict[int, Decimal] = {}
     for row in (
         UsageRecord.objects.filter(counter__isnull=True, reservation__holds__isnull=False)
         .values("reservation__holds__counter")
-        .annotate(total=Sum("cost"))
+        .annotate(
+            total=Sum(
+                Case(
+                    When(reservation__holds__unit=customer, then=F("customer_cost")),
+                    default=F("cost"),
+                )
+            )
+        )
     ):
         spent[row["reservation__holds__counter"]] = round_charge(row["total"])
     # Adjustments of one counter (an end user's reset) count on that counter alone.
     for adjusted in (
         UsageRecord.objects.filter(counter__isnull=False)
         .values("counter")
-        .annotate(total=Sum("cost"))
+        .annotate(
+            total=Sum(
+                Case(
+                    When(counter__budget__unit=customer, then=F("customer_cost")),
+                    default=F("cost"),
+                )
+            )
+        )
     ):
         counter_id = adjusted["counter"]
         spent[counter_id] = round_charge(spent.get(counter_id, ZERO) + adjusted["total"])
@@ -50,7 +66,14 @@ def counters_drift() -> list[Drift]:
         row["counter"]: round_charge(row["total"])
         for row in ReservationHold.objects.filter(reservation__state=ReservationState.HELD)
         .values("counter")
-        .annotate(total=Sum("reservation__amount"))
+        .annotate(
+            total=Sum(
+                Case(
+                    When(unit=customer, then=F("reservation__customer_amount")),
+                    default=F("reservation__amount"),
+                )
+            )
+        )
     }
     drift = []
     for counter in Counter.objects.order_by("pk"):

@@ -11,7 +11,7 @@ from django.db.models import DecimalField, OuterRef, Q, Subquery, Sum
 
 from llm_budgets.models import Budget, BudgetRaise, Counter, EndUser, Scope, Tenant
 from llm_budgets.money import ZERO, round_charge
-from llm_budgets.windows import Period, period_for
+from llm_budgets.windows import Period, period_for, rolling_window, tenant_period
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,7 @@ def applicable_budgets(
         if budget.scope == Scope.GLOBAL:
             period = period_for(budget.window, at)
         else:
-            period = period_for(
-                budget.window, at, timezone=tenant.timezone, billing_day=tenant.billing_day
-            )
+            period = tenant_period(budget.window, at, tenant)
         share = end_user if budget.scope == Scope.END_USER_DEFAULT else None
         raised = round_charge(Decimal(str(budget.raised_by))) if budget.raised_by else ZERO
         result.append(ApplicableBudget(budget, period, share, raised))
@@ -90,6 +88,51 @@ def counters_matching(applicable: Sequence[ApplicableBudget]) -> Q:
 
 
 @dataclass(frozen=True)
+class Bucket:
+    start: datetime
+    spent: Decimal
+    reserved: Decimal
+
+
+def rolling_buckets(
+    applicable: Sequence[ApplicableBudget],
+) -> dict[tuple[int, int | None, datetime], list[Bucket]]:
+    """The buckets each rolling budget counts in the window ending with its current bucket
+    (``item.period``), and any newer ones (e.g. from a clock ahead of this one), oldest first,
+    keyed by ``counter_key`` (an each-end-user budget counts only that end user's buckets). One
+    query, at most a window of buckets per budget; callers sum in ``Decimal`` (SQLite sums
+    decimals as floats)."""
+    windows = [
+        (item, window)
+        for item in applicable
+        if (window := rolling_window(item.budget.window)) is not None
+    ]
+    result: dict[tuple[int, int | None, datetime], list[Bucket]] = {
+        item.counter_key: [] for item, _ in windows
+    }
+    if not windows:
+        return result
+    condition = Q(pk__in=[])
+    keys = {}
+    for item, window in windows:
+        budget_id, end_user_id, _start = item.counter_key
+        since = window.counted_from(item.period.start)
+        if end_user_id is None:
+            condition |= Q(budget_id=budget_id, end_user__isnull=True, period_start__gte=since)
+        else:
+            condition |= Q(budget_id=budget_id, end_user_id=end_user_id, period_start__gte=since)
+        keys[(budget_id, end_user_id)] = item.counter_key
+    rows = (
+        Counter.objects.filter(condition)
+        .order_by("budget_id", "end_user_id", "period_start")
+        .values_list("budget_id", "end_user_id", "period_start", "spent", "reserved")
+    )
+    for budget_id, end_user_id, start, spent, reserved in rows:
+        result[keys[(budget_id, end_user_id)]].append(Bucket(start, spent, reserved))
+    return result
+
+
+@dataclass(frozen=True)
 class BudgetStatus:
     budget_id: int
     scope: str
@@ -100,8 +143,9 @@ class BudgetStatus:
     reserved: Decimal
     remaining: Decimal
     currency: str
-    period_start: datetime
-    resets_at: datetime | None
+    period_start: datetime  # rolling: start of the oldest bucket counted
+    resets_at: datetime | None  # rolling: when all spend now counted has left the window
+    unit: str = "provider_cost"  # what the counter counts: provider cost or customer price
     raised: Decimal = ZERO  # included in ``limit``
 
 
@@ -111,18 +155,33 @@ def budget_statuses(tenant: Tenant, end_user: EndUser | None, at: datetime) -> l
 
 
 def statuses_for(applicable: Sequence[ApplicableBudget]) -> list[BudgetStatus]:
-    """Current-period numbers for budgets whose periods are known, in one counter query.
-    A period without a counter row yet has spent and reserved zero."""
+    """Current-period numbers for budgets whose periods are known, in two queries however many
+    budgets: one for calendar counters, one for rolling windows' buckets. A period without a
+    counter row yet has spent and reserved zero. A rolling budget reports its whole window:
+    ``period_start`` is the oldest bucket counted, ``resets_at`` when everything now counted has
+    dropped out (None if nothing is)."""
+    rolling = rolling_buckets(applicable)
+    calendar = [a for a in applicable if a.counter_key not in rolling]
     counters = {
         (c.budget_id, c.end_user_id, c.period_start): c
-        for c in Counter.objects.filter(counters_matching(applicable))
+        for c in Counter.objects.filter(counters_matching(calendar))
     }
     statuses = []
     for item in applicable:
         budget = item.budget
-        counter = counters.get(item.counter_key)
-        spent = counter.spent if counter else Decimal(0)
-        reserved = counter.reserved if counter else Decimal(0)
+        period_start, resets_at = item.period.start, item.period.end
+        window = rolling_window(budget.window)
+        if window is not None:
+            buckets = rolling[item.counter_key]
+            spent = sum((b.spent for b in buckets), Decimal(0))
+            reserved = sum((b.reserved for b in buckets), Decimal(0))
+            period_start = window.counted_from(item.period.start)
+            used = [b.start for b in buckets if b.spent or b.reserved]
+            resets_at = window.leaves_at(used[-1]) if used else None
+        else:
+            counter = counters.get(item.counter_key)
+            spent = counter.spent if counter else Decimal(0)
+            reserved = counter.reserved if counter else Decimal(0)
         statuses.append(
             BudgetStatus(
                 budget_id=budget.pk,
@@ -134,8 +193,9 @@ def statuses_for(applicable: Sequence[ApplicableBudget]) -> list[BudgetStatus]:
                 reserved=reserved,
                 remaining=max(Decimal(0), item.limit - spent - reserved),
                 currency=budget.currency,
-                period_start=item.period.start,
-                resets_at=item.period.end,
+                period_start=period_start,
+                resets_at=resets_at,
+                unit=budget.unit,
                 raised=item.raised,
             )
         )

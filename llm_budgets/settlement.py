@@ -16,13 +16,28 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from llm_budgets import validation
 from llm_budgets.conf import conf
-from llm_budgets.exceptions import InvalidUsage, ReservationNotFound, ReservationStateError
+from llm_budgets.costs import actual_cost, customer_charge
+from llm_budgets.exceptions import (
+    InvalidUsage,
+    ReservationNotFound,
+    ReservationStateError,
+    UnknownPrice,
+)
 from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
-from llm_budgets.models import Counter, Reservation, ReservationState, UsageKind, UsageRecord
+from llm_budgets.models import (
+    BudgetUnit,
+    Counter,
+    PricingBasis,
+    Reservation,
+    ReservationHold,
+    ReservationState,
+    UsageKind,
+    UsageRecord,
+)
 from llm_budgets.money import ZERO, round_charge
-from llm_budgets.pricing import actual_cost
+from llm_budgets.pricing import price_in_effect
+from llm_budgets.usage import Usage, usage_validate
 
 
 @dataclass(frozen=True)
@@ -33,6 +48,36 @@ class CommitResult:
     reserved: Decimal
     overage: Decimal  # actual cost above the hold; zero when the hold covered it
     currency: str
+    customer_cost: Decimal = ZERO  # the cost at customer price (with the tenant's markup)
+    pricing_basis: str = PricingBasis.PRICE  # "price", or the unknown-model policy used
+
+
+@dataclass(frozen=True)
+class Amounts:
+    """An amount at provider cost and at customer price; each counter takes its budget's unit."""
+
+    provider: Decimal
+    customer: Decimal
+
+    def for_unit(self, unit: str) -> Decimal:
+        return self.customer if unit == BudgetUnit.CUSTOMER_PRICE else self.provider
+
+    def __neg__(self) -> Amounts:
+        return Amounts(-self.provider, -self.customer)
+
+    def __sub__(self, other: Amounts) -> Amounts:
+        return Amounts(self.provider - other.provider, self.customer - other.customer)
+
+
+NONE = Amounts(ZERO, ZERO)
+
+
+def _held(reservation: Reservation) -> Amounts:
+    return Amounts(reservation.amount, reservation.customer_amount)
+
+
+def _charged(record: UsageRecord) -> Amounts:
+    return Amounts(record.cost, record.customer_cost)
 
 
 def _reservation_id(value: object) -> UUID:
@@ -59,8 +104,9 @@ def _lock_reservation(reservation_id: UUID) -> Reservation:
         raise ReservationNotFound(reservation_id) from None
 
 
-def _move(reservation: Reservation, *, reserved: Decimal, spent: Decimal) -> None:
-    """Add ``reserved`` and ``spent`` (either may be negative) to every counter of the hold.
+def _move(reservation: Reservation, *, reserved: Amounts, spent: Amounts) -> None:
+    """Add ``reserved`` and ``spent`` (either may be negative) to every counter of the hold, each
+    in the unit its hold was taken in (provider cost or customer price).
 
     The rows are locked in pk order (as admission locks them) and the sums are exact Decimal
     arithmetic here, not SQL arithmetic, which is floating point on SQLite.
@@ -70,14 +116,20 @@ def _move(reservation: Reservation, *, reserved: Decimal, spent: Decimal) -> Non
         .filter(holds__reservation=reservation)
         .order_by("pk")
     )
+    units = dict(
+        ReservationHold.objects.filter(reservation=reservation).values_list("counter_id", "unit")
+    )
     for counter in counters:
-        counter.reserved += reserved
-        counter.spent += spent
+        counter.reserved += reserved.for_unit(units[counter.pk])
+        counter.spent += spent.for_unit(units[counter.pk])
     Counter.objects.bulk_update(counters, ["reserved", "spent"])
 
 
 def _result(reservation: Reservation) -> CommitResult:
-    totals = reservation.usage_records.aggregate(cost=Sum("cost"), overage=Sum("overage"))
+    totals = reservation.usage_records.aggregate(
+        cost=Sum("cost"), overage=Sum("overage"), customer_cost=Sum("customer_cost")
+    )
+    last = reservation.usage_records.order_by("-created_at", "-pk").first()
     return CommitResult(
         reservation_id=reservation.pk,
         state=str(reservation.state),
@@ -86,6 +138,8 @@ def _result(reservation: Reservation) -> CommitResult:
         reserved=reservation.amount,
         overage=round_charge(totals["overage"] or ZERO),
         currency=reservation.currency,
+        customer_cost=round_charge(totals["customer_cost"] or ZERO),
+        pricing_basis=last.pricing_basis if last else reservation.pricing_basis,
     )
 
 
@@ -93,12 +147,14 @@ def _record(
     reservation: Reservation,
     *,
     kind: str,
-    cost: Decimal,
+    cost: Amounts,
     estimated: bool,
     now: datetime,
     overage: Decimal = ZERO,
-    **usage: int,
+    usage: Usage | None = None,
+    priced: tuple[int | None, str] | None = None,
 ) -> None:
+    price_id, basis = priced or (reservation.price_id, reservation.pricing_basis)
     UsageRecord.objects.create(
         reservation=reservation,
         kind=kind,
@@ -106,35 +162,68 @@ def _record(
         end_user_id=reservation.end_user_id,
         provider=reservation.provider,
         model=reservation.model,
-        price_id=reservation.price_id,
-        cost=cost,
+        price_id=price_id,
+        pricing_basis=basis,
+        cost=cost.provider,
+        customer_cost=cost.customer,
         currency=reservation.currency,
         is_estimated=estimated,
         overage=overage,
         period_start=reservation.created_at,
         created_at=now,
-        **usage,
+        **(usage.as_fields() if usage else {}),
     )
+
+
+def _actual(
+    reservation: Reservation, usage: Usage, now: datetime
+) -> tuple[Decimal, int | None, str]:
+    """Cost of ``usage`` for the reservation, with the price id and basis it came from.
+
+    The reservation's price version prices it (time-of-day rates at the settle time, clamped to
+    the reservation's lifetime). Under the reserve_fixed policy it costs the fixed amount, unless
+    a price for the model has appeared meanwhile."""
+    price = reservation.price
+    basis = str(reservation.pricing_basis)
+    if price is None:
+        try:
+            price = price_in_effect(provider=reservation.provider, model=reservation.model, at=now)
+            basis = PricingBasis.PRICE
+        except UnknownPrice:
+            return reservation.amount, None, basis
+    at = min(max(now, reservation.created_at), reservation.expires_at)
+    return actual_cost(price, usage, at=at), price.pk, basis
 
 
 def reservation_commit(
     reservation_id: object,
     *,
-    input_tokens: object,
-    output_tokens: object,
+    input_tokens: object = None,
+    output_tokens: object = None,
     cached_input_tokens: object = 0,
+    cache_write_tokens: object = 0,
+    cache_write_1h_tokens: object = 0,
+    reasoning_tokens: object = 0,
+    tool_calls: object = None,
+    usage: Usage | None = None,
     now: datetime | None = None,
 ) -> CommitResult:
-    """Charge actual usage at the reservation's price version.
+    """Charge actual usage at the reservation's price version. Give the counts (the public
+    convention, see ``llm_budgets.usage``) or a translated ``usage``.
 
     Settling twice returns the first result; a late commit after expiry trues the estimated
     charge up (or down) to the actual cost."""
     rid = _reservation_id(reservation_id)
-    usage = {
-        "input_tokens": validation.token_count("input_tokens", input_tokens),
-        "output_tokens": validation.token_count("output_tokens", output_tokens),
-        "cached_input_tokens": validation.token_count("cached_input_tokens", cached_input_tokens),
-    }
+    if usage is None:
+        usage = usage_validate(
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cached_input_tokens=cached_input_tokens,
+            cache_write_tokens=cache_write_tokens,
+            cache_write_1h_tokens=cache_write_1h_tokens,
+            reasoning_tokens=reasoning_tokens,
+            tool_calls=tool_calls,
+        )
     now = now or timezone.now()
     with ledger_guard("commit"):
         bound_sqlite_wait()
@@ -149,10 +238,14 @@ def reservation_commit(
                     "says the call produced nothing. Reserve again for a new call.",
                     state=reservation.state,
                 )
-            cost = actual_cost(reservation.price, **usage)
-            overage = max(ZERO, cost - reservation.amount)
+            provider_cost, price_id, basis = _actual(reservation, usage, now)
+            cost = Amounts(
+                provider_cost, customer_charge(provider_cost, reservation.markup_percent)
+            )
+            overage = max(ZERO, provider_cost - reservation.amount)
+            priced = (price_id, basis)
             if reservation.state == ReservationState.HELD:
-                _move(reservation, reserved=-reservation.amount, spent=cost)
+                _move(reservation, reserved=-_held(reservation), spent=cost)
                 _record(
                     reservation,
                     kind=UsageKind.CHARGE,
@@ -160,12 +253,13 @@ def reservation_commit(
                     estimated=False,
                     now=now,
                     overage=overage,
-                    **usage,
+                    usage=usage,
+                    priced=priced,
                 )
             else:  # EXPIRED: the sweep already dropped the hold and may have charged an estimate.
                 estimate = reservation.usage_records.filter(kind=UsageKind.CHARGE).first()
                 if estimate is None:
-                    _move(reservation, reserved=ZERO, spent=cost)
+                    _move(reservation, reserved=NONE, spent=cost)
                     _record(
                         reservation,
                         kind=UsageKind.CHARGE,
@@ -173,18 +267,20 @@ def reservation_commit(
                         estimated=False,
                         now=now,
                         overage=overage,
-                        **usage,
+                        usage=usage,
+                        priced=priced,
                     )
                 else:
-                    _move(reservation, reserved=ZERO, spent=cost - estimate.cost)
+                    _move(reservation, reserved=NONE, spent=cost - _charged(estimate))
                     _record(
                         reservation,
                         kind=UsageKind.TRUE_UP,
-                        cost=cost - estimate.cost,
+                        cost=cost - _charged(estimate),
                         estimated=False,
                         now=now,
                         overage=overage,
-                        **usage,
+                        usage=usage,
+                        priced=priced,
                     )
             reservation.state = ReservationState.COMMITTED
             reservation.settled_at = now
@@ -208,15 +304,15 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
             if reservation.state in (ReservationState.COMMITTED, ReservationState.RELEASED):
                 return str(reservation.state)
             if reservation.state == ReservationState.HELD:
-                _move(reservation, reserved=-reservation.amount, spent=ZERO)
+                _move(reservation, reserved=-_held(reservation), spent=NONE)
             else:
                 estimate = reservation.usage_records.filter(kind=UsageKind.CHARGE).first()
                 if estimate is not None:
-                    _move(reservation, reserved=ZERO, spent=-estimate.cost)
+                    _move(reservation, reserved=NONE, spent=-_charged(estimate))
                     _record(
                         reservation,
                         kind=UsageKind.TRUE_UP,
-                        cost=-estimate.cost,
+                        cost=-_charged(estimate),
                         estimated=False,
                         now=now,
                     )
@@ -240,16 +336,16 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
             if reservation.state != ReservationState.HELD or reservation.expires_at > now:
                 return False
             if conf.EXPIRED_HOLD_POLICY == "charge":
-                _move(reservation, reserved=-reservation.amount, spent=reservation.amount)
+                _move(reservation, reserved=-_held(reservation), spent=_held(reservation))
                 _record(
                     reservation,
                     kind=UsageKind.CHARGE,
-                    cost=reservation.amount,
+                    cost=_held(reservation),
                     estimated=True,
                     now=now,
                 )
             else:
-                _move(reservation, reserved=-reservation.amount, spent=ZERO)
+                _move(reservation, reserved=-_held(reservation), spent=NONE)
             reservation.state = ReservationState.EXPIRED
             reservation.settled_at = now
             reservation.save(update_fields=["state", "settled_at"])

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import datetime
+from decimal import Decimal
+
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils import timezone as django_timezone
 
 from llm_budgets import validation
 from llm_budgets.exceptions import InvalidUsage, UnknownTenant
-from llm_budgets.models import AuditEvent, EndUser, Plan, Tenant
+from llm_budgets.models import AuditEvent, EndUser, Plan, Tenant, Window
+from llm_budgets.windows import period_for
 
 
 def tenant_get(external_id: str) -> Tenant:
@@ -25,9 +31,16 @@ def tenant_ensure(
     timezone: str | None = None,
     billing_day: int | None = None,
     plan: Plan | str | None = None,
+    markup_percent: object = None,
     actor: str = "",
+    now: datetime | None = None,
 ) -> Tenant:
-    """Create the tenant, or update the fields given. Returns the tenant."""
+    """Create the tenant, or update the fields given. Returns the tenant.
+
+    ``markup_percent`` overrides the plan's markup for customer prices.
+
+    A new timezone or billing day takes effect at the end of the current monthly period (see
+    ``_schedule_calendar_change``), so a change can never reset a budget early."""
     validation.identifier("tenant", external_id)
     if billing_day is not None and (
         isinstance(billing_day, bool)
@@ -50,6 +63,7 @@ def tenant_ensure(
             "timezone": timezone,
             "billing_day": billing_day,
             "plan": plan,
+            "markup_percent": validation.optional_money("markup_percent", markup_percent),
         }.items()
         if value is not None
     }
@@ -59,6 +73,7 @@ def tenant_ensure(
         )
         before = {key: _plain(getattr(tenant, key)) for key in changes}
         if not created:
+            _schedule_calendar_change(tenant, changes, now or django_timezone.now())
             for key, value in changes.items():
                 setattr(tenant, key, value)
         try:
@@ -74,9 +89,30 @@ def tenant_ensure(
                 tenant=tenant,
                 target=f"tenant {external_id}",
                 before=None if created else before,
-                after={key: _plain(value) for key, value in changes.items()},
+                after=_after(tenant, changes),
             )
     return tenant
+
+
+def _schedule_calendar_change(tenant: Tenant, changes: Mapping[str, object], now: datetime) -> None:
+    """Keep the calendar in effect until the end of the current monthly period.
+
+    A change made while an earlier one is still pending replaces the pending one (same effective
+    moment); changing back to the calendar in effect cancels it."""
+    new_timezone = changes.get("timezone", tenant.timezone)
+    new_billing_day = changes.get("billing_day", tenant.billing_day)
+    if (new_timezone, new_billing_day) == (tenant.timezone, tenant.billing_day):
+        return
+    pending = tenant.calendar_effective_from is not None and now < tenant.calendar_effective_from
+    if not pending:
+        tenant.previous_timezone = tenant.timezone
+        tenant.previous_billing_day = tenant.billing_day
+        tenant.calendar_effective_from = period_for(
+            Window.MONTH, now, timezone=tenant.timezone, billing_day=tenant.billing_day
+        ).end
+    if (new_timezone, new_billing_day) == (tenant.previous_timezone, tenant.previous_billing_day):
+        tenant.previous_timezone, tenant.previous_billing_day = "", None
+        tenant.calendar_effective_from = None
 
 
 def end_user_ensure(tenant: Tenant, external_id: str) -> EndUser:
@@ -92,5 +128,16 @@ def end_user_ensure(tenant: Tenant, external_id: str) -> EndUser:
         return EndUser.objects.get(tenant=tenant, external_id=external_id)
 
 
+def _after(tenant: Tenant, changes: Mapping[str, object]) -> dict[str, object]:
+    after = {key: _plain(value) for key, value in changes.items()}
+    if tenant.calendar_effective_from is not None and (
+        "timezone" in changes or "billing_day" in changes
+    ):
+        after["calendar_effective_from"] = tenant.calendar_effective_from.isoformat()
+    return after
+
+
 def _plain(value: object) -> object:
+    if isinstance(value, Decimal):
+        return format(value.normalize(), "f")
     return value.name if isinstance(value, Plan) else value

@@ -8,7 +8,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connections
+from django.db import connections, transaction
+from django.db.models import Sum
+
+from llm_budgets.models import Counter, UsageRecord
+from llm_budgets.money import ZERO, round_charge
 
 
 def run_threads(count: int, work: Callable[[int], Any], *, timeout: float = 60) -> list[Any]:
@@ -70,3 +74,59 @@ def run_processes(
     for process in processes:
         process.join(timeout)
     return results
+
+
+def overspent_counters() -> list[str]:
+    """Counters past their limit by more than the overage recorded on their ledger lines
+    (invariant 1: admission never overspends; only committed calls that ran over may)."""
+    overage = {
+        row["reservation__holds__counter"]: round_charge(row["total"] or ZERO)
+        for row in UsageRecord.objects.filter(reservation__holds__isnull=False)
+        .values("reservation__holds__counter")
+        .annotate(total=Sum("overage"))
+    }
+    return [
+        f"counter {c.pk} ({c.budget}): spent {c.spent} + reserved {c.reserved} > limit "
+        f"{c.budget.limit} + overage {overage.get(c.pk, ZERO)}"
+        for c in Counter.objects.select_related("budget").order_by("pk")
+        if c.spent + c.reserved > c.budget.limit + overage.get(c.pk, ZERO)
+    ]
+
+
+class RowLocker:
+    """Holds a write transaction open on its own thread and connection until released: on
+    PostgreSQL it locks the given counter rows (``SELECT ... FOR UPDATE``); on SQLite the
+    transaction's BEGIN IMMEDIATE takes the database write lock. Use as a context manager."""
+
+    def __init__(self, counter_ids: list[int], *, timeout: float = 30) -> None:
+        self.counter_ids = counter_ids
+        self.timeout = timeout
+        self.locked = threading.Event()
+        self.release = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._hold)
+
+    def _hold(self) -> None:
+        try:
+            with transaction.atomic():
+                list(Counter.objects.select_for_update().filter(pk__in=self.counter_ids))
+                self.locked.set()
+                # Bounded: if the code under test waits forever, the lock still goes away.
+                self.release.wait(self.timeout)
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.locked.set()
+            connections.close_all()
+
+    def __enter__(self) -> RowLocker:
+        self._thread.start()
+        assert self.locked.wait(self.timeout), "the locker never took its lock"
+        assert self.error is None, self.error
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release.set()
+        self._thread.join(self.timeout)
+        assert not self._thread.is_alive(), "the locker did not finish"
+        assert self.error is None, self.error

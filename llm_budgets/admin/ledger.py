@@ -9,6 +9,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from llm_budgets.admin.base import ReadOnlyAdmin, ReadOnlyInline, money_text
+from llm_budgets.admin.pricing import UnpricedModelFilter
 from llm_budgets.models import Reservation, ReservationHold, UsageRecord
 
 
@@ -89,7 +90,7 @@ class ReservationAdmin(UsageColumns, ReadOnlyAdmin):
         "expires_at",
         "settled_at",
     ]
-    list_filter = ["state", "provider"]
+    list_filter = ["state", "provider", "pricing_basis", UnpricedModelFilter]
     list_select_related = ["tenant", "end_user__tenant"]
     search_fields = [
         "=id",
@@ -107,9 +108,12 @@ class ReservationAdmin(UsageColumns, ReadOnlyAdmin):
         "provider",
         "model",
         "price",
+        "pricing_basis",
         "input_tokens",
         "max_output_tokens",
         "amount_text",
+        "markup_percent",
+        "customer_amount",
         "idempotency_key",
         "created_at",
         "expires_at",
@@ -137,7 +141,7 @@ class UsageRecordAdmin(UsageColumns, ReadOnlyAdmin):
         "is_estimated",
         "reservation_link",
     ]
-    list_filter = ["kind", "is_estimated", "provider"]
+    list_filter = ["kind", "is_estimated", "provider", "pricing_basis", UnpricedModelFilter]
     list_select_related = ["tenant", "end_user__tenant"]
     search_fields = [
         "=reservation__id",
@@ -154,10 +158,16 @@ class UsageRecordAdmin(UsageColumns, ReadOnlyAdmin):
         "provider",
         "model",
         "price",
+        "pricing_basis",
         "input_tokens",
         "cached_input_tokens",
+        "cache_write_tokens",
+        "cache_write_1h_tokens",
         "output_tokens",
+        "reasoning_tokens",
+        "tool_calls",
         "cost_text",
+        "customer_cost",
         "overage_text",
         "is_estimated",
         "period_start",

@@ -1,4 +1,9 @@
-"""Prices: versioned, never edited. A new version is added through ``price_set`` (audited)."""
+"""Prices: versioned, never edited. A new version is added through ``price_set`` (audited).
+
+The list shows which version is current for each (provider, model) and filters current versions
+from history; a version's page lists its history and links to a "new version" form prefilled
+with its rates. ``UnpricedModelFilter`` finds reservations and ledger lines of models that have
+no price in effect (admitted through the plan's unknown-model policy)."""
 
 from __future__ import annotations
 
@@ -6,12 +11,15 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
-from django.db.models import Model
+from django.db.models import Exists, Model, OuterRef, QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
 from llm_budgets.admin.base import actor, adopt, money_text
 from llm_budgets.models import Price
-from llm_budgets.pricing import price_set
+from llm_budgets.pricing import PRICE_FIELDS, current_versions, price_set, prices_in_effect
 
 
 class PriceForm(forms.ModelForm):
@@ -23,17 +31,68 @@ class PriceForm(forms.ModelForm):
             "input_per_mtok",
             "cached_input_per_mtok",
             "cache_write_per_mtok",
+            "cache_write_1h_per_mtok",
             "output_per_mtok",
+            "reasoning_per_mtok",
             "per_request",
+            "tool_fees",
+            "tiers",
+            "daily_spans",
+            "max_output_tokens",
+            "context_window",
             "effective_from",
             "source",
         ]
+
+    reason = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Why this version: recorded in the audit log.",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if "effective_from" in self.fields:  # absent on the read-only view of a version
             self.fields["effective_from"].required = False
             self.fields["effective_from"].help_text = "Empty: from now."
+
+
+class VersionFilter(admin.SimpleListFilter):
+    title = "version"
+    parameter_name = "version"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("current", "Current"), ("history", "History and future")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        current = current_versions(timezone.now())
+        if self.value() == "current":
+            return queryset.filter(pk__in=current)
+        if self.value() == "history":
+            return queryset.exclude(pk__in=current)
+        return None
+
+
+class UnpricedModelFilter(admin.SimpleListFilter):
+    """On reservations and ledger lines: models in use that have no price in effect now."""
+
+    title = "model priced now"
+    parameter_name = "priced"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("no", "No: model without a price"), ("yes", "Yes")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        priced = Exists(
+            prices_in_effect(timezone.now()).filter(
+                provider=OuterRef("provider"), model=OuterRef("model")
+            )
+        )
+        if self.value() == "no":
+            return queryset.filter(~priced)
+        if self.value() == "yes":
+            return queryset.filter(priced)
+        return None
 
 
 @admin.register(Price)
@@ -50,8 +109,10 @@ class PriceAdmin(admin.ModelAdmin):
         "effective_from",
         "effective_to",
         "source",
+        "is_current",
     ]
-    list_filter = ["provider", "source"]
+    list_filter = [VersionFilter, "provider", "source"]
+    readonly_fields = ["history", "new_version"]
     search_fields = ["provider", "model"]
     date_hierarchy = "effective_from"
 
@@ -61,20 +122,72 @@ class PriceAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
+    def get_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
+        fields = list(super().get_fields(request, obj))
+        if obj is None:  # the add form: no history yet, and the reason field
+            return [f for f in fields if f not in ("history", "new_version")]
+        return [f for f in fields if f != "reason"]
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        """``?from_version=<id>`` prefills the form with that version's rates."""
+        initial: dict[str, Any] = dict(super().get_changeform_initial_data(request))
+        wanted = request.GET.get("from_version", "")
+        source = Price.objects.filter(pk=int(wanted)).first() if wanted.isdigit() else None
+        if source is not None:
+            for name in ("provider", "model", *PRICE_FIELDS):
+                initial[name] = getattr(source, name)
+        return initial
+
     def save_model(self, request: HttpRequest, obj: Price, form: Any, change: bool) -> None:
         saved = price_set(
             provider=obj.provider,
             model=obj.model,
-            input_per_mtok=obj.input_per_mtok,
-            output_per_mtok=obj.output_per_mtok,
-            cached_input_per_mtok=obj.cached_input_per_mtok,
-            cache_write_per_mtok=obj.cache_write_per_mtok,
-            per_request=obj.per_request,
             effective_from=obj.effective_from,
             source=obj.source,
             actor=actor(request),
+            reason=form.cleaned_data.get("reason", ""),
+            **{name: getattr(obj, name) for name in PRICE_FIELDS},
         )
         adopt(obj, saved)
+
+    @admin.display(description="Current", boolean=True)
+    def is_current(self, obj: Price) -> bool:
+        return obj.pk in self._current_ids
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Price]:
+        # One query for the whole page's "current" column.
+        self._current_ids = set(current_versions(timezone.now()).values_list("pk", flat=True))
+        return super().get_queryset(request)
+
+    @admin.display(description="Versions of this model")
+    def history(self, obj: Price) -> str:
+        current = set(current_versions(timezone.now()).values_list("pk", flat=True))
+        versions = Price.objects.filter(provider=obj.provider, model=obj.model).order_by(
+            "-effective_from"
+        )
+        rows = format_html_join(
+            "",
+            '<li><a href="{}">from {}</a>: input {}, output {} ({}){}</li>',
+            (
+                (
+                    reverse("admin:llm_budgets_price_change", args=[v.pk]),
+                    f"{v.effective_from:%Y-%m-%d %H:%M}",
+                    money_text(v.input_per_mtok, v.currency),
+                    money_text(v.output_per_mtok, v.currency),
+                    v.source,
+                    " - current" if v.pk in current else "",
+                )
+                for v in versions
+            ),
+        )
+        return format_html("<ul>{}</ul>", rows)
+
+    @admin.display(description="New version")
+    def new_version(self, obj: Price) -> str:
+        url = reverse("admin:llm_budgets_price_add") + f"?from_version={obj.pk}"
+        return format_html(
+            '<a class="button" href="{}">Add a new version from these rates</a>', url
+        )
 
     @admin.display(description="Input / Mtok", ordering="input_per_mtok")
     def input_text(self, obj: Price) -> str:

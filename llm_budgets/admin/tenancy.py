@@ -24,7 +24,14 @@ from llm_budgets.tenants import end_user_ensure, tenant_ensure
 
 @admin.register(Plan)
 class PlanAdmin(admin.ModelAdmin):
-    list_display = ["name", "default_max_output_tokens", "tenant_count", "created_at"]
+    list_display = [
+        "name",
+        "default_max_output_tokens",
+        "unknown_model_policy",
+        "markup_percent",
+        "tenant_count",
+        "created_at",
+    ]
     search_fields = ["name"]
     readonly_fields = ["created_at"]
 
@@ -39,7 +46,7 @@ class PlanAdmin(admin.ModelAdmin):
 class TenantForm(forms.ModelForm):
     class Meta:
         model = Tenant
-        fields = ["external_id", "name", "plan", "timezone", "billing_day"]
+        fields = ["external_id", "name", "plan", "timezone", "billing_day", "markup_percent"]
 
     def clean_plan(self) -> Plan | None:
         plan: Plan | None = self.cleaned_data["plan"]
@@ -54,7 +61,15 @@ class TenantAdmin(TenantControlMixin, admin.ModelAdmin):
     """The tenant page also shows where each budget stands and the holds still open."""
 
     form = TenantForm
-    fields = ["external_id", "name", "plan", "timezone", "billing_day", "created_at"]
+    fields = [
+        "external_id",
+        "name",
+        "plan",
+        "timezone",
+        "billing_day",
+        "markup_percent",
+        "created_at",
+    ]
     list_display = ["external_id", "name", "plan", "timezone", "billing_day", "created_at"]
     list_filter = ["plan", "timezone"]
     list_select_related = ["plan"]
@@ -76,6 +91,7 @@ class TenantAdmin(TenantControlMixin, admin.ModelAdmin):
             timezone=obj.timezone,
             billing_day=obj.billing_day,
             plan=obj.plan,
+            markup_percent=obj.markup_percent,
             actor=actor(request),
         )
         adopt(obj, saved)

@@ -6,7 +6,7 @@ Invariants that a database can hold are constraints: non-negative amounts, one c
 """
 
 from llm_budgets.models.audit import AuditEvent
-from llm_budgets.models.budgets import Budget, Counter, Scope, Window
+from llm_budgets.models.budgets import Budget, BudgetUnit, Counter, Scope, Window
 from llm_budgets.models.control import BudgetRaise, KillSwitch, Refusal, RefusalKind
 from llm_budgets.models.ledger import (
     Reservation,
@@ -15,19 +15,21 @@ from llm_budgets.models.ledger import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.models.pricing import Price, PriceSource
-from llm_budgets.models.tenancy import EndUser, Plan, Tenant
+from llm_budgets.models.pricing import Price, PriceSource, PricingBasis
+from llm_budgets.models.tenancy import EndUser, Plan, Tenant, UnknownModelPolicy
 
 __all__ = [
     "AuditEvent",
     "Budget",
     "BudgetRaise",
+    "BudgetUnit",
     "Counter",
     "EndUser",
     "KillSwitch",
     "Plan",
     "Price",
     "PriceSource",
+    "PricingBasis",
     "Refusal",
     "RefusalKind",
     "Reservation",
@@ -35,6 +37,7 @@ __all__ = [
     "ReservationState",
     "Scope",
     "Tenant",
+    "UnknownModelPolicy",
     "UsageKind",
     "UsageRecord",
     "Window",

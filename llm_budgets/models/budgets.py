@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
@@ -23,6 +24,24 @@ class Window(models.TextChoices):
     LIFETIME = "lifetime", "Lifetime"
 
 
+class BudgetUnit(models.TextChoices):
+    PROVIDER_COST = "provider_cost", "Provider cost"
+    CUSTOMER_PRICE = "customer_price", "Customer price (with markup)"
+
+
+def validate_window(value: str) -> None:
+    """A calendar window or ``rolling:<duration>`` in its canonical spelling."""
+    from llm_budgets.exceptions import InvalidUsage
+    from llm_budgets.windows import window_name  # windows imports this module
+
+    try:
+        canonical = window_name(value)
+    except InvalidUsage as exc:
+        raise ValidationError(exc.message) from None
+    if canonical != value:
+        raise ValidationError(f"Write {value!r} as {canonical!r}.")
+
+
 class Budget(models.Model):
     """One enforceable cap: a scope, a window and a limit."""
 
@@ -33,9 +52,19 @@ class Budget(models.Model):
     end_user = models.ForeignKey(
         EndUser, null=True, blank=True, on_delete=models.CASCADE, related_name="budgets"
     )
-    window = models.CharField(max_length=20, choices=Window.choices)
+    # A calendar window (``Window``) or a rolling one such as ``rolling:1h``, stored canonically
+    # (``rolling:24h`` is ``rolling:1d``) so the unique constraints see one spelling.
+    window = models.CharField(
+        max_length=20,
+        validators=[validate_window],
+        help_text="month, day, hour, lifetime, or rolling:<duration> such as rolling:1h or "
+        "rolling:7d.",
+    )
     limit = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
     currency = models.CharField(max_length=3, default="USD")
+    unit = models.CharField(
+        max_length=20, choices=BudgetUnit.choices, default=BudgetUnit.PROVIDER_COST
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -53,6 +82,10 @@ class Budget(models.Model):
                     | Q(scope=Scope.END_USER, tenant__isnull=False, end_user__isnull=False)
                 ),
                 name="llmb_budget_scope_matches_owner",
+            ),
+            models.CheckConstraint(
+                condition=Q(window__in=Window.values) | Q(window__startswith="rolling:"),
+                name="llmb_budget_window_known",
             ),
             models.UniqueConstraint(
                 fields=["window"],

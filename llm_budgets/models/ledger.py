@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import uuid
+from decimal import Decimal
 
 from django.db import models
 from django.db.models import Q
 
-from llm_budgets.models.budgets import Counter
-from llm_budgets.models.pricing import Price
+from llm_budgets.models.budgets import BudgetUnit, Counter
+from llm_budgets.models.pricing import Price, PricingBasis
 from llm_budgets.models.tenancy import EndUser, Tenant
 from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 
@@ -30,10 +31,25 @@ class Reservation(models.Model):
     )
     provider = models.CharField(max_length=64)
     model = models.CharField(max_length=128)
-    price = models.ForeignKey(Price, on_delete=models.PROTECT, related_name="reservations")
+    # NULL only under the reserve_fixed unknown-model policy.
+    price = models.ForeignKey(
+        Price, null=True, blank=True, on_delete=models.PROTECT, related_name="reservations"
+    )
+    pricing_basis = models.CharField(
+        max_length=10, choices=PricingBasis.choices, default=PricingBasis.PRICE
+    )
     input_tokens = models.PositiveIntegerField()
     max_output_tokens = models.PositiveIntegerField()
-    amount = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
+    amount = models.DecimalField(
+        max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, help_text="The hold at provider cost."
+    )
+    markup_percent = models.DecimalField(max_digits=7, decimal_places=3, default=0)
+    customer_amount = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        default=0,
+        help_text="The hold at customer price.",
+    )
     currency = models.CharField(max_length=3, default="USD")
     state = models.CharField(
         max_length=10,
@@ -65,7 +81,8 @@ class Reservation(models.Model):
                 name="llmb_reservation_idempotency_per_tenant",
             ),
             models.CheckConstraint(
-                condition=Q(amount__gte=0), name="llmb_reservation_amount_non_negative"
+                condition=Q(amount__gte=0, customer_amount__gte=0),
+                name="llmb_reservation_amount_non_negative",
             ),
             models.CheckConstraint(
                 condition=Q(expires_at__gt=models.F("created_at")),
@@ -77,12 +94,20 @@ class Reservation(models.Model):
     def __str__(self) -> str:
         return f"{self.id} {self.provider}/{self.model} {self.amount} ({self.state})"
 
+    def amount_for(self, unit: str) -> Decimal:
+        """The hold in a budget's unit: provider cost, or customer price."""
+        return self.customer_amount if unit == BudgetUnit.CUSTOMER_PRICE else self.amount
+
 
 class ReservationHold(models.Model):
-    """Which counters a reservation holds its amount on (the same amount on each)."""
+    """Which counters a reservation holds on; ``unit`` (the budget's, when the hold was taken)
+    says which of its amounts each holds and is charged: provider cost or customer price."""
 
     reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="holds")
     counter = models.ForeignKey(Counter, on_delete=models.PROTECT, related_name="holds")
+    unit = models.CharField(
+        max_length=20, choices=BudgetUnit.choices, default=BudgetUnit.PROVIDER_COST
+    )
 
     class Meta:
         constraints = [
@@ -145,10 +170,28 @@ class UsageRecord(models.Model):
     price = models.ForeignKey(
         Price, null=True, blank=True, on_delete=models.PROTECT, related_name="usage_records"
     )
+    pricing_basis = models.CharField(
+        max_length=10,
+        choices=PricingBasis.choices,
+        default=PricingBasis.PRICE,
+        help_text="Whether the cost came from a price or from the unknown-model policy.",
+    )
     input_tokens = models.PositiveIntegerField(default=0)
     cached_input_tokens = models.PositiveIntegerField(default=0)
+    cache_write_tokens = models.PositiveIntegerField(default=0)
+    cache_write_1h_tokens = models.PositiveIntegerField(default=0)
     output_tokens = models.PositiveIntegerField(default=0)
-    cost = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
+    reasoning_tokens = models.PositiveIntegerField(default=0)
+    tool_calls = models.JSONField(default=dict, blank=True)
+    cost = models.DecimalField(
+        max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, help_text="Provider cost."
+    )
+    customer_cost = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        default=0,
+        help_text="Cost at the customer price (markup).",
+    )
     currency = models.CharField(max_length=3, default="USD")
     overage = models.DecimalField(
         max_digits=MAX_DIGITS,
@@ -178,12 +221,13 @@ class UsageRecord(models.Model):
                 name="llmb_usage_one_line_per_kind",
             ),
             models.CheckConstraint(
-                condition=Q(kind__in=[UsageKind.TRUE_UP, UsageKind.ADJUSTMENT]) | Q(cost__gte=0),
+                condition=Q(kind__in=[UsageKind.TRUE_UP, UsageKind.ADJUSTMENT])
+                | Q(cost__gte=0, customer_cost__gte=0),
                 name="llmb_usage_charge_non_negative",
             ),
             models.CheckConstraint(
                 condition=Q(kind=UsageKind.ADJUSTMENT)
-                | Q(reservation__isnull=False, price__isnull=False, counter__isnull=True),
+                | Q(reservation__isnull=False, counter__isnull=True),
                 name="llmb_usage_charge_has_reservation",
             ),
             models.CheckConstraint(
@@ -201,3 +245,7 @@ class UsageRecord(models.Model):
     def __str__(self) -> str:
         target = self.reservation_id or f"counter {self.counter_id}"
         return f"{self.kind} {self.cost} {self.currency} for {target}"
+
+    def cost_for(self, unit: str) -> Decimal:
+        """The line's amount in a budget's unit: provider cost, or customer price."""
+        return self.customer_cost if unit == BudgetUnit.CUSTOMER_PRICE else self.cost

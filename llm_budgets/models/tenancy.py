@@ -11,6 +11,15 @@ from llm_budgets.models.fields import validate_timezone
 from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 
 
+class UnknownModelPolicy(models.TextChoices):
+    REFUSE = "refuse", "Refuse the call"
+    RESERVE_FIXED = "reserve_fixed", "Hold and charge a fixed amount per request"
+    PRICE_AS = "price_as", "Price it as another model"
+
+
+MARKUP_DIGITS, MARKUP_PLACES = 7, 3
+
+
 class Plan(models.Model):
     """A template of limits and policies that tenants subscribe to."""
 
@@ -19,6 +28,26 @@ class Plan(models.Model):
         null=True,
         blank=True,
         help_text="Output ceiling for requests that give none. Empty: such requests are refused.",
+    )
+    unknown_model_policy = models.CharField(
+        max_length=20, choices=UnknownModelPolicy.choices, default=UnknownModelPolicy.REFUSE
+    )
+    unknown_model_fixed_amount = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="reserve_fixed: the amount held and charged per request.",
+    )
+    unknown_model_price_as_provider = models.CharField(max_length=64, blank=True)
+    unknown_model_price_as_model = models.CharField(
+        max_length=128, blank=True, help_text="price_as: the model whose price is used."
+    )
+    markup_percent = models.DecimalField(
+        max_digits=MARKUP_DIGITS,
+        decimal_places=MARKUP_PLACES,
+        default=0,
+        help_text="Customer price = provider cost x (1 + markup/100).",
     )
     degradation_ladder = models.JSONField(
         default=list,
@@ -73,6 +102,21 @@ class Plan(models.Model):
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(markup_percent__gte=-100), name="llmb_plan_markup_above_minus_100"
+            ),
+            models.CheckConstraint(
+                condition=~Q(unknown_model_policy=UnknownModelPolicy.RESERVE_FIXED)
+                | Q(unknown_model_fixed_amount__gt=0),
+                name="llmb_plan_fixed_policy_has_amount",
+            ),
+            models.CheckConstraint(
+                condition=~Q(unknown_model_policy=UnknownModelPolicy.PRICE_AS)
+                | (~Q(unknown_model_price_as_provider="") & ~Q(unknown_model_price_as_model="")),
+                name="llmb_plan_price_as_names_model",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -100,6 +144,22 @@ class Tenant(models.Model):
         default=1,
         validators=[MinValueValidator(1), MaxValueValidator(31)],
         help_text="Day of month the monthly period starts (clamped to the month's last day).",
+    )
+    markup_percent = models.DecimalField(
+        max_digits=MARKUP_DIGITS,
+        decimal_places=MARKUP_PLACES,
+        null=True,
+        blank=True,
+        help_text="Overrides the plan's markup. Empty: the plan's.",
+    )
+    # A change of timezone or billing day takes effect at the end of the monthly period it was
+    # made in (see ``windows.tenant_period``); until then the previous calendar applies.
+    previous_timezone = models.CharField(max_length=64, blank=True, default="")
+    previous_billing_day = models.PositiveSmallIntegerField(null=True, blank=True)
+    calendar_effective_from = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the current timezone and billing day took or take effect; empty: always.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -1,0 +1,161 @@
+"""Usage as the public API counts it, and the one place a provider's own shape is translated.
+
+The convention (OpenAI's, also genai-prices'): ``input_tokens`` counts **all** input tokens,
+cached ones included; ``cached_input_tokens`` (cache reads) and ``cache_write_tokens`` say how many
+of those were read from or written to the cache, and ``cache_write_1h_tokens`` how many of the
+writes used the 1-hour cache. ``output_tokens`` includes ``reasoning_tokens``. ``tool_calls``
+counts calls of named server-side tools (``{"web_search": 2}``).
+
+Anthropic reports ``input_tokens`` *excluding* cache reads and writes: :func:`from_anthropic`
+adds them back. Nothing else in the app knows about provider shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from llm_budgets import validation
+from llm_budgets.exceptions import InvalidUsage
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+    reasoning_tokens: int = 0
+    tool_calls: Mapping[str, int] = field(default_factory=dict)
+
+    def as_fields(self) -> dict[str, Any]:
+        """The ledger line's usage columns."""
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cached_input_tokens": self.cached_input_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "cache_write_1h_tokens": self.cache_write_1h_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+            "tool_calls": dict(self.tool_calls),
+        }
+
+
+def usage_validate(
+    *,
+    input_tokens: object,
+    output_tokens: object,
+    cached_input_tokens: object = 0,
+    cache_write_tokens: object = 0,
+    cache_write_1h_tokens: object = 0,
+    reasoning_tokens: object = 0,
+    tool_calls: object = None,
+) -> Usage:
+    """Check each count and that the parts fit in their totals; ``InvalidUsage`` names the field."""
+    counts = {
+        name: validation.token_count(name, value)
+        for name, value in (
+            ("input_tokens", input_tokens),
+            ("output_tokens", output_tokens),
+            ("cached_input_tokens", cached_input_tokens),
+            ("cache_write_tokens", cache_write_tokens),
+            ("cache_write_1h_tokens", cache_write_1h_tokens),
+            ("reasoning_tokens", reasoning_tokens),
+        )
+    }
+    if counts["cached_input_tokens"] + counts["cache_write_tokens"] > counts["input_tokens"]:
+        raise InvalidUsage(
+            f"cached_input_tokens ({counts['cached_input_tokens']}) plus cache_write_tokens "
+            f"({counts['cache_write_tokens']}) cannot exceed input_tokens "
+            f"({counts['input_tokens']}): input_tokens counts cache reads and writes too "
+            "(for Anthropic usage, use llm_budgets.usage.from_anthropic).",
+            field="cached_input_tokens",
+        )
+    if counts["cache_write_1h_tokens"] > counts["cache_write_tokens"]:
+        raise InvalidUsage(
+            f"cache_write_1h_tokens ({counts['cache_write_1h_tokens']}) cannot exceed "
+            f"cache_write_tokens ({counts['cache_write_tokens']}): it counts the 1-hour part.",
+            field="cache_write_1h_tokens",
+        )
+    if counts["reasoning_tokens"] > counts["output_tokens"]:
+        raise InvalidUsage(
+            f"reasoning_tokens ({counts['reasoning_tokens']}) cannot exceed output_tokens "
+            f"({counts['output_tokens']}): output_tokens includes reasoning.",
+            field="reasoning_tokens",
+        )
+    return Usage(**counts, tool_calls=tool_calls_validate(tool_calls))
+
+
+def tool_calls_validate(value: object, *, field: str = "tool_calls") -> dict[str, int]:
+    """``{"tool name": calls}``; ``InvalidUsage`` names ``field``."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidUsage(
+            f'{field} must map tool names to call counts, e.g. {{"web_search": 2}}, '
+            f"got {type(value).__name__}.",
+            field=field,
+        )
+    calls = {}
+    for name, count in value.items():
+        validation.identifier(field, name, max_length=64)
+        calls[name] = validation.token_count(f"{field}[{name!r}]", count)
+    return {name: count for name, count in calls.items() if count}
+
+
+def _get(obj: object, key: str) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
+def _int(obj: object, key: str) -> int:
+    value = _get(obj, key)
+    return 0 if value is None else value
+
+
+def from_anthropic(usage: object) -> Usage:
+    """Translate Anthropic's ``usage`` (a dict or the SDK object), where ``input_tokens``
+    excludes ``cache_read_input_tokens`` and ``cache_creation_input_tokens``."""
+    uncached = _int(usage, "input_tokens")
+    reads = _int(usage, "cache_read_input_tokens")
+    writes = _int(usage, "cache_creation_input_tokens")
+    writes_1h = _int(_get(usage, "cache_creation"), "ephemeral_1h_input_tokens")
+    server_tools = _get(usage, "server_tool_use")
+    tools = {
+        "web_search": _int(server_tools, "web_search_requests"),
+        "web_fetch": _int(server_tools, "web_fetch_requests"),
+    }
+    return usage_validate(
+        input_tokens=uncached + reads + writes,
+        output_tokens=_int(usage, "output_tokens"),
+        cached_input_tokens=reads,
+        cache_write_tokens=writes,
+        cache_write_1h_tokens=writes_1h,
+        tool_calls=tools,
+    )
+
+
+def from_openai(usage: object) -> Usage:
+    """Translate OpenAI's ``usage`` (Chat Completions or Responses API, dict or SDK object)."""
+    responses_api = _get(usage, "input_tokens") is not None
+    if responses_api:
+        input_tokens = _int(usage, "input_tokens")
+        output_tokens = _int(usage, "output_tokens")
+        input_details = _get(usage, "input_tokens_details")
+        output_details = _get(usage, "output_tokens_details")
+    else:
+        input_tokens = _int(usage, "prompt_tokens")
+        output_tokens = _int(usage, "completion_tokens")
+        input_details = _get(usage, "prompt_tokens_details")
+        output_details = _get(usage, "completion_tokens_details")
+    return usage_validate(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cached_input_tokens=_int(input_details, "cached_tokens"),
+        reasoning_tokens=_int(output_details, "reasoning_tokens"),
+    )

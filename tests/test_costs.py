@@ -1,0 +1,164 @@
+"""Cost arithmetic (issue 3 items 1 and 10): dimensions, tiers, time of day, rounding rules."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from llm_budgets.costs import (
+    actual_cost,
+    customer_charge,
+    customer_hold,
+    usage_items,
+    worst_case,
+    worst_case_items,
+)
+from llm_budgets.models import Price
+from llm_budgets.usage import usage_validate
+
+T = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+
+
+def _price(**fields: object) -> Price:
+    values: dict[str, object] = {"input_per_mtok": Decimal(3), "output_per_mtok": Decimal(15)}
+    values.update(fields)
+    return Price(provider="p", model="m", **values)
+
+
+def _hold(price: Price, input_tokens: int, output: int, *, minutes: int = 2) -> Decimal:
+    return worst_case(
+        price,
+        input_tokens=input_tokens,
+        max_output_tokens=output,
+        start=T,
+        end=T + timedelta(minutes=minutes),
+    )
+
+
+def test_plain_input_and_output() -> None:
+    usage = usage_validate(input_tokens=1000, output_tokens=200)
+    assert actual_cost(_price(), usage, at=T) == Decimal("0.006")  # 3e-3 + 3e-3
+    assert _hold(_price(), 1000, 500) == Decimal("0.0105")
+
+
+def test_cache_reads_and_writes_are_parts_of_input() -> None:
+    price = _price(
+        cached_input_per_mtok=Decimal("0.3"),
+        cache_write_per_mtok=Decimal("3.75"),
+        cache_write_1h_per_mtok=Decimal(6),
+    )
+    usage = usage_validate(
+        input_tokens=10_000,
+        output_tokens=0,
+        cached_input_tokens=4_000,
+        cache_write_tokens=3_000,
+        cache_write_1h_tokens=1_000,
+    )
+    by_dimension = {i.dimension: i.quantity for i in usage_items(price, usage, at=T)}
+    assert by_dimension["input_per_mtok"] == 3_000
+    assert by_dimension["cached_input_per_mtok"] == 4_000
+    assert by_dimension["cache_write_per_mtok"] == 2_000
+    assert by_dimension["cache_write_1h_per_mtok"] == 1_000
+    # 3000*3 + 4000*0.3 + 2000*3.75 + 1000*6 = 9000 + 1200 + 7500 + 6000 per million
+    assert actual_cost(price, usage, at=T) == Decimal("0.0237")
+
+
+def test_unpriced_cache_tokens_cost_as_input() -> None:
+    usage = usage_validate(
+        input_tokens=1_000, output_tokens=0, cached_input_tokens=500, cache_write_tokens=500
+    )
+    assert actual_cost(_price(), usage, at=T) == Decimal("0.003")
+
+
+def test_worst_case_uses_the_dearest_input_side_rate() -> None:
+    # A cache write costs more than plain input: the hold must cover every token written.
+    price = _price(cache_write_per_mtok=Decimal("3.75"), cache_write_1h_per_mtok=Decimal(6))
+    items = worst_case_items(
+        price, input_tokens=1_000_000, max_output_tokens=0, start=T, end=T + timedelta(minutes=1)
+    )
+    assert items[0].dimension == "cache_write_1h_per_mtok"
+    assert _hold(price, 1_000_000, 0) == Decimal(6)
+
+
+def test_reasoning_counts_as_output_unless_priced_apart() -> None:
+    usage = usage_validate(input_tokens=0, output_tokens=1_000_000, reasoning_tokens=400_000)
+    assert actual_cost(_price(), usage, at=T) == Decimal(15)
+    apart = _price(reasoning_per_mtok=Decimal(20))
+    assert actual_cost(apart, usage, at=T) == Decimal(17)  # 0.6*15 + 0.4*20
+    assert _hold(apart, 0, 1_000_000) == Decimal(20)
+
+
+def test_per_request_and_tool_fees() -> None:
+    price = _price(per_request=Decimal("0.001"), tool_fees={"web_search": "0.01"})
+    usage = usage_validate(
+        input_tokens=0, output_tokens=0, tool_calls={"web_search": 3, "unpriced_tool": 2}
+    )
+    assert actual_cost(price, usage, at=T) == Decimal("0.031")
+    assert _hold(price, 0, 1) == Decimal("0.001015")
+
+
+def test_a_tier_prices_every_token_of_a_request_that_reaches_it() -> None:
+    price = _price(
+        tiers=[
+            {
+                "above_input_tokens": 200_000,
+                "prices": {"input_per_mtok": "6", "output_per_mtok": "22.5"},
+            }
+        ]
+    )
+    small = usage_validate(input_tokens=200_000, output_tokens=1_000_000)
+    large = usage_validate(input_tokens=200_001, output_tokens=1_000_000)
+    assert actual_cost(price, small, at=T) == Decimal("15.6")
+    assert actual_cost(price, large, at=T) == Decimal("23.700006")
+    assert _hold(price, 200_000, 1_000_000) == Decimal("15.6")
+    assert _hold(price, 200_001, 1_000_000) == Decimal("23.700006")
+
+
+OFF_PEAK = {"start": "16:30:00", "end": "00:30:00", "prices": {"input_per_mtok": "1"}}
+
+
+def test_a_hold_uses_the_off_peak_rate_only_when_the_whole_call_falls_in_it() -> None:
+    price = _price(daily_spans=[OFF_PEAK])
+    inside = datetime(2026, 3, 2, 20, 0, tzinfo=UTC)
+
+    def hold(start: datetime, minutes: int) -> Decimal:
+        return worst_case(
+            price,
+            input_tokens=1_000_000,
+            max_output_tokens=0,
+            start=start,
+            end=start + timedelta(minutes=minutes),
+        )
+
+    assert hold(inside, 60) == Decimal(1)  # 20:00-21:00, all off-peak
+    assert hold(inside.replace(hour=0, minute=0), 60) == Decimal(3)  # 00:00-01:00 crosses out
+    assert hold(inside.replace(hour=16, minute=0), 20) == Decimal(3)  # peak
+    assert hold(inside.replace(hour=16, minute=0), 60) == Decimal(3)  # crosses into off-peak
+    assert hold(inside, 26 * 60) == Decimal(3)  # longer than a day
+
+
+def test_a_charge_uses_the_rate_at_its_time() -> None:
+    price = _price(daily_spans=[OFF_PEAK])
+    usage = usage_validate(input_tokens=1_000_000, output_tokens=0)
+    assert actual_cost(price, usage, at=datetime(2026, 3, 2, 23, 59, tzinfo=UTC)) == 1
+    assert actual_cost(price, usage, at=datetime(2026, 3, 2, 0, 29, tzinfo=UTC)) == 1
+    assert actual_cost(price, usage, at=datetime(2026, 3, 2, 0, 30, tzinfo=UTC)) == 3
+
+
+def test_holds_round_up_and_charges_round_half_even() -> None:
+    # 0.00015 per million tokens: one token costs 1.5e-10, five cost 7.5e-10 (quantum 1e-10).
+    price = _price(input_per_mtok=Decimal("0.00015"), output_per_mtok=Decimal(0))
+    one = usage_validate(input_tokens=1, output_tokens=0)
+    assert actual_cost(price, one, at=T) == Decimal("2E-10")  # 1.5 -> 2 (to even)
+    cheaper = _price(input_per_mtok=Decimal("0.00025"), output_per_mtok=Decimal(0))
+    assert actual_cost(cheaper, one, at=T) == Decimal("2E-10")  # 2.5 -> 2 (to even)
+    assert _hold(cheaper, 1, 0) == Decimal("3E-10")  # up
+    assert _hold(_price(input_per_mtok=Decimal("0.00001"), output_per_mtok=Decimal(0)), 1, 0) == (
+        Decimal("1E-10")
+    )  # 1e-11 rounds up to one quantum, never to zero
+
+
+def test_customer_amounts_apply_the_markup_with_the_same_rules() -> None:
+    assert customer_hold(Decimal("0.0000000003"), Decimal(50)) == Decimal("5E-10")  # 4.5 up
+    assert customer_charge(Decimal("0.0000000003"), Decimal(50)) == Decimal("4E-10")  # to even
+    assert customer_charge(Decimal(10), Decimal("-10")) == Decimal(9)

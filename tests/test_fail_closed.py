@@ -1,0 +1,101 @@
+"""Fail closed (issue D10): when the ledger cannot be read or written in time, ``reserve`` raises
+``LedgerUnavailable`` and nothing is admitted."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from decimal import Decimal
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from django.db import OperationalError, connection
+from django.test import override_settings
+
+from llm_budgets.exceptions import LedgerUnavailable
+from llm_budgets.models import Counter, Reservation
+from llm_budgets.reconcile import counters_drift
+from tests.concurrency import RowLocker
+from tests.factories import reserve_30, seed
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.concurrency]
+
+
+@contextmanager
+def database_down(tmp_path: Path) -> Iterator[None]:
+    """Point this thread's connection at a database that is not there: PostgreSQL on a port
+    that is bound but not listening (so nothing else can take it), SQLite at a file in a
+    directory that does not exist. The real settings come back on exit."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        if connection.vendor == "sqlite":
+            unreachable = {"NAME": str(tmp_path / "missing" / "ledger.sqlite3")}
+        else:
+            unreachable = {"HOST": "127.0.0.1", "PORT": str(sock.getsockname()[1])}
+        connection.close()
+        try:
+            with mock.patch.dict(connection.settings_dict, unreachable):
+                yield
+        finally:
+            connection.close()
+
+
+def test_reserve_refuses_when_the_database_is_down(tmp_path: Path) -> None:
+    seed(limit="100")
+    reserve_30().release()  # the counter exists and is free
+
+    with database_down(tmp_path), pytest.raises(LedgerUnavailable) as excinfo:
+        reserve_30()
+
+    assert isinstance(excinfo.value.__cause__, OperationalError)
+    assert "admission" in str(excinfo.value)
+    assert excinfo.value.retry_after >= 1
+    assert Reservation.objects.count() == 1
+    assert Counter.objects.get().reserved == 0
+    # Back up: the same call is admitted.
+    assert reserve_30().amount == Decimal(30)
+
+
+@contextmanager
+def patient_connection() -> Iterator[None]:
+    """Make this connection's own lock wait long (SQLite's busy timeout; PostgreSQL waits
+    forever by default), so only LOCK_TIMEOUT_SECONDS can cut a wait short."""
+    if connection.vendor != "sqlite":
+        yield
+        return
+    with connection.cursor() as cursor:
+        (before,) = cursor.execute("PRAGMA busy_timeout").fetchone()
+        cursor.execute("PRAGMA busy_timeout = 600000")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"PRAGMA busy_timeout = {int(before)}")
+
+
+@override_settings(LLM_BUDGETS={"LOCK_TIMEOUT_SECONDS": 0.5})
+def test_reserve_refuses_when_the_counter_lock_wait_is_too_long() -> None:
+    seed(limit="100")
+    reserve_30().release()  # the counter exists and is free
+    counter = Counter.objects.get()
+
+    # If the bound did not apply, reserve would wait for the locker's own 30 s safety timeout
+    # and then be admitted: the test fails rather than hangs.
+    with (
+        patient_connection(),
+        RowLocker([counter.pk], timeout=30),
+        pytest.raises(LedgerUnavailable) as excinfo,
+    ):
+        reserve_30()
+
+    # PostgreSQL: "canceling statement due to lock timeout"; SQLite: "database is locked".
+    assert isinstance(excinfo.value.__cause__, OperationalError)
+    assert "admission" in str(excinfo.value)
+    assert Reservation.objects.count() == 1
+    counter.refresh_from_db()
+    assert (counter.spent, counter.reserved) == (Decimal(0), Decimal(0))
+    # Once the lock is gone, the same call is admitted.
+    assert reserve_30().amount == Decimal(30)
+    assert counters_drift() == []

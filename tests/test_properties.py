@@ -1,0 +1,255 @@
+"""Property-based test (issue item H): random sequences of reserve / commit / release / sweep /
+clock moves, over two tenants and their end users under global, tenant and end-user budgets.
+
+After every step the ledger conserves (each counter's spent is the sum of its ledger lines and
+its reserved the sum of its live holds), no counter is past its limit by more than the overage
+recorded on its lines, and every reservation is in the state a simple model predicts. The clock
+is fixed and moved by the test (services take ``now=``), across day and month boundaries.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from uuid import UUID
+
+import pytest
+from django.db import transaction
+from django.test import override_settings
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from llm_budgets import budgets
+from llm_budgets.admission import reservation_create
+from llm_budgets.exceptions import BudgetExceeded, ReservationStateError
+from llm_budgets.models import Counter, Reservation, ReservationState, Tenant
+from llm_budgets.reconcile import counters_drift
+from llm_budgets.selectors import budget_statuses
+from llm_budgets.settlement import (
+    CommitResult,
+    reservation_commit,
+    reservation_release,
+    reservations_sweep,
+)
+from tests.concurrency import overspent_counters
+
+pytestmark = pytest.mark.django_db
+
+PROVIDER, MODEL = "fake", "prop"
+INPUT_PER_MTOK, OUTPUT_PER_MTOK = Decimal("2.5"), Decimal("10000")  # output: 0.01 a token
+# An hour before midnight in Amsterdam (t1's day and billing month, day 31 clamped to
+# February's last) and three before the UTC month ends (the global cap, t2's month).
+START = datetime(2026, 1, 31, 21, 0, tzinfo=UTC)
+# Who calls, and how many budgets apply to them: a hold is on all of these or on none.
+CALLERS: dict[tuple[str, str | None], int] = {
+    ("t1", "u1"): 3,  # global month, t1 day, t1 "*" day
+    ("t1", "u2"): 3,
+    ("t1", "vip"): 4,  # ... and vip's own month
+    ("t1", None): 2,  # global month, t1 day
+    ("t2", "u1"): 2,  # global month, t2 month (t2 has no end-user budgets)
+    ("t2", None): 2,
+}
+CLOCK_STEPS = [
+    timedelta(minutes=1),
+    timedelta(minutes=45),
+    timedelta(hours=2),
+    timedelta(hours=23),
+    timedelta(days=1),
+    timedelta(days=9),
+    timedelta(days=31),
+]
+HELD, COMMITTED = ReservationState.HELD, ReservationState.COMMITTED
+RELEASED, EXPIRED = ReservationState.RELEASED, ReservationState.EXPIRED
+
+
+def _cost(input_tokens: int, output_tokens: int) -> Decimal:
+    # Exact at the stored precision for these prices: no rounding to model.
+    return (input_tokens * INPUT_PER_MTOK + output_tokens * OUTPUT_PER_MTOK) / 1_000_000
+
+
+def _counters() -> list[tuple[int, Decimal, Decimal]]:
+    return list(Counter.objects.order_by("pk").values_list("pk", "spent", "reserved"))
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    holds = Bundle("holds")
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Each example runs in a savepoint of the test's transaction, rolled back in teardown.
+        self._atomic = transaction.atomic()
+        self._atomic.__enter__()
+        self._settings: override_settings | None = None
+        self.now = START
+        self.states: dict[UUID, str] = {}
+        self.expires: dict[UUID, datetime] = {}
+        self.results: dict[UUID, CommitResult] = {}
+        self.keys: dict[tuple[str, str], UUID] = {}
+        self.changed = True
+        budgets.set_price(
+            provider=PROVIDER,
+            model=MODEL,
+            input_per_mtok=INPUT_PER_MTOK,
+            output_per_mtok=OUTPUT_PER_MTOK,
+            effective_from=START - timedelta(days=365),
+        )
+        budgets.set_limit(amount=Decimal(120), window="month")
+        budgets.ensure_tenant("t1", timezone="Europe/Amsterdam", billing_day=31)
+        budgets.set_limit(tenant="t1", amount=Decimal(60), window="day")
+        budgets.set_limit(tenant="t1", end_user="*", amount=Decimal(35), window="day")
+        budgets.set_limit(tenant="t1", end_user="vip", amount=Decimal(50), window="month")
+        budgets.ensure_tenant("t2")
+        budgets.set_limit(tenant="t2", amount=Decimal(70), window="month")
+
+    def teardown(self) -> None:
+        if self._settings is not None:
+            self._settings.disable()
+        transaction.set_rollback(True)
+        self._atomic.__exit__(None, None, None)
+
+    @initialize(policy=st.sampled_from(["charge", "release"]))
+    def expired_hold_policy(self, policy: str) -> None:
+        self._settings = override_settings(LLM_BUDGETS={"EXPIRED_HOLD_POLICY": policy})
+        self._settings.enable()
+
+    @rule(
+        target=holds,
+        caller=st.sampled_from(list(CALLERS)),
+        input_tokens=st.integers(0, 5000),
+        max_output_tokens=st.sampled_from([100, 1500, 3000]),
+        ttl=st.sampled_from([60, 3600, 86400]),
+        key=st.sampled_from([None, None, None, None, "k1", "k2"]),
+    )
+    def reserve(
+        self,
+        caller: tuple[str, str | None],
+        input_tokens: int,
+        max_output_tokens: int,
+        ttl: int,
+        key: str | None,
+    ) -> object:
+        tenant, end_user = caller
+        self.changed = True
+        before = _counters()
+        try:
+            reservation = reservation_create(
+                tenant=tenant,
+                end_user=end_user,
+                provider=PROVIDER,
+                model=MODEL,
+                input_tokens=input_tokens,
+                max_output_tokens=max_output_tokens,
+                idempotency_key=key,
+                ttl=ttl,
+                now=self.now,
+            )
+        except BudgetExceeded as exc:
+            event(f"reserve refused by a {exc.scope.split()[0]} budget")
+            self._assert_justified(exc, before, caller, key)
+            return multiple()
+        if key is not None and (tenant, key) in self.keys:
+            # Same key, same tenant: the same reservation, and nothing more is reserved.
+            event("reserve replayed an idempotency key")
+            assert reservation.pk == self.keys[(tenant, key)]
+            assert _counters() == before
+            return multiple()
+        if key is not None:
+            self.keys[(tenant, key)] = reservation.pk
+        assert reservation.holds.count() == CALLERS[caller]
+        self.states[reservation.pk] = HELD
+        self.expires[reservation.pk] = reservation.expires_at
+        return reservation.pk
+
+    def _assert_justified(
+        self,
+        exc: BudgetExceeded,
+        before: list[tuple[int, Decimal, Decimal]],
+        caller: tuple[str, str | None],
+        key: str | None,
+    ) -> None:
+        """A refusal names a budget that has no room for the request, and holds nothing."""
+        tenant, end_user = caller
+        assert key is None or (tenant, key) not in self.keys
+        tenant_obj = Tenant.objects.get(external_id=tenant)
+        user_obj = tenant_obj.end_users.get(external_id=end_user) if end_user else None
+        (status,) = [
+            s
+            for s in budget_statuses(tenant_obj, user_obj, self.now)
+            if s.budget_id == exc.budget_id
+        ]
+        assert status.spent + status.reserved + exc.requested > status.limit
+        # A refusal may only have added the new period's counters, empty.
+        after = _counters()
+        assert after[: len(before)] == before
+        assert all(c[1:] == (0, 0) for c in after[len(before) :])
+
+    @rule(rid=holds, input_tokens=st.integers(0, 6000), output_tokens=st.integers(0, 4000))
+    def commit(self, rid: UUID, input_tokens: int, output_tokens: int) -> None:
+        self.changed = True
+        state = self.states[rid]
+        if state == RELEASED:
+            before = _counters()
+            with pytest.raises(ReservationStateError):
+                reservation_commit(
+                    rid, input_tokens=input_tokens, output_tokens=output_tokens, now=self.now
+                )
+            assert _counters() == before
+            return
+        result = reservation_commit(
+            rid, input_tokens=input_tokens, output_tokens=output_tokens, now=self.now
+        )
+        if state == COMMITTED:
+            assert result == self.results[rid]  # settling twice returns the first result
+            return
+        cost = _cost(input_tokens, output_tokens)
+        event(f"commit of a {state} hold, {'over' if cost > result.reserved else 'within'} it")
+        assert (result.state, result.cost) == (COMMITTED, cost)
+        assert result.overage == max(Decimal(0), cost - result.reserved)
+        self.states[rid] = COMMITTED
+        self.results[rid] = result
+
+    @rule(rid=holds)
+    def release(self, rid: UUID) -> None:
+        self.changed = True
+        state = self.states[rid]
+        expected = state if state in (COMMITTED, RELEASED) else RELEASED
+        assert reservation_release(rid, now=self.now) == expected
+        self.states[rid] = expected
+
+    @rule()
+    def sweep(self) -> None:
+        due = [r for r, s in self.states.items() if s == HELD and self.expires[r] <= self.now]
+        assert reservations_sweep(now=self.now) == len(due)
+        self.changed = self.changed or bool(due)
+        for rid in due:
+            self.states[rid] = EXPIRED
+
+    @rule(step=st.sampled_from(CLOCK_STEPS))
+    def advance_clock(self, step: timedelta) -> None:
+        self.now += step
+
+    # Checked after every step that wrote to the ledger (clock moves write nothing).
+    @precondition(lambda self: self.changed)
+    @invariant()
+    def ledger_consistent(self) -> None:
+        self.changed = False
+        assert counters_drift() == []
+        assert overspent_counters() == []
+        assert dict(Reservation.objects.values_list("pk", "state")) == self.states
+
+
+def test_random_ledger_histories_keep_the_invariants() -> None:
+    run_state_machine_as_test(
+        LedgerMachine,
+        settings=settings(max_examples=25, stateful_step_count=20, deadline=None, database=None),
+    )
