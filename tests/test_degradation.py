@@ -197,3 +197,21 @@ def test_degraded_calls_never_exceed_any_budget_under_concurrency() -> None:
     tenant_counter = Counter.objects.get(budget__scope="tenant")
     assert tenant_counter.reserved == held
     assert counters_drift() == []
+
+
+def test_a_degraded_request_is_repriced_at_customer_price_too() -> None:
+    _setup()
+    Plan.objects.filter(name="degrading").update(markup_percent=Decimal(50))
+    # A customer-price budget of 150 (= 100 of provider cost at +50 %), at 80 % used.
+    budgets.set_limit(tenant="acme", amount=Decimal("150"), window="day", unit="customer_price")
+    reserve_30(max_output_tokens=2667)  # 80.01 provider cost, 120.015 customer price
+    hold = reserve_30(allow_degrade=True)
+    reservation = Reservation.objects.get(pk=hold.id)
+    assert (reservation.model, reservation.amount, reservation.customer_amount) == (
+        CHEAP,
+        Decimal(10),
+        Decimal(15),
+    )
+    day = Counter.objects.get(budget__window="day")
+    assert day.reserved == Decimal("120.015") + Decimal(15)
+    assert counters_drift() == []
