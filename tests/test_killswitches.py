@@ -315,3 +315,32 @@ def test_old_refusal_records_are_pruned_by_command(acme: None) -> None:
     call_command("llm_budgets_prune_refusals", stdout=out)
     assert "Deleted 1 refusal record(s)" in out.getvalue()
     assert Refusal.objects.count() == 1
+
+
+@pytest.mark.concurrency
+@pytest.mark.django_db(transaction=True)
+def test_a_trip_in_one_process_refuses_the_next_admission_in_every_other() -> None:
+    import multiprocessing
+
+    from tests.concurrency import run_processes
+
+    seed(limit="100000")
+    tripped = multiprocessing.get_context("fork").Event()
+
+    def work(index: int) -> str:
+        if index == 0:
+            budgets.trip(tenant="acme", reason="attack", actor="alice")
+            tripped.set()
+            return "tripped"
+        for _ in range(2000):
+            seen_trip = tripped.is_set()
+            try:
+                reserve_30().release()
+            except KillSwitchActive:
+                return "refused"
+            if seen_trip:
+                return "admitted after the trip"
+        return "never refused"
+
+    results = run_processes(3, work)
+    assert results == [("ok", "tripped"), ("ok", "refused"), ("ok", "refused")]
