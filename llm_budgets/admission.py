@@ -18,7 +18,12 @@ from django.utils import timezone
 from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.degradation import Rung, effect_at, ladder_parse, substitutes, used_percent
-from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, KillSwitchActive
+from llm_budgets.exceptions import (
+    BudgetExceeded,
+    InvalidUsage,
+    KillSwitchActive,
+    NoApplicableBudget,
+)
 from llm_budgets.killswitches import kill_switches_covering, refusal_for
 from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
 from llm_budgets.models import (
@@ -42,20 +47,6 @@ from llm_budgets.selectors import (
 from llm_budgets.tenants import end_user_ensure, tenant_get
 from llm_budgets.usage import tool_calls_validate
 from llm_budgets.windows import rolling_window
-
-
-class NoApplicableBudget(InvalidUsage):
-    """No budget covers the request: admitting it would spend without any cap."""
-
-    code = "no_budget"
-
-    def __init__(self, tenant: str) -> None:
-        super().__init__(
-            f"No budget applies to tenant {tenant!r}, so the call would be uncapped and was "
-            'refused. Set one, e.g. budgets.set_limit(amount=Decimal("1000"), window="month") '
-            "for a global cap.",
-            field="tenant",
-        )
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,17 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
             )
         )
     errors.extend(_check_safety_margin(values["TOKEN_ESTIMATE_SAFETY_MARGIN"]))
+    rate = values["API_THROTTLE_RATE"]
+    if rate is not None and not (
+        isinstance(rate, str) and re.fullmatch(r"[1-9][0-9]*/(s|m|h|d)[a-z]*", rate)
+    ):
+        errors.append(
+            Error(
+                "LLM_BUDGETS['API_THROTTLE_RATE'] must be None or a rate such as '600/minute'.",
+                hint=f"Got {rate!r}. Units: second, minute, hour, day.",
+                id="llm_budgets.E009",
+            )
+        )
     return errors
 
 

@@ -31,6 +31,9 @@ DEFAULTS: dict[str, Any] = {
     # Multiplier (>= 1) on the conservative token bound used for prompts of models that tiktoken
     # cannot count (see llm_budgets/tokens.py).
     "TOKEN_ESTIMATE_SAFETY_MARGIN": "1.10",
+    # Requests per API key for the REST API (DRF rate syntax "N/second|minute|hour|day"), or None
+    # for no limit. Counted in Django's default cache: use a shared one with several processes.
+    "API_THROTTLE_RATE": "600/minute",
 }
 
 EXPIRED_HOLD_POLICIES = ("charge", "release")
@@ -74,6 +77,11 @@ class Settings:
     @property
     def TOKEN_ESTIMATE_SAFETY_MARGIN(self) -> Decimal:
         return Decimal(str(self._get("TOKEN_ESTIMATE_SAFETY_MARGIN")))
+
+    @property
+    def API_THROTTLE_RATE(self) -> str | None:
+        rate = self._get("API_THROTTLE_RATE")
+        return None if rate is None else str(rate)
 
 
 conf = Settings()

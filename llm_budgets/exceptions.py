@@ -6,11 +6,9 @@ act on. HTTP mapping lives only in the API layer.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
-
-from django.utils import timezone
 
 from llm_budgets.money import display
 
@@ -80,7 +78,9 @@ class BudgetExceeded(BudgetError):
         """Whole seconds until the budget resets, or None for a lifetime budget."""
         if self.resets_at is None:
             return None
-        seconds = (self.resets_at - timezone.now()).total_seconds()
+        # Aware arithmetic without django.utils.timezone, so the HTTP client works without Django
+        # settings (it rebuilds these errors from JSON).
+        seconds = (self.resets_at - datetime.now(UTC)).total_seconds()
         return max(1, int(seconds) + (0 if seconds == int(seconds) else 1))
 
 
@@ -139,6 +139,20 @@ class UnknownTenant(InvalidUsage, LookupError):
         super().__init__(
             f"No tenant has external_id {external_id!r}. "
             f'Create it first with budgets.ensure_tenant("{external_id}", ...).',
+            field="tenant",
+        )
+
+
+class NoApplicableBudget(InvalidUsage):
+    """No budget covers the request: admitting it would spend without any cap."""
+
+    code = "no_budget"
+
+    def __init__(self, tenant: str) -> None:
+        super().__init__(
+            f"No budget applies to tenant {tenant!r}, so the call would be uncapped and was "
+            'refused. Set one, e.g. budgets.set_limit(amount=Decimal("1000"), window="month") '
+            "for a global cap.",
             field="tenant",
         )
 

@@ -8,7 +8,7 @@ Usage is charged to the counters the hold was taken on: the period the reservati
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from uuid import UUID
 
@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.costs import actual_cost, customer_charge
 from llm_budgets.exceptions import (
@@ -320,6 +321,33 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
             reservation.settled_at = now
             reservation.save(update_fields=["state", "settled_at"])
             return str(reservation.state)
+
+
+def reservation_extend(
+    reservation_id: object, *, ttl_seconds: object, now: datetime | None = None
+) -> Reservation:
+    """Push a held reservation's ``expires_at`` to ``now + ttl_seconds`` (never earlier than it
+    already is), for a call that runs longer than planned. Only a HELD reservation can be
+    extended, including one past its expiry that the sweep has not reached yet."""
+    rid = _reservation_id(reservation_id)
+    ttl = validation.ttl_seconds("ttl_seconds", ttl_seconds)
+    now = now or timezone.now()
+    with ledger_guard("extend"):
+        bound_sqlite_wait()
+        with transaction.atomic():
+            bound_lock_wait()
+            reservation = _lock_reservation(rid)
+            if reservation.state != ReservationState.HELD:
+                raise ReservationStateError(
+                    f"Reservation {rid} is {reservation.state}, so it cannot be extended: only a "
+                    "held reservation has an expiry to push back.",
+                    state=reservation.state,
+                )
+            expires_at = now + timedelta(seconds=ttl)
+            if expires_at > reservation.expires_at:
+                reservation.expires_at = expires_at
+                reservation.save(update_fields=["expires_at"])
+            return reservation
 
 
 def reservation_expire(reservation_id: object, *, now: datetime | None = None) -> bool:

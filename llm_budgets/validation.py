@@ -66,4 +66,35 @@ def identifier(field: str, value: object, *, max_length: int = 255) -> str:
         raise InvalidUsage(f"{field} must be a non-empty string, got {value!r}.", field=field)
     if len(value) > max_length:
         raise InvalidUsage(f"{field} must be at most {max_length} characters.", field=field)
+    if not storable(value):
+        # PostgreSQL text cannot hold NUL, and a lone surrogate is not valid UTF-8: refuse here
+        # rather than fail in the database as if the ledger were down.
+        raise InvalidUsage(
+            f"{field} must not contain NUL characters or unpaired surrogates.", field=field
+        )
+    return value
+
+
+def storable(text: str) -> bool:
+    """Whether every database can store ``text``: no NUL, valid UTF-8."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def ttl_seconds(field: str, value: object) -> int:
+    """A hold lifetime in whole seconds, from 1 to ``MAX_TTL_SECONDS``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidUsage(
+            f"{field} must be a whole number of seconds, got {type(value).__name__} {value!r}.",
+            field=field,
+        )
+    if not 1 <= value <= conf.MAX_TTL_SECONDS:
+        raise InvalidUsage(
+            f"{field} must be from 1 to {conf.MAX_TTL_SECONDS} seconds, got {value}.", field=field
+        )
     return value

@@ -33,6 +33,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "rest_framework_api_key",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
     "llm_budgets",
 ]
 
@@ -113,4 +116,10 @@ LLM_BUDGETS = {
     "LOCK_TIMEOUT_SECONDS": 3,
     "EXPIRED_HOLD_POLICY": "charge",
     "CURRENCY": "USD",
+}
+
+# drf-spectacular, for `manage.py spectacular` (the API's own schema view sets its title itself).
+SPECTACULAR_SETTINGS = {
+    "TITLE": "llm_budgets API",
+    "SERVE_INCLUDE_SCHEMA": False,
 }

@@ -5,6 +5,7 @@ Invariants that a database can hold are constraints: non-negative amounts, one c
 (tenant, idempotency key).
 """
 
+from llm_budgets.models.api import ApiKey, IdempotencyRecord
 from llm_budgets.models.audit import AuditEvent
 from llm_budgets.models.budgets import Budget, BudgetUnit, Counter, Scope, Window
 from llm_budgets.models.control import BudgetRaise, KillSwitch, Refusal, RefusalKind
@@ -19,12 +20,14 @@ from llm_budgets.models.pricing import Price, PriceSource, PricingBasis
 from llm_budgets.models.tenancy import EndUser, Plan, Tenant, UnknownModelPolicy
 
 __all__ = [
+    "ApiKey",
     "AuditEvent",
     "Budget",
     "BudgetRaise",
     "BudgetUnit",
     "Counter",
     "EndUser",
+    "IdempotencyRecord",
     "KillSwitch",
     "Plan",
     "Price",

@@ -1,0 +1,66 @@
+"""The OpenAPI schema of this API alone, and a Swagger UI served from the installed
+drf-spectacular-sidecar package (never a CDN), whatever the host's SPECTACULAR_SETTINGS say."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.urls import include, path
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView, _get_sidecar_url
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+import llm_budgets
+from llm_budgets.api.schema import api_schema
+
+SCHEMA_PATH = "schema/"
+
+SCHEMA_SETTINGS = {
+    "TITLE": "llm_budgets API",
+    "DESCRIPTION": (
+        "Admit LLM calls before they run against every budget that applies, hold their "
+        "worst-case cost, settle the real cost afterwards. Send `Authorization: Api-Key <key>`."
+    ),
+    "VERSION": llm_budgets.__version__,
+}
+
+
+class SchemaView(SpectacularAPIView):
+    """``GET schema/``: OpenAPI 3 (YAML; ``?format=json`` for JSON). Public: it holds no data."""
+
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+    custom_settings = SCHEMA_SETTINGS
+    schema = AutoSchema()
+
+    @api_schema(exclude=True)
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        from llm_budgets.api.urls import api_patterns
+
+        # Only this API's endpoints, at the prefix the host mounted it on.
+        route = request.resolver_match.route if request.resolver_match else SCHEMA_PATH
+        prefix = route[: -len(SCHEMA_PATH)] if route.endswith(SCHEMA_PATH) else ""
+        self.patterns = [path(prefix, include(api_patterns))]
+        return super().get(request, *args, **kwargs)
+
+
+class SwaggerView(SpectacularSwaggerView):
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+    url_name = "llm_budgets_api:schema"
+    title = "llm_budgets API"
+    schema = AutoSchema()
+
+    @api_schema(exclude=True)
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    @staticmethod
+    def _swagger_ui_resource(filename: str) -> str:
+        return _get_sidecar_url(f"swagger-ui-dist/{filename}")
+
+    @staticmethod
+    def _swagger_ui_favicon() -> str:
+        return _get_sidecar_url("swagger-ui-dist/favicon-32x32.png")

@@ -1,0 +1,143 @@
+"""The one place where errors become HTTP responses: ``{"error": {"code", "message", ...}}``.
+
+``BudgetError`` subclasses map by their ``code`` through :data:`STATUS_BY_CODE`, walking the
+class hierarchy, so a new subclass needs one line here (or none, if its parent's status fits).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from decimal import Decimal
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.utils.encoders import JSONEncoder
+
+from llm_budgets.exceptions import BudgetError, BudgetExceeded
+
+STATUS_BY_CODE: dict[str, int] = {
+    "budget_exceeded": status.HTTP_429_TOO_MANY_REQUESTS,
+    "kill_switch_active": status.HTTP_403_FORBIDDEN,
+    "unknown_price": status.HTTP_422_UNPROCESSABLE_ENTITY,
+    "output_ceiling_required": status.HTTP_422_UNPROCESSABLE_ENTITY,
+    "no_budget": status.HTTP_422_UNPROCESSABLE_ENTITY,
+    "unknown_tenant": status.HTTP_404_NOT_FOUND,
+    "reservation_not_found": status.HTTP_404_NOT_FOUND,
+    "reservation_state": status.HTTP_409_CONFLICT,
+    "ledger_unavailable": status.HTTP_503_SERVICE_UNAVAILABLE,
+    "invalid": status.HTTP_400_BAD_REQUEST,
+    "budget_error": status.HTTP_400_BAD_REQUEST,
+}
+
+
+class ApiError(exceptions.APIException):
+    """An API-layer error with its own code (idempotency conflicts, features not built yet)."""
+
+    def __init__(
+        self, message: str, *, code: str, status_code: int, retry_after: int | None = None
+    ) -> None:
+        super().__init__(message, code)
+        self.status_code = status_code
+        self.error_code = code
+        self.retry_after = retry_after
+
+
+def status_for(exc: BudgetError) -> int:
+    for cls in type(exc).__mro__:
+        code = cls.__dict__.get("code")
+        if code in STATUS_BY_CODE:
+            return STATUS_BY_CODE[code]
+    return status.HTTP_400_BAD_REQUEST
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready: Decimal and datetime as strings, as in every other response."""
+    return json.loads(json.dumps(value, cls=JSONEncoder))
+
+
+def _decimal(value: Decimal) -> str:
+    return format(value.normalize(), "f")
+
+
+def budget_error_body(exc: BudgetError) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": exc.code, "message": exc.message}
+    if isinstance(exc, BudgetExceeded):
+        error["budget"] = {
+            "id": exc.budget_id,
+            "scope": exc.scope,
+            "window": exc.window,
+            "limit": _decimal(exc.limit),
+            "remaining": _decimal(exc.remaining),
+            "currency": exc.currency,
+            "resets_at": exc.resets_at.isoformat() if exc.resets_at else None,
+        }
+        error["requested"] = _decimal(exc.requested)
+    else:
+        for key, value in exc.context.items():
+            if value is not None:
+                error[key] = _decimal(value) if isinstance(value, Decimal) else value
+        field = exc.context.get("field")
+        if field:
+            error["fields"] = {field: [exc.message]}
+    return _plain(error)
+
+
+def _budget_error_response(exc: BudgetError) -> Response:
+    headers = {}
+    retry_after = getattr(exc, "retry_after", None)
+    if isinstance(retry_after, int):
+        headers["Retry-After"] = str(retry_after)
+    return Response({"error": budget_error_body(exc)}, status=status_for(exc), headers=headers)
+
+
+def _field_errors(detail: Any, prefix: str = "") -> dict[str, list[str]]:
+    """DRF's nested error detail, flattened to ``{"field.sub": [messages]}``."""
+    if isinstance(detail, dict):
+        fields: dict[str, list[str]] = {}
+        for key, value in detail.items():
+            name = "non_field_errors" if key == "non_field_errors" and not prefix else str(key)
+            fields.update(_field_errors(value, f"{prefix}.{name}" if prefix else name))
+        return fields
+    if isinstance(detail, list) and detail and all(not isinstance(d, dict | list) for d in detail):
+        return {prefix or "non_field_errors": [str(d) for d in detail]}
+    if isinstance(detail, list):
+        fields = {}
+        for index, value in enumerate(detail):
+            fields.update(_field_errors(value, f"{prefix}.{index}" if prefix else str(index)))
+        return fields
+    return {prefix or "non_field_errors": [str(detail)]}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """DRF exception handler for the llm_budgets views (set per view, not project-wide)."""
+    if isinstance(exc, BudgetError):
+        return _budget_error_response(exc)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied()
+    if not isinstance(exc, exceptions.APIException):
+        return None  # a bug: let Django report it as a 500
+    headers: dict[str, str] = {}
+    error: dict[str, Any]
+    if isinstance(exc, exceptions.ValidationError):
+        fields = _field_errors(exc.detail)
+        summary = "; ".join(f"{name}: {' '.join(msgs)}" for name, msgs in fields.items())
+        error = {"code": "invalid", "message": f"Invalid request. {summary}", "fields": fields}
+        if len(fields) == 1:
+            error["field"] = next(iter(fields))
+    else:
+        codes = exc.get_codes()
+        code = getattr(exc, "error_code", None) or (codes if isinstance(codes, str) else None)
+        error = {"code": code or exc.default_code, "message": str(exc.detail)}
+    wait = getattr(exc, "wait", None) or getattr(exc, "retry_after", None)
+    if wait:
+        headers["Retry-After"] = str(max(1, math.ceil(wait)))
+    auth_header = getattr(exc, "auth_header", None)
+    if auth_header:
+        headers["WWW-Authenticate"] = auth_header
+    return Response({"error": error}, status=exc.status_code, headers=headers)

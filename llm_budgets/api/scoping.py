@@ -1,0 +1,59 @@
+"""What an API key may see: a tenant key only its own tenant; anything else looks absent (404)."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from rest_framework.request import Request
+
+from llm_budgets import tenants, validation
+from llm_budgets.exceptions import InvalidUsage, ReservationNotFound, UnknownTenant
+from llm_budgets.ledger import ledger_guard
+from llm_budgets.models import ApiKey, Reservation, Tenant
+
+
+def api_key_of(request: Request) -> ApiKey:
+    assert isinstance(request.auth, ApiKey), "HasApiKey runs before any view"
+    return request.auth
+
+
+def query_id(request: Request, name: str, *, max_length: int = 255) -> str | None:
+    """An optional identifier from the query string, checked like any other (400 if bad)."""
+    value = request.query_params.get(name)
+    if value is None or value == "":
+        return None
+    return validation.identifier(name, value, max_length=max_length)
+
+
+def tenant_for(request: Request, external_id: str | None) -> Tenant:
+    """The tenant the request acts for. A tenant key naming another tenant gets exactly the
+    answer an unknown tenant gets, so keys cannot probe which tenants exist."""
+    key = api_key_of(request)
+    if key.tenant is not None:
+        if external_id is not None and external_id != key.tenant.external_id:
+            raise UnknownTenant(external_id)
+        return key.tenant
+    if external_id is None:
+        raise InvalidUsage(
+            "tenant is required with an operator key: name the tenant the call is for.",
+            field="tenant",
+        )
+    with ledger_guard("read"):
+        return tenants.tenant_get(external_id)
+
+
+def reservation_for(request: Request, reservation_id: str) -> Reservation:
+    """The reservation, if this key may see it; else ``ReservationNotFound`` (404)."""
+    try:
+        rid = UUID(reservation_id)
+    except ValueError:
+        raise ReservationNotFound(reservation_id) from None
+    key = api_key_of(request)
+    reservations = Reservation.objects.select_related("tenant", "end_user")
+    if key.tenant_id is not None:
+        reservations = reservations.filter(tenant_id=key.tenant_id)
+    with ledger_guard("read"):
+        reservation = reservations.filter(pk=rid).first()
+    if reservation is None:
+        raise ReservationNotFound(rid)
+    return reservation

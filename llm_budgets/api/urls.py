@@ -1,0 +1,51 @@
+"""Mount with ``path("api/llm-budgets/v1/", include("llm_budgets.api.urls"))``."""
+
+from __future__ import annotations
+
+from django.urls import URLPattern, URLResolver, path, re_path
+
+from llm_budgets.api import docs, views
+
+app_name = "llm_budgets_api"
+
+api_patterns: list[URLPattern | URLResolver] = [
+    path("reservations", views.ReservationCreateView.as_view(), name="reservations"),
+    path(
+        "reservations/<str:reservation_id>",
+        views.ReservationDetailView.as_view(),
+        name="reservation",
+    ),
+    path(
+        "reservations/<str:reservation_id>/commit",
+        views.ReservationCommitView.as_view(),
+        name="reservation-commit",
+    ),
+    path(
+        "reservations/<str:reservation_id>/release",
+        views.ReservationReleaseView.as_view(),
+        name="reservation-release",
+    ),
+    path(
+        "reservations/<str:reservation_id>/extend",
+        views.ReservationExtendView.as_view(),
+        name="reservation-extend",
+    ),
+    path(
+        "reservations/<str:reservation_id>/uncertain",
+        views.ReservationUncertainView.as_view(),
+        name="reservation-uncertain",
+    ),
+    path(
+        "tenants/<path:external_id>/status", views.TenantStatusView.as_view(), name="tenant-status"
+    ),
+    path("prices", views.PriceListView.as_view(), name="prices"),
+    path("budgets", views.BudgetListView.as_view(), name="budgets"),
+]
+
+urlpatterns = [
+    *api_patterns,
+    path(docs.SCHEMA_PATH, docs.SchemaView.as_view(), name="schema"),
+    path("docs/", docs.SwaggerView.as_view(), name="docs"),
+    # Any other path, newlines included, gets a JSON 404.
+    re_path(r"^[\s\S]*$", views.NotFoundView.as_view(), name="not-found"),
+]

@@ -1,0 +1,347 @@
+"""REST endpoints. Each one: authenticate the key, check the body's shape, scope to what the key
+may see, call one service, serialize. Errors are rendered by :mod:`llm_budgets.api.exceptions`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.db.models import QuerySet
+from django.utils import timezone
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
+from rest_framework import generics, status
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.parsers import JSONParser
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.serializers import Serializer
+from rest_framework.views import APIView
+
+from llm_budgets import admission, limits, selectors, settlement
+from llm_budgets.api import serializers as s
+from llm_budgets.api.authentication import ApiKeyAuthentication
+from llm_budgets.api.exceptions import ApiError, exception_handler
+from llm_budgets.api.idempotency import HEADER, idempotent
+from llm_budgets.api.permissions import HasApiKey, IsOperatorKey
+from llm_budgets.api.schema import api_schema
+from llm_budgets.api.scoping import api_key_of, query_id, reservation_for, tenant_for
+from llm_budgets.api.throttling import ApiKeyRateThrottle
+from llm_budgets.ledger import ledger_guard
+from llm_budgets.models import Budget, EndUser, Price, Reservation
+
+ERROR_TEXT = {
+    400: "Invalid request: every bad field is named in `error.fields`.",
+    401: "No API key, or an invalid, revoked or expired one.",
+    403: "The key may not do this (operator key required), or a kill switch is active.",
+    404: "No such object, or it belongs to another tenant.",
+    409: "Conflicting state, or an Idempotency-Key reused for another request or still running.",
+    422: "Cannot be priced or capped: unknown price, missing output ceiling, or no budget.",
+    429: "A budget would be exceeded (`error.budget`), or the key is throttled. See Retry-After.",
+    501: "Not available in this version.",
+    503: "The ledger is unavailable; nothing was changed. See Retry-After.",
+}
+
+
+def errors(*codes: int, refusal: bool = False) -> dict[int, OpenApiResponse]:
+    """The error responses of an operation. Every operation can answer 400, 401, 429 (throttle)
+    and 503; ``refusal`` documents the budget refusal shape for 429."""
+    result = {}
+    for code in sorted({400, 401, 429, 503, *codes}):
+        body = s.BudgetExceededSerializer if code == 429 and refusal else s.ErrorSerializer
+        result[code] = OpenApiResponse(body, description=ERROR_TEXT[code])
+    return result
+
+
+IDEMPOTENCY_HEADER = OpenApiParameter(
+    HEADER,
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    description="Makes the POST safe to retry: a replay returns the first response "
+    "(with `Idempotent-Replayed: true`); the same key with another body is a 409.",
+)
+
+
+class ApiView(APIView):
+    # Settings of every llm_budgets endpoint, set here rather than in the host's REST_FRAMEWORK.
+
+    authentication_classes = [ApiKeyAuthentication]
+    permission_classes = [HasApiKey]
+    throttle_classes = [ApiKeyRateThrottle]
+    parser_classes = [JSONParser]
+    renderer_classes = [JSONRenderer]
+    schema = AutoSchema()
+
+    def get_exception_handler(self) -> Callable[[Exception, dict[str, Any]], Response | None]:
+        return exception_handler
+
+    def valid(self, serializer_class: type[Serializer], request: Request) -> dict[str, Any]:
+        serializer = serializer_class(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        return dict(serializer.validated_data)
+
+
+class ReservationCreateView(ApiView):
+    @api_schema(
+        operation_id="reservations_create",
+        summary="Reserve: admit a call and hold its worst-case cost",
+        request=s.ReserveRequestSerializer,
+        parameters=[IDEMPOTENCY_HEADER],
+        responses={
+            201: s.ReservationSerializer,
+            **errors(403, 404, 409, 422, refusal=True),
+        },
+    )
+    @idempotent
+    def post(self, request: Request) -> Response:
+        data = self.valid(s.ReserveRequestSerializer, request)
+        tenant = tenant_for(request, data.get("tenant"))
+        reservation = admission.reservation_create(
+            tenant=tenant.external_id,
+            end_user=data.get("end_user"),
+            provider=data.get("provider"),
+            model=data["model"],
+            input_tokens=data["input_tokens"],
+            max_output_tokens=data.get("max_output_tokens"),
+            idempotency_key=data.get("idempotency_key") or request.headers.get(HEADER),
+            ttl=data.get("ttl_seconds"),
+        )
+        return Response(s.ReservationSerializer(reservation).data, status=status.HTTP_201_CREATED)
+
+
+class ReservationDetailView(ApiView):
+    @api_schema(
+        operation_id="reservations_retrieve",
+        summary="A reservation",
+        responses={200: s.ReservationSerializer, **errors(404)},
+    )
+    def get(self, request: Request, reservation_id: str) -> Response:
+        return Response(s.ReservationSerializer(reservation_for(request, reservation_id)).data)
+
+
+class ReservationCommitView(ApiView):
+    @api_schema(
+        operation_id="reservations_commit",
+        summary="Commit actual usage (repeating returns the first result)",
+        request=s.CommitRequestSerializer,
+        parameters=[IDEMPOTENCY_HEADER],
+        responses={200: s.CommitResultSerializer, **errors(404, 409)},
+    )
+    @idempotent
+    def post(self, request: Request, reservation_id: str) -> Response:
+        data = self.valid(s.CommitRequestSerializer, request)
+        reservation = reservation_for(request, reservation_id)
+        result = settlement.reservation_commit(
+            reservation.pk,
+            input_tokens=data["input_tokens"],
+            output_tokens=data["output_tokens"],
+            cached_input_tokens=data["cached_input_tokens"],
+        )
+        return Response(s.CommitResultSerializer(result).data)
+
+
+class _ReservationActionView(ApiView):
+    """POST .../{action}: run a service on a reservation the key may see, answer with it."""
+
+    request_serializer: type[Serializer] = s.EmptyRequestSerializer
+
+    def act(self, reservation: Reservation, data: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def run(self, request: Request, reservation_id: str) -> Response:
+        data = self.valid(self.request_serializer, request)
+        reservation = reservation_for(request, reservation_id)
+        self.act(reservation, data)
+        with ledger_guard("read"):
+            reservation.refresh_from_db()
+        return Response(s.ReservationSerializer(reservation).data)
+
+
+class ReservationReleaseView(_ReservationActionView):
+    @api_schema(
+        operation_id="reservations_release",
+        summary="Release the hold: the call produced nothing",
+        request=s.EmptyRequestSerializer,
+        parameters=[IDEMPOTENCY_HEADER],
+        responses={200: s.ReservationSerializer, **errors(404, 409)},
+    )
+    @idempotent
+    def post(self, request: Request, reservation_id: str) -> Response:
+        return self.run(request, reservation_id)
+
+    def act(self, reservation: Reservation, data: dict[str, Any]) -> None:
+        settlement.reservation_release(reservation.pk)
+
+
+class ReservationExtendView(_ReservationActionView):
+    request_serializer = s.ExtendRequestSerializer
+
+    @api_schema(
+        operation_id="reservations_extend",
+        summary="Push a held reservation's expiry later",
+        request=s.ExtendRequestSerializer,
+        parameters=[IDEMPOTENCY_HEADER],
+        responses={200: s.ReservationSerializer, **errors(404, 409)},
+    )
+    @idempotent
+    def post(self, request: Request, reservation_id: str) -> Response:
+        return self.run(request, reservation_id)
+
+    def act(self, reservation: Reservation, data: dict[str, Any]) -> None:
+        settlement.reservation_extend(reservation.pk, ttl_seconds=data["ttl_seconds"])
+
+
+def mark_uncertain_service() -> Callable[..., Any]:
+    """``settlement.reservation_mark_uncertain`` once it exists (it lands with the UNCERTAIN
+    state); until then the endpoint answers 501 rather than guess at the semantics."""
+    service = getattr(settlement, "reservation_mark_uncertain", None)
+    if service is None:
+        raise ApiError(
+            "Marking a reservation uncertain is not available in this version: the UNCERTAIN "
+            "state has not landed yet. Leave the hold to expire (it is charged as estimated), or "
+            "commit the real usage when it is known.",
+            code="not_implemented",
+            status_code=status.HTTP_501_NOT_IMPLEMENTED,
+        )
+    return service
+
+
+class ReservationUncertainView(_ReservationActionView):
+    @api_schema(
+        operation_id="reservations_uncertain",
+        summary="Mark uncertain: the call may have run (timeout, lost worker)",
+        request=s.EmptyRequestSerializer,
+        parameters=[IDEMPOTENCY_HEADER],
+        responses={200: s.ReservationSerializer, **errors(404, 409, 501)},
+    )
+    @idempotent
+    def post(self, request: Request, reservation_id: str) -> Response:
+        return self.run(request, reservation_id)
+
+    def act(self, reservation: Reservation, data: dict[str, Any]) -> None:
+        mark_uncertain_service()(reservation.pk)
+
+
+class TenantStatusView(ApiView):
+    @api_schema(
+        operation_id="tenants_status",
+        summary="Every budget that applies to the tenant (or one of its end users), now",
+        parameters=[
+            OpenApiParameter(
+                "end_user", OpenApiTypes.STR, description="Include this end user's budgets."
+            )
+        ],
+        responses={200: s.TenantStatusSerializer, **errors(404)},
+    )
+    def get(self, request: Request, external_id: str) -> Response:
+        tenant = tenant_for(request, external_id)
+        end_user_id = query_id(request, "end_user")
+        with ledger_guard("status"):
+            end_user = None
+            if end_user_id is not None:
+                # Not seen yet: show the defaults it would get, without creating it.
+                end_user = tenant.end_users.filter(external_id=end_user_id).first() or EndUser(
+                    tenant=tenant, external_id=end_user_id
+                )
+            statuses = selectors.budget_statuses(tenant, end_user, timezone.now())
+        body = {"tenant": tenant.external_id, "end_user": end_user_id, "budgets": statuses}
+        return Response(s.TenantStatusSerializer(body).data)
+
+
+class Pagination(LimitOffsetPagination):
+    default_limit = 100
+    max_limit = 1000
+    max_offset = 10**9  # beyond this an OFFSET overflows some databases; nothing is there anyway
+
+    def get_offset(self, request: Request) -> int:
+        return min(super().get_offset(request), self.max_offset)
+
+
+class PriceListView(ApiView, generics.ListAPIView[Price]):
+    serializer_class = s.PriceSerializer
+    pagination_class = Pagination
+
+    def get_queryset(self) -> QuerySet[Price]:
+        prices = Price.objects.all()
+        for name in ("provider", "model"):
+            value = query_id(self.request, name)
+            if value is not None:
+                prices = prices.filter(**{name: value})
+        return prices
+
+    @api_schema(
+        operation_id="prices_list",
+        summary="Price versions (every key may read them)",
+        parameters=[
+            OpenApiParameter("provider", OpenApiTypes.STR),
+            OpenApiParameter("model", OpenApiTypes.STR),
+        ],
+        responses={200: s.PriceSerializer(many=True), **errors()},
+    )
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        with ledger_guard("read"):
+            return super().get(request, *args, **kwargs)
+
+
+class BudgetListView(ApiView, generics.ListAPIView[Budget]):
+    permission_classes = [IsOperatorKey]
+    serializer_class = s.BudgetSerializer
+    pagination_class = Pagination
+
+    def get_queryset(self) -> QuerySet[Budget]:
+        budgets = Budget.objects.select_related("tenant", "end_user")
+        tenant = query_id(self.request, "tenant")
+        if tenant is not None:
+            budgets = budgets.filter(tenant__external_id=tenant)
+        return budgets
+
+    @api_schema(
+        operation_id="budgets_list",
+        summary="Budgets (operator keys)",
+        parameters=[OpenApiParameter("tenant", OpenApiTypes.STR, description="Only this tenant.")],
+        responses={200: s.BudgetSerializer(many=True), **errors(403)},
+    )
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        with ledger_guard("read"):
+            return super().get(request, *args, **kwargs)
+
+    @api_schema(
+        operation_id="budgets_set_limit",
+        summary="Create or change a budget's limit (operator keys; audited)",
+        request=s.SetLimitRequestSerializer,
+        parameters=[IDEMPOTENCY_HEADER],
+        responses={200: s.BudgetSerializer, **errors(403, 404, 409)},
+    )
+    @idempotent
+    def post(self, request: Request) -> Response:
+        data = self.valid(s.SetLimitRequestSerializer, request)
+        key = api_key_of(request)
+        with ledger_guard("limits"):
+            budget = limits.budget_set_limit(
+                amount=data["amount"],
+                window=data["window"],
+                tenant=data.get("tenant"),
+                end_user=data.get("end_user"),
+                actor=f"api key {key.prefix} ({key.name})",
+                reason=data["reason"],
+            )
+        return Response(s.BudgetSerializer(budget).data)
+
+
+class NotFoundView(ApiView):
+    """Any other path under the API: a JSON 404, not the host's HTML page."""
+
+    permission_classes: list[Any] = []
+    authentication_classes: list[Any] = []
+
+    @api_schema(exclude=True)
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        raise ApiError(
+            f"No endpoint at {request.path}.",
+            code="not_found",
+            status_code=status.HTTP_404_NOT_FOUND,
+        )
+
+    post = put = patch = delete = get

@@ -1,0 +1,63 @@
+"""REST API keys: created (the secret is returned once, only its hash is stored) and revoked."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import cast
+
+from django.db import transaction
+from django.utils import timezone
+
+from llm_budgets import validation
+from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.models import ApiKey, AuditEvent
+from llm_budgets.tenants import tenant_get
+
+
+def api_key_create(
+    *,
+    tenant: str | None,
+    name: str,
+    expires_at: datetime | None = None,
+    actor: str = "",
+) -> tuple[ApiKey, str]:
+    """Create a key for one tenant (by external id), or an operator key (``tenant=None``).
+
+    Returns the key row and the key itself, ``<prefix>.<secret>``: show it once, it cannot be
+    recovered."""
+    validation.identifier("name", name, max_length=50)
+    if expires_at is not None:
+        if timezone.is_naive(expires_at):
+            raise InvalidUsage("expires_at must be timezone-aware.", field="expires_at")
+        if expires_at <= timezone.now():
+            raise InvalidUsage("expires_at must be in the future.", field="expires_at")
+    tenant_obj = None if tenant is None else tenant_get(tenant)
+    with transaction.atomic():
+        created, key = ApiKey.objects.create_key(
+            name=name, tenant=tenant_obj, expiry_date=expires_at
+        )
+        api_key = cast(ApiKey, created)
+        AuditEvent.objects.create(
+            action="api_key.create",
+            actor=actor,
+            tenant=tenant_obj,
+            target=f"api key {api_key.prefix}",
+            after={"name": name, "scope": api_key.scope_label},
+        )
+    return api_key, key
+
+
+def api_key_revoke(api_key: ApiKey, *, actor: str = "", reason: str = "") -> None:
+    """Revoke a key for good (revocation cannot be undone)."""
+    with transaction.atomic():
+        if api_key.revoked:
+            return
+        api_key.revoked = True
+        api_key.save(update_fields=["revoked"])
+        AuditEvent.objects.create(
+            action="api_key.revoke",
+            actor=actor,
+            tenant=api_key.tenant,
+            target=f"api key {api_key.prefix}",
+            reason=reason,
+        )

@@ -1,0 +1,385 @@
+"""A Python client for the REST API, for services outside the Django process::
+
+    from llm_budgets.client import BudgetsClient
+
+    client = BudgetsClient("https://app.example.com/api/llm-budgets/v1/", api_key)
+    with client.reserve(model="gpt-4o", input_tokens=1200, max_output_tokens=800) as hold:
+        response = call_the_model(...)
+        hold.commit(input_tokens=..., output_tokens=...)
+
+The same shape as ``llm_budgets.budgets`` and the same exception classes (rebuilt from the JSON
+error body), so code moves between in-process and HTTP unchanged. Needs ``httpx`` (the ``client``
+extra) and no Django settings.
+
+Retries: only calls that are safe to repeat are retried: GETs, and POSTs that carry an
+``Idempotency-Key``. Every POST gets a fresh key unless you pass one (``idempotency_key=...``) or
+construct the client with ``auto_idempotency_keys=False``. A retry happens after a transport error,
+a ``503`` (ledger unavailable), a throttled ``429`` or a ``409 idempotency_in_progress``, waiting
+for ``Retry-After`` (capped); never after a budget refusal.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from llm_budgets.exceptions import BudgetError, BudgetExceeded, ReservationStateError
+
+logger = logging.getLogger("llm_budgets.client")
+
+__all__ = ["ApiError", "BudgetsClient", "RemoteCommitResult", "RemoteHold"]
+
+RETRYABLE_CODES = {"ledger_unavailable", "throttled", "idempotency_in_progress"}
+
+
+class ApiError(BudgetError):
+    """An HTTP-level error with no in-process equivalent (authentication, permission, not found
+    path, idempotency conflict, not implemented, an unexpected status)."""
+
+    code = "api_error"
+
+    def __init__(self, message: str, *, status_code: int, code: str, **context: Any) -> None:
+        self.status_code = status_code
+        self.code = code
+        super().__init__(message, status_code=status_code, **context)
+
+
+def _subclasses(cls: type[BudgetError]) -> list[type[BudgetError]]:
+    found = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(_subclasses(sub))
+    return found
+
+
+def _error_class(code: str) -> type[BudgetError] | None:
+    """The exception class whose own ``code`` is ``code`` (new classes map themselves)."""
+    for cls in _subclasses(BudgetError):
+        if cls.__dict__.get("code") == code and cls is not ApiError:
+            return cls
+    return None
+
+
+def _money(value: Any) -> Decimal:
+    return Decimal(str(value))
+
+
+def _when(value: str | None) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def error_from_response(response: httpx.Response) -> BudgetError:
+    """Rebuild the server's exception from ``{"error": {"code", "message", ...}}``."""
+    try:
+        error = response.json()["error"]
+        code, message = str(error["code"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        return ApiError(
+            f"HTTP {response.status_code} from {response.request.url}: {response.text[:200]}",
+            status_code=response.status_code,
+            code="http_error",
+        )
+    details = {k: v for k, v in error.items() if k not in ("code", "message")}
+    cls = _error_class(code)
+    if cls is None:
+        return ApiError(message, status_code=response.status_code, code=code, **details)
+    exc = cls.__new__(cls)
+    if isinstance(exc, BudgetExceeded):
+        budget = details.get("budget") or {}
+        exc.scope = budget.get("scope", "")
+        exc.window = budget.get("window", "")
+        exc.limit = _money(budget.get("limit", 0))
+        exc.remaining = _money(budget.get("remaining", 0))
+        exc.requested = _money(details.get("requested", 0))
+        exc.resets_at = _when(budget.get("resets_at"))
+        exc.currency = budget.get("currency", "")
+        exc.budget_id = budget.get("id")
+        exc.tenant = exc.end_user = None
+        context = {k: getattr(exc, k) for k in ("scope", "window", "limit", "remaining")}
+        BudgetError.__init__(exc, message, **context, requested=exc.requested)
+        return exc
+    if "retry_after" not in details and response.headers.get("Retry-After", "").isdigit():
+        details["retry_after"] = int(response.headers["Retry-After"])
+    details.pop("fields", None)
+    BudgetError.__init__(exc, message, **details)
+    for key, value in details.items():
+        setattr(exc, key, value)
+    return exc
+
+
+@dataclass(frozen=True)
+class RemoteCommitResult:
+    """What a commit charged; the fields of ``llm_budgets.settlement.CommitResult``."""
+
+    reservation_id: uuid.UUID
+    state: str
+    cost: Decimal
+    reserved: Decimal
+    overage: Decimal
+    currency: str
+
+
+class RemoteHold:
+    """A reservation held over HTTP; the interface of ``llm_budgets.budgets.Hold``."""
+
+    def __init__(self, client: BudgetsClient, data: dict[str, Any]) -> None:
+        self._client = client
+        self._data = data
+
+    def __repr__(self) -> str:
+        return f"<RemoteHold {self.id} {self.amount} {self.currency} {self.state}>"
+
+    @property
+    def id(self) -> uuid.UUID:
+        return uuid.UUID(self._data["id"])
+
+    @property
+    def amount(self) -> Decimal:
+        return _money(self._data["amount"])
+
+    @property
+    def currency(self) -> str:
+        return str(self._data["currency"])
+
+    @property
+    def expires_at(self) -> datetime:
+        expires_at = _when(self._data["expires_at"])
+        assert expires_at is not None
+        return expires_at
+
+    @property
+    def state(self) -> str:
+        return str(self._data["state"])
+
+    @property
+    def model(self) -> str:
+        return str(self._data["model"])
+
+    @property
+    def max_output_tokens(self) -> int:
+        return int(self._data["max_output_tokens"])
+
+    @property
+    def degraded(self) -> bool:
+        return bool(self._data.get("degraded", False))
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The reservation as the API last returned it."""
+        return dict(self._data)
+
+    def commit(
+        self, *, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0
+    ) -> RemoteCommitResult:
+        """Charge actual usage; returns ``cost`` and ``overage``. Idempotent."""
+        result = self._client.commit(
+            self.id,
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cached_input_tokens=cached_input_tokens,
+        )
+        self._data["state"] = result.state
+        return result
+
+    def release(self) -> str:
+        """Drop the hold (the call produced nothing). Returns the final state."""
+        self._data = self._client._post(f"reservations/{self.id}/release", {})
+        return self.state
+
+    def extend(self, *, ttl_seconds: int) -> RemoteHold:
+        """Push the expiry to ``ttl_seconds`` from now (never earlier)."""
+        self._data = self._client._post(
+            f"reservations/{self.id}/extend", {"ttl_seconds": ttl_seconds}
+        )
+        return self
+
+    def mark_uncertain(self) -> str:
+        """The call's outcome is unknown: keep the hold counted until usage arrives or the
+        reconcile job settles it. Returns the state."""
+        self._data = self._client._post(f"reservations/{self.id}/uncertain", {})
+        return self.state
+
+    def refresh(self) -> RemoteHold:
+        self._data = self._client._get(f"reservations/{self.id}")
+        return self
+
+    def __enter__(self) -> RemoteHold:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # The in-process Hold's rules: see llm_budgets.budgets.Hold.
+        if self.state != "held":
+            return
+        if exc_type is None:
+            raise ReservationStateError(
+                f"Reservation {self.id} left its with-block still held: call hold.commit(...) "
+                "after the provider answers, or hold.release() if it produced nothing. The hold "
+                "stays until it expires and is then charged as estimated spend.",
+                state=self.state,
+            )
+        if issubclass(exc_type, TimeoutError | httpx.TimeoutException):
+            logger.warning("llm_budgets: reservation %s timed out; its hold stays.", self.id)
+            try:
+                self.mark_uncertain()
+            except ApiError as error:
+                if error.code != "not_implemented":  # a server without the UNCERTAIN state
+                    raise
+            return
+        self.release()
+
+
+class BudgetsClient:
+    """HTTP client for ``llm_budgets.api`` (``base_url`` ends at the mount, e.g. ``.../v1/``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 10.0,
+        max_retries: int = 2,
+        max_retry_wait: float = 5.0,
+        auto_idempotency_keys: bool = True,
+        http: httpx.Client | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.base_url = base_url.rstrip("/") + "/"
+        self.max_retries = max_retries
+        self.max_retry_wait = max_retry_wait
+        self.auto_idempotency_keys = auto_idempotency_keys
+        self._sleep = sleep
+        self._http = http or httpx.Client(timeout=timeout)
+        self._headers = {"Authorization": f"Api-Key {api_key}", "Accept": "application/json"}
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> BudgetsClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # The in-process API's functions.
+
+    def reserve(
+        self,
+        *,
+        model: str,
+        input_tokens: int,
+        max_output_tokens: int | None = None,
+        tenant: str | None = None,
+        end_user: str | None = None,
+        provider: str | None = None,
+        idempotency_key: str | None = None,
+        ttl: int | None = None,
+    ) -> RemoteHold:
+        """Admit a call and hold its worst-case cost, or raise the ``BudgetError`` that says
+        why. ``tenant`` is implied by a tenant key and required with an operator key."""
+        body: dict[str, Any] = {
+            "model": model,
+            "input_tokens": input_tokens,
+            "max_output_tokens": max_output_tokens,
+        }
+        optional = {
+            "tenant": tenant,
+            "end_user": end_user,
+            "provider": provider,
+            "ttl_seconds": ttl,
+        }
+        body.update({k: v for k, v in optional.items() if v is not None})
+        return RemoteHold(self, self._post("reservations", body, idempotency_key=idempotency_key))
+
+    def get(self, hold_id: uuid.UUID | str) -> RemoteHold:
+        return RemoteHold(self, self._get(f"reservations/{hold_id}"))
+
+    def commit(
+        self,
+        hold_id: uuid.UUID | str,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        cached_input_tokens: int = 0,
+        idempotency_key: str | None = None,
+    ) -> RemoteCommitResult:
+        data = self._post(
+            f"reservations/{hold_id}/commit",
+            {
+                "input_tokens": input_tokens,
+                "output_tokens": output_tokens,
+                "cached_input_tokens": cached_input_tokens,
+            },
+            idempotency_key=idempotency_key,
+        )
+        return RemoteCommitResult(
+            reservation_id=uuid.UUID(data["id"]),
+            state=data["state"],
+            cost=_money(data["cost"]),
+            reserved=_money(data["reserved"]),
+            overage=_money(data["overage"]),
+            currency=data["currency"],
+        )
+
+    def release(self, hold_id: uuid.UUID | str) -> str:
+        return str(self._post(f"reservations/{hold_id}/release", {})["state"])
+
+    def status(self, *, tenant: str, end_user: str | None = None) -> list[dict[str, Any]]:
+        """Every budget that applies: limit, spent, reserved, remaining (Decimal), resets_at."""
+        params = {"end_user": end_user} if end_user else None
+        data = self._get(f"tenants/{quote(tenant, safe='')}/status", params=params)
+        money = ("limit", "spent", "reserved", "remaining")
+        return [
+            {k: _money(v) if k in money else v for k, v in budget.items()}
+            for budget in data["budgets"]
+        ]
+
+    # Transport.
+
+    def _get(self, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:
+        return self._request("GET", path, params=params, retryable=True)
+
+    def _post(
+        self, path: str, body: dict[str, Any], *, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        headers = {}
+        key = idempotency_key or (str(uuid.uuid4()) if self.auto_idempotency_keys else None)
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        return self._request("POST", path, json=body, headers=headers, retryable=key is not None)
+
+    def _request(self, method: str, path: str, *, retryable: bool, **kwargs: Any) -> Any:
+        headers = {**self._headers, **kwargs.pop("headers", {})}
+        attempts = 1 + (self.max_retries if retryable else 0)
+        for attempt in range(1, attempts + 1):
+            try:
+                response = self._http.request(
+                    method, self.base_url + path, headers=headers, **kwargs
+                )
+            except httpx.TransportError:
+                if attempt == attempts:
+                    raise
+                self._sleep(min(self.max_retry_wait, 0.2 * 2**attempt))
+                continue
+            if response.is_success:
+                return response.json()
+            error = error_from_response(response)
+            if attempt == attempts or error.code not in RETRYABLE_CODES:
+                raise error
+            wait = response.headers.get("Retry-After", "")
+            self._sleep(min(self.max_retry_wait, int(wait) if wait.isdigit() else 0.2 * 2**attempt))
+        raise AssertionError("unreachable")

@@ -1,0 +1,115 @@
+"""REST API isolation matrix: tenant A's key against each of tenant B's objects is always a 404
+that looks exactly like a missing object, and changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from llm_budgets import budgets
+from llm_budgets.models import Budget, Counter, Reservation, UsageRecord
+from tests.api import BASE, client_for, new_key, reserve_body
+from tests.factories import seed
+
+pytestmark = pytest.mark.django_db
+
+MISSING = "00000000-0000-0000-0000-000000000000"
+
+
+def snapshot() -> list[Any]:
+    return [
+        sorted(Reservation.objects.values_list("pk", "state", "expires_at")),
+        sorted(Counter.objects.values_list("pk", "spent", "reserved")),
+        sorted(Budget.objects.values_list("pk", "limit")),
+        UsageRecord.objects.count(),
+    ]
+
+
+Probe = Callable[[Any, str], Any]
+
+PROBES: dict[str, Probe] = {
+    "get": lambda c, rid: c.get(f"{BASE}reservations/{rid}"),
+    "commit": lambda c, rid: c.post(
+        f"{BASE}reservations/{rid}/commit", {"input_tokens": 0, "output_tokens": 1}, "json"
+    ),
+    "release": lambda c, rid: c.post(f"{BASE}reservations/{rid}/release"),
+    "extend": lambda c, rid: c.post(
+        f"{BASE}reservations/{rid}/extend", {"ttl_seconds": 999}, "json"
+    ),
+    "uncertain": lambda c, rid: c.post(f"{BASE}reservations/{rid}/uncertain"),
+}
+
+
+@pytest.fixture
+def two_tenants() -> tuple[Any, str]:
+    seed(tenant="alpha")
+    budgets.ensure_tenant("beta")
+    budgets.set_limit(tenant="beta", amount=Decimal(100), window="month")
+    beta = client_for(new_key("beta"))
+    beta_hold = beta.post(f"{BASE}reservations", reserve_body(), format="json").json()["id"]
+    return client_for(new_key("alpha")), beta_hold
+
+
+@pytest.mark.parametrize("action", sorted(PROBES))
+def test_another_tenants_reservation_looks_missing(
+    two_tenants: tuple[Any, str], action: str
+) -> None:
+    alpha, beta_hold = two_tenants
+    before = snapshot()
+    theirs = PROBES[action](alpha, beta_hold)
+    missing = PROBES[action](alpha, MISSING)
+    assert theirs.status_code == 404, theirs.content
+    assert theirs.json()["error"]["code"] == missing.json()["error"]["code"]
+    assert snapshot() == before
+
+
+def test_another_tenants_status_looks_missing(two_tenants: tuple[Any, str]) -> None:
+    alpha, _ = two_tenants
+    theirs = alpha.get(f"{BASE}tenants/beta/status")
+    missing = alpha.get(f"{BASE}tenants/ghost/status")
+    assert theirs.status_code == missing.status_code == 404
+    assert theirs.json()["error"]["code"] == missing.json()["error"]["code"] == "unknown_tenant"
+    assert "beta" not in missing.content.decode()
+
+
+def test_reserving_for_another_tenant_looks_missing(two_tenants: tuple[Any, str]) -> None:
+    alpha, _ = two_tenants
+    before = snapshot()
+    response = alpha.post(f"{BASE}reservations", reserve_body(tenant="beta"), format="json")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "unknown_tenant"
+    assert snapshot() == before
+    own = alpha.post(f"{BASE}reservations", reserve_body(tenant="alpha"), format="json")
+    assert own.status_code == 201
+
+
+def test_budgets_are_not_reachable_with_a_tenant_key(two_tenants: tuple[Any, str]) -> None:
+    alpha, _ = two_tenants
+    before = snapshot()
+    assert alpha.get(f"{BASE}budgets", {"tenant": "beta"}).status_code == 403
+    response = alpha.post(
+        f"{BASE}budgets", {"tenant": "beta", "window": "month", "amount": "0"}, format="json"
+    )
+    assert response.status_code == 403
+    assert snapshot() == before
+
+
+def test_idempotency_keys_do_not_leak_across_tenants(two_tenants: tuple[Any, str]) -> None:
+    alpha, _ = two_tenants
+    beta = client_for(new_key("beta"))
+    headers = {"HTTP_IDEMPOTENCY_KEY": "shared"}
+    theirs = beta.post(f"{BASE}reservations", reserve_body(), format="json", **headers)
+    mine = alpha.post(f"{BASE}reservations", reserve_body(), format="json", **headers)
+    assert theirs.status_code == mine.status_code == 201
+    assert mine.json()["tenant"] == "alpha"
+    assert mine.json()["id"] != theirs.json()["id"]
+
+
+def test_an_operator_key_reaches_every_tenant(two_tenants: tuple[Any, str]) -> None:
+    _, beta_hold = two_tenants
+    operator = client_for(new_key(None))
+    assert operator.get(f"{BASE}reservations/{beta_hold}").status_code == 200
+    assert operator.get(f"{BASE}tenants/beta/status").status_code == 200

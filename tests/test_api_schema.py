@@ -1,0 +1,59 @@
+"""The OpenAPI schema and its Swagger UI page, served from the installed package."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.staticfiles import finders
+from django.core.management import call_command
+from django.test import Client
+
+from tests.api import BASE
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_schema_is_public_and_covers_every_endpoint() -> None:
+    response = Client().get(f"{BASE}schema/", {"format": "json"})
+    assert response.status_code == 200
+    schema = response.json()
+    assert schema["openapi"].startswith("3.")
+    assert schema["info"]["title"] == "llm_budgets API"
+    assert set(schema["paths"]) == {
+        f"{BASE}{path}"
+        for path in [
+            "reservations",
+            "reservations/{reservation_id}",
+            "reservations/{reservation_id}/commit",
+            "reservations/{reservation_id}/release",
+            "reservations/{reservation_id}/extend",
+            "reservations/{reservation_id}/uncertain",
+            "tenants/{external_id}/status",
+            "prices",
+            "budgets",
+        ]
+    }
+    assert schema["components"]["securitySchemes"]["ApiKey"]["name"] == "Authorization"
+    create = schema["paths"][f"{BASE}reservations"]["post"]
+    assert {"201", "400", "401", "403", "404", "409", "422", "429", "503"} <= set(
+        create["responses"]
+    )
+    assert "Idempotency-Key" in {p["name"] for p in create["parameters"]}
+
+
+def test_the_schema_validates_without_warnings() -> None:
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", "/dev/null")
+
+
+def test_swagger_ui_loads_its_assets_from_the_installed_package() -> None:
+    response = Client().get(f"{BASE}docs/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert any("swagger-ui-bundle.js" in a for a in assets), assets
+    for asset in assets:
+        assert not asset.startswith(("http:", "https:", "//")), asset
+    assert "cdn" not in html.lower()
+    for name in ("swagger-ui-bundle.js", "swagger-ui.css", "swagger-ui-standalone-preset.js"):
+        assert finders.find(f"drf_spectacular_sidecar/swagger-ui-dist/{name}"), name
