@@ -104,6 +104,17 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
                 id="llm_budgets.E008",
             )
         )
+    emails = values["OPERATOR_EMAILS"]
+    if not isinstance(emails, list | tuple) or not all(
+        isinstance(e, str) and "@" in e for e in emails
+    ):
+        errors.append(
+            Error(
+                "LLM_BUDGETS['OPERATOR_EMAILS'] must be a list of email addresses.",
+                hint=f"Got {emails!r}. They are emailed when a kill switch trips or clears.",
+                id="llm_budgets.E040",
+            )
+        )
     errors.extend(_check_safety_margin(values["TOKEN_ESTIMATE_SAFETY_MARGIN"]))
     rate = values["API_THROTTLE_RATE"]
     if rate is not None and not (
@@ -149,6 +160,7 @@ def _check_job_settings(values: dict[str, Any]) -> list[CheckMessage]:
         ("WARNING_CLAIM_TIMEOUT_SECONDS", "llm_budgets.E024"),
         ("RETENTION_RELEASED_DAYS", "llm_budgets.E026"),
         ("ROLLUP_LOOKBACK_DAYS", "llm_budgets.E027"),
+        ("RETENTION_REFUSALS_DAYS", "llm_budgets.E028"),
     )
     for key, error_id in positive:
         if not _is_positive_int(values[key]):

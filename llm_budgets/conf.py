@@ -26,6 +26,8 @@ DEFAULTS: dict[str, Any] = {
     "MAX_TOKENS_PER_CALL": 10_000_000,
     # Longest TTL a caller may ask for, in seconds.
     "MAX_TTL_SECONDS": 24 * 60 * 60,
+    # Addresses emailed when a kill switch is tripped or cleared. Empty: no email.
+    "OPERATOR_EMAILS": [],
     # Multiplier (>= 1) on the conservative token bound used for prompts of models that tiktoken
     # cannot count (see llm_budgets/tokens.py).
     "TOKEN_ESTIMATE_SAFETY_MARGIN": "1.10",
@@ -48,6 +50,8 @@ DEFAULTS: dict[str, Any] = {
     # Retention: released (never charged) reservations are deleted this many days after settling.
     # Ledger lines, and reservations that have any, are never deleted.
     "RETENTION_RELEASED_DAYS": 30,
+    # Refusal records (why a call was refused) are deleted this many days after the refusal.
+    "RETENTION_REFUSALS_DAYS": 90,
     # The daily rollup job rebuilds this many recent local days (late true-ups land in the past).
     "ROLLUP_LOOKBACK_DAYS": 3,
 }
@@ -89,6 +93,10 @@ class Settings:
         return int(self._get("MAX_TTL_SECONDS"))
 
     @property
+    def OPERATOR_EMAILS(self) -> list[str]:
+        return list(self._get("OPERATOR_EMAILS"))
+
+    @property
     def UNCERTAIN_SETTLE_RULE(self) -> str:
         return str(self._get("UNCERTAIN_SETTLE_RULE"))
 
@@ -116,6 +124,10 @@ class Settings:
     @property
     def RETENTION_RELEASED_DAYS(self) -> int:
         return int(self._get("RETENTION_RELEASED_DAYS"))
+
+    @property
+    def RETENTION_REFUSALS_DAYS(self) -> int:
+        return int(self._get("RETENTION_REFUSALS_DAYS"))
 
     @property
     def ROLLUP_LOOKBACK_DAYS(self) -> int:

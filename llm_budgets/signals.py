@@ -1,11 +1,23 @@
-"""The app's signals. Each is sent after the transaction that caused it commits, so a receiver
-never sees an event that was rolled back. Receivers must not raise: they run in a job, and a
-failing receiver is logged, not retried (``send_robust``).
+"""Signals the app sends. Each is sent after the transaction that caused it commits
+(``transaction.on_commit``), so a receiver never sees a change that was rolled back.
+
+- ``kill_switch_tripped(sender=KillSwitch, switch=KillSwitch)``: a switch was tripped, by a person
+  (``switch.tripped_by``) or by an anomaly detector (``switch.automatic``, ``switch.detector``).
+- ``kill_switch_cleared(sender=KillSwitch, switch=KillSwitch)``: a person cleared it
+  (``switch.cleared_by``, ``switch.clear_reason``).
+- ``threshold_crossed(sender=ThresholdCrossing, ...)``: a budget reached a warning threshold;
+  its arguments are documented below.
+
+Receivers must not raise: the senders run in jobs, and a failing receiver is logged, not retried
+(``send_robust``) where noted.
 """
 
 from __future__ import annotations
 
 from django.dispatch import Signal
+
+kill_switch_tripped = Signal()
+kill_switch_cleared = Signal()
 
 threshold_crossed = Signal()
 """A budget's spent + reserved reached one of its warning thresholds in the current period.
@@ -15,6 +27,7 @@ Sent once per (budget, period, threshold), by the warning scan, with ``sender`` 
 
 - ``crossing``: the ``ThresholdCrossing`` row (its ``state`` says whether an email will follow)
 - ``budget``: the ``Budget``
+- ``end_user``: for an each-end-user budget, whose usage crossed it (else None)
 - ``threshold``: the percentage reached (int)
 - ``period_start``: the period's start (aware datetime)
 - ``spent``, ``reserved``, ``limit``: ``Decimal`` amounts at detection, in ``currency`` (str)

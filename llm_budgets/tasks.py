@@ -52,4 +52,4 @@ def rollup_daily_usage() -> int:
 
 @shared_task(name="llm_budgets.purge_retention", ignore_result=True)
 def purge_retention() -> int:
-    return retention.reservations_purge()
+    return retention.reservations_purge() + retention.refusals_purge()

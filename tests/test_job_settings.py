@@ -34,6 +34,7 @@ def test_defaults_pass() -> None:
         ("WARNING_FROM_EMAIL", "not an address", "llm_budgets.E025"),
         ("RETENTION_RELEASED_DAYS", 1.5, "llm_budgets.E026"),
         ("ROLLUP_LOOKBACK_DAYS", True, "llm_budgets.E027"),
+        ("RETENTION_REFUSALS_DAYS", 0, "llm_budgets.E028"),
     ],
 )
 def test_bad_values_are_errors(key: str, value: Any, error: str) -> None:

@@ -64,3 +64,19 @@ def test_expired_without_charge_is_purged_in_batches_by_the_command() -> None:
     out = StringIO()
     call_command("llm_budgets_purge", stdout=out)
     assert "Purged 0" in out.getvalue()
+
+
+def test_old_refusal_records_are_purged() -> None:
+    from llm_budgets.exceptions import BudgetExceeded
+    from llm_budgets.models import Refusal
+    from llm_budgets.retention import refusals_purge
+
+    seed(limit="50")
+    reserve_30()
+    with pytest.raises(BudgetExceeded):
+        reserve_30()
+    assert Refusal.objects.count() == 1
+    assert refusals_purge(now=timezone.now() + timedelta(days=89)) == 0
+    assert refusals_purge(now=timezone.now() + timedelta(days=91)) == 1
+    assert not Refusal.objects.exists()
+    assert Reservation.objects.count() == 1  # refusals only
