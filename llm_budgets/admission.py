@@ -17,15 +17,26 @@ from django.utils import timezone
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
+from llm_budgets.degradation import Rung, effect_at, ladder_parse, substitutes, used_percent
 from llm_budgets.exceptions import (
     BudgetExceeded,
     InvalidUsage,
+    KillSwitchActive,
     NoApplicableBudget,
 )
+from llm_budgets.killswitches import kill_switches_covering, refusal_for
 from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
-from llm_budgets.models import Budget, Counter, PricingBasis, Reservation, ReservationHold
+from llm_budgets.models import (
+    Budget,
+    Counter,
+    KillSwitch,
+    PricingBasis,
+    Reservation,
+    ReservationHold,
+)
 from llm_budgets.money import ZERO
 from llm_budgets.quotes import input_token_count, request_estimate
+from llm_budgets.refusals import refusal_record
 from llm_budgets.selectors import (
     ApplicableBudget,
     Bucket,
@@ -120,14 +131,19 @@ def reservation_create(
     messages: object = None,
     prompt: object = None,
     max_tool_calls: object = None,
+    allow_degrade: object = False,
     now: datetime | None = None,
 ) -> Reservation:
     """Admit a call: hold its worst-case cost on every budget that applies, or raise.
 
     Raises ``InvalidUsage`` (bad arguments), ``UnknownTenant``, ``OutputCeilingRequired``,
-    ``UnknownPrice``, ``NoApplicableBudget``, ``BudgetExceeded`` or ``LedgerUnavailable``; in each
-    case no hold is taken.
+    ``UnknownPrice``, ``NoApplicableBudget``, ``KillSwitchActive``, ``BudgetExceeded`` or
+    ``LedgerUnavailable``; in each case no hold is taken. With ``allow_degrade=True`` the plan's
+    degradation ladder may grant a cheaper model or a lower output ceiling (see
+    :mod:`llm_budgets.degradation`); the reservation says what was granted.
     """
+    if not isinstance(allow_degrade, bool):
+        raise InvalidUsage("allow_degrade must be True or False.", field="allow_degrade")
     request = _validate(
         tenant=tenant,
         end_user=end_user,
@@ -149,6 +165,7 @@ def reservation_create(
             ).first()
             if existing is not None:
                 return existing
+        tool_calls = tool_calls_validate(max_tool_calls, field="max_tool_calls")
         estimate = request_estimate(
             tenant_obj,
             provider=request.provider,
@@ -157,12 +174,17 @@ def reservation_create(
             max_output_tokens=request.max_output_tokens,
             start=now,
             end=now + request.ttl,
-            max_tool_calls=tool_calls_validate(max_tool_calls, field="max_tool_calls"),
+            max_tool_calls=tool_calls,
         )
         user_obj = end_user_ensure(tenant_obj, request.end_user) if request.end_user else None
         applicable = applicable_budgets(tenant_obj, user_obj, now)
         if not applicable:
             raise NoApplicableBudget(request.tenant)
+        ladder = (
+            ladder_parse(tenant_obj.plan.degradation_ladder)
+            if allow_degrade and tenant_obj.plan is not None
+            else []
+        )
         reservation = Reservation(
             tenant=tenant_obj,
             end_user=user_obj,
@@ -182,29 +204,55 @@ def reservation_create(
             created_at=now,
             expires_at=now + request.ttl,
         )
-        for _attempt in range(2):
-            try:
-                return _hold(reservation, applicable)
-            except _MissingCounters:
-                Counter.objects.bulk_create(
-                    [
-                        Counter(budget=a.budget, end_user=a.end_user, period_start=a.period.start)
-                        for a in applicable
-                    ],
-                    ignore_conflicts=True,
-                )
-            except IntegrityError:
-                if request.idempotency_key is None:
-                    raise
-                # A concurrent request with the same key won the insert: return its reservation.
-                return Reservation.objects.get(
-                    tenant=tenant_obj, idempotency_key=request.idempotency_key
-                )
-        return _hold(reservation, applicable)
+        degrade = _Degrade(ladder, request.ttl, tool_calls) if ladder else None
+        try:
+            return _admit(reservation, applicable, degrade, request.idempotency_key)
+        except (BudgetExceeded, KillSwitchActive) as refusal:
+            refusal_record(refusal, reservation=reservation, now=now)
+            raise
 
 
-def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reservation:
-    """The one transaction: lock the counters in pk order, check each, hold on all or raise.
+@dataclass(frozen=True)
+class _Degrade:
+    """What admission needs to reprice a request the degradation ladder changes."""
+
+    ladder: list[Rung]
+    ttl: timedelta
+    max_tool_calls: dict[str, int] | None
+
+
+def _admit(
+    reservation: Reservation,
+    applicable: list[ApplicableBudget],
+    degrade: _Degrade | None,
+    idempotency_key: str | None,
+) -> Reservation:
+    for _attempt in range(2):
+        try:
+            return _hold(reservation, applicable, degrade)
+        except _MissingCounters:
+            Counter.objects.bulk_create(
+                [
+                    Counter(budget=a.budget, end_user=a.end_user, period_start=a.period.start)
+                    for a in applicable
+                ],
+                ignore_conflicts=True,
+            )
+        except IntegrityError:
+            if idempotency_key is None:
+                raise
+            # A concurrent request with the same key won the insert: return its reservation.
+            return Reservation.objects.get(
+                tenant_id=reservation.tenant_id, idempotency_key=idempotency_key
+            )
+    return _hold(reservation, applicable, degrade)
+
+
+def _hold(
+    reservation: Reservation, applicable: list[ApplicableBudget], degrade: _Degrade | None
+) -> Reservation:
+    """The one transaction: refuse if a kill switch covers the request, lock the counters in pk
+    order, apply the degradation ladder, check each, hold on all or raise.
 
     A rolling budget is checked against the sum of its window's buckets, and the hold lands on
     the current bucket. Its buckets move with time, so admissions to it serialise on the budget
@@ -216,6 +264,7 @@ def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reser
     bound_sqlite_wait()
     with transaction.atomic():
         bound_lock_wait()
+        blocked_substitutes = _refuse_if_switched(reservation, degrade.ladder if degrade else [])
         reservation.save(force_insert=True)
         if rolling_ids:
             # NO KEY UPDATE: serialises admissions without blocking inserts of new bucket
@@ -233,16 +282,27 @@ def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reser
         if len(counters) < len(by_key):
             raise _MissingCounters
         windows = rolling_buckets(applicable) if rolling_ids else {}
+        used_by_key = {}
+        for counter in counters:
+            key = (counter.budget_id, counter.end_user_id, counter.period_start)
+            buckets = windows.get(key)
+            if buckets is None:
+                used_by_key[key] = counter.spent + counter.reserved
+            else:
+                used_by_key[key] = sum((b.spent + b.reserved for b in buckets), ZERO)
+        if degrade is not None:
+            _degrade(
+                reservation,
+                degrade,
+                [(used, by_key[key].limit) for key, used in used_by_key.items()],
+                blocked_substitutes,
+            )
         refusals = []
         for counter in counters:
             key = (counter.budget_id, counter.end_user_id, counter.period_start)
             item = by_key[key]
             buckets = windows.get(key)
-            if buckets is None:
-                used = counter.spent + counter.reserved
-            else:
-                used = sum((b.spent + b.reserved for b in buckets), ZERO)
-            remaining = item.budget.limit - used
+            remaining = item.limit - used_by_key[key]
             if reservation.amount_for(item.budget.unit) > remaining:
                 refusals.append((remaining, item, buckets))
         if refusals:
@@ -260,6 +320,85 @@ def _hold(reservation: Reservation, applicable: list[ApplicableBudget]) -> Reser
         Counter.objects.bulk_update(counters, ["reserved"])
         ReservationHold.objects.bulk_create(holds)
     return reservation
+
+
+def _refuse_if_switched(reservation: Reservation, ladder: list[Rung]) -> dict[str, KillSwitch]:
+    """One query for every open switch that covers the request; raise for the first that covers
+    the model asked for. Returns the switches that only block a ladder substitute, by model."""
+    requested = reservation.model
+    switches = kill_switches_covering(
+        tenant_id=reservation.tenant_id,
+        end_user_id=reservation.end_user_id,
+        provider=reservation.provider,
+        models={requested, *substitutes(ladder, requested)},
+        now=reservation.created_at,
+    )
+    blocked: dict[str, KillSwitch] = {}
+    for switch in switches:
+        if switch.model in ("", requested):
+            raise _switched(reservation, switch)
+        blocked.setdefault(switch.model, switch)
+    return blocked
+
+
+def _switched(reservation: Reservation, switch: KillSwitch) -> KillSwitchActive:
+    return refusal_for(
+        switch,
+        tenant=reservation.tenant.external_id,
+        end_user=reservation.end_user.external_id if reservation.end_user else None,
+        model=reservation.requested_model or reservation.model,
+    )
+
+
+def _degrade(
+    reservation: Reservation,
+    degrade: _Degrade,
+    usage: list[tuple[Decimal, Decimal]],
+    blocked_substitutes: dict[str, KillSwitch],
+) -> None:
+    """Apply the rungs in force at the usage read from the counters this transaction has locked.
+    A changed request is repriced here (same provider, same plan policies), so the caller checks
+    the budgets with the amounts actually held."""
+    effect = effect_at(
+        degrade.ladder,
+        used_percent(usage),
+        model=reservation.model,
+        max_output_tokens=reservation.max_output_tokens,
+    )
+    if not effect.changes(reservation.model, reservation.max_output_tokens):
+        return
+    if effect.model in blocked_substitutes:
+        raise _switched(reservation, blocked_substitutes[effect.model])
+    estimate = request_estimate(
+        reservation.tenant,
+        provider=reservation.provider or None,
+        model=effect.model,
+        input_tokens=reservation.input_tokens,
+        max_output_tokens=effect.max_output_tokens,
+        start=reservation.created_at,
+        end=reservation.created_at + degrade.ttl,
+        max_tool_calls=degrade.max_tool_calls,
+    )
+    reservation.requested_model = reservation.model
+    reservation.model = effect.model
+    reservation.price = estimate.price
+    reservation.pricing_basis = estimate.pricing_basis
+    reservation.max_output_tokens = estimate.max_output_tokens
+    reservation.amount = estimate.amount
+    reservation.customer_amount = estimate.customer_amount
+    reservation.degraded = True
+    reservation.save(
+        update_fields=[
+            "requested_model",
+            "model",
+            "price",
+            "pricing_basis",
+            "max_output_tokens",
+            "amount",
+            "customer_amount",
+            "degraded",
+        ]
+    )
 
 
 def _exceeded(
@@ -280,7 +419,7 @@ def _exceeded(
     return BudgetExceeded(
         scope=budget.scope_label,
         window=budget.window,
-        limit=budget.limit,
+        limit=item.limit,
         remaining=max(Decimal(0), remaining),
         requested=reservation.amount_for(budget.unit),
         resets_at=resets_at,

@@ -9,4 +9,9 @@ class LlmBudgetsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.db.models.signals import post_migrate
+
         from llm_budgets import checks  # noqa: F401  (registers the system checks)
+        from llm_budgets.roles import roles_sync
+
+        post_migrate.connect(roles_sync, sender=self, dispatch_uid="llm_budgets.roles_sync")

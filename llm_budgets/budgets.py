@@ -15,9 +15,27 @@ from uuid import UUID
 
 from django.utils import timezone
 
-from llm_budgets import admission, limits, pricing, quotes, selectors, settlement, tenants
+from llm_budgets import (
+    admission,
+    killswitches,
+    limits,
+    pricing,
+    quotes,
+    selectors,
+    settlement,
+    tenants,
+)
+from llm_budgets import explain as explanations
 from llm_budgets.exceptions import ReservationStateError
-from llm_budgets.models import Budget, EndUser, Price, Reservation, ReservationState, Tenant
+from llm_budgets.models import (
+    Budget,
+    EndUser,
+    KillSwitch,
+    Price,
+    Reservation,
+    ReservationState,
+    Tenant,
+)
 from llm_budgets.quotes import Quote
 from llm_budgets.settlement import CommitResult
 from llm_budgets.usage import Usage
@@ -29,8 +47,10 @@ __all__ = [
     "Hold",
     "Quote",
     "Usage",
+    "clear",
     "commit",
     "ensure_tenant",
+    "explain",
     "quote",
     "release",
     "reserve",
@@ -38,6 +58,7 @@ __all__ = [
     "set_price",
     "status",
     "sweep",
+    "trip",
 ]
 
 
@@ -84,6 +105,15 @@ class Hold:
     @property
     def max_output_tokens(self) -> int:
         return self._reservation.max_output_tokens
+
+    @property
+    def degraded(self) -> bool:
+        """Whether the degradation ladder granted less than was asked (see ``requested_model``)."""
+        return self._reservation.degraded
+
+    @property
+    def requested_model(self) -> str:
+        return self._reservation.requested_model or self._reservation.model
 
     @property
     def reservation(self) -> Reservation:
@@ -236,6 +266,7 @@ def reserve(
     messages: list[dict[str, Any]] | None = None,
     prompt: str | None = None,
     max_tool_calls: dict[str, int] | None = None,
+    allow_degrade: bool = False,
 ) -> Hold:
     """Admit a call and hold its worst-case cost, or raise a ``BudgetError`` that says why.
 
@@ -243,7 +274,9 @@ def reserve(
 
     Give ``input_tokens`` (all input, cached included), or ``messages`` / ``prompt`` to have
     them counted offline (docs/pricing.md). ``provider`` may be left out when exactly one
-    provider prices ``model``."""
+    provider prices ``model``. With ``allow_degrade=True`` the plan's degradation ladder may
+    grant a cheaper model or a lower output ceiling: call the provider with ``hold.model`` and
+    ``hold.max_output_tokens``."""
     return Hold(
         admission.reservation_create(
             tenant=tenant,
@@ -257,6 +290,7 @@ def reserve(
             messages=messages,
             prompt=prompt,
             max_tool_calls=max_tool_calls,
+            allow_degrade=allow_degrade,
         )
     )
 
@@ -332,6 +366,69 @@ def status(*, tenant: str, end_user: str | None = None) -> list[selectors.Budget
             # Not seen yet: show the defaults it would get, without creating it.
             user_obj = EndUser(tenant=tenant_obj, external_id=end_user)
     return selectors.budget_statuses(tenant_obj, user_obj, timezone.now())
+
+
+def trip(
+    *,
+    tenant: str | None = None,
+    end_user: str | None = None,
+    provider: str | None = None,
+    model: str | None = None,
+    reason: str = "",
+    actor: str = "",
+    auto_clear_at: datetime | None = None,
+) -> KillSwitch:
+    """Stop every admission in a scope now. No scope: global; several: their intersection (e.g.
+    one model for one tenant). Stays until ``clear`` (or ``auto_clear_at``, if given). ``reason``
+    is required (``InvalidUsage`` without one)."""
+    scope = killswitches.switch_scope(
+        tenant=tenant, end_user=end_user, provider=provider, model=model
+    )
+    assert scope is not None  # end users are created on trip
+    return killswitches.kill_switch_trip(
+        scope=scope, reason=reason, actor=actor, auto_clear_at=auto_clear_at
+    )
+
+
+def clear(
+    *,
+    tenant: str | None = None,
+    end_user: str | None = None,
+    provider: str | None = None,
+    model: str | None = None,
+    reason: str = "",
+    actor: str = "",
+) -> KillSwitch:
+    """Clear the switch tripped on exactly this scope. ``InvalidUsage`` if none is tripped."""
+    scope = killswitches.switch_scope(
+        tenant=tenant, end_user=end_user, provider=provider, model=model, create_end_user=False
+    )
+    return killswitches.kill_switch_clear(
+        scope=scope,
+        reason=reason,
+        actor=actor,
+    )
+
+
+def explain(
+    *,
+    tenant: str,
+    model: str,
+    input_tokens: int,
+    max_output_tokens: int | None = None,
+    end_user: str | None = None,
+    provider: str | None = None,
+) -> explanations.Explanation:
+    """Every budget and kill switch that applies to this would-be request, with its state and
+    whether the request would fit. Holds nothing."""
+    return explanations.request_explain(
+        tenant=tenant,
+        end_user=end_user,
+        provider=provider,
+        model=model,
+        input_tokens=input_tokens,
+        max_output_tokens=max_output_tokens,
+    )
 
 
 def sweep(**kwargs: Any) -> int:

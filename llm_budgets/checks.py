@@ -96,6 +96,17 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
                 id="llm_budgets.E008",
             )
         )
+    emails = values["OPERATOR_EMAILS"]
+    if not isinstance(emails, list | tuple) or not all(
+        isinstance(e, str) and "@" in e for e in emails
+    ):
+        errors.append(
+            Error(
+                "LLM_BUDGETS['OPERATOR_EMAILS'] must be a list of email addresses.",
+                hint=f"Got {emails!r}. They are emailed when a kill switch trips or clears.",
+                id="llm_budgets.E040",
+            )
+        )
     errors.extend(_check_safety_margin(values["TOKEN_ESTIMATE_SAFETY_MARGIN"]))
     rate = values["API_THROTTLE_RATE"]
     if rate is not None and not (

@@ -26,6 +26,8 @@ DEFAULTS: dict[str, Any] = {
     "MAX_TOKENS_PER_CALL": 10_000_000,
     # Longest TTL a caller may ask for, in seconds.
     "MAX_TTL_SECONDS": 24 * 60 * 60,
+    # Addresses emailed when a kill switch is tripped or cleared. Empty: no email.
+    "OPERATOR_EMAILS": [],
     # Multiplier (>= 1) on the conservative token bound used for prompts of models that tiktoken
     # cannot count (see llm_budgets/tokens.py).
     "TOKEN_ESTIMATE_SAFETY_MARGIN": "1.10",
@@ -67,6 +69,10 @@ class Settings:
     @property
     def MAX_TTL_SECONDS(self) -> int:
         return int(self._get("MAX_TTL_SECONDS"))
+
+    @property
+    def OPERATOR_EMAILS(self) -> list[str]:
+        return list(self._get("OPERATOR_EMAILS"))
 
     @property
     def TOKEN_ESTIMATE_SAFETY_MARGIN(self) -> Decimal:

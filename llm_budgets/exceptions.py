@@ -185,3 +185,43 @@ class LedgerUnavailable(BudgetError):
     def __init__(self, message: str, *, retry_after: int = 1) -> None:
         self.retry_after = retry_after
         super().__init__(message, retry_after=retry_after)
+
+
+class KillSwitchActive(BudgetError):
+    """A kill switch covers the request: nothing in its scope is admitted until it is cleared."""
+
+    code = "kill_switch_active"
+
+    def __init__(
+        self,
+        *,
+        switch_id: int,
+        scope: str,
+        reason: str,
+        tripped_by: str,
+        tripped_at: datetime,
+        automatic: bool,
+        tenant: str | None = None,
+        end_user: str | None = None,
+        model: str | None = None,
+    ) -> None:
+        self.switch_id = switch_id
+        self.scope = scope
+        self.reason = reason
+        self.tripped_by = tripped_by
+        self.tripped_at = tripped_at
+        self.automatic = automatic
+        self.tenant = tenant
+        self.end_user = end_user
+        self.model = model
+        who = tripped_by or ("an automatic detector" if automatic else "someone unnamed")
+        super().__init__(
+            f"Kill switch on {scope} refused the call: {reason} "
+            f"(tripped by {who} at {tripped_at.isoformat()}). It stays until a person clears it.",
+            switch_id=switch_id,
+            scope=scope,
+            reason=reason,
+            tripped_by=tripped_by,
+            tripped_at=tripped_at,
+            automatic=automatic,
+        )

@@ -35,7 +35,7 @@ def counters_drift() -> list[Drift]:
     customer = BudgetUnit.CUSTOMER_PRICE
     spent: dict[int, Decimal] = {}
     for row in (
-        UsageRecord.objects.filter(reservation__holds__isnull=False)
+        UsageRecord.objects.filter(counter__isnull=True, reservation__holds__isnull=False)
         .values("reservation__holds__counter")
         .annotate(
             total=Sum(
@@ -47,6 +47,21 @@ def counters_drift() -> list[Drift]:
         )
     ):
         spent[row["reservation__holds__counter"]] = round_charge(row["total"])
+    # Adjustments of one counter (an end user's reset) count on that counter alone.
+    for adjusted in (
+        UsageRecord.objects.filter(counter__isnull=False)
+        .values("counter")
+        .annotate(
+            total=Sum(
+                Case(
+                    When(counter__budget__unit=customer, then=F("customer_cost")),
+                    default=F("cost"),
+                )
+            )
+        )
+    ):
+        counter_id = adjusted["counter"]
+        spent[counter_id] = round_charge(spent.get(counter_id, ZERO) + adjusted["total"])
     reserved: dict[int, Decimal] = {
         row["counter"]: round_charge(row["total"])
         for row in ReservationHold.objects.filter(reservation__state=ReservationState.HELD)

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import Q
+from django.db.models import DecimalField, OuterRef, Q, Subquery, Sum
 
-from llm_budgets.models import Budget, Counter, EndUser, Scope, Tenant
+from llm_budgets.models import Budget, BudgetRaise, Counter, EndUser, Scope, Tenant
+from llm_budgets.money import ZERO, round_charge
 from llm_budgets.windows import Period, period_for, rolling_window, tenant_period
 
 
@@ -24,6 +25,13 @@ class ApplicableBudget:
     def counter_key(self) -> tuple[int, int | None, datetime]:
         return (self.budget.pk, self.end_user.pk if self.end_user else None, self.period.start)
 
+    raised: Decimal = Decimal(0)  # active temporary raises (BudgetRaise) at the time asked
+
+    @property
+    def limit(self) -> Decimal:
+        """The limit admission enforces: the budget's own plus its active raises."""
+        return self.budget.limit + self.raised
+
 
 def applicable_budgets(
     tenant: Tenant, end_user: EndUser | None, at: datetime
@@ -35,7 +43,19 @@ def applicable_budgets(
         scopes |= Q(tenant=tenant, scope=Scope.END_USER_DEFAULT)
         if end_user.pk is not None:
             scopes |= Q(end_user=end_user, scope=Scope.END_USER)
-    budgets = list(Budget.objects.filter(scopes))
+    # Active raises ride along as a subquery: no extra round trip on the admission path.
+    active_raises = (
+        BudgetRaise.objects.filter(budget=OuterRef("pk"), starts_at__lte=at, ends_at__gt=at)
+        .order_by()
+        .values("budget")
+        .annotate(total=Sum("amount"))
+        .values("total")
+    )
+    budgets = list(
+        Budget.objects.filter(scopes).annotate(
+            raised_by=Subquery(active_raises, output_field=DecimalField())
+        )
+    )
     own_windows = {b.window for b in budgets if b.scope == Scope.END_USER}
     result = []
     for budget in budgets:
@@ -50,7 +70,8 @@ def applicable_budgets(
         else:
             period = tenant_period(budget.window, at, tenant)
         share = end_user if budget.scope == Scope.END_USER_DEFAULT else None
-        result.append(ApplicableBudget(budget, period, share))
+        raised = round_charge(Decimal(str(budget.raised_by))) if budget.raised_by else ZERO
+        result.append(ApplicableBudget(budget, period, share, raised))
     return result
 
 
@@ -125,6 +146,7 @@ class BudgetStatus:
     period_start: datetime  # rolling: start of the oldest bucket counted
     resets_at: datetime | None  # rolling: when all spend now counted has left the window
     unit: str = "provider_cost"  # what the counter counts: provider cost or customer price
+    raised: Decimal = ZERO  # included in ``limit``
 
 
 def budget_statuses(tenant: Tenant, end_user: EndUser | None, at: datetime) -> list[BudgetStatus]:
@@ -166,14 +188,15 @@ def statuses_for(applicable: Sequence[ApplicableBudget]) -> list[BudgetStatus]:
                 scope=budget.scope,
                 scope_label=budget.scope_label,
                 window=budget.window,
-                limit=budget.limit,
+                limit=item.limit,
                 spent=spent,
                 reserved=reserved,
-                remaining=max(Decimal(0), budget.limit - spent - reserved),
+                remaining=max(Decimal(0), item.limit - spent - reserved),
                 currency=budget.currency,
                 period_start=period_start,
                 resets_at=resets_at,
                 unit=budget.unit,
+                raised=item.raised,
             )
         )
     return statuses

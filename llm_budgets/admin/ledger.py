@@ -176,5 +176,7 @@ class UsageRecordAdmin(UsageColumns, ReadOnlyAdmin):
 
     @admin.display(description="Reservation")
     def reservation_link(self, obj: UsageRecord) -> str:
+        if obj.reservation_id is None:  # an adjustment of one counter (an end user's reset)
+            return f"- (counter {obj.counter_id})"
         url = reverse("admin:llm_budgets_reservation_change", args=[obj.reservation_id])
         return format_html('<a href="{}">{}</a>', url, obj.reservation_id)

@@ -15,6 +15,7 @@ from django.utils import timezone
 from django.utils.http import urlencode
 
 from llm_budgets.admin.base import actor, adopt, money_text
+from llm_budgets.admin.control import TenantControlMixin, control_context
 from llm_budgets.admin_selectors import tenant_overview
 from llm_budgets.models import EndUser, Plan, ReservationState, Scope, Tenant
 from llm_budgets.selectors import BudgetStatus
@@ -56,7 +57,7 @@ class TenantForm(forms.ModelForm):
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(TenantControlMixin, admin.ModelAdmin):
     """The tenant page also shows where each budget stands and the holds still open."""
 
     form = TenantForm
@@ -108,6 +109,7 @@ class TenantAdmin(admin.ModelAdmin):
             if context["adminform"].form.errors:
                 obj = Tenant.objects.get(pk=obj.pk)  # the stored tenant, not the rejected edit
             context.update(_overview_context(obj))
+            context.update(control_context(request, obj, timezone.now()))
         return super().render_change_form(request, context, add, change, form_url, obj)
 
 

@@ -8,6 +8,7 @@ Invariants that a database can hold are constraints: non-negative amounts, one c
 from llm_budgets.models.api import ApiKey, IdempotencyRecord
 from llm_budgets.models.audit import AuditEvent
 from llm_budgets.models.budgets import Budget, BudgetUnit, Counter, Scope, Window
+from llm_budgets.models.control import BudgetRaise, KillSwitch, Refusal, RefusalKind
 from llm_budgets.models.ledger import (
     Reservation,
     ReservationHold,
@@ -22,14 +23,18 @@ __all__ = [
     "ApiKey",
     "AuditEvent",
     "Budget",
+    "BudgetRaise",
     "BudgetUnit",
     "Counter",
     "EndUser",
     "IdempotencyRecord",
+    "KillSwitch",
     "Plan",
     "Price",
     "PriceSource",
     "PricingBasis",
+    "Refusal",
+    "RefusalKind",
     "Reservation",
     "ReservationHold",
     "ReservationState",

@@ -62,6 +62,12 @@ class Reservation(models.Model):
     counters = models.ManyToManyField(
         Counter, through="ReservationHold", related_name="reservations"
     )
+    requested_model = models.CharField(
+        max_length=128, blank=True, help_text="The model asked for, when another was granted."
+    )
+    degraded = models.BooleanField(
+        default=False, help_text="Granted a cheaper model or a lower output ceiling."
+    )
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField(db_index=True)
     settled_at = models.DateTimeField(null=True, blank=True)
@@ -117,6 +123,7 @@ class ReservationHold(models.Model):
 class UsageKind(models.TextChoices):
     CHARGE = "charge", "Charge"
     TRUE_UP = "true_up", "True-up of an estimated charge"
+    ADJUSTMENT = "adjustment", "Compensating adjustment by staff"
 
 
 class UsageRecord(models.Model):
@@ -124,10 +131,34 @@ class UsageRecord(models.Model):
 
     A reservation has at most one ``charge`` line; a late commit after an estimated expiry adds
     one ``true_up`` line with the difference (possibly negative).
+
+    Staff corrections are ``adjustment`` lines, never edits or deletions: voiding a line adds one
+    with the opposite cost on the same reservation (``voids`` names the line); resetting an end
+    user's period adds one on that user's counter alone (``counter``, no reservation).
     """
 
     reservation = models.ForeignKey(
-        Reservation, on_delete=models.PROTECT, related_name="usage_records"
+        Reservation,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="usage_records",
+    )
+    counter = models.ForeignKey(
+        Counter,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="adjustments",
+        help_text="Set only on an adjustment of one counter (a reset); it applies to it alone.",
+    )
+    voids = models.OneToOneField(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="voided_by",
+        help_text="The line this adjustment cancels.",
     )
     kind = models.CharField(max_length=10, choices=UsageKind.choices, default=UsageKind.CHARGE)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage_records")
@@ -179,13 +210,31 @@ class UsageRecord(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        permissions = [
+            ("void_usagerecord", "Can void a ledger line (compensating entry)"),
+            ("reset_spend", "Can reset an end user's period spend (compensating entry)"),
+        ]
         constraints = [
             models.UniqueConstraint(
-                fields=["reservation", "kind"], name="llmb_usage_one_line_per_kind"
+                fields=["reservation", "kind"],
+                condition=~Q(kind=UsageKind.ADJUSTMENT),
+                name="llmb_usage_one_line_per_kind",
             ),
             models.CheckConstraint(
-                condition=Q(kind=UsageKind.TRUE_UP) | Q(cost__gte=0, customer_cost__gte=0),
+                condition=Q(kind__in=[UsageKind.TRUE_UP, UsageKind.ADJUSTMENT])
+                | Q(cost__gte=0, customer_cost__gte=0),
                 name="llmb_usage_charge_non_negative",
+            ),
+            models.CheckConstraint(
+                condition=Q(kind=UsageKind.ADJUSTMENT)
+                | Q(reservation__isnull=False, counter__isnull=True),
+                name="llmb_usage_charge_has_reservation",
+            ),
+            models.CheckConstraint(
+                condition=~Q(kind=UsageKind.ADJUSTMENT)
+                | Q(reservation__isnull=False, counter__isnull=True)
+                | Q(reservation__isnull=True, counter__isnull=False),
+                name="llmb_usage_adjustment_has_one_target",
             ),
             models.CheckConstraint(
                 condition=Q(overage__gte=0), name="llmb_usage_overage_non_negative"
@@ -194,7 +243,8 @@ class UsageRecord(models.Model):
         indexes = [models.Index(fields=["tenant", "created_at"], name="llmb_usage_tenant_time")]
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.cost} {self.currency} for {self.reservation_id}"
+        target = self.reservation_id or f"counter {self.counter_id}"
+        return f"{self.kind} {self.cost} {self.currency} for {target}"
 
     def cost_for(self, unit: str) -> Decimal:
         """The line's amount in a budget's unit: provider cost, or customer price."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
@@ -48,6 +49,55 @@ class Plan(models.Model):
         default=0,
         help_text="Customer price = provider cost x (1 + markup/100).",
     )
+    degradation_ladder = models.JSONField(
+        default=list,
+        blank=True,
+        help_text=(
+            "Rungs applied at admission to requests that pass allow_degrade=True, e.g. "
+            '[{"at_percent": 80, "models": {"gpt-4o": "gpt-4o-mini"}}, '
+            '{"at_percent": 95, "max_output_tokens": 256}]. Empty: never degrade.'
+        ),
+    )
+    # Automatic kill switches (llm_budgets.anomalies). Empty: that detector is off.
+    anomaly_window_minutes = models.PositiveIntegerField(
+        default=10, help_text="Window of the spend-velocity and failure-storm detectors."
+    )
+    anomaly_tenant_spend = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="Trip a tenant that spends more than this within the window.",
+    )
+    anomaly_end_user_spend = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="Trip an end user who spends more than this within the window.",
+    )
+    anomaly_reservations_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Runaway loop: trip an end user with more reservations than this in a minute.",
+    )
+    anomaly_failure_share = models.DecimalField(
+        max_digits=4,
+        decimal_places=3,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0), MaxValueValidator(1)],
+        help_text="Failure storm: trip a tenant whose share of released or expired holds in the "
+        "window is above this (0 to 1).",
+    )
+    anomaly_failure_min_holds = models.PositiveIntegerField(
+        default=20, help_text="A failure storm needs at least this many settled holds."
+    )
+    anomaly_auto_clear_minutes = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Automatic trips clear themselves after this long. Empty: only a person clears.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -70,6 +120,15 @@ class Plan(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def clean(self) -> None:
+        from llm_budgets.degradation import ladder_parse
+        from llm_budgets.exceptions import InvalidUsage
+
+        try:
+            ladder_parse(self.degradation_ladder)
+        except InvalidUsage as exc:
+            raise ValidationError({"degradation_ladder": exc.message}) from None
 
 
 class Tenant(models.Model):

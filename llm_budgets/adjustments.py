@@ -1,0 +1,163 @@
+"""Staff corrections to the ledger, always as compensating ``adjustment`` lines.
+
+Nothing is edited or deleted: voiding a line adds its opposite on the same reservation (so it
+reaches every counter the reservation was charged to); resetting an end user's period spend adds
+one line on that user's own counter. Conservation (``reconcile.counters_drift``) stays exact.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.models import (
+    AuditEvent,
+    BudgetUnit,
+    Counter,
+    EndUser,
+    Reservation,
+    ReservationHold,
+    ReservationState,
+    Scope,
+    UsageKind,
+    UsageRecord,
+)
+from llm_budgets.money import ZERO
+from llm_budgets.selectors import applicable_budgets, counters_matching
+from llm_budgets.windows import rolling_window
+
+
+def _reason(reason: str) -> str:
+    if not reason or not reason.strip():
+        raise InvalidUsage("reason is required for a ledger correction.", field="reason")
+    return reason.strip()
+
+
+def usage_void(
+    *, record_id: int, reason: str, actor: str = "", now: datetime | None = None
+) -> UsageRecord:
+    """Cancel a charge or true-up line with an adjustment of the opposite cost. Once per line."""
+    why = _reason(reason)
+    now = now or timezone.now()
+    with transaction.atomic():
+        line = UsageRecord.objects.filter(pk=record_id).first()
+        if line is None or line.reservation_id is None:
+            raise InvalidUsage(f"No charge line has id {record_id}.", field="record_id")
+        if line.kind == UsageKind.ADJUSTMENT:
+            raise InvalidUsage("An adjustment cannot be voided; add another.", field="record_id")
+        # Lock the reservation first, as settlement does, so a late commit cannot interleave.
+        reservation = Reservation.objects.select_for_update(of=("self",)).get(
+            pk=line.reservation_id
+        )
+        if reservation.state == ReservationState.EXPIRED:
+            raise InvalidUsage(
+                "The reservation expired and a late commit may still true it up; void its line "
+                "once it has settled.",
+                field="record_id",
+            )
+        if UsageRecord.objects.filter(voids=line).exists():
+            raise InvalidUsage(f"Line {record_id} is already voided.", field="record_id")
+        units = dict(
+            ReservationHold.objects.filter(reservation=reservation).values_list("counter", "unit")
+        )
+        counters = list(
+            Counter.objects.select_for_update().filter(pk__in=list(units)).order_by("pk")
+        )
+        # Exact Decimal arithmetic on the locked rows; each counter in its hold's unit.
+        for counter in counters:
+            counter.spent -= line.cost_for(units[counter.pk])
+            if counter.spent < 0:
+                raise InvalidUsage(
+                    f"Voiding would take counter {counter.pk} below zero (it was reset since).",
+                    field="record_id",
+                )
+        Counter.objects.bulk_update(counters, ["spent"])
+        adjustment = UsageRecord.objects.create(
+            reservation=reservation,
+            kind=UsageKind.ADJUSTMENT,
+            voids=line,
+            tenant_id=line.tenant_id,
+            end_user_id=line.end_user_id,
+            provider=line.provider,
+            model=line.model,
+            price_id=line.price_id,
+            cost=-line.cost,
+            customer_cost=-line.customer_cost,
+            currency=line.currency,
+            period_start=line.period_start,
+            created_at=now,
+        )
+        AuditEvent.objects.create(
+            action="usage.void",
+            actor=actor,
+            tenant_id=line.tenant_id,
+            target=f"usage line {line.pk} ({line.kind}, reservation {reservation.pk})",
+            before={"cost": str(line.cost)},
+            after={"adjustment_id": adjustment.pk, "cost": str(adjustment.cost)},
+            reason=why,
+        )
+    return adjustment
+
+
+def end_user_spend_reset(
+    *, end_user: EndUser, reason: str, actor: str = "", now: datetime | None = None
+) -> list[UsageRecord]:
+    """Bring the end user's spend for the current period back to zero on its own budgets and on
+    its share of each-end-user (``"*"``) budgets, one adjustment line per counter. Holds in
+    flight stay held. The tenant's and the global budgets are untouched: that money was spent."""
+    why = _reason(reason)
+    now = now or timezone.now()
+    tenant = end_user.tenant
+    # The end user's own budgets and its share of each "*" budget: never the tenant's or global.
+    mine = [
+        a
+        for a in applicable_budgets(tenant, end_user, now)
+        # Rolling windows are left alone: their spend leaves the window by itself.
+        if a.budget.scope in (Scope.END_USER, Scope.END_USER_DEFAULT)
+        and rolling_window(a.budget.window) is None
+    ]
+    lines = []
+    with transaction.atomic():
+        counters = (
+            list(
+                Counter.objects.select_for_update()
+                .filter(counters_matching(mine), spent__gt=0)
+                .select_related("budget")
+                .order_by("pk")
+            )
+            if mine
+            else []
+        )
+        before: dict[str, str] = {}
+        for counter in counters:
+            before[str(counter.pk)] = str(counter.spent)
+            # The line carries the amount in its counter's unit only (it counts nowhere else).
+            field = "customer_cost" if counter.budget.unit == BudgetUnit.CUSTOMER_PRICE else "cost"
+            lines.append(
+                UsageRecord.objects.create(
+                    kind=UsageKind.ADJUSTMENT,
+                    counter=counter,
+                    tenant=tenant,
+                    end_user=end_user,
+                    **{field: -counter.spent},
+                    currency=counter.budget.currency,
+                    period_start=counter.period_start,
+                    created_at=now,
+                )
+            )
+        AuditEvent.objects.create(
+            action="end_user.reset_spend",
+            actor=actor,
+            tenant=tenant,
+            target=f"end user {tenant.external_id}/{end_user.external_id}",
+            before={"spent_by_counter": before},
+            after={"spent_by_counter": {k: "0" for k in before}, "lines": [x.pk for x in lines]},
+            reason=why,
+        )
+        for counter in counters:
+            counter.spent = ZERO
+        Counter.objects.bulk_update(counters, ["spent"])
+    return lines

@@ -1,0 +1,101 @@
+"""``explain``: every budget and kill switch that applies to a would-be request, with its state.
+
+Built on :func:`llm_budgets.quotes.quote` (the itemised worst case and every budget it would draw
+on) plus the open kill switches that cover the request. A read: nothing is held, created or
+recorded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.utils import timezone
+
+from llm_budgets.killswitches import kill_switches_covering
+from llm_budgets.models import EndUser
+from llm_budgets.quotes import BudgetDraw, Quote, quote
+from llm_budgets.tenants import tenant_get
+
+
+@dataclass(frozen=True)
+class SwitchState:
+    switch_id: int
+    scope: str
+    reason: str
+    tripped_by: str
+    tripped_at: datetime
+    automatic: bool
+    auto_clear_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Explanation:
+    quote: Quote
+    switches: list[SwitchState]
+
+    @property
+    def budgets(self) -> list[BudgetDraw]:
+        """Every budget that applies: its status now, what the request would hold, ``fits``."""
+        return self.quote.budgets
+
+    @property
+    def amount(self) -> Decimal:
+        """The worst case admission would hold (provider cost)."""
+        return self.quote.estimate.amount
+
+    @property
+    def would_admit(self) -> bool:
+        """Whether admission would admit it now (without degradation)."""
+        return self.quote.admissible and not self.switches
+
+
+def request_explain(
+    *,
+    tenant: str,
+    model: str,
+    input_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+    end_user: str | None = None,
+    provider: str | None = None,
+    now: datetime | None = None,
+) -> Explanation:
+    now = now or timezone.now()
+    result = quote(
+        tenant=tenant,
+        model=model,
+        provider=provider,
+        input_tokens=input_tokens,
+        max_output_tokens=max_output_tokens,
+        end_user=end_user,
+        now=now,
+    )
+    tenant_obj = tenant_get(tenant)
+    user = (
+        EndUser.objects.filter(tenant=tenant_obj, external_id=end_user).first()
+        if end_user is not None
+        else None
+    )
+    switches = kill_switches_covering(
+        tenant_id=tenant_obj.pk,
+        end_user_id=user.pk if user is not None else None,
+        provider=result.provider or provider or "",
+        models=[model],
+        now=now,
+    )
+    return Explanation(
+        quote=result,
+        switches=[
+            SwitchState(
+                switch_id=s.pk,
+                scope=s.scope_label,
+                reason=s.reason,
+                tripped_by=s.tripped_by,
+                tripped_at=s.tripped_at,
+                automatic=s.automatic,
+                auto_clear_at=s.auto_clear_at,
+            )
+            for s in switches
+        ],
+    )

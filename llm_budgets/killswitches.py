@@ -1,0 +1,284 @@
+"""Kill switches: trip and clear a stop on a scope, and find the open ones that cover a request.
+
+Admission reads switches from the database on every call, with no cache, so a trip committed on
+one connection refuses the very next admission on every other process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.core.mail import send_mail
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from llm_budgets import validation
+from llm_budgets.conf import conf
+from llm_budgets.exceptions import InvalidUsage, KillSwitchActive
+from llm_budgets.models import AuditEvent, EndUser, KillSwitch, Tenant
+from llm_budgets.signals import kill_switch_cleared, kill_switch_tripped
+from llm_budgets.tenants import end_user_ensure, tenant_get
+
+logger = logging.getLogger("llm_budgets")
+
+
+@dataclass(frozen=True)
+class SwitchScope:
+    """No field: global. Several: their intersection."""
+
+    tenant: Tenant | None = None
+    end_user: EndUser | None = None
+    provider: str = ""
+    model: str = ""
+
+    @property
+    def key(self) -> str:
+        return (
+            f"t={self.tenant.pk if self.tenant else ''}|"
+            f"u={self.end_user.pk if self.end_user else ''}|"
+            f"p={self.provider}|m={self.model}"
+        )
+
+
+def switch_scope(
+    *,
+    tenant: object = None,
+    end_user: object = None,
+    provider: object = None,
+    model: object = None,
+    create_end_user: bool = True,
+) -> SwitchScope | None:
+    """Resolve the scope arguments of trip/clear. ``None`` when the end user was never seen and
+    ``create_end_user`` is off (nothing can be tripped on it yet)."""
+    if end_user is not None and tenant is None:
+        raise InvalidUsage(
+            "end_user needs a tenant: end users belong to one tenant.", field="tenant"
+        )
+    tenant_obj = None if tenant is None else tenant_get(validation.identifier("tenant", tenant))
+    user_obj = None
+    if end_user is not None and tenant_obj is not None:
+        user_id = validation.identifier("end_user", end_user)
+        if create_end_user:
+            user_obj = end_user_ensure(tenant_obj, user_id)
+        else:
+            user_obj = EndUser.objects.filter(tenant=tenant_obj, external_id=user_id).first()
+            if user_obj is None:
+                return None
+    return SwitchScope(
+        tenant=tenant_obj,
+        end_user=user_obj,
+        provider=""
+        if provider is None
+        else validation.identifier("provider", provider, max_length=64),
+        model="" if model is None else validation.identifier("model", model, max_length=128),
+    )
+
+
+def _reason(reason: object) -> str:
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidUsage(
+            "reason is required: say why, so the person who is refused (and whoever clears it) "
+            "knows.",
+            field="reason",
+        )
+    return reason.strip()
+
+
+def _snapshot(switch: KillSwitch) -> dict[str, object]:
+    return {
+        "id": switch.pk,
+        "scope": switch.scope_label,
+        "reason": switch.reason,
+        "automatic": switch.automatic,
+        "detector": switch.detector,
+        "auto_clear_at": switch.auto_clear_at.isoformat() if switch.auto_clear_at else None,
+    }
+
+
+def kill_switch_trip(
+    *,
+    scope: SwitchScope,
+    reason: object,
+    actor: str = "",
+    automatic: bool = False,
+    detector: str = "",
+    auto_clear_at: datetime | None = None,
+    now: datetime | None = None,
+) -> KillSwitch:
+    """Trip a switch on ``scope``. Tripping a scope that is already tripped returns the open
+    switch unchanged (its first reason stands). Audited; signal and email after commit."""
+    reason_text = _reason(reason)
+    now = now or timezone.now()
+    if auto_clear_at is not None and auto_clear_at <= now:
+        raise InvalidUsage("auto_clear_at must be in the future.", field="auto_clear_at")
+    try:
+        with transaction.atomic():
+            existing = _open_for_scope(scope, now)
+            if existing is not None:
+                return existing
+            # A switch whose auto_clear_at passed is closed now, so the scope can be tripped again.
+            KillSwitch.objects.filter(scope_key=scope.key, cleared_at__isnull=True).update(
+                cleared_at=now, cleared_by="auto_clear_at", clear_reason="auto_clear_at passed"
+            )
+            switch = KillSwitch.objects.create(
+                tenant=scope.tenant,
+                end_user=scope.end_user,
+                provider=scope.provider,
+                model=scope.model,
+                scope_key=scope.key,
+                reason=reason_text,
+                tripped_by=actor,
+                tripped_at=now,
+                automatic=automatic,
+                detector=detector,
+                auto_clear_at=auto_clear_at,
+            )
+            AuditEvent.objects.create(
+                action="kill_switch.trip",
+                actor=actor or (f"detector:{detector}" if automatic else ""),
+                tenant=scope.tenant,
+                target=f"kill switch {switch.pk}: {switch.scope_label}",
+                after=_snapshot(switch),
+                reason=reason_text,
+            )
+            transaction.on_commit(lambda: _announce(switch, tripped=True))
+    except IntegrityError:
+        # A concurrent trip of the same scope won: theirs is the open switch.
+        found = _open_for_scope(scope, now)
+        if found is None:
+            raise
+        return found
+    return switch
+
+
+def kill_switch_clear(
+    *,
+    scope: SwitchScope | None = None,
+    switch_id: int | None = None,
+    reason: object,
+    actor: str = "",
+    now: datetime | None = None,
+) -> KillSwitch:
+    """Clear the open switch on exactly ``scope`` (or the switch ``switch_id``). A person clears:
+    ``reason`` is required. Audited; signal and email after commit."""
+    reason_text = _reason(reason)
+    now = now or timezone.now()
+    with transaction.atomic():
+        query = KillSwitch.objects.select_for_update().filter(cleared_at__isnull=True)
+        if switch_id is not None:
+            query = query.filter(pk=switch_id)
+        else:
+            # No scope: the end user named was never seen, so nothing can be tripped on it.
+            query = query.filter(scope_key=scope.key) if scope is not None else query.none()
+        switch = query.first()
+        if switch is None:
+            raise InvalidUsage(
+                "No kill switch is tripped on that scope (a switch is cleared on exactly the "
+                "scope it was tripped on).",
+                field="scope",
+            )
+        before = _snapshot(switch)
+        switch.cleared_at = now
+        switch.cleared_by = actor
+        switch.clear_reason = reason_text
+        switch.save(update_fields=["cleared_at", "cleared_by", "clear_reason"])
+        AuditEvent.objects.create(
+            action="kill_switch.clear",
+            actor=actor,
+            tenant=switch.tenant,
+            target=f"kill switch {switch.pk}: {switch.scope_label}",
+            before=before,
+            after={"cleared_at": now.isoformat(), "cleared_by": actor},
+            reason=reason_text,
+        )
+        transaction.on_commit(lambda: _announce(switch, tripped=False))
+    return switch
+
+
+def _open(now: datetime) -> Q:
+    return Q(cleared_at__isnull=True) & (Q(auto_clear_at__isnull=True) | Q(auto_clear_at__gt=now))
+
+
+def _open_for_scope(scope: SwitchScope, now: datetime) -> KillSwitch | None:
+    return KillSwitch.objects.filter(_open(now), scope_key=scope.key).first()
+
+
+def kill_switches_covering(
+    *,
+    tenant_id: int | None,
+    end_user_id: int | None,
+    provider: str,
+    models: Iterable[str],
+    now: datetime,
+) -> list[KillSwitch]:
+    """Every open switch whose scope covers a request, in one indexed query (uncleared rows
+    only). ``models``: every model the request might be served as."""
+    rows = KillSwitch.objects.filter(
+        _open(now),
+        Q(tenant__isnull=True) | Q(tenant_id=tenant_id),
+        Q(end_user__isnull=True) | Q(end_user_id=end_user_id),
+        Q(provider="") | Q(provider=provider),
+        Q(model="") | Q(model__in=list(models)),
+    ).order_by("tripped_at")
+    return list(rows)
+
+
+def refusal_for(
+    switch: KillSwitch, *, tenant: str, end_user: str | None, model: str
+) -> KillSwitchActive:
+    return KillSwitchActive(
+        switch_id=switch.pk,
+        scope=_label_without_queries(switch, tenant, end_user),
+        reason=switch.reason,
+        tripped_by=switch.tripped_by,
+        tripped_at=switch.tripped_at,
+        automatic=switch.automatic,
+        tenant=tenant,
+        end_user=end_user,
+        model=model,
+    )
+
+
+def _label_without_queries(switch: KillSwitch, tenant: str, end_user: str | None) -> str:
+    # The switch covers this request, so its tenant and end user are the request's own.
+    parts = []
+    if switch.end_user_id is not None:
+        parts.append(f"end user {tenant}/{end_user}")
+    elif switch.tenant_id is not None:
+        parts.append(f"tenant {tenant}")
+    if switch.provider:
+        parts.append(f"provider {switch.provider}")
+    if switch.model:
+        parts.append(f"model {switch.model}")
+    return ", ".join(parts) or "global"
+
+
+def _announce(switch: KillSwitch, *, tripped: bool) -> None:
+    """After commit: the signal, then the operators' email. A failing email never undoes a trip."""
+    signal = kill_switch_tripped if tripped else kill_switch_cleared
+    signal.send(sender=KillSwitch, switch=switch)
+    recipients = conf.OPERATOR_EMAILS
+    if not recipients:
+        return
+    if tripped:
+        who = switch.tripped_by or (f"detector {switch.detector}" if switch.automatic else "?")
+        subject = f"[llm_budgets] Kill switch tripped on {switch.scope_label}"
+        body = (
+            f"Tripped by {who} at {switch.tripped_at.isoformat()}.\nReason: {switch.reason}\n\n"
+            "Every admission in this scope is refused until a person clears it."
+        )
+    else:
+        subject = f"[llm_budgets] Kill switch cleared on {switch.scope_label}"
+        body = (
+            f"Cleared by {switch.cleared_by or '?'} at "
+            f"{switch.cleared_at.isoformat() if switch.cleared_at else '?'}.\n"
+            f"Reason: {switch.clear_reason}\nIt was tripped for: {switch.reason}"
+        )
+    try:
+        send_mail(subject, body, None, recipients)
+    except Exception:
+        logger.exception("llm_budgets: could not email operators about kill switch %s", switch.pk)

@@ -1,0 +1,53 @@
+"""The compact record of refused admissions, so staff can answer "why was I blocked?".
+
+Written after the refused transaction rolled back, in a savepoint of its own. Recording is best
+effort: if it fails, the failure is logged and the refusal stands. It never becomes an admission.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.db import transaction
+
+from llm_budgets.exceptions import BudgetExceeded, KillSwitchActive
+from llm_budgets.models import Refusal, RefusalKind, Reservation
+
+logger = logging.getLogger("llm_budgets")
+
+
+def refusal_record(
+    refusal: BudgetExceeded | KillSwitchActive, *, reservation: Reservation, now: datetime
+) -> None:
+    """Write one row for ``refusal``; never raises."""
+    try:
+        row = Refusal(
+            created_at=now,
+            tenant_id=reservation.tenant_id,
+            end_user_id=reservation.end_user_id,
+            provider=reservation.provider,
+            model=reservation.requested_model or reservation.model,
+            requested=reservation.amount,
+        )
+        if isinstance(refusal, KillSwitchActive):
+            row.kind = RefusalKind.KILL_SWITCH
+            row.kill_switch_id = refusal.switch_id
+            row.detail = f"kill switch on {refusal.scope}: {refusal.reason}"[:255]
+        else:
+            row.kind = RefusalKind.BUDGET
+            row.budget_id = refusal.budget_id
+            row.detail = f"{refusal.scope} {refusal.window} budget, limit {refusal.limit}"[:255]
+            row.remaining = refusal.remaining
+            row.requested = refusal.requested
+        with transaction.atomic():
+            row.save(force_insert=True)
+    except Exception:
+        logger.exception("llm_budgets: could not record a refusal (the refusal stands)")
+
+
+def refusals_prune(*, before: datetime) -> int:
+    """Delete refusal records older than ``before`` (they are diagnostics, not the ledger).
+    Returns how many were deleted."""
+    deleted, _ = Refusal.objects.filter(created_at__lt=before).delete()
+    return deleted

@@ -1,0 +1,147 @@
+"""Temporary raises, end-user resets and voided lines (issue 5, item 5 services): audited,
+expiring by themselves, compensating ledger entries only, conservation kept."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+import time_machine
+from django.utils import timezone
+
+from llm_budgets import budgets
+from llm_budgets.adjustments import end_user_spend_reset, usage_void
+from llm_budgets.exceptions import BudgetExceeded, InvalidUsage
+from llm_budgets.models import AuditEvent, Budget, Counter, EndUser, UsageKind, UsageRecord
+from llm_budgets.raises import budget_raise_grant
+from llm_budgets.reconcile import counters_drift
+from llm_budgets.settlement import reservations_sweep
+from tests.factories import reserve_30, seed
+
+pytestmark = pytest.mark.django_db
+
+
+def _tenant_budget() -> Budget:
+    return Budget.objects.get(scope="tenant")
+
+
+def test_a_temporary_raise_adds_room_until_it_expires_by_itself() -> None:
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        seed(limit="60")
+        reserve_30().commit(input_tokens=0, output_tokens=1000)
+        reserve_30().commit(input_tokens=0, output_tokens=1000)
+        with pytest.raises(BudgetExceeded):
+            reserve_30()
+        budget_raise_grant(
+            budget=_tenant_budget(),
+            amount=Decimal("30"),
+            until=start + timedelta(hours=1),
+            reason="launch day",
+            actor="carol",
+        )
+        assert budgets.status(tenant="acme")[0].limit == Decimal(90)
+        reserve_30().commit(input_tokens=0, output_tokens=1000)
+    with time_machine.travel(start + timedelta(hours=1), tick=False):
+        status = budgets.status(tenant="acme")[0]
+        assert (status.limit, status.raised, status.remaining) == (Decimal(60), 0, 0)
+        with pytest.raises(BudgetExceeded) as refused:
+            reserve_30(max_output_tokens=1)
+        assert refused.value.limit == Decimal(60)
+    event = AuditEvent.objects.get(action="budget.raise")
+    assert (event.actor, event.reason) == ("carol", "launch day")
+    assert event.after is not None
+    assert event.after["raise"] == "30"
+
+
+@pytest.mark.parametrize(
+    ("amount", "hours", "reason", "field"),
+    [("0", 1, "x", "amount"), ("5", -1, "x", "until"), ("5", 1, " ", "reason")],
+)
+def test_a_bad_raise_is_refused(amount: str, hours: int, reason: str, field: str) -> None:
+    seed()
+    with pytest.raises(InvalidUsage) as bad:
+        budget_raise_grant(
+            budget=_tenant_budget(),
+            amount=amount,
+            until=timezone.now() + timedelta(hours=hours),
+            reason=reason,
+        )
+    assert bad.value.field == field
+
+
+def test_resetting_an_end_user_adds_a_compensating_line_on_their_counter_only() -> None:
+    seed(limit="1000")
+    budgets.set_limit(tenant="acme", end_user="u-1", amount=Decimal("50"), window="month")
+    reserve_30(end_user="u-1").commit(input_tokens=0, output_tokens=1000)
+    with pytest.raises(BudgetExceeded):
+        reserve_30(end_user="u-1")
+    user = EndUser.objects.get(external_id="u-1")
+    lines_before = UsageRecord.objects.count()
+    (line,) = end_user_spend_reset(end_user=user, reason="goodwill", actor="carol")
+    assert (line.kind, line.cost, line.reservation_id) == (UsageKind.ADJUSTMENT, Decimal(-30), None)
+    assert UsageRecord.objects.count() == lines_before + 1  # nothing deleted
+    spent = {c.budget.scope: c.spent for c in Counter.objects.select_related("budget")}
+    assert spent == {"tenant": Decimal(30), "end_user": Decimal(0)}
+    reserve_30(end_user="u-1").release()
+    assert counters_drift() == []
+    event = AuditEvent.objects.get(action="end_user.reset_spend")
+    assert (event.actor, event.reason) == ("carol", "goodwill")
+
+
+def test_voiding_a_line_compensates_every_counter_it_was_charged_to_once() -> None:
+    seed(limit="1000")
+    budgets.set_limit(tenant="acme", end_user="u-1", amount=Decimal("50"), window="month")
+    reserve_30(end_user="u-1").commit(input_tokens=0, output_tokens=500)
+    charge = UsageRecord.objects.get()
+    adjustment = usage_void(record_id=charge.pk, reason="provider refunded", actor="carol")
+    assert (adjustment.kind, adjustment.cost, adjustment.voids_id) == (
+        UsageKind.ADJUSTMENT,
+        Decimal(-15),
+        charge.pk,
+    )
+    assert {c.spent for c in Counter.objects.all()} == {Decimal(0)}
+    assert counters_drift() == []
+    with pytest.raises(InvalidUsage):
+        usage_void(record_id=charge.pk, reason="again")
+    with pytest.raises(InvalidUsage):
+        usage_void(record_id=adjustment.pk, reason="void the void")
+    event = AuditEvent.objects.get(action="usage.void")
+    assert event.before is not None
+    assert Decimal(event.before["cost"]) == 15
+
+
+def test_a_line_of_an_expired_hold_cannot_be_voided_until_it_settles() -> None:
+    seed()
+    hold = reserve_30()
+    reservations_sweep(now=hold.expires_at)
+    with pytest.raises(InvalidUsage):
+        usage_void(record_id=UsageRecord.objects.get().pk, reason="x")
+
+
+def test_voiding_after_a_reset_cannot_drive_a_counter_negative() -> None:
+    seed(limit="1000")
+    budgets.set_limit(tenant="acme", end_user="u-1", amount=Decimal("50"), window="month")
+    reserve_30(end_user="u-1").commit(input_tokens=0, output_tokens=1000)
+    end_user_spend_reset(end_user=EndUser.objects.get(), reason="goodwill")
+    with pytest.raises(InvalidUsage):
+        usage_void(record_id=UsageRecord.objects.get(kind="charge").pk, reason="refund")
+    assert counters_drift() == []
+
+
+def test_resetting_an_end_user_resets_its_share_of_each_end_user_budgets_only() -> None:
+    seed(limit="1000")
+    budgets.set_limit(tenant="acme", end_user="*", amount=Decimal("50"), window="day")
+    reserve_30(end_user="u-1").commit(input_tokens=0, output_tokens=1000)
+    reserve_30(end_user="u-2").commit(input_tokens=0, output_tokens=1000)
+    (line,) = end_user_spend_reset(end_user=EndUser.objects.get(external_id="u-1"), reason="x")
+    assert line.cost == Decimal(-30)
+    shares = {
+        c.end_user.external_id: c.spent
+        for c in Counter.objects.filter(end_user__isnull=False).select_related("end_user")
+    }
+    assert shares == {"u-1": Decimal(0), "u-2": Decimal(30)}
+    assert Counter.objects.get(budget__scope="tenant").spent == Decimal(60)
+    reserve_30(end_user="u-1").release()  # u-1 has its room back
+    assert counters_drift() == []
