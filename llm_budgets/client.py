@@ -363,6 +363,7 @@ class BudgetsClient:
         messages: list[dict[str, Any]] | None = None,
         prompt: str | None = None,
         max_tool_calls: dict[str, int] | None = None,
+        tags: dict[str, str] | None = None,
     ) -> RemoteHold:
         """Admit a call and hold its worst-case cost, or raise the ``BudgetError`` that says
         why. ``tenant`` is implied by a tenant key and required with an operator key. Give
@@ -376,6 +377,7 @@ class BudgetsClient:
             "messages": messages,
             "prompt": prompt,
             "max_tool_calls": max_tool_calls,
+            "tags": tags,
             "ttl_seconds": ttl,
         }
         body.update({k: v for k, v in optional.items() if v is not None})

@@ -187,9 +187,14 @@ def test_quote_reserve_by_messages_and_commit_translated_usage(client: BudgetsCl
     assert not Reservation.objects.exists()  # a quote holds nothing
 
     hold = client.reserve(
-        model="claude-x", messages=messages, max_output_tokens=100, max_tool_calls={"web_search": 1}
+        model="claude-x",
+        messages=messages,
+        max_output_tokens=100,
+        max_tool_calls={"web_search": 1},
+        tags={"feature": "pricing-page"},
     )
     assert (hold.amount, hold.data["input_tokens"]) == (quote.amount, counted)
+    assert hold.data["tags"] == {"feature": "pricing-page"}
     anthropic_usage = {
         "input_tokens": 2,  # Anthropic's: excludes cache reads and writes
         "cache_read_input_tokens": 6,
@@ -202,6 +207,7 @@ def test_quote_reserve_by_messages_and_commit_translated_usage(client: BudgetsCl
     assert result.cost == Decimal("772.8") / 1_000_000 + Decimal("0.01")
     line = UsageRecord.objects.get()
     assert (line.input_tokens, line.cached_input_tokens, line.cache_write_tokens) == (12, 6, 4)
+    assert line.tags == {"feature": "pricing-page"}
     assert (
         client.commit(
             hold.id, input_tokens=12, output_tokens=50, cached_input_tokens=6, cache_write_tokens=4

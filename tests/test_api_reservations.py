@@ -196,13 +196,6 @@ def test_service_validation_is_a_400_naming_the_field(acme: Any) -> None:
     assert body["fields"] == {"input_tokens": [body["message"]]}
 
 
-def test_tags_are_refused_with_a_clear_400(acme: Any) -> None:
-    response = reserve(acme, tags={"feature": "chat"})
-    assert response.status_code == 400
-    assert "not supported yet" in error(response)["fields"]["tags"][0]
-    assert Reservation.objects.count() == 0
-
-
 def test_malformed_json_is_a_400(acme: Any) -> None:
     response = acme.post(f"{BASE}reservations", "{nope", content_type="application/json")
     assert response.status_code == 400

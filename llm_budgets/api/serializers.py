@@ -117,8 +117,6 @@ def max_tool_calls_field() -> serializers.DictField:
 
 
 class ReserveRequestSerializer(StrictSerializer):
-    not_yet = {"tags": "tags are not supported yet."}
-
     tenant = serializers.CharField(
         required=False,
         max_length=255,
@@ -147,6 +145,13 @@ class ReserveRequestSerializer(StrictSerializer):
         help_text="Output ceiling; may be omitted only if the tenant's plan sets a default.",
     )
     max_tool_calls = max_tool_calls_field()
+    tags = serializers.DictField(
+        child=TextField(allow_blank=True, trim_whitespace=False),
+        required=False,
+        help_text='Your string tags, e.g. {"feature": "chat"} (at most 16; names up to 64 '
+        "characters, values up to 256), kept on the reservation and copied onto its ledger "
+        "lines.",
+    )
     ttl_seconds = serializers.IntegerField(
         min_value=1, required=False, help_text="Hold lifetime; default DEFAULT_TTL_SECONDS."
     )
@@ -165,6 +170,7 @@ class ReservationSerializer(serializers.ModelSerializer[Reservation]):
     )
     amount = money_out(help_text="The hold: the call's worst-case cost.")
     degraded = serializers.SerializerMethodField()
+    tags = serializers.DictField(child=serializers.CharField(), read_only=True)
 
     class Meta:
         model = Reservation
@@ -180,6 +186,7 @@ class ReservationSerializer(serializers.ModelSerializer[Reservation]):
             "amount",
             "currency",
             "degraded",
+            "tags",
             "idempotency_key",
             "created_at",
             "expires_at",

@@ -110,6 +110,7 @@ class ReservationCreateView(ApiView):
             prompt=data.get("prompt"),
             max_output_tokens=data.get("max_output_tokens"),
             max_tool_calls=data.get("max_tool_calls"),
+            tags=data.get("tags"),
             idempotency_key=data.get("idempotency_key") or request.headers.get(HEADER),
             ttl=data.get("ttl_seconds"),
         )
