@@ -44,6 +44,7 @@ from llm_budgets.selectors import (
     counters_matching,
     rolling_buckets,
 )
+from llm_budgets.tags import tags_validate
 from llm_budgets.tenants import end_user_ensure, tenant_get
 from llm_budgets.usage import tool_calls_validate
 from llm_budgets.windows import rolling_window
@@ -132,6 +133,7 @@ def reservation_create(
     prompt: object = None,
     max_tool_calls: object = None,
     allow_degrade: object = False,
+    tags: object = None,
     now: datetime | None = None,
 ) -> Reservation:
     """Admit a call: hold its worst-case cost on every budget that applies, or raise.
@@ -144,6 +146,7 @@ def reservation_create(
     """
     if not isinstance(allow_degrade, bool):
         raise InvalidUsage("allow_degrade must be True or False.", field="allow_degrade")
+    tag_map = tags_validate(tags)
     request = _validate(
         tenant=tenant,
         end_user=end_user,
@@ -201,6 +204,7 @@ def reservation_create(
             customer_amount=estimate.customer_amount,
             currency=conf.CURRENCY,
             idempotency_key=request.idempotency_key,
+            tags=tag_map,
             created_at=now,
             expires_at=now + request.ttl,
         )
