@@ -32,6 +32,8 @@ def test_the_schema_is_public_and_covers_every_endpoint() -> None:
             "tenants/{external_id}/status",
             "prices",
             "budgets",
+            "kill-switches",
+            "kill-switches/clear",
         ]
     }
     assert schema["components"]["securitySchemes"]["ApiKey"]["name"] == "Authorization"

@@ -110,7 +110,8 @@ class ReserveRequestSerializer(StrictSerializer):
     allow_degrade = serializers.BooleanField(
         required=False,
         default=False,
-        help_text="Accepted for forward compatibility; nothing degrades yet (degraded is false).",
+        help_text="Let the plan's degradation ladder grant a cheaper model or a lower output "
+        "ceiling as budgets fill; the response says what was granted.",
     )
     idempotency_key = idempotency_key_field()
 
@@ -121,7 +122,6 @@ class ReservationSerializer(serializers.ModelSerializer[Reservation]):
         source="end_user.external_id", read_only=True, allow_null=True, default=None
     )
     amount = money_out(help_text="The hold: the call's worst-case cost.")
-    degraded = serializers.SerializerMethodField()
 
     class Meta:
         model = Reservation
@@ -137,15 +137,13 @@ class ReservationSerializer(serializers.ModelSerializer[Reservation]):
             "amount",
             "currency",
             "degraded",
+            "requested_model",
             "idempotency_key",
             "created_at",
             "expires_at",
             "settled_at",
         ]
         read_only_fields = fields
-
-    def get_degraded(self, obj: Reservation) -> bool:
-        return False
 
 
 class CommitRequestSerializer(StrictSerializer):

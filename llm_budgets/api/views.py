@@ -107,6 +107,8 @@ class ReservationCreateView(ApiView):
             max_output_tokens=data.get("max_output_tokens"),
             idempotency_key=data.get("idempotency_key") or request.headers.get(HEADER),
             ttl=data.get("ttl_seconds"),
+            allow_degrade=data["allow_degrade"],
+            api_key=api_key_of(request),
         )
         return Response(s.ReservationSerializer(reservation).data, status=status.HTTP_201_CREATED)
 
