@@ -75,7 +75,8 @@ def test_a_trip_refuses_the_next_reservation_with_403_naming_reason_and_who(
     assert body["switch_id"] == switch["id"]
     assert body["scope"] == f"tenant acme, model {FAKE_MODEL}"
     assert body["automatic"] is False
-    assert "runaway agent loop" in body["message"] and actor in body["message"]
+    assert "runaway agent loop" in body["message"]
+    assert actor in body["message"]
     assert not Reservation.objects.exists()
     assert Refusal.objects.get().kill_switch_id == switch["id"]
 
