@@ -45,6 +45,7 @@ from llm_budgets.selectors import (
     counters_matching,
     rolling_buckets,
 )
+from llm_budgets.tags import tags_validate
 from llm_budgets.tenants import end_user_ensure, tenant_get
 from llm_budgets.usage import tool_calls_validate
 from llm_budgets.windows import rolling_window
@@ -133,6 +134,7 @@ def reservation_create(
     prompt: object = None,
     max_tool_calls: object = None,
     allow_degrade: object = False,
+    tags: object = None,
     api_key: ApiKey | None = None,
     now: datetime | None = None,
 ) -> Reservation:
@@ -147,6 +149,7 @@ def reservation_create(
     """
     if not isinstance(allow_degrade, bool):
         raise InvalidUsage("allow_degrade must be True or False.", field="allow_degrade")
+    tag_map = tags_validate(tags)
     request = _validate(
         tenant=tenant,
         end_user=end_user,
@@ -204,6 +207,7 @@ def reservation_create(
             customer_amount=estimate.customer_amount,
             currency=conf.CURRENCY,
             idempotency_key=request.idempotency_key,
+            tags=tag_map,
             created_at=now,
             expires_at=now + request.ttl,
         )

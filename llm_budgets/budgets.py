@@ -267,10 +267,13 @@ def reserve(
     prompt: str | None = None,
     max_tool_calls: dict[str, int] | None = None,
     allow_degrade: bool = False,
+    tags: dict[str, str] | None = None,
 ) -> Hold:
     """Admit a call and hold its worst-case cost, or raise a ``BudgetError`` that says why.
 
     ``max_tool_calls`` (e.g. ``{"web_search": 3}``) adds those tools' fees to the hold.
+    ``tags`` (e.g. ``{"feature": "chat"}``, at most 16 string pairs) are kept on the
+    reservation and copied onto its ledger lines.
 
     Give ``input_tokens`` (all input, cached included), or ``messages`` / ``prompt`` to have
     them counted offline (docs/pricing.md). ``provider`` may be left out when exactly one
@@ -291,6 +294,7 @@ def reserve(
             prompt=prompt,
             max_tool_calls=max_tool_calls,
             allow_degrade=allow_degrade,
+            tags=tags,
         )
     )
 

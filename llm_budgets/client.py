@@ -20,6 +20,7 @@ for ``Retry-After`` (capped); never after a budget refusal.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
@@ -40,9 +41,19 @@ from llm_budgets.exceptions import (
     ReservationStateError,
 )
 
+if TYPE_CHECKING:
+    from llm_budgets.usage import Usage
+
 logger = logging.getLogger("llm_budgets.client")
 
-__all__ = ["ApiError", "BudgetsClient", "RemoteCommitResult", "RemoteHold", "RemoteKillSwitch"]
+__all__ = [
+    "ApiError",
+    "BudgetsClient",
+    "RemoteCommitResult",
+    "RemoteHold",
+    "RemoteKillSwitch",
+    "RemoteQuote",
+]
 
 RETRYABLE_CODES = {"ledger_unavailable", "throttled", "idempotency_in_progress"}
 
@@ -155,6 +166,58 @@ class RemoteCommitResult:
     reserved: Decimal
     overage: Decimal
     currency: str
+    customer_cost: Decimal = Decimal(0)
+    pricing_basis: str = "price"
+
+
+def _decimals(row: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    return {k: _money(v) if k in names and v is not None else v for k, v in row.items()}
+
+
+@dataclass(frozen=True)
+class RemoteQuote:
+    """``GET /quote``: the fields of ``llm_budgets.quotes.Quote``, flattened, money as Decimal.
+    ``items`` and ``budgets`` are dicts as the API returns them, amounts as Decimal."""
+
+    provider: str | None
+    model: str
+    input_tokens: int
+    max_output_tokens: int
+    pricing_basis: str
+    price: dict[str, Any] | None
+    items: list[dict[str, Any]]
+    amount: Decimal
+    markup_percent: Decimal
+    customer_amount: Decimal
+    currency: str
+    budgets: list[dict[str, Any]]
+    admissible: bool
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RemoteQuote:
+        budget_money = ("limit", "spent", "reserved", "remaining")
+        return cls(
+            provider=data["provider"],
+            model=data["model"],
+            input_tokens=int(data["input_tokens"]),
+            max_output_tokens=int(data["max_output_tokens"]),
+            pricing_basis=data["pricing_basis"],
+            price=data["price"],
+            items=[_decimals(item, ("rate", "amount")) for item in data["items"]],
+            amount=_money(data["amount"]),
+            markup_percent=_money(data["markup_percent"]),
+            customer_amount=_money(data["customer_amount"]),
+            currency=data["currency"],
+            budgets=[
+                {
+                    **_decimals(draw["budget"], budget_money),
+                    "would_hold": _money(draw["would_hold"]),
+                    "fits": draw["fits"],
+                }
+                for draw in data["budgets"]
+            ],
+            admissible=bool(data["admissible"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -242,14 +305,30 @@ class RemoteHold:
         return dict(self._data)
 
     def commit(
-        self, *, input_tokens: int, output_tokens: int, cached_input_tokens: int = 0
+        self,
+        *,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        cached_input_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        cache_write_1h_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        tool_calls: dict[str, int] | None = None,
+        usage: Usage | None = None,
     ) -> RemoteCommitResult:
-        """Charge actual usage; returns ``cost`` and ``overage``. Idempotent."""
+        """Charge actual usage; returns ``cost`` and ``overage``. Idempotent. Counts as in
+        ``budgets.Hold.commit``: ``input_tokens`` includes cache reads and writes, or pass
+        ``usage=llm_budgets.usage.from_anthropic(response.usage)``."""
         result = self._client.commit(
             self.id,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             cached_input_tokens=cached_input_tokens,
+            cache_write_tokens=cache_write_tokens,
+            cache_write_1h_tokens=cache_write_1h_tokens,
+            reasoning_tokens=reasoning_tokens,
+            tool_calls=tool_calls,
+            usage=usage,
         )
         self._data["state"] = result.state
         return result
@@ -344,34 +423,71 @@ class BudgetsClient:
         self,
         *,
         model: str,
-        input_tokens: int,
+        input_tokens: int | None = None,
         max_output_tokens: int | None = None,
         tenant: str | None = None,
         end_user: str | None = None,
         provider: str | None = None,
         idempotency_key: str | None = None,
         ttl: int | None = None,
+        messages: list[dict[str, Any]] | None = None,
+        prompt: str | None = None,
+        max_tool_calls: dict[str, int] | None = None,
+        tags: dict[str, str] | None = None,
         allow_degrade: bool = False,
     ) -> RemoteHold:
         """Admit a call and hold its worst-case cost, or raise the ``BudgetError`` that says
-        why. ``tenant`` is implied by a tenant key and required with an operator key. With
+        why. ``tenant`` is implied by a tenant key and required with an operator key. Give
+        ``input_tokens``, or ``messages`` / ``prompt`` for the server to count. With
         ``allow_degrade`` the plan's ladder may grant less: read ``hold.model``,
         ``hold.max_output_tokens`` and ``hold.degraded``."""
-        body: dict[str, Any] = {
-            "model": model,
-            "input_tokens": input_tokens,
-            "max_output_tokens": max_output_tokens,
-        }
+        body: dict[str, Any] = {"model": model, "max_output_tokens": max_output_tokens}
         optional = {
             "tenant": tenant,
             "end_user": end_user,
             "provider": provider,
+            "input_tokens": input_tokens,
+            "messages": messages,
+            "prompt": prompt,
+            "max_tool_calls": max_tool_calls,
+            "tags": tags,
             "ttl_seconds": ttl,
         }
         body.update({k: v for k, v in optional.items() if v is not None})
         if allow_degrade:
             body["allow_degrade"] = True
         return RemoteHold(self, self._post("reservations", body, idempotency_key=idempotency_key))
+
+    def quote(
+        self,
+        *,
+        model: str,
+        input_tokens: int | None = None,
+        max_output_tokens: int | None = None,
+        tenant: str | None = None,
+        end_user: str | None = None,
+        provider: str | None = None,
+        messages: list[dict[str, Any]] | None = None,
+        prompt: str | None = None,
+        max_tool_calls: dict[str, int] | None = None,
+        ttl: int | None = None,
+    ) -> RemoteQuote:
+        """Explain a price without holding anything: the itemised worst case, the price version
+        (or policy) and each budget the request would draw on, with whether it fits now."""
+        params = {
+            "model": model,
+            "tenant": tenant,
+            "end_user": end_user,
+            "provider": provider,
+            "input_tokens": input_tokens,
+            "messages": None if messages is None else json.dumps(messages),
+            "prompt": prompt,
+            "max_output_tokens": max_output_tokens,
+            "max_tool_calls": None if max_tool_calls is None else json.dumps(max_tool_calls),
+            "ttl_seconds": ttl,
+        }
+        data = self._get("quote", params={k: str(v) for k, v in params.items() if v is not None})
+        return RemoteQuote.from_json(data)
 
     def get(self, hold_id: uuid.UUID | str) -> RemoteHold:
         return RemoteHold(self, self._get(f"reservations/{hold_id}"))
@@ -380,20 +496,31 @@ class BudgetsClient:
         self,
         hold_id: uuid.UUID | str,
         *,
-        input_tokens: int,
-        output_tokens: int,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
         cached_input_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        cache_write_1h_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        tool_calls: dict[str, int] | None = None,
+        usage: Usage | None = None,
         idempotency_key: str | None = None,
     ) -> RemoteCommitResult:
-        data = self._post(
-            f"reservations/{hold_id}/commit",
-            {
+        """Commit a reservation by id; counts as in ``RemoteHold.commit``."""
+        if usage is not None:
+            body = usage.as_fields()
+        else:
+            body = {
                 "input_tokens": input_tokens,
                 "output_tokens": output_tokens,
                 "cached_input_tokens": cached_input_tokens,
-            },
-            idempotency_key=idempotency_key,
-        )
+                "cache_write_tokens": cache_write_tokens,
+                "cache_write_1h_tokens": cache_write_1h_tokens,
+                "reasoning_tokens": reasoning_tokens,
+            }
+            if tool_calls:
+                body["tool_calls"] = tool_calls
+        data = self._post(f"reservations/{hold_id}/commit", body, idempotency_key=idempotency_key)
         return RemoteCommitResult(
             reservation_id=uuid.UUID(data["id"]),
             state=data["state"],
@@ -401,6 +528,8 @@ class BudgetsClient:
             reserved=_money(data["reserved"]),
             overage=_money(data["overage"]),
             currency=data["currency"],
+            customer_cost=_money(data.get("customer_cost", 0)),
+            pricing_basis=data.get("pricing_basis", "price"),
         )
 
     def release(self, hold_id: uuid.UUID | str) -> str:

@@ -172,6 +172,7 @@ def _record(
         overage=overage,
         period_start=reservation.created_at,
         created_at=now,
+        tags=reservation.tags,
         **(usage.as_fields() if usage else {}),
     )
 

@@ -75,6 +75,23 @@ def test_another_tenants_status_looks_missing(two_tenants: tuple[Any, str]) -> N
     assert "beta" not in missing.content.decode()
 
 
+def test_quoting_for_another_tenant_looks_missing(two_tenants: tuple[Any, str]) -> None:
+    alpha, _ = two_tenants
+    before = snapshot()
+    request = {"provider": "fake", "model": "m30", "input_tokens": 0, "max_output_tokens": 1000}
+    theirs = alpha.get(f"{BASE}quote", {**request, "tenant": "beta"})
+    missing = alpha.get(f"{BASE}quote", {**request, "tenant": "ghost"})
+    assert theirs.status_code == missing.status_code == 404, theirs.content
+    assert theirs.json()["error"]["code"] == missing.json()["error"]["code"] == "unknown_tenant"
+    assert "beta" not in missing.content.decode()
+    assert snapshot() == before
+    own = alpha.get(f"{BASE}quote", {**request, "tenant": "alpha"})
+    assert (own.status_code, own.json()["tenant"]) == (200, "alpha")
+    implied = alpha.get(f"{BASE}quote", request)
+    assert implied.json()["budgets"] == own.json()["budgets"]  # alpha's budgets, never beta's
+    assert {d["budget"]["scope_label"] for d in implied.json()["budgets"]} == {"tenant alpha"}
+
+
 def test_reserving_for_another_tenant_looks_missing(two_tenants: tuple[Any, str]) -> None:
     alpha, _ = two_tenants
     before = snapshot()

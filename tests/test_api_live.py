@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
+from llm_budgets import budgets
 from llm_budgets.client import ApiError, BudgetsClient, RemoteHold
 from llm_budgets.exceptions import (
     BudgetExceeded,
@@ -18,7 +19,9 @@ from llm_budgets.exceptions import (
     UnknownPrice,
     UnknownTenant,
 )
-from llm_budgets.models import Counter, Reservation, ReservationState
+from llm_budgets.models import Counter, Reservation, ReservationState, UsageRecord
+from llm_budgets.tokens import count_input_tokens
+from llm_budgets.usage import from_anthropic
 from tests.api import BASE, new_key, reserve_body
 from tests.concurrency import run_threads
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, seed
@@ -148,3 +151,76 @@ def test_unknown_reservations_and_bad_keys(client: BudgetsClient, live_server: A
     with pytest.raises(ApiError) as caught:
         stranger.status(tenant="acme")
     assert (caught.value.status_code, caught.value.code) == (401, "invalid_api_key")
+
+
+def test_quote_reserve_by_messages_and_commit_translated_usage(client: BudgetsClient) -> None:
+    budgets.set_price(
+        provider="anthropic",
+        model="claude-x",
+        input_per_mtok="3",
+        output_per_mtok="15",
+        cached_input_per_mtok="0.3",
+        cache_write_per_mtok="3.75",
+        tool_fees={"web_search": "0.01"},
+    )
+    messages = [{"role": "user", "content": "What does this cost?"}]
+    counted = count_input_tokens(provider="anthropic", model="claude-x", messages=messages)
+    quote = client.quote(
+        model="claude-x", messages=messages, max_output_tokens=100, max_tool_calls={"web_search": 1}
+    )
+    assert (quote.provider, quote.input_tokens, quote.pricing_basis) == (
+        "anthropic",
+        counted,
+        "price",
+    )
+    assert quote.price is not None
+    assert quote.price["model"] == "claude-x"
+    assert quote.amount == sum(item["amount"] for item in quote.items)
+    assert {item["dimension"] for item in quote.items} >= {"output_per_mtok", "tool:web_search"}
+    [draw] = quote.budgets
+    assert (draw["scope_label"], draw["would_hold"], draw["fits"]) == (
+        "tenant acme",
+        quote.amount,
+        True,
+    )
+    assert quote.admissible
+    assert not Reservation.objects.exists()  # a quote holds nothing
+
+    hold = client.reserve(
+        model="claude-x",
+        messages=messages,
+        max_output_tokens=100,
+        max_tool_calls={"web_search": 1},
+        tags={"feature": "pricing-page"},
+    )
+    assert (hold.amount, hold.data["input_tokens"]) == (quote.amount, counted)
+    assert hold.data["tags"] == {"feature": "pricing-page"}
+    anthropic_usage = {
+        "input_tokens": 2,  # Anthropic's: excludes cache reads and writes
+        "cache_read_input_tokens": 6,
+        "cache_creation_input_tokens": 4,
+        "output_tokens": 50,
+        "server_tool_use": {"web_search_requests": 1},
+    }
+    result = hold.commit(usage=from_anthropic(anthropic_usage))
+    # (2*3 + 6*0.3 + 4*3.75 + 50*15) per million, plus one search
+    assert result.cost == Decimal("772.8") / 1_000_000 + Decimal("0.01")
+    line = UsageRecord.objects.get()
+    assert (line.input_tokens, line.cached_input_tokens, line.cache_write_tokens) == (12, 6, 4)
+    assert line.tags == {"feature": "pricing-page"}
+    assert (
+        client.commit(
+            hold.id, input_tokens=12, output_tokens=50, cached_input_tokens=6, cache_write_tokens=4
+        )
+        == result
+    )  # a repeat returns the first result
+
+
+def test_quote_errors_are_the_same_exception_classes(client: BudgetsClient) -> None:
+    with pytest.raises(UnknownPrice):
+        client.quote(model="nope", input_tokens=0, max_output_tokens=1)
+    with pytest.raises(UnknownTenant):
+        client.quote(tenant="someone-else", model=FAKE_MODEL, input_tokens=0, max_output_tokens=1)
+    with pytest.raises(InvalidUsage) as caught:
+        client.quote(model=FAKE_MODEL, input_tokens=1, prompt="both", max_output_tokens=1)
+    assert caught.value.field == "input_tokens"  # type: ignore[attr-defined]

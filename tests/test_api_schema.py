@@ -30,6 +30,7 @@ def test_the_schema_is_public_and_covers_every_endpoint() -> None:
             "reservations/{reservation_id}/extend",
             "reservations/{reservation_id}/uncertain",
             "tenants/{external_id}/status",
+            "quote",
             "prices",
             "budgets",
             "kill-switches",
@@ -42,6 +43,11 @@ def test_the_schema_is_public_and_covers_every_endpoint() -> None:
         create["responses"]
     )
     assert "Idempotency-Key" in {p["name"] for p in create["parameters"]}
+    quote = schema["paths"][f"{BASE}quote"]["get"]
+    assert {"200", "400", "401", "404", "422", "503"} <= set(quote["responses"])
+    assert {"tenant", "model", "input_tokens", "messages", "prompt", "max_output_tokens"} <= {
+        p["name"] for p in quote["parameters"]
+    }
 
 
 def test_the_schema_validates_without_warnings() -> None:

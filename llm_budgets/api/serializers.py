@@ -6,6 +6,7 @@ as everywhere in this app. Serializers check shapes only; the services check mea
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
@@ -77,12 +78,45 @@ def idempotency_key_field() -> serializers.CharField:
     )
 
 
-class ReserveRequestSerializer(StrictSerializer):
-    not_yet = {
-        "messages": "messages is not supported yet: send input_tokens (the prompt's token count).",
-        "tags": "tags are not supported yet.",
-    }
+def messages_field() -> serializers.ListField:
+    return serializers.ListField(
+        child=serializers.DictField(),
+        required=False,
+        allow_empty=False,
+        help_text='Chat messages ({"role", "content", "name"?}) whose input tokens the server '
+        "counts (tiktoken for OpenAI-family models, a conservative bound for others). Give "
+        "input_tokens, or messages, or prompt.",
+    )
 
+
+class TextField(serializers.CharField):
+    """Text only: a number is refused, not turned into its digits (a prompt of "12" is not 12)."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+def prompt_field() -> serializers.CharField:
+    return TextField(
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text="Prompt text whose input tokens the server counts, instead of input_tokens.",
+    )
+
+
+def max_tool_calls_field() -> serializers.DictField:
+    return serializers.DictField(
+        child=serializers.IntegerField(min_value=0),
+        required=False,
+        help_text='Server-side tool calls the request may make, e.g. {"web_search": 3}: their '
+        "fees are added to the worst case.",
+    )
+
+
+class ReserveRequestSerializer(StrictSerializer):
     tenant = serializers.CharField(
         required=False,
         max_length=255,
@@ -97,12 +131,26 @@ class ReserveRequestSerializer(StrictSerializer):
         help_text="May be left out when exactly one provider prices the model.",
     )
     model = serializers.CharField(max_length=128)
-    input_tokens = serializers.IntegerField(min_value=0)
+    input_tokens = serializers.IntegerField(
+        min_value=0,
+        required=False,
+        help_text="All input tokens, cached ones included. Or send messages or prompt instead.",
+    )
+    messages = messages_field()
+    prompt = prompt_field()
     max_output_tokens = serializers.IntegerField(
         min_value=1,
         required=False,
         allow_null=True,
         help_text="Output ceiling; may be omitted only if the tenant's plan sets a default.",
+    )
+    max_tool_calls = max_tool_calls_field()
+    tags = serializers.DictField(
+        child=TextField(allow_blank=True, trim_whitespace=False),
+        required=False,
+        help_text='Your string tags, e.g. {"feature": "chat"} (at most 16; names up to 64 '
+        "characters, values up to 256), kept on the reservation and copied onto its ledger "
+        "lines.",
     )
     ttl_seconds = serializers.IntegerField(
         min_value=1, required=False, help_text="Hold lifetime; default DEFAULT_TTL_SECONDS."
@@ -122,6 +170,7 @@ class ReservationSerializer(serializers.ModelSerializer[Reservation]):
         source="end_user.external_id", read_only=True, allow_null=True, default=None
     )
     amount = money_out(help_text="The hold: the call's worst-case cost.")
+    tags = serializers.DictField(child=serializers.CharField(), read_only=True)
 
     class Meta:
         model = Reservation
@@ -138,6 +187,7 @@ class ReservationSerializer(serializers.ModelSerializer[Reservation]):
             "currency",
             "degraded",
             "requested_model",
+            "tags",
             "idempotency_key",
             "created_at",
             "expires_at",
@@ -146,11 +196,28 @@ class ReservationSerializer(serializers.ModelSerializer[Reservation]):
         read_only_fields = fields
 
 
+def usage_count(help_text: str) -> serializers.IntegerField:
+    return serializers.IntegerField(min_value=0, required=False, default=0, help_text=help_text)
+
+
 class CommitRequestSerializer(StrictSerializer):
-    input_tokens = serializers.IntegerField(min_value=0)
-    output_tokens = serializers.IntegerField(min_value=0)
-    cached_input_tokens = serializers.IntegerField(
-        min_value=0, required=False, default=0, help_text="How many of input_tokens were cached."
+    """Usage in the public convention (``llm_budgets.usage``): input_tokens counts all input,
+    cache reads and writes included; output_tokens includes reasoning."""
+
+    input_tokens = serializers.IntegerField(
+        min_value=0, help_text="All input tokens, cache reads and writes included."
+    )
+    output_tokens = serializers.IntegerField(
+        min_value=0, help_text="All output tokens, reasoning included."
+    )
+    cached_input_tokens = usage_count("How many of input_tokens were cache reads.")
+    cache_write_tokens = usage_count("How many of input_tokens were cache writes.")
+    cache_write_1h_tokens = usage_count("How many of the cache writes used the 1-hour cache.")
+    reasoning_tokens = usage_count("How many of output_tokens were reasoning.")
+    tool_calls = serializers.DictField(
+        child=serializers.IntegerField(min_value=0),
+        required=False,
+        help_text='Calls of server-side tools, e.g. {"web_search": 2}.',
     )
     idempotency_key = idempotency_key_field()
 
@@ -162,6 +229,10 @@ class CommitResultSerializer(serializers.Serializer):
     reserved = money_out()
     overage = money_out(help_text="Cost above the hold; zero when the hold covered it.")
     currency = serializers.CharField(read_only=True)
+    customer_cost = money_out(help_text="The cost at customer price (with the tenant's markup).")
+    pricing_basis = serializers.CharField(
+        read_only=True, help_text='"price", or the unknown-model policy that set the cost.'
+    )
 
 
 class EmptyRequestSerializer(StrictSerializer):
@@ -185,6 +256,7 @@ class BudgetStatusSerializer(serializers.Serializer):
     reserved = money_out()
     remaining = money_out()
     currency = serializers.CharField(read_only=True)
+    unit = serializers.CharField(read_only=True, help_text="provider_cost or customer_price.")
     period_start = serializers.DateTimeField(read_only=True)
     resets_at = serializers.DateTimeField(read_only=True, allow_null=True)
 
@@ -257,6 +329,128 @@ class PriceSerializer(serializers.ModelSerializer[Price]):
             "source",
         ]
         read_only_fields = fields
+
+
+@extend_schema_field({"type": "string", "description": "JSON text"})
+class JsonTextField(serializers.Field):
+    """A JSON document sent as text (a query parameter), parsed to ``expected``."""
+
+    def __init__(self, *, expected: type, example: str, **kwargs: Any) -> None:
+        self.expected = expected
+        self.example = example
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> Any:
+        try:
+            value = json.loads(data) if isinstance(data, str) else None
+        except ValueError:
+            value = None
+        if not isinstance(value, self.expected):
+            kind = "array" if self.expected is list else "object"
+            raise serializers.ValidationError(
+                f"Must be a JSON {kind} sent as text, e.g. {self.example}."
+            )
+        return value
+
+
+class QuoteQuerySerializer(StrictSerializer):
+    """``GET /quote``'s query parameters: a reservation request, without holding anything."""
+
+    tenant = serializers.CharField(
+        required=False,
+        max_length=255,
+        help_text="The tenant's external id. Implied by a tenant key; required with an operator "
+        "key.",
+    )
+    end_user = serializers.CharField(
+        required=False, max_length=255, help_text="Include this end user's budgets."
+    )
+    provider = serializers.CharField(
+        required=False,
+        max_length=64,
+        help_text="May be left out when exactly one provider prices the model.",
+    )
+    model = serializers.CharField(max_length=128)
+    input_tokens = serializers.IntegerField(
+        min_value=0,
+        required=False,
+        help_text="All input tokens, cached ones included. Or send messages or prompt instead.",
+    )
+    messages = JsonTextField(
+        expected=list,
+        example='[{"role": "user", "content": "Hello"}]',
+        required=False,
+        help_text="Chat messages as JSON text, counted by the server instead of input_tokens.",
+    )
+    prompt = prompt_field()
+    max_output_tokens = serializers.IntegerField(
+        min_value=1,
+        required=False,
+        help_text="Output ceiling; may be omitted only if the tenant's plan sets a default.",
+    )
+    max_tool_calls = JsonTextField(
+        expected=dict,
+        example='{"web_search": 3}',
+        required=False,
+        help_text='Tool calls the request may make, as JSON text, e.g. {"web_search": 3}.',
+    )
+    ttl_seconds = serializers.IntegerField(
+        min_value=1,
+        required=False,
+        help_text="The hold's lifetime, for time-of-day prices; default DEFAULT_TTL_SECONDS.",
+    )
+
+
+class QuoteItemSerializer(serializers.Serializer):
+    dimension = serializers.CharField(
+        read_only=True, help_text="The price dimension, e.g. output_per_mtok or per_request."
+    )
+    quantity = serializers.IntegerField(read_only=True, help_text="Tokens, or calls.")
+    rate = MoneyField(read_only=True, help_text="Per million tokens, or per call.")
+    amount = MoneyField(read_only=True, help_text="quantity x rate, before rounding the hold.")
+
+
+class BudgetDrawSerializer(serializers.Serializer):
+    budget = BudgetStatusSerializer(source="status", read_only=True)
+    would_hold = money_out(help_text="What the hold would be in this budget's unit.")
+    fits = serializers.BooleanField(read_only=True, help_text="Whether it fits right now.")
+
+
+class QuoteSerializer(serializers.Serializer):
+    tenant = serializers.CharField(read_only=True)
+    end_user = serializers.CharField(read_only=True, allow_null=True)
+    provider = serializers.CharField(read_only=True, allow_null=True)
+    model = serializers.CharField(read_only=True)
+    input_tokens = serializers.IntegerField(source="estimate.input_tokens", read_only=True)
+    max_output_tokens = serializers.IntegerField(
+        source="estimate.max_output_tokens",
+        read_only=True,
+        help_text="The output ceiling used: as asked, the plan's default, clamped to the model's.",
+    )
+    pricing_basis = serializers.CharField(
+        source="estimate.pricing_basis",
+        read_only=True,
+        help_text='"price", or the unknown-model policy that priced it (price_as, fixed).',
+    )
+    price = PriceSerializer(
+        source="estimate.price",
+        read_only=True,
+        allow_null=True,
+        help_text="The price version in effect; null under the fixed-amount policy.",
+    )
+    items = QuoteItemSerializer(source="estimate.items", many=True, read_only=True)
+    amount = money_out(source="estimate.amount", help_text="The hold at provider cost.")
+    markup_percent = money_out(source="estimate.markup_percent")
+    customer_amount = money_out(
+        source="estimate.customer_amount", help_text="The hold at customer price."
+    )
+    currency = serializers.CharField(read_only=True)
+    budgets = BudgetDrawSerializer(many=True, read_only=True)
+    admissible = serializers.BooleanField(
+        read_only=True,
+        help_text="Whether a reservation would be admitted now: every budget fits (and one "
+        "applies). Budgets can move before you reserve.",
+    )
 
 
 class ErrorDetailSerializer(serializers.Serializer):

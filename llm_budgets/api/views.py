@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
-from llm_budgets import admission, limits, selectors, settlement
+from llm_budgets import admission, limits, quotes, selectors, settlement
 from llm_budgets.api import serializers as s
 from llm_budgets.api.authentication import ApiKeyAuthentication
 from llm_budgets.api.exceptions import ApiError, exception_handler
@@ -77,8 +77,10 @@ class ApiView(APIView):
     def get_exception_handler(self) -> Callable[[Exception, dict[str, Any]], Response | None]:
         return exception_handler
 
-    def valid(self, serializer_class: type[Serializer], request: Request) -> dict[str, Any]:
-        serializer = serializer_class(data=request.data)
+    def valid(
+        self, serializer_class: type[Serializer], request: Request, *, query: bool = False
+    ) -> dict[str, Any]:
+        serializer = serializer_class(data=request.query_params if query else request.data)
         serializer.is_valid(raise_exception=True)
         return dict(serializer.validated_data)
 
@@ -103,8 +105,12 @@ class ReservationCreateView(ApiView):
             end_user=data.get("end_user"),
             provider=data.get("provider"),
             model=data["model"],
-            input_tokens=data["input_tokens"],
+            input_tokens=data.get("input_tokens"),
+            messages=data.get("messages"),
+            prompt=data.get("prompt"),
             max_output_tokens=data.get("max_output_tokens"),
+            max_tool_calls=data.get("max_tool_calls"),
+            tags=data.get("tags"),
             idempotency_key=data.get("idempotency_key") or request.headers.get(HEADER),
             ttl=data.get("ttl_seconds"),
             allow_degrade=data["allow_degrade"],
@@ -135,12 +141,8 @@ class ReservationCommitView(ApiView):
     def post(self, request: Request, reservation_id: str) -> Response:
         data = self.valid(s.CommitRequestSerializer, request)
         reservation = reservation_for(request, reservation_id)
-        result = settlement.reservation_commit(
-            reservation.pk,
-            input_tokens=data["input_tokens"],
-            output_tokens=data["output_tokens"],
-            cached_input_tokens=data["cached_input_tokens"],
-        )
+        data.pop("idempotency_key", None)
+        result = settlement.reservation_commit(reservation.pk, **data)
         return Response(s.CommitResultSerializer(result).data)
 
 
@@ -250,6 +252,33 @@ class TenantStatusView(ApiView):
             statuses = selectors.budget_statuses(tenant, end_user, timezone.now())
         body = {"tenant": tenant.external_id, "end_user": end_user_id, "budgets": statuses}
         return Response(s.TenantStatusSerializer(body).data)
+
+
+class QuoteView(ApiView):
+    @api_schema(
+        operation_id="quote",
+        summary="Explain a price: the itemised worst case and the budgets it would draw on "
+        "(holds nothing)",
+        parameters=[s.QuoteQuerySerializer],
+        responses={200: s.QuoteSerializer, **errors(404, 422)},
+    )
+    def get(self, request: Request) -> Response:
+        data = self.valid(s.QuoteQuerySerializer, request, query=True)
+        tenant = tenant_for(request, data.get("tenant"))
+        quote = quotes.quote(
+            tenant=tenant.external_id,
+            end_user=data.get("end_user"),
+            provider=data.get("provider"),
+            model=data["model"],
+            input_tokens=data.get("input_tokens"),
+            messages=data.get("messages"),
+            prompt=data.get("prompt"),
+            max_output_tokens=data.get("max_output_tokens"),
+            max_tool_calls=data.get("max_tool_calls"),
+            ttl=data.get("ttl_seconds"),
+        )
+        body = {"tenant": tenant.external_id, "end_user": data.get("end_user"), **vars(quote)}
+        return Response(s.QuoteSerializer({**body, "admissible": quote.admissible}).data)
 
 
 class Pagination(LimitOffsetPagination):

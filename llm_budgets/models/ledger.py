@@ -68,6 +68,9 @@ class Reservation(models.Model):
     degraded = models.BooleanField(
         default=False, help_text="Granted a cheaper model or a lower output ceiling."
     )
+    tags = models.JSONField(
+        default=dict, blank=True, help_text="The caller's string tags, copied onto ledger lines."
+    )
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField(db_index=True)
     settled_at = models.DateTimeField(null=True, blank=True)
@@ -183,6 +186,7 @@ class UsageRecord(models.Model):
     output_tokens = models.PositiveIntegerField(default=0)
     reasoning_tokens = models.PositiveIntegerField(default=0)
     tool_calls = models.JSONField(default=dict, blank=True)
+    tags = models.JSONField(default=dict, blank=True, help_text="The reservation's tags.")
     cost = models.DecimalField(
         max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, help_text="Provider cost."
     )
