@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+from django.conf import settings
 from django.db import connections, transaction
 from django.db.models import Sum
+from django.test import override_settings
 
 from llm_budgets.models import Counter, UsageRecord
 from llm_budgets.money import ZERO, round_charge
@@ -74,6 +77,18 @@ def run_processes(
     for process in processes:
         process.join(timeout)
     return results
+
+
+@contextmanager
+def patient_lock_waits(seconds: float = 30) -> Iterator[None]:
+    """Raise LOCK_TIMEOUT_SECONDS for a race whose point is what gets admitted, not how long a
+    lock wait may last (tests/test_fail_closed.py tests that): on a loaded machine, SQLite's
+    busy wait among dozens of writers can pass the default bound and refuse with
+    LedgerUnavailable. Forked processes inherit it."""
+    with override_settings(
+        LLM_BUDGETS={**getattr(settings, "LLM_BUDGETS", {}), "LOCK_TIMEOUT_SECONDS": seconds}
+    ):
+        yield
 
 
 def overspent_counters() -> list[str]:

@@ -11,8 +11,6 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.conf import settings
-from django.test import override_settings
 from django.utils import timezone
 
 from llm_budgets import budgets
@@ -28,17 +26,15 @@ from llm_budgets.models import (
 )
 from llm_budgets.reconcile import counters_drift
 from llm_budgets.settlement import CommitResult, reservations_sweep
-from tests.concurrency import overspent_counters, run_threads
+from tests.concurrency import overspent_counters, patient_lock_waits, run_threads
 from tests.factories import price_fake, reserve_30, seed
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.concurrency]
 
 
 @pytest.fixture(autouse=True)
-def patient_lock_waits() -> Iterator[None]:
-    # These races are about what gets admitted, not how long a lock wait may last (that is
-    # test_fail_closed's): on a loaded machine, SQLite's busy wait can pass the default bound.
-    with override_settings(LLM_BUDGETS={**settings.LLM_BUDGETS, "LOCK_TIMEOUT_SECONDS": 30}):
+def patient() -> Iterator[None]:
+    with patient_lock_waits():
         yield
 
 
@@ -50,6 +46,20 @@ def _admitted(results: list[object]) -> list[budgets.Hold]:
     unexpected = [r for r in results if not isinstance(r, budgets.Hold | BudgetExceeded)]
     assert not unexpected, unexpected
     return [r for r in results if isinstance(r, budgets.Hold)]
+
+
+def _shared_caps(*, total: int, tenants: int, per_tenant: int, users: int, per_user: int) -> None:
+    """A global month cap over tenants t0.. (day caps), each with end users u0.. that have their
+    own day caps. Every call's worst case is 30."""
+    price_fake()
+    budgets.set_limit(amount=Decimal(total), window="month")
+    for t in range(tenants):
+        budgets.ensure_tenant(f"t{t}")
+        budgets.set_limit(tenant=f"t{t}", amount=Decimal(per_tenant), window="day")
+        for u in range(users):
+            budgets.set_limit(
+                tenant=f"t{t}", end_user=f"u{u}", amount=Decimal(per_user), window="day"
+            )
 
 
 def _assert_ledger_consistent() -> None:
@@ -89,13 +99,7 @@ def test_many_tenants_and_users_never_pass_any_cap() -> None:
     # Global 300 (10 calls of 30); 4 tenants of 120 (4 each); 3 users per tenant of 60 (2 each).
     # 40 callers, 10 per tenant, 3 or 4 per user: whatever the order, only the global cap can
     # be the one that stops admission, so exactly 10 are admitted.
-    price_fake()
-    budgets.set_limit(amount=Decimal(300), window="month")
-    for t in range(4):
-        budgets.ensure_tenant(f"t{t}")
-        budgets.set_limit(tenant=f"t{t}", amount=Decimal(120), window="day")
-        for u in range(3):
-            budgets.set_limit(tenant=f"t{t}", end_user=f"u{u}", amount=Decimal(60), window="day")
+    _shared_caps(total=300, tenants=4, per_tenant=120, users=3, per_user=60)
 
     results = run_threads(40, lambda i: reserve_30(tenant=f"t{i % 4}", end_user=f"u{i // 4 % 3}"))
 
@@ -113,13 +117,7 @@ def test_many_tenants_and_users_never_pass_any_cap() -> None:
 def test_churn_under_shared_caps_never_shows_a_counter_past_its_limit() -> None:
     # Workers reserve, then commit below the hold or release, while a watcher samples every
     # counter against its limit (no call runs over, so no overage is allowed anywhere).
-    price_fake()
-    budgets.set_limit(amount=Decimal(150), window="month")
-    for t in range(3):
-        budgets.ensure_tenant(f"t{t}")
-        budgets.set_limit(tenant=f"t{t}", amount=Decimal(90), window="day")
-        for u in range(2):
-            budgets.set_limit(tenant=f"t{t}", end_user=f"u{u}", amount=Decimal(45), window="day")
+    _shared_caps(total=150, tenants=3, per_tenant=90, users=2, per_user=45)
     workers, rounds = 12, 6
     done = threading.Semaphore(0)
     over: list[str] = []

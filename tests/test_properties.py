@@ -117,8 +117,9 @@ class LedgerMachine(RuleBasedStateMachine):
         transaction.set_rollback(True)
         self._atomic.__exit__(None, None, None)
 
-    @initialize(policy=st.sampled_from(["charge", "release"]))
+    @initialize(policy=st.sampled_from(["charge", "charge", "release"]))
     def expired_hold_policy(self, policy: str) -> None:
+        self.policy = policy
         self._settings = override_settings(LLM_BUDGETS={"EXPIRED_HOLD_POLICY": policy})
         self._settings.enable()
 
@@ -128,7 +129,7 @@ class LedgerMachine(RuleBasedStateMachine):
         input_tokens=st.integers(0, 5000),
         max_output_tokens=st.sampled_from([100, 1500, 3000]),
         ttl=st.sampled_from([60, 3600, 86400]),
-        key=st.sampled_from([None, None, None, None, "k1", "k2"]),
+        key=st.sampled_from([None, None, None, None, None, None, "k1", "k2"]),
     )
     def reserve(
         self,
@@ -212,7 +213,8 @@ class LedgerMachine(RuleBasedStateMachine):
             assert result == self.results[rid]  # settling twice returns the first result
             return
         cost = _cost(input_tokens, output_tokens)
-        event(f"commit of a {state} hold, {'over' if cost > result.reserved else 'within'} it")
+        over = "over" if cost > result.reserved else "within"
+        event(f"commit of a {state} hold ({self.policy}), {over} it")
         assert (result.state, result.cost) == (COMMITTED, cost)
         assert result.overage == max(Decimal(0), cost - result.reserved)
         self.states[rid] = COMMITTED
@@ -223,6 +225,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.changed = True
         state = self.states[rid]
         expected = state if state in (COMMITTED, RELEASED) else RELEASED
+        event(f"release of a {state} hold ({self.policy})")
         assert reservation_release(rid, now=self.now) == expected
         self.states[rid] = expected
 
@@ -233,6 +236,12 @@ class LedgerMachine(RuleBasedStateMachine):
         self.changed = self.changed or bool(due)
         for rid in due:
             self.states[rid] = EXPIRED
+
+    @rule(rid=holds)
+    def let_hold_expire(self, rid: UUID) -> None:
+        """Move the clock to a hold's expiry and sweep: makes late commits and releases common."""
+        self.now = max(self.now, self.expires[rid])
+        self.sweep()
 
     @rule(step=st.sampled_from(CLOCK_STEPS))
     def advance_clock(self, step: timedelta) -> None:
@@ -251,5 +260,5 @@ class LedgerMachine(RuleBasedStateMachine):
 def test_random_ledger_histories_keep_the_invariants() -> None:
     run_state_machine_as_test(
         LedgerMachine,
-        settings=settings(max_examples=25, stateful_step_count=20, deadline=None, database=None),
+        settings=settings(max_examples=25, stateful_step_count=40, deadline=None, database=None),
     )
