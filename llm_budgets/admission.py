@@ -27,6 +27,7 @@ from llm_budgets.exceptions import (
 from llm_budgets.killswitches import kill_switches_covering, refusal_for
 from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
 from llm_budgets.models import (
+    ApiKey,
     Budget,
     Counter,
     KillSwitch,
@@ -134,6 +135,7 @@ def reservation_create(
     max_tool_calls: object = None,
     allow_degrade: object = False,
     tags: object = None,
+    api_key: ApiKey | None = None,
     now: datetime | None = None,
 ) -> Reservation:
     """Admit a call: hold its worst-case cost on every budget that applies, or raise.
@@ -142,7 +144,8 @@ def reservation_create(
     ``UnknownPrice``, ``NoApplicableBudget``, ``KillSwitchActive``, ``BudgetExceeded`` or
     ``LedgerUnavailable``; in each case no hold is taken. With ``allow_degrade=True`` the plan's
     degradation ladder may grant a cheaper model or a lower output ceiling (see
-    :mod:`llm_budgets.degradation`); the reservation says what was granted.
+    :mod:`llm_budgets.degradation`); the reservation says what was granted. ``api_key``: the
+    REST API key the call came through, so kill switches on that key apply.
     """
     if not isinstance(allow_degrade, bool):
         raise InvalidUsage("allow_degrade must be True or False.", field="allow_degrade")
@@ -210,7 +213,13 @@ def reservation_create(
         )
         degrade = _Degrade(ladder, request.ttl, tool_calls) if ladder else None
         try:
-            return _admit(reservation, applicable, degrade, request.idempotency_key)
+            return _admit(
+                reservation,
+                applicable,
+                degrade,
+                request.idempotency_key,
+                api_key.pk if api_key is not None else None,
+            )
         except (BudgetExceeded, KillSwitchActive) as refusal:
             refusal_record(refusal, reservation=reservation, now=now)
             raise
@@ -230,10 +239,11 @@ def _admit(
     applicable: list[ApplicableBudget],
     degrade: _Degrade | None,
     idempotency_key: str | None,
+    api_key_id: str | None = None,
 ) -> Reservation:
     for _attempt in range(2):
         try:
-            return _hold(reservation, applicable, degrade)
+            return _hold(reservation, applicable, degrade, api_key_id)
         except _MissingCounters:
             Counter.objects.bulk_create(
                 [
@@ -249,11 +259,14 @@ def _admit(
             return Reservation.objects.get(
                 tenant_id=reservation.tenant_id, idempotency_key=idempotency_key
             )
-    return _hold(reservation, applicable, degrade)
+    return _hold(reservation, applicable, degrade, api_key_id)
 
 
 def _hold(
-    reservation: Reservation, applicable: list[ApplicableBudget], degrade: _Degrade | None
+    reservation: Reservation,
+    applicable: list[ApplicableBudget],
+    degrade: _Degrade | None,
+    api_key_id: str | None = None,
 ) -> Reservation:
     """The one transaction: refuse if a kill switch covers the request, lock the counters in pk
     order, apply the degradation ladder, check each, hold on all or raise.
@@ -268,7 +281,9 @@ def _hold(
     bound_sqlite_wait()
     with transaction.atomic():
         bound_lock_wait()
-        blocked_substitutes = _refuse_if_switched(reservation, degrade.ladder if degrade else [])
+        blocked_substitutes = _refuse_if_switched(
+            reservation, degrade.ladder if degrade else [], api_key_id
+        )
         reservation.save(force_insert=True)
         if rolling_ids:
             # NO KEY UPDATE: serialises admissions without blocking inserts of new bucket
@@ -326,7 +341,9 @@ def _hold(
     return reservation
 
 
-def _refuse_if_switched(reservation: Reservation, ladder: list[Rung]) -> dict[str, KillSwitch]:
+def _refuse_if_switched(
+    reservation: Reservation, ladder: list[Rung], api_key_id: str | None = None
+) -> dict[str, KillSwitch]:
     """One query for every open switch that covers the request; raise for the first that covers
     the model asked for. Returns the switches that only block a ladder substitute, by model."""
     requested = reservation.model
@@ -336,6 +353,7 @@ def _refuse_if_switched(reservation: Reservation, ladder: list[Rung]) -> dict[st
         provider=reservation.provider,
         models={requested, *substitutes(ladder, requested)},
         now=reservation.created_at,
+        api_key_id=api_key_id,
     )
     blocked: dict[str, KillSwitch] = {}
     for switch in switches:

@@ -397,15 +397,17 @@ def trip(
     end_user: str | None = None,
     provider: str | None = None,
     model: str | None = None,
+    api_key: str | None = None,
     reason: str = "",
     actor: str = "",
     auto_clear_at: datetime | None = None,
 ) -> KillSwitch:
     """Stop every admission in a scope now. No scope: global; several: their intersection (e.g.
     one model for one tenant). Stays until ``clear`` (or ``auto_clear_at``, if given). ``reason``
-    is required (``InvalidUsage`` without one)."""
+    is required (``InvalidUsage`` without one). ``api_key`` (a REST API key's prefix) limits it to
+    calls made through that key."""
     scope = killswitches.switch_scope(
-        tenant=tenant, end_user=end_user, provider=provider, model=model
+        tenant=tenant, end_user=end_user, provider=provider, model=model, api_key=api_key
     )
     assert scope is not None  # end users are created on trip
     return killswitches.kill_switch_trip(
@@ -419,12 +421,18 @@ def clear(
     end_user: str | None = None,
     provider: str | None = None,
     model: str | None = None,
+    api_key: str | None = None,
     reason: str = "",
     actor: str = "",
 ) -> KillSwitch:
     """Clear the switch tripped on exactly this scope. ``InvalidUsage`` if none is tripped."""
     scope = killswitches.switch_scope(
-        tenant=tenant, end_user=end_user, provider=provider, model=model, create_end_user=False
+        tenant=tenant,
+        end_user=end_user,
+        provider=provider,
+        model=model,
+        api_key=api_key,
+        create_end_user=False,
     )
     return killswitches.kill_switch_clear(
         scope=scope,

@@ -34,14 +34,26 @@ from urllib.parse import quote
 
 import httpx
 
-from llm_budgets.exceptions import BudgetError, BudgetExceeded, ReservationStateError
+from llm_budgets.exceptions import (
+    BudgetError,
+    BudgetExceeded,
+    KillSwitchActive,
+    ReservationStateError,
+)
 
 if TYPE_CHECKING:
     from llm_budgets.usage import Usage
 
 logger = logging.getLogger("llm_budgets.client")
 
-__all__ = ["ApiError", "BudgetsClient", "RemoteCommitResult", "RemoteHold", "RemoteQuote"]
+__all__ = [
+    "ApiError",
+    "BudgetsClient",
+    "RemoteCommitResult",
+    "RemoteHold",
+    "RemoteKillSwitch",
+    "RemoteQuote",
+]
 
 RETRYABLE_CODES = {"ledger_unavailable", "throttled", "idempotency_in_progress"}
 
@@ -118,7 +130,30 @@ def error_from_response(response: httpx.Response) -> BudgetError:
     BudgetError.__init__(exc, message, **details)
     for key, value in details.items():
         setattr(exc, key, value)
+    if isinstance(exc, KillSwitchActive):
+        # The in-process attributes: tripped_at as a datetime, and the request's own fields.
+        exc.tripped_at = _when(details.get("tripped_at"))  # type: ignore[assignment]
+        for key in ("tenant", "end_user", "model"):
+            setattr(exc, key, details.get(key))
     return exc
+
+
+def _scope_body(
+    tenant: str | None,
+    end_user: str | None,
+    provider: str | None,
+    model: str | None,
+    api_key: str | None,
+    reason: str,
+) -> dict[str, Any]:
+    scope = {
+        "tenant": tenant,
+        "end_user": end_user,
+        "provider": provider,
+        "model": model,
+        "api_key": api_key,
+    }
+    return {**{k: v for k, v in scope.items() if v is not None}, "reason": reason}
 
 
 @dataclass(frozen=True)
@@ -185,6 +220,36 @@ class RemoteQuote:
         )
 
 
+@dataclass(frozen=True)
+class RemoteKillSwitch:
+    """A kill switch as the API returns it (see ``llm_budgets.models.KillSwitch``)."""
+
+    id: int
+    scope: str
+    tenant: str | None
+    end_user: str | None
+    provider: str
+    model: str
+    api_key: str | None
+    active: bool
+    reason: str
+    tripped_by: str
+    tripped_at: datetime
+    automatic: bool
+    detector: str
+    auto_clear_at: datetime | None
+    cleared_at: datetime | None
+    cleared_by: str
+    clear_reason: str
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RemoteKillSwitch:
+        times = ("tripped_at", "auto_clear_at", "cleared_at")
+        fields: dict[str, Any] = {f: data.get(f) for f in cls.__dataclass_fields__}
+        fields.update({k: _when(fields[k]) for k in times})
+        return cls(**fields)
+
+
 class RemoteHold:
     """A reservation held over HTTP; the interface of ``llm_budgets.budgets.Hold``."""
 
@@ -228,6 +293,11 @@ class RemoteHold:
     @property
     def degraded(self) -> bool:
         return bool(self._data.get("degraded", False))
+
+    @property
+    def requested_model(self) -> str:
+        """The model asked for when another was granted (degraded), else empty."""
+        return str(self._data.get("requested_model") or "")
 
     @property
     def data(self) -> dict[str, Any]:
@@ -364,10 +434,13 @@ class BudgetsClient:
         prompt: str | None = None,
         max_tool_calls: dict[str, int] | None = None,
         tags: dict[str, str] | None = None,
+        allow_degrade: bool = False,
     ) -> RemoteHold:
         """Admit a call and hold its worst-case cost, or raise the ``BudgetError`` that says
         why. ``tenant`` is implied by a tenant key and required with an operator key. Give
-        ``input_tokens``, or ``messages`` / ``prompt`` for the server to count."""
+        ``input_tokens``, or ``messages`` / ``prompt`` for the server to count. With
+        ``allow_degrade`` the plan's ladder may grant less: read ``hold.model``,
+        ``hold.max_output_tokens`` and ``hold.degraded``."""
         body: dict[str, Any] = {"model": model, "max_output_tokens": max_output_tokens}
         optional = {
             "tenant": tenant,
@@ -381,6 +454,8 @@ class BudgetsClient:
             "ttl_seconds": ttl,
         }
         body.update({k: v for k, v in optional.items() if v is not None})
+        if allow_degrade:
+            body["allow_degrade"] = True
         return RemoteHold(self, self._post("reservations", body, idempotency_key=idempotency_key))
 
     def quote(
@@ -469,6 +544,56 @@ class BudgetsClient:
             {k: _money(v) if k in money else v for k, v in budget.items()}
             for budget in data["budgets"]
         ]
+
+    # Kill switches (operator keys). No scope: global; several: their intersection.
+
+    def trip(
+        self,
+        *,
+        reason: str,
+        tenant: str | None = None,
+        end_user: str | None = None,
+        provider: str | None = None,
+        model: str | None = None,
+        api_key: str | None = None,
+        auto_clear_at: datetime | None = None,
+        idempotency_key: str | None = None,
+    ) -> RemoteKillSwitch:
+        """Refuse every admission in the scope now; returns the open switch (an already
+        tripped scope keeps its switch and first reason). ``api_key``: a key's prefix."""
+        body = _scope_body(tenant, end_user, provider, model, api_key, reason)
+        if auto_clear_at is not None:
+            body["auto_clear_at"] = auto_clear_at.isoformat()
+        data = self._post("kill-switches", body, idempotency_key=idempotency_key)
+        return RemoteKillSwitch.from_json(data)
+
+    def clear(
+        self,
+        *,
+        reason: str,
+        tenant: str | None = None,
+        end_user: str | None = None,
+        provider: str | None = None,
+        model: str | None = None,
+        api_key: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> RemoteKillSwitch:
+        """Clear the switch tripped on exactly this scope (``InvalidUsage`` if none is)."""
+        body = _scope_body(tenant, end_user, provider, model, api_key, reason)
+        data = self._post("kill-switches/clear", body, idempotency_key=idempotency_key)
+        return RemoteKillSwitch.from_json(data)
+
+    def kill_switches(
+        self, *, state: str | None = None, tenant: str | None = None
+    ) -> list[RemoteKillSwitch]:
+        """Every switch, newest first; ``state``: ``"open"`` or ``"cleared"``."""
+        params = {k: v for k, v in {"state": state, "tenant": tenant}.items() if v is not None}
+        switches: list[RemoteKillSwitch] = []
+        while True:
+            page = self._get("kill-switches", params={**params, "offset": str(len(switches))})
+            switches.extend(RemoteKillSwitch.from_json(item) for item in page["results"])
+            if not page.get("next") or not page["results"]:
+                return switches
 
     # Transport.
 

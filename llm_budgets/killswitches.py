@@ -13,13 +13,13 @@ from datetime import datetime
 
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.exceptions import InvalidUsage, KillSwitchActive
-from llm_budgets.models import AuditEvent, EndUser, KillSwitch, Tenant
+from llm_budgets.models import ApiKey, AuditEvent, EndUser, KillSwitch, Tenant
 from llm_budgets.signals import kill_switch_cleared, kill_switch_tripped
 from llm_budgets.tenants import end_user_ensure, tenant_get
 
@@ -34,14 +34,17 @@ class SwitchScope:
     end_user: EndUser | None = None
     provider: str = ""
     model: str = ""
+    api_key: ApiKey | None = None
 
     @property
     def key(self) -> str:
-        return (
+        key = (
             f"t={self.tenant.pk if self.tenant else ''}|"
             f"u={self.end_user.pk if self.end_user else ''}|"
             f"p={self.provider}|m={self.model}"
         )
+        # Appended only when set, so the keys of switches without one never change.
+        return f"{key}|k={self.api_key.prefix}" if self.api_key else key
 
 
 def switch_scope(
@@ -50,6 +53,7 @@ def switch_scope(
     end_user: object = None,
     provider: object = None,
     model: object = None,
+    api_key: object = None,
     create_end_user: bool = True,
 ) -> SwitchScope | None:
     """Resolve the scope arguments of trip/clear. ``None`` when the end user was never seen and
@@ -68,6 +72,13 @@ def switch_scope(
             user_obj = EndUser.objects.filter(tenant=tenant_obj, external_id=user_id).first()
             if user_obj is None:
                 return None
+    key_obj = None
+    if api_key is not None:
+        # By its visible prefix: the key itself is a secret and never stored.
+        prefix = validation.identifier("api_key", api_key, max_length=8)
+        key_obj = ApiKey.objects.filter(prefix=prefix).first()
+        if key_obj is None:
+            raise InvalidUsage(f"No API key has the prefix {prefix!r}.", field="api_key")
     return SwitchScope(
         tenant=tenant_obj,
         end_user=user_obj,
@@ -75,6 +86,7 @@ def switch_scope(
         if provider is None
         else validation.identifier("provider", provider, max_length=64),
         model="" if model is None else validation.identifier("model", model, max_length=128),
+        api_key=key_obj,
     )
 
 
@@ -129,6 +141,7 @@ def kill_switch_trip(
                 end_user=scope.end_user,
                 provider=scope.provider,
                 model=scope.model,
+                api_key=scope.api_key,
                 scope_key=scope.key,
                 reason=reason_text,
                 tripped_by=actor,
@@ -203,6 +216,17 @@ def _open(now: datetime) -> Q:
     return Q(cleared_at__isnull=True) & (Q(auto_clear_at__isnull=True) | Q(auto_clear_at__gt=now))
 
 
+def kill_switches_in_state(state: str | None, now: datetime) -> QuerySet[KillSwitch]:
+    """Switches ``"open"`` (refusing now), ``"cleared"`` (cleared, or past ``auto_clear_at``),
+    or all (``None``), newest first."""
+    switches = KillSwitch.objects.select_related("tenant", "end_user", "api_key")
+    if state == "open":
+        return switches.filter(_open(now))
+    if state == "cleared":
+        return switches.exclude(_open(now))
+    return switches.all()
+
+
 def _open_for_scope(scope: SwitchScope, now: datetime) -> KillSwitch | None:
     return KillSwitch.objects.filter(_open(now), scope_key=scope.key).first()
 
@@ -214,15 +238,18 @@ def kill_switches_covering(
     provider: str,
     models: Iterable[str],
     now: datetime,
+    api_key_id: str | None = None,
 ) -> list[KillSwitch]:
     """Every open switch whose scope covers a request, in one indexed query (uncleared rows
-    only). ``models``: every model the request might be served as."""
+    only). ``models``: every model the request might be served as. ``api_key_id``: the REST API
+    key the request came through, if any (a switch on a key covers only calls through it)."""
     rows = KillSwitch.objects.filter(
         _open(now),
         Q(tenant__isnull=True) | Q(tenant_id=tenant_id),
         Q(end_user__isnull=True) | Q(end_user_id=end_user_id),
         Q(provider="") | Q(provider=provider),
         Q(model="") | Q(model__in=list(models)),
+        Q(api_key__isnull=True) | Q(api_key_id=api_key_id),
     ).order_by("tripped_at")
     return list(rows)
 
@@ -254,6 +281,8 @@ def _label_without_queries(switch: KillSwitch, tenant: str, end_user: str | None
         parts.append(f"provider {switch.provider}")
     if switch.model:
         parts.append(f"model {switch.model}")
+    if switch.api_key_id is not None:
+        parts.append(f"API key {switch.api_key_id.partition('.')[0]}")  # pk is <prefix>.<hash>
     return ", ".join(parts) or "global"
 
 

@@ -33,6 +33,8 @@ def test_the_schema_is_public_and_covers_every_endpoint() -> None:
             "quote",
             "prices",
             "budgets",
+            "kill-switches",
+            "kill-switches/clear",
         ]
     }
     assert schema["components"]["securitySchemes"]["ApiKey"]["name"] == "Authorization"

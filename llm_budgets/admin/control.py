@@ -86,7 +86,7 @@ class KillSwitchAdmin(admin.ModelAdmin):
 
     list_display = ["scope", "reason", "tripped_by", "tripped_at", "automatic", "state"]
     list_filter = ["automatic", "detector", ("cleared_at", admin.EmptyFieldListFilter)]
-    list_select_related = ["tenant", "end_user__tenant"]
+    list_select_related = ["tenant", "end_user__tenant", "api_key"]
     search_fields = ["tenant__external_id", "end_user__external_id", "model", "reason"]
     date_hierarchy = "tripped_at"
     autocomplete_fields = ["tenant"]

@@ -158,7 +158,8 @@ class ReserveRequestSerializer(StrictSerializer):
     allow_degrade = serializers.BooleanField(
         required=False,
         default=False,
-        help_text="Accepted for forward compatibility; nothing degrades yet (degraded is false).",
+        help_text="Let the plan's degradation ladder grant a cheaper model or a lower output "
+        "ceiling as budgets fill; the response says what was granted.",
     )
     idempotency_key = idempotency_key_field()
 
@@ -169,7 +170,6 @@ class ReservationSerializer(serializers.ModelSerializer[Reservation]):
         source="end_user.external_id", read_only=True, allow_null=True, default=None
     )
     amount = money_out(help_text="The hold: the call's worst-case cost.")
-    degraded = serializers.SerializerMethodField()
     tags = serializers.DictField(child=serializers.CharField(), read_only=True)
 
     class Meta:
@@ -186,6 +186,7 @@ class ReservationSerializer(serializers.ModelSerializer[Reservation]):
             "amount",
             "currency",
             "degraded",
+            "requested_model",
             "tags",
             "idempotency_key",
             "created_at",
@@ -193,9 +194,6 @@ class ReservationSerializer(serializers.ModelSerializer[Reservation]):
             "settled_at",
         ]
         read_only_fields = fields
-
-    def get_degraded(self, obj: Reservation) -> bool:
-        return False
 
 
 def usage_count(help_text: str) -> serializers.IntegerField:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver, path, re_path
 
-from llm_budgets.api import docs, views
+from llm_budgets.api import docs, killswitches, views
 
 app_name = "llm_budgets_api"
 
@@ -41,6 +41,12 @@ api_patterns: list[URLPattern | URLResolver] = [
     path("quote", views.QuoteView.as_view(), name="quote"),
     path("prices", views.PriceListView.as_view(), name="prices"),
     path("budgets", views.BudgetListView.as_view(), name="budgets"),
+    path("kill-switches", killswitches.KillSwitchListView.as_view(), name="kill-switches"),
+    path(
+        "kill-switches/clear",
+        killswitches.KillSwitchClearView.as_view(),
+        name="kill-switches-clear",
+    ),
 ]
 
 urlpatterns = [

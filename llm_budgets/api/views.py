@@ -113,6 +113,8 @@ class ReservationCreateView(ApiView):
             tags=data.get("tags"),
             idempotency_key=data.get("idempotency_key") or request.headers.get(HEADER),
             ttl=data.get("ttl_seconds"),
+            allow_degrade=data["allow_degrade"],
+            api_key=api_key_of(request),
         )
         return Response(s.ReservationSerializer(reservation).data, status=status.HTTP_201_CREATED)
 

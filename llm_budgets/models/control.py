@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from llm_budgets.models.api import ApiKey
 from llm_budgets.models.budgets import Budget
 from llm_budgets.models.tenancy import EndUser, Tenant
 from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
@@ -26,6 +27,14 @@ class KillSwitch(models.Model):
     )
     provider = models.CharField(max_length=64, blank=True)
     model = models.CharField(max_length=128, blank=True)
+    api_key = models.ForeignKey(
+        ApiKey,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="kill_switches",
+        help_text="Only calls made through this REST API key.",
+    )
     # The scope in one string, so "one active switch per scope" is a plain unique constraint
     # on both databases (NULLs in a composite unique key would be distinct).
     scope_key = models.CharField(max_length=400, editable=False)
@@ -82,6 +91,8 @@ class KillSwitch(models.Model):
             parts.append(f"provider {self.provider}")
         if self.model:
             parts.append(f"model {self.model}")
+        if self.api_key_id is not None:
+            parts.append(f"API key {self.api_key.prefix}")  # type: ignore[union-attr]
         return ", ".join(parts) or "global"
 
 
