@@ -4,7 +4,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY llm_budgets ./llm_budgets
-RUN pip install --no-cache-dir ".[postgres,celery]" gunicorn
+RUN pip install --no-cache-dir ".[postgres,celery-beat]" "redis>=5" gunicorn
 COPY manage.py ./
 COPY project ./project
 COPY templates ./templates

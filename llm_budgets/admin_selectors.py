@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from llm_budgets.models import (
+    LIVE_STATES,
     Budget,
     EndUser,
     Reservation,
-    ReservationState,
     Scope,
     Tenant,
 )
@@ -46,7 +46,8 @@ def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
     for budget in own:
         budget.tenant = tenant  # labels without a query per row
         applicable.append(ApplicableBudget(budget, tenant_period(budget.window, at, tenant)))
-    held = Reservation.objects.filter(tenant=tenant, state=ReservationState.HELD)
+    # Open: still counted in reserved (held, or uncertain until usage or the reconcile job).
+    held = Reservation.objects.filter(tenant=tenant, state__in=LIVE_STATES)
     open_reservations = list(held.select_related("end_user").order_by("expires_at")[:rows])
     return TenantOverview(
         budgets=shared,

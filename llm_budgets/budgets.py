@@ -51,6 +51,7 @@ __all__ = [
     "commit",
     "ensure_tenant",
     "explain",
+    "mark_uncertain",
     "quote",
     "release",
     "reserve",
@@ -66,9 +67,10 @@ class Hold:
     """A reservation as the caller sees it. Use it as a context manager to never leak it.
 
     Inside ``with budgets.reserve(...) as hold:`` an exception releases the hold, except a
-    ``TimeoutError``: a timeout is no proof the provider stopped, so the hold stays and expires
-    (charged as estimated). Leaving the block without commit or release raises
-    ``ReservationStateError`` and also leaves the hold to expire, for the same reason.
+    ``TimeoutError``: a timeout is no proof the provider stopped, so the hold is marked UNCERTAIN
+    and stays counted until usage arrives or the reconcile job settles it. Leaving the block
+    without commit or release raises ``ReservationStateError`` and leaves the hold to expire
+    (charged as estimated), for the same reason.
     """
 
     def __init__(self, reservation: Reservation) -> None:
@@ -153,6 +155,12 @@ class Hold:
         self._reservation.state = settlement.reservation_release(self.id)
         return self._reservation.state
 
+    def mark_uncertain(self) -> str:
+        """The call's outcome is unknown: keep the hold counted until usage arrives or the
+        reconcile job settles it (``UNCERTAIN_SETTLE_RULE``). Returns the state."""
+        self._reservation.state = settlement.reservation_mark_uncertain(self.id)
+        return self._reservation.state
+
     def refresh(self) -> Hold:
         self._reservation.refresh_from_db()
         return self
@@ -177,8 +185,10 @@ class Hold:
             )
         if issubclass(exc_type, TimeoutError):
             logger.warning(
-                "llm_budgets: reservation %s timed out; its hold stays until expiry.", self.id
+                "llm_budgets: reservation %s timed out; its hold stays counted (uncertain).",
+                self.id,
             )
+            self.mark_uncertain()
             return
         self.release()
 
@@ -216,16 +226,19 @@ def ensure_tenant(
     timezone: str | None = None,
     billing_day: int | None = None,
     plan: str | None = None,
+    billing_emails: str | None = None,
     markup_percent: Decimal | int | str | None = None,
 ) -> Tenant:
     """Create the tenant, or update the fields given (``markup_percent`` overrides the plan's
-    markup for customer prices)."""
+    markup for customer prices; ``billing_emails``: who gets budget warnings, separated by
+    commas or new lines)."""
     return tenants.tenant_ensure(
         external_id,
         name=name,
         timezone=timezone,
         billing_day=billing_day,
         plan=plan,
+        billing_emails=billing_emails,
         markup_percent=markup_percent,
     )
 
@@ -357,6 +370,12 @@ def commit(
 def release(hold_id: UUID | str) -> str:
     """Release a reservation by id. Returns its final state."""
     return settlement.reservation_release(hold_id)
+
+
+def mark_uncertain(hold_id: UUID | str) -> str:
+    """The call's outcome is unknown (by id, e.g. from a watchdog): keep its hold counted until
+    usage arrives or the reconcile job settles it. Returns the state."""
+    return settlement.reservation_mark_uncertain(hold_id)
 
 
 def status(*, tenant: str, end_user: str | None = None) -> list[selectors.BudgetStatus]:

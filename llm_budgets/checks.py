@@ -8,9 +8,17 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 from django.db import connections
 
-from llm_budgets.conf import DEFAULTS, EXPIRED_HOLD_POLICIES
+from llm_budgets.conf import (
+    DEFAULTS,
+    EXPIRED_HOLD_POLICIES,
+    UNCERTAIN_SETTLE_RULES,
+    WARNING_DELIVERIES,
+)
+from llm_budgets.models.fields import validate_thresholds
 
 
 def _is_positive_int(value: Any) -> bool:
@@ -117,6 +125,71 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
                 "LLM_BUDGETS['API_THROTTLE_RATE'] must be None or a rate such as '600/minute'.",
                 hint=f"Got {rate!r}. Units: second, minute, hour, day.",
                 id="llm_budgets.E009",
+            )
+        )
+    errors.extend(_check_job_settings(values))
+    return errors
+
+
+def _is_valid(validator: Any, value: Any) -> bool:
+    try:
+        validator(value)
+    except ValidationError:
+        return False
+    return True
+
+
+def _check_job_settings(values: dict[str, Any]) -> list[CheckMessage]:
+    """Settings of the jobs and warning emails (docs/operations.md)."""
+    errors: list[CheckMessage] = []
+    choices = (
+        ("UNCERTAIN_SETTLE_RULE", UNCERTAIN_SETTLE_RULES, "llm_budgets.E020"),
+        ("WARNING_DELIVERY", WARNING_DELIVERIES, "llm_budgets.E023"),
+    )
+    for key, allowed, error_id in choices:
+        if values[key] not in allowed:
+            errors.append(
+                Error(
+                    f"LLM_BUDGETS[{key!r}] must be one of {', '.join(map(repr, allowed))}.",
+                    hint=f"Got {values[key]!r}.",
+                    id=error_id,
+                )
+            )
+    positive = (
+        ("UNCERTAIN_MAX_AGE_SECONDS", "llm_budgets.E021"),
+        ("WARNING_CLAIM_TIMEOUT_SECONDS", "llm_budgets.E024"),
+        ("RETENTION_RELEASED_DAYS", "llm_budgets.E026"),
+        ("ROLLUP_LOOKBACK_DAYS", "llm_budgets.E027"),
+        ("RETENTION_REFUSALS_DAYS", "llm_budgets.E028"),
+    )
+    for key, error_id in positive:
+        if not _is_positive_int(values[key]):
+            errors.append(
+                Error(
+                    f"LLM_BUDGETS[{key!r}] must be a positive integer.",
+                    hint=f"Got {values[key]!r}.",
+                    id=error_id,
+                )
+            )
+    thresholds = values["WARNING_THRESHOLDS"]
+    if thresholds is None or not _is_valid(validate_thresholds, thresholds):
+        errors.append(
+            Error(
+                "LLM_BUDGETS['WARNING_THRESHOLDS'] must be a list of distinct whole "
+                "percentages from 1 to 100 ([] for no warnings).",
+                hint=f"Got {thresholds!r}; e.g. [50, 80, 100].",
+                id="llm_budgets.E022",
+            )
+        )
+    sender = values["WARNING_FROM_EMAIL"]
+    if sender is not None and not (
+        isinstance(sender, str) and _is_valid(validate_email, sender.rpartition("<")[2].rstrip(">"))
+    ):
+        errors.append(
+            Error(
+                "LLM_BUDGETS['WARNING_FROM_EMAIL'] must be None or an email address.",
+                hint=f"Got {sender!r}; None sends from settings.DEFAULT_FROM_EMAIL.",
+                id="llm_budgets.E025",
             )
         )
     return errors

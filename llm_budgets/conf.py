@@ -34,9 +34,31 @@ DEFAULTS: dict[str, Any] = {
     # Requests per API key for the REST API (DRF rate syntax "N/second|minute|hour|day"), or None
     # for no limit. Counted in Django's default cache: use a shared one with several processes.
     "API_THROTTLE_RATE": "600/minute",
+    # Jobs (docs/operations.md). An UNCERTAIN reservation (outcome unknown) older than
+    # UNCERTAIN_MAX_AGE_SECONDS is settled by rule: "charge" its hold as estimated spend, or
+    # "release" it.
+    "UNCERTAIN_SETTLE_RULE": "charge",
+    "UNCERTAIN_MAX_AGE_SECONDS": 60 * 60,
+    # Warning emails: percentages of a budget (plan and budget may override), and whether a
+    # crash between sending and recording re-sends ("at_least_once") or gives up ("at_most_once").
+    "WARNING_THRESHOLDS": [50, 80, 100],
+    "WARNING_DELIVERY": "at_least_once",
+    # A claim to send older than this is taken to be a crashed sender.
+    "WARNING_CLAIM_TIMEOUT_SECONDS": 10 * 60,
+    # Sender address of warning emails; None: settings.DEFAULT_FROM_EMAIL.
+    "WARNING_FROM_EMAIL": None,
+    # Retention: released (never charged) reservations are deleted this many days after settling.
+    # Ledger lines, and reservations that have any, are never deleted.
+    "RETENTION_RELEASED_DAYS": 30,
+    # Refusal records (why a call was refused) are deleted this many days after the refusal.
+    "RETENTION_REFUSALS_DAYS": 90,
+    # The daily rollup job rebuilds this many recent local days (late true-ups land in the past).
+    "ROLLUP_LOOKBACK_DAYS": 3,
 }
 
 EXPIRED_HOLD_POLICIES = ("charge", "release")
+UNCERTAIN_SETTLE_RULES = ("charge", "release")
+WARNING_DELIVERIES = ("at_least_once", "at_most_once")
 
 
 class Settings:
@@ -73,6 +95,43 @@ class Settings:
     @property
     def OPERATOR_EMAILS(self) -> list[str]:
         return list(self._get("OPERATOR_EMAILS"))
+
+    @property
+    def UNCERTAIN_SETTLE_RULE(self) -> str:
+        return str(self._get("UNCERTAIN_SETTLE_RULE"))
+
+    @property
+    def UNCERTAIN_MAX_AGE_SECONDS(self) -> int:
+        return int(self._get("UNCERTAIN_MAX_AGE_SECONDS"))
+
+    @property
+    def WARNING_THRESHOLDS(self) -> list[int]:
+        return [int(p) for p in self._get("WARNING_THRESHOLDS")]
+
+    @property
+    def WARNING_DELIVERY(self) -> str:
+        return str(self._get("WARNING_DELIVERY"))
+
+    @property
+    def WARNING_CLAIM_TIMEOUT_SECONDS(self) -> int:
+        return int(self._get("WARNING_CLAIM_TIMEOUT_SECONDS"))
+
+    @property
+    def WARNING_FROM_EMAIL(self) -> str:
+        value = self._get("WARNING_FROM_EMAIL")
+        return str(value) if value else str(settings.DEFAULT_FROM_EMAIL)
+
+    @property
+    def RETENTION_RELEASED_DAYS(self) -> int:
+        return int(self._get("RETENTION_RELEASED_DAYS"))
+
+    @property
+    def RETENTION_REFUSALS_DAYS(self) -> int:
+        return int(self._get("RETENTION_REFUSALS_DAYS"))
+
+    @property
+    def ROLLUP_LOOKBACK_DAYS(self) -> int:
+        return int(self._get("ROLLUP_LOOKBACK_DAYS"))
 
     @property
     def TOKEN_ESTIMATE_SAFETY_MARGIN(self) -> Decimal:

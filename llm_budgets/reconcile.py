@@ -8,7 +8,7 @@ from decimal import Decimal
 
 from django.db.models import Case, F, Sum, When
 
-from llm_budgets.models import BudgetUnit, Counter, ReservationHold, ReservationState, UsageRecord
+from llm_budgets.models import LIVE_STATES, BudgetUnit, Counter, ReservationHold, UsageRecord
 from llm_budgets.money import ZERO, round_charge
 
 
@@ -64,7 +64,7 @@ def counters_drift() -> list[Drift]:
         spent[counter_id] = round_charge(spent.get(counter_id, ZERO) + adjusted["total"])
     reserved: dict[int, Decimal] = {
         row["counter"]: round_charge(row["total"])
-        for row in ReservationHold.objects.filter(reservation__state=ReservationState.HELD)
+        for row in ReservationHold.objects.filter(reservation__state__in=LIVE_STATES)
         .values("counter")
         .annotate(
             total=Sum(

@@ -1,4 +1,5 @@
-"""Settlement: commit actual usage, release an unused hold, expire overdue holds.
+"""Settlement: commit actual usage, release an unused hold, expire overdue holds, mark a call's
+outcome unknown (UNCERTAIN) and settle such holds by rule once they are old enough.
 
 Every transition locks the reservation row first, so each reservation ends in exactly one terminal
 state however many processes try. Counters are then locked in primary-key order, as in admission.
@@ -27,6 +28,7 @@ from llm_budgets.exceptions import (
 )
 from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
 from llm_budgets.models import (
+    LIVE_STATES,
     BudgetUnit,
     Counter,
     PricingBasis,
@@ -246,7 +248,7 @@ def reservation_commit(
             )
             overage = max(ZERO, provider_cost - reservation.amount)
             priced = (price_id, basis)
-            if reservation.state == ReservationState.HELD:
+            if reservation.state in LIVE_STATES:
                 _move(reservation, reserved=-_held(reservation), spent=cost)
                 _record(
                     reservation,
@@ -305,7 +307,7 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
             reservation = _lock_reservation(rid)
             if reservation.state in (ReservationState.COMMITTED, ReservationState.RELEASED):
                 return str(reservation.state)
-            if reservation.state == ReservationState.HELD:
+            if reservation.state in LIVE_STATES:
                 _move(reservation, reserved=-_held(reservation), spent=NONE)
             else:
                 estimate = reservation.usage_records.filter(kind=UsageKind.CHARGE).first()
@@ -396,3 +398,74 @@ def reservations_sweep(*, now: datetime | None = None, batch_size: int = 500) ->
         expired += expired_now
         if len(due) < batch_size or expired_now == 0:
             return expired
+
+
+def reservation_mark_uncertain(reservation_id: object, *, now: datetime | None = None) -> str:
+    """The call's outcome is unknown (a timeout, a lost worker): keep the hold counted, stop the
+    expiry sweep from touching it, and leave it to a commit, a release or the reconcile job.
+    Returns the reservation's state (unchanged unless it was HELD)."""
+    rid = _reservation_id(reservation_id)
+    now = now or timezone.now()
+    with ledger_guard("mark uncertain"):
+        bound_sqlite_wait()
+        with transaction.atomic():
+            bound_lock_wait()
+            reservation = _lock_reservation(rid)
+            if reservation.state == ReservationState.HELD:
+                reservation.state = ReservationState.UNCERTAIN
+                reservation.uncertain_at = now
+                reservation.save(update_fields=["state", "uncertain_at"])
+            return str(reservation.state)
+
+
+def reservation_settle_uncertain(reservation_id: object, *, now: datetime | None = None) -> bool:
+    """Settle one UNCERTAIN reservation older than ``UNCERTAIN_MAX_AGE_SECONDS`` by
+    ``UNCERTAIN_SETTLE_RULE``: "charge" moves its hold to spent as an *estimated* charge and
+    commits it; "release" drops it. Returns whether this call settled it."""
+    rid = _reservation_id(reservation_id)
+    now = now or timezone.now()
+    with ledger_guard("reconcile"):
+        bound_sqlite_wait()
+        with transaction.atomic():
+            bound_lock_wait()
+            reservation = _lock_reservation(rid)
+            due = now - timedelta(seconds=conf.UNCERTAIN_MAX_AGE_SECONDS)
+            if reservation.state != ReservationState.UNCERTAIN or (
+                reservation.uncertain_at is not None and reservation.uncertain_at > due
+            ):
+                return False
+            if conf.UNCERTAIN_SETTLE_RULE == "charge":
+                _move(reservation, reserved=-_held(reservation), spent=_held(reservation))
+                _record(
+                    reservation,
+                    kind=UsageKind.CHARGE,
+                    cost=_held(reservation),
+                    estimated=True,
+                    now=now,
+                )
+                reservation.state = ReservationState.COMMITTED
+            else:
+                _move(reservation, reserved=-_held(reservation), spent=NONE)
+                reservation.state = ReservationState.RELEASED
+            reservation.settled_at = now
+            reservation.save(update_fields=["state", "settled_at"])
+            return True
+
+
+def reservations_reconcile(*, now: datetime | None = None, batch_size: int = 500) -> int:
+    """Settle every UNCERTAIN reservation past its maximum age, one transaction each. Returns how
+    many were settled."""
+    now = now or timezone.now()
+    due = now - timedelta(seconds=conf.UNCERTAIN_MAX_AGE_SECONDS)
+    settled = 0
+    while True:
+        with ledger_guard("reconcile"):
+            batch = list(
+                Reservation.objects.filter(state=ReservationState.UNCERTAIN, uncertain_at__lte=due)
+                .order_by("uncertain_at")
+                .values_list("pk", flat=True)[:batch_size]
+            )
+        settled_now = sum(reservation_settle_uncertain(rid, now=now) for rid in batch)
+        settled += settled_now
+        if len(batch) < batch_size or settled_now == 0:
+            return settled

@@ -5,6 +5,11 @@
   (``switch.tripped_by``) or by an anomaly detector (``switch.automatic``, ``switch.detector``).
 - ``kill_switch_cleared(sender=KillSwitch, switch=KillSwitch)``: a person cleared it
   (``switch.cleared_by``, ``switch.clear_reason``).
+- ``threshold_crossed(sender=ThresholdCrossing, ...)``: a budget reached a warning threshold;
+  its arguments are documented below.
+
+Receivers must not raise: the senders run in jobs, and a failing receiver is logged, not retried
+(``send_robust``) where noted.
 """
 
 from __future__ import annotations
@@ -13,3 +18,17 @@ from django.dispatch import Signal
 
 kill_switch_tripped = Signal()
 kill_switch_cleared = Signal()
+
+threshold_crossed = Signal()
+"""A budget's spent + reserved reached one of its warning thresholds in the current period.
+
+Sent once per (budget, period, threshold), by the warning scan, with ``sender`` the
+``ThresholdCrossing`` class and these keyword arguments:
+
+- ``crossing``: the ``ThresholdCrossing`` row (its ``state`` says whether an email will follow)
+- ``budget``: the ``Budget``
+- ``end_user``: for an each-end-user budget, whose usage crossed it (else None)
+- ``threshold``: the percentage reached (int)
+- ``period_start``: the period's start (aware datetime)
+- ``spent``, ``reserved``, ``limit``: ``Decimal`` amounts at detection, in ``currency`` (str)
+"""

@@ -31,11 +31,15 @@ def tenant_ensure(
     timezone: str | None = None,
     billing_day: int | None = None,
     plan: Plan | str | None = None,
+    billing_emails: str | None = None,
     markup_percent: object = None,
     actor: str = "",
     now: datetime | None = None,
 ) -> Tenant:
     """Create the tenant, or update the fields given. Returns the tenant.
+
+    ``billing_emails``: the billing contacts who receive budget warnings, separated by commas or
+    new lines (``""`` clears them).
 
     ``markup_percent`` overrides the plan's markup for customer prices.
 
@@ -63,6 +67,7 @@ def tenant_ensure(
             "timezone": timezone,
             "billing_day": billing_day,
             "plan": plan,
+            "billing_emails": billing_emails,
             "markup_percent": validation.optional_money("markup_percent", markup_percent),
         }.items()
         if value is not None

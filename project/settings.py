@@ -12,6 +12,8 @@ from pathlib import Path
 import django
 import environ
 
+from llm_budgets.schedule import BEAT_SCHEDULE
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 VAR_DIR.mkdir(exist_ok=True)
@@ -38,6 +40,13 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "llm_budgets",
 ]
+try:  # the admin-editable beat schedule (demo, docker-compose); optional like Celery itself
+    import django_celery_beat  # noqa: F401
+
+    INSTALLED_APPS.append("django_celery_beat")
+    HAS_CELERY_BEAT_DB = True
+except ImportError:  # pragma: no cover - e.g. Django 6.1, which django-celery-beat 2.9 refuses
+    HAS_CELERY_BEAT_DB = False
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -93,13 +102,43 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
 _email_backend = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+# SMTP (EMAIL_HOST/EMAIL_PORT) or the file backend (EMAIL_FILE_PATH, visible across processes).
+_email_options = {
+    "host": env("EMAIL_HOST", default="localhost"),
+    "port": env.int("EMAIL_PORT", default=25),
+    "timeout": 30,  # well below WARNING_CLAIM_TIMEOUT_SECONDS: a stuck send is not re-claimed
+    "file_path": env("EMAIL_FILE_PATH", default=str(VAR_DIR / "mail")),
+}
 if django.VERSION >= (6, 1):  # EMAIL_BACKEND is deprecated there in favour of MAILERS.
-    MAILERS = {"default": {"BACKEND": _email_backend}}
+    _wanted = {"smtp": ("host", "port", "timeout"), "filebased": ("file_path",)}
+    _kind = next((k for k in _wanted if f".{k}." in _email_backend), "")
+    MAILERS = {
+        "default": {
+            "BACKEND": _email_backend,
+            "OPTIONS": {key: _email_options[key] for key in _wanted.get(_kind, ())},
+        }
+    }
 else:
     EMAIL_BACKEND = _email_backend
+    EMAIL_HOST = _email_options["host"]
+    EMAIL_PORT = _email_options["port"]
+    EMAIL_TIMEOUT = _email_options["timeout"]
+    EMAIL_FILE_PATH = _email_options["file_path"]
+DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="budgets@localhost")
 
+# Celery (project/celery.py). The demo runs tasks eagerly in-process; docker-compose sets a Redis
+# broker and CELERY_TASK_ALWAYS_EAGER=false, and runs a worker and beat. With django-celery-beat
+# the schedule lives in the database, editable in the admin (`manage.py
+# llm_budgets_install_schedule` writes the defaults); without it, beat reads the ready dict.
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="memory://")
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=True)
+CELERY_TASK_DEFAULT_QUEUE = env("CELERY_TASK_DEFAULT_QUEUE", default="celery")
+if HAS_CELERY_BEAT_DB:
+    CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+else:  # pragma: no cover
+    CELERY_BEAT_SCHEDULE = BEAT_SCHEDULE
+CELERY_TIMEZONE = TIME_ZONE
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 
 LOGGING = {
     "version": 1,

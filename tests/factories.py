@@ -50,3 +50,22 @@ def reserve_30(
         max_output_tokens=max_output_tokens,
         **kwargs,  # type: ignore[arg-type]
     )
+
+
+def billing_contacts(emails: str, *, tenant: str = "acme") -> None:
+    budgets.ensure_tenant(tenant, billing_emails=emails)
+
+
+def reserve_30_at(at: datetime, *, tenant: str = "acme", ttl: int = 120) -> object:
+    """A hold of 30 taken at ``at`` (admission's clock), e.g. to make it overdue already."""
+    from llm_budgets.admission import reservation_create
+
+    return reservation_create(
+        tenant=tenant,
+        provider=FAKE_PROVIDER,
+        model=FAKE_MODEL,
+        input_tokens=0,
+        max_output_tokens=1000,
+        ttl=ttl,
+        now=at,
+    )

@@ -20,6 +20,7 @@ from llm_budgets.models import (
     AuditEvent,
     Budget,
     Counter,
+    DailyUsage,
     EndUser,
     Plan,
     Price,
@@ -27,14 +28,17 @@ from llm_budgets.models import (
     ReservationHold,
     Scope,
     Tenant,
+    ThresholdCrossing,
     UsageRecord,
 )
+from llm_budgets.rollups import daily_usage_refresh
+from llm_budgets.thresholds import thresholds_scan
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed
 
 pytestmark = pytest.mark.django_db
 
-ALL_MODELS = [Plan, Tenant, EndUser, Budget, Counter, Price, Reservation, UsageRecord, AuditEvent]
-READ_ONLY_MODELS = [Counter, Reservation, UsageRecord, AuditEvent]
+READ_ONLY_MODELS = [Counter, Reservation, UsageRecord, AuditEvent, ThresholdCrossing, DailyUsage]
+ALL_MODELS = [Plan, Tenant, EndUser, Budget, Price, *READ_ONLY_MODELS]
 
 
 def _url(model: type, action: str, *args: object) -> str:
@@ -51,6 +55,10 @@ def ledger() -> dict[str, object]:
     budgets.set_limit(tenant="acme", end_user="u-1", amount=Decimal("40"), window="month")
     held = reserve_30(end_user="u-1")
     reserve_30(end_user="u-2").commit(input_tokens=0, output_tokens=500)
+    # What the jobs write: a warning crossing (45 of 100 reaches a 40 % threshold) and rollups.
+    Budget.objects.filter(scope=Scope.TENANT).update(warning_thresholds=[40])
+    thresholds_scan()
+    daily_usage_refresh()
     return {"tenant": Tenant.objects.get(external_id="acme"), "held": held}
 
 
@@ -158,6 +166,11 @@ def test_tenant_page_shows_current_period_numbers_and_open_holds(
     html = page.content.decode()
     for text in ["55.00 USD", "30.00 USD", str(held.id), "Open reservations (1)"]:  # type: ignore[attr-defined]
         assert text in html
+    # An uncertain hold is still counted, so it is still open.
+    held.mark_uncertain()  # type: ignore[attr-defined]
+    page = admin_client.get(_url(Tenant, "change", tenant.pk))  # type: ignore[attr-defined]
+    assert [r["id"] for r in page.context["reservation_rows"]] == [held.id]  # type: ignore[attr-defined]
+    assert admin_client.get(page.context["open_reservations_url"]).status_code == 200
 
 
 def test_tenant_page_query_count_does_not_grow_with_the_tenant(
@@ -299,6 +312,25 @@ def test_tenant_add_and_change_go_through_tenant_ensure(admin_client: Client) ->
     assert event.actor == "admin"
     assert event.before["timezone"] == "UTC"
     assert event.after["timezone"] == "Europe/Amsterdam"
+
+
+def test_tenant_billing_contacts_are_edited_through_tenant_ensure(admin_client: Client) -> None:
+    seed()
+    tenant = Tenant.objects.get(external_id="acme")
+    form = {"name": "Acme", "timezone": "UTC", "billing_day": "1", "_save": "1"}
+    response = admin_client.post(
+        _url(Tenant, "change", tenant.pk), {**form, "billing_emails": "not-an-address"}
+    )
+    assert response.status_code == 200  # the form shows the error
+    assert "valid email" in response.content.decode()
+    response = admin_client.post(
+        _url(Tenant, "change", tenant.pk), {**form, "billing_emails": "a@acme.test\nb@acme.test"}
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    tenant.refresh_from_db()
+    assert tenant.billing_contacts == ["a@acme.test", "b@acme.test"]
+    event = AuditEvent.objects.get(action="tenant.update", tenant=tenant)
+    assert event.after["billing_emails"] == "a@acme.test\nb@acme.test"
 
 
 def test_tenant_change_refuses_a_bad_timezone_and_a_cleared_plan(admin_client: Client) -> None:

@@ -142,12 +142,13 @@ def test_an_extended_hold_outlives_its_first_expiry(acme: Any) -> None:
     assert Reservation.objects.get(pk=hold_id).state == ReservationState.HELD
 
 
-def test_uncertain_is_501_until_the_uncertain_state_lands(acme: Any) -> None:
+def test_uncertain_keeps_the_hold_counted(acme: Any) -> None:
     hold_id = reserve(acme).json()["id"]
     response = acme.post(f"{BASE}reservations/{hold_id}/uncertain")
-    assert response.status_code == 501
-    assert error(response)["code"] == "not_implemented"
-    assert Reservation.objects.get(pk=hold_id).state == ReservationState.HELD
+    assert response.status_code == 200, response.content
+    assert response.json()["state"] == ReservationState.UNCERTAIN
+    assert Reservation.objects.get(pk=hold_id).state == ReservationState.UNCERTAIN
+    assert Counter.objects.get().reserved == Decimal(30)
 
 
 def test_budget_refusal_is_a_429_that_explains_itself(acme: Any) -> None:

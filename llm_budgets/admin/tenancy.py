@@ -17,7 +17,7 @@ from django.utils.http import urlencode
 from llm_budgets.admin.base import actor, adopt, money_text
 from llm_budgets.admin.control import TenantControlMixin, control_context
 from llm_budgets.admin_selectors import tenant_overview
-from llm_budgets.models import EndUser, Plan, ReservationState, Scope, Tenant
+from llm_budgets.models import LIVE_STATES, EndUser, Plan, Scope, Tenant
 from llm_budgets.selectors import BudgetStatus
 from llm_budgets.tenants import end_user_ensure, tenant_ensure
 
@@ -46,7 +46,15 @@ class PlanAdmin(admin.ModelAdmin):
 class TenantForm(forms.ModelForm):
     class Meta:
         model = Tenant
-        fields = ["external_id", "name", "plan", "timezone", "billing_day", "markup_percent"]
+        fields = [
+            "external_id",
+            "name",
+            "plan",
+            "timezone",
+            "billing_day",
+            "markup_percent",
+            "billing_emails",
+        ]
 
     def clean_plan(self) -> Plan | None:
         plan: Plan | None = self.cleaned_data["plan"]
@@ -67,6 +75,7 @@ class TenantAdmin(TenantControlMixin, admin.ModelAdmin):
         "plan",
         "timezone",
         "billing_day",
+        "billing_emails",
         "markup_percent",
         "created_at",
     ]
@@ -91,6 +100,7 @@ class TenantAdmin(TenantControlMixin, admin.ModelAdmin):
             timezone=obj.timezone,
             billing_day=obj.billing_day,
             plan=obj.plan,
+            billing_emails=obj.billing_emails,
             markup_percent=obj.markup_percent,
             actor=actor(request),
         )
@@ -150,7 +160,7 @@ def _overview_context(tenant: Tenant) -> dict[str, Any]:
         ],
         "open_reservation_count": overview.open_reservation_count,
         "open_reservations_url": _changelist(
-            "reservation", {**by_tenant, "state__exact": ReservationState.HELD}
+            "reservation", {**by_tenant, "state__in": ",".join(LIVE_STATES)}
         ),
         "tenant_links": [
             ("End users", _changelist("enduser", by_tenant)),

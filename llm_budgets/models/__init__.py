@@ -10,6 +10,7 @@ from llm_budgets.models.audit import AuditEvent
 from llm_budgets.models.budgets import Budget, BudgetUnit, Counter, Scope, Window
 from llm_budgets.models.control import BudgetRaise, KillSwitch, Refusal, RefusalKind
 from llm_budgets.models.ledger import (
+    LIVE_STATES,
     Reservation,
     ReservationHold,
     ReservationState,
@@ -17,15 +18,20 @@ from llm_budgets.models.ledger import (
     UsageRecord,
 )
 from llm_budgets.models.pricing import Price, PriceSource, PricingBasis
+from llm_budgets.models.rollups import DailyUsage
 from llm_budgets.models.tenancy import EndUser, Plan, Tenant, UnknownModelPolicy
+from llm_budgets.models.thresholds import DeliveryState, ThresholdCrossing
 
 __all__ = [
+    "LIVE_STATES",
     "ApiKey",
     "AuditEvent",
     "Budget",
     "BudgetRaise",
     "BudgetUnit",
     "Counter",
+    "DailyUsage",
+    "DeliveryState",
     "EndUser",
     "IdempotencyRecord",
     "KillSwitch",
@@ -40,6 +46,7 @@ __all__ = [
     "ReservationState",
     "Scope",
     "Tenant",
+    "ThresholdCrossing",
     "UnknownModelPolicy",
     "UsageKind",
     "UsageRecord",

@@ -6,6 +6,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
+from llm_budgets.models.fields import validate_thresholds
 from llm_budgets.models.tenancy import EndUser, Tenant
 from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS, display
 
@@ -62,6 +63,13 @@ class Budget(models.Model):
     )
     limit = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
     currency = models.CharField(max_length=3, default="USD")
+    warning_thresholds = models.JSONField(
+        null=True,
+        blank=True,
+        validators=[validate_thresholds],
+        help_text="Percentages that trigger a warning for this budget, e.g. [80, 100]; [] for "
+        "none. Empty: the tenant's plan's, else LLM_BUDGETS['WARNING_THRESHOLDS'].",
+    )
     unit = models.CharField(
         max_length=20, choices=BudgetUnit.choices, default=BudgetUnit.PROVIDER_COST
     )

@@ -19,6 +19,13 @@ class ReservationState(models.TextChoices):
     COMMITTED = "committed", "Committed"
     RELEASED = "released", "Released"
     EXPIRED = "expired", "Expired"
+    # The call's outcome is unknown (timeout, lost worker): the hold stays counted until real
+    # usage arrives or the reconcile job settles it by rule (see settlement.reservations_reconcile).
+    UNCERTAIN = "uncertain", "Uncertain"
+
+
+# States whose amount is still counted in its counters' ``reserved``.
+LIVE_STATES = (ReservationState.HELD, ReservationState.UNCERTAIN)
 
 
 class Reservation(models.Model):
@@ -74,6 +81,9 @@ class Reservation(models.Model):
     created_at = models.DateTimeField()
     expires_at = models.DateTimeField(db_index=True)
     settled_at = models.DateTimeField(null=True, blank=True)
+    uncertain_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the call's outcome was marked unknown."
+    )
 
     class Meta:
         ordering = ["-created_at"]
@@ -244,7 +254,11 @@ class UsageRecord(models.Model):
                 condition=Q(overage__gte=0), name="llmb_usage_overage_non_negative"
             ),
         ]
-        indexes = [models.Index(fields=["tenant", "created_at"], name="llmb_usage_tenant_time")]
+        indexes = [
+            models.Index(fields=["tenant", "created_at"], name="llmb_usage_tenant_time"),
+            # Daily rollups read one day of a tenant's lines by the reservation's time.
+            models.Index(fields=["tenant", "period_start"], name="llmb_usage_tenant_period"),
+        ]
 
     def __str__(self) -> str:
         target = self.reservation_id or f"counter {self.counter_id}"

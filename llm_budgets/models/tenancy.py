@@ -7,7 +7,12 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from llm_budgets.models.fields import validate_timezone
+from llm_budgets.models.fields import (
+    split_emails,
+    validate_email_list,
+    validate_thresholds,
+    validate_timezone,
+)
 from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 
 
@@ -28,6 +33,13 @@ class Plan(models.Model):
         null=True,
         blank=True,
         help_text="Output ceiling for requests that give none. Empty: such requests are refused.",
+    )
+    warning_thresholds = models.JSONField(
+        null=True,
+        blank=True,
+        validators=[validate_thresholds],
+        help_text="Percentages of a budget that trigger a warning email, e.g. [50, 80, 100]. "
+        "Empty: LLM_BUDGETS['WARNING_THRESHOLDS'].",
     )
     unknown_model_policy = models.CharField(
         max_length=20, choices=UnknownModelPolicy.choices, default=UnknownModelPolicy.REFUSE
@@ -145,6 +157,12 @@ class Tenant(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(31)],
         help_text="Day of month the monthly period starts (clamped to the month's last day).",
     )
+    billing_emails = models.TextField(
+        blank=True,
+        validators=[validate_email_list],
+        help_text="Billing contacts who receive budget warnings: addresses separated by commas "
+        "or new lines.",
+    )
     markup_percent = models.DecimalField(
         max_digits=MARKUP_DIGITS,
         decimal_places=MARKUP_PLACES,
@@ -174,6 +192,11 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.name or self.external_id
+
+    @property
+    def billing_contacts(self) -> list[str]:
+        """The billing contacts' addresses, in the order given."""
+        return split_emails(self.billing_emails)
 
 
 class EndUser(models.Model):

@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from llm_budgets.settlement import reservations_reconcile
+
+
+class Command(BaseCommand):
+    help = (
+        "Settle UNCERTAIN reservations older than UNCERTAIN_MAX_AGE_SECONDS by "
+        "UNCERTAIN_SETTLE_RULE (charge the hold as estimated, or release it)."
+    )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        settled = reservations_reconcile()
+        self.stdout.write(f"Settled {settled} uncertain reservation(s).")

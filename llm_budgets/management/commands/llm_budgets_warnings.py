@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from llm_budgets.thresholds import threshold_warning_send, thresholds_due, thresholds_scan
+
+
+class Command(BaseCommand):
+    help = (
+        "Record warning thresholds reached in current periods, then email every warning that is "
+        "due (once per budget, period and threshold)."
+    )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        created = thresholds_scan()
+        states = [threshold_warning_send(crossing_id) for crossing_id in thresholds_due()]
+        self.stdout.write(
+            f"{len(created)} new crossing(s); {states.count('sent')} warning email(s) sent."
+        )

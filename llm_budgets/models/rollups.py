@@ -1,0 +1,64 @@
+"""Daily usage rollups: what usage pages and reports read instead of scanning the ledger."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from llm_budgets.models.tenancy import EndUser, Tenant
+from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
+
+
+class DailyUsage(models.Model):
+    """Totals of a tenant's ledger lines for one local day (tenant's timezone), end user and model.
+
+    Lines are bucketed by the reservation's time (``UsageRecord.period_start``), like counters,
+    so a month of rollups adds up to the month's counter. Derived data, rebuilt from the ledger.
+    """
+
+    day = models.DateField()
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="daily_usage")
+    end_user = models.ForeignKey(
+        EndUser, null=True, blank=True, on_delete=models.CASCADE, related_name="daily_usage"
+    )
+    provider = models.CharField(max_length=64)
+    model = models.CharField(max_length=128)
+    calls = models.PositiveIntegerField(default=0)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    cached_input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0)
+    customer_cost = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        default=0,
+        help_text="The cost at customer price (with the tenant's markup).",
+    )
+    estimated_cost = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        default=0,
+        help_text="Part of the cost charged from holds.",
+    )
+    currency = models.CharField(max_length=3, default="USD")
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-day", "tenant_id", "provider", "model"]
+        constraints = [
+            # Two partial constraints: NULL end users would otherwise never collide.
+            models.UniqueConstraint(
+                fields=["day", "tenant", "end_user", "provider", "model"],
+                condition=Q(end_user__isnull=False),
+                name="llmb_daily_one_per_user_model",
+            ),
+            models.UniqueConstraint(
+                fields=["day", "tenant", "provider", "model"],
+                condition=Q(end_user__isnull=True),
+                name="llmb_daily_one_per_tenant_model",
+            ),
+        ]
+        indexes = [models.Index(fields=["tenant", "day"], name="llmb_daily_tenant_day")]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.tenant_id} {self.provider}/{self.model}: {self.cost}"

@@ -1,0 +1,55 @@
+"""Celery tasks (needs the ``celery`` extra). Each one only calls a service, or fetches by id and
+calls a service; the schedule is in :mod:`llm_budgets.schedule`. Every job also exists as a
+management command, for hosts that run cron instead (docs/operations.md).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from celery import shared_task
+from django.db import transaction
+
+from llm_budgets import retention, rollups, settlement, thresholds
+
+
+@shared_task(name="llm_budgets.sweep_expired_holds", ignore_result=True)
+def sweep_expired_holds() -> int:
+    return settlement.reservations_sweep()
+
+
+@shared_task(name="llm_budgets.reconcile_uncertain", ignore_result=True)
+def reconcile_uncertain() -> int:
+    return settlement.reservations_reconcile()
+
+
+@shared_task(name="llm_budgets.scan_thresholds", ignore_result=True)
+def scan_thresholds() -> int:
+    """Record new crossings, then enqueue one email task for each crossing that is due (new ones
+    and any left behind by a crashed sender), once the rows are committed."""
+    created = thresholds.thresholds_scan()
+    for crossing_id in thresholds.thresholds_due():
+        transaction.on_commit(partial(send_threshold_warning.delay, crossing_id))
+    return len(created)
+
+
+@shared_task(
+    name="llm_budgets.send_threshold_warning",
+    ignore_result=True,
+    autoretry_for=(OSError,),
+    retry_backoff=30,
+    retry_backoff_max=600,
+    max_retries=8,
+)
+def send_threshold_warning(crossing_id: int) -> str:
+    return thresholds.threshold_warning_send(crossing_id)
+
+
+@shared_task(name="llm_budgets.rollup_daily_usage", ignore_result=True)
+def rollup_daily_usage() -> int:
+    return rollups.daily_usage_refresh()
+
+
+@shared_task(name="llm_budgets.purge_retention", ignore_result=True)
+def purge_retention() -> int:
+    return retention.reservations_purge() + retention.refusals_purge()

@@ -1,0 +1,336 @@
+"""Warning thresholds: detect that a budget's spent + reserved reached a percentage of its limit,
+and email the tenant's billing contacts exactly once per (budget, period, threshold).
+
+Detection is a cheap periodic scan of the counters of current periods (``thresholds_scan``),
+never part of admission: a crossing is noticed within one scan interval. The unique constraint on
+``ThresholdCrossing`` makes detection happen once however many workers scan; a new period has
+new keys, which re-arms every threshold.
+
+Delivery (``threshold_warning_send``) claims the row with a conditional UPDATE before sending and
+records the result after. A crash between the send and the record leaves the claim behind; once it
+is older than ``WARNING_CLAIM_TIMEOUT_SECONDS`` the row is due again and
+``WARNING_DELIVERY`` decides: ``"at_least_once"`` (default) sends again, with the same
+Message-ID so mail clients can fold the duplicate; ``"at_most_once"`` marks it abandoned.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.core.mail import EmailMultiAlternatives
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.template.loader import render_to_string
+from django.utils import timezone
+
+from llm_budgets.conf import conf
+from llm_budgets.models import (
+    Budget,
+    Counter,
+    DeliveryState,
+    EndUser,
+    Plan,
+    Scope,
+    ThresholdCrossing,
+)
+from llm_budgets.selectors import ApplicableBudget, statuses_for
+from llm_budgets.signals import threshold_crossed
+from llm_budgets.windows import (
+    LIFETIME_START,
+    MAX_ROLLING,
+    ROLLING_PREFIX,
+    Period,
+    period_for,
+    rolling_window,
+    tenant_period,
+)
+
+logger = logging.getLogger("llm_budgets")
+
+# Counters older than this cannot be in a current period (longest calendar period: a month).
+_LONGEST_PERIOD = timedelta(days=32)
+
+
+def budget_thresholds(budget: Budget) -> list[int]:
+    """The budget's own thresholds, else its tenant's plan's, else the setting; ascending."""
+    if budget.warning_thresholds is not None:
+        return sorted(budget.warning_thresholds)
+    plan = budget.tenant.plan if budget.tenant_id and budget.tenant else None
+    if plan is not None and plan.warning_thresholds is not None:
+        return sorted(plan.warning_thresholds)
+    return sorted(conf.WARNING_THRESHOLDS)
+
+
+def _current_period(budget: Budget, at: datetime) -> Period:
+    if budget.scope == Scope.GLOBAL or budget.tenant is None:
+        return period_for(budget.window, at)
+    return tenant_period(budget.window, at, budget.tenant)
+
+
+def _warning_period(budget: Budget, period: Period, at: datetime) -> datetime:
+    """What a warning is sent once per: the calendar period; for a rolling window, each span of
+    the window's length (aligned to the Unix epoch), so a rolling budget re-arms once per length."""
+    window = rolling_window(budget.window)
+    if window is None:
+        return period.start
+    step = int(window.duration.total_seconds())
+    return datetime.fromtimestamp(int(at.timestamp()) // step * step, UTC)
+
+
+@dataclass(frozen=True)
+class _Crossed:
+    item: ApplicableBudget
+    period_key: datetime
+    spent: Decimal
+    reserved: Decimal
+    thresholds: list[int]
+
+
+def _lowest_threshold() -> int | None:
+    """The lowest threshold any budget can have (None: warnings are off everywhere)."""
+    configured: list[Any] = [conf.WARNING_THRESHOLDS]
+    configured += Plan.objects.filter(warning_thresholds__isnull=False).values_list(
+        "warning_thresholds", flat=True
+    )
+    configured += (
+        Budget.objects.filter(warning_thresholds__isnull=False)
+        .values_list("warning_thresholds", flat=True)
+        .distinct()
+    )
+    return min((p for thresholds in configured for p in thresholds or ()), default=None)
+
+
+def _candidates(now: datetime, lowest: int) -> list[ApplicableBudget]:
+    """(budget, end user) pairs whose current usage may have reached a threshold.
+
+    A calendar counter is the whole period: those below the lowest threshold are skipped in SQL.
+    A rolling window sums many buckets, so any bucket with usage in the last year makes its budget
+    a candidate; ``statuses_for`` then reads each candidate's window (one query for all)."""
+    recent = Q(period_start__gte=now - _LONGEST_PERIOD) | Q(period_start=LIFETIME_START)
+    live = Counter.objects.filter(budget__limit__gt=0, period_start__lte=now)
+    calendar = (
+        live.exclude(budget__window__startswith=ROLLING_PREFIX)
+        .filter(recent)
+        .filter(spent__gte=F("budget__limit") * lowest / 100 - F("reserved"))
+    )
+    rolling = live.filter(
+        budget__window__startswith=ROLLING_PREFIX,
+        period_start__gte=now - MAX_ROLLING - _LONGEST_PERIOD,
+    ).filter(Q(spent__gt=0) | Q(reserved__gt=0))
+    pairs = set(calendar.values_list("budget_id", "end_user_id")) | set(
+        rolling.values_list("budget_id", "end_user_id").distinct()
+    )
+    budgets = Budget.objects.select_related("tenant__plan").in_bulk({b for b, _ in pairs})
+    end_users = EndUser.objects.in_bulk({u for _, u in pairs if u is not None})
+    items = []
+    for budget_id, end_user_id in sorted(pairs, key=lambda pair: (pair[0], pair[1] or 0)):
+        budget = budgets[budget_id]
+        share = end_users[end_user_id] if end_user_id is not None else None
+        items.append(ApplicableBudget(budget, _current_period(budget, now), share))
+    return items
+
+
+def _crossed(now: datetime) -> list[_Crossed]:
+    """Budgets (per end user for each-end-user budgets) whose current spent + reserved reached
+    at least one of their thresholds (recorded already or not)."""
+    lowest = _lowest_threshold()
+    if lowest is None:
+        return []
+    items = _candidates(now, lowest)
+    found = []
+    for item, status in zip(items, statuses_for(items), strict=True):
+        budget = item.budget
+        used = status.spent + status.reserved
+        reached = [t for t in budget_thresholds(budget) if used * 100 >= budget.limit * t]
+        if reached:
+            key = _warning_period(budget, item.period, now)
+            found.append(_Crossed(item, key, status.spent, status.reserved, reached))
+    return found
+
+
+def thresholds_scan(*, now: datetime | None = None) -> list[int]:
+    """Record every threshold newly reached in a current period. Returns the new crossings' ids.
+
+    When several thresholds of one budget are reached in the same scan, only the highest is
+    emailed; the lower ones are recorded as skipped (and still signalled)."""
+    now = now or timezone.now()
+    created: list[ThresholdCrossing] = []
+    crossed = _crossed(now)
+    if not crossed:
+        return []
+    known = set(
+        ThresholdCrossing.objects.filter(
+            budget__in=[c.item.budget.pk for c in crossed],
+            period_start__in={c.period_key for c in crossed},
+        ).values_list("budget_id", "end_user_id", "period_start", "threshold")
+    )
+    with transaction.atomic():
+        for item in crossed:
+            budget, end_user = item.item.budget, item.item.end_user
+            user_id = end_user.pk if end_user else None
+            new = [
+                t for t in item.thresholds if (budget.pk, user_id, item.period_key, t) not in known
+            ]
+            for threshold in new:
+                superseded = threshold != new[-1]
+                try:
+                    with transaction.atomic():
+                        created.append(
+                            ThresholdCrossing.objects.create(
+                                budget=budget,
+                                tenant=budget.tenant,
+                                end_user=end_user,
+                                period_start=item.period_key,
+                                threshold=threshold,
+                                limit=budget.limit,
+                                spent=item.spent,
+                                reserved=item.reserved,
+                                currency=budget.currency,
+                                crossed_at=now,
+                                state=DeliveryState.SKIPPED
+                                if superseded
+                                else DeliveryState.PENDING,
+                                last_error=f"superseded by {new[-1]}%" if superseded else "",
+                            )
+                        )
+                except IntegrityError:
+                    continue  # another scanner recorded it first: it owns the signal and email
+        transaction.on_commit(lambda: _signal(created))
+    return [c.pk for c in created]
+
+
+def _signal(crossings: list[ThresholdCrossing]) -> None:
+    for crossing in crossings:
+        for receiver, result in threshold_crossed.send_robust(
+            sender=ThresholdCrossing,
+            crossing=crossing,
+            budget=crossing.budget,
+            end_user=crossing.end_user,
+            threshold=crossing.threshold,
+            period_start=crossing.period_start,
+            spent=crossing.spent,
+            reserved=crossing.reserved,
+            limit=crossing.limit,
+            currency=crossing.currency,
+        ):
+            if isinstance(result, Exception):
+                logger.error(
+                    "llm_budgets: threshold_crossed receiver %r failed: %s", receiver, result
+                )
+
+
+def thresholds_due(*, now: datetime | None = None) -> list[int]:
+    """Crossings whose email is due: never claimed, or claimed by a sender presumed crashed."""
+    now = now or timezone.now()
+    return list(
+        ThresholdCrossing.objects.filter(_claimable() | _stale(now))
+        .order_by("crossed_at")
+        .values_list("pk", flat=True)
+    )
+
+
+def _claimable() -> Q:
+    return Q(state=DeliveryState.PENDING)
+
+
+def _stale(now: datetime) -> Q:
+    cutoff = now - timedelta(seconds=conf.WARNING_CLAIM_TIMEOUT_SECONDS)
+    return Q(state=DeliveryState.SENDING, claimed_at__lt=cutoff)
+
+
+def threshold_warning_send(crossing_id: int, *, now: datetime | None = None) -> str:
+    """Email one crossing's warning to its tenant's billing contacts, unless another worker has
+    it or it went out already. Returns the crossing's state afterwards.
+
+    A send failure puts the row back to pending (at-least-once; the exception propagates so a
+    task can retry) or abandons it (at-most-once)."""
+    now = now or timezone.now()
+    token = uuid.uuid4().hex
+    rows = ThresholdCrossing.objects.filter(pk=crossing_id)
+    if conf.WARNING_DELIVERY == "at_most_once":
+        abandoned = rows.filter(_stale(now)).update(
+            state=DeliveryState.ABANDONED,
+            last_error="claim expired: the sender may have crashed before or after sending",
+        )
+        if abandoned:
+            logger.warning("llm_budgets: warning %s abandoned (at-most-once).", crossing_id)
+        claim = _claimable()
+    else:
+        claim = _claimable() | _stale(now)
+    # The claim: only one worker's conditional UPDATE matches.
+    if not rows.filter(claim).update(
+        state=DeliveryState.SENDING, claimed_at=now, claim_token=token, attempts=F("attempts") + 1
+    ):
+        return str(rows.values_list("state", flat=True).first() or "missing")
+    crossing = ThresholdCrossing.objects.select_related("budget", "tenant", "end_user").get(
+        pk=crossing_id
+    )
+    mine = rows.filter(claim_token=token, state=DeliveryState.SENDING)
+    recipients = crossing.tenant.billing_contacts if crossing.tenant else []
+    if not recipients:
+        mine.update(state=DeliveryState.SKIPPED, last_error="no billing contacts")
+        return DeliveryState.SKIPPED
+    try:
+        _message(crossing, recipients).send()
+    except Exception as exc:
+        failed = (
+            DeliveryState.ABANDONED
+            if conf.WARNING_DELIVERY == "at_most_once"
+            else DeliveryState.PENDING
+        )
+        mine.update(state=failed, last_error=f"{type(exc).__name__}: {exc}"[:2000])
+        raise
+    # A crash here re-sends after the claim timeout (at-least-once) or abandons (at-most-once).
+    if not mine.update(
+        state=DeliveryState.SENT, sent_at=timezone.now(), recipients=", ".join(recipients)
+    ):
+        logger.warning("llm_budgets: warning %s was re-claimed while sending.", crossing_id)
+    return DeliveryState.SENT
+
+
+def _scope_label(crossing: ThresholdCrossing) -> str:
+    if crossing.end_user is not None and crossing.tenant is not None:
+        return f"end user {crossing.tenant.external_id}/{crossing.end_user.external_id}"
+    return crossing.budget.scope_label
+
+
+def _message(crossing: ThresholdCrossing, recipients: list[str]) -> EmailMultiAlternatives:
+    budget = crossing.budget
+    used = crossing.spent + crossing.reserved
+    sender = conf.WARNING_FROM_EMAIL
+    domain = sender.rpartition("@")[2].rstrip(">") or "localhost"
+    context = {
+        "crossing": crossing,
+        "tenant": crossing.tenant,
+        "budget": budget,
+        "scope": _scope_label(crossing),
+        "window": budget.window.replace(ROLLING_PREFIX, "rolling "),
+        "threshold": crossing.threshold,
+        "limit": crossing.limit,
+        "spent": crossing.spent,
+        "reserved": crossing.reserved,
+        "used": used,
+        "remaining": max(Decimal(0), crossing.limit - used),
+        "currency": crossing.currency,
+        "period_start": crossing.period_start,
+    }
+    subject = " ".join(
+        render_to_string("llm_budgets/email/threshold_warning_subject.txt", context).split()
+    )
+    message = EmailMultiAlternatives(
+        subject=subject,
+        body=render_to_string("llm_budgets/email/threshold_warning.txt", context),
+        from_email=sender,
+        to=recipients,
+        # Stable across re-sends, so a duplicate (at-least-once) is recognisable.
+        headers={"Message-ID": f"<llm-budgets.warning.{crossing.pk}@{domain}>"},
+    )
+    message.attach_alternative(
+        render_to_string("llm_budgets/email/threshold_warning.html", context), "text/html"
+    )
+    return message
