@@ -168,11 +168,15 @@ def _velocity(
 def _failure_storm(plan: Plan, tenants: QuerySet[Tenant], since: datetime) -> Iterator[Finding]:
     share = plan.anomaly_failure_share
     assert share is not None
-    failed = [ReservationState.RELEASED, ReservationState.EXPIRED]
+    # A hold counts once it ended, or once it became uncertain (a timeout or a lost worker).
+    failed = Q(state__in=[ReservationState.RELEASED, ReservationState.EXPIRED]) | Q(
+        uncertain_at__gt=since
+    )
     rows = (
-        Reservation.objects.filter(tenant__in=tenants, settled_at__gt=since)
+        Reservation.objects.filter(tenant__in=tenants)
+        .filter(Q(settled_at__gt=since) | Q(uncertain_at__gt=since))
         .values("tenant")
-        .annotate(total=Count("pk"), failed=Count("pk", filter=Q(state__in=failed)))
+        .annotate(total=Count("pk"), failed=Count("pk", filter=failed))
         .filter(total__gte=plan.anomaly_failure_min_holds)
     )
     for row in rows:
@@ -183,6 +187,6 @@ def _failure_storm(plan: Plan, tenants: QuerySet[Tenant], since: datetime) -> It
                 row["tenant"],
                 None,
                 f"Failure storm: {row['failed']} of {row['total']} holds settled since "
-                f"{since:%H:%M} UTC were released or expired (the plan allows "
+                f"{since:%H:%M} UTC were released, expired or uncertain (the plan allows "
                 f"{share:.0%}).",
             )

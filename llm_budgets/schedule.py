@@ -17,6 +17,7 @@ JOBS: dict[str, tuple[str, int]] = {
     "llm_budgets: expire overdue holds": ("llm_budgets.sweep_expired_holds", 30),
     "llm_budgets: settle uncertain reservations": ("llm_budgets.reconcile_uncertain", 300),
     "llm_budgets: warning thresholds": ("llm_budgets.scan_thresholds", 60),
+    "llm_budgets: automatic kill switches": ("llm_budgets.detect_anomalies", 60),
     "llm_budgets: daily usage rollups": ("llm_budgets.rollup_daily_usage", 15 * 60),
     "llm_budgets: retention purge": ("llm_budgets.purge_retention", 24 * 60 * 60),
 }

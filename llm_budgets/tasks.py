@@ -10,7 +10,7 @@ from functools import partial
 from celery import shared_task
 from django.db import transaction
 
-from llm_budgets import retention, rollups, settlement, thresholds
+from llm_budgets import anomalies, retention, rollups, settlement, thresholds
 
 
 @shared_task(name="llm_budgets.sweep_expired_holds", ignore_result=True)
@@ -43,6 +43,12 @@ def scan_thresholds() -> int:
 )
 def send_threshold_warning(crossing_id: int) -> str:
     return thresholds.threshold_warning_send(crossing_id)
+
+
+@shared_task(name="llm_budgets.detect_anomalies", ignore_result=True)
+def detect_anomalies() -> int:
+    """Automatic kill switches: spend velocity, runaway loops, failure storms (per plan)."""
+    return len(anomalies.anomalies_detect())
 
 
 @shared_task(name="llm_budgets.rollup_daily_usage", ignore_result=True)

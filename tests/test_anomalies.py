@@ -127,3 +127,26 @@ def test_the_management_command_reports_trips() -> None:
     call_command("llm_budgets_detect_anomalies", stdout=out)
     assert "1 kill switch(es) tripped" in out.getvalue()
     assert KillSwitch.objects.filter(automatic=True).count() == 1
+
+
+def test_the_scheduled_task_trips_a_runaway_loop() -> None:
+    from llm_budgets.schedule import JOBS
+    from llm_budgets.tasks import detect_anomalies
+
+    _plan(anomaly_reservations_per_minute=5)
+    now = timezone.now()
+    for i in range(6):
+        _reserve_at(now - timedelta(seconds=30 - i))
+    assert detect_anomalies.delay().get() == 1
+    assert KillSwitch.objects.get().detector == RUNAWAY
+    assert JOBS["llm_budgets: automatic kill switches"] == ("llm_budgets.detect_anomalies", 60)
+
+
+def test_uncertain_holds_count_towards_a_failure_storm() -> None:
+    _plan(anomaly_failure_share=Decimal("0.5"), anomaly_failure_min_holds=4)
+    reserve_30().commit(input_tokens=0, output_tokens=10)
+    for _ in range(3):
+        reserve_30().mark_uncertain()  # timeouts: still held, but a sign of trouble
+    (switch,) = anomalies_detect()
+    assert switch.detector == FAILURES
+    assert "3 of 4" in switch.reason
