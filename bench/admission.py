@@ -1,0 +1,546 @@
+"""Admission throughput on PostgreSQL: the app's reserve+commit cycle against a hand-written floor.
+
+Usage (from the repository root)::
+
+    python bench/admission.py [--duration 5] [--workers 1,8,32] [--scenarios hot,spread]
+                              [--database-url postgres://postgres@127.0.0.1:5432/llm_budgets_bench]
+
+The database named by ``--database-url`` is DROPPED and recreated, then migrated and seeded, so
+every run starts from the same state; its name must contain ``bench``.
+
+Scenarios (every call is under three month budgets: global, tenant, end user; limits are high
+enough never to refuse):
+
+- ``hot``: one tenant, one end user: every call locks the same three counter rows.
+- ``spread``: 100 tenants x 100 end users, each call for one picked at random; the global counter
+  is still shared by every call.
+
+Paths, each run by N worker *processes* (forked: threads would measure the GIL, not the
+database), released together by a barrier after a short warm-up, for ``--duration`` seconds:
+
+- ``app``: ``budgets.reserve(...)`` then ``hold.commit(...)``, the public API, through Django.
+- ``floor``: the same logical work in two hand-written psycopg transactions, with everything
+  that does not change (counter ids, limits, price, amounts) known in advance. See ``_floor_cycle``.
+
+Prints one row per (scenario, workers, path): cycles/s, p50 and p99 cycle latency, and the app's
+throughput as a fraction of the floor's. Method and results: ``docs/performance.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import multiprocessing
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/llm_budgets_bench"
+
+PROVIDER, MODEL = "openai", "gpt-4o"
+INPUT_PER_MTOK, OUTPUT_PER_MTOK = Decimal("2.50"), Decimal("10.00")
+# One call: its worst case is reserved, then a smaller actual usage is committed.
+INPUT_TOKENS, MAX_OUTPUT_TOKENS = 1200, 500
+USED_INPUT_TOKENS, USED_OUTPUT_TOKENS = 1100, 320
+HIGH_LIMIT = Decimal("1000000000")  # never refuses
+SHAPES = {"hot": (1, 1), "spread": (100, 100)}  # scenario: (tenants, end users per tenant)
+WARMUP_CYCLES = 5
+PATHS = ("floor", "app")
+
+CounterKey = tuple[int, int | None, datetime]  # budget, end user of a "*" budget, period start
+
+
+@dataclass(frozen=True)
+class Target:
+    """One (tenant, end user) a call is made for, with what the floor needs to know up front."""
+
+    tenant: str
+    end_user: str
+    tenant_id: int
+    end_user_id: int
+    counter_ids: tuple[int, ...]  # the counters the app locks for this call, in pk order
+
+
+@dataclass(frozen=True)
+class Row:
+    """A row the app wrote, for the floor to write again with a few columns replaced: the floor
+    inserts exactly what the app inserts, whatever the schema has grown to."""
+
+    table: str
+    sql: str
+    columns: tuple[str, ...]
+    values: dict[str, Any]
+
+    @classmethod
+    def copy_of(cls, table: str, values: dict[str, Any], *, generated: str = "") -> Row:
+        columns = tuple(c for c in values if c != generated)
+        values = {c: Jsonb(v) if isinstance(v, dict | list) else v for c, v in values.items()}
+        quoted = ", ".join(f'"{c}"' for c in columns)
+        placeholders = ", ".join(["%s"] * len(columns))
+        sql = f"INSERT INTO {table} ({quoted}) VALUES ({placeholders})"
+        return cls(table, sql, columns, values)
+
+    def params(self, **replace: Any) -> list[Any]:
+        return [replace[c] if c in replace else self.values[c] for c in self.columns]
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """What does not change between calls; the floor takes it as given."""
+
+    counter_table: str
+    budget_table: str
+    reservation: Row  # as the app wrote it at reserve
+    usage: Row  # the ledger line the app wrote at commit
+    amount: Decimal  # worst case held at reserve
+    cost: Decimal  # actual cost charged at commit
+    ttl: timedelta
+
+
+@dataclass(frozen=True)
+class WorkerResult:
+    cycles: int
+    elapsed: float
+    latencies: list[float]  # seconds per reserve+commit cycle
+    errors: int
+    first_error: str
+
+
+@dataclass(frozen=True)
+class Cell:
+    scenario: str
+    workers: int
+    path: str
+    cycles_per_s: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    first_error: str
+
+
+# --- database -------------------------------------------------------------------------------
+
+
+def recreate_database(url: str) -> None:
+    """Drop and create the bench database, connecting to the server's ``postgres`` database."""
+    params = conninfo_to_dict(url)
+    name = str(params.get("dbname") or "")
+    if "bench" not in name:
+        raise SystemExit(f"Refusing to drop {name!r}: the bench database's name must say 'bench'.")
+    admin = make_conninfo(url, dbname="postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def setup_django(url: str) -> None:
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0, interactive=False)
+
+
+def vacuum(url: str) -> None:
+    """Start each cell from compact tables and fresh statistics (hot rows bloat under updates)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+
+
+def seed(url: str, scenarios: Sequence[str]) -> tuple[Fixed, dict[str, list[Target]]]:
+    """A price, a global cap, tenants each with a cap and an each-end-user ("*") cap, their end
+    users, and every counter of the current period: created up front, as admission would at each
+    end user's first call, so that no measured call pays for a first sight."""
+    from django.utils import timezone
+
+    from llm_budgets import budgets
+    from llm_budgets.models import Counter, EndUser, Window
+    from llm_budgets.selectors import applicable_budgets
+
+    now = timezone.now()
+    budgets.set_price(
+        provider=PROVIDER,
+        model=MODEL,
+        input_per_mtok=INPUT_PER_MTOK,
+        output_per_mtok=OUTPUT_PER_MTOK,
+        effective_from=now - timedelta(days=1),
+    )
+    budgets.set_limit(amount=HIGH_LIMIT, window=Window.MONTH)
+    calls: dict[str, list[tuple[str, str, int, int, list[CounterKey]]]] = {}
+    for scenario in scenarios:
+        tenant_count, user_count = SHAPES[scenario]
+        calls[scenario] = []
+        for t in range(tenant_count):
+            tenant = budgets.ensure_tenant(f"{scenario}-t{t:03d}")
+            for end_user in (None, "*"):
+                budgets.set_limit(
+                    tenant=tenant.external_id,
+                    end_user=end_user,
+                    amount=HIGH_LIMIT,
+                    window=Window.MONTH,
+                )
+            users = EndUser.objects.bulk_create(
+                EndUser(tenant=tenant, external_id=f"u{u:03d}") for u in range(user_count)
+            )
+            # The same budgets apply to each end user of the tenant; a "*" one counts per user.
+            applicable = applicable_budgets(tenant, users[0], now)
+            for user in users:
+                keys = [
+                    (a.budget.pk, user.pk if a.end_user else None, a.period.start)
+                    for a in applicable
+                ]
+                calls[scenario].append(
+                    (tenant.external_id, user.external_id, tenant.pk, user.pk, keys)
+                )
+    Counter.objects.bulk_create(
+        (
+            Counter(budget_id=budget, end_user_id=user, period_start=start)
+            for scenario_calls in calls.values()
+            for *_, keys in scenario_calls
+            for budget, user, start in keys
+        ),
+        ignore_conflicts=True,
+    )
+    counter_ids: dict[CounterKey, int] = {
+        (budget, user, start): pk
+        for budget, user, start, pk in Counter.objects.values_list(
+            "budget_id", "end_user_id", "period_start", "pk"
+        )
+    }
+    targets = {
+        scenario: [
+            Target(tenant, user, tenant_id, user_id, tuple(sorted(counter_ids[k] for k in keys)))
+            for tenant, user, tenant_id, user_id, keys in scenario_calls
+        ]
+        for scenario, scenario_calls in calls.items()
+    }
+    return _written_by_app(url, targets[scenarios[0]][0]), targets
+
+
+def _written_by_app(url: str, target: Target) -> Fixed:
+    """One call through the app; the floor will write copies of the rows it wrote."""
+    from llm_budgets.models import Budget, Counter, Reservation, UsageRecord
+
+    reservation_id = _app_cycle(target)
+    reservation_table, usage_table = Reservation._meta.db_table, UsageRecord._meta.db_table
+    with psycopg.connect(url, row_factory=dict_row) as conn:
+        held = conn.execute(
+            f"SELECT * FROM {reservation_table} WHERE id = %s", [reservation_id]
+        ).fetchone()
+        line = conn.execute(
+            f"SELECT * FROM {usage_table} WHERE reservation_id = %s", [reservation_id]
+        ).fetchone()
+    if held is None or line is None:
+        raise RuntimeError("the app's reserve and commit wrote no reservation or ledger line")
+    return Fixed(
+        counter_table=Counter._meta.db_table,
+        budget_table=Budget._meta.db_table,
+        reservation=Row.copy_of(reservation_table, held),
+        usage=Row.copy_of(usage_table, line, generated="id"),
+        amount=held["amount"],
+        cost=line["cost"],
+        ttl=held["expires_at"] - held["created_at"],
+    )
+
+
+# --- the two paths --------------------------------------------------------------------------
+
+
+def _app_cycle(target: Target) -> uuid.UUID:
+    from llm_budgets import budgets
+
+    hold = budgets.reserve(
+        tenant=target.tenant,
+        end_user=target.end_user,
+        provider=PROVIDER,
+        model=MODEL,
+        input_tokens=INPUT_TOKENS,
+        max_output_tokens=MAX_OUTPUT_TOKENS,
+    )
+    hold.commit(input_tokens=USED_INPUT_TOKENS, output_tokens=USED_OUTPUT_TOKENS)
+    return hold.id
+
+
+def _floor_cycle(conn: psycopg.Connection[Any], fixed: Fixed, target: Target) -> None:
+    """The minimum the ledger must do for one call, in two transactions.
+
+    Reserve: lock the call's counters in pk order (``FOR UPDATE``, reading each one's limit),
+    check ``spent + reserved + amount <= limit`` on each, add the amount to ``reserved``, insert
+    the reservation row. Commit: mark the reservation committed only if it is still held (the
+    exactly-once guard), lock the counters in pk order, move the hold to ``spent``, insert the
+    ledger line. The rows inserted are copies of those the app wrote; the counter ids stay in
+    memory between the two transactions (the app writes hold rows instead).
+    """
+    counter, ids, rid = fixed.counter_table, list(target.counter_ids), uuid.uuid4()
+    who = {"tenant_id": target.tenant_id, "end_user_id": target.end_user_id}
+    created = datetime.now(UTC)
+    with conn.transaction():
+        rows = conn.execute(
+            f'SELECT c.spent, c.reserved, b."limit" FROM {counter} c '
+            f"JOIN {fixed.budget_table} b ON b.id = c.budget_id "
+            "WHERE c.id = ANY(%s) ORDER BY c.id FOR UPDATE OF c",
+            [ids],
+        ).fetchall()
+        if len(rows) != len(ids) or any(s + r + fixed.amount > lim for s, r, lim in rows):
+            raise RuntimeError("floor: a counter is missing or would be exceeded")
+        conn.execute(
+            f"UPDATE {counter} SET reserved = reserved + %s WHERE id = ANY(%s)",
+            [fixed.amount, ids],
+        )
+        conn.execute(
+            fixed.reservation.sql,
+            fixed.reservation.params(
+                id=rid, **who, state="held", settled_at=None, idempotency_key=None,
+                created_at=created, expires_at=created + fixed.ttl,
+            ),
+        )  # fmt: skip
+    settled = datetime.now(UTC)
+    with conn.transaction():
+        cursor = conn.execute(
+            f"UPDATE {fixed.reservation.table} SET state = 'committed', settled_at = %s "
+            "WHERE id = %s AND state = 'held'",
+            [settled, rid],
+        )
+        if cursor.rowcount != 1:
+            raise RuntimeError("floor: the reservation was not held")
+        conn.execute(
+            f"SELECT id FROM {counter} WHERE id = ANY(%s) ORDER BY id FOR UPDATE",
+            [ids],
+        )
+        conn.execute(
+            f"UPDATE {counter} SET reserved = reserved - %s, spent = spent + %s WHERE id = ANY(%s)",
+            [fixed.amount, fixed.cost, ids],
+        )
+        conn.execute(
+            fixed.usage.sql,
+            fixed.usage.params(reservation_id=rid, **who, period_start=created, created_at=settled),
+        )
+
+
+# --- workers ----------------------------------------------------------------------------------
+
+
+def _worker(
+    index: int,
+    path: str,
+    url: str,
+    fixed: Fixed,
+    targets: list[Target],
+    duration: float,
+    barrier: Barrier,
+    queue: Any,
+) -> None:
+    from django.db import connections
+
+    # Forked after django.setup() with DATABASE_URL set: settings and apps come with the fork,
+    # connections must not (the parent closed its own; make sure none is reused).
+    for conn in connections.all(initialized_only=True):
+        conn.connection = None
+    rng = random.Random(index)
+    floor_conn: psycopg.Connection[Any] | None = None
+    cycle: Callable[[Target], object] = _app_cycle
+    latencies: list[float] = []
+    errors, first_error, cycles = 0, "", 0
+    try:
+        if path == "floor":
+            floor_conn = psycopg.connect(url, autocommit=True)
+            cycle = functools.partial(_floor_cycle, floor_conn, fixed)
+        for _ in range(WARMUP_CYCLES):
+            cycle(rng.choice(targets))
+        barrier.wait(120)
+        started = time.perf_counter()
+        deadline = started + duration
+        now = started
+        while now < deadline:
+            target = rng.choice(targets)
+            try:
+                cycle(target)
+            except Exception as exc:
+                errors += 1
+                first_error = first_error or f"{type(exc).__name__}: {exc}"
+            else:
+                cycles += 1
+                latencies.append(time.perf_counter() - now)
+            now = time.perf_counter()
+        queue.put(WorkerResult(cycles, now - started, latencies, errors, first_error))
+    except BaseException as exc:
+        queue.put(WorkerResult(0, 0.0, [], 1, f"{type(exc).__name__}: {exc}"))
+        barrier.abort()
+    finally:
+        if floor_conn is not None:
+            floor_conn.close()
+        connections.close_all()
+
+
+def run_cell(
+    *,
+    scenario: str,
+    workers: int,
+    path: str,
+    url: str,
+    fixed: Fixed,
+    targets: list[Target],
+    duration: float,
+) -> Cell:
+    from django.db import connections
+
+    context = multiprocessing.get_context("fork")
+    barrier = context.Barrier(workers)
+    queue = context.Queue()
+    connections.close_all()
+    processes = [
+        context.Process(
+            target=_worker, args=(i, path, url, fixed, targets, duration, barrier, queue)
+        )
+        for i in range(workers)
+    ]
+    for process in processes:
+        process.start()
+    results: list[WorkerResult] = [queue.get(timeout=duration + 300) for _ in processes]
+    for process in processes:
+        process.join(60)
+    latencies = sorted(x for r in results for x in r.latencies)
+    return Cell(
+        scenario=scenario,
+        workers=workers,
+        path=path,
+        # Each worker's own rate, summed: its last cycle may end a little after the deadline.
+        cycles_per_s=sum(r.cycles / r.elapsed for r in results if r.elapsed > 0),
+        p50_ms=_percentile(latencies, 50) * 1000,
+        p99_ms=_percentile(latencies, 99) * 1000,
+        errors=sum(r.errors for r in results),
+        first_error=next((r.first_error for r in results if r.first_error), ""),
+    )
+
+
+def _percentile(sorted_values: list[float], pct: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    return statistics.quantiles(sorted_values, n=100, method="inclusive")[int(pct) - 1]
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def describe_machine(url: str) -> list[str]:
+    import django
+
+    with psycopg.connect(url) as conn:
+        server = {
+            name: str(row[0]) if (row := conn.execute(f"SHOW {name}").fetchone()) else "?"
+            for name in ("server_version", "shared_buffers", "synchronous_commit")
+        }
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return [
+        f"date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"load average {load}",
+        f"software: Python {platform.python_version()}, Django {django.get_version()}, "
+        f"psycopg {psycopg.__version__}, PostgreSQL {server['server_version']} "
+        f"(shared_buffers {server['shared_buffers']}, "
+        f"synchronous_commit {server['synchronous_commit']})",
+    ]
+
+
+def print_table(cells: list[Cell]) -> None:
+    floor = {(c.scenario, c.workers): c.cycles_per_s for c in cells if c.path == "floor"}
+    header = (
+        f"{'scenario':<8} {'workers':>7} {'path':<5} {'cycles/s':>9} {'p50 ms':>8} "
+        f"{'p99 ms':>8} {'app/floor':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    for c in cells:
+        base = floor.get((c.scenario, c.workers))
+        ratio = f"{c.cycles_per_s / base:.2f}" if c.path == "app" and base else ""
+        line = (
+            f"{c.scenario:<8} {c.workers:>7} {c.path:<5} {c.cycles_per_s:>9.0f} "
+            f"{c.p50_ms:>8.2f} {c.p99_ms:>8.2f} {ratio:>9}"
+        )
+        if c.errors:
+            line += f"  ({c.errors} errors, e.g. {c.first_error})"
+        print(line)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per cell")
+    parser.add_argument("--workers", default="1,8,32", help="comma-separated worker counts")
+    parser.add_argument("--scenarios", default="hot,spread", help="hot, spread or both")
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL),
+        help="PostgreSQL database to DROP, recreate and use (its name must contain 'bench'); "
+        "default: $BENCH_DATABASE_URL or %(default)s",
+    )
+    args = parser.parse_args(argv)
+    args.workers = [int(w) for w in args.workers.split(",")]
+    args.scenarios = [s.strip() for s in args.scenarios.split(",")]
+    if unknown := set(args.scenarios) - {"hot", "spread"}:
+        parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+    if any(w < 1 for w in args.workers) or args.duration <= 0:
+        parser.error("workers and duration must be positive")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    url: str = args.database_url
+    recreate_database(url)
+    setup_django(url)
+    fixed, targets = seed(url, args.scenarios)
+    for line in describe_machine(url):
+        print(line)
+    print(
+        f"cells: {args.duration:g} s each after {WARMUP_CYCLES} warm-up cycles per worker; "
+        f"hold {fixed.amount} USD, commit {fixed.cost} USD"
+    )
+    print()
+    cells: list[Cell] = []
+    for scenario in args.scenarios:
+        for workers in args.workers:
+            for path in PATHS:
+                vacuum(url)
+                cell = run_cell(
+                    scenario=scenario,
+                    workers=workers,
+                    path=path,
+                    url=url,
+                    fixed=fixed,
+                    targets=targets[scenario],
+                    duration=args.duration,
+                )
+                cells.append(cell)
+                print(
+                    f"  {scenario} x{workers} {path}: {cell.cycles_per_s:.0f} cycles/s",
+                    file=sys.stderr,
+                )
+    print_table(cells)
+    print(f"\nload average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
