@@ -46,7 +46,7 @@ from llm_budgets.selectors import (
     rolling_buckets,
 )
 from llm_budgets.tags import tags_validate
-from llm_budgets.tenants import end_user_ensure, tenant_get
+from llm_budgets.tenants import end_user_ensure, tenant_with_end_user
 from llm_budgets.usage import tool_calls_validate
 from llm_budgets.windows import rolling_window
 
@@ -164,7 +164,7 @@ def reservation_create(
     )
     now = now or timezone.now()
     with ledger_guard("admission"):
-        tenant_obj = tenant_get(request.tenant)
+        tenant_obj, user_obj = tenant_with_end_user(request.tenant, request.end_user)
         if request.idempotency_key is not None:
             existing = Reservation.objects.filter(
                 tenant=tenant_obj, idempotency_key=request.idempotency_key
@@ -182,7 +182,8 @@ def reservation_create(
             end=now + request.ttl,
             max_tool_calls=tool_calls,
         )
-        user_obj = end_user_ensure(tenant_obj, request.end_user) if request.end_user else None
+        if request.end_user is not None and user_obj is None:
+            user_obj = end_user_ensure(tenant_obj, request.end_user)
         applicable = applicable_budgets(tenant_obj, user_obj, now)
         if not applicable:
             raise NoApplicableBudget(request.tenant)
@@ -336,7 +337,7 @@ def _hold(
             ].budget.unit
             counter.reserved += reservation.amount_for(unit)
             holds.append(ReservationHold(reservation=reservation, counter=counter, unit=unit))
-        Counter.objects.bulk_update(counters, ["reserved"])
+        Counter.objects.write(counters, ["reserved"])
         ReservationHold.objects.bulk_create(holds)
     return reservation
 

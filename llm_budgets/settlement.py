@@ -14,7 +14,7 @@ from decimal import Decimal
 from uuid import UUID
 
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from llm_budgets import validation
@@ -33,7 +33,6 @@ from llm_budgets.models import (
     Counter,
     PricingBasis,
     Reservation,
-    ReservationHold,
     ReservationState,
     UsageKind,
     UsageRecord,
@@ -117,15 +116,13 @@ def _move(reservation: Reservation, *, reserved: Amounts, spent: Amounts) -> Non
     counters = list(
         Counter.objects.select_for_update(of=("self",))
         .filter(holds__reservation=reservation)
+        .annotate(hold_unit=F("holds__unit"))
         .order_by("pk")
     )
-    units = dict(
-        ReservationHold.objects.filter(reservation=reservation).values_list("counter_id", "unit")
-    )
     for counter in counters:
-        counter.reserved += reserved.for_unit(units[counter.pk])
-        counter.spent += spent.for_unit(units[counter.pk])
-    Counter.objects.bulk_update(counters, ["reserved", "spent"])
+        counter.reserved += reserved.for_unit(counter.hold_unit)
+        counter.spent += spent.for_unit(counter.hold_unit)
+    Counter.objects.write(counters, ["reserved", "spent"])
 
 
 def _result(reservation: Reservation) -> CommitResult:
@@ -247,49 +244,40 @@ def reservation_commit(
                 provider_cost, customer_charge(provider_cost, reservation.markup_percent)
             )
             overage = max(ZERO, provider_cost - reservation.amount)
-            priced = (price_id, basis)
-            if reservation.state in LIVE_STATES:
-                _move(reservation, reserved=-_held(reservation), spent=cost)
-                _record(
-                    reservation,
-                    kind=UsageKind.CHARGE,
-                    cost=cost,
-                    estimated=False,
-                    now=now,
-                    overage=overage,
-                    usage=usage,
-                    priced=priced,
-                )
-            else:  # EXPIRED: the sweep already dropped the hold and may have charged an estimate.
+            kind, charge, unhold = UsageKind.CHARGE, cost, _held(reservation)
+            if reservation.state not in LIVE_STATES:
+                # EXPIRED: the sweep already dropped the hold and may have charged an estimate.
+                unhold = NONE
                 estimate = reservation.usage_records.filter(kind=UsageKind.CHARGE).first()
-                if estimate is None:
-                    _move(reservation, reserved=NONE, spent=cost)
-                    _record(
-                        reservation,
-                        kind=UsageKind.CHARGE,
-                        cost=cost,
-                        estimated=False,
-                        now=now,
-                        overage=overage,
-                        usage=usage,
-                        priced=priced,
-                    )
-                else:
-                    _move(reservation, reserved=NONE, spent=cost - _charged(estimate))
-                    _record(
-                        reservation,
-                        kind=UsageKind.TRUE_UP,
-                        cost=cost - _charged(estimate),
-                        estimated=False,
-                        now=now,
-                        overage=overage,
-                        usage=usage,
-                        priced=priced,
-                    )
+                if estimate is not None:
+                    kind, charge = UsageKind.TRUE_UP, cost - _charged(estimate)
+            # This reservation's own rows first; the counters, which every call under the same
+            # budgets waits for, are locked last: held for one update and the commit.
+            _record(
+                reservation,
+                kind=kind,
+                cost=charge,
+                estimated=False,
+                now=now,
+                overage=overage,
+                usage=usage,
+                priced=(price_id, basis),
+            )
             reservation.state = ReservationState.COMMITTED
             reservation.settled_at = now
             reservation.save(update_fields=["state", "settled_at"])
-            return _result(reservation)
+            _move(reservation, reserved=-unhold, spent=charge)
+            # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
+            return CommitResult(
+                reservation_id=reservation.pk,
+                state=str(reservation.state),
+                cost=provider_cost,
+                reserved=reservation.amount,
+                overage=overage,
+                currency=reservation.currency,
+                customer_cost=cost.customer,
+                pricing_basis=basis,
+            )
 
 
 def reservation_release(reservation_id: object, *, now: datetime | None = None) -> str:

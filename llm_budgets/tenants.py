@@ -120,6 +120,22 @@ def _schedule_calendar_change(tenant: Tenant, changes: Mapping[str, object], now
         tenant.calendar_effective_from = None
 
 
+def tenant_with_end_user(tenant: str, end_user: str | None) -> tuple[Tenant, EndUser | None]:
+    """The tenant and, if it has been seen before, the end user: one query in the common case.
+    Creates nothing (``end_user_ensure`` does, once the request is known to be valid)."""
+    if end_user is not None:
+        validation.identifier("tenant", tenant)
+        validation.identifier("end_user", end_user)
+        user = (
+            EndUser.objects.select_related("tenant__plan")
+            .filter(tenant__external_id=tenant, external_id=end_user)
+            .first()
+        )
+        if user is not None:
+            return user.tenant, user
+    return tenant_get(tenant), None
+
+
 def end_user_ensure(tenant: Tenant, external_id: str) -> EndUser:
     """The end user, created on first sight. Concurrent first requests all get the same row."""
     validation.identifier("end_user", external_id)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from django.core.exceptions import ValidationError
-from django.db import models
+from django.db import connections, models
 from django.db.models import Q
 
 from llm_budgets.models.fields import validate_thresholds
@@ -132,6 +134,31 @@ class Budget(models.Model):
         return f"end user {self.tenant.external_id}/{self.end_user.external_id}"  # type: ignore[union-attr]
 
 
+class CounterQuerySet(models.QuerySet["Counter"]):
+    def write(self, counters: Sequence[Counter], fields: Sequence[str]) -> None:
+        """Store new values of counters the caller has locked, in one statement.
+
+        On PostgreSQL an ``UPDATE ... FROM (VALUES ...)``: ``bulk_update`` builds a ``CASE WHEN``
+        per row and field, which costs the ORM about ten times the client CPU, spent while every
+        other call under the same budgets waits for these rows. Elsewhere ``bulk_update``."""
+        connection = connections[self.db]
+        if connection.vendor != "postgresql":
+            Counter.objects.bulk_update(counters, fields)
+            return
+        qn = connection.ops.quote_name
+        table = qn(self.model._meta.db_table)
+        columns = [qn(f) for f in fields]  # counter fields are named as their columns
+        row = "(%s::bigint" + ", %s::numeric" * len(fields) + ")"
+        sets = ", ".join(f"{c} = v.{c}" for c in columns)
+        sql = (
+            f"UPDATE {table} SET {sets} FROM (VALUES {', '.join([row] * len(counters))}) "  # noqa: S608
+            f"AS v(id, {', '.join(columns)}) WHERE {table}.id = v.id"
+        )
+        params = [value for c in counters for value in (c.pk, *(getattr(c, f) for f in fields))]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+
+
 class Counter(models.Model):
     """``(budget, period_start) -> spent, reserved``: the only rows admission locks.
 
@@ -151,6 +178,8 @@ class Counter(models.Model):
     period_start = models.DateTimeField()
     spent = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0)
     reserved = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0)
+
+    objects = CounterQuerySet.as_manager()
 
     class Meta:
         ordering = ["budget_id", "-period_start"]
