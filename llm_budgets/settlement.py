@@ -8,13 +8,14 @@ Usage is charged to the counters the hold was taken on: the period the reservati
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from uuid import UUID
 
 from django.db import transaction
-from django.db.models import F, Sum
+from django.db.models import F, QuerySet, Sum
 from django.utils import timezone
 
 from llm_budgets import validation
@@ -374,18 +375,33 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
 def reservations_sweep(*, now: datetime | None = None, batch_size: int = 500) -> int:
     """Expire every overdue hold, in batches, one transaction each. Returns how many expired."""
     now = now or timezone.now()
-    expired = 0
+    return _in_batches(
+        Reservation.objects.filter(state=ReservationState.HELD, expires_at__lte=now).order_by(
+            "expires_at"
+        ),
+        lambda rid: reservation_expire(rid, now=now),
+        action="sweep",
+        batch_size=batch_size,
+    )
+
+
+def _in_batches(
+    due: QuerySet[Reservation],
+    settle: Callable[[UUID], bool],
+    *,
+    action: str,
+    batch_size: int,
+) -> int:
+    """Apply ``settle`` to each due reservation (one transaction each), a batch at a time, until a
+    batch is short or changes nothing. Returns how many it changed."""
+    changed = 0
     while True:
-        with ledger_guard("sweep"):
-            due = list(
-                Reservation.objects.filter(state=ReservationState.HELD, expires_at__lte=now)
-                .order_by("expires_at")
-                .values_list("pk", flat=True)[:batch_size]
-            )
-        expired_now = sum(reservation_expire(rid, now=now) for rid in due)
-        expired += expired_now
-        if len(due) < batch_size or expired_now == 0:
-            return expired
+        with ledger_guard(action):
+            batch = list(due.values_list("pk", flat=True)[:batch_size])
+        changed_now = sum(settle(rid) for rid in batch)
+        changed += changed_now
+        if len(batch) < batch_size or changed_now == 0:
+            return changed
 
 
 def reservation_mark_uncertain(reservation_id: object, *, now: datetime | None = None) -> str:
@@ -445,15 +461,11 @@ def reservations_reconcile(*, now: datetime | None = None, batch_size: int = 500
     many were settled."""
     now = now or timezone.now()
     due = now - timedelta(seconds=conf.UNCERTAIN_MAX_AGE_SECONDS)
-    settled = 0
-    while True:
-        with ledger_guard("reconcile"):
-            batch = list(
-                Reservation.objects.filter(state=ReservationState.UNCERTAIN, uncertain_at__lte=due)
-                .order_by("uncertain_at")
-                .values_list("pk", flat=True)[:batch_size]
-            )
-        settled_now = sum(reservation_settle_uncertain(rid, now=now) for rid in batch)
-        settled += settled_now
-        if len(batch) < batch_size or settled_now == 0:
-            return settled
+    return _in_batches(
+        Reservation.objects.filter(
+            state=ReservationState.UNCERTAIN, uncertain_at__lte=due
+        ).order_by("uncertain_at"),
+        lambda rid: reservation_settle_uncertain(rid, now=now),
+        action="reconcile",
+        batch_size=batch_size,
+    )
