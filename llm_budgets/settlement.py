@@ -8,7 +8,8 @@ Usage is charged to the counters the hold was taken on: the period the reservati
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -92,6 +93,18 @@ def _reservation_id(value: object) -> UUID:
         raise InvalidUsage(
             f"reservation id must be a UUID, got {value!r}.", field="reservation_id"
         ) from None
+
+
+@contextmanager
+def _locked(reservation_id: UUID, action: str) -> Iterator[Reservation]:
+    """One settlement transition: a bounded lock wait, one transaction, and the reservation row
+    locked before anything else, so each reservation ends in exactly one terminal state however
+    many processes try. A database failure becomes ``LedgerUnavailable`` (fail closed)."""
+    with ledger_guard(action):
+        bound_sqlite_wait()
+        with transaction.atomic():
+            bound_lock_wait()
+            yield _lock_reservation(reservation_id)
 
 
 def _lock_reservation(reservation_id: UUID) -> Reservation:
@@ -227,58 +240,52 @@ def reservation_commit(
             tool_calls=tool_calls,
         )
     now = now or timezone.now()
-    with ledger_guard("commit"):
-        bound_sqlite_wait()
-        with transaction.atomic():
-            bound_lock_wait()
-            reservation = _lock_reservation(rid)
-            if reservation.state == ReservationState.COMMITTED:
-                return _result(reservation)
-            if reservation.state == ReservationState.RELEASED:
-                raise ReservationStateError(
-                    f"Reservation {rid} was released, so it cannot be committed: a release "
-                    "says the call produced nothing. Reserve again for a new call.",
-                    state=reservation.state,
-                )
-            provider_cost, price_id, basis = _actual(reservation, usage, now)
-            cost = Amounts(
-                provider_cost, customer_charge(provider_cost, reservation.markup_percent)
+    with _locked(rid, "commit") as reservation:
+        if reservation.state == ReservationState.COMMITTED:
+            return _result(reservation)
+        if reservation.state == ReservationState.RELEASED:
+            raise ReservationStateError(
+                f"Reservation {rid} was released, so it cannot be committed: a release "
+                "says the call produced nothing. Reserve again for a new call.",
+                state=reservation.state,
             )
-            overage = max(ZERO, provider_cost - reservation.amount)
-            kind, charge, unhold = UsageKind.CHARGE, cost, _held(reservation)
-            if reservation.state not in LIVE_STATES:
-                # EXPIRED: the sweep already dropped the hold and may have charged an estimate.
-                unhold = NONE
-                estimate = reservation.usage_records.filter(kind=UsageKind.CHARGE).first()
-                if estimate is not None:
-                    kind, charge = UsageKind.TRUE_UP, cost - _charged(estimate)
-            # This reservation's own rows first; the counters, which every call under the same
-            # budgets waits for, are locked last: held for one update and the commit.
-            _record(
-                reservation,
-                kind=kind,
-                cost=charge,
-                estimated=False,
-                now=now,
-                overage=overage,
-                usage=usage,
-                priced=(price_id, basis),
-            )
-            reservation.state = ReservationState.COMMITTED
-            reservation.settled_at = now
-            reservation.save(update_fields=["state", "settled_at"])
-            _move(reservation, reserved=-unhold, spent=charge)
-            # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
-            return CommitResult(
-                reservation_id=reservation.pk,
-                state=str(reservation.state),
-                cost=provider_cost,
-                reserved=reservation.amount,
-                overage=overage,
-                currency=reservation.currency,
-                customer_cost=cost.customer,
-                pricing_basis=basis,
-            )
+        provider_cost, price_id, basis = _actual(reservation, usage, now)
+        cost = Amounts(provider_cost, customer_charge(provider_cost, reservation.markup_percent))
+        overage = max(ZERO, provider_cost - reservation.amount)
+        kind, charge, unhold = UsageKind.CHARGE, cost, _held(reservation)
+        if reservation.state not in LIVE_STATES:
+            # EXPIRED: the sweep already dropped the hold and may have charged an estimate.
+            unhold = NONE
+            estimate = reservation.usage_records.filter(kind=UsageKind.CHARGE).first()
+            if estimate is not None:
+                kind, charge = UsageKind.TRUE_UP, cost - _charged(estimate)
+        # This reservation's own rows first; the counters, which every call under the same
+        # budgets waits for, are locked last: held for one update and the commit.
+        _record(
+            reservation,
+            kind=kind,
+            cost=charge,
+            estimated=False,
+            now=now,
+            overage=overage,
+            usage=usage,
+            priced=(price_id, basis),
+        )
+        reservation.state = ReservationState.COMMITTED
+        reservation.settled_at = now
+        reservation.save(update_fields=["state", "settled_at"])
+        _move(reservation, reserved=-unhold, spent=charge)
+        # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
+        return CommitResult(
+            reservation_id=reservation.pk,
+            state=str(reservation.state),
+            cost=provider_cost,
+            reserved=reservation.amount,
+            overage=overage,
+            currency=reservation.currency,
+            customer_cost=cost.customer,
+            pricing_basis=basis,
+        )
 
 
 def reservation_release(reservation_id: object, *, now: datetime | None = None) -> str:
@@ -289,30 +296,26 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
     """
     rid = _reservation_id(reservation_id)
     now = now or timezone.now()
-    with ledger_guard("release"):
-        bound_sqlite_wait()
-        with transaction.atomic():
-            bound_lock_wait()
-            reservation = _lock_reservation(rid)
-            if reservation.state in (ReservationState.COMMITTED, ReservationState.RELEASED):
-                return str(reservation.state)
-            if reservation.state in LIVE_STATES:
-                _move(reservation, reserved=-_held(reservation), spent=NONE)
-            else:
-                estimate = reservation.usage_records.filter(kind=UsageKind.CHARGE).first()
-                if estimate is not None:
-                    _move(reservation, reserved=NONE, spent=-_charged(estimate))
-                    _record(
-                        reservation,
-                        kind=UsageKind.TRUE_UP,
-                        cost=-_charged(estimate),
-                        estimated=False,
-                        now=now,
-                    )
-            reservation.state = ReservationState.RELEASED
-            reservation.settled_at = now
-            reservation.save(update_fields=["state", "settled_at"])
+    with _locked(rid, "release") as reservation:
+        if reservation.state in (ReservationState.COMMITTED, ReservationState.RELEASED):
             return str(reservation.state)
+        if reservation.state in LIVE_STATES:
+            _move(reservation, reserved=-_held(reservation), spent=NONE)
+        else:
+            estimate = reservation.usage_records.filter(kind=UsageKind.CHARGE).first()
+            if estimate is not None:
+                _move(reservation, reserved=NONE, spent=-_charged(estimate))
+                _record(
+                    reservation,
+                    kind=UsageKind.TRUE_UP,
+                    cost=-_charged(estimate),
+                    estimated=False,
+                    now=now,
+                )
+        reservation.state = ReservationState.RELEASED
+        reservation.settled_at = now
+        reservation.save(update_fields=["state", "settled_at"])
+        return str(reservation.state)
 
 
 def reservation_extend(
@@ -324,22 +327,18 @@ def reservation_extend(
     rid = _reservation_id(reservation_id)
     ttl = validation.ttl_seconds("ttl_seconds", ttl_seconds)
     now = now or timezone.now()
-    with ledger_guard("extend"):
-        bound_sqlite_wait()
-        with transaction.atomic():
-            bound_lock_wait()
-            reservation = _lock_reservation(rid)
-            if reservation.state != ReservationState.HELD:
-                raise ReservationStateError(
-                    f"Reservation {rid} is {reservation.state}, so it cannot be extended: only a "
-                    "held reservation has an expiry to push back.",
-                    state=reservation.state,
-                )
-            expires_at = now + timedelta(seconds=ttl)
-            if expires_at > reservation.expires_at:
-                reservation.expires_at = expires_at
-                reservation.save(update_fields=["expires_at"])
-            return reservation
+    with _locked(rid, "extend") as reservation:
+        if reservation.state != ReservationState.HELD:
+            raise ReservationStateError(
+                f"Reservation {rid} is {reservation.state}, so it cannot be extended: only a "
+                "held reservation has an expiry to push back.",
+                state=reservation.state,
+            )
+        expires_at = now + timedelta(seconds=ttl)
+        if expires_at > reservation.expires_at:
+            reservation.expires_at = expires_at
+            reservation.save(update_fields=["expires_at"])
+        return reservation
 
 
 def reservation_expire(reservation_id: object, *, now: datetime | None = None) -> bool:
@@ -348,28 +347,24 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
     whether this call expired it (False if it was settled meanwhile or is not yet due)."""
     rid = _reservation_id(reservation_id)
     now = now or timezone.now()
-    with ledger_guard("expiry"):
-        bound_sqlite_wait()
-        with transaction.atomic():
-            bound_lock_wait()
-            reservation = _lock_reservation(rid)
-            if reservation.state != ReservationState.HELD or reservation.expires_at > now:
-                return False
-            if conf.EXPIRED_HOLD_POLICY == "charge":
-                _move(reservation, reserved=-_held(reservation), spent=_held(reservation))
-                _record(
-                    reservation,
-                    kind=UsageKind.CHARGE,
-                    cost=_held(reservation),
-                    estimated=True,
-                    now=now,
-                )
-            else:
-                _move(reservation, reserved=-_held(reservation), spent=NONE)
-            reservation.state = ReservationState.EXPIRED
-            reservation.settled_at = now
-            reservation.save(update_fields=["state", "settled_at"])
-            return True
+    with _locked(rid, "expiry") as reservation:
+        if reservation.state != ReservationState.HELD or reservation.expires_at > now:
+            return False
+        if conf.EXPIRED_HOLD_POLICY == "charge":
+            _move(reservation, reserved=-_held(reservation), spent=_held(reservation))
+            _record(
+                reservation,
+                kind=UsageKind.CHARGE,
+                cost=_held(reservation),
+                estimated=True,
+                now=now,
+            )
+        else:
+            _move(reservation, reserved=-_held(reservation), spent=NONE)
+        reservation.state = ReservationState.EXPIRED
+        reservation.settled_at = now
+        reservation.save(update_fields=["state", "settled_at"])
+        return True
 
 
 def reservations_sweep(*, now: datetime | None = None, batch_size: int = 500) -> int:
@@ -410,16 +405,12 @@ def reservation_mark_uncertain(reservation_id: object, *, now: datetime | None =
     Returns the reservation's state (unchanged unless it was HELD)."""
     rid = _reservation_id(reservation_id)
     now = now or timezone.now()
-    with ledger_guard("mark uncertain"):
-        bound_sqlite_wait()
-        with transaction.atomic():
-            bound_lock_wait()
-            reservation = _lock_reservation(rid)
-            if reservation.state == ReservationState.HELD:
-                reservation.state = ReservationState.UNCERTAIN
-                reservation.uncertain_at = now
-                reservation.save(update_fields=["state", "uncertain_at"])
-            return str(reservation.state)
+    with _locked(rid, "mark uncertain") as reservation:
+        if reservation.state == ReservationState.HELD:
+            reservation.state = ReservationState.UNCERTAIN
+            reservation.uncertain_at = now
+            reservation.save(update_fields=["state", "uncertain_at"])
+        return str(reservation.state)
 
 
 def reservation_settle_uncertain(reservation_id: object, *, now: datetime | None = None) -> bool:
@@ -428,32 +419,28 @@ def reservation_settle_uncertain(reservation_id: object, *, now: datetime | None
     commits it; "release" drops it. Returns whether this call settled it."""
     rid = _reservation_id(reservation_id)
     now = now or timezone.now()
-    with ledger_guard("reconcile"):
-        bound_sqlite_wait()
-        with transaction.atomic():
-            bound_lock_wait()
-            reservation = _lock_reservation(rid)
-            due = now - timedelta(seconds=conf.UNCERTAIN_MAX_AGE_SECONDS)
-            if reservation.state != ReservationState.UNCERTAIN or (
-                reservation.uncertain_at is not None and reservation.uncertain_at > due
-            ):
-                return False
-            if conf.UNCERTAIN_SETTLE_RULE == "charge":
-                _move(reservation, reserved=-_held(reservation), spent=_held(reservation))
-                _record(
-                    reservation,
-                    kind=UsageKind.CHARGE,
-                    cost=_held(reservation),
-                    estimated=True,
-                    now=now,
-                )
-                reservation.state = ReservationState.COMMITTED
-            else:
-                _move(reservation, reserved=-_held(reservation), spent=NONE)
-                reservation.state = ReservationState.RELEASED
-            reservation.settled_at = now
-            reservation.save(update_fields=["state", "settled_at"])
-            return True
+    with _locked(rid, "reconcile") as reservation:
+        due = now - timedelta(seconds=conf.UNCERTAIN_MAX_AGE_SECONDS)
+        if reservation.state != ReservationState.UNCERTAIN or (
+            reservation.uncertain_at is not None and reservation.uncertain_at > due
+        ):
+            return False
+        if conf.UNCERTAIN_SETTLE_RULE == "charge":
+            _move(reservation, reserved=-_held(reservation), spent=_held(reservation))
+            _record(
+                reservation,
+                kind=UsageKind.CHARGE,
+                cost=_held(reservation),
+                estimated=True,
+                now=now,
+            )
+            reservation.state = ReservationState.COMMITTED
+        else:
+            _move(reservation, reserved=-_held(reservation), spent=NONE)
+            reservation.state = ReservationState.RELEASED
+        reservation.settled_at = now
+        reservation.save(update_fields=["state", "settled_at"])
+        return True
 
 
 def reservations_reconcile(*, now: datetime | None = None, batch_size: int = 500) -> int:
