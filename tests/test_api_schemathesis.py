@@ -20,7 +20,6 @@ from schemathesis.checks import (
 )
 from schemathesis.generation import GenerationMode
 
-from llm_budgets import settlement
 from tests.api import BASE, client_for, new_key, reserve_body
 from tests.factories import seed
 
@@ -113,12 +112,6 @@ def test_the_api_honours_its_schema(
         for operation in operations:
             names = {p.name for p in operation.iter_parameters() if p.location == "path"}
             fixed = {k: v for k, v in real.items() if k in names} if real_paths else None
-            checks = CHECKS
-            if operation.path.endswith("/uncertain") and not hasattr(
-                settlement, "reservation_mark_uncertain"
-            ):
-                checks = [c for c in CHECKS if c is not not_a_server_error]  # a documented 501
-
             fuzz(
-                operation.as_strategy(generation_mode=mode, path_parameters=fixed), headers, checks
+                operation.as_strategy(generation_mode=mode, path_parameters=fixed), headers, CHECKS
             )

@@ -30,7 +30,7 @@ from llm_budgets.api.schema import api_schema
 from llm_budgets.api.scoping import api_key_of, query_id, reservation_for, tenant_for
 from llm_budgets.api.throttling import ApiKeyRateThrottle
 from llm_budgets.ledger import ledger_guard
-from llm_budgets.models import Budget, EndUser, Price, Reservation
+from llm_budgets.models import Budget, EndUser, Price, Reservation, Tenant
 
 ERROR_TEXT = {
     400: "Invalid request: every bad field is named in `error.fields`.",
@@ -85,6 +85,22 @@ class ApiView(APIView):
         return dict(serializer.validated_data)
 
 
+def call_description(tenant: Tenant, data: dict[str, Any]) -> dict[str, Any]:
+    """The call a reservation or a quote describes, as the services' keyword arguments."""
+    return {
+        "tenant": tenant.external_id,
+        "end_user": data.get("end_user"),
+        "provider": data.get("provider"),
+        "model": data["model"],
+        "input_tokens": data.get("input_tokens"),
+        "messages": data.get("messages"),
+        "prompt": data.get("prompt"),
+        "max_output_tokens": data.get("max_output_tokens"),
+        "max_tool_calls": data.get("max_tool_calls"),
+        "ttl": data.get("ttl_seconds"),
+    }
+
+
 class ReservationCreateView(ApiView):
     @api_schema(
         operation_id="reservations_create",
@@ -101,18 +117,9 @@ class ReservationCreateView(ApiView):
         data = self.valid(s.ReserveRequestSerializer, request)
         tenant = tenant_for(request, data.get("tenant"))
         reservation = admission.reservation_create(
-            tenant=tenant.external_id,
-            end_user=data.get("end_user"),
-            provider=data.get("provider"),
-            model=data["model"],
-            input_tokens=data.get("input_tokens"),
-            messages=data.get("messages"),
-            prompt=data.get("prompt"),
-            max_output_tokens=data.get("max_output_tokens"),
-            max_tool_calls=data.get("max_tool_calls"),
+            **call_description(tenant, data),
             tags=data.get("tags"),
             idempotency_key=data.get("idempotency_key") or request.headers.get(HEADER),
-            ttl=data.get("ttl_seconds"),
             allow_degrade=data["allow_degrade"],
             api_key=api_key_of(request),
         )
@@ -197,35 +204,20 @@ class ReservationExtendView(_ReservationActionView):
         settlement.reservation_extend(reservation.pk, ttl_seconds=data["ttl_seconds"])
 
 
-def mark_uncertain_service() -> Callable[..., Any]:
-    """``settlement.reservation_mark_uncertain`` once it exists (it lands with the UNCERTAIN
-    state); until then the endpoint answers 501 rather than guess at the semantics."""
-    service = getattr(settlement, "reservation_mark_uncertain", None)
-    if service is None:
-        raise ApiError(
-            "Marking a reservation uncertain is not available in this version: the UNCERTAIN "
-            "state has not landed yet. Leave the hold to expire (it is charged as estimated), or "
-            "commit the real usage when it is known.",
-            code="not_implemented",
-            status_code=status.HTTP_501_NOT_IMPLEMENTED,
-        )
-    return service
-
-
 class ReservationUncertainView(_ReservationActionView):
     @api_schema(
         operation_id="reservations_uncertain",
         summary="Mark uncertain: the call may have run (timeout, lost worker)",
         request=s.EmptyRequestSerializer,
         parameters=[IDEMPOTENCY_HEADER],
-        responses={200: s.ReservationSerializer, **errors(404, 409, 501)},
+        responses={200: s.ReservationSerializer, **errors(404, 409)},
     )
     @idempotent
     def post(self, request: Request, reservation_id: str) -> Response:
         return self.run(request, reservation_id)
 
     def act(self, reservation: Reservation, data: dict[str, Any]) -> None:
-        mark_uncertain_service()(reservation.pk)
+        settlement.reservation_mark_uncertain(reservation.pk)
 
 
 class TenantStatusView(ApiView):
@@ -265,18 +257,7 @@ class QuoteView(ApiView):
     def get(self, request: Request) -> Response:
         data = self.valid(s.QuoteQuerySerializer, request, query=True)
         tenant = tenant_for(request, data.get("tenant"))
-        quote = quotes.quote(
-            tenant=tenant.external_id,
-            end_user=data.get("end_user"),
-            provider=data.get("provider"),
-            model=data["model"],
-            input_tokens=data.get("input_tokens"),
-            messages=data.get("messages"),
-            prompt=data.get("prompt"),
-            max_output_tokens=data.get("max_output_tokens"),
-            max_tool_calls=data.get("max_tool_calls"),
-            ttl=data.get("ttl_seconds"),
-        )
+        quote = quotes.quote(**call_description(tenant, data))
         body = {"tenant": tenant.external_id, "end_user": data.get("end_user"), **vars(quote)}
         return Response(s.QuoteSerializer({**body, "admissible": quote.admissible}).data)
 
