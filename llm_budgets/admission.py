@@ -15,6 +15,7 @@ from decimal import Decimal
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from llm_budgets import statements as sql
 from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.degradation import Rung, effect_at, ladder_parse, substitutes, used_percent
@@ -42,7 +43,7 @@ from llm_budgets.selectors import (
     ApplicableBudget,
     Bucket,
     applicable_budgets,
-    counters_matching,
+    counters_locked,
     rolling_buckets,
 )
 from llm_budgets.tags import tags_validate
@@ -285,7 +286,7 @@ def _hold(
         blocked_substitutes = _refuse_if_switched(
             reservation, degrade.ladder if degrade else [], api_key_id
         )
-        reservation.save(force_insert=True)
+        sql.insert([reservation])
         if rolling_ids:
             # NO KEY UPDATE: serialises admissions without blocking inserts of new bucket
             # counters, which key-share lock the budget row for their foreign key.
@@ -296,9 +297,7 @@ def _hold(
                 .order_by("pk")
                 .values_list("pk", flat=True)
             )
-        counters = list(
-            Counter.objects.select_for_update().filter(counters_matching(applicable)).order_by("pk")
-        )
+        counters = counters_locked(applicable)
         if len(counters) < len(by_key):
             raise _MissingCounters
         windows = rolling_buckets(applicable) if rolling_ids else {}
@@ -338,7 +337,7 @@ def _hold(
             counter.reserved += reservation.amount_for(unit)
             holds.append(ReservationHold(reservation=reservation, counter=counter, unit=unit))
         Counter.objects.write(counters, ["reserved"])
-        ReservationHold.objects.bulk_create(holds)
+        sql.insert(holds)
     return reservation
 
 

@@ -6,6 +6,7 @@ one connection refuses the very next admission on every other process.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from llm_budgets import statements as sql
 from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.exceptions import InvalidUsage, KillSwitchActive
@@ -243,15 +245,41 @@ def kill_switches_covering(
     """Every open switch whose scope covers a request, in one indexed query (uncleared rows
     only). ``models``: every model the request might be served as. ``api_key_id``: the REST API
     key the request came through, if any (a switch on a key covers only calls through it)."""
-    rows = KillSwitch.objects.filter(
-        _open(now),
-        Q(tenant__isnull=True) | Q(tenant_id=tenant_id),
-        Q(end_user__isnull=True) | Q(end_user_id=end_user_id),
-        Q(provider="") | Q(provider=provider),
-        Q(model="") | Q(model__in=list(models)),
-        Q(api_key__isnull=True) | Q(api_key_id=api_key_id),
-    ).order_by("tripped_at")
-    return list(rows)
+    # Every admission asks this: one statement without the ORM's compilation (see
+    # ``llm_budgets.statements``). A None id compares unknown in SQL: only unscoped rows match.
+    model_list = sorted(set(models))
+    params = [
+        sql.param(KillSwitch, "auto_clear_at", now),
+        tenant_id,
+        end_user_id,
+        provider,
+        *model_list,
+        api_key_id,
+    ]
+    rows = sql.fetch(_covering_sql(len(model_list)), params)
+    return [sql.row_to(KillSwitch, row) for row in rows]
+
+
+@functools.cache
+def _covering_sql(models: int) -> str:
+    def col(name: str) -> str:
+        return f"k.{sql.column(KillSwitch, name)}"
+
+    def unscoped_or_equal(name: str, unscoped: str) -> str:
+        return f"({col(name)} {unscoped} OR {col(name)} = %s)"
+
+    model_in, empty = ", ".join(["%s"] * models), "= ''"
+    return (
+        f"SELECT {sql.columns(KillSwitch, 'k')} FROM {sql.table(KillSwitch)} k"  # noqa: S608
+        f" WHERE {col('cleared_at')} IS NULL"
+        f" AND ({col('auto_clear_at')} IS NULL OR {col('auto_clear_at')} > %s)"
+        f" AND {unscoped_or_equal('tenant', 'IS NULL')}"
+        f" AND {unscoped_or_equal('end_user', 'IS NULL')}"
+        f" AND {unscoped_or_equal('provider', empty)}"
+        f" AND ({col('model')} = '' OR {col('model')} IN ({model_in}))"
+        f" AND {unscoped_or_equal('api_key', 'IS NULL')}"
+        f" ORDER BY {col('tripped_at')}"
+    )
 
 
 def refusal_for(

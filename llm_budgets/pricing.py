@@ -7,6 +7,7 @@ version, and the newest version that has started wins.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, time
@@ -18,6 +19,7 @@ from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from llm_budgets import costs, validation
+from llm_budgets import statements as sql
 from llm_budgets.conf import conf
 from llm_budgets.costs import TOKEN_RATES
 from llm_budgets.exceptions import InvalidUsage, UnknownPrice
@@ -58,21 +60,37 @@ def price_in_effect(*, provider: str | None, model: str, at: datetime) -> Price:
 
     Without a provider, the model must be priced by exactly one provider.
     """
-    versions = prices_in_effect(at).filter(model=model)
     if provider is not None:
-        versions = versions.filter(provider=provider)
-    else:
-        providers = sorted(set(versions.values_list("provider", flat=True)))
-        if len(providers) > 1:
-            raise InvalidUsage(
-                f"{model} is priced by several providers ({', '.join(providers)}): "
-                "pass provider= to say which one serves the call.",
-                field="provider",
-            )
+        # Every admission asks this: one statement without the ORM's compilation.
+        when = sql.param(Price, "effective_from", at)
+        rows = sql.fetch(_version_in_effect_sql(), [provider, model, when, when])
+        if not rows:
+            raise UnknownPrice(provider=provider, model=model)
+        return sql.row_to(Price, rows[0])
+    versions = prices_in_effect(at).filter(model=model)
+    providers = sorted(set(versions.values_list("provider", flat=True)))
+    if len(providers) > 1:
+        raise InvalidUsage(
+            f"{model} is priced by several providers ({', '.join(providers)}): "
+            "pass provider= to say which one serves the call.",
+            field="provider",
+        )
     price = versions.order_by("-effective_from").first()
     if price is None:
         raise UnknownPrice(provider=provider, model=model)
     return price
+
+
+@functools.cache
+def _version_in_effect_sql() -> str:
+    """``price_in_effect`` for a given provider (see ``llm_budgets.statements``)."""
+    starts, ends = sql.column(Price, "effective_from"), sql.column(Price, "effective_to")
+    return (
+        f"SELECT {sql.columns(Price, 'v')} FROM {sql.table(Price)} v"  # noqa: S608
+        f" WHERE v.{sql.column(Price, 'provider')} = %s AND v.{sql.column(Price, 'model')} = %s"
+        f" AND v.{starts} <= %s AND (v.{ends} IS NULL OR v.{ends} > %s)"
+        f" ORDER BY v.{starts} DESC LIMIT 1"
+    )
 
 
 def worst_case(

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from django.db.models import DecimalField, OuterRef, Q, Subquery, Sum
+from django.db.models import Q
 
+from llm_budgets import statements as sql
 from llm_budgets.models import Budget, BudgetRaise, Counter, EndUser, Scope, Tenant
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.windows import Period, period_for, rolling_window, tenant_period
@@ -38,24 +40,19 @@ def applicable_budgets(
 ) -> list[ApplicableBudget]:
     """Global, tenant, and the end user's own budgets (each replacing the ``*`` default for
     its window), each with the period that contains ``at``."""
-    scopes = Q(scope=Scope.GLOBAL) | Q(tenant=tenant, scope=Scope.TENANT)
+    # One statement without the ORM's compilation (see ``llm_budgets.statements``); active
+    # raises ride along as a subquery: no extra round trip on the admission path.
+    when = sql.param(BudgetRaise, "starts_at", at)
+    params = [when, when, tenant.pk]
     if end_user is not None:
-        scopes |= Q(tenant=tenant, scope=Scope.END_USER_DEFAULT)
-        if end_user.pk is not None:
-            scopes |= Q(end_user=end_user, scope=Scope.END_USER)
-    # Active raises ride along as a subquery: no extra round trip on the admission path.
-    active_raises = (
-        BudgetRaise.objects.filter(budget=OuterRef("pk"), starts_at__lte=at, ends_at__gt=at)
-        .order_by()
-        .values("budget")
-        .annotate(total=Sum("amount"))
-        .values("total")
-    )
-    budgets = list(
-        Budget.objects.filter(scopes).annotate(
-            raised_by=Subquery(active_raises, output_field=DecimalField())
-        )
-    )
+        params.append(end_user.pk)  # None for an end user not yet saved: matches nothing
+    rows = sql.fetch(_applicable_sql(end_user is not None), params)
+    budgets = [sql.row_to(Budget, row) for row in rows]
+    # SQLite sums decimals as floats: back to the stored precision through their text.
+    raised_by = {
+        budget.pk: round_charge(Decimal(str(row[-1]))) if row[-1] else ZERO
+        for budget, row in zip(budgets, rows, strict=True)
+    }
     own_windows = {b.window for b in budgets if b.scope == Scope.END_USER}
     result = []
     for budget in budgets:
@@ -70,9 +67,36 @@ def applicable_budgets(
         else:
             period = tenant_period(budget.window, at, tenant)
         share = end_user if budget.scope == Scope.END_USER_DEFAULT else None
-        raised = round_charge(Decimal(str(budget.raised_by))) if budget.raised_by else ZERO
-        result.append(ApplicableBudget(budget, period, share, raised))
+        result.append(ApplicableBudget(budget, period, share, raised_by[budget.pk]))
     return result
+
+
+@functools.cache
+def _applicable_sql(with_end_user: bool) -> str:
+    """``applicable_budgets``'s one statement: the budgets, each with the sum of its active
+    raises. Parameters: the time twice, the tenant id, and the end user id if ``with_end_user``."""
+    scope, tenant = f"b.{sql.column(Budget, 'scope')}", f"b.{sql.column(Budget, 'tenant')}"
+    raised = (
+        f"SELECT SUM(r.{sql.column(BudgetRaise, 'amount')}) FROM {sql.table(BudgetRaise)} r"  # noqa: S608
+        f" WHERE r.{sql.column(BudgetRaise, 'budget')} = b.id"
+        f" AND r.{sql.column(BudgetRaise, 'starts_at')} <= %s"
+        f" AND r.{sql.column(BudgetRaise, 'ends_at')} > %s"
+    )
+    tenant_scopes = f"'{Scope.TENANT.value}'"
+    end_user = ""
+    if with_end_user:
+        tenant_scopes += f", '{Scope.END_USER_DEFAULT.value}'"
+        end_user = (
+            f" OR (b.{sql.column(Budget, 'end_user')} = %s AND {scope} = '{Scope.END_USER.value}')"
+        )
+    where = (
+        f"{scope} = '{Scope.GLOBAL.value}'"
+        f" OR ({tenant} = %s AND {scope} IN ({tenant_scopes})){end_user}"
+    )
+    return (
+        f"SELECT {sql.columns(Budget, 'b')}, ({raised}) FROM {sql.table(Budget)} b"  # noqa: S608
+        f" WHERE {where} ORDER BY b.id"
+    )
 
 
 def counters_matching(applicable: Sequence[ApplicableBudget]) -> Q:
@@ -85,6 +109,33 @@ def counters_matching(applicable: Sequence[ApplicableBudget]) -> Q:
         else:
             match |= Q(budget_id=budget_id, end_user_id=end_user_id, period_start=start)
     return match
+
+
+def counters_locked(applicable: Sequence[ApplicableBudget]) -> list[Counter]:
+    """Lock exactly the counter rows of ``applicable`` (``FOR UPDATE``, in primary-key order, so
+    concurrent admissions cannot deadlock) and return them; a missing row is simply absent.
+    One statement without the ORM's compilation (see ``llm_budgets.statements``)."""
+    params: list[object] = []
+    for budget_id, end_user_id, start in (item.counter_key for item in applicable):
+        params += [budget_id, sql.param(Counter, "period_start", start)]
+        if end_user_id is not None:
+            params.append(end_user_id)
+    shapes = tuple(item.counter_key[1] is not None for item in applicable)
+    return [sql.row_to(Counter, row) for row in sql.fetch(_counters_locked_sql(shapes), params)]
+
+
+@functools.cache
+def _counters_locked_sql(per_end_user: tuple[bool, ...]) -> str:
+    budget, start = sql.column(Counter, "budget"), sql.column(Counter, "period_start")
+    end_user = sql.column(Counter, "end_user")
+    match = " OR ".join(
+        f"(c.{budget} = %s AND c.{start} = %s AND c.{end_user} {'= %s' if shared else 'IS NULL'})"
+        for shared in per_end_user
+    )
+    return (
+        f"SELECT {sql.columns(Counter, 'c')} FROM {sql.table(Counter)} c"  # noqa: S608
+        f" WHERE {match or 'FALSE'} ORDER BY c.id{sql.lock_clause()}"
+    )
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ Usage is charged to the counters the hold was taken on: the period the reservati
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,9 +17,10 @@ from decimal import Decimal
 from uuid import UUID
 
 from django.db import transaction
-from django.db.models import F, QuerySet, Sum
+from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
+from llm_budgets import statements as sql
 from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.costs import actual_cost, customer_charge
@@ -33,8 +35,10 @@ from llm_budgets.models import (
     LIVE_STATES,
     BudgetUnit,
     Counter,
+    Price,
     PricingBasis,
     Reservation,
+    ReservationHold,
     ReservationState,
     UsageKind,
     UsageRecord,
@@ -108,16 +112,30 @@ def _locked(reservation_id: UUID, action: str) -> Iterator[Reservation]:
 
 
 def _lock_reservation(reservation_id: UUID) -> Reservation:
-    try:
-        # of=("self",): lock only the reservation. A plain FOR UPDATE would also lock the joined
-        # price row, which every admission key-share locks for its foreign key: a deadlock.
-        return (
-            Reservation.objects.select_for_update(of=("self",))
-            .select_related("price")
-            .get(pk=reservation_id)
-        )
-    except Reservation.DoesNotExist:
-        raise ReservationNotFound(reservation_id) from None
+    row = next(iter(sql.fetch(_lock_reservation_sql(), [_pk(Reservation, reservation_id)])), None)
+    if row is None:
+        raise ReservationNotFound(reservation_id)
+    reservation = sql.row_to(Reservation, row)
+    offset = sql.width(Reservation)
+    reservation.price = None if row[offset] is None else sql.row_to(Price, row, offset)
+    return reservation
+
+
+@functools.cache
+def _lock_reservation_sql() -> str:
+    """The reservation with its price version, locking only the reservation: a plain FOR UPDATE
+    would also lock the joined price row, which every admission key-share locks for its foreign
+    key (a deadlock). One statement without the ORM's compilation (``llm_budgets.statements``)."""
+    return (
+        f"SELECT {sql.columns(Reservation, 'r')}, {sql.columns(Price, 'p')}"  # noqa: S608
+        f" FROM {sql.table(Reservation)} r"
+        f" LEFT JOIN {sql.table(Price)} p ON p.id = r.{sql.column(Reservation, 'price')}"
+        f" WHERE r.id = %s{sql.lock_clause(of='r')}"
+    )
+
+
+def _pk(model: type[Reservation], value: UUID) -> object:
+    return sql.param(model, "id", value)
 
 
 def _move(reservation: Reservation, *, reserved: Amounts, spent: Amounts) -> None:
@@ -127,16 +145,25 @@ def _move(reservation: Reservation, *, reserved: Amounts, spent: Amounts) -> Non
     The rows are locked in pk order (as admission locks them) and the sums are exact Decimal
     arithmetic here, not SQL arithmetic, which is floating point on SQLite.
     """
-    counters = list(
-        Counter.objects.select_for_update(of=("self",))
-        .filter(holds__reservation=reservation)
-        .annotate(hold_unit=F("holds__unit"))
-        .order_by("pk")
-    )
-    for counter in counters:
-        counter.reserved += reserved.for_unit(counter.hold_unit)
-        counter.spent += spent.for_unit(counter.hold_unit)
+    counters = []
+    for row in sql.fetch(_held_counters_sql(), [_pk(Reservation, reservation.pk)]):
+        counter, unit = sql.row_to(Counter, row), row[-1]
+        counter.reserved += reserved.for_unit(unit)
+        counter.spent += spent.for_unit(unit)
+        counters.append(counter)
     Counter.objects.write(counters, ["reserved", "spent"])
+
+
+@functools.cache
+def _held_counters_sql() -> str:
+    """The counters a reservation holds on, each with its hold's unit, locked in pk order."""
+    return (
+        f"SELECT {sql.columns(Counter, 'c')}, h.{sql.column(ReservationHold, 'unit')}"  # noqa: S608
+        f" FROM {sql.table(Counter)} c JOIN {sql.table(ReservationHold)} h"
+        f" ON h.{sql.column(ReservationHold, 'counter')} = c.id"
+        f" WHERE h.{sql.column(ReservationHold, 'reservation')} = %s"
+        f" ORDER BY c.id{sql.lock_clause(of='c')}"
+    )
 
 
 def _result(reservation: Reservation) -> CommitResult:
@@ -169,7 +196,7 @@ def _record(
     priced: tuple[int | None, str] | None = None,
 ) -> None:
     price_id, basis = priced or (reservation.price_id, reservation.pricing_basis)
-    UsageRecord.objects.create(
+    record = UsageRecord(
         reservation=reservation,
         kind=kind,
         tenant_id=reservation.tenant_id,
@@ -188,6 +215,7 @@ def _record(
         tags=reservation.tags,
         **(usage.as_fields() if usage else {}),
     )
+    sql.insert([record])
 
 
 def _actual(
@@ -273,7 +301,7 @@ def reservation_commit(
         )
         reservation.state = ReservationState.COMMITTED
         reservation.settled_at = now
-        reservation.save(update_fields=["state", "settled_at"])
+        sql.update(reservation, ["state", "settled_at"])
         _move(reservation, reserved=-unhold, spent=charge)
         # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
         return CommitResult(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
@@ -10,6 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone as django_timezone
 
+from llm_budgets import statements as sql
 from llm_budgets import validation
 from llm_budgets.exceptions import InvalidUsage, UnknownTenant
 from llm_budgets.models import AuditEvent, EndUser, Plan, Tenant, Window
@@ -126,14 +128,28 @@ def tenant_with_end_user(tenant: str, end_user: str | None) -> tuple[Tenant, End
     if end_user is not None:
         validation.identifier("tenant", tenant)
         validation.identifier("end_user", end_user)
-        user = (
-            EndUser.objects.select_related("tenant__plan")
-            .filter(tenant__external_id=tenant, external_id=end_user)
-            .first()
-        )
-        if user is not None:
+        row = next(iter(sql.fetch(_end_user_with_tenant_sql(), [tenant, end_user])), None)
+        if row is not None:
+            user = sql.row_to(EndUser, row)
+            user.tenant = sql.row_to(Tenant, row, sql.width(EndUser))
+            at = sql.width(EndUser) + sql.width(Tenant)
+            user.tenant.plan = None if row[at] is None else sql.row_to(Plan, row, at)
             return user.tenant, user
     return tenant_get(tenant), None
+
+
+@functools.cache
+def _end_user_with_tenant_sql() -> str:
+    """An end user by external ids, with its tenant and the tenant's plan (admission's first
+    read; see ``llm_budgets.statements``)."""
+    return (
+        f"SELECT {sql.columns(EndUser, 'u')}, {sql.columns(Tenant, 't')}, {sql.columns(Plan, 'p')}"  # noqa: S608
+        f" FROM {sql.table(EndUser)} u"
+        f" JOIN {sql.table(Tenant)} t ON t.id = u.{sql.column(EndUser, 'tenant')}"
+        f" LEFT JOIN {sql.table(Plan)} p ON p.id = t.{sql.column(Tenant, 'plan')}"
+        f" WHERE t.{sql.column(Tenant, 'external_id')} = %s"
+        f" AND u.{sql.column(EndUser, 'external_id')} = %s"
+    )
 
 
 def end_user_ensure(tenant: Tenant, external_id: str) -> EndUser:

@@ -1,0 +1,150 @@
+"""Hot-path statements: SQL text written once, values prepared and converted by the models' own
+fields.
+
+Admission and commit run about a dozen statements per call, some of them while every other call
+under the same budgets waits for the counter locks. The ORM compiles each query from scratch,
+which costs about ten times the CPU of sending it and reading the answer (docs/performance.md).
+These helpers keep what matters of the ORM, each field's own preparation of parameters and
+conversion of results, so values stay exact and the same on PostgreSQL and SQLite, and skip
+the compilation. Only the admission and settlement path uses them; everything else uses the ORM.
+
+Rows are written without model ``save()``, so without Django's model signals (the app connects
+none; hosts have ``llm_budgets.signals``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import cache
+from typing import Any, TypeVar, cast
+
+from django.db import connection
+from django.db.models import Field, Model
+from django.db.models.fields import AutoFieldMixin
+
+M = TypeVar("M", bound=Model)
+
+Converter = Callable[[Any, Any, Any], Any]
+
+
+def quote(name: str | None) -> str:
+    assert name is not None
+    return connection.ops.quote_name(name)
+
+
+def table(model: type[Model]) -> str:
+    return quote(model._meta.db_table)
+
+
+def _field(model: type[Model], name: str) -> Field[Any, Any]:
+    return cast(Field, model._meta.get_field(name))
+
+
+def column(model: type[Model], name: str) -> str:
+    """The quoted column of field ``name`` (a foreign key by its field name, e.g. ``tenant``)."""
+    return quote(_field(model, name).column)
+
+
+@cache
+def _fields(model: type[Model]) -> tuple[Field[Any, Any], ...]:
+    return tuple(model._meta.concrete_fields)
+
+
+def columns(model: type[Model], alias: str) -> str:
+    """Every concrete column of ``model`` under ``alias``, in the order :func:`row_to` reads."""
+    return ", ".join(f"{alias}.{quote(f.column)}" for f in _fields(model))
+
+
+def width(model: type[Model]) -> int:
+    return len(_fields(model))
+
+
+@cache
+def _converters(
+    model: type[Model], vendor: str
+) -> tuple[tuple[int, Any, tuple[Converter, ...]], ...]:
+    """Per column, what the ORM would apply to a value read from this database (e.g. text to
+    Decimal and datetime on SQLite, JSON text to Python on PostgreSQL)."""
+    result = []
+    for index, field in enumerate(_fields(model)):
+        col = field.get_col(model._meta.db_table)
+        found = tuple(connection.ops.get_db_converters(col) + col.get_db_converters(connection))
+        if found:
+            result.append((index, col, found))
+    return tuple(result)
+
+
+def row_to(model: type[M], row: Sequence[Any], offset: int = 0) -> M:
+    """An instance of ``model`` from ``row[offset:offset + width(model)]``, as the ORM builds one
+    from a query that selected :func:`columns`."""
+    values = list(row[offset : offset + width(model)])
+    for index, col, converters in _converters(model, connection.vendor):
+        for convert in converters:
+            values[index] = convert(values[index], col, connection)
+    return model.from_db(connection.alias, (), values)  # every field: the names are not read
+
+
+def param(model: type[Model], name: str, value: object) -> object:
+    """``value`` prepared as the ORM prepares it to compare with field ``name``."""
+    return _field(model, name).get_db_prep_value(value, connection)
+
+
+def lock_clause(*, of: str | None = None, no_key: bool = False) -> str:
+    """``FOR UPDATE`` (of one table alias, optionally ``NO KEY``) where the database locks rows;
+    empty on SQLite, where the transaction holds the database write lock from BEGIN."""
+    if not connection.features.has_select_for_update:
+        return ""
+    no_key = no_key and connection.features.has_select_for_no_key_update
+    of_aliases = (of,) if of and connection.features.has_select_for_update_of else ()
+    return " " + connection.ops.for_update_sql(of=of_aliases, no_key=no_key)
+
+
+def fetch(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def execute(sql: str, params: Sequence[Any]) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+@cache
+def _insert_fields(model: type[Model]) -> tuple[Field[Any, Any], ...]:
+    return tuple(f for f in _fields(model) if not isinstance(f, AutoFieldMixin))
+
+
+@cache
+def _insert_sql(model: type[Model], rows: int) -> str:
+    fields = _insert_fields(model)
+    one = "(" + ", ".join(["%s"] * len(fields)) + ")"
+    names = ", ".join(quote(f.column) for f in fields)
+    return f"INSERT INTO {table(model)} ({names}) VALUES {', '.join([one] * rows)}"  # noqa: S608
+
+
+def insert(objs: Sequence[Model]) -> None:
+    """Insert new rows of one model in one statement. Database-generated primary keys are not
+    read back: callers insert rows they do not reuse, or give the key (e.g. a UUID)."""
+    if not objs:
+        return
+    model = type(objs[0])
+    fields = _insert_fields(model)
+    params = [f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in objs for f in fields]
+    execute(_insert_sql(model, len(objs)), params)
+    for obj in objs:
+        obj._state.adding = False
+        obj._state.db = connection.alias
+
+
+def update(obj: Model, fields: Sequence[str]) -> int:
+    """``UPDATE`` the named fields of one row by primary key; returns the rows changed."""
+    model = type(obj)
+    targets = [_field(model, name) for name in fields]
+    sets = ", ".join(f"{quote(f.column)} = %s" for f in targets)
+    pk = model._meta.pk
+    assert pk is not None
+    params = [f.get_db_prep_save(f.pre_save(obj, False), connection) for f in targets]
+    params.append(pk.get_db_prep_value(obj.pk, connection))
+    return execute(f"UPDATE {table(model)} SET {sets} WHERE {quote(pk.column)} = %s", params)  # noqa: S608
