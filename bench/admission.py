@@ -150,8 +150,11 @@ def recreate_database(url: str) -> None:
         conn.execute(f'CREATE DATABASE "{name}"')
 
 
-def setup_django(url: str) -> None:
-    os.environ["DATABASE_URL"] = url
+def setup_django(url: str, prepare_threshold: int | None) -> None:
+    """Django on ``url``; ``prepare_threshold`` goes to psycopg as the host's
+    ``DATABASES["default"]["OPTIONS"]["prepare_threshold"]`` would (docs/operations.md)."""
+    query = f"prepare_threshold={prepare_threshold}" if prepare_threshold is not None else ""
+    os.environ["DATABASE_URL"] = f"{url}{'&' if '?' in url else '?'}{query}" if query else url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
@@ -496,6 +499,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="PostgreSQL database to DROP, recreate and use (its name must contain 'bench'); "
         "default: $BENCH_DATABASE_URL or %(default)s",
     )
+    parser.add_argument(
+        "--app-prepare-threshold",
+        type=lambda v: None if v.lower() == "none" else int(v),
+        default=5,
+        help="the app connection's psycopg prepare_threshold, a host setting (default 5, "
+        "psycopg's own default and what the floor's connection uses; Django's default is "
+        "none: never prepare)",
+    )
     args = parser.parse_args(argv)
     args.workers = [int(w) for w in args.workers.split(",")]
     args.scenarios = [s.strip() for s in args.scenarios.split(",")]
@@ -510,10 +521,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     url: str = args.database_url
     recreate_database(url)
-    setup_django(url)
+    setup_django(url, args.app_prepare_threshold)
     fixed, targets = seed(url, args.scenarios)
     for line in describe_machine(url):
         print(line)
+    print(f"app connection: prepare_threshold {args.app_prepare_threshold}")
     print(
         f"cells: {args.duration:g} s each after {WARMUP_CYCLES} warm-up cycles per worker; "
         f"hold {fixed.amount} USD, commit {fixed.cost} USD"

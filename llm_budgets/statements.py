@@ -18,7 +18,9 @@ from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any, TypeVar, cast
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
 from django.db.models import Field, Model
 from django.db.models.fields import AutoFieldMixin
 
@@ -27,9 +29,15 @@ M = TypeVar("M", bound=Model)
 Converter = Callable[[Any, Any, Any], Any]
 
 
+def _db() -> BaseDatabaseWrapper:
+    """The default database's wrapper for this thread: looked up once per statement rather
+    than on every attribute access, as ``django.db.connection`` does."""
+    return connections[DEFAULT_DB_ALIAS]
+
+
 def quote(name: str | None) -> str:
     assert name is not None
-    return connection.ops.quote_name(name)
+    return _db().ops.quote_name(name)
 
 
 def table(model: type[Model]) -> str:
@@ -68,7 +76,8 @@ def _converters(
     result = []
     for index, field in enumerate(_fields(model)):
         col = field.get_col(model._meta.db_table)
-        found = tuple(connection.ops.get_db_converters(col) + col.get_db_converters(connection))
+        db = _db()
+        found = tuple(db.ops.get_db_converters(col) + col.get_db_converters(db))
         if found:
             result.append((index, col, found))
     return tuple(result)
@@ -78,35 +87,62 @@ def row_to(model: type[M], row: Sequence[Any], offset: int = 0) -> M:
     """An instance of ``model`` from ``row[offset:offset + width(model)]``, as the ORM builds one
     from a query that selected :func:`columns`."""
     values = list(row[offset : offset + width(model)])
-    for index, col, converters in _converters(model, connection.vendor):
+    db = _db()
+    for index, col, converters in _converters(model, db.vendor):
         for convert in converters:
-            values[index] = convert(values[index], col, connection)
-    return model.from_db(connection.alias, (), values)  # every field: the names are not read
+            values[index] = convert(values[index], col, db)
+    return model.from_db(db.alias, (), values)  # every field: the names are not read
 
 
 def param(model: type[Model], name: str, value: object) -> object:
     """``value`` prepared as the ORM prepares it to compare with field ``name``."""
-    return _field(model, name).get_db_prep_value(value, connection)
+    return _field(model, name).get_db_prep_value(value, _db())
 
 
 def lock_clause(*, of: str | None = None, no_key: bool = False) -> str:
     """``FOR UPDATE`` (of one table alias, optionally ``NO KEY``) where the database locks rows;
     empty on SQLite, where the transaction holds the database write lock from BEGIN."""
-    if not connection.features.has_select_for_update:
+    db = _db()
+    if not db.features.has_select_for_update:
         return ""
-    no_key = no_key and connection.features.has_select_for_no_key_update
-    of_aliases = (of,) if of and connection.features.has_select_for_update_of else ()
-    return " " + connection.ops.for_update_sql(of=of_aliases, no_key=no_key)
+    no_key = no_key and db.features.has_select_for_no_key_update
+    of_aliases = (of,) if of and db.features.has_select_for_update_of else ()
+    return " " + db.ops.for_update_sql(of=of_aliases, no_key=no_key)
+
+
+def _cursor() -> CursorWrapper:
+    """A cursor for these statements. With psycopg 3, one that binds parameters on the server
+    (Django's default cursor inlines them client-side, which cannot be prepared): the text of
+    each statement stays the same from call to call, so with ``OPTIONS["prepare_threshold"]``
+    set, PostgreSQL parses and plans it once per connection (docs/operations.md)."""
+    db = _db()
+    server_binding = _server_binding_cursor(db.vendor)
+    if server_binding is None:
+        return db.cursor()
+    # What ``db.cursor()`` does, with the cursor class swapped.
+    db.close_if_health_check_failed()
+    db.ensure_connection()
+    with db.wrap_database_errors:
+        return db._prepare_cursor(server_binding(db.connection))  # type: ignore[attr-defined]
+
+
+@cache
+def _server_binding_cursor(vendor: str) -> Any:
+    if vendor != "postgresql":
+        return None
+    from django.db.backends.postgresql import base
+
+    return base.ServerBindingCursor if getattr(base, "is_psycopg3", False) else None
 
 
 def fetch(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
 
 
 def execute(sql: str, params: Sequence[Any]) -> int:
-    with connection.cursor() as cursor:
+    with _cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
 
@@ -131,11 +167,12 @@ def insert(objs: Sequence[Model]) -> None:
         return
     model = type(objs[0])
     fields = _insert_fields(model)
-    params = [f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in objs for f in fields]
+    db = _db()
+    params = [f.get_db_prep_save(f.pre_save(obj, True), db) for obj in objs for f in fields]
     execute(_insert_sql(model, len(objs)), params)
     for obj in objs:
         obj._state.adding = False
-        obj._state.db = connection.alias
+        obj._state.db = db.alias
 
 
 def update(obj: Model, fields: Sequence[str]) -> int:
@@ -145,6 +182,7 @@ def update(obj: Model, fields: Sequence[str]) -> int:
     sets = ", ".join(f"{quote(f.column)} = %s" for f in targets)
     pk = model._meta.pk
     assert pk is not None
-    params = [f.get_db_prep_save(f.pre_save(obj, False), connection) for f in targets]
-    params.append(pk.get_db_prep_value(obj.pk, connection))
+    db = _db()
+    params = [f.get_db_prep_save(f.pre_save(obj, False), db) for f in targets]
+    params.append(pk.get_db_prep_value(obj.pk, db))
     return execute(f"UPDATE {table(model)} SET {sets} WHERE {quote(pk.column)} = %s", params)  # noqa: S608
