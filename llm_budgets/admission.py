@@ -286,7 +286,6 @@ def _hold(
         blocked_substitutes = _refuse_if_switched(
             reservation, degrade.ladder if degrade else [], api_key_id
         )
-        sql.insert([reservation])
         if rolling_ids:
             # NO KEY UPDATE: serialises admissions without blocking inserts of new bucket
             # counters, which key-share lock the budget row for their foreign key.
@@ -336,8 +335,11 @@ def _hold(
             ].budget.unit
             counter.reserved += reservation.amount_for(unit)
             holds.append(ReservationHold(reservation=reservation, counter=counter, unit=unit))
-        Counter.objects.write(counters, ["reserved"])
-        sql.insert(holds)
+        # The reservation, its holds and the counters in one round trip (one statement on
+        # PostgreSQL): the counters stay locked for that and the commit.
+        Counter.objects.write(
+            counters, ["reserved"], after=[sql.inserting([reservation]), sql.inserting(holds)]
+        )
     return reservation
 
 
@@ -408,19 +410,7 @@ def _degrade(
     reservation.max_output_tokens = estimate.max_output_tokens
     reservation.amount = estimate.amount
     reservation.customer_amount = estimate.customer_amount
-    reservation.degraded = True
-    reservation.save(
-        update_fields=[
-            "requested_model",
-            "model",
-            "price",
-            "pricing_basis",
-            "max_output_tokens",
-            "amount",
-            "customer_amount",
-            "degraded",
-        ]
-    )
+    reservation.degraded = True  # the caller inserts the reservation as changed here
 
 
 def _exceeded(

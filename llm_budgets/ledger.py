@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 from django.db import DatabaseError, connection
 
+from llm_budgets import statements as sql
 from llm_budgets.conf import conf
 from llm_budgets.exceptions import LedgerUnavailable
 
@@ -40,8 +41,7 @@ def bound_sqlite_wait() -> None:
 def bound_lock_wait() -> None:
     """Inside the transaction: wait at most LOCK_TIMEOUT_SECONDS for a row lock (PostgreSQL)."""
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT set_config('lock_timeout', %s, true)",
-                [f"{int(conf.LOCK_TIMEOUT_SECONDS * 1000)}ms"],
-            )
+        sql.fetch(
+            "SELECT set_config('lock_timeout', %s, true)",
+            [f"{int(conf.LOCK_TIMEOUT_SECONDS * 1000)}ms"],
+        )

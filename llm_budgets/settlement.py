@@ -9,11 +9,12 @@ Usage is charged to the counters the hold was taken on: the period the reservati
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import NamedTuple
 from uuid import UUID
 
 from django.db import transaction
@@ -99,71 +100,84 @@ def _reservation_id(value: object) -> UUID:
         ) from None
 
 
+class _Locked(NamedTuple):
+    reservation: Reservation
+    # The counters its hold is on, locked in pk order, each with its hold's unit.
+    holds: list[tuple[Counter, str]]
+
+
 @contextmanager
-def _locked(reservation_id: UUID, action: str) -> Iterator[Reservation]:
-    """One settlement transition: a bounded lock wait, one transaction, and the reservation row
-    locked before anything else, so each reservation ends in exactly one terminal state however
-    many processes try. A database failure becomes ``LedgerUnavailable`` (fail closed)."""
+def _locked(reservation_id: UUID, action: str, *, holds: bool = True) -> Iterator[_Locked]:
+    """One settlement transition: a bounded lock wait, one transaction, the reservation row
+    locked before anything else (so each reservation ends in exactly one terminal state however
+    many processes try), then, with ``holds``, the counters of its hold in pk order, as admission
+    locks them. A database failure becomes ``LedgerUnavailable`` (fail closed)."""
     with ledger_guard(action):
         bound_sqlite_wait()
         with transaction.atomic():
             bound_lock_wait()
-            yield _lock_reservation(reservation_id)
+            yield _lock(reservation_id, holds=holds)
 
 
-def _lock_reservation(reservation_id: UUID) -> Reservation:
-    row = next(iter(sql.fetch(_lock_reservation_sql(), [_pk(Reservation, reservation_id)])), None)
-    if row is None:
+def _lock(reservation_id: UUID, *, holds: bool) -> _Locked:
+    """One statement: the reservation with its price version, and, with ``holds``, its hold's
+    counters (see ``llm_budgets.statements``)."""
+    pk = [sql.param(Reservation, "id", reservation_id)]
+    rows = sql.fetch(_lock_sql(with_holds=True), pk) if holds else []
+    if not rows:  # not asked for, or a reservation without holds
+        rows = sql.fetch(_lock_sql(with_holds=False), pk)
+    if not rows:
         raise ReservationNotFound(reservation_id)
-    reservation = sql.row_to(Reservation, row)
-    offset = sql.width(Reservation)
-    reservation.price = None if row[offset] is None else sql.row_to(Price, row, offset)
-    return reservation
+    reservation = sql.row_to(Reservation, rows[0])
+    price_at = sql.width(Reservation)
+    reservation.price = None if rows[0][price_at] is None else sql.row_to(Price, rows[0], price_at)
+    if not holds or len(rows[0]) == price_at + sql.width(Price):
+        return _Locked(reservation, [])
+    counter_at = price_at + sql.width(Price)
+    return _Locked(reservation, [(sql.row_to(Counter, row, counter_at), row[-1]) for row in rows])
 
 
 @functools.cache
-def _lock_reservation_sql() -> str:
-    """The reservation with its price version, locking only the reservation: a plain FOR UPDATE
-    would also lock the joined price row, which every admission key-share locks for its foreign
-    key (a deadlock). One statement without the ORM's compilation (``llm_budgets.statements``)."""
+def _lock_sql(*, with_holds: bool) -> str:
+    """Lock the reservation (and its hold's counters, in pk order), not the joined price row:
+    every admission key-share locks that for its foreign key, so locking it would deadlock.
+    Rows are locked in the order they are returned, as a plain ``FOR UPDATE ... ORDER BY``."""
+    price = f" LEFT JOIN {sql.table(Price)} p ON p.id = r.{sql.column(Reservation, 'price')}"
+    if not with_holds:
+        return (
+            f"SELECT {sql.columns(Reservation, 'r')}, {sql.columns(Price, 'p')}"  # noqa: S608
+            f" FROM {sql.table(Reservation)} r{price}"
+            f" WHERE r.id = %s{sql.lock_clause(of=('r',))}"
+        )
     return (
-        f"SELECT {sql.columns(Reservation, 'r')}, {sql.columns(Price, 'p')}"  # noqa: S608
-        f" FROM {sql.table(Reservation)} r"
-        f" LEFT JOIN {sql.table(Price)} p ON p.id = r.{sql.column(Reservation, 'price')}"
-        f" WHERE r.id = %s{sql.lock_clause(of='r')}"
+        f"SELECT {sql.columns(Reservation, 'r')}, {sql.columns(Price, 'p')},"  # noqa: S608
+        f" {sql.columns(Counter, 'c')}, h.{sql.column(ReservationHold, 'unit')}"
+        f" FROM {sql.table(Reservation)} r{price}"
+        f" JOIN {sql.table(ReservationHold)} h"
+        f" ON h.{sql.column(ReservationHold, 'reservation')} = r.id"
+        f" JOIN {sql.table(Counter)} c ON c.id = h.{sql.column(ReservationHold, 'counter')}"
+        f" WHERE r.id = %s ORDER BY c.id{sql.lock_clause(of=('r', 'c'))}"
     )
 
 
-def _pk(model: type[Reservation], value: UUID) -> object:
-    return sql.param(model, "id", value)
-
-
-def _move(reservation: Reservation, *, reserved: Amounts, spent: Amounts) -> None:
+def _move(
+    holds: list[tuple[Counter, str]],
+    *,
+    reserved: Amounts,
+    spent: Amounts,
+    after: Sequence[sql.Statement] = (),
+) -> None:
     """Add ``reserved`` and ``spent`` (either may be negative) to every counter of the hold, each
-    in the unit its hold was taken in (provider cost or customer price).
+    in the unit its hold was taken in (provider cost or customer price), after the transition's
+    own writes (``after``: its ledger line, its state), in one round trip.
 
-    The rows are locked in pk order (as admission locks them) and the sums are exact Decimal
-    arithmetic here, not SQL arithmetic, which is floating point on SQLite.
+    The sums are exact Decimal arithmetic here, not SQL arithmetic, which is floating point on
+    SQLite.
     """
-    counters = []
-    for row in sql.fetch(_held_counters_sql(), [_pk(Reservation, reservation.pk)]):
-        counter, unit = sql.row_to(Counter, row), row[-1]
+    for counter, unit in holds:
         counter.reserved += reserved.for_unit(unit)
         counter.spent += spent.for_unit(unit)
-        counters.append(counter)
-    Counter.objects.write(counters, ["reserved", "spent"])
-
-
-@functools.cache
-def _held_counters_sql() -> str:
-    """The counters a reservation holds on, each with its hold's unit, locked in pk order."""
-    return (
-        f"SELECT {sql.columns(Counter, 'c')}, h.{sql.column(ReservationHold, 'unit')}"  # noqa: S608
-        f" FROM {sql.table(Counter)} c JOIN {sql.table(ReservationHold)} h"
-        f" ON h.{sql.column(ReservationHold, 'counter')} = c.id"
-        f" WHERE h.{sql.column(ReservationHold, 'reservation')} = %s"
-        f" ORDER BY c.id{sql.lock_clause(of='c')}"
-    )
+    Counter.objects.write([counter for counter, _ in holds], ["reserved", "spent"], after=after)
 
 
 def _result(reservation: Reservation) -> CommitResult:
@@ -194,7 +208,8 @@ def _record(
     overage: Decimal = ZERO,
     usage: Usage | None = None,
     priced: tuple[int | None, str] | None = None,
-) -> None:
+) -> sql.Statement:
+    """The statement inserting a ledger line for the reservation (the caller runs it)."""
     price_id, basis = priced or (reservation.price_id, reservation.pricing_basis)
     record = UsageRecord(
         reservation=reservation,
@@ -215,7 +230,14 @@ def _record(
         tags=reservation.tags,
         **(usage.as_fields() if usage else {}),
     )
-    sql.insert([record])
+    return sql.inserting([record])
+
+
+def _settled(reservation: Reservation, state: str, now: datetime) -> sql.Statement:
+    """Move the reservation to a terminal ``state``: the statement (the caller runs it)."""
+    reservation.state = state
+    reservation.settled_at = now
+    return sql.updating(reservation, ["state", "settled_at"])
 
 
 def _actual(
@@ -268,7 +290,7 @@ def reservation_commit(
             tool_calls=tool_calls,
         )
     now = now or timezone.now()
-    with _locked(rid, "commit") as reservation:
+    with _locked(rid, "commit") as (reservation, holds):
         if reservation.state == ReservationState.COMMITTED:
             return _result(reservation)
         if reservation.state == ReservationState.RELEASED:
@@ -287,9 +309,7 @@ def reservation_commit(
             estimate = reservation.usage_records.filter(kind=UsageKind.CHARGE).first()
             if estimate is not None:
                 kind, charge = UsageKind.TRUE_UP, cost - _charged(estimate)
-        # This reservation's own rows first; the counters, which every call under the same
-        # budgets waits for, are locked last: held for one update and the commit.
-        _record(
+        line = _record(
             reservation,
             kind=kind,
             cost=charge,
@@ -299,10 +319,8 @@ def reservation_commit(
             usage=usage,
             priced=(price_id, basis),
         )
-        reservation.state = ReservationState.COMMITTED
-        reservation.settled_at = now
-        sql.update(reservation, ["state", "settled_at"])
-        _move(reservation, reserved=-unhold, spent=charge)
+        committed = _settled(reservation, ReservationState.COMMITTED, now)
+        _move(holds, reserved=-unhold, spent=charge, after=[line, committed])
         # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
         return CommitResult(
             reservation_id=reservation.pk,
@@ -324,25 +342,27 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
     """
     rid = _reservation_id(reservation_id)
     now = now or timezone.now()
-    with _locked(rid, "release") as reservation:
+    with _locked(rid, "release") as (reservation, holds):
         if reservation.state in (ReservationState.COMMITTED, ReservationState.RELEASED):
             return str(reservation.state)
-        if reservation.state in LIVE_STATES:
-            _move(reservation, reserved=-_held(reservation), spent=NONE)
+        was_live = reservation.state in LIVE_STATES
+        estimate = (
+            None if was_live else reservation.usage_records.filter(kind=UsageKind.CHARGE).first()
+        )
+        released = _settled(reservation, ReservationState.RELEASED, now)
+        if was_live:
+            _move(holds, reserved=-_held(reservation), spent=NONE, after=[released])
+        elif estimate is not None:
+            refund = _record(
+                reservation,
+                kind=UsageKind.TRUE_UP,
+                cost=-_charged(estimate),
+                estimated=False,
+                now=now,
+            )
+            _move(holds, reserved=NONE, spent=-_charged(estimate), after=[refund, released])
         else:
-            estimate = reservation.usage_records.filter(kind=UsageKind.CHARGE).first()
-            if estimate is not None:
-                _move(reservation, reserved=NONE, spent=-_charged(estimate))
-                _record(
-                    reservation,
-                    kind=UsageKind.TRUE_UP,
-                    cost=-_charged(estimate),
-                    estimated=False,
-                    now=now,
-                )
-        reservation.state = ReservationState.RELEASED
-        reservation.settled_at = now
-        reservation.save(update_fields=["state", "settled_at"])
+            sql.run([released])
         return str(reservation.state)
 
 
@@ -355,7 +375,7 @@ def reservation_extend(
     rid = _reservation_id(reservation_id)
     ttl = validation.ttl_seconds("ttl_seconds", ttl_seconds)
     now = now or timezone.now()
-    with _locked(rid, "extend") as reservation:
+    with _locked(rid, "extend", holds=False) as (reservation, _):
         if reservation.state != ReservationState.HELD:
             raise ReservationStateError(
                 f"Reservation {rid} is {reservation.state}, so it cannot be extended: only a "
@@ -375,23 +395,26 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
     whether this call expired it (False if it was settled meanwhile or is not yet due)."""
     rid = _reservation_id(reservation_id)
     now = now or timezone.now()
-    with _locked(rid, "expiry") as reservation:
+    with _locked(rid, "expiry") as (reservation, holds):
         if reservation.state != ReservationState.HELD or reservation.expires_at > now:
             return False
+        expired = _settled(reservation, ReservationState.EXPIRED, now)
         if conf.EXPIRED_HOLD_POLICY == "charge":
-            _move(reservation, reserved=-_held(reservation), spent=_held(reservation))
-            _record(
+            estimate = _record(
                 reservation,
                 kind=UsageKind.CHARGE,
                 cost=_held(reservation),
                 estimated=True,
                 now=now,
             )
+            _move(
+                holds,
+                reserved=-_held(reservation),
+                spent=_held(reservation),
+                after=[estimate, expired],
+            )
         else:
-            _move(reservation, reserved=-_held(reservation), spent=NONE)
-        reservation.state = ReservationState.EXPIRED
-        reservation.settled_at = now
-        reservation.save(update_fields=["state", "settled_at"])
+            _move(holds, reserved=-_held(reservation), spent=NONE, after=[expired])
         return True
 
 
@@ -433,7 +456,7 @@ def reservation_mark_uncertain(reservation_id: object, *, now: datetime | None =
     Returns the reservation's state (unchanged unless it was HELD)."""
     rid = _reservation_id(reservation_id)
     now = now or timezone.now()
-    with _locked(rid, "mark uncertain") as reservation:
+    with _locked(rid, "mark uncertain", holds=False) as (reservation, _):
         if reservation.state == ReservationState.HELD:
             reservation.state = ReservationState.UNCERTAIN
             reservation.uncertain_at = now
@@ -447,27 +470,30 @@ def reservation_settle_uncertain(reservation_id: object, *, now: datetime | None
     commits it; "release" drops it. Returns whether this call settled it."""
     rid = _reservation_id(reservation_id)
     now = now or timezone.now()
-    with _locked(rid, "reconcile") as reservation:
+    with _locked(rid, "reconcile") as (reservation, holds):
         due = now - timedelta(seconds=conf.UNCERTAIN_MAX_AGE_SECONDS)
         if reservation.state != ReservationState.UNCERTAIN or (
             reservation.uncertain_at is not None and reservation.uncertain_at > due
         ):
             return False
         if conf.UNCERTAIN_SETTLE_RULE == "charge":
-            _move(reservation, reserved=-_held(reservation), spent=_held(reservation))
-            _record(
+            estimate = _record(
                 reservation,
                 kind=UsageKind.CHARGE,
                 cost=_held(reservation),
                 estimated=True,
                 now=now,
             )
-            reservation.state = ReservationState.COMMITTED
+            committed = _settled(reservation, ReservationState.COMMITTED, now)
+            _move(
+                holds,
+                reserved=-_held(reservation),
+                spent=_held(reservation),
+                after=[estimate, committed],
+            )
         else:
-            _move(reservation, reserved=-_held(reservation), spent=NONE)
-            reservation.state = ReservationState.RELEASED
-        reservation.settled_at = now
-        reservation.save(update_fields=["state", "settled_at"])
+            released = _settled(reservation, ReservationState.RELEASED, now)
+            _move(holds, reserved=-_held(reservation), spent=NONE, after=[released])
         return True
 
 

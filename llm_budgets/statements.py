@@ -27,6 +27,7 @@ from django.db.models.fields import AutoFieldMixin
 M = TypeVar("M", bound=Model)
 
 Converter = Callable[[Any, Any, Any], Any]
+Statement = tuple[str, list[Any]]  # SQL text with %s placeholders, and its parameters
 
 
 def _db() -> BaseDatabaseWrapper:
@@ -99,14 +100,15 @@ def param(model: type[Model], name: str, value: object) -> object:
     return _field(model, name).get_db_prep_value(value, _db())
 
 
-def lock_clause(*, of: str | None = None, no_key: bool = False) -> str:
-    """``FOR UPDATE`` (of one table alias, optionally ``NO KEY``) where the database locks rows;
-    empty on SQLite, where the transaction holds the database write lock from BEGIN."""
+def lock_clause(*, of: Sequence[str] = (), no_key: bool = False) -> str:
+    """``FOR UPDATE`` (of the given table aliases, optionally ``NO KEY``) where the database
+    locks rows; empty on SQLite, where the transaction holds the database write lock from
+    BEGIN."""
     db = _db()
     if not db.features.has_select_for_update:
         return ""
     no_key = no_key and db.features.has_select_for_no_key_update
-    of_aliases = (of,) if of and db.features.has_select_for_update_of else ()
+    of_aliases = tuple(of) if db.features.has_select_for_update_of else ()
     return " " + db.ops.for_update_sql(of=of_aliases, no_key=no_key)
 
 
@@ -160,23 +162,22 @@ def _insert_sql(model: type[Model], rows: int) -> str:
     return f"INSERT INTO {table(model)} ({names}) VALUES {', '.join([one] * rows)}"  # noqa: S608
 
 
-def insert(objs: Sequence[Model]) -> None:
-    """Insert new rows of one model in one statement. Database-generated primary keys are not
-    read back: callers insert rows they do not reuse, or give the key (e.g. a UUID)."""
-    if not objs:
-        return
+def inserting(objs: Sequence[Model]) -> Statement:
+    """The statement inserting new rows of one model, for :func:`run`; the objects count as
+    saved from here on (the caller runs it in the same transaction). Database-generated primary
+    keys are not read back: callers insert rows they do not reuse, or give the key (a UUID)."""
     model = type(objs[0])
     fields = _insert_fields(model)
     db = _db()
     params = [f.get_db_prep_save(f.pre_save(obj, True), db) for obj in objs for f in fields]
-    execute(_insert_sql(model, len(objs)), params)
     for obj in objs:
         obj._state.adding = False
         obj._state.db = db.alias
+    return _insert_sql(model, len(objs)), params
 
 
-def update(obj: Model, fields: Sequence[str]) -> int:
-    """``UPDATE`` the named fields of one row by primary key; returns the rows changed."""
+def updating(obj: Model, fields: Sequence[str]) -> Statement:
+    """The statement storing the named fields of one row, by primary key, for :func:`run`."""
     model = type(obj)
     targets = [_field(model, name) for name in fields]
     sets = ", ".join(f"{quote(f.column)} = %s" for f in targets)
@@ -185,4 +186,18 @@ def update(obj: Model, fields: Sequence[str]) -> int:
     db = _db()
     params = [f.get_db_prep_save(f.pre_save(obj, False), db) for f in targets]
     params.append(pk.get_db_prep_value(obj.pk, db))
-    return execute(f"UPDATE {table(model)} SET {sets} WHERE {quote(pk.column)} = %s", params)  # noqa: S608
+    return f"UPDATE {table(model)} SET {sets} WHERE {quote(pk.column)} = %s", params  # noqa: S608
+
+
+def run(statements: Sequence[Statement]) -> None:
+    """Run writes that return nothing, in order. On PostgreSQL in one round trip: all but the
+    last become data-modifying ``WITH`` clauses of the last. They then share one snapshot, so no
+    two may touch the same row (each transition writes distinct rows: its reservation, its
+    ledger line or holds, its counters)."""
+    if _db().vendor != "postgresql" or len(statements) < 2:
+        for text, params in statements:
+            execute(text, params)
+        return
+    *first, (last, last_params) = statements
+    clauses = ", ".join(f"w{i} AS ({text})" for i, (text, _) in enumerate(first))
+    execute(f"WITH {clauses} {last}", [*(p for _, ps in first for p in ps), *last_params])

@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 from django.db import connections, models
 from django.db.models import Q
 
+from llm_budgets import statements as sql
 from llm_budgets.models.fields import validate_thresholds
 from llm_budgets.models.tenancy import EndUser, Tenant
 from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS, display
@@ -135,14 +136,23 @@ class Budget(models.Model):
 
 
 class CounterQuerySet(models.QuerySet["Counter"]):
-    def write(self, counters: Sequence[Counter], fields: Sequence[str]) -> None:
-        """Store new values of counters the caller has locked, in one statement.
+    def write(
+        self,
+        counters: Sequence[Counter],
+        fields: Sequence[str],
+        *,
+        after: Sequence[sql.Statement] = (),
+    ) -> None:
+        """Store new values of counters the caller has locked, after the other writes of the
+        same transition (``after``: its reservation, holds or ledger line).
 
-        On PostgreSQL an ``UPDATE ... FROM (VALUES ...)``: ``bulk_update`` builds a ``CASE WHEN``
-        per row and field, which costs the ORM about ten times the client CPU, spent while every
-        other call under the same budgets waits for these rows. Elsewhere ``bulk_update``."""
+        On PostgreSQL an ``UPDATE ... FROM (VALUES ...)``, sent with ``after`` as one statement
+        (``statements.run``): ``bulk_update`` builds a ``CASE WHEN`` per row and field, which
+        costs the ORM about ten times the client CPU, spent while every other call under the
+        same budgets waits for these rows. Elsewhere the writes, then ``bulk_update``."""
         connection = connections[self.db]
-        if connection.vendor != "postgresql":
+        if connection.vendor != "postgresql" or not counters:
+            sql.run(after)
             Counter.objects.bulk_update(counters, fields)
             return
         qn = connection.ops.quote_name
@@ -150,13 +160,12 @@ class CounterQuerySet(models.QuerySet["Counter"]):
         columns = [qn(f) for f in fields]  # counter fields are named as their columns
         row = "(%s::bigint" + ", %s::numeric" * len(fields) + ")"
         sets = ", ".join(f"{c} = v.{c}" for c in columns)
-        sql = (
+        text = (
             f"UPDATE {table} SET {sets} FROM (VALUES {', '.join([row] * len(counters))}) "  # noqa: S608
             f"AS v(id, {', '.join(columns)}) WHERE {table}.id = v.id"
         )
         params = [value for c in counters for value in (c.pk, *(getattr(c, f) for f in fields))]
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+        sql.run([*after, (text, params)])
 
 
 class Counter(models.Model):
