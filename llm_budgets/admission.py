@@ -31,6 +31,7 @@ from llm_budgets.models import (
     ApiKey,
     Budget,
     Counter,
+    EndUser,
     KillSwitch,
     PricingBasis,
     Reservation,
@@ -42,6 +43,7 @@ from llm_budgets.refusals import refusal_record
 from llm_budgets.selectors import (
     ApplicableBudget,
     Bucket,
+    admission_context,
     applicable_budgets,
     counters_locked,
     rolling_buckets,
@@ -165,7 +167,24 @@ def reservation_create(
     )
     now = now or timezone.now()
     with ledger_guard("admission"):
-        tenant_obj, user_obj = tenant_with_end_user(request.tenant, request.end_user)
+        # The common call, a known end user and a named provider: one statement reads all that
+        # is needed before the transaction. Otherwise one read at a time.
+        context = (
+            admission_context(
+                tenant=request.tenant,
+                end_user=request.end_user,
+                provider=request.provider,
+                model=request.model,
+                at=now,
+            )
+            if request.end_user is not None and request.provider is not None
+            else None
+        )
+        user_obj: EndUser | None
+        if context is not None:
+            tenant_obj, user_obj = context.tenant, context.end_user
+        else:
+            tenant_obj, user_obj = tenant_with_end_user(request.tenant, request.end_user)
         if request.idempotency_key is not None:
             existing = Reservation.objects.filter(
                 tenant=tenant_obj, idempotency_key=request.idempotency_key
@@ -182,10 +201,14 @@ def reservation_create(
             start=now,
             end=now + request.ttl,
             max_tool_calls=tool_calls,
+            in_effect=context.price if context is not None else None,
         )
         if request.end_user is not None and user_obj is None:
             user_obj = end_user_ensure(tenant_obj, request.end_user)
-        applicable = applicable_budgets(tenant_obj, user_obj, now)
+        if context is not None:
+            applicable = context.applicable
+        else:
+            applicable = applicable_budgets(tenant_obj, user_obj, now)
         if not applicable:
             raise NoApplicableBudget(request.tenant)
         ladder = (

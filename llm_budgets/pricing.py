@@ -63,7 +63,7 @@ def price_in_effect(*, provider: str | None, model: str, at: datetime) -> Price:
     if provider is not None:
         # Every admission asks this: one statement without the ORM's compilation.
         when = sql.param(Price, "effective_from", at)
-        rows = sql.fetch(_version_in_effect_sql(), [provider, model, when, when])
+        rows = sql.fetch(version_in_effect_sql(), [provider, model, when, when])
         if not rows:
             raise UnknownPrice(provider=provider, model=model)
         return sql.row_to(Price, rows[0])
@@ -82,11 +82,13 @@ def price_in_effect(*, provider: str | None, model: str, at: datetime) -> Price:
 
 
 @functools.cache
-def _version_in_effect_sql() -> str:
-    """``price_in_effect`` for a given provider (see ``llm_budgets.statements``)."""
+def version_in_effect_sql(columns: str = "*") -> str:
+    """``price_in_effect`` for a given provider, selecting ``columns`` of version ``v`` (``*``:
+    all, for ``statements.row_to``). Parameters: provider, model, the time twice."""
     starts, ends = sql.column(Price, "effective_from"), sql.column(Price, "effective_to")
+    selected = sql.columns(Price, "v") if columns == "*" else f"v.{sql.quote(columns)}"
     return (
-        f"SELECT {sql.columns(Price, 'v')} FROM {sql.table(Price)} v"  # noqa: S608
+        f"SELECT {selected} FROM {sql.table(Price)} v"  # noqa: S608
         f" WHERE v.{sql.column(Price, 'provider')} = %s AND v.{sql.column(Price, 'model')} = %s"
         f" AND v.{starts} <= %s AND (v.{ends} IS NULL OR v.{ends} > %s)"
         f" ORDER BY v.{starts} DESC LIMIT 1"
@@ -145,10 +147,18 @@ class Pricing:
 
 
 def pricing_for_request(
-    *, plan: Plan | None, provider: str | None, model: str, at: datetime
+    *,
+    plan: Plan | None,
+    provider: str | None,
+    model: str,
+    at: datetime,
+    in_effect: Price | None = None,
 ) -> Pricing:
     """The model's price in effect, else what the plan's unknown-model policy says. Never zero:
-    the default policy refuses with ``UnknownPrice``."""
+    the default policy refuses with ``UnknownPrice``. ``in_effect``: the version in effect at
+    ``at``, when the caller has already read it."""
+    if in_effect is not None:
+        return Pricing(in_effect, PricingBasis.PRICE)
     try:
         return Pricing(price_in_effect(provider=provider, model=model, at=at), PricingBasis.PRICE)
     except UnknownPrice as unknown:

@@ -69,10 +69,14 @@ def request_estimate(
     start: datetime,
     end: datetime,
     max_tool_calls: dict[str, int] | None = None,
+    in_effect: Price | None = None,
 ) -> Estimate:
     """Price a request's worst case for ``tenant``. Raises ``UnknownPrice`` (per the plan's
-    policy) or ``OutputCeilingRequired``."""
-    pricing = pricing_for_request(plan=tenant.plan, provider=provider, model=model, at=start)
+    policy) or ``OutputCeilingRequired``. ``in_effect``: the model's price version in effect at
+    ``start``, when the caller has already read it."""
+    pricing = pricing_for_request(
+        plan=tenant.plan, provider=provider, model=model, at=start, in_effect=in_effect
+    )
     ceiling = output_ceiling(requested=max_output_tokens, plan=tenant.plan, price=pricing.price)
     if ceiling is None:
         raise OutputCeilingRequired()

@@ -7,12 +7,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from django.db.models import Q
 
 from llm_budgets import statements as sql
-from llm_budgets.models import Budget, BudgetRaise, Counter, EndUser, Scope, Tenant
+from llm_budgets.models import Budget, BudgetRaise, Counter, EndUser, Plan, Price, Scope, Tenant
 from llm_budgets.money import ZERO, round_charge
+from llm_budgets.pricing import version_in_effect_sql
 from llm_budgets.windows import Period, period_for, rolling_window, tenant_period
 
 
@@ -47,10 +49,23 @@ def applicable_budgets(
     if end_user is not None:
         params.append(end_user.pk)  # None for an end user not yet saved: matches nothing
     rows = sql.fetch(_applicable_sql(end_user is not None), params)
-    budgets = [sql.row_to(Budget, row) for row in rows]
+    return _applicable(rows, 0, tenant, end_user, at)
+
+
+def _applicable(
+    rows: Sequence[Sequence[Any]],
+    offset: int,
+    tenant: Tenant,
+    end_user: EndUser | None,
+    at: datetime,
+) -> list[ApplicableBudget]:
+    """``applicable_budgets`` from rows holding a budget's columns at ``offset``, followed by
+    the sum of its active raises."""
+    budgets = [sql.row_to(Budget, row, offset) for row in rows]
     # SQLite sums decimals as floats: back to the stored precision through their text.
+    raised_at = offset + sql.width(Budget)
     raised_by = {
-        budget.pk: round_charge(Decimal(str(row[-1]))) if row[-1] else ZERO
+        budget.pk: round_charge(Decimal(str(row[raised_at]))) if row[raised_at] else ZERO
         for budget, row in zip(budgets, rows, strict=True)
     }
     own_windows = {b.window for b in budgets if b.scope == Scope.END_USER}
@@ -75,27 +90,97 @@ def applicable_budgets(
 def _applicable_sql(with_end_user: bool) -> str:
     """``applicable_budgets``'s one statement: the budgets, each with the sum of its active
     raises. Parameters: the time twice, the tenant id, and the end user id if ``with_end_user``."""
-    scope, tenant = f"b.{sql.column(Budget, 'scope')}", f"b.{sql.column(Budget, 'tenant')}"
+    return (
+        f"SELECT {_budget_columns()} FROM {sql.table(Budget)} b"  # noqa: S608
+        f" WHERE {_budgets_applying('%s', '%s' if with_end_user else None)} ORDER BY b.id"
+    )
+
+
+def _budget_columns() -> str:
+    """A budget's columns (alias ``b``) and the sum of its raises active at a time (two
+    parameters: the time, twice)."""
     raised = (
         f"SELECT SUM(r.{sql.column(BudgetRaise, 'amount')}) FROM {sql.table(BudgetRaise)} r"  # noqa: S608
         f" WHERE r.{sql.column(BudgetRaise, 'budget')} = b.id"
         f" AND r.{sql.column(BudgetRaise, 'starts_at')} <= %s"
         f" AND r.{sql.column(BudgetRaise, 'ends_at')} > %s"
     )
+    return f"{sql.columns(Budget, 'b')}, ({raised})"
+
+
+def _budgets_applying(tenant_id: str, end_user_id: str | None) -> str:
+    """The condition on budget ``b`` for a tenant's (and end user's) request; the ids are SQL
+    expressions (a placeholder or a joined column)."""
+    scope, tenant = f"b.{sql.column(Budget, 'scope')}", f"b.{sql.column(Budget, 'tenant')}"
     tenant_scopes = f"'{Scope.TENANT.value}'"
     end_user = ""
-    if with_end_user:
+    if end_user_id is not None:
         tenant_scopes += f", '{Scope.END_USER_DEFAULT.value}'"
         end_user = (
-            f" OR (b.{sql.column(Budget, 'end_user')} = %s AND {scope} = '{Scope.END_USER.value}')"
+            f" OR (b.{sql.column(Budget, 'end_user')} = {end_user_id}"
+            f" AND {scope} = '{Scope.END_USER.value}')"
         )
-    where = (
-        f"{scope} = '{Scope.GLOBAL.value}'"
-        f" OR ({tenant} = %s AND {scope} IN ({tenant_scopes})){end_user}"
-    )
     return (
-        f"SELECT {sql.columns(Budget, 'b')}, ({raised}) FROM {sql.table(Budget)} b"  # noqa: S608
-        f" WHERE {where} ORDER BY b.id"
+        f"({scope} = '{Scope.GLOBAL.value}'"
+        f" OR ({tenant} = {tenant_id} AND {scope} IN ({tenant_scopes})){end_user})"
+    )
+
+
+@dataclass(frozen=True)
+class AdmissionContext:
+    """What admission reads before its transaction, for a known end user: one statement."""
+
+    tenant: Tenant
+    end_user: EndUser
+    price: Price | None  # the version in effect for the provider and model; None: not priced
+    applicable: list[ApplicableBudget]
+
+
+def admission_context(
+    *, tenant: str, end_user: str, provider: str, model: str, at: datetime
+) -> AdmissionContext | None:
+    """The end user with its tenant and plan, the price version in effect at ``at``, and the
+    budgets that apply, in one statement; None if the end user has not been seen yet (the
+    caller then reads them one by one, creating the end user)."""
+    when = sql.param(BudgetRaise, "starts_at", at)
+    params = [when, when, provider, model, when, when, tenant, end_user]
+    rows = sql.fetch(_admission_context_sql(), params)
+    if not rows:
+        return None
+    first = rows[0]
+    user = sql.row_to(EndUser, first)
+    at_tenant = sql.width(EndUser)
+    at_plan = at_tenant + sql.width(Tenant)
+    at_price = at_plan + sql.width(Plan)
+    at_budget = at_price + sql.width(Price)
+    user.tenant = sql.row_to(Tenant, first, at_tenant)
+    user.tenant.plan = None if first[at_plan] is None else sql.row_to(Plan, first, at_plan)
+    price = None if first[at_price] is None else sql.row_to(Price, first, at_price)
+    with_budget = [row for row in rows if row[at_budget] is not None]
+    return AdmissionContext(
+        tenant=user.tenant,
+        end_user=user,
+        price=price,
+        applicable=_applicable(with_budget, at_budget, user.tenant, user, at),
+    )
+
+
+@functools.cache
+def _admission_context_sql() -> str:
+    """One row per applicable budget (one with NULL budget columns if none), each carrying the
+    end user, tenant, plan and price version. Parameters: the time twice (raises), provider,
+    model, the time twice (price), tenant and end user external ids."""
+    return (
+        f"SELECT {sql.columns(EndUser, 'u')}, {sql.columns(Tenant, 't')},"  # noqa: S608
+        f" {sql.columns(Plan, 'p')}, {sql.columns(Price, 'v')}, {_budget_columns()}"
+        f" FROM {sql.table(EndUser)} u"
+        f" JOIN {sql.table(Tenant)} t ON t.id = u.{sql.column(EndUser, 'tenant')}"
+        f" LEFT JOIN {sql.table(Plan)} p ON p.id = t.{sql.column(Tenant, 'plan')}"
+        f" LEFT JOIN {sql.table(Price)} v ON v.id = ({version_in_effect_sql('id')})"
+        f" LEFT JOIN {sql.table(Budget)} b ON {_budgets_applying('t.id', 'u.id')}"
+        f" WHERE t.{sql.column(Tenant, 'external_id')} = %s"
+        f" AND u.{sql.column(EndUser, 'external_id')} = %s"
+        f" ORDER BY b.id"
     )
 
 
