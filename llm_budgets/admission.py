@@ -303,6 +303,9 @@ def _hold(
     """
     by_key = {a.counter_key: a for a in applicable}
     rolling_ids = sorted(a.budget.pk for a in applicable if rolling_window(a.budget.window))
+    # Built before the counters are locked, which then stay locked for the checks, one write
+    # and the commit. A degraded request is built again.
+    insert_reservation = sql.inserting([reservation])
     bound_sqlite_wait()
     with transaction.atomic():
         bound_lock_wait()
@@ -331,13 +334,13 @@ def _hold(
                 used_by_key[key] = counter.spent + counter.reserved
             else:
                 used_by_key[key] = sum((b.spent + b.reserved for b in buckets), ZERO)
-        if degrade is not None:
-            _degrade(
-                reservation,
-                degrade,
-                [(used, by_key[key].limit) for key, used in used_by_key.items()],
-                blocked_substitutes,
-            )
+        if degrade is not None and _degrade(
+            reservation,
+            degrade,
+            [(used, by_key[key].limit) for key, used in used_by_key.items()],
+            blocked_substitutes,
+        ):
+            insert_reservation = sql.inserting([reservation])
         refusals = []
         for counter in counters:
             key = (counter.budget_id, counter.end_user_id, counter.period_start)
@@ -361,7 +364,7 @@ def _hold(
         # The reservation, its holds and the counters in one round trip (one statement on
         # PostgreSQL): the counters stay locked for that and the commit.
         Counter.objects.write(
-            counters, ["reserved"], after=[sql.inserting([reservation]), sql.inserting(holds)]
+            counters, ["reserved"], after=[insert_reservation, sql.inserting(holds)]
         )
     return reservation
 
@@ -402,10 +405,10 @@ def _degrade(
     degrade: _Degrade,
     usage: list[tuple[Decimal, Decimal]],
     blocked_substitutes: dict[str, KillSwitch],
-) -> None:
+) -> bool:
     """Apply the rungs in force at the usage read from the counters this transaction has locked.
     A changed request is repriced here (same provider, same plan policies), so the caller checks
-    the budgets with the amounts actually held."""
+    the budgets with the amounts actually held. Returns whether the request changed."""
     effect = effect_at(
         degrade.ladder,
         used_percent(usage),
@@ -413,7 +416,7 @@ def _degrade(
         max_output_tokens=reservation.max_output_tokens,
     )
     if not effect.changes(reservation.model, reservation.max_output_tokens):
-        return
+        return False
     if effect.model in blocked_substitutes:
         raise _switched(reservation, blocked_substitutes[effect.model])
     estimate = request_estimate(
@@ -433,7 +436,8 @@ def _degrade(
     reservation.max_output_tokens = estimate.max_output_tokens
     reservation.amount = estimate.amount
     reservation.customer_amount = estimate.customer_amount
-    reservation.degraded = True  # the caller inserts the reservation as changed here
+    reservation.degraded = True
+    return True
 
 
 def _exceeded(

@@ -14,10 +14,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import NamedTuple
 from uuid import UUID
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
@@ -100,68 +99,47 @@ def _reservation_id(value: object) -> UUID:
         ) from None
 
 
-class _Locked(NamedTuple):
-    reservation: Reservation
-    # The counters its hold is on, locked in pk order, each with its hold's unit.
-    holds: list[tuple[Counter, str]]
-
-
 @contextmanager
-def _locked(reservation_id: UUID, action: str, *, holds: bool = True) -> Iterator[_Locked]:
-    """One settlement transition: a bounded lock wait, one transaction, the reservation row
-    locked before anything else (so each reservation ends in exactly one terminal state however
-    many processes try), then, with ``holds``, the counters of its hold in pk order, as admission
-    locks them. A database failure becomes ``LedgerUnavailable`` (fail closed)."""
+def _locked(reservation_id: UUID, action: str) -> Iterator[Reservation]:
+    """One settlement transition: a bounded lock wait, one transaction, and the reservation row
+    locked before anything else, so each reservation ends in exactly one terminal state however
+    many processes try. A database failure becomes ``LedgerUnavailable`` (fail closed)."""
     with ledger_guard(action):
         bound_sqlite_wait()
         with transaction.atomic():
             bound_lock_wait()
-            yield _lock(reservation_id, holds=holds)
+            yield _lock_reservation(reservation_id)
 
 
-def _lock(reservation_id: UUID, *, holds: bool) -> _Locked:
-    """One statement: the reservation with its price version, and, with ``holds``, its hold's
-    counters (see ``llm_budgets.statements``)."""
-    pk = [sql.param(Reservation, "id", reservation_id)]
-    rows = sql.fetch(_lock_sql(with_holds=True), pk) if holds else []
-    if not rows:  # not asked for, or a reservation without holds
-        rows = sql.fetch(_lock_sql(with_holds=False), pk)
-    if not rows:
+def _lock_reservation(reservation_id: UUID) -> Reservation:
+    row = next(iter(sql.fetch(_lock_reservation_sql(), [_pk(reservation_id)])), None)
+    if row is None:
         raise ReservationNotFound(reservation_id)
-    reservation = sql.row_to(Reservation, rows[0])
-    price_at = sql.width(Reservation)
-    reservation.price = None if rows[0][price_at] is None else sql.row_to(Price, rows[0], price_at)
-    if not holds or len(rows[0]) == price_at + sql.width(Price):
-        return _Locked(reservation, [])
-    counter_at = price_at + sql.width(Price)
-    return _Locked(reservation, [(sql.row_to(Counter, row, counter_at), row[-1]) for row in rows])
+    reservation = sql.row_to(Reservation, row)
+    offset = sql.width(Reservation)
+    reservation.price = None if row[offset] is None else sql.row_to(Price, row, offset)
+    return reservation
 
 
 @functools.cache
-def _lock_sql(*, with_holds: bool) -> str:
-    """Lock the reservation (and its hold's counters, in pk order), not the joined price row:
-    every admission key-share locks that for its foreign key, so locking it would deadlock.
-    Rows are locked in the order they are returned, as a plain ``FOR UPDATE ... ORDER BY``."""
-    price = f" LEFT JOIN {sql.table(Price)} p ON p.id = r.{sql.column(Reservation, 'price')}"
-    if not with_holds:
-        return (
-            f"SELECT {sql.columns(Reservation, 'r')}, {sql.columns(Price, 'p')}"  # noqa: S608
-            f" FROM {sql.table(Reservation)} r{price}"
-            f" WHERE r.id = %s{sql.lock_clause(of=('r',))}"
-        )
+def _lock_reservation_sql() -> str:
+    """The reservation with its price version, locking only the reservation: a plain FOR UPDATE
+    would also lock the joined price row, which every admission key-share locks for its foreign
+    key (a deadlock). One statement without the ORM's compilation (``llm_budgets.statements``)."""
     return (
-        f"SELECT {sql.columns(Reservation, 'r')}, {sql.columns(Price, 'p')},"  # noqa: S608
-        f" {sql.columns(Counter, 'c')}, h.{sql.column(ReservationHold, 'unit')}"
-        f" FROM {sql.table(Reservation)} r{price}"
-        f" JOIN {sql.table(ReservationHold)} h"
-        f" ON h.{sql.column(ReservationHold, 'reservation')} = r.id"
-        f" JOIN {sql.table(Counter)} c ON c.id = h.{sql.column(ReservationHold, 'counter')}"
-        f" WHERE r.id = %s ORDER BY c.id{sql.lock_clause(of=('r', 'c'))}"
+        f"SELECT {sql.columns(Reservation, 'r')}, {sql.columns(Price, 'p')}"  # noqa: S608
+        f" FROM {sql.table(Reservation)} r"
+        f" LEFT JOIN {sql.table(Price)} p ON p.id = r.{sql.column(Reservation, 'price')}"
+        f" WHERE r.id = %s{sql.lock_clause(of=('r',))}"
     )
 
 
+def _pk(reservation_id: UUID) -> object:
+    return sql.param(Reservation, "id", reservation_id)
+
+
 def _move(
-    holds: list[tuple[Counter, str]],
+    reservation: Reservation,
     *,
     reserved: Amounts,
     spent: Amounts,
@@ -169,15 +147,66 @@ def _move(
 ) -> None:
     """Add ``reserved`` and ``spent`` (either may be negative) to every counter of the hold, each
     in the unit its hold was taken in (provider cost or customer price), after the transition's
-    own writes (``after``: its ledger line, its state), in one round trip.
+    own writes (``after``: its ledger line, its state).
 
-    The sums are exact Decimal arithmetic here, not SQL arithmetic, which is floating point on
-    SQLite.
+    The counters are locked last, in pk order as admission locks them, and only for this write
+    and the commit: everything else is computed before. On PostgreSQL the writes, the locks and
+    the additions are one statement (numeric arithmetic is exact there). Elsewhere the sums are
+    Decimal arithmetic here: SQLite's is floating point.
     """
-    for counter, unit in holds:
+    if connection.vendor == "postgresql":
+        params = [
+            reserved.customer,
+            reserved.provider,
+            spent.customer,
+            spent.provider,
+            _pk(reservation.pk),
+        ]
+        sql.run([*after, (_add_to_held_counters_sql(), params)])
+        return
+    counters = []
+    for row in sql.fetch(_held_counters_sql(), [_pk(reservation.pk)]):
+        counter, unit = sql.row_to(Counter, row), row[-1]
         counter.reserved += reserved.for_unit(unit)
         counter.spent += spent.for_unit(unit)
-    Counter.objects.write([counter for counter, _ in holds], ["reserved", "spent"], after=after)
+        counters.append(counter)
+    Counter.objects.write(counters, ["reserved", "spent"], after=after)
+
+
+def _held_from() -> str:
+    """The counters of a reservation's hold (``c``) with their hold (``h``); one parameter."""
+    return (
+        f"{sql.table(Counter)} c JOIN {sql.table(ReservationHold)} h"
+        f" ON h.{sql.column(ReservationHold, 'counter')} = c.id"
+        f" WHERE h.{sql.column(ReservationHold, 'reservation')} = %s"
+    )
+
+
+@functools.cache
+def _held_counters_sql() -> str:
+    """The counters a reservation holds on, each with its hold's unit, locked in pk order."""
+    return (
+        f"SELECT {sql.columns(Counter, 'c')}, h.{sql.column(ReservationHold, 'unit')}"  # noqa: S608
+        f" FROM {_held_from()} ORDER BY c.id{sql.lock_clause(of=('c',))}"
+    )
+
+
+@functools.cache
+def _add_to_held_counters_sql() -> str:
+    """PostgreSQL: lock the hold's counters in pk order (the sub-select's ``FOR UPDATE`` takes
+    them in the order it returns them), then add to each in its hold's unit. Parameters: the
+    reserved change at customer price and at provider cost, the same for spent, the
+    reservation id."""
+    reserved, spent = sql.column(Counter, "reserved"), sql.column(Counter, "spent")
+    unit = sql.column(ReservationHold, "unit")
+    customer = BudgetUnit.CUSTOMER_PRICE.value
+    by_unit = f"CASE WHEN l.{unit} = '{customer}' THEN %s::numeric ELSE %s::numeric END"
+    return (
+        f"UPDATE {sql.table(Counter)} AS t"  # noqa: S608
+        f" SET {reserved} = t.{reserved} + {by_unit}, {spent} = t.{spent} + {by_unit}"
+        f" FROM (SELECT c.id, h.{unit} FROM {_held_from()} ORDER BY c.id FOR UPDATE OF c) l"
+        f" WHERE t.id = l.id"
+    )
 
 
 def _result(reservation: Reservation) -> CommitResult:
@@ -290,7 +319,7 @@ def reservation_commit(
             tool_calls=tool_calls,
         )
     now = now or timezone.now()
-    with _locked(rid, "commit") as (reservation, holds):
+    with _locked(rid, "commit") as reservation:
         if reservation.state == ReservationState.COMMITTED:
             return _result(reservation)
         if reservation.state == ReservationState.RELEASED:
@@ -320,7 +349,7 @@ def reservation_commit(
             priced=(price_id, basis),
         )
         committed = _settled(reservation, ReservationState.COMMITTED, now)
-        _move(holds, reserved=-unhold, spent=charge, after=[line, committed])
+        _move(reservation, reserved=-unhold, spent=charge, after=[line, committed])
         # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
         return CommitResult(
             reservation_id=reservation.pk,
@@ -342,7 +371,7 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
     """
     rid = _reservation_id(reservation_id)
     now = now or timezone.now()
-    with _locked(rid, "release") as (reservation, holds):
+    with _locked(rid, "release") as reservation:
         if reservation.state in (ReservationState.COMMITTED, ReservationState.RELEASED):
             return str(reservation.state)
         was_live = reservation.state in LIVE_STATES
@@ -351,7 +380,7 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
         )
         released = _settled(reservation, ReservationState.RELEASED, now)
         if was_live:
-            _move(holds, reserved=-_held(reservation), spent=NONE, after=[released])
+            _move(reservation, reserved=-_held(reservation), spent=NONE, after=[released])
         elif estimate is not None:
             refund = _record(
                 reservation,
@@ -360,7 +389,7 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
                 estimated=False,
                 now=now,
             )
-            _move(holds, reserved=NONE, spent=-_charged(estimate), after=[refund, released])
+            _move(reservation, reserved=NONE, spent=-_charged(estimate), after=[refund, released])
         else:
             sql.run([released])
         return str(reservation.state)
@@ -375,7 +404,7 @@ def reservation_extend(
     rid = _reservation_id(reservation_id)
     ttl = validation.ttl_seconds("ttl_seconds", ttl_seconds)
     now = now or timezone.now()
-    with _locked(rid, "extend", holds=False) as (reservation, _):
+    with _locked(rid, "extend") as reservation:
         if reservation.state != ReservationState.HELD:
             raise ReservationStateError(
                 f"Reservation {rid} is {reservation.state}, so it cannot be extended: only a "
@@ -395,7 +424,7 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
     whether this call expired it (False if it was settled meanwhile or is not yet due)."""
     rid = _reservation_id(reservation_id)
     now = now or timezone.now()
-    with _locked(rid, "expiry") as (reservation, holds):
+    with _locked(rid, "expiry") as reservation:
         if reservation.state != ReservationState.HELD or reservation.expires_at > now:
             return False
         expired = _settled(reservation, ReservationState.EXPIRED, now)
@@ -408,13 +437,13 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
                 now=now,
             )
             _move(
-                holds,
+                reservation,
                 reserved=-_held(reservation),
                 spent=_held(reservation),
                 after=[estimate, expired],
             )
         else:
-            _move(holds, reserved=-_held(reservation), spent=NONE, after=[expired])
+            _move(reservation, reserved=-_held(reservation), spent=NONE, after=[expired])
         return True
 
 
@@ -456,7 +485,7 @@ def reservation_mark_uncertain(reservation_id: object, *, now: datetime | None =
     Returns the reservation's state (unchanged unless it was HELD)."""
     rid = _reservation_id(reservation_id)
     now = now or timezone.now()
-    with _locked(rid, "mark uncertain", holds=False) as (reservation, _):
+    with _locked(rid, "mark uncertain") as reservation:
         if reservation.state == ReservationState.HELD:
             reservation.state = ReservationState.UNCERTAIN
             reservation.uncertain_at = now
@@ -470,7 +499,7 @@ def reservation_settle_uncertain(reservation_id: object, *, now: datetime | None
     commits it; "release" drops it. Returns whether this call settled it."""
     rid = _reservation_id(reservation_id)
     now = now or timezone.now()
-    with _locked(rid, "reconcile") as (reservation, holds):
+    with _locked(rid, "reconcile") as reservation:
         due = now - timedelta(seconds=conf.UNCERTAIN_MAX_AGE_SECONDS)
         if reservation.state != ReservationState.UNCERTAIN or (
             reservation.uncertain_at is not None and reservation.uncertain_at > due
@@ -486,14 +515,14 @@ def reservation_settle_uncertain(reservation_id: object, *, now: datetime | None
             )
             committed = _settled(reservation, ReservationState.COMMITTED, now)
             _move(
-                holds,
+                reservation,
                 reserved=-_held(reservation),
                 spent=_held(reservation),
                 after=[estimate, committed],
             )
         else:
             released = _settled(reservation, ReservationState.RELEASED, now)
-            _move(holds, reserved=-_held(reservation), spent=NONE, after=[released])
+            _move(reservation, reserved=-_held(reservation), spent=NONE, after=[released])
         return True
 
 

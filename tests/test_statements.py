@@ -1,0 +1,126 @@
+"""The hot-path statements (``llm_budgets.statements``): rows read back exactly as the ORM reads
+them, the statement count of a call, and prepared statements on PostgreSQL."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from django.db import connection
+from django.db.models import Model
+from django.test.utils import CaptureQueriesContext
+
+from llm_budgets import budgets
+from llm_budgets import statements as sql
+from llm_budgets.models import Counter, Price, Reservation, UsageRecord
+from llm_budgets.reconcile import counters_drift
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def acme() -> None:
+    budgets.set_price(
+        provider="openai",
+        model="gpt-4o",
+        input_per_mtok=Decimal("2.50"),
+        output_per_mtok=Decimal("10.00"),
+        cached_input_per_mtok=Decimal("1.25"),
+    )
+    budgets.ensure_tenant("acme", timezone="Europe/Amsterdam")
+    budgets.set_limit(amount=Decimal("5000"), window="month")
+    budgets.set_limit(tenant="acme", amount=Decimal("100"), window="month")
+    budgets.set_limit(tenant="acme", end_user="*", amount=Decimal("5"), window="day")
+
+
+def _call(**reserve: object) -> Reservation:
+    hold = budgets.reserve(
+        tenant="acme",
+        end_user="u-1",
+        provider="openai",
+        model="gpt-4o",
+        input_tokens=1234,
+        max_output_tokens=567,
+        **reserve,  # type: ignore[arg-type]
+    )
+    hold.commit(input_tokens=1111, output_tokens=321, cached_input_tokens=100)
+    return hold.reservation  # type: ignore[no-any-return]
+
+
+def _read_back(model: type[Model], pk: object) -> Model:
+    table = sql.table(model)
+    rows = sql.fetch(
+        f"SELECT {sql.columns(model, 'x')} FROM {table} x WHERE x.id = %s",
+        [sql.param(model, "id", pk)],
+    )
+    return sql.row_to(model, rows[0])
+
+
+@pytest.mark.parametrize("model", [Reservation, UsageRecord, Price, Counter])
+def test_rows_read_back_as_the_orm_reads_them(acme: None, model: type[Model]) -> None:
+    """Decimals to the last place, datetimes with their zone, JSON and UUIDs: field by field."""
+    reservation = _call(tags={"feature": "search"})
+    pk = {
+        Reservation: reservation.pk,
+        UsageRecord: UsageRecord.objects.get(reservation=reservation).pk,
+        Price: reservation.price_id,
+        Counter: Counter.objects.order_by("pk").last().pk,  # type: ignore[union-attr]
+    }[model]
+    by_orm = model._default_manager.get(pk=pk)
+    by_statement = _read_back(model, pk)
+    for field in model._meta.concrete_fields:
+        ours, theirs = getattr(by_statement, field.attname), getattr(by_orm, field.attname)
+        assert (ours, type(ours)) == (theirs, type(theirs)), field.name
+    assert not by_statement._state.adding
+
+
+def test_a_known_end_users_call_runs_six_statements(acme: None, on_postgres: bool) -> None:
+    """The statement budget of the hot path (docs/performance.md): a regression shows here
+    before it shows in the bench. Inside the test's transaction each transaction of the call
+    is a savepoint pair and a lock-timeout statement (PostgreSQL) around its own statements."""
+    _call()  # the end user's first call creates it and its counters
+    with CaptureQueriesContext(connection) as reserve_queries:
+        hold = budgets.reserve(
+            tenant="acme",
+            end_user="u-1",
+            provider="openai",
+            model="gpt-4o",
+            input_tokens=10,
+            max_output_tokens=10,
+        )
+    with CaptureQueriesContext(connection) as commit_queries:
+        hold.commit(input_tokens=10, output_tokens=10)
+    own = [
+        q["sql"]
+        for q in (*reserve_queries.captured_queries, *commit_queries.captured_queries)
+        if "SAVEPOINT" not in q["sql"] and "set_config" not in q["sql"]
+    ]
+    # PostgreSQL: reserve reads the context, the kill switches and the locked counters, then
+    # writes once; commit locks the reservation, then one write also locks and updates the
+    # counters. SQLite (one writer at a time) runs each write on its own.
+    expected = 6 if on_postgres else 11
+    assert len(own) == expected, "\n".join(own)
+    assert counters_drift() == []
+
+
+def test_prepared_statements_on_postgresql(acme: None, on_postgres: bool) -> None:
+    """With psycopg's prepare_threshold set (a host setting), the statements are prepared on
+    the server: parameters must bind there with the types PostgreSQL infers."""
+    if not on_postgres:
+        pytest.skip("prepared statements are a PostgreSQL feature")
+    raw = connection.connection
+    saved = raw.prepare_threshold
+    raw.prepare_threshold = 0  # prepare from the first execution
+    try:
+        results = [_call() for _ in range(3)]
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+            prepared = cursor.fetchone()[0]
+    finally:
+        raw.prepare_threshold = saved
+    assert prepared >= 6
+    assert {r.state for r in results} == {"committed"}
+    costs = set(UsageRecord.objects.values_list("cost", flat=True))
+    # (1011 uncached x 2.50 + 100 cached x 1.25 + 321 x 10.00) / 10^6
+    assert costs == {Decimal("0.0058625")}
+    assert counters_drift() == []
