@@ -244,6 +244,7 @@ def reservation_create(
                 degrade,
                 request.idempotency_key,
                 api_key.pk if api_key is not None else None,
+                switches_open=context.any_switch_open if context is not None else True,
             )
         except (BudgetExceeded, KillSwitchActive) as refusal:
             refusal_record(refusal, reservation=reservation, now=now)
@@ -265,10 +266,12 @@ def _admit(
     degrade: _Degrade | None,
     idempotency_key: str | None,
     api_key_id: str | None = None,
+    *,
+    switches_open: bool = True,
 ) -> Reservation:
     for _attempt in range(2):
         try:
-            return _hold(reservation, applicable, degrade, api_key_id)
+            return _hold(reservation, applicable, degrade, api_key_id, switches_open=switches_open)
         except _MissingCounters:
             Counter.objects.bulk_create(
                 [
@@ -284,7 +287,7 @@ def _admit(
             return Reservation.objects.get(
                 tenant_id=reservation.tenant_id, idempotency_key=idempotency_key
             )
-    return _hold(reservation, applicable, degrade, api_key_id)
+    return _hold(reservation, applicable, degrade, api_key_id, switches_open=switches_open)
 
 
 def _hold(
@@ -292,9 +295,12 @@ def _hold(
     applicable: list[ApplicableBudget],
     degrade: _Degrade | None,
     api_key_id: str | None = None,
+    *,
+    switches_open: bool = True,
 ) -> Reservation:
-    """The one transaction: refuse if a kill switch covers the request, lock the counters in pk
-    order, apply the degradation ladder, check each, hold on all or raise.
+    """The one transaction: refuse if a kill switch covers the request (``switches_open``:
+    whether any may, as read just before), lock the counters in pk order, apply the degradation
+    ladder, check each, hold on all or raise.
 
     A rolling budget is checked against the sum of its window's buckets, and the hold lands on
     the current bucket. Its buckets move with time, so admissions to it serialise on the budget
@@ -309,8 +315,10 @@ def _hold(
     bound_sqlite_wait()
     with transaction.atomic():
         bound_lock_wait()
-        blocked_substitutes = _refuse_if_switched(
-            reservation, degrade.ladder if degrade else [], api_key_id
+        blocked_substitutes = (
+            _refuse_if_switched(reservation, degrade.ladder if degrade else [], api_key_id)
+            if switches_open
+            else {}
         )
         if rolling_ids:
             # NO KEY UPDATE: serialises admissions without blocking inserts of new bucket

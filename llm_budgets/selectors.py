@@ -12,7 +12,17 @@ from typing import Any
 from django.db.models import Q
 
 from llm_budgets import statements as sql
-from llm_budgets.models import Budget, BudgetRaise, Counter, EndUser, Plan, Price, Scope, Tenant
+from llm_budgets.models import (
+    Budget,
+    BudgetRaise,
+    Counter,
+    EndUser,
+    KillSwitch,
+    Plan,
+    Price,
+    Scope,
+    Tenant,
+)
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pricing import version_in_effect_sql
 from llm_budgets.windows import Period, period_for, rolling_window, tenant_period
@@ -134,6 +144,9 @@ class AdmissionContext:
     end_user: EndUser
     price: Price | None  # the version in effect for the provider and model; None: not priced
     applicable: list[ApplicableBudget]
+    # Whether any kill switch is open at all; when none is, admission skips reading which
+    # switches cover the call (a trip committed after this read is missed either way).
+    any_switch_open: bool
 
 
 def admission_context(
@@ -143,7 +156,7 @@ def admission_context(
     budgets that apply, in one statement; None if the end user has not been seen yet (the
     caller then reads them one by one, creating the end user)."""
     when = sql.param(BudgetRaise, "starts_at", at)
-    params = [when, when, provider, model, when, when, tenant, end_user]
+    params = [when, when, when, provider, model, when, when, tenant, end_user]
     rows = sql.fetch(_admission_context_sql(), params)
     if not rows:
         return None
@@ -162,17 +175,28 @@ def admission_context(
         end_user=user,
         price=price,
         applicable=_applicable(with_budget, at_budget, user.tenant, user, at),
+        any_switch_open=bool(first[-1]),
     )
 
 
 @functools.cache
 def _admission_context_sql() -> str:
     """One row per applicable budget (one with NULL budget columns if none), each carrying the
-    end user, tenant, plan and price version. Parameters: the time twice (raises), provider,
-    model, the time twice (price), tenant and end user external ids."""
+    end user, tenant, plan and price version, and last whether any kill switch is open.
+    Parameters: the time three times (raises, switches), provider, model, the time twice
+    (price), tenant and end user external ids."""
+    cleared, auto_clear = (
+        sql.column(KillSwitch, "cleared_at"),
+        sql.column(KillSwitch, "auto_clear_at"),
+    )
+    switch_open = (
+        f"EXISTS (SELECT 1 FROM {sql.table(KillSwitch)} k WHERE k.{cleared} IS NULL"  # noqa: S608
+        f" AND (k.{auto_clear} IS NULL OR k.{auto_clear} > %s))"
+    )
     return (
         f"SELECT {sql.columns(EndUser, 'u')}, {sql.columns(Tenant, 't')},"  # noqa: S608
-        f" {sql.columns(Plan, 'p')}, {sql.columns(Price, 'v')}, {_budget_columns()}"
+        f" {sql.columns(Plan, 'p')}, {sql.columns(Price, 'v')}, {_budget_columns()},"
+        f" {switch_open}"
         f" FROM {sql.table(EndUser)} u"
         f" JOIN {sql.table(Tenant)} t ON t.id = u.{sql.column(EndUser, 'tenant')}"
         f" LEFT JOIN {sql.table(Plan)} p ON p.id = t.{sql.column(Tenant, 'plan')}"

@@ -74,7 +74,7 @@ def test_rows_read_back_as_the_orm_reads_them(acme: None, model: type[Model]) ->
     assert not by_statement._state.adding
 
 
-def test_a_known_end_users_call_runs_six_statements(acme: None, on_postgres: bool) -> None:
+def test_a_known_end_users_call_runs_five_statements(acme: None, on_postgres: bool) -> None:
     """The statement budget of the hot path (docs/performance.md): a regression shows here
     before it shows in the bench. Inside the test's transaction each transaction of the call
     is a savepoint pair and a lock-timeout statement (PostgreSQL) around its own statements."""
@@ -95,10 +95,10 @@ def test_a_known_end_users_call_runs_six_statements(acme: None, on_postgres: boo
         for q in (*reserve_queries.captured_queries, *commit_queries.captured_queries)
         if "SAVEPOINT" not in q["sql"] and "set_config" not in q["sql"]
     ]
-    # PostgreSQL: reserve reads the context, the kill switches and the locked counters, then
-    # writes once; commit locks the reservation, then one write also locks and updates the
-    # counters. SQLite (one writer at a time) runs each write on its own.
-    expected = 6 if on_postgres else 11
+    # PostgreSQL: reserve reads the context (no kill switch is open, so none can cover the
+    # call) and the locked counters, then writes once; commit locks the reservation, then one
+    # write also locks and updates the counters. SQLite runs each write on its own.
+    expected = 5 if on_postgres else 10
     assert len(own) == expected, "\n".join(own)
     assert counters_drift() == []
 
