@@ -314,7 +314,8 @@ def _hold(
     insert_reservation = sql.inserting([reservation])
     bound_sqlite_wait()
     with transaction.atomic():
-        bound_lock_wait()
+        if rolling_ids:
+            bound_lock_wait()  # the budget rows below are locked first
         blocked_substitutes = (
             _refuse_if_switched(reservation, degrade.ladder if degrade else [], api_key_id)
             if switches_open
@@ -330,7 +331,7 @@ def _hold(
                 .order_by("pk")
                 .values_list("pk", flat=True)
             )
-        counters = counters_locked(applicable)
+        counters = counters_locked(applicable, bound_lock_wait=not rolling_ids)
         if len(counters) < len(by_key):
             raise _MissingCounters
         windows = rolling_buckets(applicable) if rolling_ids else {}

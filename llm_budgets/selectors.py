@@ -12,6 +12,7 @@ from typing import Any
 from django.db.models import Q
 
 from llm_budgets import statements as sql
+from llm_budgets.ledger import lock_wait_bound
 from llm_budgets.models import (
     Budget,
     BudgetRaise,
@@ -220,30 +221,35 @@ def counters_matching(applicable: Sequence[ApplicableBudget]) -> Q:
     return match
 
 
-def counters_locked(applicable: Sequence[ApplicableBudget]) -> list[Counter]:
+def counters_locked(
+    applicable: Sequence[ApplicableBudget], *, bound_lock_wait: bool = False
+) -> list[Counter]:
     """Lock exactly the counter rows of ``applicable`` (``FOR UPDATE``, in primary-key order, so
     concurrent admissions cannot deadlock) and return them; a missing row is simply absent.
-    One statement without the ORM's compilation (see ``llm_budgets.statements``)."""
-    params: list[object] = []
+    One statement without the ORM's compilation (see ``llm_budgets.statements``); with
+    ``bound_lock_wait`` it also bounds the transaction's lock waits (``lock_wait_bound``)."""
+    params: list[object] = [*lock_wait_bound()[1]] if bound_lock_wait else []
     for budget_id, end_user_id, start in (item.counter_key for item in applicable):
         params += [budget_id, sql.param(Counter, "period_start", start)]
         if end_user_id is not None:
             params.append(end_user_id)
     shapes = tuple(item.counter_key[1] is not None for item in applicable)
-    return [sql.row_to(Counter, row) for row in sql.fetch(_counters_locked_sql(shapes), params)]
+    rows = sql.fetch(_counters_locked_sql(shapes, bound_lock_wait), params)
+    return [sql.row_to(Counter, row) for row in rows]
 
 
 @functools.cache
-def _counters_locked_sql(per_end_user: tuple[bool, ...]) -> str:
+def _counters_locked_sql(per_end_user: tuple[bool, ...], bound_lock_wait: bool) -> str:
     budget, start = sql.column(Counter, "budget"), sql.column(Counter, "period_start")
     end_user = sql.column(Counter, "end_user")
     match = " OR ".join(
         f"(c.{budget} = %s AND c.{start} = %s AND c.{end_user} {'= %s' if shared else 'IS NULL'})"
         for shared in per_end_user
     )
+    bound = lock_wait_bound()[0] if bound_lock_wait else ""
     return (
-        f"SELECT {sql.columns(Counter, 'c')} FROM {sql.table(Counter)} c"  # noqa: S608
-        f" WHERE {match or 'FALSE'} ORDER BY c.id{sql.lock_clause()}"
+        f"SELECT {sql.columns(Counter, 'c')} FROM {bound}{sql.table(Counter)} c"  # noqa: S608
+        f" WHERE {match or 'FALSE'} ORDER BY c.id{sql.lock_clause(of=('c',))}"
     )
 
 

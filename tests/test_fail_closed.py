@@ -76,9 +76,10 @@ def patient_connection() -> Iterator[None]:
 
 
 @override_settings(LLM_BUDGETS={"LOCK_TIMEOUT_SECONDS": 0.5})
-def test_reserve_refuses_when_the_counter_lock_wait_is_too_long() -> None:
+@pytest.mark.parametrize("end_user", [None, "u-1"], ids=["tenant call", "known end user"])
+def test_reserve_refuses_when_the_counter_lock_wait_is_too_long(end_user: str | None) -> None:
     seed(limit="100")
-    reserve_30().release()  # the counter exists and is free
+    reserve_30(end_user=end_user).release()  # the counter (and end user) exist, the lock is free
     counter = Counter.objects.get()
 
     # If the bound did not apply, reserve would wait for the locker's own 30 s safety timeout
@@ -88,7 +89,7 @@ def test_reserve_refuses_when_the_counter_lock_wait_is_too_long() -> None:
         RowLocker([counter.pk], timeout=30),
         pytest.raises(LedgerUnavailable) as excinfo,
     ):
-        reserve_30()
+        reserve_30(end_user=end_user)
 
     # PostgreSQL: "canceling statement due to lock timeout"; SQLite: "database is locked".
     assert isinstance(excinfo.value.__cause__, OperationalError)
@@ -97,5 +98,28 @@ def test_reserve_refuses_when_the_counter_lock_wait_is_too_long() -> None:
     counter.refresh_from_db()
     assert (counter.spent, counter.reserved) == (Decimal(0), Decimal(0))
     # Once the lock is gone, the same call is admitted.
-    assert reserve_30().amount == Decimal(30)
+    assert reserve_30(end_user=end_user).amount == Decimal(30)
+    assert counters_drift() == []
+
+
+def test_commit_refuses_when_the_counter_lock_wait_is_too_long() -> None:
+    """Settlement bounds its lock waits too (the bound rides on its first statement): the
+    commit fails closed, changes nothing, and succeeds once the lock is gone."""
+    seed(limit="100")
+    hold = reserve_30(end_user="u-1")
+    counter = Counter.objects.get()
+    with (
+        patient_connection(),
+        RowLocker([counter.pk], timeout=30),
+        pytest.raises(LedgerUnavailable) as excinfo,
+    ):
+        hold.commit(input_tokens=0, output_tokens=100)
+    assert isinstance(excinfo.value.__cause__, OperationalError)
+    assert "commit" in str(excinfo.value)
+    counter.refresh_from_db()
+    assert (counter.spent, counter.reserved) == (Decimal(0), Decimal(30))
+    assert Reservation.objects.get().state == "held"
+    assert hold.commit(input_tokens=0, output_tokens=100).cost == Decimal(3)
+    counter.refresh_from_db()
+    assert (counter.spent, counter.reserved) == (Decimal(3), Decimal(0))
     assert counters_drift() == []
