@@ -29,6 +29,7 @@ throughput as a fraction of the floor's. Method and results: ``docs/performance.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import multiprocessing
 import os
@@ -121,6 +122,7 @@ class WorkerResult:
     latencies: list[float]  # seconds per reserve+commit cycle
     errors: int
     first_error: str
+    round: int = 0  # which repetition of the (floor, app) pair (``--repeat``)
 
 
 @dataclass(frozen=True)
@@ -469,7 +471,8 @@ def describe_machine(url: str) -> list[str]:
 
 
 def print_table(cells: list[Cell]) -> None:
-    floor = {(c.scenario, c.workers): c.cycles_per_s for c in cells if c.path == "floor"}
+    """One row per cell; an app cell's ratio is to the floor cell run just before it."""
+    floor = {(c.scenario, c.workers, c.round): c.cycles_per_s for c in cells if c.path == "floor"}
     header = (
         f"{'scenario':<8} {'workers':>7} {'path':<5} {'cycles/s':>9} {'p50 ms':>8} "
         f"{'p99 ms':>8} {'app/floor':>9}"
@@ -477,7 +480,7 @@ def print_table(cells: list[Cell]) -> None:
     print(header)
     print("-" * len(header))
     for c in cells:
-        base = floor.get((c.scenario, c.workers))
+        base = floor.get((c.scenario, c.workers, c.round))
         ratio = f"{c.cycles_per_s / base:.2f}" if c.path == "app" and base else ""
         line = (
             f"{c.scenario:<8} {c.workers:>7} {c.path:<5} {c.cycles_per_s:>9.0f} "
@@ -486,6 +489,20 @@ def print_table(cells: list[Cell]) -> None:
         if c.errors:
             line += f"  ({c.errors} errors, e.g. {c.first_error})"
         print(line)
+
+
+def print_ratios(cells: list[Cell]) -> None:
+    """With ``--repeat``: every app/floor ratio of each (scenario, workers), and their median."""
+    floor = {(c.scenario, c.workers, c.round): c.cycles_per_s for c in cells if c.path == "floor"}
+    ratios: dict[tuple[str, int], list[float]] = {}
+    for c in cells:
+        if c.path == "app" and floor.get((c.scenario, c.workers, c.round)):
+            base = floor[(c.scenario, c.workers, c.round)]
+            ratios.setdefault((c.scenario, c.workers), []).append(c.cycles_per_s / base)
+    print(f"\n{'scenario':<8} {'workers':>7} {'median':>7}  app/floor in each round")
+    for (scenario, workers), values in ratios.items():
+        each = " ".join(f"{v:.2f}" for v in values)
+        print(f"{scenario:<8} {workers:>7} {statistics.median(values):>7.2f}  {each}")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -500,6 +517,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "default: $BENCH_DATABASE_URL or %(default)s",
     )
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run each (floor, app) pair this many times, alternating, and print the median "
+        "ratio: this machine's speed drifts by tens of percent within minutes",
+    )
+    parser.add_argument(
         "--app-prepare-threshold",
         type=lambda v: None if v.lower() == "none" else int(v),
         default=5,
@@ -512,8 +536,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.scenarios = [s.strip() for s in args.scenarios.split(",")]
     if unknown := set(args.scenarios) - {"hot", "spread"}:
         parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
-    if any(w < 1 for w in args.workers) or args.duration <= 0:
-        parser.error("workers and duration must be positive")
+    if any(w < 1 for w in args.workers) or args.duration <= 0 or args.repeat < 1:
+        parser.error("workers, duration and repeat must be positive")
     return args
 
 
@@ -534,23 +558,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     cells: list[Cell] = []
     for scenario in args.scenarios:
         for workers in args.workers:
-            for path in PATHS:
-                vacuum(url)
-                cell = run_cell(
-                    scenario=scenario,
-                    workers=workers,
-                    path=path,
-                    url=url,
-                    fixed=fixed,
-                    targets=targets[scenario],
-                    duration=args.duration,
-                )
-                cells.append(cell)
-                print(
-                    f"  {scenario} x{workers} {path}: {cell.cycles_per_s:.0f} cycles/s",
-                    file=sys.stderr,
-                )
+            for round_ in range(args.repeat):
+                for path in PATHS:
+                    vacuum(url)
+                    cell = run_cell(
+                        scenario=scenario,
+                        workers=workers,
+                        path=path,
+                        url=url,
+                        fixed=fixed,
+                        targets=targets[scenario],
+                        duration=args.duration,
+                    )
+                    cell = dataclasses.replace(cell, round=round_)
+                    cells.append(cell)
+                    print(
+                        f"  {scenario} x{workers} {path}: {cell.cycles_per_s:.0f} cycles/s",
+                        file=sys.stderr,
+                    )
     print_table(cells)
+    if args.repeat > 1:
+        print_ratios(cells)
     print(f"\nload average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -247,6 +247,15 @@ def reservation_create(
                 switches_open=context.any_switch_open if context is not None else True,
             )
         except (BudgetExceeded, KillSwitchActive) as refusal:
+            if request.idempotency_key is not None:
+                # The reservation is inserted after the checks: a concurrent request with the
+                # same key may have been admitted first, and its hold be what refused this one.
+                # It committed before this transaction could lock the counters, so it is there.
+                first = Reservation.objects.filter(
+                    tenant=tenant_obj, idempotency_key=request.idempotency_key
+                ).first()
+                if first is not None:
+                    return first
             refusal_record(refusal, reservation=reservation, now=now)
             raise
 
@@ -269,9 +278,11 @@ def _admit(
     *,
     switches_open: bool = True,
 ) -> Reservation:
-    for _attempt in range(2):
+    for attempt in range(2):
         try:
-            return _hold(reservation, applicable, degrade, api_key_id, switches_open=switches_open)
+            # A retry follows counters created outside any transaction: read switches afresh.
+            open_ = switches_open or attempt > 0
+            return _hold(reservation, applicable, degrade, api_key_id, switches_open=open_)
         except _MissingCounters:
             Counter.objects.bulk_create(
                 [
@@ -287,7 +298,7 @@ def _admit(
             return Reservation.objects.get(
                 tenant_id=reservation.tenant_id, idempotency_key=idempotency_key
             )
-    return _hold(reservation, applicable, degrade, api_key_id, switches_open=switches_open)
+    return _hold(reservation, applicable, degrade, api_key_id)
 
 
 def _hold(
@@ -314,8 +325,7 @@ def _hold(
     insert_reservation = sql.inserting([reservation])
     bound_sqlite_wait()
     with transaction.atomic():
-        if rolling_ids:
-            bound_lock_wait()  # the budget rows below are locked first
+        bound_lock_wait()
         blocked_substitutes = (
             _refuse_if_switched(reservation, degrade.ladder if degrade else [], api_key_id)
             if switches_open
@@ -331,7 +341,7 @@ def _hold(
                 .order_by("pk")
                 .values_list("pk", flat=True)
             )
-        counters = counters_locked(applicable, bound_lock_wait=not rolling_ids)
+        counters = counters_locked(applicable)
         if len(counters) < len(by_key):
             raise _MissingCounters
         windows = rolling_buckets(applicable) if rolling_ids else {}

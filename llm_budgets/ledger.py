@@ -39,22 +39,13 @@ def bound_sqlite_wait() -> None:
 
 
 def bound_lock_wait() -> None:
-    """Inside the transaction: wait at most LOCK_TIMEOUT_SECONDS for a row lock (PostgreSQL)."""
+    """Inside the transaction, first: wait at most LOCK_TIMEOUT_SECONDS for any lock (PostgreSQL).
+
+    Its own statement, not folded into the next one: a statement takes its table locks (e.g.
+    behind a migration's ``ALTER TABLE``) before it runs, so only an earlier statement can bound
+    those waits."""
     if connection.vendor == "postgresql":
-        sql.fetch("SELECT set_config('lock_timeout', %s, true)", [_lock_timeout()])
-
-
-def lock_wait_bound() -> tuple[str, list[str]]:
-    """``bound_lock_wait`` as a ``FROM`` item (with its parameter) for a transaction's first
-    locking statement, which then needs no statement of its own (PostgreSQL; empty elsewhere).
-
-    The item is one row from a volatile sub-select, joined to every row the statement returns:
-    a row reaches the row-locking step only once it exists, so the bound is set before the
-    first lock is waited for, and it holds for the rest of the transaction."""
-    if connection.vendor != "postgresql":
-        return "", []
-    return "(SELECT set_config('lock_timeout', %s, true)) AS lock_wait_bound, ", [_lock_timeout()]
-
-
-def _lock_timeout() -> str:
-    return f"{int(conf.LOCK_TIMEOUT_SECONDS * 1000)}ms"
+        sql.fetch(
+            "SELECT set_config('lock_timeout', %s, true)",
+            [f"{int(conf.LOCK_TIMEOUT_SECONDS * 1000)}ms"],
+        )

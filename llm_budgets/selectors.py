@@ -12,7 +12,6 @@ from typing import Any
 from django.db.models import Q
 
 from llm_budgets import statements as sql
-from llm_budgets.ledger import lock_wait_bound
 from llm_budgets.models import (
     Budget,
     BudgetRaise,
@@ -103,8 +102,15 @@ def _applicable_sql(with_end_user: bool) -> str:
     raises. Parameters: the time twice, the tenant id, and the end user id if ``with_end_user``."""
     return (
         f"SELECT {_budget_columns()} FROM {sql.table(Budget)} b"  # noqa: S608
-        f" WHERE {_budgets_applying('%s', '%s' if with_end_user else None)} ORDER BY b.id"
+        f" WHERE {_budgets_applying('%s', '%s' if with_end_user else None)}"
+        f" ORDER BY {_budget_order()}"
     )
+
+
+def _budget_order() -> str:
+    """``Budget.Meta.ordering`` (as the ORM would order them), then the id."""
+    fields = [*(Budget._meta.ordering or ()), "id"]
+    return ", ".join(f"b.{sql.column(Budget, str(f).removesuffix('_id'))}" for f in fields)
 
 
 def _budget_columns() -> str:
@@ -205,7 +211,7 @@ def _admission_context_sql() -> str:
         f" LEFT JOIN {sql.table(Budget)} b ON {_budgets_applying('t.id', 'u.id')}"
         f" WHERE t.{sql.column(Tenant, 'external_id')} = %s"
         f" AND u.{sql.column(EndUser, 'external_id')} = %s"
-        f" ORDER BY b.id"
+        f" ORDER BY {_budget_order()}"
     )
 
 
@@ -221,35 +227,30 @@ def counters_matching(applicable: Sequence[ApplicableBudget]) -> Q:
     return match
 
 
-def counters_locked(
-    applicable: Sequence[ApplicableBudget], *, bound_lock_wait: bool = False
-) -> list[Counter]:
+def counters_locked(applicable: Sequence[ApplicableBudget]) -> list[Counter]:
     """Lock exactly the counter rows of ``applicable`` (``FOR UPDATE``, in primary-key order, so
     concurrent admissions cannot deadlock) and return them; a missing row is simply absent.
-    One statement without the ORM's compilation (see ``llm_budgets.statements``); with
-    ``bound_lock_wait`` it also bounds the transaction's lock waits (``lock_wait_bound``)."""
-    params: list[object] = [*lock_wait_bound()[1]] if bound_lock_wait else []
+    One statement without the ORM's compilation (see ``llm_budgets.statements``)."""
+    params: list[object] = []
     for budget_id, end_user_id, start in (item.counter_key for item in applicable):
         params += [budget_id, sql.param(Counter, "period_start", start)]
         if end_user_id is not None:
             params.append(end_user_id)
     shapes = tuple(item.counter_key[1] is not None for item in applicable)
-    rows = sql.fetch(_counters_locked_sql(shapes, bound_lock_wait), params)
-    return [sql.row_to(Counter, row) for row in rows]
+    return [sql.row_to(Counter, row) for row in sql.fetch(_counters_locked_sql(shapes), params)]
 
 
 @functools.cache
-def _counters_locked_sql(per_end_user: tuple[bool, ...], bound_lock_wait: bool) -> str:
+def _counters_locked_sql(per_end_user: tuple[bool, ...]) -> str:
     budget, start = sql.column(Counter, "budget"), sql.column(Counter, "period_start")
     end_user = sql.column(Counter, "end_user")
     match = " OR ".join(
         f"(c.{budget} = %s AND c.{start} = %s AND c.{end_user} {'= %s' if shared else 'IS NULL'})"
         for shared in per_end_user
     )
-    bound = lock_wait_bound()[0] if bound_lock_wait else ""
     return (
-        f"SELECT {sql.columns(Counter, 'c')} FROM {bound}{sql.table(Counter)} c"  # noqa: S608
-        f" WHERE {match or 'FALSE'} ORDER BY c.id{sql.lock_clause(of=('c',))}"
+        f"SELECT {sql.columns(Counter, 'c')} FROM {sql.table(Counter)} c"  # noqa: S608
+        f" WHERE {match or 'FALSE'} ORDER BY c.id{sql.lock_clause()}"
     )
 
 

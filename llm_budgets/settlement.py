@@ -30,7 +30,7 @@ from llm_budgets.exceptions import (
     ReservationStateError,
     UnknownPrice,
 )
-from llm_budgets.ledger import bound_sqlite_wait, ledger_guard, lock_wait_bound
+from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
 from llm_budgets.models import (
     LIVE_STATES,
     BudgetUnit,
@@ -107,14 +107,12 @@ def _locked(reservation_id: UUID, action: str) -> Iterator[Reservation]:
     with ledger_guard(action):
         bound_sqlite_wait()
         with transaction.atomic():
+            bound_lock_wait()
             yield _lock_reservation(reservation_id)
 
 
 def _lock_reservation(reservation_id: UUID) -> Reservation:
-    """The transaction's first statement: it also bounds its lock waits (``lock_wait_bound``)."""
-    _bound, bound_params = lock_wait_bound()
-    rows = sql.fetch(_lock_reservation_sql(), [*bound_params, _pk(reservation_id)])
-    row = next(iter(rows), None)
+    row = next(iter(sql.fetch(_lock_reservation_sql(), [_pk(reservation_id)])), None)
     if row is None:
         raise ReservationNotFound(reservation_id)
     reservation = sql.row_to(Reservation, row)
@@ -128,10 +126,9 @@ def _lock_reservation_sql() -> str:
     """The reservation with its price version, locking only the reservation: a plain FOR UPDATE
     would also lock the joined price row, which every admission key-share locks for its foreign
     key (a deadlock). One statement without the ORM's compilation (``llm_budgets.statements``)."""
-    bound, _params = lock_wait_bound()
     return (
         f"SELECT {sql.columns(Reservation, 'r')}, {sql.columns(Price, 'p')}"  # noqa: S608
-        f" FROM {bound}{sql.table(Reservation)} r"
+        f" FROM {sql.table(Reservation)} r"
         f" LEFT JOIN {sql.table(Price)} p ON p.id = r.{sql.column(Reservation, 'price')}"
         f" WHERE r.id = %s{sql.lock_clause(of=('r',))}"
     )

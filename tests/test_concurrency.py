@@ -18,6 +18,7 @@ from llm_budgets.exceptions import BudgetExceeded, ReservationStateError
 from llm_budgets.models import (
     Counter,
     EndUser,
+    Refusal,
     Reservation,
     ReservationHold,
     ReservationState,
@@ -218,6 +219,20 @@ def test_concurrent_requests_with_one_idempotency_key_reserve_once() -> None:
     assert all(isinstance(r, budgets.Hold) for r in results), results
     assert len({r.id for r in results}) == 1  # type: ignore[union-attr]
     assert Reservation.objects.count() == 1
+    assert Counter.objects.get().reserved == Decimal(30)
+    _assert_ledger_consistent()
+
+
+def test_one_idempotency_key_near_the_limit_is_never_refused_for_its_own_hold() -> None:
+    # Room for one hold: the callers that lose the race for the counter see the winner's hold
+    # there, and must get that reservation back, not a refusal caused by it.
+    seed(limit="50")
+
+    results = run_threads(10, lambda _: reserve_30(idempotency_key="req-1"))
+
+    assert all(isinstance(r, budgets.Hold) for r in results), results
+    assert len({r.id for r in results}) == 1  # type: ignore[union-attr]
+    assert Refusal.objects.count() == 0
     assert Counter.objects.get().reserved == Decimal(30)
     _assert_ledger_consistent()
 

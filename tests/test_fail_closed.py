@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from decimal import Decimal
@@ -11,7 +12,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, connections, transaction
 from django.test import override_settings
 
 from llm_budgets.exceptions import LedgerUnavailable
@@ -122,4 +123,54 @@ def test_commit_refuses_when_the_counter_lock_wait_is_too_long() -> None:
     assert hold.commit(input_tokens=0, output_tokens=100).cost == Decimal(3)
     counter.refresh_from_db()
     assert (counter.spent, counter.reserved) == (Decimal(3), Decimal(0))
+    assert counters_drift() == []
+
+
+class TableLocker:
+    """Holds ``LOCK TABLE ... IN EXCLUSIVE MODE`` on its own thread and connection until
+    released, as a migration's ``ALTER TABLE`` queued behind a long transaction would."""
+
+    def __init__(self, table: str, *, timeout: float = 30) -> None:
+        self.table, self.timeout = table, timeout
+        self.locked, self.release = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._hold)
+
+    def _hold(self) -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(f'LOCK TABLE "{self.table}" IN EXCLUSIVE MODE')
+                self.locked.set()
+                self.release.wait(self.timeout)  # bounded, so a test fails rather than hangs
+        finally:
+            self.locked.set()
+            connections.close_all()
+
+    def __enter__(self) -> TableLocker:
+        self._thread.start()
+        assert self.locked.wait(self.timeout), "the locker never took its lock"
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release.set()
+        self._thread.join(self.timeout)
+
+
+@pytest.mark.parametrize("step", ["reserve", "commit"])
+def test_a_table_lock_wait_is_bounded_too(step: str, on_postgres: bool) -> None:
+    """A statement waits for its table locks before it runs: the bound must be set by an
+    earlier statement of the transaction, or a queued ALTER TABLE would hang every call."""
+    if not on_postgres:
+        pytest.skip("SQLite has no table locks (the database write lock is covered above)")
+    seed(limit="100")
+    hold = reserve_30(end_user="u-1")
+    table = Counter._meta.db_table if step == "reserve" else Reservation._meta.db_table
+    call = {
+        "reserve": lambda: reserve_30(end_user="u-1"),
+        "commit": lambda: hold.commit(input_tokens=0, output_tokens=100),
+    }[step]
+    with TableLocker(table), pytest.raises(LedgerUnavailable) as excinfo:
+        call()
+    assert "lock timeout" in str(excinfo.value)
+    assert Reservation.objects.count() == 1
+    assert Reservation.objects.get().state == "held"
     assert counters_drift() == []
