@@ -122,7 +122,6 @@ class WorkerResult:
     latencies: list[float]  # seconds per reserve+commit cycle
     errors: int
     first_error: str
-    round: int = 0  # which repetition of the (floor, app) pair (``--repeat``)
 
 
 @dataclass(frozen=True)
@@ -135,6 +134,7 @@ class Cell:
     p99_ms: float
     errors: int
     first_error: str
+    round: int = 0  # which repetition of the (floor, app) pair (``--repeat``)
 
 
 # --- database -------------------------------------------------------------------------------
