@@ -26,7 +26,12 @@ from llm_budgets.exceptions import (
     NoApplicableBudget,
 )
 from llm_budgets.killswitches import kill_switches_covering, refusal_for
-from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
+from llm_budgets.ledger import (
+    bound_lock_wait,
+    bound_sqlite_wait,
+    ledger_guard,
+    lock_wait_bound,
+)
 from llm_budgets.models import (
     ApiKey,
     Budget,
@@ -325,7 +330,11 @@ def _hold(
     insert_reservation = sql.inserting([reservation])
     bound_sqlite_wait()
     with transaction.atomic():
-        bound_lock_wait()
+        # The bound on lock waits comes first: alone, or with the counters' lock when nothing
+        # else is read or locked before them (one round trip).
+        bound_first = switches_open or bool(rolling_ids)
+        if bound_first:
+            bound_lock_wait()
         blocked_substitutes = (
             _refuse_if_switched(reservation, degrade.ladder if degrade else [], api_key_id)
             if switches_open
@@ -341,7 +350,7 @@ def _hold(
                 .order_by("pk")
                 .values_list("pk", flat=True)
             )
-        counters = counters_locked(applicable)
+        counters = counters_locked(applicable, first=None if bound_first else lock_wait_bound())
         if len(counters) < len(by_key):
             raise _MissingCounters
         windows = rolling_buckets(applicable) if rolling_ids else {}

@@ -38,14 +38,24 @@ def bound_sqlite_wait() -> None:
             cursor.execute(f"PRAGMA busy_timeout = {int(conf.LOCK_TIMEOUT_SECONDS * 1000)}")
 
 
+def lock_wait_bound() -> sql.Statement | None:
+    """The statement ``bound_lock_wait`` runs, to send ahead of the transaction's first locking
+    statement in one round trip (``statements.fetch(..., first=...)``); None where not needed."""
+    if connection.vendor != "postgresql":
+        return None
+    return "SELECT set_config('lock_timeout', %s, true)", [_lock_timeout()]
+
+
 def bound_lock_wait() -> None:
     """Inside the transaction, first: wait at most LOCK_TIMEOUT_SECONDS for any lock (PostgreSQL).
 
     Its own statement, not folded into the next one: a statement takes its table locks (e.g.
     behind a migration's ``ALTER TABLE``) before it runs, so only an earlier statement can bound
-    those waits."""
-    if connection.vendor == "postgresql":
-        sql.fetch(
-            "SELECT set_config('lock_timeout', %s, true)",
-            [f"{int(conf.LOCK_TIMEOUT_SECONDS * 1000)}ms"],
-        )
+    those waits. ``lock_wait_bound`` sends it in the same round trip as the next one."""
+    bound = lock_wait_bound()
+    if bound is not None:
+        sql.execute(*bound)
+
+
+def _lock_timeout() -> str:
+    return f"{int(conf.LOCK_TIMEOUT_SECONDS * 1000)}ms"

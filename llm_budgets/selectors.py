@@ -227,17 +227,21 @@ def counters_matching(applicable: Sequence[ApplicableBudget]) -> Q:
     return match
 
 
-def counters_locked(applicable: Sequence[ApplicableBudget]) -> list[Counter]:
+def counters_locked(
+    applicable: Sequence[ApplicableBudget], *, first: sql.Statement | None = None
+) -> list[Counter]:
     """Lock exactly the counter rows of ``applicable`` (``FOR UPDATE``, in primary-key order, so
     concurrent admissions cannot deadlock) and return them; a missing row is simply absent.
-    One statement without the ORM's compilation (see ``llm_budgets.statements``)."""
+    One statement without the ORM's compilation (see ``llm_budgets.statements``), sent with
+    ``first`` if given (``statements.fetch``)."""
     params: list[object] = []
     for budget_id, end_user_id, start in (item.counter_key for item in applicable):
         params += [budget_id, sql.param(Counter, "period_start", start)]
         if end_user_id is not None:
             params.append(end_user_id)
     shapes = tuple(item.counter_key[1] is not None for item in applicable)
-    return [sql.row_to(Counter, row) for row in sql.fetch(_counters_locked_sql(shapes), params)]
+    rows = sql.fetch(_counters_locked_sql(shapes), params, first=first)
+    return [sql.row_to(Counter, row) for row in rows]
 
 
 @functools.cache

@@ -30,7 +30,7 @@ from llm_budgets.exceptions import (
     ReservationStateError,
     UnknownPrice,
 )
-from llm_budgets.ledger import bound_lock_wait, bound_sqlite_wait, ledger_guard
+from llm_budgets.ledger import bound_sqlite_wait, ledger_guard, lock_wait_bound
 from llm_budgets.models import (
     LIVE_STATES,
     BudgetUnit,
@@ -107,12 +107,13 @@ def _locked(reservation_id: UUID, action: str) -> Iterator[Reservation]:
     with ledger_guard(action):
         bound_sqlite_wait()
         with transaction.atomic():
-            bound_lock_wait()
             yield _lock_reservation(reservation_id)
 
 
 def _lock_reservation(reservation_id: UUID) -> Reservation:
-    row = next(iter(sql.fetch(_lock_reservation_sql(), [_pk(reservation_id)])), None)
+    """The transaction's first statement, sent with the bound on its lock waits."""
+    rows = sql.fetch(_lock_reservation_sql(), [_pk(reservation_id)], first=lock_wait_bound())
+    row = next(iter(rows), None)
     if row is None:
         raise ReservationNotFound(reservation_id)
     reservation = sql.row_to(Reservation, row)

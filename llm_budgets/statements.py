@@ -137,10 +137,35 @@ def _server_binding_cursor(vendor: str) -> Any:
     return base.ServerBindingCursor if getattr(base, "is_psycopg3", False) else None
 
 
-def fetch(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+def fetch(
+    sql: str, params: Sequence[Any], *, first: Statement | None = None
+) -> list[tuple[Any, ...]]:
+    """The rows of ``sql``. ``first``: a statement to run before it, whose result is not needed
+    (e.g. a ``set_config``); both go in one round trip where psycopg can pipeline them, and
+    each is still its own statement, so the first takes full effect before the second starts."""
     with _cursor() as cursor:
-        cursor.execute(sql, params)
+        db = _db()
+        if first is None:
+            cursor.execute(sql, params)
+        elif _pipelines(db.vendor):
+            # Errors surface when the pipeline syncs, on leaving the block: translate them too.
+            with db.wrap_database_errors, db.connection.pipeline():
+                cursor.execute(*first)
+                cursor.execute(sql, params)
+        else:
+            cursor.execute(*first)
+            cursor.execute(sql, params)
         return cursor.fetchall()
+
+
+@cache
+def _pipelines(vendor: str) -> bool:
+    """Whether the driver can pipeline statements (psycopg 3 on libpq 14 or later)."""
+    if _server_binding_cursor(vendor) is None:
+        return False
+    import psycopg
+
+    return bool(psycopg.Pipeline.is_supported())
 
 
 def execute(sql: str, params: Sequence[Any]) -> int:

@@ -93,7 +93,8 @@ def test_a_known_end_users_call_runs_five_statements(acme: None, on_postgres: bo
     own = [
         q["sql"]
         for q in (*reserve_queries.captured_queries, *commit_queries.captured_queries)
-        if "SAVEPOINT" not in q["sql"] and not q["sql"].startswith("SELECT set_config")
+        if "SAVEPOINT" not in (q["sql"] or "")
+        and not (q["sql"] or "").startswith("SELECT set_config")
     ]
     # PostgreSQL: reserve reads the context (no kill switch is open, so none can cover the
     # call) and the locked counters, then writes once; commit locks the reservation, then one
