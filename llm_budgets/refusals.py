@@ -13,6 +13,7 @@ from django.db import transaction
 
 from llm_budgets.exceptions import BudgetExceeded, KillSwitchActive
 from llm_budgets.models import Refusal, RefusalKind, Reservation
+from llm_budgets.money import display
 
 logger = logging.getLogger("llm_budgets")
 
@@ -37,7 +38,8 @@ def refusal_record(
         else:
             row.kind = RefusalKind.BUDGET
             row.budget_id = refusal.budget_id
-            row.detail = f"{refusal.scope} {refusal.window} budget, limit {refusal.limit}"[:255]
+            limit = f"{display(refusal.limit)} {refusal.currency}"
+            row.detail = f"{refusal.scope} {refusal.window} budget, limit {limit}"[:255]
             row.remaining = refusal.remaining
             row.requested = refusal.requested
         with transaction.atomic():

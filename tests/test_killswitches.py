@@ -226,7 +226,7 @@ def test_refusals_are_recorded_with_budget_or_switch(acme: None) -> None:
     )
     assert exceeded.budget is not None
     assert exceeded.budget.window == "day"
-    assert "end user acme/u-1 day budget" in exceeded.detail
+    assert exceeded.detail == "end user acme/u-1 day budget, limit 50.00 USD"
     assert switched.kind == RefusalKind.KILL_SWITCH
     assert switched.kill_switch is not None
     assert switched.detail.endswith("attack")
