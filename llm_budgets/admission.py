@@ -30,7 +30,7 @@ from llm_budgets.ledger import (
     bound_lock_wait,
     bound_sqlite_wait,
     ledger_guard,
-    lock_wait_bound,
+    lock_timeout_statement,
 )
 from llm_budgets.models import (
     ApiKey,
@@ -54,7 +54,7 @@ from llm_budgets.selectors import (
     rolling_buckets,
 )
 from llm_budgets.tags import tags_validate
-from llm_budgets.tenants import end_user_ensure, tenant_with_end_user
+from llm_budgets.tenants import end_user_ensure, tenant_get, tenant_with_end_user
 from llm_budgets.usage import tool_calls_validate
 from llm_budgets.windows import rolling_window
 
@@ -174,26 +174,24 @@ def reservation_create(
     with ledger_guard("admission"):
         # The common call, a known end user and a named provider: one statement reads all that
         # is needed before the transaction. Otherwise one read at a time.
-        context = (
-            admission_context(
+        context = None
+        user_obj: EndUser | None
+        if request.end_user is not None and request.provider is not None:
+            context = admission_context(
                 tenant=request.tenant,
                 end_user=request.end_user,
                 provider=request.provider,
                 model=request.model,
                 at=now,
             )
-            if request.end_user is not None and request.provider is not None
-            else None
-        )
-        user_obj: EndUser | None
-        if context is not None:
-            tenant_obj, user_obj = context.tenant, context.end_user
+            if context is not None:
+                tenant_obj, user_obj = context.tenant, context.end_user
+            else:  # the end user's first call: it is created below, once the call is valid
+                tenant_obj, user_obj = tenant_get(request.tenant), None
         else:
             tenant_obj, user_obj = tenant_with_end_user(request.tenant, request.end_user)
         if request.idempotency_key is not None:
-            existing = Reservation.objects.filter(
-                tenant=tenant_obj, idempotency_key=request.idempotency_key
-            ).first()
+            existing = _reservation_with_key(tenant_obj.pk, request.idempotency_key)
             if existing is not None:
                 return existing
         tool_calls = tool_calls_validate(max_tool_calls, field="max_tool_calls")
@@ -256,13 +254,15 @@ def reservation_create(
                 # The reservation is inserted after the checks: a concurrent request with the
                 # same key may have been admitted first, and its hold be what refused this one.
                 # It committed before this transaction could lock the counters, so it is there.
-                first = Reservation.objects.filter(
-                    tenant=tenant_obj, idempotency_key=request.idempotency_key
-                ).first()
+                first = _reservation_with_key(tenant_obj.pk, request.idempotency_key)
                 if first is not None:
                     return first
             refusal_record(refusal, reservation=reservation, now=now)
             raise
+
+
+def _reservation_with_key(tenant_id: int, idempotency_key: str) -> Reservation | None:
+    return Reservation.objects.filter(tenant_id=tenant_id, idempotency_key=idempotency_key).first()
 
 
 @dataclass(frozen=True)
@@ -300,9 +300,10 @@ def _admit(
             if idempotency_key is None:
                 raise
             # A concurrent request with the same key won the insert: return its reservation.
-            return Reservation.objects.get(
-                tenant_id=reservation.tenant_id, idempotency_key=idempotency_key
-            )
+            won = _reservation_with_key(reservation.tenant_id, idempotency_key)
+            if won is None:  # another constraint failed
+                raise
+            return won
     return _hold(reservation, applicable, degrade, api_key_id)
 
 
@@ -350,7 +351,9 @@ def _hold(
                 .order_by("pk")
                 .values_list("pk", flat=True)
             )
-        counters = counters_locked(applicable, first=None if bound_first else lock_wait_bound())
+        counters = counters_locked(
+            applicable, first=None if bound_first else lock_timeout_statement()
+        )
         if len(counters) < len(by_key):
             raise _MissingCounters
         windows = rolling_buckets(applicable) if rolling_ids else {}

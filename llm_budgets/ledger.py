@@ -38,7 +38,7 @@ def bound_sqlite_wait() -> None:
             cursor.execute(f"PRAGMA busy_timeout = {int(conf.LOCK_TIMEOUT_SECONDS * 1000)}")
 
 
-def lock_wait_bound() -> sql.Statement | None:
+def lock_timeout_statement() -> sql.Statement | None:
     """The statement ``bound_lock_wait`` runs, to send ahead of the transaction's first locking
     statement in one round trip (``statements.fetch(..., first=...)``); None where not needed."""
     if connection.vendor != "postgresql":
@@ -51,8 +51,8 @@ def bound_lock_wait() -> None:
 
     Its own statement, not folded into the next one: a statement takes its table locks (e.g.
     behind a migration's ``ALTER TABLE``) before it runs, so only an earlier statement can bound
-    those waits. ``lock_wait_bound`` sends it in the same round trip as the next one."""
-    bound = lock_wait_bound()
+    those waits. ``lock_timeout_statement`` sends it in the same round trip as the next one."""
+    bound = lock_timeout_statement()
     if bound is not None:
         sql.execute(*bound)
 

@@ -18,13 +18,19 @@ from llm_budgets.models import (
     Counter,
     EndUser,
     KillSwitch,
-    Plan,
     Price,
     Scope,
     Tenant,
 )
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pricing import version_in_effect_sql
+from llm_budgets.tenants import (
+    end_user_columns_sql,
+    end_user_from_row,
+    end_user_from_sql,
+    end_user_row_width,
+    end_user_where_sql,
+)
 from llm_budgets.windows import Period, period_for, rolling_window, tenant_period
 
 
@@ -110,7 +116,7 @@ def _applicable_sql(with_end_user: bool) -> str:
 def _budget_order() -> str:
     """``Budget.Meta.ordering`` (as the ORM would order them), then the id."""
     fields = [*(Budget._meta.ordering or ()), "id"]
-    return ", ".join(f"b.{sql.column(Budget, str(f).removesuffix('_id'))}" for f in fields)
+    return ", ".join(f"b.{sql.column(Budget, str(f))}" for f in fields)
 
 
 def _budget_columns() -> str:
@@ -168,13 +174,9 @@ def admission_context(
     if not rows:
         return None
     first = rows[0]
-    user = sql.row_to(EndUser, first)
-    at_tenant = sql.width(EndUser)
-    at_plan = at_tenant + sql.width(Tenant)
-    at_price = at_plan + sql.width(Plan)
+    user = end_user_from_row(first)
+    at_price = end_user_row_width()
     at_budget = at_price + sql.width(Price)
-    user.tenant = sql.row_to(Tenant, first, at_tenant)
-    user.tenant.plan = None if first[at_plan] is None else sql.row_to(Plan, first, at_plan)
     price = None if first[at_price] is None else sql.row_to(Price, first, at_price)
     with_budget = [row for row in rows if row[at_budget] is not None]
     return AdmissionContext(
@@ -201,17 +203,11 @@ def _admission_context_sql() -> str:
         f" AND (k.{auto_clear} IS NULL OR k.{auto_clear} > %s))"
     )
     return (
-        f"SELECT {sql.columns(EndUser, 'u')}, {sql.columns(Tenant, 't')},"  # noqa: S608
-        f" {sql.columns(Plan, 'p')}, {sql.columns(Price, 'v')}, {_budget_columns()},"
-        f" {switch_open}"
-        f" FROM {sql.table(EndUser)} u"
-        f" JOIN {sql.table(Tenant)} t ON t.id = u.{sql.column(EndUser, 'tenant')}"
-        f" LEFT JOIN {sql.table(Plan)} p ON p.id = t.{sql.column(Tenant, 'plan')}"
+        f"SELECT {end_user_columns_sql()}, {sql.columns(Price, 'v')},"
+        f" {_budget_columns()}, {switch_open} {end_user_from_sql()}"
         f" LEFT JOIN {sql.table(Price)} v ON v.id = ({version_in_effect_sql('id')})"
         f" LEFT JOIN {sql.table(Budget)} b ON {_budgets_applying('t.id', 'u.id')}"
-        f" WHERE t.{sql.column(Tenant, 'external_id')} = %s"
-        f" AND u.{sql.column(EndUser, 'external_id')} = %s"
-        f" ORDER BY {_budget_order()}"
+        f" {end_user_where_sql()} ORDER BY {_budget_order()}"
     )
 
 

@@ -30,7 +30,7 @@ from llm_budgets.exceptions import (
     ReservationStateError,
     UnknownPrice,
 )
-from llm_budgets.ledger import bound_sqlite_wait, ledger_guard, lock_wait_bound
+from llm_budgets.ledger import bound_sqlite_wait, ledger_guard, lock_timeout_statement
 from llm_budgets.models import (
     LIVE_STATES,
     BudgetUnit,
@@ -112,7 +112,7 @@ def _locked(reservation_id: UUID, action: str) -> Iterator[Reservation]:
 
 def _lock_reservation(reservation_id: UUID) -> Reservation:
     """The transaction's first statement, sent with the bound on its lock waits."""
-    rows = sql.fetch(_lock_reservation_sql(), [_pk(reservation_id)], first=lock_wait_bound())
+    rows = sql.fetch(_lock_reservation_sql(), [_pk(reservation_id)], first=lock_timeout_statement())
     row = next(iter(rows), None)
     if row is None:
         raise ReservationNotFound(reservation_id)

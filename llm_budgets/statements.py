@@ -75,9 +75,9 @@ def _converters(
     """Per column, what the ORM would apply to a value read from this database (e.g. text to
     Decimal and datetime on SQLite, JSON text to Python on PostgreSQL)."""
     result = []
+    db = _db()
     for index, field in enumerate(_fields(model)):
         col = field.get_col(model._meta.db_table)
-        db = _db()
         found = tuple(db.ops.get_db_converters(col) + col.get_db_converters(db))
         if found:
             result.append((index, col, found))
@@ -100,16 +100,14 @@ def param(model: type[Model], name: str, value: object) -> object:
     return _field(model, name).get_db_prep_value(value, _db())
 
 
-def lock_clause(*, of: Sequence[str] = (), no_key: bool = False) -> str:
-    """``FOR UPDATE`` (of the given table aliases, optionally ``NO KEY``) where the database
-    locks rows; empty on SQLite, where the transaction holds the database write lock from
-    BEGIN."""
+def lock_clause(*, of: Sequence[str] = ()) -> str:
+    """``FOR UPDATE`` (of the given table aliases) where the database locks rows; empty on
+    SQLite, where the transaction holds the database write lock from BEGIN."""
     db = _db()
     if not db.features.has_select_for_update:
         return ""
-    no_key = no_key and db.features.has_select_for_no_key_update
     of_aliases = tuple(of) if db.features.has_select_for_update_of else ()
-    return " " + db.ops.for_update_sql(of=of_aliases, no_key=no_key)
+    return " " + db.ops.for_update_sql(of=of_aliases)
 
 
 def _cursor() -> CursorWrapper:
@@ -168,10 +166,9 @@ def _pipelines(vendor: str) -> bool:
     return bool(psycopg.Pipeline.is_supported())
 
 
-def execute(sql: str, params: Sequence[Any]) -> int:
+def execute(sql: str, params: Sequence[Any]) -> None:
     with _cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.rowcount
 
 
 @cache

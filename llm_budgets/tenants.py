@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 
@@ -128,28 +128,56 @@ def tenant_with_end_user(tenant: str, end_user: str | None) -> tuple[Tenant, End
     if end_user is not None:
         validation.identifier("tenant", tenant)
         validation.identifier("end_user", end_user)
-        row = next(iter(sql.fetch(_end_user_with_tenant_sql(), [tenant, end_user])), None)
-        if row is not None:
-            user = sql.row_to(EndUser, row)
-            user.tenant = sql.row_to(Tenant, row, sql.width(EndUser))
-            at = sql.width(EndUser) + sql.width(Tenant)
-            user.tenant.plan = None if row[at] is None else sql.row_to(Plan, row, at)
+        text = f"SELECT {end_user_columns_sql()} {end_user_from_sql()} {end_user_where_sql()}"
+        rows = sql.fetch(text, [tenant, end_user])
+        if rows:
+            user = end_user_from_row(rows[0])
             return user.tenant, user
     return tenant_get(tenant), None
 
 
+# An end user by external ids with its tenant and the tenant's plan, in one statement without
+# the ORM's compilation (``llm_budgets.statements``): admission's first read, alone or in
+# ``selectors.admission_context``. Parameters: tenant and end user external ids.
+
+
 @functools.cache
-def _end_user_with_tenant_sql() -> str:
-    """An end user by external ids, with its tenant and the tenant's plan (admission's first
-    read; see ``llm_budgets.statements``)."""
+def end_user_columns_sql() -> str:
+    """The columns :func:`end_user_from_row` reads: end user ``u``, tenant ``t``, plan ``p``."""
+    return f"{sql.columns(EndUser, 'u')}, {sql.columns(Tenant, 't')}, {sql.columns(Plan, 'p')}"
+
+
+@functools.cache
+def end_user_from_sql() -> str:
+    """``FROM`` the end user ``u``, its tenant ``t`` and plan ``p``; more joins may follow."""
     return (
-        f"SELECT {sql.columns(EndUser, 'u')}, {sql.columns(Tenant, 't')}, {sql.columns(Plan, 'p')}"  # noqa: S608
-        f" FROM {sql.table(EndUser)} u"
+        f"FROM {sql.table(EndUser)} u"
         f" JOIN {sql.table(Tenant)} t ON t.id = u.{sql.column(EndUser, 'tenant')}"
         f" LEFT JOIN {sql.table(Plan)} p ON p.id = t.{sql.column(Tenant, 'plan')}"
-        f" WHERE t.{sql.column(Tenant, 'external_id')} = %s"
+    )
+
+
+@functools.cache
+def end_user_where_sql() -> str:
+    """``WHERE`` the tenant and end user have the given external ids (two parameters)."""
+    return (
+        f"WHERE t.{sql.column(Tenant, 'external_id')} = %s"
         f" AND u.{sql.column(EndUser, 'external_id')} = %s"
     )
+
+
+def end_user_from_row(row: Sequence[object]) -> EndUser:
+    """The end user at the start of ``row``, with its tenant and plan attached (no queries)."""
+    user = sql.row_to(EndUser, row)
+    user.tenant = sql.row_to(Tenant, row, sql.width(EndUser))
+    at = sql.width(EndUser) + sql.width(Tenant)
+    user.tenant.plan = None if row[at] is None else sql.row_to(Plan, row, at)
+    return user
+
+
+def end_user_row_width() -> int:
+    """How many columns :func:`end_user_columns_sql` selects."""
+    return sql.width(EndUser) + sql.width(Tenant) + sql.width(Plan)
 
 
 def end_user_ensure(tenant: Tenant, external_id: str) -> EndUser:

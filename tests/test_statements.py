@@ -104,6 +104,23 @@ def test_a_known_end_users_call_runs_five_statements(acme: None, on_postgres: bo
     assert counters_drift() == []
 
 
+def test_an_end_users_first_call_reads_the_end_user_once(acme: None) -> None:
+    """The first sight falls back to reading the tenant alone, not the same join again."""
+    with CaptureQueriesContext(connection) as queries:
+        budgets.reserve(
+            tenant="acme",
+            end_user="new-user",
+            provider="openai",
+            model="gpt-4o",
+            input_tokens=10,
+            max_output_tokens=10,
+        )
+    joins = [
+        q for q in queries.captured_queries if 'FROM "llm_budgets_enduser" u' in (q["sql"] or "")
+    ]
+    assert len(joins) == 1, [q["sql"] for q in queries.captured_queries]
+
+
 def test_prepared_statements_on_postgresql(acme: None, on_postgres: bool) -> None:
     """With psycopg's prepare_threshold set (a host setting), the statements are prepared on
     the server: parameters must bind there with the types PostgreSQL infers."""
