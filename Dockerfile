@@ -7,6 +7,7 @@ COPY llm_budgets ./llm_budgets
 RUN pip install --no-cache-dir ".[postgres,celery-beat]" "redis>=5" gunicorn
 COPY manage.py ./
 COPY project ./project
+COPY demo ./demo
 COPY templates ./templates
 EXPOSE 8000
 CMD ["gunicorn", "project.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "3"]

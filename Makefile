@@ -37,7 +37,7 @@ format: install
 	$(BIN)/ruff format .
 
 typecheck: install
-	$(BIN)/mypy llm_budgets
+	$(BIN)/mypy llm_budgets demo
 
 migrations-check: install
 	$(PY) manage.py makemigrations --check --dry-run

@@ -15,17 +15,17 @@ from uuid import UUID
 
 from django.utils import timezone
 
+from llm_budgets import explain as explanations
 from llm_budgets import (
-    admission,
     killswitches,
     limits,
     pricing,
     quotes,
     selectors,
-    settlement,
     tenants,
 )
-from llm_budgets import explain as explanations
+from llm_budgets.engine import admission, settlement
+from llm_budgets.engine.settlement import CommitResult
 from llm_budgets.exceptions import ReservationStateError
 from llm_budgets.models import (
     Budget,
@@ -37,7 +37,6 @@ from llm_budgets.models import (
     Tenant,
 )
 from llm_budgets.quotes import Quote
-from llm_budgets.settlement import CommitResult
 from llm_budgets.usage import Usage
 
 logger = logging.getLogger("llm_budgets")

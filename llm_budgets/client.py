@@ -158,7 +158,7 @@ def _scope_body(
 
 @dataclass(frozen=True)
 class RemoteCommitResult:
-    """What a commit charged; the fields of ``llm_budgets.settlement.CommitResult``."""
+    """What a commit charged; the fields of ``llm_budgets.engine.settlement.CommitResult``."""
 
     reservation_id: uuid.UUID
     state: str

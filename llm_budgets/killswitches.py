@@ -17,9 +17,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from llm_budgets import statements as sql
 from llm_budgets import validation
 from llm_budgets.conf import conf
+from llm_budgets.engine import statements as sql
 from llm_budgets.exceptions import InvalidUsage, KillSwitchActive
 from llm_budgets.models import ApiKey, AuditEvent, EndUser, KillSwitch, Tenant
 from llm_budgets.signals import kill_switch_cleared, kill_switch_tripped
@@ -246,7 +246,7 @@ def kill_switches_covering(
     only). ``models``: every model the request might be served as. ``api_key_id``: the REST API
     key the request came through, if any (a switch on a key covers only calls through it)."""
     # Every admission asks this: one statement without the ORM's compilation (see
-    # ``llm_budgets.statements``). A None id compares unknown in SQL: only unscoped rows match.
+    # ``engine.statements``). A None id compares unknown in SQL: only unscoped rows match.
     model_list = sorted(set(models))
     params = [
         sql.param(KillSwitch, "auto_clear_at", now),

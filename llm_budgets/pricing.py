@@ -19,9 +19,9 @@ from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from llm_budgets import costs, validation
-from llm_budgets import statements as sql
 from llm_budgets.conf import conf
 from llm_budgets.costs import TOKEN_RATES
+from llm_budgets.engine import statements as sql
 from llm_budgets.exceptions import InvalidUsage, UnknownPrice
 from llm_budgets.models import (
     AuditEvent,

@@ -14,8 +14,8 @@ from django.utils import timezone
 from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.costs import Item, customer_hold, worst_case_items
+from llm_budgets.engine.boundary import ledger_guard
 from llm_budgets.exceptions import InvalidUsage, OutputCeilingRequired
-from llm_budgets.ledger import ledger_guard
 from llm_budgets.models import BudgetUnit, EndUser, Price, PricingBasis, Tenant
 from llm_budgets.money import round_hold
 from llm_budgets.pricing import output_ceiling, pricing_for_request

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db.models import Q
 
-from llm_budgets import statements as sql
+from llm_budgets.engine import statements as sql
 from llm_budgets.models import (
     Budget,
     BudgetRaise,
@@ -58,7 +58,7 @@ def applicable_budgets(
 ) -> list[ApplicableBudget]:
     """Global, tenant, and the end user's own budgets (each replacing the ``*`` default for
     its window), each with the period that contains ``at``."""
-    # One statement without the ORM's compilation (see ``llm_budgets.statements``); active
+    # One statement without the ORM's compilation (see ``llm_budgets.engine.statements``); active
     # raises ride along as a subquery: no extra round trip on the admission path.
     when = sql.param(BudgetRaise, "starts_at", at)
     params = [when, when, tenant.pk]
@@ -228,7 +228,7 @@ def counters_locked(
 ) -> list[Counter]:
     """Lock exactly the counter rows of ``applicable`` (``FOR UPDATE``, in primary-key order, so
     concurrent admissions cannot deadlock) and return them; a missing row is simply absent.
-    One statement without the ORM's compilation (see ``llm_budgets.statements``), sent with
+    One statement without the ORM's compilation (see ``llm_budgets.engine.statements``), sent with
     ``first`` if given (``statements.fetch``)."""
     params: list[object] = []
     for budget_id, end_user_id, start in (item.counter_key for item in applicable):

@@ -10,7 +10,8 @@ from functools import partial
 from celery import shared_task
 from django.db import transaction
 
-from llm_budgets import anomalies, retention, rollups, settlement, thresholds
+from llm_budgets import anomalies, retention, rollups, thresholds
+from llm_budgets.engine import settlement
 
 
 @shared_task(name="llm_budgets.sweep_expired_holds", ignore_result=True)

@@ -39,6 +39,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "llm_budgets",
+    "demo",  # the demonstration behind `make demo` (not part of the app)
 ]
 try:  # the admin-editable beat schedule (demo, docker-compose); optional like Celery itself
     import django_celery_beat  # noqa: F401

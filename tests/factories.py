@@ -58,7 +58,7 @@ def billing_contacts(emails: str, *, tenant: str = "acme") -> None:
 
 def reserve_30_at(at: datetime, *, tenant: str = "acme", ttl: int = 120) -> object:
     """A hold of 30 taken at ``at`` (admission's clock), e.g. to make it overdue already."""
-    from llm_budgets.admission import reservation_create
+    from llm_budgets.engine.admission import reservation_create
 
     return reservation_create(
         tenant=tenant,

@@ -14,7 +14,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from llm_budgets import admin_selectors, budgets
+from llm_budgets import budgets
+from llm_budgets.admin import selectors as admin_selectors
 from llm_budgets.admin.ledger import ReservationAdmin, ReservationHoldInline
 from llm_budgets.models import (
     AuditEvent,

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.admission import NoApplicableBudget, reservation_create
+from llm_budgets.engine.admission import NoApplicableBudget, reservation_create
 from llm_budgets.exceptions import (
     BudgetExceeded,
     InvalidUsage,

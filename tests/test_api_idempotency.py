@@ -11,7 +11,8 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from llm_budgets import admission, budgets
+from llm_budgets import budgets
+from llm_budgets.engine import admission
 from llm_budgets.models import ApiKey, Counter, IdempotencyRecord, Reservation
 from tests.api import BASE, client_for, new_key, reserve_body
 from tests.concurrency import run_threads
@@ -159,7 +160,7 @@ def test_concurrent_duplicates_run_once() -> None:
         code = response.json().get("id") or response.json()["error"]["code"]
         return response.status_code, code
 
-    with mock.patch("llm_budgets.admission.reservation_create", side_effect=counted):
+    with mock.patch("llm_budgets.engine.admission.reservation_create", side_effect=counted):
         results = run_threads(8, work)
     assert all(isinstance(r, tuple) for r in results), results
     assert len(calls) == 1, results

@@ -14,6 +14,7 @@ import pytest
 from django.utils import timezone
 
 from llm_budgets import budgets
+from llm_budgets.engine.settlement import CommitResult, reservations_sweep
 from llm_budgets.exceptions import BudgetExceeded, ReservationStateError
 from llm_budgets.models import (
     Counter,
@@ -26,7 +27,6 @@ from llm_budgets.models import (
     UsageRecord,
 )
 from llm_budgets.reconcile import counters_drift
-from llm_budgets.settlement import CommitResult, reservations_sweep
 from tests.concurrency import overspent_counters, patient_lock_waits, run_threads
 from tests.factories import price_fake, reserve_30, seed
 

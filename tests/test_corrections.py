@@ -12,11 +12,11 @@ from django.utils import timezone
 
 from llm_budgets import budgets
 from llm_budgets.adjustments import end_user_spend_reset, usage_void
+from llm_budgets.budget_raises import budget_raise_grant
+from llm_budgets.engine.settlement import reservations_sweep
 from llm_budgets.exceptions import BudgetExceeded, InvalidUsage
 from llm_budgets.models import AuditEvent, Budget, Counter, EndUser, UsageKind, UsageRecord
-from llm_budgets.raises import budget_raise_grant
 from llm_budgets.reconcile import counters_drift
-from llm_budgets.settlement import reservations_sweep
 from tests.factories import reserve_30, seed
 
 pytestmark = pytest.mark.django_db

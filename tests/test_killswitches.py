@@ -136,7 +136,7 @@ def test_an_auto_clear_at_reopens_only_when_the_switch_says_so(acme: None) -> No
     budgets.trip(tenant="acme", reason="cool down", auto_clear_at=later)
     with pytest.raises(KillSwitchActive):
         reserve_30()
-    from llm_budgets.admission import reservation_create
+    from llm_budgets.engine.admission import reservation_create
 
     reservation_create(
         tenant="acme",

@@ -10,7 +10,12 @@ import pytest
 from django.db import IntegrityError
 
 from llm_budgets import budgets
-from llm_budgets.admission import reservation_create
+from llm_budgets.engine.admission import reservation_create
+from llm_budgets.engine.settlement import (
+    reservation_commit,
+    reservation_release,
+    reservations_sweep,
+)
 from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, OutputCeilingRequired, UnknownPrice
 from llm_budgets.models import (
     AuditEvent,
@@ -22,7 +27,6 @@ from llm_budgets.models import (
     UsageRecord,
 )
 from llm_budgets.reconcile import counters_drift
-from llm_budgets.settlement import reservation_commit, reservation_release, reservations_sweep
 
 pytestmark = pytest.mark.django_db
 

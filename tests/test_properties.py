@@ -30,17 +30,17 @@ from hypothesis.stateful import (
 )
 
 from llm_budgets import budgets
-from llm_budgets.admission import reservation_create
-from llm_budgets.exceptions import BudgetExceeded, ReservationStateError
-from llm_budgets.models import Counter, Reservation, ReservationState, Tenant
-from llm_budgets.reconcile import counters_drift
-from llm_budgets.selectors import budget_statuses
-from llm_budgets.settlement import (
+from llm_budgets.engine.admission import reservation_create
+from llm_budgets.engine.settlement import (
     CommitResult,
     reservation_commit,
     reservation_release,
     reservations_sweep,
 )
+from llm_budgets.exceptions import BudgetExceeded, ReservationStateError
+from llm_budgets.models import Counter, Reservation, ReservationState, Tenant
+from llm_budgets.reconcile import counters_drift
+from llm_budgets.selectors import budget_statuses
 from tests.concurrency import overspent_counters
 
 pytestmark = pytest.mark.django_db

@@ -10,10 +10,10 @@ from django.core.management import call_command
 from django.test import override_settings
 from django.utils import timezone
 
+from llm_budgets.engine.settlement import reservation_release, reservations_sweep
 from llm_budgets.models import Reservation, ReservationHold, ReservationState, UsageRecord
 from llm_budgets.reconcile import counters_drift
 from llm_budgets.retention import reservations_purge
-from llm_budgets.settlement import reservation_release, reservations_sweep
 from tests.factories import reserve_30, seed
 
 pytestmark = pytest.mark.django_db

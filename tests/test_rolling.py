@@ -12,8 +12,9 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection
 from django.test.utils import CaptureQueriesContext
 
-from llm_budgets import admission, budgets, settlement
-from llm_budgets.admin_selectors import tenant_overview
+from llm_budgets import budgets
+from llm_budgets.admin.selectors import tenant_overview
+from llm_budgets.engine import admission, settlement
 from llm_budgets.exceptions import BudgetExceeded, InvalidUsage
 from llm_budgets.models import Budget, Counter, Reservation, Tenant
 from llm_budgets.models.budgets import validate_window

@@ -10,9 +10,9 @@ import pytest
 from django.core.management import call_command
 
 from llm_budgets import budgets
+from llm_budgets.engine.settlement import reservation_commit, reservations_sweep
 from llm_budgets.models import Counter, DailyUsage, Reservation
 from llm_budgets.rollups import daily_usage_rebuild, daily_usage_refresh, daily_usage_totals
-from llm_budgets.settlement import reservation_commit, reservations_sweep
 from llm_budgets.tenants import tenant_get
 from tests.factories import price_fake, reserve_30_at
 
@@ -30,7 +30,7 @@ def amsterdam() -> None:
 
 
 def _charge(at: datetime, output_tokens: int, end_user: str | None = None) -> None:
-    from llm_budgets.admission import reservation_create
+    from llm_budgets.engine.admission import reservation_create
 
     reservation = reservation_create(
         tenant="acme",

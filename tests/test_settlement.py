@@ -9,16 +9,16 @@ import pytest
 from django.test import override_settings
 
 from llm_budgets import budgets
-from llm_budgets.admission import reservation_create
-from llm_budgets.exceptions import InvalidUsage, ReservationNotFound, ReservationStateError
-from llm_budgets.models import Counter, ReservationState, UsageKind, UsageRecord
-from llm_budgets.reconcile import counters_drift
-from llm_budgets.settlement import (
+from llm_budgets.engine.admission import reservation_create
+from llm_budgets.engine.settlement import (
     reservation_commit,
     reservation_expire,
     reservation_release,
     reservations_sweep,
 )
+from llm_budgets.exceptions import InvalidUsage, ReservationNotFound, ReservationStateError
+from llm_budgets.models import Counter, ReservationState, UsageKind, UsageRecord
+from llm_budgets.reconcile import counters_drift
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed
 
 pytestmark = pytest.mark.django_db

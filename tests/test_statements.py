@@ -1,4 +1,4 @@
-"""The hot-path statements (``llm_budgets.statements``): rows read back exactly as the ORM reads
+"""The hot-path statements (``engine.statements``): rows read back exactly as the ORM reads
 them, the statement count of a call, and prepared statements on PostgreSQL."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from django.db.models import Model
 from django.test.utils import CaptureQueriesContext
 
 from llm_budgets import budgets
-from llm_budgets import statements as sql
+from llm_budgets.engine import statements as sql
 from llm_budgets.models import Counter, Price, Reservation, UsageRecord
 from llm_budgets.reconcile import counters_drift
 

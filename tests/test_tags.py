@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from llm_budgets import settlement
+from llm_budgets.engine import settlement
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import Counter, Reservation, UsageRecord
 from llm_budgets.tags import MAX_KEY_LENGTH, MAX_TAGS, MAX_VALUE_LENGTH

@@ -11,9 +11,9 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from llm_budgets import tasks
+from llm_budgets.engine.settlement import reservation_mark_uncertain
 from llm_budgets.models import Reservation, ReservationState
 from llm_budgets.schedule import BEAT_SCHEDULE, JOBS, periodic_tasks_install
-from llm_budgets.settlement import reservation_mark_uncertain
 from project import celery_app
 from tests.factories import price_fake, reserve_30, reserve_30_at, seed
 

@@ -13,15 +13,15 @@ from django.test import override_settings
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.models import Counter, Reservation, ReservationState, UsageRecord
-from llm_budgets.reconcile import counters_drift
-from llm_budgets.settlement import (
+from llm_budgets.engine.settlement import (
     reservation_commit,
     reservation_mark_uncertain,
     reservation_release,
     reservations_reconcile,
     reservations_sweep,
 )
+from llm_budgets.models import Counter, Reservation, ReservationState, UsageRecord
+from llm_budgets.reconcile import counters_drift
 from tests.factories import reserve_30, seed
 
 pytestmark = pytest.mark.django_db

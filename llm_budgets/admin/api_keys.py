@@ -13,7 +13,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from llm_budgets.admin.base import actor, adopt
-from llm_budgets.api_keys import api_key_create, api_key_revoke
+from llm_budgets.api.keys import api_key_create, api_key_revoke
 from llm_budgets.models import ApiKey
 
 

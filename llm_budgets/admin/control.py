@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from llm_budgets.adjustments import end_user_spend_reset, usage_void
 from llm_budgets.admin.base import ReadOnlyAdmin, actor, adopt, money_text
+from llm_budgets.budget_raises import budget_raise_grant
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.killswitches import SwitchScope, kill_switch_clear, kill_switch_trip
 from llm_budgets.models import (
@@ -32,7 +33,6 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.raises import budget_raise_grant
 from llm_budgets.tenants import end_user_ensure
 
 RECENT_ROWS = 20

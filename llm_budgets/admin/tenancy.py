@@ -16,7 +16,7 @@ from django.utils.http import urlencode
 
 from llm_budgets.admin.base import actor, adopt, money_text
 from llm_budgets.admin.control import TenantControlMixin, control_context
-from llm_budgets.admin_selectors import tenant_overview
+from llm_budgets.admin.selectors import tenant_overview
 from llm_budgets.models import LIVE_STATES, EndUser, Plan, Scope, Tenant
 from llm_budgets.selectors import BudgetStatus
 from llm_budgets.tenants import end_user_ensure, tenant_ensure

@@ -26,7 +26,7 @@ from rest_framework.response import Response
 from rest_framework.utils.encoders import JSONEncoder
 
 from llm_budgets.api.exceptions import ApiError
-from llm_budgets.ledger import ledger_guard
+from llm_budgets.engine.boundary import ledger_guard
 from llm_budgets.models import ApiKey, IdempotencyRecord
 from llm_budgets.validation import storable
 

@@ -20,13 +20,13 @@ from llm_budgets.api.schema import api_schema
 from llm_budgets.api.scoping import api_key_of, query_id
 from llm_budgets.api.serializers import StrictSerializer, idempotency_key_field
 from llm_budgets.api.views import IDEMPOTENCY_HEADER, ApiView, Pagination, errors
+from llm_budgets.engine.boundary import ledger_guard
 from llm_budgets.killswitches import (
     kill_switch_clear,
     kill_switch_trip,
     kill_switches_in_state,
     switch_scope,
 )
-from llm_budgets.ledger import ledger_guard
 from llm_budgets.models import ApiKey, KillSwitch
 
 STATES = ("open", "cleared")

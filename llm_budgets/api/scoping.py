@@ -7,8 +7,8 @@ from uuid import UUID
 from rest_framework.request import Request
 
 from llm_budgets import tenants, validation
+from llm_budgets.engine.boundary import ledger_guard
 from llm_budgets.exceptions import InvalidUsage, ReservationNotFound, UnknownTenant
-from llm_budgets.ledger import ledger_guard
 from llm_budgets.models import ApiKey, Reservation, Tenant
 
 

@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
-from llm_budgets import admission, limits, quotes, selectors, settlement
+from llm_budgets import limits, quotes, selectors
 from llm_budgets.api import serializers as s
 from llm_budgets.api.authentication import ApiKeyAuthentication
 from llm_budgets.api.exceptions import ApiError, exception_handler
@@ -29,7 +29,8 @@ from llm_budgets.api.permissions import HasApiKey, IsOperatorKey
 from llm_budgets.api.schema import api_schema
 from llm_budgets.api.scoping import api_key_of, query_id, reservation_for, tenant_for
 from llm_budgets.api.throttling import ApiKeyRateThrottle
-from llm_budgets.ledger import ledger_guard
+from llm_budgets.engine import admission, settlement
+from llm_budgets.engine.boundary import ledger_guard
 from llm_budgets.models import Budget, EndUser, Price, Reservation, Tenant
 
 ERROR_TEXT = {

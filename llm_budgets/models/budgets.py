@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError
 from django.db import connections, models
 from django.db.models import Q
 
-from llm_budgets import statements as sql
+from llm_budgets.engine import statements as sql
 from llm_budgets.models.fields import validate_thresholds
 from llm_budgets.models.tenancy import EndUser, Tenant
 from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS, display

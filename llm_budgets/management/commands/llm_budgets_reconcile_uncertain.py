@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from llm_budgets.settlement import reservations_reconcile
+from llm_budgets.engine.settlement import reservations_reconcile
 
 
 class Command(BaseCommand):

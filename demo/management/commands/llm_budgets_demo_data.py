@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from llm_budgets.demo import ADMIN_USERNAME, as_json, demo_data_load, render_data
+from demo.demonstration import ADMIN_USERNAME, as_json, demo_data_load, render_data
 
 
 class Command(BaseCommand):

@@ -15,10 +15,16 @@ from decimal import Decimal
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from llm_budgets import statements as sql
 from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.degradation import Rung, effect_at, ladder_parse, substitutes, used_percent
+from llm_budgets.engine import statements as sql
+from llm_budgets.engine.boundary import (
+    bound_lock_wait,
+    bound_sqlite_wait,
+    ledger_guard,
+    lock_timeout_statement,
+)
 from llm_budgets.exceptions import (
     BudgetExceeded,
     InvalidUsage,
@@ -26,12 +32,6 @@ from llm_budgets.exceptions import (
     NoApplicableBudget,
 )
 from llm_budgets.killswitches import kill_switches_covering, refusal_for
-from llm_budgets.ledger import (
-    bound_lock_wait,
-    bound_sqlite_wait,
-    ledger_guard,
-    lock_timeout_statement,
-)
 from llm_budgets.models import (
     ApiKey,
     Budget,

@@ -9,8 +9,8 @@ from contextlib import contextmanager
 
 from django.db import DatabaseError, connection
 
-from llm_budgets import statements as sql
 from llm_budgets.conf import conf
+from llm_budgets.engine import statements as sql
 from llm_budgets.exceptions import LedgerUnavailable
 
 logger = logging.getLogger("llm_budgets")

@@ -20,17 +20,17 @@ from django.db import connection, transaction
 from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
-from llm_budgets import statements as sql
 from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.costs import actual_cost, customer_charge
+from llm_budgets.engine import statements as sql
+from llm_budgets.engine.boundary import bound_sqlite_wait, ledger_guard, lock_timeout_statement
 from llm_budgets.exceptions import (
     InvalidUsage,
     ReservationNotFound,
     ReservationStateError,
     UnknownPrice,
 )
-from llm_budgets.ledger import bound_sqlite_wait, ledger_guard, lock_timeout_statement
 from llm_budgets.models import (
     LIVE_STATES,
     BudgetUnit,
@@ -126,7 +126,7 @@ def _lock_reservation(reservation_id: UUID) -> Reservation:
 def _lock_reservation_sql() -> str:
     """The reservation with its price version, locking only the reservation: a plain FOR UPDATE
     would also lock the joined price row, which every admission key-share locks for its foreign
-    key (a deadlock). One statement without the ORM's compilation (``llm_budgets.statements``)."""
+    key (a deadlock). One statement without the ORM's compilation (``engine.statements``)."""
     return (
         f"SELECT {sql.columns(Reservation, 'r')}, {sql.columns(Price, 'p')}"  # noqa: S608
         f" FROM {sql.table(Reservation)} r"

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from llm_budgets.demo import as_json, demo_run, render
+from demo.demonstration import as_json, demo_run, render
 
 
 class Command(BaseCommand):
