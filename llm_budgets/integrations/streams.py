@@ -1,0 +1,174 @@
+"""Guarded streams: the SDK's own stream, iterated through the guard's accounting.
+
+Each SDK module subclasses :class:`SyncStreamGuard` / :class:`AsyncStreamGuard` together with the
+SDK's ``Stream`` / ``AsyncStream``, so a guarded stream is still an instance of the SDK's class.
+Every way a stream ends settles its call once:
+
+- read to the end: commit the provider's final usage;
+- the consumer stops early (``break`` out of the loop, ``close()``, leaving ``with``, garbage
+  collection, a cancelled task): close the upstream response at once, so the provider stops
+  generating, and commit what was produced (counted from the deltas);
+- a kill switch covering the call is tripped: noticed at the next chunk after
+  ``switch_check_seconds``; close upstream, commit what was produced, raise ``KillSwitchActive``;
+- the connection breaks, a read times out or the provider sends an error event: close upstream,
+  mark the hold uncertain, re-raise the SDK's error.
+
+A ``break`` out of ``for chunk in stream`` is seen at once in CPython: the loop's iterator (a
+generator delegating with ``yield from``) is closed when the loop drops it. For ``async for`` the
+event loop closes it soon after (asyncio's async-generator finaliser); ``async with`` or
+``await stream.close()`` closes it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from types import TracebackType
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from llm_budgets.exceptions import KillSwitchActive
+from llm_budgets.integrations.guarding import Call
+
+Observe = Callable[[Call, Any], None]
+
+
+class SyncStreamGuard:
+    """Mixed in before the SDK's ``Stream``: ``GuardedStream(inner, call=..., observe=...)``."""
+
+    response: Any
+
+    def __init__(self, inner: Any, *, call: Call, observe: Observe) -> None:  # noqa: D107
+        self._inner = inner
+        self._call = call
+        self._observe = observe
+        self.response = inner.response
+        self._events = self._run()
+
+    @property
+    def hold(self) -> Any:
+        return self._call.hold
+
+    def _run(self) -> Iterator[Any]:
+        call = self._call
+        stopped_by: KillSwitchActive | None = None
+        try:
+            for event in self._inner:
+                self._observe(call, event)
+                stopped_by = call.check_switches()
+                if stopped_by is not None:
+                    break
+                yield event
+        except GeneratorExit:
+            self._inner.close()
+            call.stopped()
+            raise
+        except BaseException as exc:
+            self._inner.close()
+            call.lost(exc)
+            raise
+        if stopped_by is not None:
+            self._inner.close()
+            call.stopped()
+            raise stopped_by
+        call.succeeded(call.final_usage)
+
+    def __next__(self) -> Any:
+        return next(self._events)
+
+    def __iter__(self) -> Iterator[Any]:
+        # ``yield from`` closes ``_events`` when this generator is closed (a ``break``).
+        yield from self._events
+
+    def close(self) -> None:
+        """Close upstream and settle on what was produced (idempotent)."""
+        self._events.close()
+        self._inner.close()
+        self._call.stopped()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class AsyncStreamGuard:
+    """Mixed in before the SDK's ``AsyncStream``."""
+
+    response: Any
+
+    def __init__(self, inner: Any, *, call: Call, observe: Observe) -> None:  # noqa: D107
+        self._inner = inner
+        self._call = call
+        self._observe = observe
+        self.response = inner.response
+        self._events = self._run()
+
+    @property
+    def hold(self) -> Any:
+        return self._call.hold
+
+    async def _run(self) -> AsyncIterator[Any]:
+        call = self._call
+        stopped_by: KillSwitchActive | None = None
+        try:
+            async for event in self._inner:
+                self._observe(call, event)
+                if call.switch_check_due():
+                    stopped_by = await sync_to_async(call.check_switches)(force=True)
+                if stopped_by is not None:
+                    break
+                yield event
+        except GeneratorExit:
+            await self._inner.close()
+            await sync_to_async(call.stopped)()
+            raise
+        except asyncio.CancelledError:
+            # The consumer's task was cancelled while waiting for a chunk: it stopped early.
+            await self._inner.close()
+            await sync_to_async(call.stopped)()
+            raise
+        except BaseException as exc:
+            await self._inner.close()
+            await sync_to_async(call.lost)(exc)
+            raise
+        if stopped_by is not None:
+            await self._inner.close()
+            await sync_to_async(call.stopped)()
+            raise stopped_by
+        await sync_to_async(call.succeeded)(call.final_usage)
+
+    async def __anext__(self) -> Any:
+        return await self._events.__anext__()
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        try:
+            async for event in self._events:
+                yield event
+        finally:
+            await self._events.aclose()
+
+    async def close(self) -> None:
+        """Close upstream and settle on what was produced (idempotent)."""
+        await self._events.aclose()
+        await self._inner.close()
+        if not self._call.settled:
+            await sync_to_async(self._call.stopped)()
+
+    async def __aenter__(self) -> Any:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.close()
