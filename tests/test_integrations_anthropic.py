@@ -89,7 +89,9 @@ def test_batches_are_refused_as_not_guarded(fake: FakeAnthropic) -> None:
         _client(fake.base_url).messages.batches  # type: ignore[attr-defined]  # noqa: B018
 
 
-@pytest.mark.parametrize(("status", "state"), [(529, "released"), (429, "released"), (500, "uncertain")])
+@pytest.mark.parametrize(
+    ("status", "state"), [(529, "released"), (429, "released"), (500, "uncertain")]
+)
 def test_provider_errors(fake: FakeAnthropic, status: int, state: str) -> None:
     fake.then(kind="status", status=status)
     with pytest.raises(anthropic.APIStatusError):
@@ -117,7 +119,7 @@ def test_a_raw_stream_is_charged_message_start_and_delta_usage(fake: FakeAnthrop
     )
     assert isinstance(stream, anthropic.Stream)
     kinds = [event.type for event in stream]
-    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert (kinds[0], kinds[-1]) == ("message_start", "message_stop")
     line = charge_line(only_reservation())
     assert (line.input_tokens, line.output_tokens, line.cost) == (180, 15, COST)
     assert_conserved()
@@ -159,10 +161,14 @@ def test_a_kill_switch_mid_stream(fake: FakeAnthropic) -> None:
     stream = _client(fake.base_url, switch_check_seconds=0.1).messages.create(  # type: ignore[attr-defined]
         model=CLAUDE, max_tokens=1000, messages=MESSAGES, stream=True
     )
-    with pytest.raises(KillSwitchActive):
+
+    def consume() -> None:
         for event in stream:
             if event.type == "content_block_delta":
                 budgets.trip(provider="anthropic", reason="provider incident")
+
+    with pytest.raises(KillSwitchActive):
+        consume()
     assert fake.last.client_closed.wait(WAIT)
     assert only_reservation().state == "committed"
     assert_conserved()

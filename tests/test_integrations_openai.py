@@ -49,12 +49,16 @@ def fake() -> Iterator[FakeOpenAI]:
 
 
 def _client(base_url: str, *, timeout: float = WAIT, **guard_kwargs: object) -> object:
-    sdk = openai.OpenAI(base_url=f"{base_url}/v1", api_key="sk-test", max_retries=0, timeout=timeout)
+    sdk = openai.OpenAI(
+        base_url=f"{base_url}/v1", api_key="sk-test", max_retries=0, timeout=timeout
+    )
     return guard(sdk, tenant="acme", end_user="u-1", **guard_kwargs)  # type: ignore[arg-type]
 
 
 def _async_client(base_url: str, **guard_kwargs: object) -> object:
-    sdk = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="sk-test", max_retries=0, timeout=WAIT)
+    sdk = openai.AsyncOpenAI(
+        base_url=f"{base_url}/v1", api_key="sk-test", max_retries=0, timeout=WAIT
+    )
     return guard(sdk, tenant="acme", end_user="u-1", **guard_kwargs)  # type: ignore[arg-type]
 
 
@@ -164,7 +168,10 @@ def test_priced_calls_it_cannot_guard_are_refused_and_the_rest_passes_through(
 # -- provider errors ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("status", "state"), [(429, "released"), (400, "released"), (503, "released"), (500, "uncertain")])
+@pytest.mark.parametrize(
+    ("status", "state"),
+    [(429, "released"), (400, "released"), (503, "released"), (500, "uncertain")],
+)
 def test_a_provider_error_releases_only_when_it_proves_nothing_was_billed(
     fake: FakeOpenAI, status: int, state: str
 ) -> None:
@@ -267,7 +274,9 @@ def test_closing_a_stream_closes_upstream_and_settles(fake: FakeOpenAI) -> None:
     ) as stream:
         next(stream)
     assert fake.last.client_closed.wait(WAIT)
-    assert charge_line(only_reservation()).output_tokens == len(openai_tokens("Hello from the fake. "))
+    assert charge_line(only_reservation()).output_tokens == len(
+        openai_tokens("Hello from the fake. ")
+    )
     assert_conserved()
 
 
@@ -276,12 +285,14 @@ def test_a_kill_switch_tripped_mid_stream_stops_it(fake: FakeOpenAI) -> None:
     stream = _client(fake.base_url, switch_check_seconds=0.1).chat.completions.create(  # type: ignore[attr-defined]
         model=GPT, messages=MESSAGES, max_completion_tokens=1000, stream=True
     )
-    received = 0
-    with pytest.raises(KillSwitchActive, match="cost spike"):
-        for _ in stream:
-            received += 1
+
+    def consume() -> None:
+        for received, _chunk in enumerate(stream, start=1):
             if received == 1:
                 budgets.trip(tenant="acme", reason="cost spike")
+
+    with pytest.raises(KillSwitchActive, match="cost spike"):
+        consume()
     assert fake.last.client_closed.wait(WAIT), "upstream was not closed"
     assert fake.last.chunks_sent < 300
     line = charge_line(only_reservation())
@@ -296,13 +307,19 @@ def test_the_degraded_model_and_ceiling_are_what_is_sent(fake: FakeOpenAI) -> No
     )
     budgets.ensure_tenant("acme", plan="degrading")
     budgets.set_limit(tenant="acme", amount=Decimal("1000"), window="month")
-    budgets.reserve(tenant="acme", provider="openai", model=GPT, input_tokens=0, max_output_tokens=300)
+    budgets.reserve(
+        tenant="acme", provider="openai", model=GPT, input_tokens=0, max_output_tokens=300
+    )
     _client(fake.base_url, allow_degrade=True).chat.completions.create(  # type: ignore[attr-defined]
         model=GPT, messages=MESSAGES, max_completion_tokens=100
     )
     assert (fake.last.body["model"], fake.last.body["max_completion_tokens"]) == (GPT_MINI, 40)
     degraded = Reservation.objects.get(degraded=True)
-    assert (degraded.model, degraded.requested_model, degraded.state) == (GPT_MINI, GPT, "committed")
+    assert (degraded.model, degraded.requested_model, degraded.state) == (
+        GPT_MINI,
+        GPT,
+        "committed",
+    )
     assert charge_line(degraded).model == GPT_MINI
 
 

@@ -406,17 +406,19 @@ def _refuse_if_switched(
     """One query for every open switch that covers the request; raise for the first that covers
     the model asked for. Returns the switches that only block a ladder substitute, by model."""
     requested = reservation.model
+    # A switch on the priced model also covers the other spellings of its name.
+    priced = {reservation.price.model} if reservation.price is not None else set()
     switches = kill_switches_covering(
         tenant_id=reservation.tenant_id,
         end_user_id=reservation.end_user_id,
         provider=reservation.provider,
-        models={requested, *substitutes(ladder, requested)},
+        models={requested, *priced, *substitutes(ladder, requested)},
         now=reservation.created_at,
         api_key_id=api_key_id,
     )
     blocked: dict[str, KillSwitch] = {}
     for switch in switches:
-        if switch.model in ("", requested):
+        if switch.model in ("", requested, *priced):
             raise _switched(reservation, switch)
         blocked.setdefault(switch.model, switch)
     return blocked

@@ -119,11 +119,11 @@ class GuardedAnthropic(_Proxy):
     copy = with_options
 
 
-class GuardedStream(SyncStreamGuard, anthropic.Stream):  # type: ignore[misc]
+class GuardedStream(SyncStreamGuard, anthropic.Stream):
     """An ``anthropic.Stream`` whose events pass through the guard's accounting."""
 
 
-class AsyncGuardedStream(AsyncStreamGuard, anthropic.AsyncStream):  # type: ignore[misc]
+class AsyncGuardedStream(AsyncStreamGuard, anthropic.AsyncStream):
     """An ``anthropic.AsyncStream`` whose events pass through the guard's accounting."""
 
 
@@ -237,9 +237,7 @@ def _messages_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
     system = kwargs.get("system")
     if given(system):
         messages.append(
-            as_text_message(
-                "system", text_of(system, field_name="system", text_types=_TEXT_PARTS)
-            )
+            as_text_message("system", text_of(system, field_name="system", text_types=_TEXT_PARTS))
         )
     for message in kwargs.get("messages") or []:
         if not isinstance(message, dict) or "role" not in message:
@@ -290,6 +288,8 @@ def _observe(call: Call, event: Any) -> None:
             call.counter.add(getattr(delta, name, None) or "")
     elif kind == "message_delta":
         merged = dict(call.state.get("usage", {}))
-        merged.update({k: v for k, v in _as_dict(getattr(event, "usage", None)).items() if v is not None})
+        merged.update(
+            {k: v for k, v in _as_dict(getattr(event, "usage", None)).items() if v is not None}
+        )
         call.state["usage"] = merged
         call.final_usage = from_anthropic(merged)

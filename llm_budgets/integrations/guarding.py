@@ -235,8 +235,7 @@ class Call:
             return
         self._settled = True
         logger.warning(
-            "llm_budgets: stream of reservation %s broke (%s); its hold stays counted "
-            "(uncertain).",
+            "llm_budgets: stream of reservation %s broke (%s); its hold stays counted (uncertain).",
             self.hold.id,
             type(exc).__name__,
         )
@@ -251,13 +250,16 @@ class Call:
         self.hold.commit(usage=self.final_usage or self._counted_usage())
 
     def _counted_usage(self) -> Usage:
-        assert self.hold is not None and self.counter is not None
+        assert self.hold is not None
+        assert self.counter is not None
         produced = self.counter.produced
         if self.partial_usage is not None:
             return replace(
                 self.partial_usage, output_tokens=max(self.partial_usage.output_tokens, produced)
             )
-        return usage_validate(input_tokens=self.hold.reservation.input_tokens, output_tokens=produced)
+        return usage_validate(
+            input_tokens=self.hold.reservation.input_tokens, output_tokens=produced
+        )
 
     # -- while streaming ---------------------------------------------------------------------
 

@@ -41,7 +41,9 @@ from llm_budgets.usage import Usage, from_openai, usage_validate
 __all__ = ["GuardedOpenAI", "guard"]
 
 ERRORS = SdkErrors(
-    status=openai.APIStatusError, timeout=openai.APITimeoutError, connection=openai.APIConnectionError
+    status=openai.APIStatusError,
+    timeout=openai.APITimeoutError,
+    connection=openai.APIConnectionError,
 )
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text", "refusal"})
 _INSTEAD = (
@@ -146,11 +148,11 @@ class GuardedOpenAI(_Proxy):
 # -- the stream classes: guarded, and still the SDK's own --------------------------------------
 
 
-class GuardedStream(SyncStreamGuard, openai.Stream):  # type: ignore[misc]
+class GuardedStream(SyncStreamGuard, openai.Stream):
     """An ``openai.Stream`` whose chunks pass through the guard's accounting."""
 
 
-class AsyncGuardedStream(AsyncStreamGuard, openai.AsyncStream):  # type: ignore[misc]
+class AsyncGuardedStream(AsyncStreamGuard, openai.AsyncStream):
     """An ``openai.AsyncStream`` whose chunks pass through the guard's accounting."""
 
 
@@ -170,9 +172,7 @@ def _create(method: Any, call: Call, kwargs: dict[str, Any], send: Any, observe:
     return result
 
 
-async def _acreate(
-    method: Any, call: Call, kwargs: dict[str, Any], send: Any, observe: Any
-) -> Any:
+async def _acreate(method: Any, call: Call, kwargs: dict[str, Any], send: Any, observe: Any) -> Any:
     await sync_to_async(call.admit)()
     try:
         result = await method(**send(call, kwargs))

@@ -22,7 +22,7 @@ event loop closes it soon after (asyncio's async-generator finaliser); ``async w
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -39,7 +39,7 @@ class SyncStreamGuard:
 
     response: Any
 
-    def __init__(self, inner: Any, *, call: Call, observe: Observe) -> None:  # noqa: D107
+    def __init__(self, inner: Any, *, call: Call, observe: Observe) -> None:
         self._inner = inner
         self._call = call
         self._observe = observe
@@ -50,7 +50,7 @@ class SyncStreamGuard:
     def hold(self) -> Any:
         return self._call.hold
 
-    def _run(self) -> Iterator[Any]:
+    def _run(self) -> Generator[Any, None, None]:
         call = self._call
         stopped_by: KillSwitchActive | None = None
         try:
@@ -104,7 +104,7 @@ class AsyncStreamGuard:
 
     response: Any
 
-    def __init__(self, inner: Any, *, call: Call, observe: Observe) -> None:  # noqa: D107
+    def __init__(self, inner: Any, *, call: Call, observe: Observe) -> None:
         self._inner = inner
         self._call = call
         self._observe = observe
@@ -115,7 +115,7 @@ class AsyncStreamGuard:
     def hold(self) -> Any:
         return self._call.hold
 
-    async def _run(self) -> AsyncIterator[Any]:
+    async def _run(self) -> AsyncGenerator[Any, None]:
         call = self._call
         stopped_by: KillSwitchActive | None = None
         try:

@@ -46,29 +46,43 @@ class FakeAnthropic(FakeProvider):
     def stream_events(self, seen: Seen, behaviour: Behaviour) -> Iterator[tuple[str, str]]:
         start_usage = {**self.usage, "output_tokens": 1}
         start_usage.pop("server_tool_use", None)
-        yield "message_start", json.dumps(
-            {"type": "message_start", "message": self._message(seen, [], start_usage)}
+        yield (
+            "message_start",
+            json.dumps({"type": "message_start", "message": self._message(seen, [], start_usage)}),
         )
-        yield "content_block_start", json.dumps(
-            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+        yield (
+            "content_block_start",
+            json.dumps(
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {"type": "text", "text": ""},
+                }
+            ),
         )
         for _ in range(behaviour.chunks):
-            yield "content_block_delta", json.dumps(
-                {
-                    "type": "content_block_delta",
-                    "index": 0,
-                    "delta": {"type": "text_delta", "text": behaviour.text},
-                }
+            yield (
+                "content_block_delta",
+                json.dumps(
+                    {
+                        "type": "content_block_delta",
+                        "index": 0,
+                        "delta": {"type": "text_delta", "text": behaviour.text},
+                    }
+                ),
             )
         yield "content_block_stop", json.dumps({"type": "content_block_stop", "index": 0})
-        yield "message_delta", json.dumps(
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                "usage": {
-                    "output_tokens": self.usage["output_tokens"],
-                    "server_tool_use": self.usage.get("server_tool_use"),
-                },
-            }
+        yield (
+            "message_delta",
+            json.dumps(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "usage": {
+                        "output_tokens": self.usage["output_tokens"],
+                        "server_tool_use": self.usage.get("server_tool_use"),
+                    },
+                }
+            ),
         )
         yield "message_stop", json.dumps({"type": "message_stop"})

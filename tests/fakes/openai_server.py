@@ -10,7 +10,12 @@ from typing import Any
 
 from tests.fakes.server import Behaviour, FakeProvider, Seen
 
-DEFAULT_USAGE = {"prompt_tokens": 20, "completion_tokens": 12, "cached_tokens": 5, "reasoning_tokens": 4}
+DEFAULT_USAGE = {
+    "prompt_tokens": 20,
+    "completion_tokens": 12,
+    "cached_tokens": 5,
+    "reasoning_tokens": 4,
+}
 
 
 class FakeOpenAI(FakeProvider):
@@ -85,48 +90,64 @@ class FakeOpenAI(FakeProvider):
         model = seen.body.get("model")
         if seen.path.endswith("/responses"):
             for n in range(behaviour.chunks):
-                yield "response.output_text.delta", json.dumps(
-                    {
-                        "type": "response.output_text.delta",
-                        "item_id": "msg_fake",
-                        "output_index": 0,
-                        "content_index": 0,
-                        "delta": behaviour.text,
-                        "logprobs": [],
-                        "sequence_number": n,
-                    }
-                )
-            yield "response.completed", json.dumps(
-                {
-                    "type": "response.completed",
-                    "sequence_number": behaviour.chunks,
-                    "response": self._response(
-                        seen, behaviour.text * behaviour.chunks, self.responses_usage()
+                yield (
+                    "response.output_text.delta",
+                    json.dumps(
+                        {
+                            "type": "response.output_text.delta",
+                            "item_id": "msg_fake",
+                            "output_index": 0,
+                            "content_index": 0,
+                            "delta": behaviour.text,
+                            "logprobs": [],
+                            "sequence_number": n,
+                        }
                     ),
-                }
+                )
+            yield (
+                "response.completed",
+                json.dumps(
+                    {
+                        "type": "response.completed",
+                        "sequence_number": behaviour.chunks,
+                        "response": self._response(
+                            seen, behaviour.text * behaviour.chunks, self.responses_usage()
+                        ),
+                    }
+                ),
             )
             return
         for _ in range(behaviour.chunks):
-            yield "", json.dumps(
-                {
-                    "id": "chatcmpl-fake",
-                    "object": "chat.completion.chunk",
-                    "created": 1,
-                    "model": model,
-                    "choices": [
-                        {"index": 0, "delta": {"content": behaviour.text}, "finish_reason": None}
-                    ],
-                }
+            yield (
+                "",
+                json.dumps(
+                    {
+                        "id": "chatcmpl-fake",
+                        "object": "chat.completion.chunk",
+                        "created": 1,
+                        "model": model,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "delta": {"content": behaviour.text},
+                                "finish_reason": None,
+                            }
+                        ],
+                    }
+                ),
             )
         if (seen.body.get("stream_options") or {}).get("include_usage"):
-            yield "", json.dumps(
-                {
-                    "id": "chatcmpl-fake",
-                    "object": "chat.completion.chunk",
-                    "created": 1,
-                    "model": model,
-                    "choices": [],
-                    "usage": self.chat_usage(),
-                }
+            yield (
+                "",
+                json.dumps(
+                    {
+                        "id": "chatcmpl-fake",
+                        "object": "chat.completion.chunk",
+                        "created": 1,
+                        "model": model,
+                        "choices": [],
+                        "usage": self.chat_usage(),
+                    }
+                ),
             )
         yield "", "[DONE]"
