@@ -4,12 +4,13 @@ way a call ends, and the ledger and counters after each."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 
 import openai
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 
 from llm_budgets import budgets
 from llm_budgets.exceptions import (
@@ -376,6 +377,34 @@ def test_a_cancelled_async_task_closes_upstream_and_charges_what_was_produced(
 
     async_to_sync(main)()
     assert fake.last.client_closed.wait(WAIT), "upstream was not closed"
+    reservation = only_reservation()
+    assert reservation.state == "committed"
+    assert 0 < charge_line(reservation).output_tokens < 1000
+    assert_conserved()
+
+
+def test_a_kill_switch_stops_a_stalled_async_stream_within_the_bound(fake: FakeOpenAI) -> None:
+    fake.then(chunks=50, stall_after=1)
+    client = _async_client(fake.base_url, switch_check_seconds=0.1)
+
+    async def consume() -> float:
+        stream = await client.chat.completions.create(  # type: ignore[attr-defined]
+            model=GPT, messages=MESSAGES, max_completion_tokens=1000, stream=True
+        )
+        tripped_at = 0.0
+        try:
+            async for _ in stream:
+                if not tripped_at:
+                    await sync_to_async(budgets.trip)(tenant="acme", reason="stalled spend")
+                    tripped_at = time.monotonic()
+        except KillSwitchActive:
+            return time.monotonic() - tripped_at
+        raise AssertionError("the stream ended without the kill switch stopping it")
+
+    noticed_after = async_to_sync(consume)()
+    assert fake.last.client_closed.wait(WAIT), "upstream was not closed"
+    assert fake.last.chunks_sent == 1  # stalled: no chunk arrived to trigger the check
+    assert noticed_after < WAIT
     reservation = only_reservation()
     assert reservation.state == "committed"
     assert 0 < charge_line(reservation).output_tokens < 1000

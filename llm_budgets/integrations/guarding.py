@@ -16,8 +16,10 @@ which model and ceiling to send (the ones held), and settles exactly once:
   it sent one (Anthropic's ``message_start``) and the request's offline count otherwise.
 
 Kill switches are checked while a stream runs, at most every ``switch_check_seconds`` (one indexed
-query, :func:`llm_budgets.killswitches.kill_switches_covering`), when a chunk arrives: a switch
-tripped mid-stream is noticed within ``switch_check_seconds`` plus the gap between two chunks.
+query, :func:`llm_budgets.killswitches.kill_switches_covering`): a switch tripped mid-stream is
+noticed within ``switch_check_seconds`` plus the gap between two chunks (a sync stream looks when a
+chunk arrives), or within ``switch_check_seconds`` for an async stream, which also looks while it
+waits for a chunk (:mod:`llm_budgets.integrations.streams`).
 """
 
 from __future__ import annotations
@@ -263,9 +265,12 @@ class Call:
 
     # -- while streaming ---------------------------------------------------------------------
 
+    def seconds_since_check(self) -> float:
+        return time.monotonic() - self._last_check
+
     def switch_check_due(self) -> bool:
         """Whether ``switch_check_seconds`` have passed since the last look (no query)."""
-        return time.monotonic() - self._last_check >= self.options.switch_check_seconds
+        return self.seconds_since_check() >= self.options.switch_check_seconds
 
     def check_switches(self, *, force: bool = False) -> KillSwitchActive | None:
         """A kill switch that now covers the call, read at most every ``switch_check_seconds``

@@ -22,6 +22,7 @@ event loop closes it soon after (asyncio's async-generator finaliser); ``async w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from types import TracebackType
 from typing import Any
@@ -32,6 +33,8 @@ from llm_budgets.exceptions import KillSwitchActive
 from llm_budgets.integrations.guarding import Call
 
 Observe = Callable[[Call, Any], None]
+# The shortest wait between two looks for a kill switch while an async stream is stalled.
+STALL_POLL_SECONDS = 0.05
 
 
 class SyncStreamGuard:
@@ -118,14 +121,17 @@ class AsyncStreamGuard:
     async def _run(self) -> AsyncGenerator[Any, None]:
         call = self._call
         stopped_by: KillSwitchActive | None = None
+        events = self._inner.__aiter__()
         try:
-            async for event in self._inner:
+            while stopped_by is None:
+                got, event, stopped_by = await self._next_or_switch(events)
+                if not got or stopped_by is not None:
+                    break
                 self._observe(call, event)
                 if call.switch_check_due():
                     stopped_by = await sync_to_async(call.check_switches)(force=True)
-                if stopped_by is not None:
-                    break
-                yield event
+                if stopped_by is None:
+                    yield event
         except GeneratorExit:
             await self._inner.close()
             await sync_to_async(call.stopped)()
@@ -144,6 +150,36 @@ class AsyncStreamGuard:
             await sync_to_async(call.stopped)()
             raise stopped_by
         await sync_to_async(call.succeeded)(call.final_usage)
+
+    async def _next_or_switch(
+        self, events: AsyncIterator[Any]
+    ) -> tuple[bool, Any, KillSwitchActive | None]:
+        """The next event (``(True, event, None)``, or ``(False, None, None)`` at the end), while
+        looking for a kill switch every ``switch_check_seconds`` as long as none comes: a stalled
+        stream is stopped within the bound too. A switch found cancels the read."""
+        call = self._call
+        read = asyncio.ensure_future(events.__anext__())
+        try:
+            while True:
+                due = call.options.switch_check_seconds - call.seconds_since_check()
+                done, _ = await asyncio.wait({read}, timeout=max(due, STALL_POLL_SECONDS))
+                if done:
+                    break
+                stopped_by = await sync_to_async(call.check_switches)(force=True)
+                if stopped_by is not None:
+                    read.cancel()
+                    with contextlib.suppress(BaseException):
+                        await read
+                    return False, None, stopped_by
+        except BaseException:
+            read.cancel()
+            with contextlib.suppress(BaseException):
+                await read
+            raise
+        try:
+            return True, read.result(), None
+        except StopAsyncIteration:
+            return False, None, None
 
     async def __anext__(self) -> Any:
         return await self._events.__anext__()

@@ -5,6 +5,7 @@ whether the client closed a stream before its end, so a test can prove upstream 
 from __future__ import annotations
 
 import json
+import select
 import socket
 import threading
 import time
@@ -27,6 +28,7 @@ class Behaviour:
     chunks: int = 3  # output deltas in a stream
     delay: float = 0.0  # seconds between stream chunks
     text: str = "Hello from the fake. "
+    stall_after: int | None = None  # stop sending after this many stream events, until unstall
 
 
 @dataclass
@@ -121,6 +123,9 @@ class FakeProvider:
                 return
             if behaviour.delay and index:
                 time.sleep(behaviour.delay)
+            if behaviour.stall_after is not None and index == behaviour.stall_after:
+                self._stall(handler, seen)
+                return
             payload = (f"event: {event}\n" if event else "") + f"data: {data}\n\n"
             raw = payload.encode()
             handler.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
@@ -128,6 +133,15 @@ class FakeProvider:
             seen.chunks_sent += 1
         handler.wfile.write(b"0\r\n\r\n")
         handler.wfile.flush()
+
+    def _stall(self, handler: BaseHTTPRequestHandler, seen: Seen) -> None:
+        """Send nothing more until ``unstall`` (bounded), noticing if the client closes."""
+        deadline = time.monotonic() + WAIT
+        while not self.unstall.is_set() and time.monotonic() < deadline:
+            readable, _, _ = select.select([handler.connection], [], [], 0.02)
+            if readable and not handler.connection.recv(1, socket.MSG_PEEK):
+                seen.client_closed.set()
+                return
 
     def _send(self, handler: BaseHTTPRequestHandler, status: int, body: dict[str, Any]) -> None:
         raw = json.dumps(body).encode()
