@@ -189,3 +189,38 @@ def test_the_async_client_and_its_stream_helper(fake: FakeAnthropic) -> None:
     lines = UsageRecord.objects.filter(kind="charge")
     assert [line.cost for line in lines] == [COST, COST]
     assert_conserved()
+
+
+def test_leaving_the_async_stream_helper_early_closes_upstream(fake: FakeAnthropic) -> None:
+    fake.then(chunks=200, delay=0.02)
+    sdk = anthropic.AsyncAnthropic(base_url=fake.base_url, api_key="sk-test", max_retries=0)
+    client = guard(sdk, tenant="acme", end_user="u-1")
+
+    async def call() -> None:
+        async with client.messages.stream(
+            model=CLAUDE, max_tokens=1000, messages=MESSAGES
+        ) as stream:
+            async for _text in stream.text_stream:
+                break
+
+    async_to_sync(call)()
+    assert fake.last.client_closed.wait(WAIT), "upstream was not closed"
+    reservation = only_reservation()
+    assert reservation.state == "committed"
+    line = charge_line(reservation)
+    assert line.input_tokens == 180
+    assert 0 < line.output_tokens < 1000
+    assert_conserved()
+
+
+def test_a_connection_lost_mid_stream_is_uncertain(fake: FakeAnthropic) -> None:
+    fake.then(kind="drop", chunks=8)
+    stream = _client(fake.base_url).messages.create(  # type: ignore[attr-defined]
+        model=CLAUDE, max_tokens=100, messages=MESSAGES, stream=True
+    )
+    # This SDK lets the HTTP client's own error through mid-stream (OpenAI's wraps it).
+    with pytest.raises(Exception, match=r"peer closed connection|Connection error"):
+        list(stream)
+    assert only_reservation().state == "uncertain"
+    assert tenant_counter().reserved == only_reservation().amount
+    assert_conserved()

@@ -154,6 +154,25 @@ def test_several_choices_are_refused_before_sending(fake: FakeOpenAI) -> None:
     assert fake.requests == []
 
 
+def test_extra_body_cannot_override_what_was_priced(fake: FakeOpenAI) -> None:
+    with pytest.raises(InvalidUsage, match="extra_body sets max_completion_tokens"):
+        _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
+            model=GPT,
+            messages=MESSAGES,
+            max_completion_tokens=10,
+            extra_body={"max_completion_tokens": 100000},
+        )
+    assert fake.requests == []
+
+
+def test_both_ceiling_parameters_are_sent_as_the_held_ceiling(fake: FakeOpenAI) -> None:
+    _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
+        model=GPT, messages=MESSAGES, max_completion_tokens=50, max_tokens=5000
+    )
+    assert (fake.last.body["max_completion_tokens"], fake.last.body["max_tokens"]) == (50, 50)
+    assert only_reservation().max_output_tokens == 50
+
+
 def test_priced_calls_it_cannot_guard_are_refused_and_the_rest_passes_through(
     fake: FakeOpenAI,
 ) -> None:
@@ -431,3 +450,17 @@ def openai_tokens(text: str) -> list[int]:
     name = encoding_name("openai", GPT)
     assert name is not None
     return encoding(name).encode(text)
+
+
+def test_breaking_out_of_a_responses_stream_closes_upstream(fake: FakeOpenAI) -> None:
+    fake.then(chunks=200, delay=0.02)
+    stream = _client(fake.base_url).responses.create(  # type: ignore[attr-defined]
+        model=GPT, input="hi", max_output_tokens=1000, stream=True
+    )
+    for event in stream:
+        if event.type == "response.output_text.delta":
+            break
+    assert fake.last.client_closed.wait(WAIT), "upstream was not closed"
+    line = charge_line(only_reservation())
+    assert line.output_tokens == len(openai_tokens("Hello from the fake. "))
+    assert_conserved()

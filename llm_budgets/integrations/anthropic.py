@@ -32,6 +32,7 @@ from llm_budgets.integrations.guarding import (
     as_text_message,
     given,
     json_text,
+    refuse_priced_extra_body,
     text_of,
 )
 from llm_budgets.integrations.proxy import ClientProxy
@@ -230,6 +231,7 @@ def _usage(usage: object) -> Usage | None:
 
 
 def _messages_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
+    refuse_priced_extra_body(kwargs)
     model = kwargs.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidUsage("model is required.", field="model")

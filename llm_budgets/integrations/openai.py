@@ -32,6 +32,7 @@ from llm_budgets.integrations.guarding import (
     as_text_message,
     given,
     json_text,
+    refuse_priced_extra_body,
     text_of,
 )
 from llm_budgets.integrations.proxy import ClientProxy
@@ -224,6 +225,7 @@ def _model(kwargs: dict[str, Any]) -> str:
 
 
 def _chat_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
+    refuse_priced_extra_body(kwargs)
     if given(kwargs.get("n")) and kwargs["n"] != 1:
         raise InvalidUsage(
             "n must be 1 through the guard: each choice can use the whole output ceiling, so "
@@ -258,8 +260,11 @@ def _chat_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
 def _chat_send(call: Call, kwargs: dict[str, Any]) -> dict[str, Any]:
     sent = dict(kwargs)
     sent["model"] = call.model_sent
-    legacy = given(kwargs.get("max_tokens")) and not given(kwargs.get("max_completion_tokens"))
-    sent["max_tokens" if legacy else "max_completion_tokens"] = call.ceiling_sent
+    # The held ceiling in the parameter the caller used (both, if both were given).
+    if given(kwargs.get("max_tokens")):
+        sent["max_tokens"] = call.ceiling_sent
+    if given(kwargs.get("max_completion_tokens")) or not given(kwargs.get("max_tokens")):
+        sent["max_completion_tokens"] = call.ceiling_sent
     if kwargs.get("stream") is True:
         stream_options = dict(kwargs.get("stream_options") or {})
         stream_options["include_usage"] = True
@@ -287,6 +292,7 @@ def _observe_chat(call: Call, chunk: Any) -> None:
 
 
 def _responses_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
+    refuse_priced_extra_body(kwargs)
     for name in ("previous_response_id", "conversation", "prompt"):
         if given(kwargs.get(name)):
             raise InvalidUsage(
