@@ -36,7 +36,7 @@ from django.utils import timezone
 from llm_budgets import budgets
 from llm_budgets.exceptions import BudgetError, InvalidUsage, KillSwitchActive
 from llm_budgets.killswitches import kill_switches_covering, refusal_for
-from llm_budgets.tokens import _bound, encoding, encoding_name
+from llm_budgets.tokens import count_input_tokens
 from llm_budgets.usage import Usage, usage_validate
 
 logger = logging.getLogger("llm_budgets")
@@ -85,12 +85,14 @@ class GuardOptions:
 
 
 class OutputCounter:
-    """Output tokens counted from a stream's text deltas: exactly with tiktoken for OpenAI-family
-    models, else the conservative bound of ``llm_budgets.tokens`` (one token per UTF-8 byte, times
-    the safety margin). Never more than the ceiling that was held: the provider cannot exceed it."""
+    """Output tokens counted from a stream's text deltas with the app's offline counter
+    (``llm_budgets.tokens``): exactly with tiktoken for OpenAI-family models, else its
+    conservative bound (one token per UTF-8 byte, times the safety margin). Never more than the
+    ceiling that was held (the provider cannot exceed it), never less than one token a delta."""
 
     def __init__(self, *, provider: str, model: str, ceiling: int) -> None:
-        self._encoding_name = encoding_name(provider, model)
+        self.provider = provider
+        self.model = model
         self.ceiling = ceiling
         self.tokens = 0
         self.deltas = 0
@@ -99,14 +101,10 @@ class OutputCounter:
         if not text:
             return
         self.deltas += 1
-        if self._encoding_name is not None:
-            self.tokens += len(encoding(self._encoding_name).encode(text, disallowed_special=()))
-        else:
-            self.tokens += _bound([text], 0)
+        self.tokens += count_input_tokens(provider=self.provider, model=self.model, prompt=text)
 
     @property
     def produced(self) -> int:
-        # Each delta the provider sent carries at least one token.
         return min(max(self.tokens, self.deltas), self.ceiling)
 
 
