@@ -26,6 +26,7 @@ from asgiref.sync import sync_to_async
 
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.integrations.guarding import (
+    SWITCH_CHECK_SECONDS,
     Call,
     GuardOptions,
     SdkErrors,
@@ -36,8 +37,14 @@ from llm_budgets.integrations.guarding import (
     text_of,
 )
 from llm_budgets.integrations.proxy import ClientProxy
-from llm_budgets.integrations.streams import AsyncStreamGuard, SyncStreamGuard
-from llm_budgets.usage import Usage, from_anthropic
+from llm_budgets.integrations.streams import (
+    AsyncStreamGuard,
+    Sdk,
+    SyncStreamGuard,
+    asend,
+    send,
+)
+from llm_budgets.usage import from_anthropic
 
 __all__ = ["GuardedAnthropic", "guard"]
 
@@ -62,7 +69,7 @@ def guard(
     allow_degrade: bool = False,
     provider: str = "anthropic",
     ttl: int | None = None,
-    switch_check_seconds: float | None = None,
+    switch_check_seconds: float = SWITCH_CHECK_SECONDS,
 ) -> Any:
     """Wrap ``client`` so every priced call is admitted and settled against ``tenant``'s
     budgets (the arguments as in :func:`llm_budgets.integrations.openai.guard`)."""
@@ -73,7 +80,7 @@ def guard(
         allow_degrade=allow_degrade,
         provider=provider,
         ttl=ttl,
-        **({} if switch_check_seconds is None else {"switch_check_seconds": switch_check_seconds}),
+        switch_check_seconds=switch_check_seconds,
     )
     return GuardedAnthropic(client, options)
 
@@ -99,8 +106,8 @@ class _Messages(_Proxy):
     def create(self, **kwargs: Any) -> Any:
         call = _messages_call(self._options, kwargs)
         if self.is_async:
-            return _acreate(self._target.create, call, kwargs)
-        return _create(self._target.create, call, kwargs)
+            return asend(SDK, self._target.create, call, kwargs, _send, _observe)
+        return send(SDK, self._target.create, call, kwargs, _send, _observe)
 
     def stream(self, **kwargs: Any) -> Any:
         call = _messages_call(self._options, kwargs)
@@ -128,36 +135,16 @@ class AsyncGuardedStream(AsyncStreamGuard, anthropic.AsyncStream):
     """An ``anthropic.AsyncStream`` whose events pass through the guard's accounting."""
 
 
-def _create(method: Any, call: Call, kwargs: dict[str, Any]) -> Any:
-    call.admit()
-    try:
-        result = method(**_send(call, kwargs))
-    except BaseException as exc:
-        call.failed(exc)
-        raise
-    if isinstance(result, anthropic.Stream):
-        return GuardedStream(result, call=call, observe=_observe)
-    call.succeeded(_usage(getattr(result, "usage", None)))
-    return result
+SDK = Sdk(
+    stream=anthropic.Stream,
+    async_stream=anthropic.AsyncStream,
+    guarded_stream=GuardedStream,
+    async_guarded_stream=AsyncGuardedStream,
+    usage=lambda usage: None if usage is None else from_anthropic(usage),
+)
 
 
-async def _acreate(method: Any, call: Call, kwargs: dict[str, Any]) -> Any:
-    await sync_to_async(call.admit)()
-    try:
-        result = await method(**_send(call, kwargs))
-    except BaseException as exc:
-        await sync_to_async(call.failed)(exc)
-        raise
-    if isinstance(result, anthropic.AsyncStream):
-        return AsyncGuardedStream(result, call=call, observe=_observe)
-    await sync_to_async(call.succeeded)(_usage(getattr(result, "usage", None)))
-    return result
-
-
-class GuardedStreamManager:
-    """What ``messages.stream(...)`` returns: admits on ``__enter__`` (when the request is sent),
-    gives the SDK's ``MessageStream`` reading a guarded raw stream, settles on ``__exit__``."""
-
+class _StreamManager:
     def __init__(self, method: Any, call: Call, kwargs: dict[str, Any]) -> None:
         self._method = method
         self._call = call
@@ -166,7 +153,13 @@ class GuardedStreamManager:
 
     @property
     def hold(self) -> Any:
+        """The reservation's ``Hold`` (once entered)."""
         return self._call.hold
+
+
+class GuardedStreamManager(_StreamManager):
+    """What ``messages.stream(...)`` returns: admits on ``__enter__`` (when the request is sent),
+    gives the SDK's ``MessageStream`` reading a guarded raw stream, settles on ``__exit__``."""
 
     def __enter__(self) -> Any:
         call = self._call
@@ -191,18 +184,8 @@ class GuardedStreamManager:
             self._manager.__exit__(exc_type, exc, exc_tb)
 
 
-class AsyncGuardedStreamManager:
+class AsyncGuardedStreamManager(_StreamManager):
     """The ``AsyncAnthropic`` form of :class:`GuardedStreamManager` (``async with``)."""
-
-    def __init__(self, method: Any, call: Call, kwargs: dict[str, Any]) -> None:
-        self._method = method
-        self._call = call
-        self._kwargs = kwargs
-        self._manager: Any = None
-
-    @property
-    def hold(self) -> Any:
-        return self._call.hold
 
     async def __aenter__(self) -> Any:
         call = self._call
@@ -224,10 +207,6 @@ class AsyncGuardedStreamManager:
     ) -> None:
         if self._manager is not None:
             await self._manager.__aexit__(exc_type, exc, exc_tb)
-
-
-def _usage(usage: object) -> Usage | None:
-    return None if usage is None else from_anthropic(usage)
 
 
 def _messages_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:

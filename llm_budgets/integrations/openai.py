@@ -22,10 +22,10 @@ from __future__ import annotations
 from typing import Any
 
 import openai
-from asgiref.sync import sync_to_async
 
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.integrations.guarding import (
+    SWITCH_CHECK_SECONDS,
     Call,
     GuardOptions,
     SdkErrors,
@@ -36,7 +36,13 @@ from llm_budgets.integrations.guarding import (
     text_of,
 )
 from llm_budgets.integrations.proxy import ClientProxy
-from llm_budgets.integrations.streams import AsyncStreamGuard, SyncStreamGuard
+from llm_budgets.integrations.streams import (
+    AsyncStreamGuard,
+    Sdk,
+    SyncStreamGuard,
+    asend,
+    send,
+)
 from llm_budgets.usage import Usage, from_openai, usage_validate
 
 __all__ = ["GuardedOpenAI", "guard"]
@@ -90,7 +96,7 @@ def guard(
     allow_degrade: bool = False,
     provider: str = "openai",
     ttl: int | None = None,
-    switch_check_seconds: float | None = None,
+    switch_check_seconds: float = SWITCH_CHECK_SECONDS,
 ) -> Any:
     """Wrap ``client`` so every priced call is admitted and settled against ``tenant``'s
     budgets. ``provider``: whose prices apply (e.g. ``"azure"`` for an Azure endpoint).
@@ -104,7 +110,7 @@ def guard(
         allow_degrade=allow_degrade,
         provider=provider,
         ttl=ttl,
-        **({} if switch_check_seconds is None else {"switch_check_seconds": switch_check_seconds}),
+        switch_check_seconds=switch_check_seconds,
     )
     return GuardedOpenAI(client, options)
 
@@ -119,8 +125,8 @@ class _ChatCompletions(_Proxy):
     def create(self, **kwargs: Any) -> Any:
         call = _chat_call(self._options, kwargs)
         if self.is_async:
-            return _acreate(self._target.create, call, kwargs, _chat_send, _observe_chat)
-        return _create(self._target.create, call, kwargs, _chat_send, _observe_chat)
+            return asend(SDK, self._target.create, call, kwargs, _chat_send, _observe_chat)
+        return send(SDK, self._target.create, call, kwargs, _chat_send, _observe_chat)
 
 
 class _Chat(_Proxy):
@@ -131,8 +137,10 @@ class _Responses(_Proxy):
     def create(self, **kwargs: Any) -> Any:
         call = _responses_call(self._options, kwargs)
         if self.is_async:
-            return _acreate(self._target.create, call, kwargs, _responses_send, _observe_responses)
-        return _create(self._target.create, call, kwargs, _responses_send, _observe_responses)
+            return asend(
+                SDK, self._target.create, call, kwargs, _responses_send, _observe_responses
+            )
+        return send(SDK, self._target.create, call, kwargs, _responses_send, _observe_responses)
 
 
 class GuardedOpenAI(_Proxy):
@@ -157,43 +165,6 @@ class AsyncGuardedStream(AsyncStreamGuard, openai.AsyncStream):
     """An ``openai.AsyncStream`` whose chunks pass through the guard's accounting."""
 
 
-# -- calling -----------------------------------------------------------------------------------
-
-
-def _create(method: Any, call: Call, kwargs: dict[str, Any], send: Any, observe: Any) -> Any:
-    call.admit()
-    try:
-        result = method(**send(call, kwargs))
-    except BaseException as exc:
-        call.failed(exc)
-        raise
-    if isinstance(result, openai.Stream):
-        return GuardedStream(result, call=call, observe=observe)
-    call.succeeded(openai_usage(getattr(result, "usage", None)))
-    return result
-
-
-async def _acreate(method: Any, call: Call, kwargs: dict[str, Any], send: Any, observe: Any) -> Any:
-    await sync_to_async(call.admit)()
-    try:
-        result = await method(**send(call, kwargs))
-    except BaseException as exc:
-        await sync_to_async(call.failed)(exc)
-        raise
-    if isinstance(result, openai.AsyncStream):
-        return AsyncGuardedStream(result, call=call, observe=observe)
-    await sync_to_async(call.succeeded)(openai_usage(getattr(result, "usage", None)))
-    return result
-
-
-def _field(obj: object, name: str) -> Any:
-    if obj is None:
-        return None
-    if isinstance(obj, dict):
-        return obj.get(name)
-    return getattr(obj, name, None)
-
-
 def openai_usage(usage: object) -> Usage | None:
     """OpenAI's usage (Chat Completions or Responses) in the app's convention, with cache writes
     (``prompt_tokens_details.cache_write_tokens``) when the API reports them."""
@@ -212,6 +183,26 @@ def openai_usage(usage: object) -> Usage | None:
         cache_write_tokens=writes,
         reasoning_tokens=counted.reasoning_tokens,
     )
+
+
+SDK = Sdk(
+    stream=openai.Stream,
+    async_stream=openai.AsyncStream,
+    guarded_stream=GuardedStream,
+    async_guarded_stream=AsyncGuardedStream,
+    usage=openai_usage,
+)
+
+
+# -- calling -----------------------------------------------------------------------------------
+
+
+def _field(obj: object, name: str) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
 
 
 # -- chat completions --------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Guarded streams: the SDK's own stream, iterated through the guard's accounting.
+"""Sending a guarded request, and guarded streams: the SDK's own stream, iterated through the
+guard's accounting.
 
 Each SDK module subclasses :class:`SyncStreamGuard` / :class:`AsyncStreamGuard` together with the
 SDK's ``Stream`` / ``AsyncStream``, so a guarded stream is still an instance of the SDK's class.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -31,15 +33,62 @@ from asgiref.sync import sync_to_async
 
 from llm_budgets.exceptions import KillSwitchActive
 from llm_budgets.integrations.guarding import Call
+from llm_budgets.usage import Usage
 
 Observe = Callable[[Call, Any], None]
 # The shortest wait between two looks for a kill switch while an async stream is stalled.
 STALL_POLL_SECONDS = 0.05
 
 
-class SyncStreamGuard:
-    """Mixed in before the SDK's ``Stream``: ``GuardedStream(inner, call=..., observe=...)``."""
+@dataclass(frozen=True)
+class Sdk:
+    """What sending needs to know of an SDK: its stream classes, their guarded subclasses, and
+    how to read usage from a whole response."""
 
+    stream: type
+    async_stream: type
+    guarded_stream: type[SyncStreamGuard]
+    async_guarded_stream: type[AsyncStreamGuard]
+    usage: Callable[[object], Usage | None]
+
+
+Pin = Callable[[Call, dict[str, Any]], dict[str, Any]]
+
+
+def send(
+    sdk: Sdk, method: Any, call: Call, kwargs: dict[str, Any], pin: Pin, observe: Observe
+) -> Any:
+    """Admit, then call ``method`` with ``kwargs`` pinned to what was held (``pin``: the model
+    and ceiling granted), and settle its answer, or return its stream guarded."""
+    call.admit()
+    try:
+        result = method(**pin(call, kwargs))
+    except BaseException as exc:
+        call.failed(exc)
+        raise
+    if isinstance(result, sdk.stream):
+        return sdk.guarded_stream(result, call=call, observe=observe)
+    call.succeeded(sdk.usage(getattr(result, "usage", None)))
+    return result
+
+
+async def asend(
+    sdk: Sdk, method: Any, call: Call, kwargs: dict[str, Any], pin: Pin, observe: Observe
+) -> Any:
+    """``send`` for async clients (the ledger is reached through ``sync_to_async``)."""
+    await sync_to_async(call.admit)()
+    try:
+        result = await method(**pin(call, kwargs))
+    except BaseException as exc:
+        await sync_to_async(call.failed)(exc)
+        raise
+    if isinstance(result, sdk.async_stream):
+        return sdk.async_guarded_stream(result, call=call, observe=observe)
+    await sync_to_async(call.succeeded)(sdk.usage(getattr(result, "usage", None)))
+    return result
+
+
+class _StreamGuard:
     response: Any
 
     def __init__(self, inner: Any, *, call: Call, observe: Observe) -> None:
@@ -49,9 +98,17 @@ class SyncStreamGuard:
         self.response = inner.response
         self._events = self._run()
 
+    def _run(self) -> Any:
+        raise NotImplementedError
+
     @property
     def hold(self) -> Any:
+        """The reservation's ``Hold``."""
         return self._call.hold
+
+
+class SyncStreamGuard(_StreamGuard):
+    """Mixed in before the SDK's ``Stream``: ``GuardedStream(inner, call=..., observe=...)``."""
 
     def _run(self) -> Generator[Any, None, None]:
         call = self._call
@@ -102,21 +159,8 @@ class SyncStreamGuard:
         self.close()
 
 
-class AsyncStreamGuard:
+class AsyncStreamGuard(_StreamGuard):
     """Mixed in before the SDK's ``AsyncStream``."""
-
-    response: Any
-
-    def __init__(self, inner: Any, *, call: Call, observe: Observe) -> None:
-        self._inner = inner
-        self._call = call
-        self._observe = observe
-        self.response = inner.response
-        self._events = self._run()
-
-    @property
-    def hold(self) -> Any:
-        return self._call.hold
 
     async def _run(self) -> AsyncGenerator[Any, None]:
         call = self._call
