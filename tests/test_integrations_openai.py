@@ -17,6 +17,7 @@ from llm_budgets.exceptions import (
     BudgetExceeded,
     InvalidUsage,
     KillSwitchActive,
+    LedgerUnavailable,
     OutputCeilingRequired,
 )
 from llm_budgets.integrations.guarding import NotGuarded
@@ -114,6 +115,23 @@ def test_the_responses_api_is_guarded_too(fake: FakeOpenAI) -> None:
     line = charge_line(only_reservation())
     assert (line.input_tokens, line.cached_input_tokens, line.output_tokens) == (20, 5, 12)
     assert_conserved()
+
+
+def test_a_ledger_down_after_the_call_still_returns_the_answer_and_keeps_the_hold(
+    fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def ledger_down(*args: object, **kwargs: object) -> None:
+        raise LedgerUnavailable("database gone")
+
+    monkeypatch.setattr(budgets.Hold, "commit", ledger_down)
+    response = _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
+        model=GPT, messages=MESSAGES, max_completion_tokens=100
+    )
+    assert response.choices[0].message.content.startswith("Hello")
+    reservation = only_reservation()
+    assert reservation.state == "held"  # counted until it expires, then charged as estimated
+    assert tenant_counter().reserved == reservation.amount
+    assert "could not commit" in caplog.text
 
 
 # -- refusals: nothing is sent -----------------------------------------------------------------

@@ -24,10 +24,11 @@ waits for a chunk (:mod:`llm_budgets.integrations.streams`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -209,7 +210,8 @@ class Call:
         if self._settled or self.hold is None:
             return
         self._settled = True
-        self.hold.commit(usage=usage if usage is not None else self._counted_usage())
+        with self._settling("commit"):
+            self.hold.commit(usage=usage if usage is not None else self._counted_usage())
 
     def failed(self, exc: BaseException) -> None:
         """The request failed before a response body: release if that proves nothing was
@@ -218,7 +220,8 @@ class Call:
             return
         self._settled = True
         if proves_nothing_billed(exc, sdk_errors=self.sdk_errors):
-            self.hold.release()
+            with self._settling("release"):
+                self.hold.release()
         else:
             logger.warning(
                 "llm_budgets: provider call of reservation %s ended in %s; its hold stays "
@@ -226,7 +229,8 @@ class Call:
                 self.hold.id,
                 type(exc).__name__,
             )
-            self.hold.mark_uncertain()
+            with self._settling("mark uncertain"):
+                self.hold.mark_uncertain()
 
     def lost(self, exc: BaseException) -> None:
         """A stream broke after the request was sent (connection lost, read timeout, an error
@@ -239,7 +243,8 @@ class Call:
             self.hold.id,
             type(exc).__name__,
         )
-        self.hold.mark_uncertain()
+        with self._settling("mark uncertain"):
+            self.hold.mark_uncertain()
 
     def stopped(self) -> None:
         """The consumer stopped the stream early (or a kill switch did): commit what was
@@ -247,7 +252,24 @@ class Call:
         if self._settled or self.hold is None:
             return
         self._settled = True
-        self.hold.commit(usage=self.final_usage or self._counted_usage())
+        with self._settling("commit"):
+            self.hold.commit(usage=self.final_usage or self._counted_usage())
+
+    @contextlib.contextmanager
+    def _settling(self, action: str) -> Iterator[None]:
+        """After the provider was called, a ledger that cannot be written must not cost the
+        caller the answer it paid for (or hide the provider's own error): the failure is logged
+        and the hold stays as it is, counted, until the sweep charges it as estimated spend."""
+        try:
+            yield
+        except BudgetError:
+            assert self.hold is not None
+            logger.exception(
+                "llm_budgets: could not %s reservation %s after the provider call; its hold "
+                "stays counted until it expires (then charged as estimated).",
+                action,
+                self.hold.id,
+            )
 
     def _counted_usage(self) -> Usage:
         assert self.hold is not None
