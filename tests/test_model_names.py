@@ -164,3 +164,20 @@ def test_aliases_are_managed_in_the_admin_with_a_reason(admin_client: Client) ->
     event = AuditEvent.objects.get(action="model_alias.add")
     assert event.reason == "gw"
     assert event.actor
+
+
+def test_resolving_names_never_touches_the_network(no_network: list[object]) -> None:
+    seed_tenant()
+    _price("mistral", "mistral-large")
+    model_names_spellings_cache_clear()
+    assert _reserve("mistral-large-latest", provider="mistral").reservation.price.model == (
+        "mistral-large"
+    )
+    assert no_network == []
+
+
+def model_names_spellings_cache_clear() -> None:
+    from llm_budgets import model_names
+
+    model_names.spellings.cache_clear()
+    model_names.catalogue_providers.cache_clear()
