@@ -63,6 +63,31 @@ def test_a_message_is_charged_anthropic_usage_with_cache_and_tools(fake: FakeAnt
     assert_conserved()
 
 
+def test_server_web_search_is_held_at_max_uses(fake: FakeAnthropic) -> None:
+    client = _client(fake.base_url)
+    search = {"type": "web_search_20250305", "name": "web_search"}
+    with pytest.raises(InvalidUsage, match="max_uses"):
+        client.messages.create(  # type: ignore[attr-defined]
+            model=CLAUDE, max_tokens=100, messages=MESSAGES, tools=[search]
+        )
+    assert fake.requests == []
+    client.messages.create(  # type: ignore[attr-defined]
+        model=CLAUDE, max_tokens=100, messages=MESSAGES, tools=[{**search, "max_uses": 4}]
+    )
+    reservation = only_reservation()
+    quote = budgets.quote(
+        tenant="acme",
+        provider="anthropic",
+        model=CLAUDE,
+        input_tokens=reservation.input_tokens,
+        max_output_tokens=100,
+        max_tool_calls={"web_search": 4},
+    )
+    assert reservation.amount == quote.estimate.amount
+    assert charge_line(reservation).tool_calls == {"web_search": 1}
+    assert_conserved()
+
+
 def test_a_refusal_sends_nothing(fake: FakeAnthropic) -> None:
     budgets.set_limit(tenant="acme", amount=Decimal("1"), window="month")
     with pytest.raises(BudgetExceeded):

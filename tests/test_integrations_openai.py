@@ -134,6 +134,38 @@ def test_a_ledger_down_after_the_call_still_returns_the_answer_and_keeps_the_hol
     assert "could not commit" in caplog.text
 
 
+def test_responses_web_search_is_held_at_its_bound_and_charged_per_search(
+    fake: FakeOpenAI,
+) -> None:
+    client = _client(fake.base_url)
+    with pytest.raises(InvalidUsage, match="max_tool_calls"):
+        client.responses.create(  # type: ignore[attr-defined]
+            model=GPT, input="news?", tools=[{"type": "web_search"}], max_output_tokens=50
+        )
+    assert fake.requests == []
+    client.responses.create(  # type: ignore[attr-defined]
+        model=GPT,
+        input="news?",
+        tools=[{"type": "web_search"}],
+        max_tool_calls=3,
+        max_output_tokens=50,
+    )
+    reservation = only_reservation()
+    quote = budgets.quote(
+        tenant="acme",
+        provider="openai",
+        model=GPT,
+        input_tokens=reservation.input_tokens,
+        max_output_tokens=50,
+        max_tool_calls={"web_search": 3},
+    )
+    assert reservation.amount == quote.estimate.amount  # three searches' fees held
+    line = charge_line(reservation)
+    assert line.tool_calls == {"web_search": 1}
+    assert line.cost == Decimal("41.5") + 10  # the tokens and one search
+    assert_conserved()
+
+
 # -- refusals: nothing is sent -----------------------------------------------------------------
 
 

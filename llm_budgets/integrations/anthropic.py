@@ -44,7 +44,7 @@ from llm_budgets.integrations.streams import (
     asend,
     send,
 )
-from llm_budgets.usage import from_anthropic
+from llm_budgets.usage import Usage, from_anthropic
 
 __all__ = ["GuardedAnthropic", "guard"]
 
@@ -140,7 +140,7 @@ SDK = Sdk(
     async_stream=anthropic.AsyncStream,
     guarded_stream=GuardedStream,
     async_guarded_stream=AsyncGuardedStream,
-    usage=lambda usage: None if usage is None else from_anthropic(usage),
+    usage=lambda message: _usage(getattr(message, "usage", None)),
 )
 
 
@@ -209,6 +209,32 @@ class AsyncGuardedStreamManager(_StreamManager):
             await self._manager.__aexit__(exc_type, exc, exc_tb)
 
 
+def _usage(usage: object) -> Usage | None:
+    return None if usage is None else from_anthropic(usage)
+
+
+def _server_tools(tools: object) -> dict[str, int] | None:
+    """The web search / web fetch calls a request may make: each tool's ``max_uses``, required
+    (without it the fees are unbounded and the call is refused, before anything is sent)."""
+    if not isinstance(tools, list | tuple):
+        return None
+    held: dict[str, int] = {}
+    for tool in tools:
+        kind = str(tool.get("type", "")) if isinstance(tool, dict) else ""
+        name = next((n for n in ("web_search", "web_fetch") if kind.startswith(n)), None)
+        if name is None:
+            continue
+        uses = tool.get("max_uses")
+        if isinstance(uses, bool) or not isinstance(uses, int) or uses < 1:
+            raise InvalidUsage(
+                f"the {kind} tool needs max_uses: each use is charged a fee, and without a "
+                "bound the worst case cannot be held.",
+                field="tools",
+            )
+        held[name] = held.get(name, 0) + uses
+    return held or None
+
+
 def _messages_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
     refuse_priced_extra_body(kwargs)
     model = kwargs.get("model")
@@ -234,6 +260,7 @@ def _messages_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
         ceiling=ceiling if given(ceiling) else None,
         messages=messages,
         sdk_errors=ERRORS,
+        max_tool_calls=_server_tools(kwargs.get("tools")),
     )
 
 

@@ -153,6 +153,8 @@ class Call:
     ceiling: int | None
     messages: list[dict[str, Any]]
     sdk_errors: SdkErrors
+    # Server-side tool calls the request may make, held at their fees (e.g. {"web_search": 5}).
+    max_tool_calls: dict[str, int] | None = None
     hold: budgets.Hold | None = None
     counter: OutputCounter | None = None
     # Usage the provider reported before the end of a stream (Anthropic's message_start).
@@ -177,6 +179,7 @@ class Call:
             allow_degrade=self.options.allow_degrade,
             tags=dict(self.options.tags) if self.options.tags else None,
             ttl=self.options.ttl,
+            max_tool_calls=self.max_tool_calls,
         )
         self.counter = OutputCounter(
             provider=self.options.provider,

@@ -165,24 +165,32 @@ class AsyncGuardedStream(AsyncStreamGuard, openai.AsyncStream):
     """An ``openai.AsyncStream`` whose chunks pass through the guard's accounting."""
 
 
-def openai_usage(usage: object) -> Usage | None:
+def openai_usage(usage: object, *, output: object = None) -> Usage | None:
     """OpenAI's usage (Chat Completions or Responses) in the app's convention, with cache writes
-    (``prompt_tokens_details.cache_write_tokens``) when the API reports them."""
+    (``prompt_tokens_details.cache_write_tokens``) when the API reports them, and a Responses
+    ``output``'s web searches (``web_search_call`` items) as tool calls."""
     if usage is None:
         return None
     counted = from_openai(usage)
     writes = _field(_field(usage, "prompt_tokens_details"), "cache_write_tokens") or _field(
         _field(usage, "input_tokens_details"), "cache_write_tokens"
     )
-    if not writes:
+    items: list[Any] = list(output) if isinstance(output, list | tuple) else []
+    searches = sum(_field(item, "type") == "web_search_call" for item in items)
+    if not writes and not searches:
         return counted
     return usage_validate(
         input_tokens=counted.input_tokens,
         output_tokens=counted.output_tokens,
         cached_input_tokens=counted.cached_input_tokens,
-        cache_write_tokens=writes,
+        cache_write_tokens=writes or 0,
         reasoning_tokens=counted.reasoning_tokens,
+        tool_calls={"web_search": searches} if searches else None,
     )
+
+
+def _response_usage(result: object) -> Usage | None:
+    return openai_usage(_field(result, "usage"), output=_field(result, "output"))
 
 
 SDK = Sdk(
@@ -190,7 +198,7 @@ SDK = Sdk(
     async_stream=openai.AsyncStream,
     guarded_stream=GuardedStream,
     async_guarded_stream=AsyncGuardedStream,
-    usage=openai_usage,
+    usage=_response_usage,
 )
 
 
@@ -312,12 +320,24 @@ def _responses_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
     if given(kwargs.get("tools")):
         messages.append(as_text_message("system", json_text(kwargs["tools"])))
     ceiling = kwargs.get("max_output_tokens")
+    searches = None
+    tools: list[Any] = list(kwargs["tools"]) if given(kwargs.get("tools")) else []
+    if any(str(_field(tool, "type") or "").startswith("web_search") for tool in tools):
+        bound = kwargs.get("max_tool_calls")
+        if not given(bound) or isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
+            raise InvalidUsage(
+                "a web_search tool needs max_tool_calls: each search is charged a fee, and "
+                "without a bound the worst case cannot be held.",
+                field="max_tool_calls",
+            )
+        searches = {"web_search": bound}
     return Call(
         options=options,
         model=_model(kwargs),
         ceiling=ceiling if given(ceiling) else None,
         messages=messages,
         sdk_errors=ERRORS,
+        max_tool_calls=searches,
     )
 
 
@@ -346,6 +366,6 @@ def _observe_responses(call: Call, event: Any) -> None:
     if kind in _RESPONSE_TEXT_EVENTS:
         call.counter.add(getattr(event, "delta", None) or "")
     elif kind in _RESPONSE_FINAL_EVENTS:
-        usage = getattr(getattr(event, "response", None), "usage", None)
+        usage = _response_usage(getattr(event, "response", None))
         if usage is not None:
-            call.final_usage = openai_usage(usage)
+            call.final_usage = usage

@@ -43,7 +43,7 @@ STALL_POLL_SECONDS = 0.05
 @dataclass(frozen=True)
 class Sdk:
     """What sending needs to know of an SDK: its stream classes, their guarded subclasses, and
-    how to read usage from a whole response."""
+    how to read usage from a whole response (``usage(response)``)."""
 
     stream: type
     async_stream: type
@@ -68,7 +68,7 @@ def send(
         raise
     if isinstance(result, sdk.stream):
         return sdk.guarded_stream(result, call=call, observe=observe)
-    call.succeeded(sdk.usage(getattr(result, "usage", None)))
+    call.succeeded(sdk.usage(result))
     return result
 
 
@@ -84,7 +84,7 @@ async def asend(
         raise
     if isinstance(result, sdk.async_stream):
         return sdk.async_guarded_stream(result, call=call, observe=observe)
-    await sync_to_async(call.succeeded)(sdk.usage(getattr(result, "usage", None)))
+    await sync_to_async(call.succeeded)(sdk.usage(result))
     return result
 
 

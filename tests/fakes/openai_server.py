@@ -47,6 +47,16 @@ class FakeOpenAI(FakeProvider):
         }
 
     def _response(self, seen: Seen, text: str, usage: dict[str, Any] | None) -> dict[str, Any]:
+        searched = [
+            {
+                "type": "web_search_call",
+                "id": "ws_fake",
+                "status": "completed",
+                "action": {"type": "search", "query": "fake"},
+            }
+            for tool in seen.body.get("tools") or []
+            if str(tool.get("type", "")).startswith("web_search")
+        ]
         return {
             "id": "resp_fake",
             "object": "response",
@@ -54,13 +64,14 @@ class FakeOpenAI(FakeProvider):
             "model": seen.body.get("model"),
             "status": "completed",
             "output": [
+                *searched,
                 {
                     "type": "message",
                     "id": "msg_fake",
                     "status": "completed",
                     "role": "assistant",
                     "content": [{"type": "output_text", "text": text, "annotations": []}],
-                }
+                },
             ],
             "parallel_tool_calls": True,
             "tool_choice": "auto",
