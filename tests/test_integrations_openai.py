@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from decimal import Decimal
 
 import openai
+import pydantic
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 
@@ -163,6 +164,50 @@ def test_responses_web_search_is_held_at_its_bound_and_charged_per_search(
     line = charge_line(reservation)
     assert line.tool_calls == {"web_search": 1}
     assert line.cost == Decimal("41.5") + 10  # the tokens and one search
+    assert_conserved()
+
+
+class Answer(pydantic.BaseModel):
+    answer: str
+
+
+def test_structured_outputs_parse_is_guarded_and_counts_the_schema(fake: FakeOpenAI) -> None:
+    fake.then(text='{"answer": "hello"}')
+    completion = _client(fake.base_url).chat.completions.parse(  # type: ignore[attr-defined]
+        model=GPT, messages=MESSAGES, response_format=Answer, max_completion_tokens=100
+    )
+    assert completion.choices[0].message.parsed == Answer(answer="hello")
+    reservation = only_reservation()
+    # The JSON schema the SDK sends is part of the prompt that was held.
+    assert reservation.input_tokens > count_input_tokens(
+        provider="openai", model=GPT, messages=MESSAGES
+    )
+    assert charge_line(reservation).cost == Decimal("41.5")
+    assert_conserved()
+
+
+def test_an_answer_cut_at_the_ceiling_is_charged_its_usage_not_left_uncertain(
+    fake: FakeOpenAI,
+) -> None:
+    fake.then(text='{"answer": "hel', finish_reason="length")
+    with pytest.raises(openai.LengthFinishReasonError):
+        _client(fake.base_url).chat.completions.parse(  # type: ignore[attr-defined]
+            model=GPT, messages=MESSAGES, response_format=Answer, max_completion_tokens=100
+        )
+    reservation = only_reservation()
+    assert reservation.state == "committed"
+    assert charge_line(reservation).output_tokens == 12
+    assert_conserved()
+
+
+def test_an_answer_that_fails_to_parse_keeps_the_hold_counted(fake: FakeOpenAI) -> None:
+    fake.then(text="not json")
+    with pytest.raises(pydantic.ValidationError):
+        _client(fake.base_url).chat.completions.parse(  # type: ignore[attr-defined]
+            model=GPT, messages=MESSAGES, response_format=Answer, max_completion_tokens=100
+        )
+    # Billed by the provider, usage lost with the SDK's error: uncertain, never released.
+    assert only_reservation().state == "uncertain"
     assert_conserved()
 
 

@@ -7,7 +7,8 @@ which model and ceiling to send (the ones held), and settles exactly once:
 
 - a response with usage: ``commit`` of that usage (the provider's own count);
 - a failure that proves nothing was billed (an HTTP 4xx, 503 or 529 answer, a refused connection,
-  a request the SDK rejected before sending): ``release``;
+  a call the SDK could not bind): ``release``; an SDK error that carries the answer: ``commit``
+  of its usage;
 - a timeout, a connection lost after the request was sent, a 5xx that may follow generation, a
   cancelled wait for the answer: ``mark_uncertain`` (DESIGN.md's lifecycle: the hold stays counted
   until real usage arrives or the reconcile job settles it);
@@ -122,9 +123,10 @@ def _caused_by_refused_connection(exc: BaseException) -> bool:
 
 def proves_nothing_billed(exc: BaseException, *, sdk_errors: SdkErrors) -> bool:
     """Whether a failure of the request (before any response body) proves the provider billed
-    nothing: an HTTP 4xx, 503 or 529 answer, a refused connection, or an error the SDK raised
-    before sending (bad arguments). Everything else (timeouts, lost connections, other 5xx, a
-    cancelled wait) may have been billed."""
+    nothing: an HTTP 4xx, 503 or 529 answer, a refused connection, a call the SDK could not bind
+    (``TypeError``: bad arguments, raised before any I/O) or the guard's own refusal. Everything
+    else (timeouts, lost connections, other 5xx, a cancelled wait, an answer that failed to parse)
+    may have been billed."""
     if isinstance(exc, sdk_errors.status):
         status = getattr(exc, "status_code", 0)
         return 400 <= status < 500 or status in _REFUSED_STATUSES
@@ -132,7 +134,7 @@ def proves_nothing_billed(exc: BaseException, *, sdk_errors: SdkErrors) -> bool:
         return False
     if isinstance(exc, sdk_errors.connection):
         return _caused_by_refused_connection(exc)
-    return isinstance(exc, TypeError | ValueError | BudgetError)
+    return isinstance(exc, TypeError | BudgetError)
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@
 on ``OpenAI`` and ``AsyncOpenAI``) are admitted, sent with the model and output ceiling that were
 held, and settled from the response's usage (see :mod:`llm_budgets.integrations.guarding` for
 every way a call can end). Streams ask for usage (``stream_options={"include_usage": True}``).
-Calls that cost money but cannot be priced (embeddings, images, audio, the legacy completions,
-``parse`` / ``stream`` helpers, raw responses, batches...) raise ``NotGuarded``; everything else
+``parse`` (structured outputs) is guarded like ``create``. Calls that cost money but cannot be
+priced (embeddings, images, audio, the legacy completions, the ``stream`` helpers, raw
+responses, batches...) raise ``NotGuarded``; everything else
 (files, models, moderations...) passes through untouched. docs/integrations.md has an example of
 every path.
 """
@@ -75,11 +76,9 @@ _REFUSED = frozenset(
         "with_streaming_response",
         "chat.with_raw_response",
         "chat.with_streaming_response",
-        "chat.completions.parse",
         "chat.completions.stream",
         "chat.completions.with_raw_response",
         "chat.completions.with_streaming_response",
-        "responses.parse",
         "responses.stream",
         "responses.with_raw_response",
         "responses.with_streaming_response",
@@ -128,6 +127,14 @@ class _ChatCompletions(_Proxy):
             return asend(SDK, self._target.create, call, kwargs, _chat_send, _observe_chat)
         return send(SDK, self._target.create, call, kwargs, _chat_send, _observe_chat)
 
+    def parse(self, **kwargs: Any) -> Any:
+        """``parse`` (structured outputs) with ``response_format`` a type: guarded as
+        ``create``; the schema the SDK sends is counted as input."""
+        call = _chat_call(self._options, kwargs)
+        if self.is_async:
+            return asend(SDK, self._target.parse, call, kwargs, _chat_send, _observe_chat)
+        return send(SDK, self._target.parse, call, kwargs, _chat_send, _observe_chat)
+
 
 class _Chat(_Proxy):
     _children = {"completions": _ChatCompletions}
@@ -141,6 +148,14 @@ class _Responses(_Proxy):
                 SDK, self._target.create, call, kwargs, _responses_send, _observe_responses
             )
         return send(SDK, self._target.create, call, kwargs, _responses_send, _observe_responses)
+
+    def parse(self, **kwargs: Any) -> Any:
+        """``parse`` with ``text_format`` a type: guarded as ``create``."""
+        call = _responses_call(self._options, kwargs)
+        method = self._target.parse
+        if self.is_async:
+            return asend(SDK, method, call, kwargs, _responses_send, _observe_responses)
+        return send(SDK, method, call, kwargs, _responses_send, _observe_responses)
 
 
 class GuardedOpenAI(_Proxy):
@@ -213,6 +228,19 @@ def _field(obj: object, name: str) -> Any:
     return getattr(obj, name, None)
 
 
+def _schema_text(value: object) -> str:
+    """What a tool list, response format or structured-output type is sent as: a type (a
+    pydantic model, a dataclass) as its JSON schema, anything else as its JSON."""
+    if isinstance(value, type):
+        try:
+            import pydantic
+
+            return json_text(pydantic.TypeAdapter(value).json_schema())
+        except Exception:  # an unusual type: counted by its name; the SDK decides if it is valid
+            return value.__name__
+    return json_text(value)
+
+
 # -- chat completions --------------------------------------------------------------------------
 
 
@@ -242,8 +270,8 @@ def _chat_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
             text = f"{message['name']}: {text}"
         messages.append(as_text_message(str(message["role"]), text))
     for name in ("tools", "functions", "response_format"):
-        if given(kwargs.get(name)) and isinstance(kwargs[name], list | dict):
-            messages.append(as_text_message("system", json_text(kwargs[name])))
+        if given(kwargs.get(name)):
+            messages.append(as_text_message("system", _schema_text(kwargs[name])))
     ceiling = kwargs.get("max_completion_tokens")
     if not given(ceiling):
         ceiling = kwargs.get("max_tokens")
@@ -317,8 +345,9 @@ def _responses_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
                 messages.append(as_text_message("user", json_text(item)))
     if not messages:
         raise InvalidUsage("input is required.", field="input")
-    if given(kwargs.get("tools")):
-        messages.append(as_text_message("system", json_text(kwargs["tools"])))
+    for name in ("tools", "text", "text_format"):
+        if given(kwargs.get(name)):
+            messages.append(as_text_message("system", _schema_text(kwargs[name])))
     ceiling = kwargs.get("max_output_tokens")
     searches = None
     tools: list[Any] = list(kwargs["tools"]) if given(kwargs.get("tools")) else []

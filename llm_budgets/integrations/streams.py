@@ -64,6 +64,9 @@ def send(
     try:
         result = method(**pin(call, kwargs))
     except BaseException as exc:
+        answered = _answer_in(exc)
+        if answered is not None:
+            call.succeeded(sdk.usage(answered))
         call.failed(exc)
         raise
     if isinstance(result, sdk.stream):
@@ -80,12 +83,23 @@ async def asend(
     try:
         result = await method(**pin(call, kwargs))
     except BaseException as exc:
+        answered = _answer_in(exc)
+        if answered is not None:
+            await sync_to_async(call.succeeded)(sdk.usage(answered))
         await sync_to_async(call.failed)(exc)
         raise
     if isinstance(result, sdk.async_stream):
         return sdk.async_guarded_stream(result, call=call, observe=observe)
     await sync_to_async(call.succeeded)(sdk.usage(result))
     return result
+
+
+def _answer_in(exc: BaseException) -> Any:
+    """The provider's answer an SDK error carries (OpenAI's ``LengthFinishReasonError`` and
+    ``ContentFilterFinishReasonError`` keep the ``completion``, with its usage): then the call
+    is charged what it used, not left uncertain."""
+    answered = getattr(exc, "completion", None)
+    return answered if getattr(answered, "usage", None) is not None else None
 
 
 class _StreamGuard:

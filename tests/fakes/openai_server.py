@@ -91,7 +91,7 @@ class FakeOpenAI(FakeProvider):
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": behaviour.text},
-                    "finish_reason": "stop",
+                    "finish_reason": behaviour.finish_reason,
                 }
             ],
             "usage": self.chat_usage(),

@@ -28,6 +28,7 @@ class Behaviour:
     chunks: int = 3  # output deltas in a stream
     delay: float = 0.0  # seconds between stream chunks
     text: str = "Hello from the fake. "
+    finish_reason: str = "stop"
     stall_after: int | None = None  # stop sending after this many stream events, until unstall
 
 
