@@ -43,7 +43,7 @@ def fake() -> Iterator[FakeAnthropic]:
     server.stop()
 
 
-def _client(base_url: str, *, timeout: float = WAIT, **guard_kwargs: object) -> object:
+def _client(base_url: str, *, timeout: object = WAIT, **guard_kwargs: object) -> object:
     sdk = anthropic.Anthropic(base_url=base_url, api_key="sk-test", max_retries=0, timeout=timeout)
     return guard(sdk, tenant="acme", end_user="u-1", **guard_kwargs)  # type: ignore[arg-type]
 
@@ -131,7 +131,7 @@ def test_provider_errors(fake: FakeAnthropic, status: int, state: str) -> None:
 def test_a_timeout_is_uncertain(fake: FakeAnthropic) -> None:
     fake.then(kind="stall")
     with pytest.raises(anthropic.APITimeoutError):
-        _client(fake.base_url, timeout=0.3).messages.create(  # type: ignore[attr-defined]
+        _client(fake.base_url, timeout=anthropic.Timeout(0.3, connect=WAIT)).messages.create(  # type: ignore[attr-defined]
             model=CLAUDE, max_tokens=100, messages=MESSAGES
         )
     assert only_reservation().state == "uncertain"

@@ -51,7 +51,7 @@ def fake() -> Iterator[FakeOpenAI]:
     server.stop()
 
 
-def _client(base_url: str, *, timeout: float = WAIT, **guard_kwargs: object) -> object:
+def _client(base_url: str, *, timeout: object = WAIT, **guard_kwargs: object) -> object:
     sdk = openai.OpenAI(
         base_url=f"{base_url}/v1", api_key="sk-test", max_retries=0, timeout=timeout
     )
@@ -314,7 +314,7 @@ def test_a_refused_connection_releases(fake: FakeOpenAI) -> None:
 def test_a_timeout_keeps_the_hold_counted_as_uncertain(fake: FakeOpenAI) -> None:
     fake.then(kind="stall")
     with pytest.raises(openai.APITimeoutError):
-        _client(fake.base_url, timeout=0.3).chat.completions.create(  # type: ignore[attr-defined]
+        _client(fake.base_url, timeout=openai.Timeout(0.3, connect=WAIT)).chat.completions.create(  # type: ignore[attr-defined]
             model=GPT, messages=MESSAGES, max_completion_tokens=100
         )
     reservation = only_reservation()
