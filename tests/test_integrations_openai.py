@@ -438,6 +438,28 @@ def test_the_degraded_model_and_ceiling_are_what_is_sent(fake: FakeOpenAI) -> No
     assert charge_line(degraded).model == GPT_MINI
 
 
+def test_a_dated_name_is_degraded_by_the_ladder_of_its_model(fake: FakeOpenAI) -> None:
+    Plan.objects.create(
+        name="degrading", degradation_ladder=[{"at_percent": 50, "models": {GPT: GPT_MINI}}]
+    )
+    budgets.ensure_tenant("acme", plan="degrading")
+    budgets.set_limit(tenant="acme", amount=Decimal("1000"), window="month")
+    client = _client(fake.base_url, allow_degrade=True)
+    client.chat.completions.create(  # type: ignore[attr-defined]
+        model="gpt-4o-2024-08-06", messages=MESSAGES, max_completion_tokens=10
+    )
+    assert fake.last.body["model"] == "gpt-4o-2024-08-06"  # below the rung: as spelled
+    budgets.reserve(
+        tenant="acme", provider="openai", model=GPT, input_tokens=0, max_output_tokens=300
+    )
+    client.chat.completions.create(  # type: ignore[attr-defined]
+        model="gpt-4o-2024-08-06", messages=MESSAGES, max_completion_tokens=10
+    )
+    assert fake.last.body["model"] == GPT_MINI
+    degraded = Reservation.objects.get(degraded=True)
+    assert (degraded.requested_model, degraded.model) == ("gpt-4o-2024-08-06", GPT_MINI)
+
+
 # -- async -------------------------------------------------------------------------------------
 
 
