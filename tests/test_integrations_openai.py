@@ -415,6 +415,33 @@ def test_a_kill_switch_tripped_mid_stream_stops_it(fake: FakeOpenAI) -> None:
     assert_conserved()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_kill_switch_stops_a_stalled_sync_stream_within_the_bound(fake: FakeOpenAI) -> None:
+    # Committed rows (transaction=True): the watchdog reads switches on its own connection.
+    fake.then(chunks=50, stall_after=1)
+    stream = _client(fake.base_url, switch_check_seconds=0.1).chat.completions.create(  # type: ignore[attr-defined]
+        model=GPT, messages=MESSAGES, max_completion_tokens=1000, stream=True
+    )
+    tripped_at = 0.0
+
+    def consume() -> None:
+        nonlocal tripped_at
+        for _chunk in stream:
+            if not tripped_at:
+                budgets.trip(tenant="acme", reason="stalled spend")
+                tripped_at = time.monotonic()
+
+    with pytest.raises(KillSwitchActive, match="stalled spend"):
+        consume()
+    assert time.monotonic() - tripped_at < WAIT
+    assert fake.last.client_closed.wait(WAIT), "upstream was not closed"
+    assert fake.last.chunks_sent == 1  # stalled: no chunk came to trigger the stream's own look
+    reservation = only_reservation()
+    assert reservation.state == "committed"
+    assert 0 < charge_line(reservation).output_tokens < 1000
+    assert_conserved()
+
+
 def test_the_degraded_model_and_ceiling_are_what_is_sent(fake: FakeOpenAI) -> None:
     Plan.objects.create(
         name="degrading",

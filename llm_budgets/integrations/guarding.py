@@ -17,10 +17,9 @@ which model and ceiling to send (the ones held), and settles exactly once:
   it sent one (Anthropic's ``message_start``) and the request's offline count otherwise.
 
 Kill switches are checked while a stream runs, at most every ``switch_check_seconds`` (one indexed
-query, :func:`llm_budgets.killswitches.kill_switches_covering`): a switch tripped mid-stream is
-noticed within ``switch_check_seconds`` plus the gap between two chunks (a sync stream looks when a
-chunk arrives), or within ``switch_check_seconds`` for an async stream, which also looks while it
-waits for a chunk (:mod:`llm_budgets.integrations.streams`).
+query, :func:`llm_budgets.killswitches.kill_switches_covering`), when a chunk arrives and while a
+read waits (:mod:`llm_budgets.integrations.streams`): a switch tripped mid-stream is noticed
+within about ``switch_check_seconds``, stalled stream or not.
 """
 
 from __future__ import annotations

@@ -9,8 +9,10 @@ Every way a stream ends settles its call once:
 - the consumer stops early (``break`` out of the loop, ``close()``, leaving ``with``, garbage
   collection, a cancelled task): close the upstream response at once, so the provider stops
   generating, and commit what was produced (counted from the deltas);
-- a kill switch covering the call is tripped: noticed at the next chunk after
-  ``switch_check_seconds``; close upstream, commit what was produced, raise ``KillSwitchActive``;
+- a kill switch covering the call is tripped: noticed within about ``switch_check_seconds``,
+  at a chunk or while a read waits (async: the read races the next look; sync: the process's
+  watchdog thread looks and shuts the stalled stream's socket down); close upstream, commit what
+  was produced, raise ``KillSwitchActive``;
 - the connection breaks, a read times out or the provider sends an error event: close upstream,
   mark the hold uncertain, re-raise the SDK's error.
 
@@ -24,16 +26,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import socket
+import threading
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django import db
 
 from llm_budgets.exceptions import KillSwitchActive
 from llm_budgets.integrations.guarding import Call
 from llm_budgets.usage import Usage
+
+logger = logging.getLogger("llm_budgets")
 
 Observe = Callable[[Call, Any], None]
 # The shortest wait between two looks for a kill switch while an async stream is stalled.
@@ -102,6 +111,52 @@ def _answer_in(exc: BaseException) -> Any:
     return answered if getattr(answered, "usage", None) is not None else None
 
 
+class _Watchdog:
+    """One daemon thread per process that looks for kill switches on behalf of sync streams
+    stalled in a read (a read blocks its thread, so the stream cannot look itself). Every
+    ``STALL_POLL_SECONDS`` it checks each stream waiting for a chunk whose last look is older
+    than its ``switch_check_seconds`` (one indexed query each, on the watchdog's own database
+    connection, closed after each round); a stream with chunks flowing looks for itself."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: dict[int, SyncStreamGuard] = {}
+        self._thread: threading.Thread | None = None
+
+    def waiting(self, stream: SyncStreamGuard) -> None:
+        with self._lock:
+            self._waiting[id(stream)] = stream
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._loop, name="llm_budgets stream watchdog", daemon=True
+                )
+                self._thread.start()
+
+    def done(self, stream: SyncStreamGuard) -> None:
+        with self._lock:
+            self._waiting.pop(id(stream), None)
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(STALL_POLL_SECONDS)
+            with self._lock:
+                due = [s for s in self._waiting.values() if s._call.switch_check_due()]
+            if not due:
+                continue
+            try:
+                for stream in due:
+                    refusal = stream._call.check_switches(force=True)
+                    if refusal is not None:
+                        stream._trip(refusal)
+            except Exception:
+                logger.exception("llm_budgets: the stream watchdog could not read kill switches.")
+            finally:
+                db.connection.close()
+
+
+WATCHDOG = _Watchdog()
+
+
 class _StreamGuard:
     response: Any
 
@@ -124,13 +179,23 @@ class _StreamGuard:
 class SyncStreamGuard(_StreamGuard):
     """Mixed in before the SDK's ``Stream``: ``GuardedStream(inner, call=..., observe=...)``."""
 
+    _tripped: KillSwitchActive | None = None
+
     def _run(self) -> Generator[Any, None, None]:
         call = self._call
         stopped_by: KillSwitchActive | None = None
+        events = iter(self._inner)
         try:
-            for event in self._inner:
+            while True:
+                WATCHDOG.waiting(self)
+                try:
+                    event = next(events)
+                except StopIteration:
+                    break
+                finally:
+                    WATCHDOG.done(self)
                 self._observe(call, event)
-                stopped_by = call.check_switches()
+                stopped_by = self._tripped or call.check_switches()
                 if stopped_by is not None:
                     break
                 yield event
@@ -140,6 +205,9 @@ class SyncStreamGuard(_StreamGuard):
             raise
         except BaseException as exc:
             self._inner.close()
+            if self._tripped is not None:  # the watchdog cut a stalled read
+                call.stopped()
+                raise self._tripped from exc
             call.lost(exc)
             raise
         if stopped_by is not None:
@@ -147,6 +215,21 @@ class SyncStreamGuard(_StreamGuard):
             call.stopped()
             raise stopped_by
         call.succeeded(call.final_usage)
+
+    def _trip(self, refusal: KillSwitchActive) -> None:
+        """From the watchdog's thread: a switch covers this stalled stream. Shut the connection
+        down (``close()`` from another thread would not wake the blocked read); the reading
+        thread then settles and raises the refusal."""
+        self._tripped = refusal
+        stream = self.response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is None:
+            logger.warning(
+                "llm_budgets: no socket to cut for a stalled stream; it ends at its timeout."
+            )
+            return
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
     def __next__(self) -> Any:
         return next(self._events)
