@@ -47,6 +47,8 @@ logger = logging.getLogger("llm_budgets")
 Observe = Callable[[Call, Any], None]
 # The shortest wait between two looks for a kill switch while an async stream is stalled.
 STALL_POLL_SECONDS = 0.05
+# The watchdog thread ends after this long without a stream to watch.
+WATCHDOG_IDLE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -137,9 +139,14 @@ class _Watchdog:
             self._waiting.pop(id(stream), None)
 
     def _loop(self) -> None:
+        idle = 0
         while True:
             time.sleep(STALL_POLL_SECONDS)
             with self._lock:
+                idle = 0 if self._waiting else idle + 1
+                if idle * STALL_POLL_SECONDS >= WATCHDOG_IDLE_SECONDS:
+                    self._thread = None  # the next waiting stream starts another
+                    return
                 due = [s for s in self._waiting.values() if s._call.switch_check_due()]
             if not due:
                 continue
