@@ -12,6 +12,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
+from llm_budgets.engine.counters import counters_matching
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
     AuditEvent,
@@ -26,7 +27,7 @@ from llm_budgets.models import (
     UsageRecord,
 )
 from llm_budgets.money import ZERO
-from llm_budgets.selectors import applicable_budgets, counters_matching
+from llm_budgets.selectors import applicable_budgets
 from llm_budgets.windows import rolling_window
 
 
