@@ -99,6 +99,17 @@ def _reservation_id(value: object) -> UUID:
         ) from None
 
 
+def reservation_get(reservation_id: object) -> Reservation:
+    """The reservation with this id (a read: nothing is locked); ``ReservationNotFound``."""
+    rid = _reservation_id(reservation_id)
+    with ledger_guard("read"):
+        reservation = Reservation.objects.select_related("tenant", "end_user").filter(pk=rid)
+        found = reservation.first()
+    if found is None:
+        raise ReservationNotFound(rid)
+    return found
+
+
 @contextmanager
 def _locked(reservation_id: UUID, action: str) -> Iterator[Reservation]:
     """One settlement transition: a bounded lock wait, one transaction, and the reservation row
