@@ -99,7 +99,7 @@ class Hold:
 
     @property
     def state(self) -> str:
-        return self._reservation.state
+        return str(self._reservation.state)
 
     @property
     def model(self) -> str:

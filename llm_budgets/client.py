@@ -596,7 +596,7 @@ class BudgetsClient:
     def trip(
         self,
         *,
-        reason: str,
+        reason: str = "",
         tenant: str | None = None,
         end_user: str | None = None,
         provider: str | None = None,
@@ -616,7 +616,7 @@ class BudgetsClient:
     def clear(
         self,
         *,
-        reason: str,
+        reason: str = "",
         tenant: str | None = None,
         end_user: str | None = None,
         provider: str | None = None,
