@@ -34,8 +34,10 @@ STATUS_BY_CODE: dict[str, int] = {
 }
 
 
-class ApiError(exceptions.APIException):
-    """An API-layer error with its own code (idempotency conflicts, features not built yet)."""
+class HttpError(exceptions.APIException):
+    """An error of the HTTP layer itself, with its own code (idempotency conflicts, features not
+    built yet): no ``BudgetError`` says it. (The client's ``llm_budgets.client.ApiError`` is what
+    a caller receives for it.)"""
 
     def __init__(
         self, message: str, *, code: str, status_code: int, retry_after: int | None = None
@@ -44,6 +46,11 @@ class ApiError(exceptions.APIException):
         self.status_code = status_code
         self.error_code = code
         self.retry_after = retry_after
+
+
+# The name this class had before issue #10 (it clashed with ``llm_budgets.client.ApiError``):
+# kept for branches in flight only; use HttpError.
+ApiError = HttpError
 
 
 def status_for(exc: BudgetError) -> int:

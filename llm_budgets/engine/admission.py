@@ -451,7 +451,9 @@ def _take_holds(
         unit = by_key[CounterKey.of(counter)].budget.unit
         counter.reserved += reservation.amount_for(unit)
         holds.append(ReservationHold(reservation=reservation, counter=counter, unit=unit))
-    Counter.objects.write(counters, ["reserved"], after=[insert_reservation, sql.inserting(holds)])
+    Counter.objects.write(
+        counters, ["reserved"], transition_writes=[insert_reservation, sql.inserting(holds)]
+    )
 
 
 def _refuse_if_switched(

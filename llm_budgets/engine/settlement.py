@@ -155,11 +155,11 @@ def _move(
     *,
     reserved: Amounts,
     spent: Amounts,
-    after: Sequence[sql.Statement] = (),
+    transition_writes: Sequence[sql.Statement] = (),
 ) -> None:
     """Add ``reserved`` and ``spent`` (either may be negative) to every counter of the hold, each
-    in the unit its hold was taken in (provider cost or customer price), after the transition's
-    own writes (``after``: its ledger line, its state).
+    in the unit its hold was taken in (provider cost or customer price), together with the
+    transition's own writes (``transition_writes``: its ledger line, its state), which run first.
 
     The counters are locked last, in pk order as admission locks them, and only for this write
     and the commit: everything else is computed before. On PostgreSQL the writes, the locks and
@@ -174,7 +174,7 @@ def _move(
             spent.provider,
             _pk(reservation.pk),
         ]
-        sql.run([*after, (_add_to_held_counters_sql(), params)])
+        sql.run([*transition_writes, (_add_to_held_counters_sql(), params)])
         return
     counters = []
     for row in sql.fetch(_held_counters_sql(), [_pk(reservation.pk)]):
@@ -182,7 +182,7 @@ def _move(
         counter.reserved += reserved.for_unit(unit)
         counter.spent += spent.for_unit(unit)
         counters.append(counter)
-    Counter.objects.write(counters, ["reserved", "spent"], after=after)
+    Counter.objects.write(counters, ["reserved", "spent"], transition_writes=transition_writes)
 
 
 def _held_from() -> str:
@@ -361,7 +361,7 @@ def reservation_commit(
             priced=(price_id, basis),
         )
         committed = _settled(reservation, ReservationState.COMMITTED, now)
-        _move(reservation, reserved=-unhold, spent=charge, after=[line, committed])
+        _move(reservation, reserved=-unhold, spent=charge, transition_writes=[line, committed])
         # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
         return CommitResult(
             reservation_id=reservation.pk,
@@ -392,7 +392,9 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
         )
         released = _settled(reservation, ReservationState.RELEASED, now)
         if was_live:
-            _move(reservation, reserved=-_held(reservation), spent=NONE, after=[released])
+            _move(
+                reservation, reserved=-_held(reservation), spent=NONE, transition_writes=[released]
+            )
         elif estimate is not None:
             refund = _record(
                 reservation,
@@ -401,7 +403,12 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
                 estimated=False,
                 now=now,
             )
-            _move(reservation, reserved=NONE, spent=-_charged(estimate), after=[refund, released])
+            _move(
+                reservation,
+                reserved=NONE,
+                spent=-_charged(estimate),
+                transition_writes=[refund, released],
+            )
         else:
             sql.run([released])
         return str(reservation.state)
@@ -452,10 +459,12 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
                 reservation,
                 reserved=-_held(reservation),
                 spent=_held(reservation),
-                after=[estimate, expired],
+                transition_writes=[estimate, expired],
             )
         else:
-            _move(reservation, reserved=-_held(reservation), spent=NONE, after=[expired])
+            _move(
+                reservation, reserved=-_held(reservation), spent=NONE, transition_writes=[expired]
+            )
         return True
 
 
@@ -530,11 +539,13 @@ def reservation_settle_uncertain(reservation_id: object, *, now: datetime | None
                 reservation,
                 reserved=-_held(reservation),
                 spent=_held(reservation),
-                after=[estimate, committed],
+                transition_writes=[estimate, committed],
             )
         else:
             released = _settled(reservation, ReservationState.RELEASED, now)
-            _move(reservation, reserved=-_held(reservation), spent=NONE, after=[released])
+            _move(
+                reservation, reserved=-_held(reservation), spent=NONE, transition_writes=[released]
+            )
         return True
 
 
