@@ -85,3 +85,29 @@ def check_row_locking(**kwargs: Any) -> list[CheckMessage]:
             )
         )
     return messages
+
+
+@register(Tags.models)
+def check_database_routing(**kwargs: Any) -> list[CheckMessage]:
+    """The hot path (admission, settlement, their reads) runs on the ``default`` alias: refuse a
+    router that sends the app's models to another database, where the holds, counters and
+    ledger lines would be split from the locks that guard them."""
+    from django.apps import apps
+    from django.db import DEFAULT_DB_ALIAS, router
+
+    messages: list[CheckMessage] = []
+    for model in apps.get_app_config("llm_budgets").get_models():
+        routed = {router.db_for_read(model), router.db_for_write(model)} - {DEFAULT_DB_ALIAS}
+        if routed:
+            messages.append(
+                Error(
+                    f"A database router sends {model._meta.label} to "
+                    f"{', '.join(sorted(map(repr, routed)))}; llm_budgets runs on the "
+                    f"{DEFAULT_DB_ALIAS!r} database only.",
+                    hint="Make your routers return None (or 'default') for the llm_budgets app "
+                    "(model._meta.app_label == 'llm_budgets'); see docs/settings.md.",
+                    obj=model,
+                    id="llm_budgets.E050",
+                )
+            )
+    return messages

@@ -135,3 +135,34 @@ def test_every_email_setting_refuses_the_same_addresses(address: str) -> None:
     ]
     with pytest.raises(ValidationError):
         validate_email_list(address)
+
+
+class ElsewhereRouter:
+    """Sends the app's models to another database, which the hot path would not follow."""
+
+    def db_for_read(self, model: type, **hints: Any) -> str | None:
+        return "replica" if model._meta.app_label == "llm_budgets" else None  # type: ignore[attr-defined]
+
+    db_for_write = db_for_read
+
+
+class OtherAppsRouter:
+    """Routes only the host's own models: allowed."""
+
+    def db_for_read(self, model: type, **hints: Any) -> str | None:
+        return "replica" if model._meta.app_label == "reporting" else None  # type: ignore[attr-defined]
+
+    db_for_write = db_for_read
+
+
+def test_a_router_sending_the_apps_models_elsewhere_is_refused() -> None:
+    from llm_budgets.checks import check_database_routing
+
+    assert check_database_routing() == []
+    with override_settings(DATABASE_ROUTERS=[f"{__name__}.OtherAppsRouter"]):
+        assert check_database_routing() == []
+    with override_settings(DATABASE_ROUTERS=[f"{__name__}.ElsewhereRouter"]):
+        messages = check_database_routing()
+    assert messages
+    assert {m.id for m in messages} == {"llm_budgets.E050"}
+    assert any("llm_budgets.Counter" in m.msg for m in messages)
