@@ -9,14 +9,17 @@ import dataclasses
 import inspect
 import typing
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from llm_budgets import budgets, client, exceptions, selectors
+from llm_budgets.budget_raises import budget_raise_grant
 from llm_budgets.engine.settlement import CommitResult
+from llm_budgets.models import Budget
 from tests.api import BASE, new_key
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, seed
 
@@ -147,6 +150,10 @@ def scenario(api: Any, tenant: str) -> list[tuple[str, Any]]:
     look("release by id", api.release(holds[1].id))
     look("uncertain by id", api.mark_uncertain(holds[2].id))
 
+    budget = Budget.objects.get(tenant__external_id=tenant)
+    budget_raise_grant(
+        budget=budget, amount=Decimal(5), until=timezone.now() + timedelta(hours=1), reason="t"
+    )
     statuses = api.status(tenant=tenant, end_user="u-1")
     look(
         "status",
@@ -202,6 +209,8 @@ def test_the_same_scenario_gives_the_same_results_through_both(live_server: Any)
     assert steps["exceeded"]["remaining"] == Decimal(7)  # 100 - 3 spent - 3 x 30 held
     assert steps["switched"]["model"] == FAKE_MODEL
     assert steps["status"][0]["reserved"] == Decimal(30)
+    assert steps["status"][0]["raised"] == Decimal(5)
+    assert steps["status"][0]["limit"] == Decimal(105)
 
 
 # The error wire format: ``exceptions.Wire`` is the one definition; the body, the schema and the

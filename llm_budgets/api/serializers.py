@@ -260,6 +260,7 @@ class BudgetStatusSerializer(serializers.Serializer):
     unit = serializers.CharField(read_only=True, help_text="provider_cost or customer_price.")
     period_start = serializers.DateTimeField(read_only=True)
     resets_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    raised = money_out(help_text="Active temporary raises, included in limit.")
 
 
 class TenantStatusSerializer(serializers.Serializer):
