@@ -88,7 +88,7 @@ def usage_void(
             cost=-line.cost,
             customer_cost=-line.customer_cost,
             currency=line.currency,
-            period_start=line.period_start,
+            reserved_at=line.reserved_at,
             created_at=now,
         )
         AuditEvent.objects.create(
@@ -145,7 +145,7 @@ def end_user_spend_reset(
                     end_user=end_user,
                     **{field: -counter.spent},
                     currency=counter.budget.currency,
-                    period_start=counter.period_start,
+                    reserved_at=counter.period_start,  # the period the reset lands in
                     created_at=now,
                 )
             )

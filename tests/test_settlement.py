@@ -154,7 +154,7 @@ def test_usage_belongs_to_the_period_the_reservation_was_made_in() -> None:
     )
     old_day = Counter.objects.get(period_start=datetime(2026, 3, 10, tzinfo=UTC))
     assert (old_day.spent, old_day.reserved) == (Decimal(30), 0)
-    assert UsageRecord.objects.get().period_start == made
+    assert UsageRecord.objects.get().reserved_at == made
     # The new day starts clean: three fresh holds of 30 fit in its 100.
     next_day = made + timedelta(minutes=6)
     for _ in range(3):

@@ -266,7 +266,7 @@ def _record(
         currency=reservation.currency,
         is_estimated=estimated,
         overage=overage,
-        period_start=reservation.created_at,
+        reserved_at=reservation.created_at,
         created_at=now,
         tags=reservation.tags,
         **(usage.as_fields() if usage else {}),
