@@ -35,6 +35,7 @@ from urllib.parse import quote
 import httpx
 
 from llm_budgets.exceptions import BudgetError, ReservationStateError, Wire
+from llm_budgets.results import BudgetStatus, CommitResult
 
 if TYPE_CHECKING:
     from llm_budgets.usage import Usage
@@ -154,18 +155,8 @@ def _scope_body(
     return {**{k: v for k, v in scope.items() if v is not None}, "reason": reason}
 
 
-@dataclass(frozen=True)
-class RemoteCommitResult:
-    """What a commit charged; the fields of ``llm_budgets.engine.settlement.CommitResult``."""
-
-    reservation_id: uuid.UUID
-    state: str
-    cost: Decimal
-    reserved: Decimal
-    overage: Decimal
-    currency: str
-    customer_cost: Decimal = Decimal(0)
-    pricing_basis: str = "price"
+# The in-process result class itself (``llm_budgets.results``); the old name stays.
+RemoteCommitResult = CommitResult
 
 
 def _decimals(row: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
@@ -249,25 +240,12 @@ class RemoteKillSwitch:
 
 
 @dataclass(frozen=True)
-class RemoteBudgetStatus:
-    """One budget's standing, as ``budgets.status`` returns it in process
-    (``llm_budgets.selectors.BudgetStatus``): the same fields, money as Decimal, times as
-    datetimes. ``status["limit"]`` also works and gives the value as the API sent it, as the
-    plain dicts this method returned before did."""
+class RemoteBudgetStatus(BudgetStatus):
+    """One budget's standing: the in-process ``llm_budgets.results.BudgetStatus`` (money as
+    Decimal, times as datetimes), plus the body as sent in ``data``. ``status["limit"]`` also
+    works and gives the value as the API sent it, as the plain dicts this method returned before
+    did."""
 
-    budget_id: int
-    scope: str
-    scope_label: str
-    window: str
-    limit: Decimal
-    spent: Decimal
-    reserved: Decimal
-    remaining: Decimal
-    currency: str
-    period_start: datetime
-    resets_at: datetime | None
-    unit: str = "provider_cost"
-    raised: Decimal = Decimal(0)
     data: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod

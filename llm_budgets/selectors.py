@@ -25,6 +25,7 @@ from llm_budgets.models import (
 )
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pricing import version_in_effect_sql
+from llm_budgets.results import BudgetStatus as BudgetStatus  # its home until issue #10
 from llm_budgets.tenants import (
     end_user_columns_sql,
     end_user_from_row,
@@ -206,23 +207,6 @@ def _admission_context_sql() -> str:
         f" LEFT JOIN {sql.table(Budget)} b ON {_budgets_applying('t.id', 'u.id')}"
         f" {end_user_where_sql()} ORDER BY {_budget_order()}"
     )
-
-
-@dataclass(frozen=True)
-class BudgetStatus:
-    budget_id: int
-    scope: str
-    scope_label: str
-    window: str
-    limit: Decimal
-    spent: Decimal
-    reserved: Decimal
-    remaining: Decimal
-    currency: str
-    period_start: datetime  # rolling: start of the oldest bucket counted
-    resets_at: datetime | None  # rolling: when all spend now counted has left the window
-    unit: str = "provider_cost"  # what the counter counts: provider cost or customer price
-    raised: Decimal = ZERO  # included in ``limit``
 
 
 def budget_statuses(tenant: Tenant, end_user: EndUser | None, at: datetime) -> list[BudgetStatus]:

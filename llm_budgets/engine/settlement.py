@@ -45,19 +45,8 @@ from llm_budgets.models import (
 )
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pricing import price_in_effect
+from llm_budgets.results import CommitResult as CommitResult  # its home until issue #10
 from llm_budgets.usage import Usage, usage_validate
-
-
-@dataclass(frozen=True)
-class CommitResult:
-    reservation_id: UUID
-    state: str
-    cost: Decimal
-    reserved: Decimal
-    overage: Decimal  # actual cost above the hold; zero when the hold covered it
-    currency: str
-    customer_cost: Decimal = ZERO  # the cost at customer price (with the tenant's markup)
-    pricing_basis: str = PricingBasis.PRICE  # "price", or the unknown-model policy used
 
 
 @dataclass(frozen=True)
