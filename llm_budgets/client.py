@@ -364,7 +364,7 @@ class RemoteHold:
     def mark_uncertain(self) -> str:
         """The call's outcome is unknown: keep the hold counted until usage arrives or the
         reconcile job settles it. Returns the state."""
-        self._data["state"] = self._client.mark_uncertain(self.id)
+        self._data = self._client._mark_uncertain(self.id)
         return self.state
 
     def refresh(self) -> RemoteHold:
@@ -567,7 +567,10 @@ class BudgetsClient:
     def mark_uncertain(self, hold_id: uuid.UUID | str) -> str:
         """The call's outcome is unknown (by id, e.g. from a watchdog): keep its hold counted
         until usage arrives or the reconcile job settles it. Returns the state."""
-        return str(self._post(f"reservations/{hold_id}/uncertain", {})["state"])
+        return str(self._mark_uncertain(hold_id)["state"])
+
+    def _mark_uncertain(self, hold_id: uuid.UUID | str) -> dict[str, Any]:
+        return self._post(f"reservations/{hold_id}/uncertain", {})
 
     # Kill switches (operator keys). No scope: global; several: their intersection.
 
