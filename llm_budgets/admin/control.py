@@ -6,6 +6,7 @@ to a person without it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -18,12 +19,30 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
+from django.utils.http import urlencode
 
 from llm_budgets.adjustments import end_user_spend_reset, usage_void
-from llm_budgets.admin.base import ReadOnlyAdmin, actor, adopt, money_text
+from llm_budgets.admin.base import (
+    ReadOnlyAdmin,
+    actor,
+    adopt,
+    money_text,
+    when_text,
+)
+from llm_budgets.admin.selectors import (
+    EndUserOverview,
+    adjustment_notes,
+    refusal_groups,
+    voided_ids,
+)
 from llm_budgets.budget_raises import budget_raise_grant
 from llm_budgets.exceptions import InvalidUsage
-from llm_budgets.killswitches import SwitchScope, kill_switch_clear, kill_switch_trip
+from llm_budgets.killswitches import (
+    SwitchScope,
+    kill_switch_clear,
+    kill_switch_trip,
+    kill_switches_in_state,
+)
 from llm_budgets.models import (
     BudgetRaise,
     EndUser,
@@ -36,6 +55,8 @@ from llm_budgets.models import (
 from llm_budgets.tenants import end_user_ensure
 
 RECENT_ROWS = 20
+# Refusals read for the page before identical ones in a burst are folded together.
+RECENT_REFUSALS = 200
 
 _REASON = forms.CharField(
     widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
@@ -359,30 +380,100 @@ def _form_page(
     )
 
 
+def _switch_rows(switches: Iterable[KillSwitch], zone: str | None) -> list[dict[str, Any]]:
+    return [
+        {
+            "scope": s.scope_label,
+            "reason": s.reason,
+            "who": s.tripped_by or (f"detector {s.detector}" if s.automatic else "-"),
+            "when": when_text(s.tripped_at, zone),
+            "auto_clear": when_text(s.auto_clear_at, zone) if s.auto_clear_at else "",
+            "url": reverse("admin:llm_budgets_killswitch_change", args=[s.pk]),
+        }
+        for s in switches
+    ]
+
+
+def _refusal_rows(refusals: list[Refusal], zone: str | None) -> list[dict[str, Any]]:
+    rows = []
+    for group in refusal_groups(refusals):
+        r = group.first
+        currency = r.budget.currency if r.budget_id and r.budget else ""
+        rows.append(
+            {
+                "when": when_text(r.created_at, zone, seconds=True),
+                "since": when_text(group.oldest_at, zone, seconds=True) if group.count > 1 else "",
+                "count": group.count,
+                "end_user": r.end_user.external_id if r.end_user else "-",
+                "end_user_url": _end_user_url(r.end_user),
+                "model": r.model,
+                "why": r.detail,
+                "requested": money_text(r.requested, currency),
+                "remaining": money_text(r.remaining, currency),
+                "url": reverse("admin:llm_budgets_refusal_change", args=[r.pk]),
+            }
+        )
+    return rows
+
+
+def _line_rows(
+    lines: list[UsageRecord], tenant: Tenant, can_void: bool, zone: str | None
+) -> list[dict[str, Any]]:
+    voided = voided_ids(lines)
+    notes = adjustment_notes(lines)
+    rows = []
+    for line in lines:
+        note = notes.get(line.pk)
+        if line.kind == UsageKind.ADJUSTMENT:
+            what = f"voids line {line.voids_id}" if line.voids_id else "end user's spend reset"
+            status = f"{what}: “{note.reason}” by {note.actor or '?'}" if note else what
+        elif line.pk in voided:
+            status = f"voided by line {voided[line.pk]}"
+        else:
+            status = ""
+        rows.append(
+            {
+                "id": line.pk,
+                "url": reverse("admin:llm_budgets_usagerecord_change", args=[line.pk]),
+                "when": when_text(line.created_at, zone, seconds=True),
+                "end_user": line.end_user.external_id if line.end_user else "-",
+                "end_user_url": _end_user_url(line.end_user),
+                "kind": line.kind,
+                "call": f"{line.provider}/{line.model}" if line.model else "-",
+                "cost": money_text(line.cost, line.currency),
+                "status": status,
+                "voided": line.pk in voided,
+                "void_url": reverse("admin:llm_budgets_tenant_void_line", args=[tenant.pk, line.pk])
+                if can_void and line.kind != UsageKind.ADJUSTMENT and line.pk not in voided
+                else None,
+            }
+        )
+    return rows
+
+
+def _end_user_url(end_user: EndUser | None) -> str:
+    if end_user is None:
+        return ""
+    return reverse("admin:llm_budgets_enduser_change", args=[end_user.pk])
+
+
 def control_context(request: HttpRequest, tenant: Tenant, now: datetime) -> dict[str, Any]:
     """The tenant page's control sections: open switches, recent refusals, recent ledger lines
     (with void links for billing admins) and the action links the user may use."""
     user = request.user
-    switches = KillSwitch.objects.filter(tenant=tenant, cleared_at__isnull=True).select_related(
-        "tenant", "end_user__tenant"
-    )
+    zone = tenant.timezone
+    switches = kill_switches_in_state("open", now).filter(tenant=tenant)
     refusals = Refusal.objects.filter(tenant=tenant).select_related("end_user", "budget")[
-        :RECENT_ROWS
+        :RECENT_REFUSALS
     ]
-    lines = UsageRecord.objects.filter(tenant=tenant).select_related("end_user", "voids")[
-        :RECENT_ROWS
-    ]
-    can_void = user.has_perm("llm_budgets.void_usagerecord")
+    lines = UsageRecord.objects.filter(tenant=tenant).select_related("end_user")[:RECENT_ROWS]
     actions = []
     if user.has_perm("llm_budgets.add_killswitch"):
         actions.append(
-            (
-                "Trip a kill switch",
-                f"{reverse('admin:llm_budgets_killswitch_add')}?tenant={tenant.pk}",
-            )
+            ("Trip a kill switch on this tenant", _add_url("killswitch", tenant=tenant.pk))
         )
     if user.has_perm("llm_budgets.add_budgetraise"):
-        actions.append(("Grant a temporary raise", reverse("admin:llm_budgets_budgetraise_add")))
+        actions.append(("Grant a temporary raise", _add_url("budgetraise", tenant=tenant.pk)))
     if user.has_perm("llm_budgets.reset_spend"):
         actions.append(
             (
@@ -392,43 +483,59 @@ def control_context(request: HttpRequest, tenant: Tenant, now: datetime) -> dict
         )
     return {
         "control_actions": actions,
-        "switch_rows": [
-            {
-                "scope": s.scope_label,
-                "reason": s.reason,
-                "who": s.tripped_by or (f"detector {s.detector}" if s.automatic else "-"),
-                "when": s.tripped_at,
-                "url": reverse("admin:llm_budgets_killswitch_change", args=[s.pk]),
-                "expired": s.auto_clear_at is not None and s.auto_clear_at <= now,
-            }
-            for s in switches
-        ],
-        "refusal_rows": [
-            {
-                "when": r.created_at,
-                "end_user": r.end_user.external_id if r.end_user else "-",
-                "model": r.model,
-                "why": r.detail,
-                "requested": money_text(r.requested, "") if r.requested is not None else "-",
-                "remaining": money_text(r.remaining, "") if r.remaining is not None else "-",
-            }
-            for r in refusals
-        ],
+        "switch_rows": _switch_rows(switches, zone),
+        "refusal_rows": _refusal_rows(list(refusals), zone),
         "refusals_url": (
             f"{reverse('admin:llm_budgets_refusal_changelist')}?tenant__id__exact={tenant.pk}"
         ),
-        "line_rows": [
-            {
-                "id": line.pk,
-                "when": line.created_at,
-                "end_user": line.end_user.external_id if line.end_user else "-",
-                "kind": line.kind,
-                "call": f"{line.provider}/{line.model}" if line.model else "-",
-                "cost": money_text(line.cost, line.currency),
-                "void_url": reverse("admin:llm_budgets_tenant_void_line", args=[tenant.pk, line.pk])
-                if can_void and line.kind != UsageKind.ADJUSTMENT
-                else None,
-            }
-            for line in lines
-        ],
+        "line_rows": _line_rows(
+            list(lines), tenant, user.has_perm("llm_budgets.void_usagerecord"), zone
+        ),
+        "lines_url": (
+            f"{reverse('admin:llm_budgets_usagerecord_changelist')}?tenant__id__exact={tenant.pk}"
+        ),
     }
+
+
+def end_user_context(
+    request: HttpRequest, end_user: EndUser, overview: EndUserOverview
+) -> dict[str, Any]:
+    """The end-user page's control sections and actions, scoped to the end user."""
+    user = request.user
+    tenant = end_user.tenant
+    zone = tenant.timezone
+    actions = []
+    if user.has_perm("llm_budgets.add_killswitch"):
+        actions.append(
+            (
+                "Trip a kill switch on this end user",
+                _add_url("killswitch", tenant=tenant.pk, end_user_id=end_user.external_id),
+            )
+        )
+    if user.has_perm("llm_budgets.reset_spend"):
+        reset = reverse("admin:llm_budgets_tenant_reset_end_user", args=[tenant.pk])
+        actions.append(
+            (
+                "Reset this end user's period spend",
+                f"{reset}?{urlencode({'end_user': end_user.external_id})}",
+            )
+        )
+    return {
+        "control_actions": actions,
+        "switch_rows": _switch_rows(overview.switches, zone),
+        "refusal_rows": _refusal_rows(overview.refusals, zone),
+        "refusals_url": (
+            f"{reverse('admin:llm_budgets_refusal_changelist')}?end_user__id__exact={end_user.pk}"
+        ),
+        "line_rows": _line_rows(
+            overview.lines, tenant, user.has_perm("llm_budgets.void_usagerecord"), zone
+        ),
+        "lines_url": (
+            f"{reverse('admin:llm_budgets_usagerecord_changelist')}?end_user__id__exact={end_user.pk}"
+        ),
+    }
+
+
+def _add_url(model_name: str, **initial: object) -> str:
+    """An add form pre-filled with ``initial`` (the admin reads it from the query string)."""
+    return f"{reverse(f'admin:llm_budgets_{model_name}_add')}?{urlencode(initial)}"
