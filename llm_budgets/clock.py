@@ -9,14 +9,20 @@ from __future__ import annotations
 
 from datetime import datetime, tzinfo
 from functools import cache
-from zoneinfo import ZoneInfo, available_timezones
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
 from django.utils import timezone
 
 
 def zone(name: str | None) -> tzinfo:
-    """The timezone called ``name``; the site's default one when empty."""
-    return ZoneInfo(name) if name else timezone.get_default_timezone()
+    """The timezone called ``name``; the site's default one when empty or unknown (a rejected
+    edit being shown again, say)."""
+    if not name:
+        return timezone.get_default_timezone()
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return timezone.get_default_timezone()
 
 
 def local(at: datetime, tz_name: str | None) -> datetime:

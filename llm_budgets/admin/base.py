@@ -60,6 +60,13 @@ def when_column(field: str, description: str, *, seconds: bool = False) -> Any:
     return column
 
 
+def truncated(text: str, length: int = 60) -> str:
+    """Long text cut for a list, the whole of it on hover (and on the detail page)."""
+    if len(text) <= length:
+        return text
+    return format_html('<span title="{}">{}&hellip;</span>', text, text[: length - 1])
+
+
 def short_id(value: object) -> str:
     """A UUID shortened for lists (the first 8 characters); the detail page shows all of it."""
     text = str(value)

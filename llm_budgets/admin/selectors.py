@@ -43,6 +43,7 @@ class TenantOverview:
     end_user_budget_count: int
     open_reservations: list[Reservation]  # HELD, soonest to expire first
     open_reservation_count: int
+    raises: dict[int, list[BudgetRaise]]  # the raises in force on those budgets, by budget id
 
 
 def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
@@ -55,9 +56,13 @@ def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
         own_budgets.select_related("end_user").order_by("end_user__external_id", "window")[:rows]
     )
     applicable = []
+    raises = active_raises([*(s.budget_id for s in shared), *(b.pk for b in own)], at)
     for budget in own:
         budget.tenant = tenant  # labels without a query per row
-        applicable.append(ApplicableBudget(budget, tenant_period(budget.window, at, tenant)))
+        raised = sum((r.amount for r in raises.get(budget.pk, [])), Decimal(0))
+        applicable.append(
+            ApplicableBudget(budget, tenant_period(budget.window, at, tenant), raised=raised)
+        )
     # Open: still counted in reserved (held, or uncertain until usage or the reconcile job).
     held = Reservation.objects.filter(tenant=tenant, state__in=LIVE_STATES)
     open_reservations = list(held.select_related("end_user").order_by("expires_at")[:rows])
@@ -67,6 +72,7 @@ def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
         end_user_budget_count=own_budgets.count(),
         open_reservations=open_reservations,
         open_reservation_count=held.count(),
+        raises=raises,
     )
 
 

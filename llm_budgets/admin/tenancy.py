@@ -58,6 +58,7 @@ class PlanAdmin(admin.ModelAdmin):
                 f"Empty: the site's default, {list(conf.WARNING_THRESHOLDS)}."
             )
         return super().formfield_for_dbfield(db_field, request, **kwargs)
+
     list_display = [
         "name",
         "default_max_output_tokens",
