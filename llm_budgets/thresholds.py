@@ -318,6 +318,8 @@ def _message(crossing: ThresholdCrossing, recipients: list[str]) -> EmailMultiAl
         "remaining": max(Decimal(0), crossing.limit - used),
         "currency": crossing.currency,
         "period_start": crossing.period_start,
+        # Times in the tenant's timezone, labelled (llm_budgets.clock); money in the one format.
+        "timezone": crossing.tenant.timezone if crossing.tenant else None,
     }
     subject = " ".join(
         render_to_string("llm_budgets/email/threshold_warning_subject.txt", context).split()
