@@ -105,7 +105,7 @@ def money_html(amount: Decimal | None, currency: str) -> SafeString | str:
     if amount is None:
         return "-"
     return format_html(
-        '<span class="llmb-money" title="exact: {}">{}</span>',
+        '<span class="llmb-money" style="white-space: nowrap" title="exact: {}">{}</span>',
         exact(amount, currency),
         money(amount, currency),
     )
@@ -116,7 +116,7 @@ def rate_html(amount: Decimal | None, currency: str, unit: str = "1M tokens") ->
     if amount is None:
         return "-"
     return format_html(
-        '<span class="llmb-money" title="exact: {}">{}</span>',
+        '<span class="llmb-money" style="white-space: nowrap" title="exact: {}">{}</span>',
         exact(amount, currency),
         rate(amount, currency, unit),
     )

@@ -144,5 +144,7 @@ def limit_text(
         ((money_text(r.amount, currency), when_text(r.ends_at, tz_name)) for r in raises),
     )
     return format_html(
-        '{}<span class="llmb-raise">, of which {}</span>', money_text(limit, currency), parts
+        '{}<span class="llmb-sep">, </span><span class="llmb-raise">of which {}</span>',
+        money_text(limit, currency),
+        parts,
     )

@@ -96,6 +96,7 @@ class ActionFormAdmin(admin.ModelAdmin):
 
     change_form_template = "admin/llm_budgets/control/change_form.html"
     submit_label = "Save"
+    add_title = ""  # the add page's title: what it does
 
     def form_zone(self, request: HttpRequest) -> str | None:
         """The timezone the form's times are entered in (the tenant's, when known)."""
@@ -114,6 +115,8 @@ class ActionFormAdmin(admin.ModelAdmin):
             "show_save_and_continue": False,
             "submit_label": self.submit_label if object_id is None else "",
         }
+        if object_id is None and self.add_title:
+            context["title"] = self.add_title
         zone = self.form_zone(request) if object_id is None else None
         with timezone.override(clock.zone(zone)):
             return super().changeform_view(request, object_id, form_url, context)
@@ -162,6 +165,7 @@ class KillSwitchAdmin(ActionFormAdmin):
     date_hierarchy = "tripped_at"
     autocomplete_fields = ["tenant"]
     submit_label = "Trip the switch"
+    add_title = "Trip a kill switch"
     shown = (
         "scope",
         "state",
@@ -366,6 +370,7 @@ class BudgetRaiseAdmin(ActionFormAdmin):
     autocomplete_fields = ["budget"]
     date_hierarchy = "starts_at"
     submit_label = "Grant the raise"
+    add_title = "Grant a temporary raise"
 
     starts_when = when_column("starts_at", "From")
     ends_when = when_column("ends_at", "Until")

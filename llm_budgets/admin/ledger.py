@@ -213,7 +213,7 @@ class UsageRecordAdmin(PageAnnotationMixin, UsageColumns, ReadOnlyAdmin):
     def annotate_page(self, request: HttpRequest, rows: list[UsageRecord]) -> None:
         voided, notes = voided_ids(rows), adjustment_notes(rows)
         for line in rows:
-            line.voided_by = voided.get(line.pk)  # type: ignore[attr-defined]
+            line.llmb_voided_by = voided.get(line.pk)  # type: ignore[attr-defined]
             line.adjustment_note = notes.get(line.pk)  # type: ignore[attr-defined]
 
     @admin.display(description="Customer cost")
@@ -223,7 +223,7 @@ class UsageRecordAdmin(PageAnnotationMixin, UsageColumns, ReadOnlyAdmin):
     @admin.display(description="Note")
     def note(self, obj: UsageRecord) -> str:
         """Voided (by which line), or for a compensating line: what, why and who."""
-        if not hasattr(obj, "voided_by"):  # the detail page: this one line
+        if not hasattr(obj, "llmb_voided_by"):  # the detail page: this one line
             self.annotate_page(None, [obj])  # type: ignore[arg-type]
         note = obj.adjustment_note  # type: ignore[attr-defined]
         if obj.kind == UsageKind.ADJUSTMENT:
@@ -231,10 +231,10 @@ class UsageRecordAdmin(PageAnnotationMixin, UsageColumns, ReadOnlyAdmin):
             if note is None:
                 return what
             return format_html("{}: “{}” by {}", what, note.reason, note.actor or "?")
-        if obj.voided_by is not None:  # type: ignore[attr-defined]
-            url = reverse("admin:llm_budgets_usagerecord_change", args=[obj.voided_by])  # type: ignore[attr-defined]
+        if obj.llmb_voided_by is not None:  # type: ignore[attr-defined]
+            url = reverse("admin:llm_budgets_usagerecord_change", args=[obj.llmb_voided_by])  # type: ignore[attr-defined]
             return format_html(
-                '<strong>voided</strong> by <a href="{}">line {}</a>', url, obj.voided_by
+                '<strong>voided</strong> by <a href="{}">line {}</a>', url, obj.llmb_voided_by
             )  # type: ignore[attr-defined]
         if obj.is_estimated:
             return "estimated (the call's usage never arrived)"

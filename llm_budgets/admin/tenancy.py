@@ -153,6 +153,7 @@ class TenantAdmin(TenantControlMixin, admin.ModelAdmin):
         form_url: str = "",
         obj: Tenant | None = None,
     ) -> HttpResponse:
+        context["show_save_and_add_another"] = False
         if obj is not None and obj.pk is not None:
             if context["adminform"].form.errors:
                 obj = Tenant.objects.get(pk=obj.pk)  # the stored tenant, not the rejected edit
