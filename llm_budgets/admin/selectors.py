@@ -188,7 +188,7 @@ def end_user_overview(end_user: EndUser, at: datetime) -> EndUserOverview:
     tenant = end_user.tenant
     held = Reservation.objects.filter(end_user=end_user, state__in=LIVE_STATES)
     rows = TENANT_PAGE_ROWS
-    lines = UsageRecord.objects.filter(end_user=end_user).select_related("voids")
+    lines = UsageRecord.objects.filter(end_user=end_user).select_related("end_user")
     # Open by the switch module's own rule; global, provider- and model-wide ones cover this
     # end user too.
     switches = list(
@@ -199,9 +199,11 @@ def end_user_overview(end_user: EndUser, at: datetime) -> EndUserOverview:
     )
     return EndUserOverview(
         budgets=budget_statuses(tenant, end_user, at),
-        open_reservations=list(held.order_by("expires_at")[:rows]),
+        open_reservations=list(held.select_related("end_user").order_by("expires_at")[:rows]),
         open_reservation_count=held.count(),
         lines=list(lines[:rows]),
-        refusals=list(Refusal.objects.filter(end_user=end_user).select_related("budget")[:rows]),
+        refusals=list(
+            Refusal.objects.filter(end_user=end_user).select_related("end_user", "budget")[:rows]
+        ),
         switches=switches,
     )
