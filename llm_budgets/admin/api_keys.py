@@ -66,7 +66,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     created_when = when_column("created", "Created")
     expiry_when = when_column("expiry_date", "Expires")
 
-    def get_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
+    def get_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
         if obj is None:
             return ["name", "tenant", "expiry_date"]
         return ["prefix", "name", "tenant", "expiry_when", "revoked", "created_when"]

@@ -845,6 +845,6 @@ def end_user_context(
     }
 
 
-def _add_url(model_name: str, **initial: object) -> str:
+def _add_url(model_name: str, **initial: str | int) -> str:
     """An add form pre-filled with ``initial`` (the admin reads it from the query string)."""
     return f"{reverse(f'admin:llm_budgets_{model_name}_add')}?{urlencode(initial)}"

@@ -226,16 +226,17 @@ class UsageRecordAdmin(PageAnnotationMixin, UsageColumns, ReadOnlyAdmin):
         if not hasattr(obj, "llmb_voided_by"):  # the detail page: this one line
             self.annotate_page(None, [obj])  # type: ignore[arg-type]
         note = obj.adjustment_note  # type: ignore[attr-defined]
+        voided_by: int | None = obj.llmb_voided_by  # type: ignore[attr-defined]
         if obj.kind == UsageKind.ADJUSTMENT:
             what = f"voids line {obj.voids_id}" if obj.voids_id else "end user's spend reset"
             if note is None:
                 return what
             return format_html("{}: “{}” by {}", what, note.reason, note.actor or "?")
-        if obj.llmb_voided_by is not None:  # type: ignore[attr-defined]
-            url = reverse("admin:llm_budgets_usagerecord_change", args=[obj.llmb_voided_by])  # type: ignore[attr-defined]
+        if voided_by is not None:
+            url = reverse("admin:llm_budgets_usagerecord_change", args=[voided_by])
             return format_html(
-                '<strong>voided</strong> by <a href="{}">line {}</a>', url, obj.llmb_voided_by
-            )  # type: ignore[attr-defined]
+                '<strong>voided</strong> by <a href="{}">line {}</a>', url, voided_by
+            )
         if obj.is_estimated:
             return "estimated (the call's usage never arrived)"
         return ""

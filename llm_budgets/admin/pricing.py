@@ -129,7 +129,7 @@ class PriceAdmin(admin.ModelAdmin):
             return [f for f in fields if f not in ("history", "new_version")]
         # The read-only view: rates in the one money format with their unit, exact on hover.
         shown = {name: f"{name}_text" for name in _RATE_COLUMNS}
-        return [shown.get(f, f) for f in fields if f != "reason"]
+        return [shown.get(str(f), f) for f in fields if f != "reason"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
         if obj is None:
@@ -212,7 +212,7 @@ class PriceAdmin(admin.ModelAdmin):
 def _rate_column(name: str) -> Any:
     unit = "request" if name == "per_request" else "1M tokens"
 
-    @admin.display(description=Price._meta.get_field(name).verbose_name.capitalize())
+    @admin.display(description=str(Price._meta.get_field(name).verbose_name).capitalize())  # type: ignore[union-attr]
     def column(self: Any, obj: Price) -> str:
         return rate_text(getattr(obj, name), obj.currency, unit)
 

@@ -315,15 +315,15 @@ def _end_user_page(request: HttpRequest, end_user: EndUser) -> dict[str, Any]:
             "llm_budgets.add_budget"
         ):
             # A raise on "each end user" would raise everyone: give this one a budget instead.
-            row["own_budget_url"] = f"{reverse('admin:llm_budgets_budget_add')}?" + urlencode(
-                {
-                    "scope": Scope.END_USER,
-                    "tenant": tenant.pk,
-                    "end_user": end_user.pk,
-                    "window": status.window,
-                    "limit": display(status.limit),
-                }
-            )
+            prefill: dict[str, str | int] = {
+                "scope": str(Scope.END_USER),
+                "tenant": tenant.pk,
+                "end_user": end_user.pk,
+                "window": status.window,
+                "limit": display(status.limit),
+            }
+            add = reverse("admin:llm_budgets_budget_add")
+            row["own_budget_url"] = f"{add}?{urlencode(prefill)}"
         rows.append(row)
     return {
         "overview_timezone": zone,
