@@ -26,6 +26,7 @@ from django.utils.http import urlencode
 from llm_budgets import clock, money
 from llm_budgets.adjustments import end_user_spend_reset, usage_void
 from llm_budgets.admin.base import (
+    PageAnnotationMixin,
     ReadOnlyAdmin,
     actor,
     adopt,
@@ -154,7 +155,7 @@ class ClearForm(forms.Form):
 
 
 @admin.register(KillSwitch)
-class KillSwitchAdmin(ActionFormAdmin):
+class KillSwitchAdmin(PageAnnotationMixin, ActionFormAdmin):
     """Adding trips a switch; an open switch's page has a "Clear this switch" button that asks
     for a reason and confirmation. Support's tool."""
 
@@ -276,6 +277,7 @@ class KillSwitchAdmin(ActionFormAdmin):
                 "Clearing lets requests in this scope through again at once."
             ),
             back_url=page,
+            back_label=f"Kill switch on {switch.scope_label}",
             submit_label="Clear this switch",
         )
 
@@ -320,10 +322,21 @@ class KillSwitchAdmin(ActionFormAdmin):
     def state(self, obj: KillSwitch) -> str:
         if obj.cleared_at is not None:
             return f"cleared by {obj.cleared_by or '?'}"
-        # Open by the switch module's own rule (an auto_clear_at that passed has cleared it).
-        if kill_switches_in_state("open", timezone.now()).filter(pk=obj.pk).exists():
+        if not hasattr(obj, "llmb_open"):  # the detail page: this one switch
+            self.annotate_page(None, [obj])  # type: ignore[arg-type]
+        if obj.llmb_open:  # type: ignore[attr-defined]
             return "TRIPPED"
         return "cleared by itself (auto_clear_at passed)"
+
+    def annotate_page(self, request: HttpRequest, rows: list[KillSwitch]) -> None:
+        # Open by the switch module's own rule (an auto_clear_at that passed has cleared it).
+        open_ids = set(
+            kill_switches_in_state("open", timezone.now())
+            .filter(pk__in=[s.pk for s in rows])
+            .values_list("pk", flat=True)
+        )
+        for switch in rows:
+            switch.llmb_open = switch.pk in open_ids  # type: ignore[attr-defined]
 
 
 def _switch_home(switch: KillSwitch) -> str:
@@ -621,6 +634,7 @@ class TenantControlMixin:
                 "budgets keep the spend: that money was spent."
             ),
             back_url=_tenant_url(tenant),
+            back_label=f"Tenant {tenant.external_id}",
             submit_label="Reset the period spend",
         )
 
@@ -658,6 +672,7 @@ class TenantControlMixin:
                 "cost; the line itself stays in the ledger."
             ),
             back_url=_tenant_url(tenant),
+            back_label=f"Tenant {tenant.external_id}",
             submit_label="Void this line",
         )
 
@@ -673,6 +688,7 @@ def _form_page(
     form: forms.Form,
     explanation: str,
     back_url: str,
+    back_label: str,
     submit_label: str,
 ) -> TemplateResponse:
     return TemplateResponse(
@@ -684,6 +700,7 @@ def _form_page(
             "form": form,
             "explanation": explanation,
             "back_url": back_url,
+            "back_label": back_label,
             "submit_label": submit_label,
         },
     )
