@@ -8,6 +8,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.contrib import admin
@@ -330,6 +331,12 @@ def test_forms_opened_from_a_tenant_page_come_prefilled(superuser: Client, acme:
     assert 'value="Grant the raise"' in html
     assert "_addanother" not in html
     assert "Europe/Amsterdam" in html  # times are entered in the tenant's timezone
+    offset = timezone.now().astimezone(ZoneInfo("Europe/Amsterdam")).utcoffset()
+    assert offset is not None
+    # ... and the pickers' "Now" shortcut fills in the time in that zone too.
+    assert f'data-admin-utc-offset="{int(offset.total_seconds())}"' in html
+    assert "fa-pencil" not in html
+    assert 'id="change_id_budget"' not in html  # no edit / add / view icons beside the budget
     assert "Required. Why the raise; kept in the audit log." in html  # not the refusal's text
     trip_url = dict(page.context["control_actions"])["Trip a kill switch on this tenant"]
     trip = superuser.get(trip_url)

@@ -120,7 +120,20 @@ class ActionFormAdmin(admin.ModelAdmin):
             context["title"] = self.add_title
         zone = self.form_zone(request) if object_id is None else None
         with timezone.override(clock.zone(zone)):
-            return super().changeform_view(request, object_id, form_url, context)
+            response = super().changeform_view(request, object_id, form_url, context)
+            if isinstance(response, TemplateResponse):
+                # Rendered here, so the pickers' "Now" and the shown times use the same zone.
+                response.render()
+            return response
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        # An action form picks an existing row: no add / change / view / delete icons beside it.
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        widget = getattr(field, "widget", None)
+        if isinstance(widget, widgets.RelatedFieldWidgetWrapper):
+            widget.can_add_related = widget.can_change_related = False
+            widget.can_view_related = widget.can_delete_related = False
+        return field
 
 
 class TripForm(forms.ModelForm):
