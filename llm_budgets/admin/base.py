@@ -10,11 +10,12 @@ from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import Model
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from llm_budgets import clock, money
-from llm_budgets.models import Tenant
+from llm_budgets.models import EndUser, Tenant
 
 
 def money_text(amount: Decimal | None, currency: str) -> SafeString | str:
@@ -58,6 +59,20 @@ def when_column(field: str, description: str, *, seconds: bool = False) -> Any:
 
     column.__name__ = f"{field}_when"
     return column
+
+
+def end_user_url(end_user: EndUser | None) -> str:
+    """The end user's admin page ("" for none)."""
+    if end_user is None:
+        return ""
+    return reverse("admin:llm_budgets_enduser_change", args=[end_user.pk])
+
+
+def end_user_link(end_user: EndUser | None) -> str:
+    """The end user's external id, linked to their page (``-`` for none)."""
+    if end_user is None:
+        return "-"
+    return format_html('<a href="{}">{}</a>', end_user_url(end_user), end_user.external_id)
 
 
 def truncated(text: str, length: int = 60) -> str:

@@ -11,7 +11,6 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db.models import Model
 from django.http import HttpRequest
-from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
@@ -20,6 +19,7 @@ from llm_budgets.admin.base import (
     ReadOnlyAdmin,
     actor,
     adopt,
+    end_user_link,
     limit_text,
     money_text,
     tenant_zone,
@@ -267,14 +267,7 @@ class CounterAdmin(ReadOnlyAdmin):
     @admin.display(description="End user", ordering="end_user__external_id")
     def end_user_label(self, obj: Counter) -> str:
         """Whose counter: an each-end-user (``*``) budget keeps one per end user."""
-        end_user = obj.end_user or obj.budget.end_user
-        if end_user is None:
-            return "-"
-        return format_html(
-            '<a href="{}">{}</a>',
-            reverse("admin:llm_budgets_enduser_change", args=[end_user.pk]),
-            end_user.external_id,
-        )
+        return end_user_link(obj.end_user or obj.budget.end_user)
 
     @admin.display(description="Budget", ordering="budget__scope")
     def budget_label(self, obj: Counter) -> str:

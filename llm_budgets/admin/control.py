@@ -20,7 +20,6 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
-from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from llm_budgets import clock, money
@@ -30,6 +29,8 @@ from llm_budgets.admin.base import (
     ReadOnlyAdmin,
     actor,
     adopt,
+    end_user_link,
+    end_user_url,
     money_text,
     tenant_zone,
     truncated,
@@ -541,13 +542,7 @@ class RefusalAdmin(ReadOnlyAdmin):
 
     @admin.display(description="End user", ordering="end_user__external_id")
     def end_user_link(self, obj: Refusal) -> str:
-        if obj.end_user is None:
-            return "-"
-        return format_html(
-            '<a href="{}">{}</a>',
-            reverse("admin:llm_budgets_enduser_change", args=[obj.end_user_id]),
-            obj.end_user.external_id,
-        )
+        return end_user_link(obj.end_user)
 
     @admin.display(description="Budget or switch", ordering="detail")
     def short_detail(self, obj: Refusal) -> str:
@@ -744,7 +739,7 @@ def _refusal_rows(refusals: list[Refusal], zone: str | None) -> list[dict[str, A
                 "since": when_text(group.oldest_at, zone, seconds=True) if group.count > 1 else "",
                 "count": group.count,
                 "end_user": r.end_user.external_id if r.end_user else "-",
-                "end_user_url": _end_user_url(r.end_user),
+                "end_user_url": end_user_url(r.end_user),
                 "model": r.model,
                 "why": r.detail,
                 "requested": money_text(r.requested, currency),
@@ -776,7 +771,7 @@ def _line_rows(
                 "url": reverse("admin:llm_budgets_usagerecord_change", args=[line.pk]),
                 "when": when_text(line.created_at, zone, seconds=True),
                 "end_user": line.end_user.external_id if line.end_user else "-",
-                "end_user_url": _end_user_url(line.end_user),
+                "end_user_url": end_user_url(line.end_user),
                 "kind": line.kind,
                 "call": f"{line.provider}/{line.model}" if line.model else "-",
                 "cost": money_text(line.cost, line.currency),
@@ -788,12 +783,6 @@ def _line_rows(
             }
         )
     return rows
-
-
-def _end_user_url(end_user: EndUser | None) -> str:
-    if end_user is None:
-        return ""
-    return reverse("admin:llm_budgets_enduser_change", args=[end_user.pk])
 
 
 def control_context(request: HttpRequest, tenant: Tenant, now: datetime) -> dict[str, Any]:

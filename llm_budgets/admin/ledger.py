@@ -12,6 +12,7 @@ from llm_budgets.admin.base import (
     PageAnnotationMixin,
     ReadOnlyAdmin,
     ReadOnlyInline,
+    end_user_link,
     money_text,
     short_id,
     tenant_zone,
@@ -40,13 +41,7 @@ class UsageColumns:
 
     @admin.display(description="End user", ordering="end_user__external_id")
     def end_user_link(self, obj: UsageRecord | Reservation) -> str:
-        if obj.end_user is None:
-            return "-"
-        return format_html(
-            '<a href="{}">{}</a>',
-            reverse("admin:llm_budgets_enduser_change", args=[obj.end_user_id]),
-            obj.end_user.external_id,
-        )
+        return end_user_link(obj.end_user)
 
     created_when = when_column("created_at", "When", seconds=True)
 

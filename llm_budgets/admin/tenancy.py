@@ -18,6 +18,7 @@ from llm_budgets import clock
 from llm_budgets.admin.base import (
     actor,
     adopt,
+    end_user_url,
     limit_text,
     money_text,
     short_id,
@@ -213,9 +214,7 @@ def _reservation_rows(reservations: list[Reservation], zone: str, now: Any) -> l
             "full_id": str(r.pk),
             "url": reverse("admin:llm_budgets_reservation_change", args=[r.pk]),
             "end_user": r.end_user.external_id if r.end_user else "-",
-            "end_user_url": reverse("admin:llm_budgets_enduser_change", args=[r.end_user.pk])
-            if r.end_user
-            else "",
+            "end_user_url": end_user_url(r.end_user),
             "model": f"{r.provider}/{r.model}",
             "state": r.get_state_display(),
             "amount": money_text(r.amount, r.currency),
