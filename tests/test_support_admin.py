@@ -296,6 +296,18 @@ def test_a_voided_line_says_so_and_its_compensating_line_says_why_and_who(
     assert "“refunded” by maria" in text
     detail = superuser.get(reverse("admin:llm_budgets_usagerecord_change", args=[line.pk]))
     assert "voided" in detail.content.decode()
+    void_url = reverse("admin:llm_budgets_tenant_void_line", args=[acme.pk, line.pk])
+    assert void_url not in detail.content.decode()  # voided: no void link
+
+
+def test_a_charge_can_be_voided_from_its_ledger_page(superuser: Client, acme: Tenant) -> None:
+    line = UsageRecord.objects.get()
+    page = superuser.get(reverse("admin:llm_budgets_usagerecord_change", args=[line.pk]))
+    void_url = reverse("admin:llm_budgets_tenant_void_line", args=[acme.pk, line.pk])
+    assert void_url in page.content.decode()
+    viewer = _client("viewer", _view_all())
+    page = viewer.get(reverse("admin:llm_budgets_usagerecord_change", args=[line.pk]))
+    assert void_url not in page.content.decode()
 
 
 def test_identical_refusals_in_a_burst_are_grouped_with_a_count(

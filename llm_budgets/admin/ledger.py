@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
@@ -204,6 +206,25 @@ class UsageRecordAdmin(PageAnnotationMixin, UsageColumns, ReadOnlyAdmin):
     )
 
     period_when = when_column("period_start", "Counted in the period from")
+
+    def get_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
+        fields = list(super().get_fields(request, obj))
+        if request.user.has_perm("llm_budgets.void_usagerecord"):
+            fields.insert(fields.index("note") + 1, "void_action")
+        return fields
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
+        return self.get_fields(request, obj)
+
+    @admin.display(description="Void")
+    def void_action(self, obj: UsageRecord) -> str:
+        """A link to the void form, for a charge that is not voided yet (billing admins)."""
+        if obj.kind == UsageKind.ADJUSTMENT or obj.reservation_id is None:
+            return "-"
+        if UsageRecord.objects.filter(voids=obj).exists():
+            return "-"
+        url = reverse("admin:llm_budgets_tenant_void_line", args=[obj.tenant_id, obj.pk])
+        return format_html('<a class="button" href="{}">Void this line&hellip;</a>', url)
 
     def annotate_page(self, request: HttpRequest, rows: list[UsageRecord]) -> None:
         voided, notes = voided_ids(rows), adjustment_notes(rows)
