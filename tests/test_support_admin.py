@@ -22,6 +22,7 @@ from django.utils.html import strip_tags
 from llm_budgets import budgets
 from llm_budgets.adjustments import usage_void
 from llm_budgets.api.keys import api_key_create
+from llm_budgets.clock import when
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.models import (
     ApiKey,
@@ -456,3 +457,17 @@ def test_plan_form_shows_an_empty_box_not_null(superuser: Client) -> None:
     html = page.content.decode()
     assert ">null</textarea>" not in html
     assert "Empty: the site's default, [50, 80, 100]." in html
+
+
+def test_a_budget_created_mid_period_says_from_when_it_counts(
+    superuser: Client, acme: Tenant
+) -> None:
+    old = Budget.objects.get(scope=Scope.TENANT)
+    Budget.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=400))
+    page = superuser.get(reverse("admin:llm_budgets_tenant_change", args=[acme.pk]))
+    [tenant_row] = [r for r in page.context["budget_rows"] if r["scope"] == "tenant acme"]
+    assert tenant_row["counts_from"] == ""  # older than the period: counts all of it
+    [own] = page.context["end_user_budget_rows"]
+    own_budget = Budget.objects.get(scope=Scope.END_USER)
+    assert own["counts_from"] == when(own_budget.created_at, "Europe/Amsterdam")
+    assert "counts from" in page.content.decode()

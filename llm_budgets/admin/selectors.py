@@ -29,7 +29,12 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.selectors import ApplicableBudget, BudgetStatus, budget_statuses, statuses_for
+from llm_budgets.selectors import (
+    ApplicableBudget,
+    BudgetStatus,
+    applicable_budgets,
+    statuses_for,
+)
 from llm_budgets.windows import Period, period_for, tenant_period
 
 # Rows shown per table; the page links to the full, filtered changelist beyond that.
@@ -44,13 +49,15 @@ class TenantOverview:
     open_reservations: list[Reservation]  # HELD, soonest to expire first
     open_reservation_count: int
     raises: dict[int, list[BudgetRaise]]  # the raises in force on those budgets, by budget id
+    created: dict[int, datetime]  # when each budget was created (it counts from then)
 
 
 def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
     """The tenant's budgets with the current period's numbers, and its open reservations."""
     rows = TENANT_PAGE_ROWS
     # An unsaved end user: the statuses of what applies to every end user, no one's own budget.
-    shared = budget_statuses(tenant, EndUser(tenant=tenant), at)
+    shared_applicable = applicable_budgets(tenant, EndUser(tenant=tenant), at)
+    shared = statuses_for(shared_applicable)
     own_budgets = Budget.objects.filter(tenant=tenant, scope=Scope.END_USER)
     own = list(
         own_budgets.select_related("end_user").order_by("end_user__external_id", "window")[:rows]
@@ -73,6 +80,7 @@ def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
         open_reservations=open_reservations,
         open_reservation_count=held.count(),
         raises=raises,
+        created={a.budget.pk: a.budget.created_at for a in [*shared_applicable, *applicable]},
     )
 
 
@@ -180,6 +188,7 @@ class EndUserOverview:
     lines: list[UsageRecord]
     refusals: list[Refusal]
     switches: list[KillSwitch]  # open switches that stop this end user (any model)
+    created: dict[int, datetime]  # when each budget was created (it counts from then)
 
 
 def end_user_overview(end_user: EndUser, at: datetime) -> EndUserOverview:
@@ -197,8 +206,10 @@ def end_user_overview(end_user: EndUser, at: datetime) -> EndUserOverview:
         .filter(Q(end_user__isnull=True) | Q(end_user=end_user))
         .select_related("tenant", "end_user__tenant", "api_key")
     )
+    applicable = applicable_budgets(tenant, end_user, at)
     return EndUserOverview(
-        budgets=budget_statuses(tenant, end_user, at),
+        budgets=statuses_for(applicable),
+        created={a.budget.pk: a.budget.created_at for a in applicable},
         open_reservations=list(held.select_related("end_user").order_by("expires_at")[:rows]),
         open_reservation_count=held.count(),
         lines=list(lines[:rows]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from django import forms
@@ -182,9 +183,12 @@ def _overview_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
     can_raise = request.user.has_perm("llm_budgets.add_budgetraise")
     return {
         "overview_timezone": zone,
-        "budget_rows": [_budget_row(s, raises, zone, can_raise) for s in statuses],
+        "budget_rows": [
+            _budget_row(s, raises, zone, can_raise, overview.created) for s in statuses
+        ],
         "end_user_budget_rows": [
-            _budget_row(s, raises, zone, can_raise) for s in overview.end_user_budgets
+            _budget_row(s, raises, zone, can_raise, overview.created)
+            for s in overview.end_user_budgets
         ],
         "end_user_budget_count": overview.end_user_budget_count,
         "end_user_budgets_url": _changelist(
@@ -231,9 +235,15 @@ def _budget_row(
     raises: Mapping[int, list[BudgetRaise]],
     zone: str,
     can_raise: bool,
+    created: Mapping[int, datetime],
 ) -> dict[str, Any]:
     used = status.spent + status.reserved
+    created_at = created.get(status.budget_id)
     return {
+        # Created during this period: it is not retroactive, so say from when it counts.
+        "counts_from": when_text(created_at, zone)
+        if created_at is not None and created_at > status.period_start
+        else "",
         "url": reverse("admin:llm_budgets_budget_change", args=[status.budget_id]),
         "scope": status.scope_label,
         "window": status.window,
@@ -309,7 +319,7 @@ def _end_user_page(request: HttpRequest, end_user: EndUser) -> dict[str, Any]:
     can_raise = request.user.has_perm("llm_budgets.add_budgetraise")
     rows = []
     for status in sorted(overview.budgets, key=lambda s: _SCOPE_ORDER[s.scope]):
-        row = _budget_row(status, raises, zone, can_raise)
+        row = _budget_row(status, raises, zone, can_raise, overview.created)
         if status.scope == Scope.END_USER_DEFAULT and request.user.has_perm(
             "llm_budgets.add_budget"
         ):
