@@ -471,3 +471,21 @@ def test_a_budget_created_mid_period_says_from_when_it_counts(
     own_budget = Budget.objects.get(scope=Scope.END_USER)
     assert own["counts_from"] == when(own_budget.created_at, "Europe/Amsterdam")
     assert "counts from" in page.content.decode()
+
+
+def test_an_end_user_on_the_each_end_user_budget_gets_an_own_budget_prefilled(
+    superuser: Client, acme: Tenant
+) -> None:
+    budgets.set_limit(tenant="acme", end_user="*", amount=Decimal("8"), window="day")
+    u1 = EndUser.objects.get(external_id="u-1")
+    page = superuser.get(reverse("admin:llm_budgets_enduser_change", args=[u1.pk]))
+    [shared] = [r for r in page.context["budget_rows"] if r["scope"] == "end user acme/*"]
+    assert shared["raise_url"] == ""  # a raise on "*" would raise every end user
+    form = superuser.get(shared["own_budget_url"]).context["adminform"].form
+    assert {k: form.initial[k] for k in ("scope", "tenant", "end_user", "window", "limit")} == {
+        "scope": Scope.END_USER,
+        "tenant": str(acme.pk),
+        "end_user": str(u1.pk),
+        "window": "day",
+        "limit": "8.00",
+    }
