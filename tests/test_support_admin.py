@@ -489,3 +489,15 @@ def test_an_end_user_on_the_each_end_user_budget_gets_an_own_budget_prefilled(
         "window": "day",
         "limit": "8.00",
     }
+
+
+def test_a_limit_change_says_what_changed(superuser: Client, acme: Tenant) -> None:
+    budget = Budget.objects.get(scope=Scope.TENANT)
+    response = superuser.post(
+        reverse("admin:llm_budgets_budget_change", args=[budget.pk]),
+        {"limit": "1500", "reason": "upgrade", "_save": "1"},
+        follow=True,
+    )
+    assert [str(m) for m in response.context["messages"]] == [
+        "Limit of tenant acme's month budget set to 1,500.00 USD (was 100.00 USD)."
+    ]

@@ -6,7 +6,7 @@ from decimal import Decimal
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db.models import Model
@@ -14,6 +14,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
+from llm_budgets import money
 from llm_budgets.admin.base import (
     PageAnnotationMixin,
     ReadOnlyAdmin,
@@ -192,6 +193,7 @@ class BudgetAdmin(PageAnnotationMixin, admin.ModelAdmin):
         return False
 
     def save_model(self, request: HttpRequest, obj: Budget, form: Any, change: bool) -> None:
+        before = Budget.objects.filter(pk=obj.pk).values_list("limit", flat=True).first()
         saved = budget_set_limit(
             amount=obj.limit,
             window=obj.window,
@@ -201,6 +203,25 @@ class BudgetAdmin(PageAnnotationMixin, admin.ModelAdmin):
             reason=form.cleaned_data.get("reason", ""),
         )
         adopt(obj, saved)
+        limit = money.money(saved.limit, saved.currency)
+        if before is None:
+            what = f"{budget_phrase(saved)} created with a limit of {limit}"
+        else:
+            was = money.money(before, saved.currency)
+            what = f"Limit of {budget_phrase(saved)} set to {limit} (was {was})"
+        request._llmb_message = f"{what[0].upper()}{what[1:]}."  # type: ignore[attr-defined]
+
+    def message_user(
+        self,
+        request: HttpRequest,
+        message: Any,
+        level: int | str = messages.INFO,
+        extra_tags: str = "",
+        fail_silently: bool = False,
+    ) -> None:
+        # The service's outcome in words, instead of "The budget ... was changed successfully".
+        message = getattr(request, "_llmb_message", message)
+        super().message_user(request, message, level, extra_tags, fail_silently)
 
     @admin.display(description="Budget", ordering="scope")
     def budget(self, obj: Budget) -> str:
@@ -224,6 +245,13 @@ class BudgetAdmin(PageAnnotationMixin, admin.ModelAdmin):
                 for c in counters
             ),
         )
+
+
+def budget_phrase(budget: Budget) -> str:
+    """``tenant acme's month budget``, ``the global day budget``."""
+    if budget.scope == Scope.GLOBAL:
+        return f"the global {budget.window} budget"
+    return f"{budget.scope_label}'s {budget.window} budget"
 
 
 def _end_user_argument(budget: Budget) -> str | None:

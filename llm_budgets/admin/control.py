@@ -37,6 +37,7 @@ from llm_budgets.admin.base import (
     when_column,
     when_text,
 )
+from llm_budgets.admin.budgets import budget_phrase
 from llm_budgets.admin.selectors import (
     EndUserOverview,
     adjustment_notes,
@@ -478,7 +479,7 @@ class BudgetRaiseAdmin(ActionFormAdmin):
         budget = obj.budget
         messages.success(
             request,
-            f"Raise of {money.money(obj.amount, budget.currency)} on {_budget_phrase(budget)} "
+            f"Raise of {money.money(obj.amount, budget.currency)} on {budget_phrase(budget)} "
             f"until {when_text(obj.ends_at, tenant_zone(obj))}.",
         )
         if budget.end_user_id is not None:
@@ -496,13 +497,6 @@ class BudgetRaiseAdmin(ActionFormAdmin):
     @admin.display(description="Active now", boolean=True)
     def active(self, obj: BudgetRaise) -> bool:
         return obj.starts_at <= timezone.now() < obj.ends_at
-
-
-def _budget_phrase(budget: Budget) -> str:
-    """``tenant acme's month budget``, ``the global day budget``."""
-    if budget.scope == "global":
-        return f"the global {budget.window} budget"
-    return f"{budget.scope_label}'s {budget.window} budget"
 
 
 @admin.register(Refusal)
