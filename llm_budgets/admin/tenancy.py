@@ -256,7 +256,8 @@ def _budget_row(
         "period_start": when_text(status.period_start, zone),
         "resets_at": when_text(status.resets_at, zone) if status.resets_at else "",
         "raise_url": _raise_url(status.budget_id)
-        if can_raise and status.scope != Scope.END_USER_DEFAULT
+        # Not on "*" (it would raise every end user) nor global (every tenant) from here.
+        if can_raise and status.scope in (Scope.TENANT, Scope.END_USER)
         else "",
     }
 
