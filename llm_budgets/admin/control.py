@@ -513,7 +513,7 @@ class RefusalAdmin(ReadOnlyAdmin):
         "left",
         "resets",
     ]
-    list_filter = ["kind"]
+    list_filter = ["kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant", "end_user__tenant", "budget__tenant", "kill_switch"]
     search_fields = ["tenant__external_id", "end_user__external_id", "model", "detail"]
     date_hierarchy = "created_at"
