@@ -41,7 +41,6 @@ from llm_budgets.admin.budgets import budget_phrase
 from llm_budgets.admin.selectors import (
     EndUserOverview,
     adjustment_notes,
-    budget_period,
     refusal_groups,
     voided_ids,
 )
@@ -51,7 +50,8 @@ from llm_budgets.killswitches import (
     SwitchScope,
     kill_switch_clear,
     kill_switch_trip,
-    kill_switches_in_state,
+    switch_is_open,
+    switch_open_q,
 )
 from llm_budgets.models import (
     Budget,
@@ -64,6 +64,7 @@ from llm_budgets.models import (
     UsageRecord,
 )
 from llm_budgets.tenants import end_user_ensure
+from llm_budgets.windows import budget_period
 
 RECENT_ROWS = 20
 # Refusals read for the page before identical ones in a burst are folded together.
@@ -337,21 +338,10 @@ class KillSwitchAdmin(PageAnnotationMixin, ActionFormAdmin):
     def state(self, obj: KillSwitch) -> str:
         if obj.cleared_at is not None:
             return f"cleared by {obj.cleared_by or '?'}"
-        if not hasattr(obj, "llmb_open"):  # the detail page: this one switch
-            self.annotate_page(None, [obj])  # type: ignore[arg-type]
-        if obj.llmb_open:  # type: ignore[attr-defined]
+        # Open by the switch module's own rule (an auto_clear_at that passed has cleared it).
+        if switch_is_open(obj, timezone.now()):
             return "TRIPPED"
         return "cleared by itself (auto_clear_at passed)"
-
-    def annotate_page(self, request: HttpRequest, rows: list[KillSwitch]) -> None:
-        # Open by the switch module's own rule (an auto_clear_at that passed has cleared it).
-        open_ids = set(
-            kill_switches_in_state("open", timezone.now())
-            .filter(pk__in=[s.pk for s in rows])
-            .values_list("pk", flat=True)
-        )
-        for switch in rows:
-            switch.llmb_open = switch.pk in open_ids  # type: ignore[attr-defined]
 
 
 def _switch_home(switch: KillSwitch) -> str:
@@ -784,7 +774,10 @@ def control_context(request: HttpRequest, tenant: Tenant, now: datetime) -> dict
     (with void links for billing admins) and the action links the user may use."""
     user = request.user
     zone = tenant.timezone
-    switches = kill_switches_in_state("open", now).filter(tenant=tenant)
+    # Only switches refusing calls now: one past its auto_clear_at no longer does.
+    switches = KillSwitch.objects.filter(switch_open_q(now), tenant=tenant).select_related(
+        "tenant", "end_user__tenant"
+    )
     refusals = Refusal.objects.filter(tenant=tenant).select_related("end_user", "budget")[
         :RECENT_REFUSALS
     ]

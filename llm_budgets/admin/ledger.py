@@ -201,11 +201,11 @@ class UsageRecordAdmin(PageAnnotationMixin, UsageColumns, ReadOnlyAdmin):
         "customer_cost_text",
         "overage_text",
         "is_estimated",
-        "period_when",
+        "reserved_when",
         "created_when",
     )
 
-    period_when = when_column("period_start", "Counted in the period from")
+    reserved_when = when_column("reserved_at", "Reserved at", seconds=True)
 
     def get_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
         fields = list(super().get_fields(request, obj))

@@ -35,7 +35,7 @@ from llm_budgets.selectors import (
     applicable_budgets,
     statuses_for,
 )
-from llm_budgets.windows import Period, period_for, tenant_period
+from llm_budgets.windows import budget_period, tenant_period
 
 # Rows shown per table; the page links to the full, filtered changelist beyond that.
 TENANT_PAGE_ROWS = 50
@@ -82,13 +82,6 @@ def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
         raises=raises,
         created={a.budget.pk: a.budget.created_at for a in [*shared_applicable, *applicable]},
     )
-
-
-def budget_period(budget: Budget, at: datetime) -> Period:
-    """The period of ``budget`` containing ``at`` (the tenant's calendar, or UTC for global)."""
-    if budget.tenant is None:
-        return period_for(budget.window, at)
-    return tenant_period(budget.window, at, budget.tenant)
 
 
 def active_raises(budget_ids: Iterable[int], at: datetime) -> dict[int, list[BudgetRaise]]:
