@@ -15,6 +15,7 @@ from django.db import connections
 from llm_budgets.conf import (
     DEFAULTS,
     EXPIRED_HOLD_POLICIES,
+    POOLERS,
     UNCERTAIN_SETTLE_RULES,
     WARNING_DELIVERIES,
 )
@@ -128,7 +129,100 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
             )
         )
     errors.extend(_check_job_settings(values))
+    errors.extend(_check_operations_settings(values))
     return errors
+
+
+def _check_operations_settings(values: dict[str, Any]) -> list[CheckMessage]:
+    """Settings of running under load: the pooler and the health endpoint (docs/scaling.md)."""
+    errors: list[CheckMessage] = []
+    if values["POOLER"] not in POOLERS:
+        errors.append(
+            Error(
+                "LLM_BUDGETS['POOLER'] must be None, 'session' or 'transaction'.",
+                hint=f"Got {values['POOLER']!r}: the pool mode of the PgBouncer (or other "
+                "pooler) between the app and PostgreSQL; None when there is none.",
+                id="llm_budgets.E060",
+            )
+        )
+    replica = values["READ_REPLICA"]
+    if replica is not None and (not isinstance(replica, str) or replica not in settings.DATABASES):
+        errors.append(
+            Error(
+                "LLM_BUDGETS['READ_REPLICA'] must be None or an alias in DATABASES.",
+                hint=f"Got {replica!r}; aliases: {', '.join(sorted(settings.DATABASES))}.",
+                id="llm_budgets.E062",
+            )
+        )
+    elif replica is not None and "llm_budgets.routers.ReplicaRouter" not in getattr(
+        settings, "DATABASE_ROUTERS", []
+    ):
+        errors.append(
+            Warning(
+                "LLM_BUDGETS['READ_REPLICA'] is set but ReplicaRouter is not in DATABASE_ROUTERS.",
+                hint="Add 'llm_budgets.routers.ReplicaRouter' to DATABASE_ROUTERS, or no read "
+                "goes to the replica.",
+                id="llm_budgets.W063",
+            )
+        )
+    if not _is_positive_int(values["HEALTH_SWEEP_MAX_LAG_SECONDS"]):
+        errors.append(
+            Error(
+                "LLM_BUDGETS['HEALTH_SWEEP_MAX_LAG_SECONDS'] must be a positive integer.",
+                hint=f"Got {values['HEALTH_SWEEP_MAX_LAG_SECONDS']!r}.",
+                id="llm_budgets.E061",
+            )
+        )
+    return errors
+
+
+@register(Tags.database)
+def check_transaction_pooling(**kwargs: Any) -> list[CheckMessage]:
+    """With ``POOLER="transaction"`` a server connection is shared between clients transaction by
+    transaction: prepared statements, server-side bindings and cursors held open across
+    transactions break (PgBouncer before 1.21 has no prepared-statement support)."""
+    user = getattr(settings, "LLM_BUDGETS", None)
+    if not isinstance(user, dict) or user.get("POOLER") != "transaction":
+        return []
+    messages: list[CheckMessage] = []
+    for alias in kwargs.get("databases") or []:
+        db = connections[alias].settings_dict
+        if connections[alias].vendor != "postgresql":
+            continue
+        options = db.get("OPTIONS") or {}
+        if options.get("prepare_threshold") is not None:
+            messages.append(
+                Warning(
+                    f"Database {alias!r} sets OPTIONS['prepare_threshold'] while "
+                    "LLM_BUDGETS['POOLER'] is 'transaction'.",
+                    hint="Prepared statements live on one server connection, which a transaction "
+                    "pooler hands to other clients: remove prepare_threshold (Django's default "
+                    "is None), unless the pooler supports them (PgBouncer >= 1.21 with "
+                    "max_prepared_statements).",
+                    id="llm_budgets.W060",
+                )
+            )
+        if options.get("server_side_binding") is True:
+            messages.append(
+                Warning(
+                    f"Database {alias!r} sets OPTIONS['server_side_binding'] while "
+                    "LLM_BUDGETS['POOLER'] is 'transaction'.",
+                    hint="Server-side binding prepares statements; remove it behind a "
+                    "transaction pooler.",
+                    id="llm_budgets.W061",
+                )
+            )
+        if not db.get("DISABLE_SERVER_SIDE_CURSORS"):
+            messages.append(
+                Warning(
+                    f"Database {alias!r} keeps server-side cursors while "
+                    "LLM_BUDGETS['POOLER'] is 'transaction'.",
+                    hint="Set DISABLE_SERVER_SIDE_CURSORS=True for it: a cursor of "
+                    "QuerySet.iterator() outlives its transaction's server connection.",
+                    id="llm_budgets.W062",
+                )
+            )
+    return messages
 
 
 def _is_valid(validator: Any, value: Any) -> bool:

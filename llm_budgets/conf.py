@@ -54,11 +54,22 @@ DEFAULTS: dict[str, Any] = {
     "RETENTION_REFUSALS_DAYS": 90,
     # The daily rollup job rebuilds this many recent local days (late true-ups land in the past).
     "ROLLUP_LOOKBACK_DAYS": 3,
+    # The connection pooler between the app and PostgreSQL, if any: None (none, or Django's own
+    # pool), "session" or "transaction" (PgBouncer's pool modes). With "transaction" the checks
+    # warn about settings that break under it (docs/scaling.md).
+    "POOLER": None,
+    # Alias in DATABASES of a read replica for reads that tolerate lag (pages, rollups, reports),
+    # used inside llm_budgets.routers.replica_reads() with ReplicaRouter; None: the primary.
+    "READ_REPLICA": None,
+    # Health endpoint (docs/operations.md): a hold overdue by more than this many seconds means
+    # the expiry sweep is not keeping up, and the health check fails.
+    "HEALTH_SWEEP_MAX_LAG_SECONDS": 300,
 }
 
 EXPIRED_HOLD_POLICIES = ("charge", "release")
 UNCERTAIN_SETTLE_RULES = ("charge", "release")
 WARNING_DELIVERIES = ("at_least_once", "at_most_once")
+POOLERS = (None, "session", "transaction")
 
 
 class Settings:
@@ -132,6 +143,20 @@ class Settings:
     @property
     def ROLLUP_LOOKBACK_DAYS(self) -> int:
         return int(self._get("ROLLUP_LOOKBACK_DAYS"))
+
+    @property
+    def POOLER(self) -> str | None:
+        value = self._get("POOLER")
+        return None if value is None else str(value)
+
+    @property
+    def READ_REPLICA(self) -> str | None:
+        value = self._get("READ_REPLICA")
+        return None if value is None else str(value)
+
+    @property
+    def HEALTH_SWEEP_MAX_LAG_SECONDS(self) -> int:
+        return int(self._get("HEALTH_SWEEP_MAX_LAG_SECONDS"))
 
     @property
     def TOKEN_ESTIMATE_SAFETY_MARGIN(self) -> Decimal:

@@ -25,6 +25,7 @@ from llm_budgets.engine.boundary import (
     ledger_guard,
     lock_timeout_statement,
 )
+from llm_budgets.events import observed_admission
 from llm_budgets.exceptions import (
     BudgetExceeded,
     InvalidUsage,
@@ -128,6 +129,7 @@ class _MissingCounters(Exception):
     """Leaves the locking transaction so missing counters are created without holding locks."""
 
 
+@observed_admission
 def reservation_create(
     *,
     tenant: object,
