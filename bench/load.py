@@ -85,7 +85,7 @@ def _recreate(database_url: str) -> None:
 
 
 def _seed(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """Tenants with keys: (external id, key). Every fourth tenant has a small cap it will hit."""
+    """Tenants with keys: (external id, key). Every fourth tenant has a small cap (six calls)."""
     from datetime import UTC, datetime
 
     from llm_budgets import budgets
@@ -103,8 +103,8 @@ def _seed(args: argparse.Namespace) -> list[tuple[str, str]]:
     for i in range(args.tenants):
         external = f"t{i:03d}"
         budgets.ensure_tenant(external, name=f"Tenant {i}")
-        # A small cap (a few dozen calls) on every fourth tenant: refusals at the limit.
-        limit = Decimal("0.30") if i % 4 == 0 else Decimal("100000")
+        # A small cap on every fourth tenant: refusals at the limit.
+        limit = Decimal("0.05") if i % 4 == 0 else Decimal("100000")
         budgets.set_limit(tenant=external, amount=limit, window="month")
         budgets.set_limit(tenant=external, end_user="*", amount=Decimal("50000"), window="month")
         _, key = api_key_create(tenant=external, name="load")
