@@ -32,23 +32,44 @@ from load import INPUT_TOKENS, MAX_OUTPUT_TOKENS, MODEL, PROVIDER, _django, _rec
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/llm_budgets_scale_bench"
 
 
-def _copy(table: str, template_where: str, count: int, overrides: dict[str, str]) -> None:
-    """Insert ``count`` copies of the row ``template_where`` selects, with SQL overrides."""
+def _columns(table: str, *, exclude: tuple[str, ...]) -> list[str]:
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
-            "AND column_name <> 'id' OR (table_name = %s AND column_name = 'id' "
-            "AND data_type = 'uuid') ORDER BY ordinal_position",
-            [table, table],
+            "ORDER BY ordinal_position",
+            [table],
         )
-        columns = [row[0] for row in cursor.fetchall()]
-        select = ", ".join(overrides.get(c, f't."{c}"') for c in columns)
-        names = ", ".join(f'"{c}"' for c in columns)
+        return [row[0] for row in cursor.fetchall() if row[0] not in exclude]
+
+
+def _copy_with(
+    table: str, template_id: object, *, key: str, count: int, overrides: dict[str, str]
+) -> None:
+    """Insert ``count`` copies of row ``template_id`` of ``table``, one per row of the temporary
+    table ``copies`` (``c.id``: a fresh UUID, ``c.n``: 1..count), with SQL ``overrides``."""
+    from django.db import connection
+
+    columns = [c for c in _columns(table, exclude=()) if c != "id" or "id" in overrides]
+    names = ", ".join(f'"{c}"' for c in columns)
+    picks = ", ".join(overrides.get(c, f't."{c}"') for c in columns)
+    with connection.cursor() as cursor:
         cursor.execute(
-            f'INSERT INTO "{table}" ({names}) SELECT {select} FROM "{table}" t, '
-            f"generate_series(1, %s) g WHERE {template_where}",
+            f'INSERT INTO "{table}" ({names}) SELECT {picks} FROM "{table}" t, '
+            f"(SELECT * FROM copies LIMIT %s) c WHERE t.{key} = %s",
+            [count, template_id],
+        )
+
+
+def _copies(count: int) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE IF EXISTS copies")
+        cursor.execute(
+            "CREATE TEMP TABLE copies AS SELECT gen_random_uuid() AS id, n "
+            "FROM generate_series(1, %s) n",
             [count],
         )
 
@@ -138,34 +159,49 @@ def main() -> None:
     db_ms, client_ms = _cpu_per_cycle(args.cycles * 3)
     print(f"  CPU per reserve+commit cycle: database {db_ms:.2f} ms, client {client_ms:.2f} ms")
 
-    ledger = UsageRecord._meta.db_table
-    template = UsageRecord.objects.order_by("pk").values_list("pk", flat=True).first()
+    ledger, reservations = UsageRecord._meta.db_table, Reservation._meta.db_table
+    line = UsageRecord.objects.filter(kind="charge").order_by("pk").first()
+    assert line is not None
     have = UsageRecord.objects.count()
     for target in [int(n) for n in args.ledger.split(",")]:
         if target > have:
+            # Committed reservations (without holds: they weigh on the tables, not on counters),
+            # each with its charge line.
             started = time.perf_counter()
-            _copy(
+            _copies(target - have)
+            _copy_with(
+                reservations,
+                line.reservation_id,
+                key="id",
+                count=target - have,
+                overrides={"id": "c.id", "idempotency_key": "NULL"},
+            )
+            _copy_with(
                 ledger,
-                f"t.id = {template}",
-                target - have,
-                {"reservation_id": "NULL", "counter_id": "NULL", "voids_id": "NULL"},
+                line.pk,
+                key="id",
+                count=target - have,
+                overrides={"reservation_id": "c.id", "voids_id": "NULL"},
             )
             with connection.cursor() as cursor:
                 cursor.execute(f'ANALYZE "{ledger}"')
+                cursor.execute(f'ANALYZE "{reservations}"')
             have = target
             print(f"  ({target} ledger lines written in {time.perf_counter() - started:.0f} s)")
         _report(f"admission, {have:>9} ledger lines", _cycles(args.cycles))
 
     users = EndUser._meta.db_table
-    tenant_id = EndUser.objects.get(external_id="u0").tenant_id
+    template_user = EndUser.objects.get(external_id="u0")
     count = EndUser.objects.count()
     for target in [int(n) for n in args.users.split(",")]:
         if target > count:
-            _copy(
+            _copies(target - count)
+            _copy_with(
                 users,
-                f"t.external_id = 'u0' AND t.tenant_id = {tenant_id}",
-                target - count,
-                {"external_id": "'bulk-' || g", "created_at": "now()"},
+                template_user.pk,
+                key="id",
+                count=target - count,
+                overrides={"external_id": "'bulk-' || c.n", "created_at": "now()"},
             )
             with connection.cursor() as cursor:
                 cursor.execute(f'ANALYZE "{users}"')
@@ -186,11 +222,7 @@ def main() -> None:
     )
     extra = args.holds - 1
     with connection.cursor() as cursor:
-        cursor.execute(
-            "CREATE TEMP TABLE copies AS SELECT gen_random_uuid() AS id FROM "
-            "generate_series(1, %s)",
-            [extra],
-        )
+        _copies(extra)
         res, hold = Reservation._meta.db_table, ReservationHold._meta.db_table
         cursor.execute(
             "SELECT column_name FROM information_schema.columns WHERE table_name = %s "

@@ -165,6 +165,21 @@ def _check_operations_settings(values: dict[str, Any]) -> list[CheckMessage]:
                 id="llm_budgets.W063",
             )
         )
+    cache_seconds = values["API_KEY_CACHE_SECONDS"]
+    if not (
+        isinstance(cache_seconds, int)
+        and not isinstance(cache_seconds, bool)
+        and 0 <= cache_seconds <= 300
+    ):
+        errors.append(
+            Error(
+                "LLM_BUDGETS['API_KEY_CACHE_SECONDS'] must be a whole number of seconds from 0 "
+                "to 300.",
+                hint=f"Got {cache_seconds!r}. A revoked key may be accepted by other processes "
+                "for this long; 0 reads the key on every request.",
+                id="llm_budgets.E063",
+            )
+        )
     if not _is_positive_int(values["HEALTH_SWEEP_MAX_LAG_SECONDS"]):
         errors.append(
             Error(

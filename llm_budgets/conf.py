@@ -34,6 +34,10 @@ DEFAULTS: dict[str, Any] = {
     # Requests per API key for the REST API (DRF rate syntax "N/second|minute|hour|day"), or None
     # for no limit. Counted in Django's default cache: use a shared one with several processes.
     "API_THROTTLE_RATE": "600/minute",
+    # Seconds each web process keeps an API key's row after reading it, so authenticating needs
+    # no database read; 0: read it on every request. A key revoked or changed in another process
+    # is seen within this long (in the same process at once).
+    "API_KEY_CACHE_SECONDS": 5,
     # Jobs (docs/operations.md). An UNCERTAIN reservation (outcome unknown) older than
     # UNCERTAIN_MAX_AGE_SECONDS is settled by rule: "charge" its hold as estimated spend, or
     # "release" it.
@@ -143,6 +147,10 @@ class Settings:
     @property
     def ROLLUP_LOOKBACK_DAYS(self) -> int:
         return int(self._get("ROLLUP_LOOKBACK_DAYS"))
+
+    @property
+    def API_KEY_CACHE_SECONDS(self) -> int:
+        return int(self._get("API_KEY_CACHE_SECONDS"))
 
     @property
     def POOLER(self) -> str | None:
