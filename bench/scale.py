@@ -201,7 +201,7 @@ def main() -> None:
                 template_user.pk,
                 key="id",
                 count=target - count,
-                overrides={"external_id": "'bulk-' || c.n", "created_at": "now()"},
+                overrides={"external_id": f"'bulk-' || (c.n + {count})", "created_at": "now()"},
             )
             with connection.cursor() as cursor:
                 cursor.execute(f'ANALYZE "{users}"')
