@@ -8,7 +8,7 @@ from django.core.checks import Error, Warning
 from django.db import transaction
 from django.test import override_settings
 
-from llm_budgets.checks import check_settings
+from llm_budgets.checks import check_replica_router, check_settings
 from llm_budgets.models import Budget, Tenant
 from llm_budgets.routers import ReplicaRouter, replica_reads
 from tests.factories import reserve_30, seed
@@ -63,8 +63,9 @@ def test_the_replica_setting_is_checked() -> None:
     assert isinstance(error, Error)
     assert error.id == "llm_budgets.E062"
     with override_settings(LLM_BUDGETS=REPLICA, DATABASE_ROUTERS=[]):
-        (warning,) = check_settings()
+        assert check_settings() == []
+        (warning,) = check_replica_router()
     assert isinstance(warning, Warning)
     assert warning.id == "llm_budgets.W063"
     with override_settings(LLM_BUDGETS=REPLICA):
-        assert check_settings() == []
+        assert check_settings() == check_replica_router() == []
