@@ -111,6 +111,7 @@ class LedgerCollector:
         from django.utils import timezone
 
         from llm_budgets.events import scope_kind
+        from llm_budgets.killswitches import switch_open_q
         from llm_budgets.models import (
             KillSwitch,
             Refusal,
@@ -159,11 +160,11 @@ class LedgerCollector:
 
         open_ = GaugeMetricFamily(
             "llm_budgets_kill_switches_open",
-            "Kill switches tripped and not cleared, by scope kind.",
+            "Kill switches open now (tripped, not cleared, not past auto-clear), by scope kind.",
             labels=["scope_kind"],
         )
         kinds: dict[str, int] = {}
-        for switch in KillSwitch.objects.filter(cleared_at__isnull=True).select_related(
+        for switch in KillSwitch.objects.filter(switch_open_q(now)).select_related(
             "tenant", "end_user__tenant", "api_key"
         ):
             kind = scope_kind(switch.scope_label)
