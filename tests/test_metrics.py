@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+import time_machine
 from django.test import RequestFactory
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
@@ -115,3 +116,21 @@ def test_without_prometheus_client_the_view_answers_501(monkeypatch: pytest.Monk
     assert b"llm-budgets[metrics]" in response.content
     # The hot path's hooks are no-ops then.
     metrics.admission_observe("admitted", "admitted", "none", 0.001)
+
+
+def test_a_switch_past_its_auto_clear_time_is_not_counted_open(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    seed()
+    with django_capture_on_commit_callbacks(execute=True):
+        budgets.trip(tenant="acme", reason="until the deploy")
+        budgets.trip(
+            provider="fake", reason="a blip", auto_clear_at=timezone.now() + timedelta(minutes=5)
+        )
+    samples = scrape()
+    assert value(samples, "llm_budgets_kill_switches_open", scope_kind="tenant") == 1
+    assert value(samples, "llm_budgets_kill_switches_open", scope_kind="provider") == 1
+    with time_machine.travel(timezone.now() + timedelta(minutes=6)):
+        samples = scrape()
+    assert value(samples, "llm_budgets_kill_switches_open", scope_kind="tenant") == 1
+    assert value(samples, "llm_budgets_kill_switches_open", scope_kind="provider") == 0
