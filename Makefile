@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 DEMO_DB := sqlite:///$(CURDIR)/var/demo.sqlite3
 
-.PHONY: install demo test lint format typecheck migrations-check schema-check compose-check check bench clean
+.PHONY: install demo test test-pgbouncer bench-load lint format typecheck migrations-check schema-check compose-check check bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ demo: install
 ## Set up and run the whole suite (DATABASE_URL picks the database; default SQLite).
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## The PostgreSQL locking, fail-closed and concurrency tests through PgBouncer in transaction
+## pooling mode (tests/pgbouncer.py starts it; DATABASE_URL must be PostgreSQL).
+test-pgbouncer: install
+	LLMB_PGBOUNCER=1 $(PY) -m pytest -m "concurrency or pooler" tests/ $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
@@ -57,6 +62,10 @@ check: lint typecheck migrations-check schema-check compose-check test
 ## Admission throughput on PostgreSQL (see docs/performance.md).
 bench: install
 	$(PY) bench/admission.py
+
+## The REST API under load through gunicorn on PostgreSQL, with an invariant checker (bench/load.py).
+bench-load: install
+	$(PY) bench/load.py
 
 clean:
 	rm -rf $(VENV) .venv313 .venv-tools var build *.egg-info

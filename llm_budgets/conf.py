@@ -39,6 +39,10 @@ DEFAULTS: dict[str, Any] = {
     # Requests per API key for the REST API (DRF rate syntax "N/second|minute|hour|day"), or None
     # for no limit. Counted in Django's default cache: use a shared one with several processes.
     "API_THROTTLE_RATE": "600/minute",
+    # Seconds each web process keeps an API key's row after reading it, so authenticating needs
+    # no database read; 0: read it on every request. A key revoked or changed in another process
+    # is seen within this long (in the same process at once).
+    "API_KEY_CACHE_SECONDS": 5,
     # Jobs (docs/operations.md). An UNCERTAIN reservation (outcome unknown) older than
     # UNCERTAIN_MAX_AGE_SECONDS is settled by rule: "charge" its hold as estimated spend, or
     # "release" it.
@@ -59,11 +63,22 @@ DEFAULTS: dict[str, Any] = {
     "RETENTION_REFUSALS_DAYS": 90,
     # The daily rollup job rebuilds this many recent local days (late true-ups land in the past).
     "ROLLUP_LOOKBACK_DAYS": 3,
+    # The connection pooler between the app and PostgreSQL, if any: None (none, or Django's own
+    # pool), "session" or "transaction" (PgBouncer's pool modes). With "transaction" the checks
+    # warn about settings that break under it (docs/scaling.md).
+    "POOLER": None,
+    # Alias in DATABASES of a read replica for reads that tolerate lag (pages, rollups, reports),
+    # used inside llm_budgets.routers.replica_reads() with ReplicaRouter; None: the primary.
+    "READ_REPLICA": None,
+    # Health endpoint (docs/operations.md): a hold overdue by more than this many seconds means
+    # the expiry sweep is not keeping up, and the health check fails.
+    "HEALTH_SWEEP_MAX_LAG_SECONDS": 300,
 }
 
 EXPIRED_HOLD_POLICIES = ("charge", "release")
 UNCERTAIN_SETTLE_RULES = ("charge", "release")
 WARNING_DELIVERIES = ("at_least_once", "at_most_once")
+POOLERS = (None, "session", "transaction")
 
 
 class SettingError(ValueError):
@@ -216,6 +231,38 @@ def _throttle_rate(key: str, value: Any) -> str | None:
     )
 
 
+def _pooler(key: str, value: Any) -> str | None:
+    if value in POOLERS:
+        return None if value is None else str(value)
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['POOLER'] must be None, 'session' or 'transaction'.",
+        f"Got {value!r}: the pool mode of the PgBouncer (or other pooler) between the app and "
+        "PostgreSQL; None when there is none.",
+    )
+
+
+def _read_replica(key: str, value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and value in settings.DATABASES):
+        return value
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['READ_REPLICA'] must be None or an alias in DATABASES.",
+        f"Got {value!r}; aliases: {', '.join(sorted(settings.DATABASES))}.",
+    )
+
+
+def _api_key_cache_seconds(key: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 300:
+        return value
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['API_KEY_CACHE_SECONDS'] must be a whole number of seconds from 0 to 300.",
+        f"Got {value!r}. A revoked key may be accepted by other processes for this long; 0 "
+        "reads the key on every request.",
+    )
+
+
 # Each key's reader: the typed value the code uses, or SettingError.
 READERS: dict[str, Callable[[str, Any], Any]] = {
     "DEFAULT_TTL_SECONDS": _default_ttl,
@@ -236,6 +283,10 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "RETENTION_RELEASED_DAYS": _positive_int,
     "RETENTION_REFUSALS_DAYS": _positive_int,
     "ROLLUP_LOOKBACK_DAYS": _positive_int,
+    "POOLER": _pooler,
+    "READ_REPLICA": _read_replica,
+    "HEALTH_SWEEP_MAX_LAG_SECONDS": _positive_int,
+    "API_KEY_CACHE_SECONDS": _api_key_cache_seconds,
 }
 
 
@@ -321,6 +372,24 @@ class Settings:
     @property
     def ROLLUP_LOOKBACK_DAYS(self) -> int:
         return int(self._get("ROLLUP_LOOKBACK_DAYS"))
+
+    @property
+    def API_KEY_CACHE_SECONDS(self) -> int:
+        return int(self._get("API_KEY_CACHE_SECONDS"))
+
+    @property
+    def POOLER(self) -> str | None:
+        value = self._get("POOLER")
+        return None if value is None else str(value)
+
+    @property
+    def READ_REPLICA(self) -> str | None:
+        value = self._get("READ_REPLICA")
+        return None if value is None else str(value)
+
+    @property
+    def HEALTH_SWEEP_MAX_LAG_SECONDS(self) -> int:
+        return int(self._get("HEALTH_SWEEP_MAX_LAG_SECONDS"))
 
     @property
     def TOKEN_ESTIMATE_SAFETY_MARGIN(self) -> Decimal:

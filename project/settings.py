@@ -92,6 +92,18 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     _db_file = Path(DATABASES["default"]["NAME"])
     DATABASES["default"]["TEST"] = {"NAME": str(_db_file.with_name(f"test_{_db_file.name}"))}
 
+# A read replica for reads that tolerate lag (docs/scaling.md): REPLICA_DATABASE_URL, else the
+# primary itself under a second alias. In tests it mirrors the test database.
+DATABASES["replica"] = {
+    **env.db(
+        "REPLICA_DATABASE_URL",
+        default=env("DATABASE_URL", default=None) or f"sqlite:///{VAR_DIR / 'db.sqlite3'}",
+    ),
+    "OPTIONS": dict(DATABASES["default"].get("OPTIONS", {})),
+    "TEST": {"MIRROR": "default"},
+}
+DATABASE_ROUTERS = ["llm_budgets.routers.ReplicaRouter"]
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"

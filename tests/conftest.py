@@ -5,6 +5,13 @@ import os
 import pytest
 from django.db import connection
 
+# The PgBouncer leg (make test-pgbouncer): every connection goes through a transaction pooler.
+if os.environ.get("LLMB_PGBOUNCER"):
+    pytest_plugins = ["tests.pgbouncer"]
+    collect_ignore: list[str] = []
+else:
+    collect_ignore = ["test_pooler.py"]
+
 
 def pytest_report_header() -> str:
     url = os.environ.get("DATABASE_URL", "(default SQLite)")

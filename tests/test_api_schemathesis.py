@@ -110,6 +110,10 @@ def test_the_api_honours_its_schema(
                 response = case.call_and_validate(headers=headers, checks=CHECKS)
                 assert response.status_code == status, (label, response.text)
         for operation in operations:
+            if mode == GenerationMode.NEGATIVE and not (
+                list(operation.iter_parameters()) or list(operation.body)
+            ):
+                continue  # nothing to make invalid (GET health)
             names = {p.name for p in operation.iter_parameters() if p.location == "path"}
             fixed = {k: v for k, v in real.items() if k in names} if real_paths else None
             fuzz(

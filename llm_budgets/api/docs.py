@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpResponse
 from django.urls import include, path
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView, _get_sidecar_url
@@ -27,6 +28,12 @@ SCHEMA_SETTINGS = {
 }
 
 
+_SCHEMAS: dict[tuple[str, str | None, str], tuple[bytes, str, str]] = {}
+"""Rendered schemas by (mount prefix, version, media type): the schema depends only on the code,
+so each process builds and renders it once (about 50-300 ms, docs/performance.md), not per
+request."""
+
+
 class SchemaView(SpectacularAPIView):
     """``GET schema/``: OpenAPI 3 (YAML; ``?format=json`` for JSON). Public: it holds no data."""
 
@@ -43,7 +50,20 @@ class SchemaView(SpectacularAPIView):
         route = request.resolver_match.route if request.resolver_match else SCHEMA_PATH
         prefix = route[: -len(SCHEMA_PATH)] if route.endswith(SCHEMA_PATH) else ""
         self.patterns = [path(prefix, include(api_patterns))]
-        return super().get(request, *args, **kwargs)
+        version = self.api_version or request.version or self._get_version_parameter(request)
+        media_type = str(request.accepted_media_type)
+        key = (prefix, version, media_type)
+        if key not in _SCHEMAS:
+            response = super().get(request, *args, **kwargs)
+            renderer = request.accepted_renderer
+            body = renderer.render(response.data, media_type, self.get_renderer_context())
+            body = body.encode() if isinstance(body, str) else body
+            charset = f"; charset={renderer.charset}" if renderer.charset else ""
+            _SCHEMAS[key] = (body, media_type + charset, response["Content-Disposition"])
+        body, content_type, disposition = _SCHEMAS[key]
+        return HttpResponse(  # type: ignore[return-value]
+            body, content_type=content_type, headers={"Content-Disposition": disposition}
+        )
 
 
 class SwaggerView(SpectacularSwaggerView):

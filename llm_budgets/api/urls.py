@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver, path, re_path
 
-from llm_budgets.api import docs, killswitches, views
+from llm_budgets.api import docs, health, killswitches, views
 
 app_name = "llm_budgets_api"
 
@@ -47,6 +47,7 @@ api_patterns: list[URLPattern | URLResolver] = [
         killswitches.KillSwitchClearView.as_view(),
         name="kill-switches-clear",
     ),
+    path("health", health.HealthView.as_view(), name="health"),
 ]
 
 urlpatterns = [

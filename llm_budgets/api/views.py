@@ -27,7 +27,13 @@ from llm_budgets.api.exceptions import HttpError, exception_handler
 from llm_budgets.api.idempotency import HEADER, idempotent
 from llm_budgets.api.permissions import HasApiKey, IsOperatorKey
 from llm_budgets.api.schema import api_schema
-from llm_budgets.api.scoping import api_key_of, query_id, reservation_for, tenant_for
+from llm_budgets.api.scoping import (
+    api_key_of,
+    query_id,
+    reservation_for,
+    reservation_id_for,
+    tenant_for,
+)
 from llm_budgets.api.throttling import ApiKeyRateThrottle
 from llm_budgets.engine import admission, settlement
 from llm_budgets.engine.boundary import ledger_guard
@@ -148,9 +154,9 @@ class ReservationCommitView(ApiView):
     @idempotent
     def post(self, request: Request, reservation_id: str) -> Response:
         data = self.valid(s.CommitRequestSerializer, request)
-        reservation = reservation_for(request, reservation_id)
+        rid = reservation_id_for(request, reservation_id)
         data.pop("idempotency_key", None)
-        result = settlement.reservation_commit(reservation.pk, **data)
+        result = settlement.reservation_commit(rid, **data)
         return Response(s.CommitResultSerializer(result).data)
 
 

@@ -26,6 +26,7 @@ from llm_budgets.engine.boundary import (
     lock_timeout_statement,
 )
 from llm_budgets.engine.counters import Bucket, CounterKey, counters_locked, rolling_buckets
+from llm_budgets.events import observed_admission
 from llm_budgets.exceptions import (
     BudgetExceeded,
     InvalidUsage,
@@ -124,6 +125,7 @@ class _MissingCounters(Exception):
     Private to ``_admit``, which always handles it."""
 
 
+@observed_admission
 def reservation_create(
     *,
     tenant: object,

@@ -25,6 +25,7 @@ from llm_budgets.conf import conf
 from llm_budgets.costs import actual_cost, customer_charge
 from llm_budgets.engine import statements as sql
 from llm_budgets.engine.boundary import bound_sqlite_wait, ledger_guard, lock_timeout_statement
+from llm_budgets.events import observed_expiry, observed_settlement, observed_sweep
 from llm_budgets.exceptions import (
     InvalidUsage,
     ReservationNotFound,
@@ -290,6 +291,7 @@ def _actual(
     return actual_cost(price, usage, at=at), price.pk, basis
 
 
+@observed_settlement("commit")
 def reservation_commit(
     reservation_id: object,
     *,
@@ -364,6 +366,7 @@ def reservation_commit(
         )
 
 
+@observed_settlement("release")
 def reservation_release(reservation_id: object, *, now: datetime | None = None) -> str:
     """Drop the hold: the call provably produced nothing. Returns the reservation's final state.
 
@@ -403,6 +406,7 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
         return str(reservation.state)
 
 
+@observed_settlement("extend")
 def reservation_extend(
     reservation_id: object, *, ttl_seconds: object, now: datetime | None = None
 ) -> Reservation:
@@ -426,6 +430,7 @@ def reservation_extend(
         return reservation
 
 
+@observed_expiry
 def reservation_expire(reservation_id: object, *, now: datetime | None = None) -> bool:
     """Expire one overdue hold. By default its amount is charged as *estimated* spend (a timeout is
     no proof the provider stopped); with ``EXPIRED_HOLD_POLICY="release"`` it is dropped. Returns
@@ -457,6 +462,7 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
         return True
 
 
+@observed_sweep
 def reservations_sweep(*, now: datetime | None = None, batch_size: int = 500) -> int:
     """Expire every overdue hold, in batches, one transaction each. Returns how many expired."""
     now = now or timezone.now()
@@ -489,6 +495,7 @@ def _in_batches(
             return changed
 
 
+@observed_settlement("uncertain")
 def reservation_mark_uncertain(reservation_id: object, *, now: datetime | None = None) -> str:
     """The call's outcome is unknown (a timeout, a lost worker): keep the hold counted, stop the
     expiry sweep from touching it, and leave it to a commit, a release or the reconcile job.
