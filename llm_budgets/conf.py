@@ -42,7 +42,7 @@ DEFAULTS: dict[str, Any] = {
     # Seconds each web process keeps an API key's row after reading it, so authenticating needs
     # no database read; 0: read it on every request. A key revoked or changed in another process
     # is seen within this long (in the same process at once).
-    "API_KEY_CACHE_SECONDS": 5,
+    "API_KEY_CACHE_SECONDS": 0,
     # Jobs (docs/operations.md). An UNCERTAIN reservation (outcome unknown) older than
     # UNCERTAIN_MAX_AGE_SECONDS is settled by rule: "charge" its hold as estimated spend, or
     # "release" it.

@@ -1,9 +1,12 @@
-"""API keys are read once per process and kept for API_KEY_CACHE_SECONDS: authentication then
-costs no database read; revocation in this process is seen at once, elsewhere within the TTL."""
+"""With API_KEY_CACHE_SECONDS set, API keys are read once per process and kept that long:
+authentication then costs no database read; revocation in this process is seen at once, elsewhere
+within the TTL. The default (0) reads the key on every request, so a revocation anywhere takes
+effect on the next request."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -23,7 +26,8 @@ TABLE = ApiKey._meta.db_table
 
 
 @pytest.fixture(autouse=True)
-def clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[float]]:
+def clock(monkeypatch: pytest.MonkeyPatch, settings: Any) -> Iterator[list[float]]:
+    settings.LLM_BUDGETS = {"API_KEY_CACHE_SECONDS": 5}
     now = [1000.0]
     monkeypatch.setattr(authentication, "_clock", lambda: now[0])
     authentication._keys.clear()
@@ -76,7 +80,7 @@ def test_a_revocation_elsewhere_is_seen_within_the_ttl(clock: list[float]) -> No
     ApiKey.objects.filter(prefix=key.partition(".")[0]).update(revoked=True)
     clock[0] += 4.9
     assert key_reads(key)[0] == 200
-    clock[0] += 0.2  # past the default 5 s
+    clock[0] += 0.2  # past the 5 s set above
     assert key_reads(key) == (401, 1)
 
 
@@ -86,6 +90,15 @@ def test_zero_reads_the_key_on_every_request() -> None:
     key = new_key("acme")
     assert key_reads(key) == (200, 1)
     assert key_reads(key) == (200, 1)
+
+
+@override_settings(LLM_BUDGETS={})
+def test_by_default_a_revocation_elsewhere_takes_effect_on_the_next_request() -> None:
+    seed()
+    key = new_key("acme")
+    assert key_reads(key) == (200, 1)
+    ApiKey.objects.filter(prefix=key.partition(".")[0]).update(revoked=True)
+    assert key_reads(key) == (401, 1)
 
 
 def test_a_flood_of_prefixes_cannot_grow_the_cache_without_bound(
