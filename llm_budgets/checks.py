@@ -11,6 +11,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import connections
+from django.utils.module_loading import import_string
 
 from llm_budgets.conf import (
     DEFAULTS,
@@ -210,6 +211,35 @@ def _check_safety_margin(value: Any) -> list[CheckMessage]:
             id="llm_budgets.E030",
         )
     ]
+
+
+@register(Tags.compatibility)
+def check_pages_settings(**kwargs: Any) -> list[CheckMessage]:
+    """``TENANT_RESOLVER`` names an importable callable."""
+    user = getattr(settings, "LLM_BUDGETS", {})
+    path = (user if isinstance(user, dict) else {}).get(
+        "TENANT_RESOLVER", DEFAULTS["TENANT_RESOLVER"]
+    )
+    try:
+        resolver = import_string(path) if isinstance(path, str) else None
+    except ImportError as exc:
+        return [
+            Error(
+                f"LLM_BUDGETS['TENANT_RESOLVER'] cannot be imported: {exc}.",
+                hint="A dotted path to a callable (request) -> tenant external id or None; "
+                "see docs/pages.md.",
+                id="llm_budgets.E060",
+            )
+        ]
+    if not callable(resolver):
+        return [
+            Error(
+                "LLM_BUDGETS['TENANT_RESOLVER'] must be a dotted path to a callable.",
+                hint=f"Got {path!r}; e.g. 'myproject.tenancy.usage_tenant' (docs/pages.md).",
+                id="llm_budgets.E061",
+            )
+        ]
+    return []
 
 
 @register(Tags.database)

@@ -54,6 +54,9 @@ DEFAULTS: dict[str, Any] = {
     "RETENTION_REFUSALS_DAYS": 90,
     # The daily rollup job rebuilds this many recent local days (late true-ups land in the past).
     "ROLLUP_LOOKBACK_DAYS": 3,
+    # Tenant pages (docs/pages.md): dotted path to a callable (request) -> tenant external id or
+    # None (no access). The default reads the Membership model, managed in the admin.
+    "TENANT_RESOLVER": "llm_budgets.pages.access.membership_tenant",
 }
 
 EXPIRED_HOLD_POLICIES = ("charge", "release")
@@ -132,6 +135,10 @@ class Settings:
     @property
     def ROLLUP_LOOKBACK_DAYS(self) -> int:
         return int(self._get("ROLLUP_LOOKBACK_DAYS"))
+
+    @property
+    def TENANT_RESOLVER(self) -> str:
+        return str(self._get("TENANT_RESOLVER"))
 
     @property
     def TOKEN_ESTIMATE_SAFETY_MARGIN(self) -> Decimal:

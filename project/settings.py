@@ -163,3 +163,4 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "llm_budgets API",
     "SERVE_INCLUDE_SCHEMA": False,
 }
+LOGIN_REDIRECT_URL = "/usage/"

@@ -17,6 +17,7 @@ from llm_budgets.models.ledger import (
     UsageKind,
     UsageRecord,
 )
+from llm_budgets.models.memberships import Membership, MembershipRole
 from llm_budgets.models.pricing import Price, PriceSource, PricingBasis
 from llm_budgets.models.rollups import DailyUsage
 from llm_budgets.models.tenancy import EndUser, Plan, Tenant, UnknownModelPolicy
@@ -35,6 +36,8 @@ __all__ = [
     "EndUser",
     "IdempotencyRecord",
     "KillSwitch",
+    "Membership",
+    "MembershipRole",
     "Plan",
     "Price",
     "PriceSource",

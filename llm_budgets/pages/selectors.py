@@ -1,0 +1,419 @@
+"""Reads for the tenant pages: the overview from counters (``selectors.budget_statuses``, the same
+figures as ``budgets.status()``), the charts from the daily rollups, refusals from their compact
+records. Nothing here scans the ledger; each function runs a fixed number of queries however many
+end users or ledger lines the tenant has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from zoneinfo import ZoneInfo
+
+from django.core.paginator import Page, Paginator
+from django.db.models import Count, Q, QuerySet, Sum
+from django.utils.translation import gettext as _
+
+from llm_budgets.admin.selectors import tenant_overview
+from llm_budgets.conf import conf
+from llm_budgets.killswitches import kill_switches_in_state
+from llm_budgets.models import (
+    Budget,
+    BudgetUnit,
+    DailyUsage,
+    EndUser,
+    KillSwitch,
+    Refusal,
+    RefusalKind,
+    Scope,
+    Tenant,
+    Window,
+)
+from llm_budgets.money import ZERO, round_charge
+from llm_budgets.pages.access import Viewer
+from llm_budgets.rollups import DayTotal, daily_usage_totals
+from llm_budgets.selectors import BudgetStatus, budget_statuses
+from llm_budgets.thresholds import budget_thresholds
+from llm_budgets.windows import Period, tenant_period
+
+# Rows per page of the tables; the end-user chart draws the top CHART_TOP of its sort order.
+PAGE_ROWS = 50
+CHART_TOP = 10
+
+OK, WARNING, EXCEEDED = "ok", "warning", "exceeded"
+
+
+@dataclass(frozen=True)
+class BudgetLine:
+    """One budget on the overview: its status (``budgets.status()``'s numbers) and how full it
+    is against its warning thresholds."""
+
+    status: BudgetStatus
+    used_percent: Decimal  # (spent + reserved) / limit, 0 to 100 (capped for the bar)
+    state: str  # OK, WARNING or EXCEEDED
+    threshold: int | None  # the highest warning threshold reached
+    end_user: str | None  # an end user's own budget: whose
+    each_end_user: bool  # the limit every end user gets (no single spent figure)
+
+
+@dataclass(frozen=True)
+class Overview:
+    budgets: list[BudgetLine]
+    end_user_budgets: list[BudgetLine]  # admin view: end users' own budgets, first PAGE_ROWS
+    end_user_budget_count: int
+    kill_switches: list[KillSwitch]
+
+
+def _line(status: BudgetStatus, budget: Budget | None) -> BudgetLine:
+    used = status.spent + status.reserved
+    percent = (used * 100 / status.limit) if status.limit > 0 else Decimal(100 if used else 0)
+    thresholds = budget_thresholds(budget) if budget is not None else []
+    reached = [t for t in thresholds if percent >= t]
+    if status.limit <= 0 or status.remaining <= 0:
+        state = EXCEEDED
+    elif reached:
+        state = WARNING
+    else:
+        state = OK
+    end_user = None
+    if budget is not None and budget.scope == Scope.END_USER and budget.end_user is not None:
+        end_user = budget.end_user.external_id
+    return BudgetLine(
+        status=status,
+        used_percent=min(Decimal(100), percent).quantize(Decimal("0.1")),
+        state=state,
+        threshold=max(reached) if reached else None,
+        end_user=end_user,
+        each_end_user=status.scope == Scope.END_USER_DEFAULT and budget is not None,
+    )
+
+
+def _lines(statuses: list[BudgetStatus], tenant: Tenant) -> list[BudgetLine]:
+    budgets = Budget.objects.select_related("end_user").in_bulk([s.budget_id for s in statuses])
+    for budget in budgets.values():
+        budget.tenant = tenant  # its plan's thresholds without a query per budget
+    return [_line(s, budgets.get(s.budget_id)) for s in statuses]
+
+
+def _visible(statuses: list[BudgetStatus]) -> list[BudgetStatus]:
+    # A global budget counts every tenant's spend: never shown to one tenant.
+    return [s for s in statuses if s.scope != Scope.GLOBAL]
+
+
+def end_user_of(viewer: Viewer) -> EndUser | None:
+    """A member's end user (unsaved if the ledger has not seen it yet), None for the tenant."""
+    if viewer.end_user is None:
+        return None
+    tenant = viewer.tenant
+    found = tenant.end_users.filter(external_id=viewer.end_user).first()
+    return found or EndUser(tenant=tenant, external_id=viewer.end_user)
+
+
+def overview(viewer: Viewer, at: datetime) -> Overview:
+    """The budgets the viewer may see, with the figures ``budgets.status()`` gives for the same
+    tenant (and, for a member, the same end user)."""
+    tenant = viewer.tenant
+    end_user = end_user_of(viewer)
+    if end_user is None:
+        data = tenant_overview(tenant, at)
+        shared = _lines(_visible(data.budgets), tenant)
+        own = _lines(data.end_user_budgets, tenant)
+        own_count = data.end_user_budget_count
+    else:
+        mine = [
+            s
+            for s in budget_statuses(tenant, end_user, at)
+            if s.scope in (Scope.END_USER, Scope.END_USER_DEFAULT)
+        ]
+        lines = _lines(mine, tenant)
+        # A member's share of an each-end-user limit is their own counter: show its figures.
+        shared = [BudgetLine(**{**vars(line), "each_end_user": False}) for line in lines]
+        own, own_count = [], 0
+    return Overview(
+        budgets=shared,
+        end_user_budgets=own,
+        end_user_budget_count=own_count,
+        kill_switches=open_kill_switches(viewer, at),
+    )
+
+
+def open_kill_switches(viewer: Viewer, at: datetime) -> list[KillSwitch]:
+    """Open switches that stop some of the viewer's calls: installation-wide ones (all calls, a
+    provider, a model) and the tenant's own (for a member: the tenant's and their own)."""
+    tenant = viewer.tenant
+    own = Q(tenant=tenant)
+    if viewer.end_user is not None:
+        own &= Q(end_user__isnull=True) | Q(end_user__external_id=viewer.end_user)
+    wide = Q(tenant__isnull=True, api_key__isnull=True)
+    return list(kill_switches_in_state("open", at).filter(own | wide).order_by("-tripped_at"))
+
+
+# Charts
+
+
+@dataclass(frozen=True)
+class Periods:
+    current: Period
+    previous: Period
+    zone: ZoneInfo
+
+    def days(self, period: Period) -> tuple[date, date]:
+        """First and last local day of a (monthly, so bounded) period."""
+        assert period.end is not None
+        first = period.start.astimezone(self.zone).date()
+        last = (period.end - timedelta(microseconds=1)).astimezone(self.zone).date()
+        return first, last
+
+
+def billing_periods(tenant: Tenant, at: datetime) -> Periods:
+    """The tenant's current and previous billing month (its timezone and billing day)."""
+    current = tenant_period(Window.MONTH, at, tenant)
+    previous = tenant_period(Window.MONTH, current.start - timedelta(microseconds=1), tenant)
+    return Periods(current, previous, ZoneInfo(tenant.timezone))
+
+
+def amount_unit(tenant: Tenant) -> str:
+    """What the charts count: the unit of the tenant's own budget (customer price when the host
+    caps tenants at what it charges them), else provider cost."""
+    unit = (
+        Budget.objects.filter(tenant=tenant, scope=Scope.TENANT)
+        .order_by("window")
+        .values_list("unit", flat=True)
+        .first()
+    )
+    return unit or BudgetUnit.PROVIDER_COST
+
+
+def _amount_field(unit: str) -> str:
+    return "customer_cost" if unit == BudgetUnit.CUSTOMER_PRICE else "cost"
+
+
+@dataclass(frozen=True)
+class DayBar:
+    day: date
+    amount: Decimal
+    previous: Decimal | None  # the same day of the previous period, if it has one
+    calls: int
+
+
+def spend_by_day(viewer: Viewer, periods: Periods, unit: str) -> list[DayBar]:
+    """Each local day of the current period beside the same day of the previous one."""
+    end_user = end_user_of(viewer)
+    if end_user is not None and end_user.pk is None:
+        return _by_day([], [], periods, unit)
+
+    def totals(period: Period) -> list[DayTotal]:
+        first, last = periods.days(period)
+        return daily_usage_totals(viewer.tenant, since=first, until=last, end_user=end_user)
+
+    return _by_day(totals(periods.current), totals(periods.previous), periods, unit)
+
+
+def _by_day(
+    current: list[DayTotal], previous: list[DayTotal], periods: Periods, unit: str
+) -> list[DayBar]:
+    def amount(total: DayTotal) -> Decimal:
+        return total.customer_cost if unit == BudgetUnit.CUSTOMER_PRICE else total.cost
+
+    now_by_day = {t.day: t for t in current}
+    first, last = periods.days(periods.current)
+    before_first, before_last = periods.days(periods.previous)
+    before = {(t.day - before_first).days: amount(t) for t in previous}
+    length_before = (before_last - before_first).days + 1
+    bars = []
+    day = first
+    while day <= last:
+        index = (day - first).days
+        total = now_by_day.get(day)
+        bars.append(
+            DayBar(
+                day=day,
+                amount=amount(total) if total else ZERO,
+                previous=before.get(index, ZERO) if index < length_before else None,
+                calls=total.calls if total else 0,
+            )
+        )
+        day += timedelta(days=1)
+    return bars
+
+
+def _rollups(viewer: Viewer, period: Period, periods: Periods) -> QuerySet[DailyUsage] | None:
+    first, last = periods.days(period)
+    rows = DailyUsage.objects.filter(tenant=viewer.tenant, day__gte=first, day__lte=last)
+    end_user = end_user_of(viewer)
+    if end_user is not None:
+        if end_user.pk is None:
+            return None
+        rows = rows.filter(end_user=end_user)
+    return rows
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    label: str
+    amount: Decimal
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    share: Decimal  # percent of the period's total
+
+
+def _usage_rows(rows: list[dict[str, object]], label: str, total: Decimal) -> list[UsageRow]:
+    result = []
+    for row in rows:
+        # SQLite sums decimals as floats: back to the stored precision through their text.
+        amount = round_charge(Decimal(str(row["total"] or 0)))
+        result.append(
+            UsageRow(
+                label=str(row[label] or ""),
+                amount=amount,
+                calls=int(row["n_calls"] or 0),  # type: ignore[call-overload]
+                input_tokens=int(row["n_input"] or 0),  # type: ignore[call-overload]
+                output_tokens=int(row["n_output"] or 0),  # type: ignore[call-overload]
+                share=(amount * 100 / total).quantize(Decimal("0.1")) if total else ZERO,
+            )
+        )
+    return result
+
+
+def _sums(unit: str) -> dict[str, Sum]:
+    return {
+        "total": Sum(_amount_field(unit)),
+        "n_calls": Sum("calls"),
+        "n_input": Sum("input_tokens"),
+        "n_output": Sum("output_tokens"),
+    }
+
+
+def period_total(viewer: Viewer, periods: Periods, unit: str) -> Decimal:
+    rows = _rollups(viewer, periods.current, periods)
+    if rows is None:
+        return ZERO
+    total = rows.aggregate(total=Sum(_amount_field(unit)))["total"]
+    return round_charge(Decimal(str(total or 0)))
+
+
+def spend_by_model(viewer: Viewer, periods: Periods, unit: str) -> list[UsageRow]:
+    """The current period's spend per model, largest first."""
+    rows = _rollups(viewer, periods.current, periods)
+    if rows is None:
+        return []
+    grouped = list(
+        rows.values("provider", "model")
+        .annotate(**_sums(unit))
+        .order_by("-total", "provider", "model")
+    )
+    for row in grouped:
+        row["label"] = f"{row['model']} ({row['provider']})"
+    total = sum((Decimal(str(r["total"] or 0)) for r in grouped), ZERO)
+    return _usage_rows(grouped, "label", round_charge(total))
+
+
+END_USER_SORTS = {
+    "amount": "-total",
+    "calls": "-n_calls",
+    "tokens": "-n_output",
+    "name": "end_user__external_id",
+}
+
+
+def spend_by_end_user(
+    viewer: Viewer, periods: Periods, unit: str, *, sort: str, page: int
+) -> tuple[Page[UsageRow], list[UsageRow], Decimal]:
+    """The current period's spend per end user in ``sort`` order (``END_USER_SORTS``), one page
+    of it, the top CHART_TOP for the chart, and the period's total."""
+    rows = _rollups(viewer, periods.current, periods)
+    total = period_total(viewer, periods, unit)
+    if rows is None:
+        rows = DailyUsage.objects.none()
+    order = END_USER_SORTS.get(sort, END_USER_SORTS["amount"])
+    grouped = (
+        rows.values("end_user__external_id")
+        .annotate(**_sums(unit))
+        .order_by(order, "end_user__external_id")
+    )
+    paginator = Paginator(_LazyRows(grouped, total), PAGE_ROWS)
+    by_amount = grouped.order_by(END_USER_SORTS["amount"], "end_user__external_id")
+    return paginator.get_page(page), _LazyRows(by_amount, total)[:CHART_TOP], total
+
+
+class _LazyRows:
+    """A grouped queryset as ``UsageRow``s, sliced in the database (for ``Paginator``)."""
+
+    def __init__(self, grouped: QuerySet[DailyUsage, dict[str, object]], total: Decimal) -> None:
+        self.grouped = grouped
+        self.total = total
+
+    def count(self) -> int:
+        return self.grouped.aggregate(n=Count("end_user", distinct=True))["n"] or 0  # type: ignore[no-any-return]
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def __getitem__(self, index: slice) -> list[UsageRow]:
+        rows = list(self.grouped[index])
+        for row in rows:
+            row["label"] = row["end_user__external_id"] or "(no end user)"
+        return _usage_rows(rows, "label", self.total)
+
+
+# Refusals
+
+
+@dataclass(frozen=True)
+class RefusalLine:
+    refusal: Refusal
+    end_user: str | None
+    budget_label: str
+    window: str
+    resets_at: datetime | None  # when the budget's period that refused it ended or ends
+
+
+def refusals(viewer: Viewer, *, page: int) -> Page[RefusalLine]:
+    """Recent refusals, newest first, one page."""
+    rows = Refusal.objects.filter(tenant=viewer.tenant).select_related(
+        "budget", "budget__end_user", "end_user", "kill_switch"
+    )
+    if viewer.end_user is not None:
+        rows = rows.filter(end_user__external_id=viewer.end_user)
+    paginator = Paginator(rows.order_by("-created_at", "-id"), PAGE_ROWS)
+    current = paginator.get_page(page)
+    current.object_list = [_refusal_line(r, viewer.tenant) for r in current.object_list]
+    return current
+
+
+def _refusal_line(refusal: Refusal, tenant: Tenant) -> RefusalLine:
+    budget = refusal.budget
+    resets_at = None
+    label, window = "", ""
+    if refusal.kind == RefusalKind.BUDGET and budget is not None:
+        budget.tenant = tenant
+        window = budget.window
+        label = budget_kind_label(
+            budget.scope, budget.end_user.external_id if budget.end_user else None
+        )
+        period = tenant_period(budget.window, refusal.created_at, tenant)
+        resets_at = period.end
+    return RefusalLine(
+        refusal=refusal,
+        end_user=refusal.end_user.external_id if refusal.end_user else None,
+        budget_label=label,
+        window=window,
+        resets_at=resets_at,
+    )
+
+
+def budget_kind_label(scope: str, end_user: str | None) -> str:
+    """A budget's scope in a tenant's words."""
+    if scope == Scope.TENANT:
+        return _("Your organisation")
+    if scope == Scope.END_USER_DEFAULT:
+        return _("Each user")
+    if scope == Scope.END_USER:
+        return _("User %(name)s") % {"name": end_user}
+    return _("Overall service limit")
+
+
+def currency() -> str:
+    return conf.CURRENCY
