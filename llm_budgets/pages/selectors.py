@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.core.paginator import Page, Paginator
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Q, QuerySet, Sum
 from django.utils.translation import gettext as _
 
 from llm_budgets.admin.selectors import tenant_overview
@@ -101,13 +102,22 @@ def _visible(statuses: list[BudgetStatus]) -> list[BudgetStatus]:
     return [s for s in statuses if s.scope != Scope.GLOBAL]
 
 
+def decimal_of(value: object) -> Decimal:
+    """A summed amount as Decimal (SQLite sums decimals as floats: through their text)."""
+    return Decimal(str(value or 0))
+
+
+def end_user_named(tenant: Tenant, external_id: str) -> EndUser:
+    """The tenant's end user, or an unsaved one (no usage) if the ledger has not seen it."""
+    found = tenant.end_users.filter(external_id=external_id).first()
+    return found or EndUser(tenant=tenant, external_id=external_id)
+
+
 def end_user_of(viewer: Viewer) -> EndUser | None:
     """A member's end user (unsaved if the ledger has not seen it yet), None for the tenant."""
     if viewer.end_user is None:
         return None
-    tenant = viewer.tenant
-    found = tenant.end_users.filter(external_id=viewer.end_user).first()
-    return found or EndUser(tenant=tenant, external_id=viewer.end_user)
+    return end_user_named(viewer.tenant, viewer.end_user)
 
 
 def overview(viewer: Viewer, at: datetime) -> Overview:
@@ -238,15 +248,19 @@ def _by_day(
     return bars
 
 
-def _rollups(viewer: Viewer, period: Period, periods: Periods) -> QuerySet[DailyUsage] | None:
-    first, last = periods.days(period)
-    rows = DailyUsage.objects.filter(tenant=viewer.tenant, day__gte=first, day__lte=last)
-    end_user = end_user_of(viewer)
-    if end_user is not None:
-        if end_user.pk is None:
-            return None
-        rows = rows.filter(end_user=end_user)
-    return rows
+def _grouped(
+    viewer: Viewer, periods: Periods, group_by: str, unit: str
+) -> QuerySet[DailyUsage, dict[str, Any]]:
+    """The current period's rollups of what the viewer may see, grouped."""
+    first, last = periods.days(periods.current)
+    return usage_grouped(
+        viewer.tenant,
+        since=first,
+        until=last,
+        group_by=group_by,
+        unit=unit,
+        end_user=end_user_of(viewer),
+    )
 
 
 @dataclass(frozen=True)
@@ -286,28 +300,46 @@ def _sums(unit: str) -> dict[str, Sum]:
     }
 
 
+# What a usage row is grouped by: the REST API's ``group_by`` and the pages' tables.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "day": ("day",),
+    "model": ("provider", "model"),
+    "end_user": ("end_user__external_id",),
+}
+
+
+def usage_grouped(
+    tenant: Tenant,
+    *,
+    since: date,
+    until: date,
+    group_by: str,
+    unit: str,
+    end_user: EndUser | None = None,
+) -> QuerySet[DailyUsage, dict[str, Any]]:
+    """A tenant's (or one end user's) usage from the daily rollups, local days ``since`` to
+    ``until`` inclusive, one row per ``GROUPS[group_by]`` with ``total`` (in ``unit``),
+    ``n_calls``, ``n_input`` and ``n_output``; unordered."""
+    rows = DailyUsage.objects.filter(tenant=tenant, day__gte=since, day__lte=until)
+    if end_user is not None:
+        rows = rows.filter(end_user=end_user) if end_user.pk else rows.none()
+    return rows.values(*GROUPS[group_by]).annotate(**_sums(unit)).order_by()
+
+
 def period_total(viewer: Viewer, periods: Periods, unit: str) -> Decimal:
-    rows = _rollups(viewer, periods.current, periods)
-    if rows is None:
-        return ZERO
-    total = rows.aggregate(total=Sum(_amount_field(unit)))["total"]
-    return round_charge(Decimal(str(total or 0)))
+    """The current period's total spend the viewer may see, from the rollups."""
+    rows = _grouped(viewer, periods, "day", unit)
+    total = sum((Decimal(str(row["total"] or 0)) for row in rows), ZERO)
+    return round_charge(total)
 
 
 def spend_by_model(viewer: Viewer, periods: Periods, unit: str) -> list[UsageRow]:
     """The current period's spend per model, largest first."""
-    rows = _rollups(viewer, periods.current, periods)
-    if rows is None:
-        return []
-    grouped = list(
-        rows.values("provider", "model")
-        .annotate(**_sums(unit))
-        .order_by("-total", "provider", "model")
-    )
+    grouped = list(_grouped(viewer, periods, "model", unit).order_by("-total", "provider", "model"))
     for row in grouped:
         row["label"] = f"{row['model']} ({row['provider']})"
-    total = sum((Decimal(str(r["total"] or 0)) for r in grouped), ZERO)
-    return _usage_rows(grouped, "label", round_charge(total))
+    total = round_charge(sum((Decimal(str(r["total"] or 0)) for r in grouped), ZERO))
+    return _usage_rows(grouped, "label", total)
 
 
 END_USER_SORTS = {
@@ -321,19 +353,14 @@ END_USER_SORTS = {
 def spend_by_end_user(
     viewer: Viewer, periods: Periods, unit: str, *, sort: str, page: int
 ) -> tuple[Page[UsageRow], list[UsageRow], Decimal]:
-    """The current period's spend per end user in ``sort`` order (``END_USER_SORTS``), one page
-    of it, the top CHART_TOP for the chart, and the period's total."""
-    rows = _rollups(viewer, periods.current, periods)
+    """The current period's spend per end user: one page in ``sort`` order
+    (``END_USER_SORTS``), the top CHART_TOP by spend for the chart, and the period's total."""
+    grouped = _grouped(viewer, periods, "end_user", unit)
     total = period_total(viewer, periods, unit)
-    if rows is None:
-        rows = DailyUsage.objects.none()
     order = END_USER_SORTS.get(sort, END_USER_SORTS["amount"])
-    grouped = (
-        rows.values("end_user__external_id")
-        .annotate(**_sums(unit))
-        .order_by(order, "end_user__external_id")
+    paginator = Paginator(
+        _LazyRows(grouped.order_by(order, "end_user__external_id"), total), PAGE_ROWS
     )
-    paginator = Paginator(_LazyRows(grouped, total), PAGE_ROWS)
     by_amount = grouped.order_by(END_USER_SORTS["amount"], "end_user__external_id")
     return paginator.get_page(page), _LazyRows(by_amount, total)[:CHART_TOP], total
 
@@ -341,12 +368,12 @@ def spend_by_end_user(
 class _LazyRows:
     """A grouped queryset as ``UsageRow``s, sliced in the database (for ``Paginator``)."""
 
-    def __init__(self, grouped: QuerySet[DailyUsage, dict[str, object]], total: Decimal) -> None:
+    def __init__(self, grouped: QuerySet[DailyUsage, dict[str, Any]], total: Decimal) -> None:
         self.grouped = grouped
         self.total = total
 
     def count(self) -> int:
-        return self.grouped.aggregate(n=Count("end_user", distinct=True))["n"] or 0  # type: ignore[no-any-return]
+        return self.grouped.count()
 
     def __len__(self) -> int:
         return self.count()
