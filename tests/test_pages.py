@@ -87,6 +87,11 @@ def test_another_tenant_sees_nothing_of_acme(folks: People, path: str, params: A
     assert "Acme" not in text
     if path in ("/usage/users/", "/usage/export.csv"):
         assert "zed-beta" in text  # beta's own data is there
+    # And the other way round, acme's admin and member asking for beta.
+    for user in (folks.acme_admin, folks.acme_member):
+        text = body(client_for(user).get(path, {**params, "tenant": "beta"}))
+        for marker in BETA_MARKERS:
+            assert marker not in text
 
 
 def test_the_overview_shows_exactly_what_budgets_status_says(folks: People) -> None:
