@@ -5,6 +5,9 @@ import os
 import pytest
 from django.db import connection
 
+# The real-browser fixture, for every test module (tests/browser.py).
+from tests.browser import chromium_browser  # noqa: F401
+
 
 def pytest_report_header() -> str:
     url = os.environ.get("DATABASE_URL", "(default SQLite)")
