@@ -14,7 +14,7 @@ from llm_budgets.pages.selectors import DayBar, UsageRow
 
 WIDTH = 720
 DAY_HEIGHT = 240
-LEFT = 64  # room for the axis labels
+LEFT = 72  # room for the axis labels (amounts without the currency, named in the caption)
 BOTTOM = 28
 TOP = 12
 ROW_HEIGHT = 30
@@ -63,7 +63,11 @@ class DayChart:
     day_labels: list[Bar]  # x and label of every seventh day
 
 
-def day_chart(bars: Sequence[DayBar], money: Callable[[Decimal], str]) -> DayChart:
+def day_chart(
+    bars: Sequence[DayBar], money: Callable[[Decimal], str], axis: Callable[[Decimal], str]
+) -> DayChart:
+    """Columns for the current period's days, a dashed line for the previous period's; ``money``
+    labels a column's tooltip, ``axis`` the vertical axis."""
     plot_height = DAY_HEIGHT - BOTTOM - TOP
     plot_width = WIDTH - LEFT - 8
     values = [b.amount for b in bars] + [b.previous for b in bars if b.previous is not None]
@@ -94,7 +98,7 @@ def day_chart(bars: Sequence[DayBar], money: Callable[[Decimal], str]) -> DayCha
             labels.append(
                 Bar(round(x + step / 2, 1), 0, 0, 0, bar.day.strftime("%d %b"), bar.amount, "")
             )
-    ticks = [Tick(y(top * i / 4), money(top * i / 4)) for i in range(5)]
+    ticks = [Tick(y(top * i / 4), axis(top * i / 4)) for i in range(5)]
     return DayChart(
         width=WIDTH,
         height=DAY_HEIGHT,

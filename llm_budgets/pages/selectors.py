@@ -213,8 +213,12 @@ def spend_by_day(viewer: Viewer, periods: Periods, unit: str) -> list[DayBar]:
     if end_user is not None and end_user.pk is None:
         return _by_day([], [], periods, unit)
 
+    current_first = periods.days(periods.current)[0]
+
     def totals(period: Period) -> list[DayTotal]:
         first, last = periods.days(period)
+        # After a change of timezone the periods' local days may overlap by one: count it once.
+        last = last if period == periods.current else min(last, current_first - timedelta(1))
         return daily_usage_totals(viewer.tenant, since=first, until=last, end_user=end_user)
 
     return _by_day(totals(periods.current), totals(periods.previous), periods, unit)

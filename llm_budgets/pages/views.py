@@ -96,8 +96,9 @@ def models(request: HttpRequest, viewer: Viewer) -> HttpResponse:
         viewer,
         "models",
         periods=periods,
+        period_days=periods.days(periods.current),
         days=days,
-        day_chart=charts.day_chart(days, money),
+        day_chart=charts.day_chart(days, money, lambda v: money_text(v)),
         rows=rows,
         row_chart=charts.row_chart(rows[: selectors.CHART_TOP], money),
         total=sum((r.amount for r in rows), Decimal(0)),
@@ -123,6 +124,7 @@ def users(request: HttpRequest, viewer: Viewer) -> HttpResponse:
         viewer,
         "users",
         periods=periods,
+        period_days=periods.days(periods.current),
         page=page,
         sort=sort,
         sorts=[
