@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 from datetime import datetime, time, timedelta
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.contrib.auth import get_user_model
@@ -157,7 +158,8 @@ def page_users_ensure(password: str) -> list[str]:
     """The usage pages' demo logins (memberships), all with ``password``. Returns usernames."""
     user_model = get_user_model()
     for username, tenant, role, end_user in PAGE_USERS:
-        user, _ = user_model._default_manager.get_or_create(**{user_model.USERNAME_FIELD: username})
+        lookup: dict[str, Any] = {user_model.USERNAME_FIELD: username}
+        user, _ = user_model._default_manager.get_or_create(**lookup)
         user.set_password(password)
         user.save()
         Membership.objects.update_or_create(

@@ -132,7 +132,7 @@ class TenantUsageView(ApiView):
                 unit=unit,
                 end_user=end_user,
             )
-            total = sum((selectors.decimal_of(r["total"]) for r in grouped.values("total")), ZERO)
+            total = sum((selectors.decimal_of(r["total"]) for r in grouped), ZERO)
             paginator = Pagination()
             page = paginator.paginate_queryset(
                 grouped.order_by(*ORDER[data["group_by"]]), request, view=self

@@ -63,13 +63,15 @@ def membership_tenant(request: HttpRequest) -> str | None:
 
 
 def may_view_any_tenant(user: AbstractBaseUser | AnonymousUser) -> bool:
-    return bool(user.is_active and getattr(user, "is_staff", False)) and user.has_perm(
-        STAFF_PERMISSION
-    )
+    """Active staff with the admin's view permission on tenants (support roles, superusers)."""
+    has_perm = getattr(user, "has_perm", None)
+    staff = bool(user.is_active and getattr(user, "is_staff", False))
+    return staff and has_perm is not None and bool(has_perm(STAFF_PERMISSION))
 
 
 def _resolver() -> Callable[[HttpRequest], Any]:
-    return import_string(conf.TENANT_RESOLVER)  # type: ignore[no-any-return]
+    resolver: Callable[[HttpRequest], Any] = import_string(conf.TENANT_RESOLVER)
+    return resolver
 
 
 def viewer_for(request: HttpRequest) -> Viewer:

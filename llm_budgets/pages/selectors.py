@@ -339,7 +339,8 @@ def period_total(viewer: Viewer, periods: Periods, unit: str) -> Decimal:
 
 def spend_by_model(viewer: Viewer, periods: Periods, unit: str) -> list[UsageRow]:
     """The current period's spend per model, largest first."""
-    grouped = list(_grouped(viewer, periods, "model", unit).order_by("-total", "provider", "model"))
+    ordered = _grouped(viewer, periods, "model", unit).order_by("-total", "provider", "model")  # type: ignore[misc]
+    grouped = list(ordered)
     for row in grouped:
         row["label"] = f"{row['model']} ({row['provider']})"
     total = round_charge(sum((Decimal(str(r["total"] or 0)) for r in grouped), ZERO))
@@ -362,9 +363,8 @@ def spend_by_end_user(
     grouped = _grouped(viewer, periods, "end_user", unit)
     total = period_total(viewer, periods, unit)
     order = END_USER_SORTS.get(sort, END_USER_SORTS["amount"])
-    paginator = Paginator(
-        _LazyRows(grouped.order_by(order, "end_user__external_id"), total), PAGE_ROWS
-    )
+    rows = _LazyRows(grouped.order_by(order, "end_user__external_id"), total)
+    paginator: Paginator[UsageRow] = Paginator(rows, PAGE_ROWS)  # type: ignore[arg-type]
     by_amount = grouped.order_by(END_USER_SORTS["amount"], "end_user__external_id")
     return paginator.get_page(page), _LazyRows(by_amount, total)[:CHART_TOP], total
 
@@ -410,8 +410,8 @@ def refusals(viewer: Viewer, *, page: int) -> Page[RefusalLine]:
         rows = rows.filter(end_user__external_id=viewer.end_user)
     paginator = Paginator(rows.order_by("-created_at", "-id"), PAGE_ROWS)
     current = paginator.get_page(page)
-    current.object_list = [_refusal_line(r, viewer.tenant) for r in current.object_list]
-    return current
+    lines = [_refusal_line(r, viewer.tenant) for r in current.object_list]
+    return Page(lines, current.number, paginator)  # type: ignore[arg-type]
 
 
 def _refusal_line(refusal: Refusal, tenant: Tenant) -> RefusalLine:

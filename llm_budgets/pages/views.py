@@ -10,7 +10,13 @@ from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth.views import redirect_to_login
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseBase,
+    StreamingHttpResponse,
+)
 from django.shortcuts import render
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -20,15 +26,15 @@ from llm_budgets.pages import charts, export, selectors
 from llm_budgets.pages.access import LoginRequired, Viewer, viewer_for
 from llm_budgets.templatetags.llm_budgets_money import money_text
 
-View = Callable[..., HttpResponse]
+View = Callable[..., HttpResponseBase]
 
 
-def tenant_page(view: Callable[..., HttpResponse]) -> View:
+def tenant_page(view: Callable[..., HttpResponseBase]) -> View:
     """Resolve the viewer first: anonymous visitors go to the login page, anyone without a
     tenant gets 403 (``PermissionDenied``)."""
 
     @functools.wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         try:
             viewer = viewer_for(request)
         except LoginRequired:
@@ -156,7 +162,7 @@ def _day(request: HttpRequest, name: str) -> date | None:
 
 
 @tenant_page
-def export_csv(request: HttpRequest, viewer: Viewer) -> HttpResponse:
+def export_csv(request: HttpRequest, viewer: Viewer) -> HttpResponseBase:
     periods = selectors.billing_periods(viewer.tenant, timezone.now())
     first, last = periods.days(periods.current)
     try:
