@@ -132,7 +132,7 @@ def row_chart(rows: Sequence[UsageRow], money: Callable[[Decimal], str]) -> RowC
                 y=index * ROW_HEIGHT + 6,
                 width=width,
                 height=ROW_HEIGHT - 12,
-                label=row.label if len(row.label) <= 28 else row.label[:27] + "…",
+                label=row.short_label if len(row.short_label) <= 26 else row.short_label[:25] + "…",
                 value=row.amount,
                 title=f"{row.label}: {money(row.amount)}",
             )

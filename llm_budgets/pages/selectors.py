@@ -6,7 +6,7 @@ end users or ledger lines the tenant has.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -97,9 +97,14 @@ def _lines(statuses: list[BudgetStatus], tenant: Tenant) -> list[BudgetLine]:
     return [_line(s, budgets.get(s.budget_id)) for s in statuses]
 
 
+# The order budgets appear in: the organisation's, then what each user may spend.
+_SCOPE_ORDER = {Scope.TENANT: 0, Scope.END_USER: 1, Scope.END_USER_DEFAULT: 2}
+
+
 def _visible(statuses: list[BudgetStatus]) -> list[BudgetStatus]:
     # A global budget counts every tenant's spend: never shown to one tenant.
-    return [s for s in statuses if s.scope != Scope.GLOBAL]
+    shown = [s for s in statuses if s.scope != Scope.GLOBAL]
+    return sorted(shown, key=lambda s: _SCOPE_ORDER.get(Scope(s.scope), 3))
 
 
 def decimal_of(value: object) -> Decimal:
@@ -133,7 +138,7 @@ def overview(viewer: Viewer, at: datetime) -> Overview:
     else:
         mine = [
             s
-            for s in budget_statuses(tenant, end_user, at)
+            for s in _visible(budget_statuses(tenant, end_user, at))
             if s.scope in (Scope.END_USER, Scope.END_USER_DEFAULT)
         ]
         lines = _lines(mine, tenant)
@@ -275,6 +280,11 @@ class UsageRow:
     input_tokens: int
     output_tokens: int
     share: Decimal  # percent of the period's total
+    short_label: str = ""  # for the chart, where space is short (the label if empty)
+
+    def __post_init__(self) -> None:
+        if not self.short_label:
+            object.__setattr__(self, "short_label", self.label)
 
 
 def _usage_rows(rows: list[dict[str, object]], label: str, total: Decimal) -> list[UsageRow]:
@@ -344,7 +354,8 @@ def spend_by_model(viewer: Viewer, periods: Periods, unit: str) -> list[UsageRow
     for row in grouped:
         row["label"] = f"{row['model']} ({row['provider']})"
     total = round_charge(sum((Decimal(str(r["total"] or 0)) for r in grouped), ZERO))
-    return _usage_rows(grouped, "label", total)
+    rows = _usage_rows(grouped, "label", total)
+    return [replace(r, short_label=str(g["model"])) for r, g in zip(rows, grouped, strict=True)]
 
 
 END_USER_SORTS = {
