@@ -313,3 +313,27 @@ def test_a_custom_resolver_decides_the_tenant(folks: People, settings: Any) -> N
 
 def header_tenant(request: Any) -> str | None:
     return request.headers.get("X-Tenant")
+
+
+def test_pages_run_a_fixed_number_of_queries_however_many_end_users(folks: People) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from tests.pages import rebuild_rollups, use
+
+    admin = client_for(folks.acme_admin)
+
+    def counts() -> list[int]:
+        result = []
+        for path in PAGES[:4]:
+            with CaptureQueriesContext(connection) as queries:
+                assert admin.get(path).status_code == 200
+            result.append(len(queries))
+        return result
+
+    before = counts()
+    for index in range(12):
+        use("acme", f"extra-{index}", 1)
+        budgets.set_limit(tenant="acme", end_user=f"extra-{index}", amount=Decimal(5), window="day")
+    rebuild_rollups()
+    assert counts() == before
