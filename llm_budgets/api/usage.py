@@ -7,6 +7,7 @@ tenant; the budgets themselves are ``GET tenants/<id>/status``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.utils import timezone
@@ -84,19 +85,20 @@ class UsageSerializer(serializers.Serializer):
     results = UsageRowSerializer(many=True, read_only=True)
 
 
-ORDER = {
-    "day": ("day",),
-    "model": ("-total", "provider", "model"),
-    "end_user": ("-total", "end_user__external_id"),
+# Rows in date order by day, else largest first (ties by name).
+ORDER: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "day": lambda r: r["day"],
+    "model": lambda r: (-r["total"], r["provider"], r["model"]),
+    "end_user": selectors.END_USER_SORTS["amount"],
 }
 
 
 def _row(row: dict[str, Any]) -> dict[str, Any]:
     out = {
-        "amount": round_charge(selectors.decimal_of(row["total"])),
-        "calls": row["n_calls"] or 0,
-        "input_tokens": row["n_input"] or 0,
-        "output_tokens": row["n_output"] or 0,
+        "amount": row["total"],
+        "calls": row["n_calls"],
+        "input_tokens": row["n_input"],
+        "output_tokens": row["n_output"],
     }
     if "end_user__external_id" in row:
         out["end_user"] = row["end_user__external_id"]
@@ -124,7 +126,7 @@ class TenantUsageView(ApiView):
             if data.get("end_user"):
                 end_user = selectors.end_user_named(tenant, data["end_user"])
             unit = selectors.amount_unit(tenant)
-            grouped = selectors.usage_grouped(
+            rows = selectors.usage_grouped(
                 tenant,
                 since=start,
                 until=end,
@@ -132,11 +134,10 @@ class TenantUsageView(ApiView):
                 unit=unit,
                 end_user=end_user,
             )
-            total = sum((selectors.decimal_of(r["total"]) for r in grouped), ZERO)
+            total = sum((r["total"] for r in rows), ZERO)
+            rows.sort(key=ORDER[data["group_by"]])
             paginator = Pagination()
-            page = paginator.paginate_queryset(
-                grouped.order_by(*ORDER[data["group_by"]]), request, view=self
-            )
+            page = paginator.paginate_queryset(rows, request, view=self)
             body = {
                 "tenant": tenant.external_id,
                 "end_user": data.get("end_user"),

@@ -19,7 +19,7 @@ from llm_budgets.models.ledger import (
 )
 from llm_budgets.models.memberships import Membership, MembershipRole
 from llm_budgets.models.pricing import Price, PriceSource, PricingBasis
-from llm_budgets.models.rollups import DailyUsage
+from llm_budgets.models.rollups import DailyUsage, TenantDailyUsage
 from llm_budgets.models.tenancy import EndUser, Plan, Tenant, UnknownModelPolicy
 from llm_budgets.models.thresholds import DeliveryState, ThresholdCrossing
 
@@ -49,6 +49,7 @@ __all__ = [
     "ReservationState",
     "Scope",
     "Tenant",
+    "TenantDailyUsage",
     "ThresholdCrossing",
     "UnknownModelPolicy",
     "UsageKind",

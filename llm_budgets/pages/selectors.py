@@ -6,7 +6,8 @@ end users or ledger lines the tenant has.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -29,11 +30,11 @@ from llm_budgets.models import (
     RefusalKind,
     Scope,
     Tenant,
+    TenantDailyUsage,
     Window,
 )
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pages.access import Viewer
-from llm_budgets.rollups import DayTotal, daily_usage_totals
 from llm_budgets.selectors import BudgetStatus, budget_statuses
 from llm_budgets.thresholds import budget_thresholds
 from llm_budgets.windows import Period, tenant_period
@@ -204,107 +205,6 @@ def _amount_field(unit: str) -> str:
     return "customer_cost" if unit == BudgetUnit.CUSTOMER_PRICE else "cost"
 
 
-@dataclass(frozen=True)
-class DayBar:
-    day: date
-    amount: Decimal
-    previous: Decimal | None  # the same day of the previous period, if it has one
-    calls: int
-
-
-def spend_by_day(viewer: Viewer, periods: Periods, unit: str) -> list[DayBar]:
-    """Each local day of the current period beside the same day of the previous one."""
-    end_user = end_user_of(viewer)
-    if end_user is not None and end_user.pk is None:
-        return _by_day([], [], periods, unit)
-
-    current_first = periods.days(periods.current)[0]
-
-    def totals(period: Period) -> list[DayTotal]:
-        first, last = periods.days(period)
-        # After a change of timezone the periods' local days may overlap by one: count it once.
-        last = last if period == periods.current else min(last, current_first - timedelta(1))
-        return daily_usage_totals(viewer.tenant, since=first, until=last, end_user=end_user)
-
-    return _by_day(totals(periods.current), totals(periods.previous), periods, unit)
-
-
-def _by_day(
-    current: list[DayTotal], previous: list[DayTotal], periods: Periods, unit: str
-) -> list[DayBar]:
-    def amount(total: DayTotal) -> Decimal:
-        return total.customer_cost if unit == BudgetUnit.CUSTOMER_PRICE else total.cost
-
-    now_by_day = {t.day: t for t in current}
-    first, last = periods.days(periods.current)
-    before_first, before_last = periods.days(periods.previous)
-    before = {(t.day - before_first).days: amount(t) for t in previous}
-    length_before = (before_last - before_first).days + 1
-    bars = []
-    day = first
-    while day <= last:
-        index = (day - first).days
-        total = now_by_day.get(day)
-        bars.append(
-            DayBar(
-                day=day,
-                amount=amount(total) if total else ZERO,
-                previous=before.get(index, ZERO) if index < length_before else None,
-                calls=total.calls if total else 0,
-            )
-        )
-        day += timedelta(days=1)
-    return bars
-
-
-def _grouped(
-    viewer: Viewer, periods: Periods, group_by: str, unit: str
-) -> QuerySet[DailyUsage, dict[str, Any]]:
-    """The current period's rollups of what the viewer may see, grouped."""
-    first, last = periods.days(periods.current)
-    return usage_grouped(
-        viewer.tenant,
-        since=first,
-        until=last,
-        group_by=group_by,
-        unit=unit,
-        end_user=end_user_of(viewer),
-    )
-
-
-@dataclass(frozen=True)
-class UsageRow:
-    label: str
-    amount: Decimal
-    calls: int
-    input_tokens: int
-    output_tokens: int
-    share: Decimal  # percent of the period's total
-    short_label: str = ""  # for the chart, where space is short (the label if empty)
-
-    def __post_init__(self) -> None:
-        if not self.short_label:
-            object.__setattr__(self, "short_label", self.label)
-
-
-def _usage_rows(rows: list[dict[str, object]], label: str, total: Decimal) -> list[UsageRow]:
-    result = []
-    for row in rows:
-        # SQLite sums decimals as floats: back to the stored precision through their text.
-        amount = round_charge(Decimal(str(row["total"] or 0)))
-        result.append(
-            UsageRow(
-                label=str(row[label] or ""),
-                amount=amount,
-                calls=int(row["n_calls"] or 0),  # type: ignore[call-overload]
-                input_tokens=int(row["n_input"] or 0),  # type: ignore[call-overload]
-                output_tokens=int(row["n_output"] or 0),  # type: ignore[call-overload]
-                share=(amount * 100 / total).quantize(Decimal("0.1")) if total else ZERO,
-            )
-        )
-    return result
-
-
 def _sums(unit: str) -> dict[str, Sum]:
     return {
         "total": Sum(_amount_field(unit)),
@@ -330,74 +230,146 @@ def usage_grouped(
     group_by: str,
     unit: str,
     end_user: EndUser | None = None,
-) -> QuerySet[DailyUsage, dict[str, Any]]:
+) -> list[dict[str, Any]]:
     """A tenant's (or one end user's) usage from the daily rollups, local days ``since`` to
-    ``until`` inclusive, one row per ``GROUPS[group_by]`` with ``total`` (in ``unit``),
-    ``n_calls``, ``n_input`` and ``n_output``; unordered."""
-    rows = DailyUsage.objects.filter(tenant=tenant, day__gte=since, day__lte=until)
-    if end_user is not None:
-        rows = rows.filter(end_user=end_user) if end_user.pk else rows.none()
-    return rows.values(*GROUPS[group_by]).annotate(**_sums(unit)).order_by()
+    ``until`` inclusive, one row per ``GROUPS[group_by]`` with ``total`` (a Decimal, in ``unit``),
+    ``n_calls``, ``n_input`` and ``n_output``; unordered. In one query: the tenant's totals by day
+    or model from ``TenantDailyUsage`` (a few rows per day), anything per end user from
+    ``DailyUsage``."""
+    rows: QuerySet[Any]
+    if end_user is None and group_by != "end_user":
+        rows = TenantDailyUsage.objects.filter(tenant=tenant, day__gte=since, day__lte=until)
+    else:
+        rows = DailyUsage.objects.filter(tenant=tenant, day__gte=since, day__lte=until)
+        if end_user is not None:
+            rows = rows.filter(end_user=end_user) if end_user.pk else rows.none()
+    result = []
+    for row in rows.values(*GROUPS[group_by]).annotate(**_sums(unit)).order_by():
+        row["total"] = round_charge(decimal_of(row["total"]))
+        for count in ("n_calls", "n_input", "n_output"):
+            row[count] = row[count] or 0
+        result.append(row)
+    return result
+
+
+def _grouped(
+    viewer: Viewer, periods: Periods, group_by: str, unit: str, *, period: Period | None = None
+) -> list[dict[str, Any]]:
+    """A period's (default: the current one) rollups of what the viewer may see, grouped."""
+    first, last = periods.days(period or periods.current)
+    if period is not None and period != periods.current:
+        # After a change of timezone the periods' local days may overlap by one: count it once.
+        last = min(last, periods.days(periods.current)[0] - timedelta(days=1))
+    return usage_grouped(
+        viewer.tenant,
+        since=first,
+        until=last,
+        group_by=group_by,
+        unit=unit,
+        end_user=end_user_of(viewer),
+    )
+
+
+@dataclass(frozen=True)
+class DayBar:
+    day: date
+    amount: Decimal
+    previous: Decimal | None  # the same day of the previous period, if it has one
+    calls: int
+
+
+def spend_by_day(viewer: Viewer, periods: Periods, unit: str) -> list[DayBar]:
+    """Each local day of the current period beside the same day of the previous one."""
+    current = {r["day"]: r for r in _grouped(viewer, periods, "day", unit)}
+    previous_rows = _grouped(viewer, periods, "day", unit, period=periods.previous)
+    first, last = periods.days(periods.current)
+    before_first, before_last = periods.days(periods.previous)
+    before = {(r["day"] - before_first).days: r["total"] for r in previous_rows}
+    length_before = (before_last - before_first).days + 1
+    bars = []
+    day = first
+    while day <= last:
+        index = (day - first).days
+        row = current.get(day)
+        bars.append(
+            DayBar(
+                day=day,
+                amount=row["total"] if row else ZERO,
+                previous=before.get(index, ZERO) if index < length_before else None,
+                calls=row["n_calls"] if row else 0,
+            )
+        )
+        day += timedelta(days=1)
+    return bars
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    label: str
+    amount: Decimal
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    share: Decimal  # percent of the period's total
+    short_label: str = ""  # for the chart, where space is short (the label if empty)
+
+    def __post_init__(self) -> None:
+        if not self.short_label:
+            object.__setattr__(self, "short_label", self.label)
+
+
+def _usage_row(row: dict[str, Any], label: str, total: Decimal, short: str = "") -> UsageRow:
+    amount = row["total"]
+    return UsageRow(
+        label=label,
+        amount=amount,
+        calls=row["n_calls"],
+        input_tokens=row["n_input"],
+        output_tokens=row["n_output"],
+        share=(amount * 100 / total).quantize(Decimal("0.1")) if total else ZERO,
+        short_label=short,
+    )
 
 
 def period_total(viewer: Viewer, periods: Periods, unit: str) -> Decimal:
     """The current period's total spend the viewer may see, from the rollups."""
-    rows = _grouped(viewer, periods, "day", unit)
-    total = sum((Decimal(str(row["total"] or 0)) for row in rows), ZERO)
-    return round_charge(total)
+    return sum((r["total"] for r in _grouped(viewer, periods, "day", unit)), ZERO)
 
 
 def spend_by_model(viewer: Viewer, periods: Periods, unit: str) -> list[UsageRow]:
     """The current period's spend per model, largest first."""
-    ordered = _grouped(viewer, periods, "model", unit).order_by("-total", "provider", "model")  # type: ignore[misc]
-    grouped = list(ordered)
-    for row in grouped:
-        row["label"] = f"{row['model']} ({row['provider']})"
-    total = round_charge(sum((Decimal(str(r["total"] or 0)) for r in grouped), ZERO))
-    rows = _usage_rows(grouped, "label", total)
-    return [replace(r, short_label=str(g["model"])) for r, g in zip(rows, grouped, strict=True)]
+    rows = _grouped(viewer, periods, "model", unit)
+    rows.sort(key=lambda r: (-r["total"], r["provider"], r["model"]))
+    total = sum((r["total"] for r in rows), ZERO)
+    return [_usage_row(r, f"{r['model']} ({r['provider']})", total, short=r["model"]) for r in rows]
 
 
-END_USER_SORTS = {
-    "amount": "-total",
-    "calls": "-n_calls",
-    "tokens": "-n_output",
-    "name": "end_user__external_id",
+END_USER_SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "amount": lambda r: (-r["total"], r["end_user__external_id"] or ""),
+    "calls": lambda r: (-r["n_calls"], r["end_user__external_id"] or ""),
+    "tokens": lambda r: (-r["n_output"], r["end_user__external_id"] or ""),
+    "name": lambda r: r["end_user__external_id"] or "",
 }
+NO_END_USER = "(no end user)"
 
 
 def spend_by_end_user(
     viewer: Viewer, periods: Periods, unit: str, *, sort: str, page: int
 ) -> tuple[Page[UsageRow], list[UsageRow], Decimal]:
     """The current period's spend per end user: one page in ``sort`` order
-    (``END_USER_SORTS``), the top CHART_TOP by spend for the chart, and the period's total."""
-    grouped = _grouped(viewer, periods, "end_user", unit)
-    total = period_total(viewer, periods, unit)
-    order = END_USER_SORTS.get(sort, END_USER_SORTS["amount"])
-    rows = _LazyRows(grouped.order_by(order, "end_user__external_id"), total)
-    paginator: Paginator[UsageRow] = Paginator(rows, PAGE_ROWS)  # type: ignore[arg-type]
-    by_amount = grouped.order_by(END_USER_SORTS["amount"], "end_user__external_id")
-    return paginator.get_page(page), _LazyRows(by_amount, total)[:CHART_TOP], total
+    (``END_USER_SORTS``), the top CHART_TOP by spend for the chart, and the period's total. One
+    aggregate query; sorting and paging the (at most one per end user) rows happen here."""
+    rows = _grouped(viewer, periods, "end_user", unit)
+    total = sum((r["total"] for r in rows), ZERO)
 
+    def usage(row: dict[str, Any]) -> UsageRow:
+        return _usage_row(row, row["end_user__external_id"] or NO_END_USER, total)
 
-class _LazyRows:
-    """A grouped queryset as ``UsageRow``s, sliced in the database (for ``Paginator``)."""
-
-    def __init__(self, grouped: QuerySet[DailyUsage, dict[str, Any]], total: Decimal) -> None:
-        self.grouped = grouped
-        self.total = total
-
-    def count(self) -> int:
-        return self.grouped.count()
-
-    def __len__(self) -> int:
-        return self.count()
-
-    def __getitem__(self, index: slice) -> list[UsageRow]:
-        rows = list(self.grouped[index])
-        for row in rows:
-            row["label"] = row["end_user__external_id"] or "(no end user)"
-        return _usage_rows(rows, "label", self.total)
+    top = sorted(rows, key=END_USER_SORTS["amount"])[:CHART_TOP]
+    rows.sort(key=END_USER_SORTS.get(sort, END_USER_SORTS["amount"]))
+    current = Paginator(rows, PAGE_ROWS).get_page(page)
+    lines = [usage(r) for r in current.object_list]
+    return Page(lines, current.number, current.paginator), [usage(r) for r in top], total  # type: ignore[arg-type]
 
 
 # Refusals
