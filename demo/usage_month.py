@@ -65,8 +65,11 @@ def month_calls(now: datetime) -> list[MonthCall]:
     calls = []
     for tenant, users in USERS.items():
         for days_ago in range(DAYS, -1, -1):
+            weekend = (now - timedelta(days=days_ago)).weekday() >= 5
             for user, busy in users.items():
                 count = rng.randint(0, busy * 2)
+                if weekend:
+                    count //= 3
                 for index in range(count):
                     provider, model, _, inputs, outputs = rng.choices(
                         MODELS, weights=[m[2] for m in MODELS]
