@@ -70,6 +70,8 @@ def month_calls(now: datetime) -> list[MonthCall]:
                 count = rng.randint(0, busy * 2)
                 if weekend:
                     count //= 3
+                if days_ago == 0 and user == next(iter(users)):
+                    count = max(count, 1)  # today has usage, even on the billing day itself
                 for index in range(count):
                     provider, model, _, inputs, outputs = rng.choices(
                         MODELS, weights=[m[2] for m in MODELS]
