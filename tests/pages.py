@@ -48,6 +48,7 @@ def usage_data() -> None:
     seed(tenant="beta", limit="1000")
     budgets.ensure_tenant("acme", name="Acme <b>Corp</b>")
     budgets.set_limit(tenant="acme", end_user="alice-acme", amount=Decimal(100), window="month")
+    budgets.set_limit(tenant="acme", end_user="*", amount=Decimal(50), window="day")
     use("acme", "alice-acme", 500)  # 15.00
     use("acme", "alice-acme", 100)  # 3.00
     use("acme", "bob-acme", 200)  # 6.00

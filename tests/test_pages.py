@@ -109,6 +109,10 @@ def test_the_overview_shows_exactly_what_budgets_status_says(folks: People) -> N
     # Resets at the start of next billing month, in the tenant's timezone.
     assert "Resets 1 " in text
     assert ":00 CE" in text  # CET or CEST: Europe/Amsterdam
+    # The each-user daily limit: bob has used 36 of 50 (spent 6, held 30), alice 18.
+    assert "Every user may spend up to 50.00 USD in this window." in text
+    assert "0 users have reached it in the current window; 1 has used 50% or more." in text
+    assert "Some users near it" in text
     # The installation-wide budget's figures are other tenants' business.
     assert "global" not in text.lower()
 

@@ -7,14 +7,14 @@ end users or ledger lines the tenant has.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.core.paginator import Page, Paginator
-from django.db.models import Q, QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet, Sum
 from django.utils.translation import gettext as _
 
 from llm_budgets.admin.selectors import tenant_overview
@@ -23,6 +23,7 @@ from llm_budgets.killswitches import kill_switches_in_state
 from llm_budgets.models import (
     Budget,
     BudgetUnit,
+    Counter,
     DailyUsage,
     EndUser,
     KillSwitch,
@@ -55,8 +56,13 @@ class BudgetLine:
     used_percent: Decimal  # (spent + reserved) / limit, 0 to 100 (capped for the bar)
     state: str  # OK, WARNING or EXCEEDED
     threshold: int | None  # the highest warning threshold reached
+    thresholds: tuple[int, ...]  # the budget's warning thresholds, ascending
     end_user: str | None  # an end user's own budget: whose
     each_end_user: bool  # the limit every end user gets (no single spent figure)
+    # For an each-end-user limit (admin view, calendar windows): how many users have used all of
+    # it in the current window, and how many have reached its lowest warning threshold.
+    users_at_limit: int | None = None
+    users_warned: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,7 @@ def _line(status: BudgetStatus, budget: Budget | None) -> BudgetLine:
         used_percent=min(Decimal(100), percent).quantize(Decimal("0.1")),
         state=state,
         threshold=max(reached) if reached else None,
+        thresholds=tuple(thresholds),
         end_user=end_user,
         each_end_user=status.scope == Scope.END_USER_DEFAULT and budget is not None,
     )
@@ -133,7 +140,7 @@ def overview(viewer: Viewer, at: datetime) -> Overview:
     end_user = end_user_of(viewer)
     if end_user is None:
         data = tenant_overview(tenant, at)
-        shared = _lines(_visible(data.budgets), tenant)
+        shared = [_with_users(line) for line in _lines(_visible(data.budgets), tenant)]
         own = _lines(data.end_user_budgets, tenant)
         own_count = data.end_user_budget_count
     else:
@@ -144,13 +151,39 @@ def overview(viewer: Viewer, at: datetime) -> Overview:
         ]
         lines = _lines(mine, tenant)
         # A member's share of an each-end-user limit is their own counter: show its figures.
-        shared = [BudgetLine(**{**vars(line), "each_end_user": False}) for line in lines]
+        shared = [replace(line, each_end_user=False) for line in lines]
         own, own_count = [], 0
     return Overview(
         budgets=shared,
         end_user_budgets=own,
         end_user_budget_count=own_count,
         kill_switches=open_kill_switches(viewer, at),
+    )
+
+
+def _with_users(line: BudgetLine) -> BudgetLine:
+    """An each-end-user limit with how many users reached it (one query on its counters)."""
+    status = line.status
+    if not line.each_end_user or status.window not in (Window.MONTH, Window.DAY, Window.HOUR):
+        return line
+    used = F("spent") + F("reserved")
+    lowest = min(line.thresholds) if line.thresholds else None
+    warned = Q(used__gte=status.limit * lowest / 100) if lowest is not None else Q(pk__in=[])
+    counts = (
+        Counter.objects.filter(
+            budget_id=status.budget_id,
+            period_start=status.period_start,
+            end_user__isnull=False,
+        )
+        .annotate(used=used)
+        .aggregate(
+            at_limit=Count("pk", filter=Q(used__gte=status.limit)),
+            warned=Count("pk", filter=warned),
+        )
+    )
+    state = EXCEEDED if counts["at_limit"] else WARNING if counts["warned"] else OK
+    return replace(
+        line, users_at_limit=counts["at_limit"], users_warned=counts["warned"], state=state
     )
 
 
