@@ -10,6 +10,11 @@ test ``@pytest.mark.browser``. Playwright's sync API runs an event loop in the t
 fixture sets ``DJANGO_ALLOW_ASYNC_UNSAFE`` for the session (Django would otherwise refuse ORM calls
 made from that thread with ``SynchronousOnlyOperation``). ``screenshot(page, name)`` saves
 ``test-artifacts/screenshots/<name>.png`` (gitignored) for a person to look at.
+
+That loop stays *running* in the main thread from the first browser test until the session ends
+(so ``asyncio.run`` would fail in any later test): ``tests/conftest.py`` therefore moves every
+test that uses ``chromium_browser`` (or is marked ``browser``) to the end of the run, after
+pytest-randomly's shuffle (``browser_tests_last``).
 """
 
 from __future__ import annotations
@@ -57,6 +62,17 @@ def chromium_browser() -> Iterator[Any]:
                 yield browser
             finally:
                 browser.close()
+
+
+def uses_browser(item: pytest.Item) -> bool:
+    fixtures = getattr(item, "fixturenames", ())
+    return "chromium_browser" in fixtures or item.get_closest_marker("browser") is not None
+
+
+def browser_tests_last(items: list[pytest.Item]) -> None:
+    """Reorder ``items`` in place: every browser test after every other test (order otherwise
+    kept)."""
+    items[:] = [i for i in items if not uses_browser(i)] + [i for i in items if uses_browser(i)]
 
 
 def screenshot(page: Any, name: str) -> pathlib.Path:

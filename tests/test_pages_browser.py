@@ -14,7 +14,7 @@ from llm_budgets import budgets
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.models import UsageRecord
 from llm_budgets.templatetags.llm_budgets_money import money_text
-from tests.browser import screenshot
+from tests.browser import screenshot, uses_browser
 from tests.factories import reserve_30
 from tests.pages import people, usage_data
 
@@ -123,3 +123,11 @@ def test_the_overview_fits_a_phone(chromium_browser: Any, live_server: Any) -> N
         screenshot(page, "pages-models-phone")
     finally:
         context.close()
+
+
+def test_browser_tests_run_after_every_other_test(request: pytest.FixtureRequest) -> None:
+    # The chromium session leaves asyncio's loop running in this thread (tests/browser.py).
+    items = request.session.items
+    first = next(i for i, item in enumerate(items) if uses_browser(item))
+    assert all(uses_browser(item) for item in items[first:])
+    assert any(not uses_browser(item) for item in items[:first]) or first == 0
