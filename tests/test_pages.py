@@ -341,3 +341,16 @@ def test_pages_run_a_fixed_number_of_queries_however_many_end_users(folks: Peopl
         budgets.set_limit(tenant="acme", end_user=f"extra-{index}", amount=Decimal(5), window="day")
     rebuild_rollups()
     assert counts() == before
+
+
+def test_a_call_stopped_by_a_pause_says_so_with_the_reason(folks: People) -> None:
+    from llm_budgets.exceptions import KillSwitchActive
+
+    budgets.trip(tenant="acme", model="m30", reason="Model under review")
+    with pytest.raises(KillSwitchActive):
+        reserve_30(tenant="acme", end_user="alice-acme")
+    text = body(client_for(folks.acme_admin).get("/usage/refusals/"))
+    assert "A call to m30 was stopped because calls were paused." in text
+    assert "Reason given: Model under review" in text
+    assert "Calls to m30 are paused" in body(client_for(folks.acme_member).get("/usage/"))
+    assert "Model under review" not in body(client_for(folks.beta_admin).get("/usage/refusals/"))
