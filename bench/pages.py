@@ -9,7 +9,8 @@ The database named by ``--database-url`` is DROPPED and recreated, then migrated
 contain ``bench``. One tenant gets ``--end-users`` end users and ``--lines`` committed calls (a
 reservation and its ledger line each) spread over the last ``--days`` days (the current and the
 previous billing month: the charts' worst case), a few users much busier than the rest, four
-models; counters for today's per-user budget and the month; 10^4 refusals. The rows are written
+models; the counters admission would have kept (the month's, and one per user and day for the
+each-user daily limit, each equal to its lines); 10^4 refusals. The rows are written
 with SQL (writing 10^6 calls through admission would take an hour and measure admission, which
 ``bench/admission.py`` does); the daily rollups are then built by the real job
 (``rollups.daily_usage_rebuild``), and the counters match the ledger.
@@ -153,6 +154,48 @@ def _load(lines: int, end_users: int, days: int) -> None:
     with connection.cursor() as cur:
         cur.execute("ANALYZE")
     print(f"rollups: {written} rows in {time.perf_counter() - started:.0f}s", flush=True)
+    _counters()
+
+
+def _counters() -> None:
+    """The counters admission would have written for these lines: the tenant's month budget
+    (current and previous period) and the each-user daily budget (one per user and local day),
+    each equal to the sum of its lines, as conservation demands."""
+    from datetime import timedelta
+
+    from django.db import connection
+    from django.utils import timezone
+
+    from llm_budgets.models import Budget, Scope, Tenant
+    from llm_budgets.windows import tenant_period
+
+    started = time.perf_counter()
+    tenant = Tenant.objects.get(external_id=TENANT)
+    month = Budget.objects.get(tenant=tenant, scope=Scope.TENANT)
+    each = Budget.objects.get(tenant=tenant, scope=Scope.END_USER_DEFAULT)
+    current = tenant_period("month", timezone.now(), tenant)
+    previous = tenant_period("month", current.start - timedelta(microseconds=1), tenant)
+    with connection.cursor() as cur:
+        cur.execute("DELETE FROM llm_budgets_counter")
+        for period in (previous, current):
+            cur.execute(
+                "INSERT INTO llm_budgets_counter (budget_id, end_user_id, period_start, spent,"
+                " reserved) SELECT %s, NULL, %s, coalesce(sum(cost), 0), 0"
+                " FROM llm_budgets_usagerecord WHERE tenant_id = %s"
+                " AND period_start >= %s AND period_start < %s",
+                [month.pk, period.start, tenant.pk, period.start, period.end],
+            )
+        cur.execute(
+            "INSERT INTO llm_budgets_counter (budget_id, end_user_id, period_start, spent,"
+            " reserved) SELECT %s, end_user_id,"
+            " date_trunc('day', period_start AT TIME ZONE %s) AT TIME ZONE %s, sum(cost), 0"
+            " FROM llm_budgets_usagerecord WHERE tenant_id = %s GROUP BY 2, 3",
+            [each.pk, tenant.timezone, tenant.timezone, tenant.pk],
+        )
+        cur.execute("SELECT count(*) FROM llm_budgets_counter")
+        written = cur.fetchone()[0]
+        cur.execute("ANALYZE llm_budgets_counter")
+    print(f"counters: {written} rows in {time.perf_counter() - started:.0f}s", flush=True)
 
 
 PATHS = [
@@ -228,9 +271,11 @@ def main() -> None:
         from django.contrib.auth.models import User
 
         User.objects.filter(username="bench-admin").delete()
-        from llm_budgets.models import ApiKey
+        from llm_budgets.models import ApiKey, Counter
 
         ApiKey.objects.filter(name="bench").delete()
+        if not Counter.objects.exists():
+            _counters()
     _measure(args.rounds)
 
 
