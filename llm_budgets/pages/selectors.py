@@ -383,7 +383,6 @@ END_USER_SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "tokens": lambda r: (-r["n_output"], r["end_user__external_id"] or ""),
     "name": lambda r: r["end_user__external_id"] or "",
 }
-NO_END_USER = "(no end user)"
 
 
 def spend_by_end_user(
@@ -396,7 +395,7 @@ def spend_by_end_user(
     total = sum((r["total"] for r in rows), ZERO)
 
     def usage(row: dict[str, Any]) -> UsageRow:
-        return _usage_row(row, row["end_user__external_id"] or NO_END_USER, total)
+        return _usage_row(row, row["end_user__external_id"] or _("(calls without a user)"), total)
 
     top = sorted(rows, key=END_USER_SORTS["amount"])[:CHART_TOP]
     rows.sort(key=END_USER_SORTS.get(sort, END_USER_SORTS["amount"]))
