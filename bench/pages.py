@@ -130,7 +130,7 @@ def _load(lines: int, end_users: int, days: int) -> None:
             "INSERT INTO llm_budgets_usagerecord (reservation_id, kind, tenant_id, end_user_id,"
             " provider, model, input_tokens, cached_input_tokens, cache_write_tokens,"
             " cache_write_1h_tokens, output_tokens, reasoning_tokens, tool_calls, tags, cost,"
-            " customer_cost, currency, overage, is_estimated, period_start, created_at,"
+            " customer_cost, currency, overage, is_estimated, reserved_at, created_at,"
             " pricing_basis) SELECT c.id, 'charge', %s, c.end_user_id, mm.provider, mm.model,"
             " c.input_tokens, 0, 0, 0, c.output_tokens, 0, '{}'::jsonb, '{}'::jsonb,"
             " round((c.input_tokens * 1 + c.output_tokens * 4) / 1000000.0, 10),"
@@ -182,13 +182,13 @@ def _counters() -> None:
                 "INSERT INTO llm_budgets_counter (budget_id, end_user_id, period_start, spent,"
                 " reserved) SELECT %s, NULL, %s, coalesce(sum(cost), 0), 0"
                 " FROM llm_budgets_usagerecord WHERE tenant_id = %s"
-                " AND period_start >= %s AND period_start < %s",
+                " AND reserved_at >= %s AND reserved_at < %s",
                 [month.pk, period.start, tenant.pk, period.start, period.end],
             )
         cur.execute(
             "INSERT INTO llm_budgets_counter (budget_id, end_user_id, period_start, spent,"
             " reserved) SELECT %s, end_user_id,"
-            " date_trunc('day', period_start AT TIME ZONE %s) AT TIME ZONE %s, sum(cost), 0"
+            " date_trunc('day', reserved_at AT TIME ZONE %s) AT TIME ZONE %s, sum(cost), 0"
             " FROM llm_budgets_usagerecord WHERE tenant_id = %s GROUP BY 2, 3",
             [each.pk, tenant.timezone, tenant.timezone, tenant.pk],
         )

@@ -33,7 +33,7 @@ HEADER = [
     "reservation",
 ]
 _FIELDS = [
-    "period_start",
+    "reserved_at",
     "kind",
     "end_user__external_id",
     "provider",
@@ -73,12 +73,12 @@ def ledger_rows(viewer: Viewer, start: date, end: date) -> Iterator[list[Any]]:
     zone = ZoneInfo(viewer.tenant.timezone)
     since, until = day_bounds(start, end, zone)
     lines = UsageRecord.objects.filter(
-        tenant=viewer.tenant, period_start__gte=since, period_start__lt=until
+        tenant=viewer.tenant, reserved_at__gte=since, reserved_at__lt=until
     )
     if viewer.end_user is not None:
         lines = lines.filter(end_user__external_id=viewer.end_user)
     yield HEADER
-    rows = lines.order_by("period_start", "id").values_list(*_FIELDS)
+    rows = lines.order_by("reserved_at", "id").values_list(*_FIELDS)
     for row in rows.iterator(chunk_size=CHUNK):
         at, kind, end_user, provider, model, *counts, tags, reservation = row
         yield [

@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("llm_budgets", "0009_jobs_uncertain_rollups_warnings"),
+        ("llm_budgets", "0010_usagerecord_reserved_at"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -57,7 +57,7 @@ def backfill(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("llm_budgets", "0010_tenant_page_memberships"),
+        ("llm_budgets", "0011_tenant_page_memberships"),
     ]
 
     operations = [

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("llm_budgets", "0011_tenant_daily_usage_rollups"),
+        ("llm_budgets", "0012_tenant_daily_usage_rollups"),
     ]
 
     operations = [
