@@ -14,8 +14,8 @@ from django.test import Client
 from llm_budgets import budgets
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.models import Membership, MembershipRole, Tenant, UsageRecord
+from llm_budgets.money import money as money_text
 from llm_budgets.pages.export import neutralise
-from llm_budgets.templatetags.llm_budgets_money import money_text
 from tests.factories import reserve_30
 from tests.pages import ACME_MARKERS, BETA_MARKERS, PAGES, People, people, usage_data
 

@@ -13,7 +13,7 @@ import pytest
 from llm_budgets import budgets
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.models import UsageRecord
-from llm_budgets.templatetags.llm_budgets_money import money_text
+from llm_budgets.money import money as money_text
 from tests.browser import screenshot, uses_browser
 from tests.factories import reserve_30
 from tests.pages import people, usage_data

@@ -22,9 +22,9 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET
 
+from llm_budgets.money import money as money_text
 from llm_budgets.pages import charts, export, selectors
 from llm_budgets.pages.access import LoginRequired, Viewer, viewer_for
-from llm_budgets.templatetags.llm_budgets_money import money_text
 
 View = Callable[..., HttpResponseBase]
 
@@ -104,7 +104,7 @@ def models(request: HttpRequest, viewer: Viewer) -> HttpResponse:
         periods=periods,
         period_days=periods.days(periods.current),
         days=days,
-        day_chart=charts.day_chart(days, money, lambda v: money_text(v)),
+        day_chart=charts.day_chart(days, money, lambda v: money_text(v, "")),
         rows=rows,
         row_chart=charts.row_chart(rows[: selectors.CHART_TOP], money),
         total=sum((r.amount for r in rows), Decimal(0)),
