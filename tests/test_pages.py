@@ -36,9 +36,10 @@ def client_for(user: Any) -> Client:
 
 
 def body(response: Any) -> str:
+    """The response's text; amounts without the money format's hover markup (the exact value)."""
     if getattr(response, "streaming", False):
         return b"".join(response.streaming_content).decode()
-    return response.content.decode()
+    return re.sub(r'<span class="llmb-money"[^>]*>(.*?)</span>', r"\1", response.content.decode())
 
 
 def figures(text: str, name: str) -> list[str]:
