@@ -597,9 +597,12 @@ def _row_counts() -> dict[str, int]:
     return {model._meta.label: model._default_manager.count() for model in tables}
 
 
-def demo_data_load(*, admin: bool = True, admin_password: str | None = None) -> DemoData:
+def demo_data_load(
+    *, admin: bool = True, admin_password: str | None = None, month: bool = True
+) -> DemoData:
     """Prices, a plan, tenants, budgets and reservations, through the public API. Idempotent:
-    reservations carry idempotency keys, so a second run finds them instead of adding more."""
+    reservations carry idempotency keys, so a second run finds them instead of adding more.
+    ``month``: also a month of usage for the tenant pages (``demo.usage_month``)."""
     before = _row_counts()
     for provider, model, input_price, output_price, cached, cache_write in DEMO_PRICES:
         _price_ensure(
@@ -652,7 +655,7 @@ def demo_data_load(*, admin: bool = True, admin_password: str | None = None) -> 
         elif call.settle == "release":
             hold.release()
         states[hold.state] = states.get(hold.state, 0) + 1
-    month = demo_month_load()
+    month_calls = demo_month_load() if month else {}
     password = _admin_ensure(ADMIN_USERNAME, admin_password) if admin else None
     page_users = page_users_ensure(password) if password is not None else []
     after = _row_counts()
@@ -661,7 +664,7 @@ def demo_data_load(*, admin: bool = True, admin_password: str | None = None) -> 
         reservations=states,
         admin_username=ADMIN_USERNAME,
         admin_password=password,
-        month=month,
+        month=month_calls,
         page_users=page_users,
     )
 
