@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 DEMO_DB := sqlite:///$(CURDIR)/var/demo.sqlite3
 
-.PHONY: install demo test test-pgbouncer bench-load lint format typecheck migrations-check schema-check compose-check check bench clean
+.PHONY: install demo test test-pgbouncer bench-load bench-pages lint format typecheck migrations-check schema-check compose-check check bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,8 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
-## Set up, run the demonstration on SQLite, then serve the admin on 127.0.0.1:8000.
+## Set up, run the demonstration on SQLite, then serve the admin and the tenant usage pages on
+## 127.0.0.1:8000 (the demo data command prints the logins).
 demo: install
 	mkdir -p var
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py migrate --noinput
@@ -66,6 +67,9 @@ bench: install
 ## The REST API under load through gunicorn on PostgreSQL, with an invariant checker (bench/load.py).
 bench-load: install
 	$(PY) bench/load.py
+## The tenant pages' server time with 10^6 ledger lines and 10^4 end users (docs/performance.md).
+bench-pages: install
+	$(PY) bench/pages.py
 
 clean:
 	rm -rf $(VENV) .venv313 .venv-tools var build *.egg-info

@@ -35,6 +35,7 @@ CHECK_IDS: dict[str, str] = {
     "HEALTH_SWEEP_MAX_LAG_SECONDS": "llm_budgets.E061",
     "READ_REPLICA": "llm_budgets.E062",
     "API_KEY_CACHE_SECONDS": "llm_budgets.E063",
+    "TENANT_RESOLVER": "llm_budgets.E064",
 }
 
 

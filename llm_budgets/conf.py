@@ -73,6 +73,9 @@ DEFAULTS: dict[str, Any] = {
     # Health endpoint (docs/operations.md): a hold overdue by more than this many seconds means
     # the expiry sweep is not keeping up, and the health check fails.
     "HEALTH_SWEEP_MAX_LAG_SECONDS": 300,
+    # Tenant pages (docs/pages.md): dotted path to a callable (request) -> tenant external id or
+    # None (no access). The default reads the Membership model, managed in the admin.
+    "TENANT_RESOLVER": "llm_budgets.pages.access.membership_tenant",
 }
 
 EXPIRED_HOLD_POLICIES = ("charge", "release")
@@ -263,6 +266,20 @@ def _api_key_cache_seconds(key: str, value: Any) -> int:
     )
 
 
+def _dotted_callable(key: str, value: Any) -> str:
+    """A dotted path to a callable, e.g. ``TENANT_RESOLVER``; the path is returned."""
+    from django.utils.module_loading import import_string
+
+    hint = f"Got {value!r}; e.g. 'myproject.tenancy.usage_tenant' (see docs/pages.md)."
+    try:
+        found = import_string(value) if isinstance(value, str) else None
+    except ImportError as exc:
+        raise SettingError(key, f"LLM_BUDGETS[{key!r}] cannot be imported ({exc}).", hint) from None
+    if not callable(found):
+        raise SettingError(key, f"LLM_BUDGETS[{key!r}] must be a dotted path to a callable.", hint)
+    return str(value)
+
+
 # Each key's reader: the typed value the code uses, or SettingError.
 READERS: dict[str, Callable[[str, Any], Any]] = {
     "DEFAULT_TTL_SECONDS": _default_ttl,
@@ -287,6 +304,7 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "READ_REPLICA": _read_replica,
     "HEALTH_SWEEP_MAX_LAG_SECONDS": _positive_int,
     "API_KEY_CACHE_SECONDS": _api_key_cache_seconds,
+    "TENANT_RESOLVER": _dotted_callable,
 }
 
 
@@ -390,6 +408,10 @@ class Settings:
     @property
     def HEALTH_SWEEP_MAX_LAG_SECONDS(self) -> int:
         return int(self._get("HEALTH_SWEEP_MAX_LAG_SECONDS"))
+
+    @property
+    def TENANT_RESOLVER(self) -> str:
+        return str(self._get("TENANT_RESOLVER"))
 
     @property
     def TOKEN_ESTIMATE_SAFETY_MARGIN(self) -> Decimal:

@@ -112,6 +112,9 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
+# The tenant usage pages (/usage/) send anonymous visitors to the login page, then back.
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/usage/"
 STATIC_ROOT = VAR_DIR / "static"
 
 _email_backend = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")

@@ -30,6 +30,7 @@ def test_the_schema_is_public_and_covers_every_endpoint() -> None:
             "reservations/{reservation_id}/extend",
             "reservations/{reservation_id}/uncertain",
             "tenants/{external_id}/status",
+            "tenants/{external_id}/usage",
             "quote",
             "prices",
             "budgets",

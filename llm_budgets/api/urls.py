@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver, path, re_path
 
-from llm_budgets.api import docs, health, killswitches, views
+from llm_budgets.api import docs, health, killswitches, usage, views
 
 app_name = "llm_budgets_api"
 
@@ -38,6 +38,7 @@ api_patterns: list[URLPattern | URLResolver] = [
     path(
         "tenants/<path:external_id>/status", views.TenantStatusView.as_view(), name="tenant-status"
     ),
+    path("tenants/<path:external_id>/usage", usage.TenantUsageView.as_view(), name="tenant-usage"),
     path("quote", views.QuoteView.as_view(), name="quote"),
     path("prices", views.PriceListView.as_view(), name="prices"),
     path("budgets", views.BudgetListView.as_view(), name="budgets"),

@@ -17,8 +17,9 @@ from llm_budgets.models.ledger import (
     UsageKind,
     UsageRecord,
 )
+from llm_budgets.models.memberships import Membership, MembershipRole
 from llm_budgets.models.pricing import ModelAlias, Price, PriceSource, PricingBasis
-from llm_budgets.models.rollups import DailyUsage
+from llm_budgets.models.rollups import DailyUsage, TenantDailyUsage
 from llm_budgets.models.tenancy import EndUser, Plan, Tenant, UnknownModelPolicy
 from llm_budgets.models.thresholds import DeliveryState, ThresholdCrossing
 
@@ -35,6 +36,8 @@ __all__ = [
     "EndUser",
     "IdempotencyRecord",
     "KillSwitch",
+    "Membership",
+    "MembershipRole",
     "ModelAlias",
     "Plan",
     "Price",
@@ -47,6 +50,7 @@ __all__ = [
     "ReservationState",
     "Scope",
     "Tenant",
+    "TenantDailyUsage",
     "ThresholdCrossing",
     "UnknownModelPolicy",
     "UsageKind",
