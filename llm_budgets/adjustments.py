@@ -12,6 +12,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
+from llm_budgets.billing import outbox
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
     AuditEvent,
@@ -90,6 +91,7 @@ def usage_void(
             period_start=line.period_start,
             created_at=now,
         )
+        outbox.line_add(adjustment)
         AuditEvent.objects.create(
             action="usage.void",
             actor=actor,
@@ -148,6 +150,8 @@ def end_user_spend_reset(
                     created_at=now,
                 )
             )
+        for line in lines:
+            outbox.line_add(line)
         AuditEvent.objects.create(
             action="end_user.reset_spend",
             actor=actor,

@@ -12,6 +12,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import connections
 
+from llm_budgets.billing.checks import stripe_settings_errors
 from llm_budgets.conf import (
     DEFAULTS,
     EXPIRED_HOLD_POLICIES,
@@ -128,6 +129,7 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
             )
         )
     errors.extend(_check_job_settings(values))
+    errors.extend(stripe_settings_errors(values))
     return errors
 
 

@@ -54,9 +54,26 @@ DEFAULTS: dict[str, Any] = {
     "RETENTION_REFUSALS_DAYS": 90,
     # The daily rollup job rebuilds this many recent local days (late true-ups land in the past).
     "ROLLUP_LOOKBACK_DAYS": 3,
+    # Stripe metered billing (docs/billing.md). Nothing is sent without an API key.
+    "STRIPE_API_KEY": None,
+    # Where the Stripe client sends requests; tests point it at a fake server on 127.0.0.1.
+    "STRIPE_API_BASE": "https://api.stripe.com",
+    # The meter's event name (a plan may have its own: StripePlanMeter).
+    "STRIPE_METER_EVENT_NAME": "llm_usage",
+    # Signing secret of the webhook endpoint (whsec_...). Without it every webhook is refused.
+    "STRIPE_WEBHOOK_SECRET": None,
+    # invoice.payment_failed for a linked customer: "ignore", or "trip" a tenant kill switch.
+    "STRIPE_ON_PAYMENT_FAILED": "ignore",
+    # Transient delivery failures (connection, 5xx, 429) retry with exponential backoff from
+    # STRIPE_RETRY_BASE_SECONDS, up to STRIPE_MAX_ATTEMPTS attempts; then the row is parked.
+    "STRIPE_MAX_ATTEMPTS": 8,
+    "STRIPE_RETRY_BASE_SECONDS": 30,
+    # Reconciliation compares this many past days of delivered hours with Stripe's summaries.
+    "STRIPE_RECONCILE_DAYS": 3,
 }
 
 EXPIRED_HOLD_POLICIES = ("charge", "release")
+STRIPE_PAYMENT_FAILED_ACTIONS = ("ignore", "trip")
 UNCERTAIN_SETTLE_RULES = ("charge", "release")
 WARNING_DELIVERIES = ("at_least_once", "at_most_once")
 
@@ -141,6 +158,40 @@ class Settings:
     def API_THROTTLE_RATE(self) -> str | None:
         rate = self._get("API_THROTTLE_RATE")
         return None if rate is None else str(rate)
+
+    @property
+    def STRIPE_API_KEY(self) -> str | None:
+        key = self._get("STRIPE_API_KEY")
+        return str(key) if key else None
+
+    @property
+    def STRIPE_API_BASE(self) -> str:
+        return str(self._get("STRIPE_API_BASE")).rstrip("/")
+
+    @property
+    def STRIPE_METER_EVENT_NAME(self) -> str:
+        return str(self._get("STRIPE_METER_EVENT_NAME"))
+
+    @property
+    def STRIPE_WEBHOOK_SECRET(self) -> str | None:
+        secret = self._get("STRIPE_WEBHOOK_SECRET")
+        return str(secret) if secret else None
+
+    @property
+    def STRIPE_ON_PAYMENT_FAILED(self) -> str:
+        return str(self._get("STRIPE_ON_PAYMENT_FAILED"))
+
+    @property
+    def STRIPE_MAX_ATTEMPTS(self) -> int:
+        return int(self._get("STRIPE_MAX_ATTEMPTS"))
+
+    @property
+    def STRIPE_RETRY_BASE_SECONDS(self) -> int:
+        return int(self._get("STRIPE_RETRY_BASE_SECONDS"))
+
+    @property
+    def STRIPE_RECONCILE_DAYS(self) -> int:
+        return int(self._get("STRIPE_RECONCILE_DAYS"))
 
 
 conf = Settings()

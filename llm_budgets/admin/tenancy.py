@@ -15,6 +15,7 @@ from django.utils import timezone
 from django.utils.http import urlencode
 
 from llm_budgets.admin.base import actor, adopt, money_text
+from llm_budgets.admin.billing import billing_context
 from llm_budgets.admin.control import TenantControlMixin, control_context
 from llm_budgets.admin.selectors import tenant_overview
 from llm_budgets.models import LIVE_STATES, EndUser, Plan, Scope, Tenant
@@ -120,6 +121,7 @@ class TenantAdmin(TenantControlMixin, admin.ModelAdmin):
                 obj = Tenant.objects.get(pk=obj.pk)  # the stored tenant, not the rejected edit
             context.update(_overview_context(obj))
             context.update(control_context(request, obj, timezone.now()))
+            context.update(billing_context(obj))
         return super().render_change_form(request, context, add, change, form_url, obj)
 
 
