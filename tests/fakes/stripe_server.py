@@ -102,6 +102,8 @@ class StripeServer:
         self.state = State()
         self.faults: dict[str, list[str]] = defaultdict(list)
         self.on_record: Callable[[MeterEvent], None] | None = None
+        # Seconds each request waits before it is handled (to make concurrent senders overlap).
+        self.delay = 0.0
         self.lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -433,6 +435,8 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length).decode() if length else ""
         params = parse_form(body if method == "POST" else url.query)
+        if fake.delay:
+            time.sleep(fake.delay)
         with fake.lock:
             fake.state.requests.append((method, url.path))
             queue = fake.faults.get(url.path)
