@@ -37,6 +37,6 @@ stripe_reconciled = Signal()
 """A Stripe reconciliation run finished (``llm_budgets.billing.reconciliation``). Sent after
 commit with ``sender`` the ``ReconciliationRun`` class and:
 
-- ``run``: the ``ReconciliationRun`` (``run.clean``: no difference and no error; ``run.error``)
+- ``run``: the ``ReconciliationRun`` (``run.is_clean``: no difference and no error; ``run.error``)
 - ``differences``: list of ``ReconciliationDifference`` (customer, hour, delivered vs Stripe units)
 """

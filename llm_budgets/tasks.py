@@ -78,5 +78,8 @@ def stripe_push() -> int:
 def stripe_reconcile() -> int:
     """Compare delivered usage with Stripe's summaries; returns the number of differences."""
     from llm_budgets.billing.reconciliation import billing_reconcile
+    from llm_budgets.conf import conf
 
+    if not conf.STRIPE_API_KEY:
+        return 0  # nothing was sent, so nothing to compare
     return billing_reconcile().differences

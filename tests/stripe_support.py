@@ -59,9 +59,9 @@ def odd_price() -> None:
 
 def ledger_units(tenant: str = "acme") -> Decimal:
     """The tenant's billable ledger total in millionths (exact, not rounded)."""
-    total = UsageRecord.objects.filter(
-        tenant__external_id=tenant, counter__isnull=True
-    ).aggregate(total=Sum("customer_cost"))["total"]
+    total = UsageRecord.objects.filter(tenant__external_id=tenant, counter__isnull=True).aggregate(
+        total=Sum("customer_cost")
+    )["total"]
     return Decimal(total or 0) * 1_000_000
 
 

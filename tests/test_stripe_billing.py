@@ -70,13 +70,15 @@ def test_a_linked_tenants_usage_reaches_stripe_once_its_hour_has_closed(
     assert event.value == Decimal(45_000_000) == ledger_units()
     assert event.timestamp == int((H + timedelta(minutes=5)).timestamp())
     delivery = MeterDelivery.objects.get()
-    assert delivery.identifier == event.identifier and delivery.state == MeterDeliveryState.SENT
+    assert delivery.identifier == event.identifier
+    assert delivery.state == MeterDeliveryState.SENT
 
 
 def test_an_unlinked_tenant_gets_no_outbox_row() -> None:
     seed()
     use(1000)
-    assert UsageRecord.objects.count() == 1 and BillingLine.objects.count() == 0
+    assert UsageRecord.objects.count() == 1
+    assert BillingLine.objects.count() == 0
 
 
 def test_the_outbox_row_is_written_in_the_ledger_lines_transaction(
@@ -88,11 +90,19 @@ def test_the_outbox_row_is_written_in_the_ledger_lines_transaction(
     class Boom(Exception):
         pass
 
-    with pytest.raises(Boom), transaction.atomic():
-        hold.commit(input_tokens=0, output_tokens=10)
-        assert BillingLine.objects.count() == 1 and UsageRecord.objects.count() == 1
-        raise Boom
-    assert BillingLine.objects.count() == 0 and UsageRecord.objects.count() == 0
+    seen: list[tuple[int, int]] = []
+
+    def commit_then_fail() -> None:
+        with transaction.atomic():
+            hold.commit(input_tokens=0, output_tokens=10)
+            seen.append((BillingLine.objects.count(), UsageRecord.objects.count()))
+            raise Boom
+
+    with pytest.raises(Boom):
+        commit_then_fail()
+    assert seen == [(1, 1)]
+    assert BillingLine.objects.count() == 0
+    assert UsageRecord.objects.count() == 0
 
 
 def test_remainders_are_carried_per_customer_never_rounded_away(
@@ -143,8 +153,10 @@ def test_a_void_of_a_recent_event_cancels_it(fake_stripe: StripeServer) -> None:
     with at(H + timedelta(hours=3, minutes=1)):
         assert billing_push().sent == 1
     cancel = MeterDelivery.objects.get(kind=DeliveryKind.CANCEL)
-    assert cancel.state == MeterDeliveryState.SENT and cancel.units == -30_000_000
-    assert fake_stripe.live_events(cid) == [] and len(fake_stripe.state.adjustments) == 1
+    assert cancel.state == MeterDeliveryState.SENT
+    assert cancel.units == -30_000_000
+    assert fake_stripe.live_events(cid) == []
+    assert len(fake_stripe.state.adjustments) == 1
     assert sent_units(fake_stripe, cid) == ledger_units() == 0
 
 
@@ -220,7 +232,8 @@ def test_a_reset_moves_a_limit_not_money(fake_stripe: StripeServer) -> None:
         use(1000, end_user="ann")
         end_user_spend_reset(end_user=EndUser.objects.get(), reason="goodwill")
     reset = BillingLine.objects.get(kind="adjustment")
-    assert reset.usage_record is not None and reset.usage_record.cost == -30
+    assert reset.usage_record is not None
+    assert reset.usage_record.cost == -30
     assert reset.amount == 0  # recorded in the outbox, bills nothing
 
 
@@ -242,7 +255,8 @@ def test_usage_before_linking_is_delivered_when_linked_older_is_reported(
         billing_push()
     assert [e.value for e in fake_stripe.live_events(cid)] == [60_000_000]
     old = MeterDelivery.objects.get(state=MeterDeliveryState.TOO_OLD)
-    assert old.amount == Decimal(30) and "35 days" in old.note
+    assert old.amount == Decimal(30)
+    assert "35 days" in old.note
     assert AuditEvent.objects.filter(action="stripe.link", actor="ops").exists()
 
 
@@ -281,7 +295,8 @@ def test_transient_faults_retry_and_bill_once(fake_stripe: StripeServer, fault: 
     with at(H + timedelta(hours=1, minutes=1)):
         assert billing_push().retrying == 1
     delivery = MeterDelivery.objects.get()
-    assert delivery.state == MeterDeliveryState.PENDING and delivery.error_code
+    assert delivery.state == MeterDeliveryState.PENDING
+    assert delivery.error_code
     # Backoff: not due again yet, then due after 10 s, then 20 s.
     with at(H + timedelta(hours=1, minutes=1, seconds=5)):
         assert billing_push().retrying == 0
@@ -306,7 +321,8 @@ def test_transient_failures_are_parked_after_the_maximum(
     with at(H + timedelta(hours=2)):
         assert billing_push().parked == 1
     delivery = MeterDelivery.objects.get()
-    assert delivery.state == MeterDeliveryState.PARKED and "2 attempts" in delivery.note
+    assert delivery.state == MeterDeliveryState.PARKED
+    assert "2 attempts" in delivery.note
 
 
 def test_a_bad_customer_is_parked_with_stripes_error_and_retried_once_fixed(
@@ -323,7 +339,8 @@ def test_a_bad_customer_is_parked_with_stripes_error_and_retried_once_fixed(
         assert billing_push().parked == 1
     parked = MeterDelivery.objects.get()
     assert parked.state == MeterDeliveryState.PARKED
-    assert "No such customer" in parked.error_message and parked.request_id.startswith("req_")
+    assert "No such customer" in parked.error_message
+    assert parked.request_id.startswith("req_")
     assert billing_status(parked.tenant).by_state[MeterDeliveryState.PARKED][0] == 1
     fake_stripe.add_customer("cus_missing")  # fixed in Stripe
     with at(H + timedelta(hours=1, minutes=5)):
@@ -358,7 +375,9 @@ def test_reconciliation_is_clean_then_finds_a_difference(fake_stripe: StripeServ
                 run = billing_reconcile()
         finally:
             stripe_reconciled.disconnect(receiver)
-    assert not run.clean and run.differences == 1 and received == [run]
+    assert not run.is_clean
+    assert run.differences == 1
+    assert received == [run]
     diff = run.diffs.get()
     assert (diff.delivered_units, diff.stripe_units, diff.hour) == (30_000_000, 1, H)
 
@@ -368,9 +387,11 @@ def test_setup_is_idempotent_and_prints_the_ids(fake_stripe: StripeServer) -> No
     call_command("llm_budgets_stripe_setup", stdout=out)
     call_command("llm_budgets_stripe_setup", stdout=out)
     meter = StripeMeter.objects.get()
-    assert len(fake_stripe.state.meters) == 1 and len(fake_stripe.state.prices) == 1
+    assert len(fake_stripe.state.meters) == 1
+    assert len(fake_stripe.state.prices) == 1
     text = out.getvalue()
-    assert f"meter {meter.meter_id} (created)" in text and f"meter {meter.meter_id} (found)" in text
+    assert f"meter {meter.meter_id} (created)" in text
+    assert f"meter {meter.meter_id} (found)" in text
     price = fake_stripe.state.prices[meter.price_id]
     assert price["unit_amount_decimal"] == "0.0001"
     assert price["recurring"]["meter"] == meter.meter_id

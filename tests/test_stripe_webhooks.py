@@ -67,18 +67,22 @@ def test_payment_failed_trips_the_tenant_and_paid_clears_only_that_switch(
     response = post(failed, sign(failed))
     assert response.status_code == 200, response.content
     switch = KillSwitch.objects.get(cleared_at__isnull=True)
-    assert "in_42" in switch.reason and switch.tenant is not None
+    assert "in_42" in switch.reason
+    assert switch.tenant is not None
     # Stripe retries the delivery: processed once.
     assert post(failed, sign(failed)).status_code == 200
     row = StripeWebhookEvent.objects.get()
-    assert row.attempts == 1 and row.processed_at is not None and json.loads(row.payload)
+    assert row.attempts == 1
+    assert row.processed_at is not None
+    assert json.loads(row.payload)
     # A staff switch on another tenant is not ours to clear.
     set_up(fake_stripe, tenant="other")
     budgets.trip(tenant="other", reason="staff", actor="carol")
     paid = event("invoice.paid", {"id": "in_42", "customer": cid}, "evt_paid")
     assert post(paid, sign(paid)).status_code == 200
     switch.refresh_from_db()
-    assert switch.cleared_at is not None and switch.cleared_by == webhooks.ACTOR
+    assert switch.cleared_at is not None
+    assert switch.cleared_by == webhooks.ACTOR
     assert KillSwitch.objects.filter(cleared_at__isnull=True).count() == 1  # the staff one
 
 
@@ -109,7 +113,8 @@ def test_customer_deleted_unlinks_with_an_audit_event(fake_stripe: StripeServer)
     assert post(deleted, sign(deleted)).status_code == 200
     assert not StripeCustomerLink.objects.get().active
     audit = AuditEvent.objects.get(action="stripe.unlink")
-    assert audit.actor == webhooks.ACTOR and "deleted" in audit.reason
+    assert audit.actor == webhooks.ACTOR
+    assert "deleted" in audit.reason
 
 
 def test_a_processing_error_is_stored_answered_500_and_retried(
@@ -125,12 +130,15 @@ def test_a_processing_error_is_stored_answered_500_and_retried(
     response = post(deleted, sign(deleted))
     assert response.status_code == 500
     row = StripeWebhookEvent.objects.get()
-    assert row.processed_at is None and "database hiccup" in row.error
+    assert row.processed_at is None
+    assert "database hiccup" in row.error
     assert StripeCustomerLink.objects.get().active  # the transaction rolled back
     monkeypatch.undo()
     assert post(deleted, sign(deleted)).status_code == 200
     row.refresh_from_db()
-    assert row.processed_at is not None and row.error == "" and row.attempts == 2
+    assert row.processed_at is not None
+    assert row.error == ""
+    assert row.attempts == 2
 
 
 def test_meter_error_reports_are_recorded_against_the_deliveries_they_name(
@@ -178,4 +186,5 @@ def test_meter_error_reports_are_recorded_against_the_deliveries_they_name(
     ).encode()
     assert post(thin, sign(thin)).status_code == 200
     report = MeterErrorReport.objects.get()
-    assert report.delivery == delivery and report.code == "meter_event_customer_not_found"
+    assert report.delivery == delivery
+    assert report.code == "meter_event_customer_not_found"

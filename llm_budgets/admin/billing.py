@@ -102,7 +102,7 @@ class StripeMeterAdmin(ReadOnlyAdmin):
 class LineInline(admin.TabularInline):
     model = BillingLine
     fields = ["usage_record", "kind", "amount", "currency", "occurred_at"]
-    readonly_fields = fields
+    readonly_fields = ["usage_record", "kind", "amount", "currency", "occurred_at"]
     extra = 0
     can_delete = False
     show_change_link = False
@@ -138,15 +138,13 @@ class MeterDeliveryAdmin(ReadOnlyAdmin):
     def value(self, obj: MeterDelivery) -> str:
         return f"{obj.units} units ({money_text(obj.amount, obj.currency)})"
 
-    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        # Viewable (and the retry action available) for staff who may retry; never editable.
-        return bool(request.user.has_perm("llm_budgets.retry_meterdelivery")) and obj is None
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("llm_budgets.retry_meterdelivery"))
 
-    @admin.action(description="Retry parked deliveries (once the cause is fixed)")
+    @admin.action(
+        description="Retry parked deliveries (once the cause is fixed)", permissions=["retry"]
+    )
     def retry(self, request: HttpRequest, queryset: QuerySet[MeterDelivery]) -> None:
-        if not request.user.has_perm("llm_budgets.retry_meterdelivery"):
-            self.message_user(request, "You may not retry deliveries.", messages.ERROR)
-            return
         retried = sum(
             delivery_retry(delivery_id=d.pk, actor=actor(request))
             for d in queryset.filter(state=MeterDeliveryState.PARKED)
@@ -157,7 +155,14 @@ class MeterDeliveryAdmin(ReadOnlyAdmin):
 class DifferenceInline(admin.TabularInline):
     model = ReconciliationDifference
     fields = ["customer_id", "tenant", "event_name", "hour", "delivered_units", "stripe_units"]
-    readonly_fields = fields
+    readonly_fields = [
+        "customer_id",
+        "tenant",
+        "event_name",
+        "hour",
+        "delivered_units",
+        "stripe_units",
+    ]
     extra = 0
     can_delete = False
 
@@ -174,14 +179,14 @@ class ReconciliationRunAdmin(ReadOnlyAdmin):
         "customers",
         "hours_checked",
         "differences",
-        "clean",
+        "is_clean",
         "error",
     ]
     inlines = [DifferenceInline]
 
     @admin.display(boolean=True, description="Clean")
-    def clean(self, obj: ReconciliationRun) -> bool:
-        return obj.clean
+    def is_clean(self, obj: ReconciliationRun) -> bool:
+        return obj.is_clean
 
 
 @admin.register(StripeWebhookEvent)
@@ -206,7 +211,7 @@ def billing_context(tenant: Tenant) -> dict[str, Any]:
             "count": count,
             "amount": money_text(amount, "units / 1e6"),
             "url": f"{deliveries}?"
-            + urlencode({"tenant__id__exact": tenant.pk, "state__exact": state}),
+            + urlencode({"tenant__id__exact": str(tenant.pk), "state__exact": str(state)}),
             "alert": state in (MeterDeliveryState.PARKED, MeterDeliveryState.TOO_OLD),
         }
         for state, (count, amount) in sorted(status.by_state.items())

@@ -86,6 +86,8 @@ def settlement_statement(
 
 
 def _event_name(tenant: Tenant) -> str:
+    if tenant.plan_id is None:
+        return conf.STRIPE_METER_EVENT_NAME
     meter = StripePlanMeter.objects.filter(plan_id=tenant.plan_id).first()
     return meter.event_name if meter else conf.STRIPE_METER_EVENT_NAME
 
@@ -126,6 +128,7 @@ def lines_resolve(queryset_filter: Q) -> int:
     )
     changed = 0
     for row in pending:
+        assert row.reservation_id is not None
         record = UsageRecord.objects.filter(
             reservation_id=row.reservation_id, kind=row.kind
         ).first()

@@ -77,7 +77,7 @@ def billing_setup(
         price = client.v1.prices.create(
             params={
                 "currency": currency,
-                "unit_amount_decimal": unit_amount_decimal(currency),
+                "unit_amount_decimal": Decimal(unit_amount_decimal(currency)),
                 "recurring": {"interval": "month", "usage_type": "metered", "meter": meter.id},
                 "product_data": {"name": f"LLM usage ({event_name})"},
                 "lookup_key": lookup_key,

@@ -5,199 +5,419 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('llm_budgets', '0009_jobs_uncertain_rollups_warnings'),
+        ("llm_budgets", "0009_jobs_uncertain_rollups_warnings"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ReconciliationRun',
+            name="ReconciliationRun",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('started_at', models.DateTimeField()),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('window_start', models.DateTimeField()),
-                ('window_end', models.DateTimeField()),
-                ('customers', models.PositiveIntegerField(default=0)),
-                ('hours_checked', models.PositiveIntegerField(default=0)),
-                ('differences', models.PositiveIntegerField(default=0)),
-                ('error', models.TextField(blank=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("started_at", models.DateTimeField()),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("window_start", models.DateTimeField()),
+                ("window_end", models.DateTimeField()),
+                ("customers", models.PositiveIntegerField(default=0)),
+                ("hours_checked", models.PositiveIntegerField(default=0)),
+                ("differences", models.PositiveIntegerField(default=0)),
+                ("error", models.TextField(blank=True)),
             ],
             options={
-                'verbose_name': 'Stripe reconciliation run',
-                'ordering': ['-started_at'],
+                "verbose_name": "Stripe reconciliation run",
+                "ordering": ["-started_at"],
             },
         ),
         migrations.CreateModel(
-            name='StripeMeter',
+            name="StripeMeter",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('event_name', models.CharField(max_length=100, unique=True)),
-                ('meter_id', models.CharField(max_length=255)),
-                ('price_id', models.CharField(blank=True, max_length=255)),
-                ('currency', models.CharField(max_length=3)),
-                ('created_at', models.DateTimeField()),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("event_name", models.CharField(max_length=100, unique=True)),
+                ("meter_id", models.CharField(max_length=255)),
+                ("price_id", models.CharField(blank=True, max_length=255)),
+                ("currency", models.CharField(max_length=3)),
+                ("created_at", models.DateTimeField()),
             ],
             options={
-                'ordering': ['event_name'],
+                "ordering": ["event_name"],
             },
         ),
         migrations.CreateModel(
-            name='StripePlanMeter',
+            name="StripePlanMeter",
             fields=[
-                ('plan', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='stripe_meter', serialize=False, to='llm_budgets.plan')),
-                ('event_name', models.CharField(max_length=100)),
+                (
+                    "plan",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="stripe_meter",
+                        serialize=False,
+                        to="llm_budgets.plan",
+                    ),
+                ),
+                ("event_name", models.CharField(max_length=100)),
             ],
             options={
-                'verbose_name': 'Stripe meter of a plan',
+                "verbose_name": "Stripe meter of a plan",
             },
         ),
         migrations.CreateModel(
-            name='StripeWebhookEvent',
+            name="StripeWebhookEvent",
             fields=[
-                ('id', models.CharField(max_length=255, primary_key=True, serialize=False)),
-                ('type', models.CharField(max_length=255)),
-                ('payload', models.TextField()),
-                ('received_at', models.DateTimeField()),
-                ('processed_at', models.DateTimeField(blank=True, null=True)),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('error', models.TextField(blank=True)),
-                ('outcome', models.CharField(blank=True, max_length=255)),
+                ("id", models.CharField(max_length=255, primary_key=True, serialize=False)),
+                ("type", models.CharField(max_length=255)),
+                ("payload", models.TextField()),
+                ("received_at", models.DateTimeField()),
+                ("processed_at", models.DateTimeField(blank=True, null=True)),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("error", models.TextField(blank=True)),
+                ("outcome", models.CharField(blank=True, max_length=255)),
             ],
             options={
-                'verbose_name': 'Stripe webhook event',
-                'ordering': ['-received_at'],
+                "verbose_name": "Stripe webhook event",
+                "ordering": ["-received_at"],
             },
         ),
         migrations.CreateModel(
-            name='MeterDelivery',
+            name="MeterDelivery",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('customer_id', models.CharField(max_length=255)),
-                ('event_name', models.CharField(max_length=100)),
-                ('kind', models.CharField(choices=[('event', 'Meter event'), ('cancel', 'Cancel adjustment of an earlier event')], default='event', max_length=10)),
-                ('hour', models.DateTimeField(help_text='Start of the (UTC) hour the usage was booked in.')),
-                ('timestamp', models.DateTimeField(help_text="The event's timestamp sent to Stripe.")),
-                ('identifier', models.CharField(max_length=100, unique=True)),
-                ('amount', models.DecimalField(decimal_places=10, help_text='Exact sum of its lines at customer price.', max_digits=24)),
-                ('units', models.BigIntegerField(help_text='Millionths of the currency unit sent to Stripe.')),
-                ('currency', models.CharField(max_length=3)),
-                ('state', models.CharField(choices=[('pending', 'Pending (due to be sent)'), ('sent', 'Sent (Stripe accepted it)'), ('parked', 'Parked (Stripe refused it; a person retries it once fixed)'), ('too_old', 'Too old for Stripe (outside its 35-day window)'), ('empty', 'Nothing to send (rounded to zero units)')], db_index=True, default='pending', max_length=10)),
-                ('attempts', models.PositiveIntegerField(default=0)),
-                ('retries', models.PositiveIntegerField(default=0)),
-                ('next_attempt_at', models.DateTimeField()),
-                ('first_attempt_at', models.DateTimeField(blank=True, null=True)),
-                ('sent_at', models.DateTimeField(blank=True, null=True)),
-                ('error_code', models.CharField(blank=True, max_length=100)),
-                ('error_message', models.TextField(blank=True)),
-                ('request_id', models.CharField(blank=True, max_length=255)),
-                ('note', models.CharField(blank=True, max_length=255)),
-                ('created_at', models.DateTimeField()),
-                ('cancels', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='cancelled_by', to='llm_budgets.meterdelivery')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='meter_deliveries', to='llm_budgets.tenant')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("customer_id", models.CharField(max_length=255)),
+                ("event_name", models.CharField(max_length=100)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("event", "Meter event"),
+                            ("cancel", "Cancel adjustment of an earlier event"),
+                        ],
+                        default="event",
+                        max_length=10,
+                    ),
+                ),
+                (
+                    "hour",
+                    models.DateTimeField(
+                        help_text="Start of the (UTC) hour the usage was booked in."
+                    ),
+                ),
+                (
+                    "timestamp",
+                    models.DateTimeField(help_text="The event's timestamp sent to Stripe."),
+                ),
+                ("identifier", models.CharField(max_length=100, unique=True)),
+                (
+                    "amount",
+                    models.DecimalField(
+                        decimal_places=10,
+                        help_text="Exact sum of its lines at customer price.",
+                        max_digits=24,
+                    ),
+                ),
+                (
+                    "units",
+                    models.BigIntegerField(
+                        help_text="Millionths of the currency unit sent to Stripe."
+                    ),
+                ),
+                ("currency", models.CharField(max_length=3)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending (due to be sent)"),
+                            ("sent", "Sent (Stripe accepted it)"),
+                            (
+                                "parked",
+                                "Parked (Stripe refused it; a person retries it once fixed)",
+                            ),
+                            ("too_old", "Too old for Stripe (outside its 35-day window)"),
+                            ("empty", "Nothing to send (rounded to zero units)"),
+                        ],
+                        db_index=True,
+                        default="pending",
+                        max_length=10,
+                    ),
+                ),
+                ("attempts", models.PositiveIntegerField(default=0)),
+                ("retries", models.PositiveIntegerField(default=0)),
+                ("next_attempt_at", models.DateTimeField()),
+                ("first_attempt_at", models.DateTimeField(blank=True, null=True)),
+                ("sent_at", models.DateTimeField(blank=True, null=True)),
+                ("error_code", models.CharField(blank=True, max_length=100)),
+                ("error_message", models.TextField(blank=True)),
+                ("request_id", models.CharField(blank=True, max_length=255)),
+                ("note", models.CharField(blank=True, max_length=255)),
+                ("created_at", models.DateTimeField()),
+                (
+                    "cancels",
+                    models.OneToOneField(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="cancelled_by",
+                        to="llm_budgets.meterdelivery",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="meter_deliveries",
+                        to="llm_budgets.tenant",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'Stripe meter delivery',
-                'verbose_name_plural': 'Stripe meter deliveries',
-                'ordering': ['-hour', '-created_at'],
-                'permissions': [('retry_meterdelivery', 'Can retry a parked Stripe delivery')],
+                "verbose_name": "Stripe meter delivery",
+                "verbose_name_plural": "Stripe meter deliveries",
+                "ordering": ["-hour", "-created_at"],
+                "permissions": [("retry_meterdelivery", "Can retry a parked Stripe delivery")],
             },
         ),
         migrations.CreateModel(
-            name='BillingLine',
+            name="BillingLine",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('charge', 'Charge'), ('true_up', 'True-up of an estimated charge'), ('adjustment', 'Compensating adjustment by staff')], max_length=10)),
-                ('customer_id', models.CharField(max_length=255)),
-                ('event_name', models.CharField(max_length=100)),
-                ('amount', models.DecimalField(decimal_places=10, help_text='At customer price.', max_digits=24)),
-                ('currency', models.CharField(max_length=3)),
-                ('occurred_at', models.DateTimeField(help_text='When the ledger line was booked.')),
-                ('reservation', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='+', to='llm_budgets.reservation')),
-                ('tenant', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='billing_lines', to='llm_budgets.tenant')),
-                ('usage_record', models.OneToOneField(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='billing_line', to='llm_budgets.usagerecord')),
-                ('delivery', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='lines', to='llm_budgets.meterdelivery')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("charge", "Charge"),
+                            ("true_up", "True-up of an estimated charge"),
+                            ("adjustment", "Compensating adjustment by staff"),
+                        ],
+                        max_length=10,
+                    ),
+                ),
+                ("customer_id", models.CharField(max_length=255)),
+                ("event_name", models.CharField(max_length=100)),
+                (
+                    "amount",
+                    models.DecimalField(
+                        decimal_places=10, help_text="At customer price.", max_digits=24
+                    ),
+                ),
+                ("currency", models.CharField(max_length=3)),
+                ("occurred_at", models.DateTimeField(help_text="When the ledger line was booked.")),
+                (
+                    "reservation",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="+",
+                        to="llm_budgets.reservation",
+                    ),
+                ),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="billing_lines",
+                        to="llm_budgets.tenant",
+                    ),
+                ),
+                (
+                    "usage_record",
+                    models.OneToOneField(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="billing_line",
+                        to="llm_budgets.usagerecord",
+                    ),
+                ),
+                (
+                    "delivery",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="lines",
+                        to="llm_budgets.meterdelivery",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['occurred_at', 'pk'],
+                "ordering": ["occurred_at", "pk"],
             },
         ),
         migrations.CreateModel(
-            name='ReconciliationDifference',
+            name="ReconciliationDifference",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('customer_id', models.CharField(max_length=255)),
-                ('event_name', models.CharField(max_length=100)),
-                ('hour', models.DateTimeField()),
-                ('delivered_units', models.BigIntegerField(help_text='What our sent deliveries add up to.')),
-                ('stripe_units', models.BigIntegerField(help_text="Stripe's meter event summary.")),
-                ('tenant', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to='llm_budgets.tenant')),
-                ('run', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='diffs', to='llm_budgets.reconciliationrun')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("customer_id", models.CharField(max_length=255)),
+                ("event_name", models.CharField(max_length=100)),
+                ("hour", models.DateTimeField()),
+                (
+                    "delivered_units",
+                    models.BigIntegerField(help_text="What our sent deliveries add up to."),
+                ),
+                ("stripe_units", models.BigIntegerField(help_text="Stripe's meter event summary.")),
+                (
+                    "tenant",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to="llm_budgets.tenant",
+                    ),
+                ),
+                (
+                    "run",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="diffs",
+                        to="llm_budgets.reconciliationrun",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['run_id', 'customer_id', 'hour'],
+                "ordering": ["run_id", "customer_id", "hour"],
             },
         ),
         migrations.CreateModel(
-            name='StripeCustomerBalance',
+            name="StripeCustomerBalance",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('customer_id', models.CharField(max_length=255)),
-                ('event_name', models.CharField(max_length=100)),
-                ('exact', models.DecimalField(decimal_places=10, default=0, max_digits=24)),
-                ('units', models.BigIntegerField(default=0)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("customer_id", models.CharField(max_length=255)),
+                ("event_name", models.CharField(max_length=100)),
+                ("exact", models.DecimalField(decimal_places=10, default=0, max_digits=24)),
+                ("units", models.BigIntegerField(default=0)),
             ],
             options={
-                'constraints': [models.UniqueConstraint(fields=('customer_id', 'event_name'), name='llmb_stripe_balance_once')],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("customer_id", "event_name"), name="llmb_stripe_balance_once"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='StripeCustomerLink',
+            name="StripeCustomerLink",
             fields=[
-                ('tenant', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='stripe_link', serialize=False, to='llm_budgets.tenant')),
-                ('customer_id', models.CharField(db_index=True, max_length=255)),
-                ('linked_at', models.DateTimeField()),
-                ('linked_by', models.CharField(blank=True, max_length=255)),
-                ('unlinked_at', models.DateTimeField(blank=True, null=True)),
-                ('unlink_reason', models.CharField(blank=True, max_length=255)),
-                ('payment_failed_invoice', models.CharField(blank=True, max_length=255)),
-                ('payment_switch', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='llm_budgets.killswitch')),
+                (
+                    "tenant",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="stripe_link",
+                        serialize=False,
+                        to="llm_budgets.tenant",
+                    ),
+                ),
+                ("customer_id", models.CharField(db_index=True, max_length=255)),
+                ("linked_at", models.DateTimeField()),
+                ("linked_by", models.CharField(blank=True, max_length=255)),
+                ("unlinked_at", models.DateTimeField(blank=True, null=True)),
+                ("unlink_reason", models.CharField(blank=True, max_length=255)),
+                ("payment_failed_invoice", models.CharField(blank=True, max_length=255)),
+                (
+                    "payment_switch",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="llm_budgets.killswitch",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'Stripe customer link',
-                'ordering': ['tenant_id'],
+                "verbose_name": "Stripe customer link",
+                "ordering": ["tenant_id"],
             },
         ),
         migrations.CreateModel(
-            name='MeterErrorReport',
+            name="MeterErrorReport",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('identifier', models.CharField(blank=True, max_length=100)),
-                ('code', models.CharField(blank=True, max_length=100)),
-                ('message', models.TextField(blank=True)),
-                ('created_at', models.DateTimeField()),
-                ('delivery', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='errors', to='llm_budgets.meterdelivery')),
-                ('webhook_event', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, to='llm_budgets.stripewebhookevent')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("identifier", models.CharField(blank=True, max_length=100)),
+                ("code", models.CharField(blank=True, max_length=100)),
+                ("message", models.TextField(blank=True)),
+                ("created_at", models.DateTimeField()),
+                (
+                    "delivery",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="errors",
+                        to="llm_budgets.meterdelivery",
+                    ),
+                ),
+                (
+                    "webhook_event",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        to="llm_budgets.stripewebhookevent",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.AddIndex(
-            model_name='meterdelivery',
-            index=models.Index(fields=['state', 'next_attempt_at'], name='llmb_delivery_due'),
+            model_name="meterdelivery",
+            index=models.Index(fields=["state", "next_attempt_at"], name="llmb_delivery_due"),
         ),
         migrations.AddIndex(
-            model_name='meterdelivery',
-            index=models.Index(fields=['customer_id', 'hour'], name='llmb_delivery_customer_hour'),
+            model_name="meterdelivery",
+            index=models.Index(fields=["customer_id", "hour"], name="llmb_delivery_customer_hour"),
         ),
         migrations.AddIndex(
-            model_name='billingline',
-            index=models.Index(condition=models.Q(('delivery__isnull', True)), fields=['customer_id', 'event_name'], name='llmb_billing_line_pending'),
+            model_name="billingline",
+            index=models.Index(
+                condition=models.Q(("delivery__isnull", True)),
+                fields=["customer_id", "event_name"],
+                name="llmb_billing_line_pending",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='billingline',
-            constraint=models.UniqueConstraint(condition=models.Q(('reservation__isnull', False), models.Q(('kind', 'adjustment'), _negated=True)), fields=('reservation', 'kind'), name='llmb_billing_line_once_per_settlement'),
+            model_name="billingline",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(
+                    ("reservation__isnull", False), models.Q(("kind", "adjustment"), _negated=True)
+                ),
+                fields=("reservation", "kind"),
+                name="llmb_billing_line_once_per_settlement",
+            ),
         ),
     ]

@@ -232,7 +232,7 @@ class ReconciliationRun(models.Model):
         return f"{self.started_at:%Y-%m-%d %H:%M}: {self.differences} difference(s)"
 
     @property
-    def clean(self) -> bool:
+    def is_clean(self) -> bool:
         return not self.error and self.differences == 0 and self.finished_at is not None
 
 

@@ -20,7 +20,7 @@ class Command(BaseCommand):
         run = billing_reconcile(days=options["days"])
         if run.error:
             raise CommandError(f"Reconciliation failed: {run.error}")
-        if run.clean:
+        if run.is_clean:
             self.stdout.write(
                 f"Clean: {run.hours_checked} customer-hour(s) of {run.customers} customer(s) "
                 "match Stripe."
