@@ -416,3 +416,13 @@ def test_billed_so_far_counts_what_stripe_accepted(fake_stripe: StripeServer) ->
     tenant = MeterDelivery.objects.get().tenant
     assert billed_in_period(tenant, H, H + timedelta(days=1)) == Decimal(30)
     assert billed_in_period(tenant, H + timedelta(hours=1), H + timedelta(days=1)) == 0
+
+
+def test_the_demo_delivers_a_tenants_usage_exactly_once() -> None:
+    from demo.stripe_demo import stripe_demo_render, stripe_demo_run
+
+    report = stripe_demo_run()
+    assert report.stripe_units == report.ledger_total * 1_000_000 > 0
+    assert report.duplicates_absorbed == 1
+    assert report.reconciliation == "clean"
+    assert "sk_test_" in stripe_demo_render(report)

@@ -80,6 +80,7 @@ def test_a_push_killed_between_send_and_record_bills_once_on_rerun(
     process: list[subprocess.Popen[str]] = []
 
     def kill_sender(event: MeterEvent) -> None:
+        # Dead before Stripe answers: the sender never learns that its event was recorded.
         if not killed.is_set():
             process[0].send_signal(signal.SIGKILL)
             process[0].wait(BOUND)
@@ -87,8 +88,8 @@ def test_a_push_killed_between_send_and_record_bills_once_on_rerun(
 
     fake_stripe.on_record = kill_sender
     process.append(child(fake_stripe, timezone.now()))
+    assert killed.wait(BOUND)
     assert process[0].wait(BOUND) == -signal.SIGKILL
-    assert killed.is_set()
     fake_stripe.on_record = None
     # Stripe holds the first event; our row still says pending (leased to the dead sender).
     assert len(fake_stripe.state.events) == 1

@@ -5,6 +5,7 @@ meter event summaries. Differences are recorded (admin) and announced
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -45,16 +46,22 @@ def delivered_by_hour(start: datetime, end: datetime) -> tuple[dict[Key, int], d
     return expected, tenants
 
 
-def billing_reconcile(*, now: datetime | None = None, days: int | None = None) -> ReconciliationRun:
+def billing_reconcile(
+    *,
+    now: datetime | None = None,
+    days: int | None = None,
+    customer_ids: Collection[str] | None = None,
+) -> ReconciliationRun:
     """Compare the last ``days`` (default ``STRIPE_RECONCILE_DAYS``) of closed hours, up to the
-    hour before the current one (Stripe's summaries lag)."""
+    hour before the current one (Stripe's summaries lag), for every customer delivered to (or
+    only ``customer_ids``)."""
     now = now or timezone.now()
     end = hour_of(now) - HOUR
     start = end - timedelta(days=days or conf.STRIPE_RECONCILE_DAYS)
     run = ReconciliationRun.objects.create(started_at=now, window_start=start, window_end=end)
     expected, tenants = delivered_by_hour(start, end)
     meters = dict(StripeMeter.objects.values_list("event_name", "meter_id"))
-    pairs = sorted({(c, e) for c, e, _ in expected})
+    pairs = sorted({(c, e) for c, e, _ in expected if customer_ids is None or c in customer_ids})
     diffs: list[ReconciliationDifference] = []
     try:
         client = stripe_client()

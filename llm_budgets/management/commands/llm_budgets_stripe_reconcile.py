@@ -15,9 +15,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--days", type=int, help="Days back (default STRIPE_RECONCILE_DAYS).")
+        parser.add_argument(
+            "--customer", action="append", help="Only this Stripe customer id (repeatable)."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        run = billing_reconcile(days=options["days"])
+        run = billing_reconcile(days=options["days"], customer_ids=options["customer"])
         if run.error:
             raise CommandError(f"Reconciliation failed: {run.error}")
         if run.is_clean:
