@@ -426,3 +426,41 @@ def test_the_demo_delivers_a_tenants_usage_exactly_once() -> None:
     assert report.duplicates_absorbed == 1
     assert report.reconciliation == "clean"
     assert "sk_test_" in stripe_demo_render(report)
+
+
+def test_a_line_committed_by_a_process_unaware_of_a_new_link_is_caught_up(
+    fake_stripe: StripeServer,
+) -> None:
+    import time
+
+    from llm_budgets.billing import outbox
+    from llm_budgets.models import StripeCustomerLink
+
+    with at(H + timedelta(minutes=1)):
+        cid = set_up(fake_stripe)
+        # Another process's cache, read just before the link: it knows of no linked tenant.
+        outbox._linked = (time.monotonic(), frozenset())
+        try:
+            use(1000)
+        finally:
+            outbox.linked_cache_clear()
+        assert BillingLine.objects.count() == 0
+    with at(H + timedelta(minutes=5)):
+        assert billing_push().queued == 1
+    assert StripeCustomerLink.objects.get().caught_up_at is None  # still within the margin
+    with at(H + timedelta(hours=1, minutes=1)):
+        assert billing_push().sent == 1
+    assert StripeCustomerLink.objects.get().caught_up_at is not None
+    assert sent_units(fake_stripe, cid) == ledger_units() == 30_000_000
+
+
+def test_the_linked_tenant_cache_never_skips_a_tenant_it_knows_is_linked(
+    fake_stripe: StripeServer,
+) -> None:
+    from llm_budgets.billing import outbox
+
+    set_up(fake_stripe)
+    outbox.linked_cache_clear()
+    tenant_id = BillingLine._meta.get_field("tenant").related_model.objects.get().pk  # type: ignore[union-attr]
+    assert outbox.tenant_may_be_linked(tenant_id)
+    assert not outbox.tenant_may_be_linked(tenant_id + 1000)

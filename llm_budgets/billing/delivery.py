@@ -31,7 +31,12 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from llm_budgets.billing.client import stripe_client
-from llm_budgets.billing.outbox import STRIPE_WINDOW, lines_resolve, outbox_catch_up
+from llm_budgets.billing.outbox import (
+    CATCH_UP_MARGIN,
+    STRIPE_WINDOW,
+    lines_resolve,
+    outbox_catch_up,
+)
 from llm_budgets.conf import conf
 from llm_budgets.models import (
     BillingLine,
@@ -478,18 +483,20 @@ def delivery_retry(*, delivery_id: int, actor: str = "", now: datetime | None = 
 
 
 def billing_push(*, now: datetime | None = None) -> PushResult:
-    """What ``llm_budgets_stripe_push`` and the Celery task do: queue rows of tenants linked in
-    the last hour that a concurrent link may have missed, build deliveries of closed hours,
-    send what is due."""
+    """What ``llm_budgets_stripe_push`` and the Celery task do: queue the rows that processes
+    unaware of a recent link missed, build deliveries of closed hours, send what is due."""
     now = now or timezone.now()
     queued = 0
     for link in StripeCustomerLink.objects.filter(
-        unlinked_at__isnull=True, linked_at__gte=now - HOUR
+        unlinked_at__isnull=True, caught_up_at__isnull=True
     ).select_related("tenant"):
         with transaction.atomic():
             queued += outbox_catch_up(
-                tenant=link.tenant, now=now, since=link.linked_at - timedelta(minutes=10)
+                tenant=link.tenant, now=now, since=link.linked_at - CATCH_UP_MARGIN
             )
+            if now >= link.linked_at + CATCH_UP_MARGIN:
+                # Every process has seen the link by now, and every line it missed is queued.
+                StripeCustomerLink.objects.filter(pk=link.pk).update(caught_up_at=now)
     built = deliveries_build(now=now)
     result = deliveries_send(now=now)
     result.queued, result.built = queued, built

@@ -8,7 +8,12 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from llm_budgets.billing.outbox import STRIPE_WINDOW, lines_without_row, outbox_catch_up
+from llm_budgets.billing.outbox import (
+    STRIPE_WINDOW,
+    lines_without_row,
+    linked_cache_clear,
+    outbox_catch_up,
+)
 from llm_budgets.conf import conf
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
@@ -56,8 +61,11 @@ def stripe_customer_link(
         link.linked_at = now
         link.linked_by = actor
         link.unlinked_at = None
+        link.caught_up_at = None
         link.unlink_reason = ""
         link.save()
+        linked_cache_clear()
+        transaction.on_commit(linked_cache_clear)
         # Unsent rows follow the tenant to its current customer.
         moved = BillingLine.objects.filter(tenant=row, delivery__isnull=True).update(
             customer_id=customer
@@ -123,6 +131,8 @@ def stripe_customer_unlink(
         link.unlinked_at = now
         link.unlink_reason = (reason or "unlinked")[:255]
         link.save(update_fields=["unlinked_at", "unlink_reason"])
+        linked_cache_clear()
+        transaction.on_commit(linked_cache_clear)
         AuditEvent.objects.create(
             action="stripe.unlink",
             actor=actor,

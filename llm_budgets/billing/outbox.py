@@ -1,17 +1,21 @@
 """The outbox: one row per ledger line of a linked tenant, in the same transaction as the line.
 
-Settlement adds :func:`settlement_statement` to the statements that write the line (on PostgreSQL
-they go in one round trip, so the outbox costs no extra one); the row is inserted only when the
-tenant has an active link, decided by the database in that same statement, so an unlinked tenant
-gets no row and no extra round trip. Corrections written through the ORM call :func:`line_add`.
+Settlement adds :func:`settlement_statements` to the statements that write the line (on PostgreSQL
+they go in one round trip, so the outbox costs no extra one). A tenant the process knows is not
+linked (a cached set, :func:`tenant_may_be_linked`) gets no statement at all; otherwise the
+statement inserts the row only if the tenant's link is active, decided by the database.
+Corrections written through the ORM call :func:`line_add`.
 
-A tenant linked later (or a line committed while its tenant was being linked) is covered by
-:func:`outbox_catch_up`, which adds the rows of recent lines that have none.
+A tenant linked later, a line committed while its tenant was being linked, or by a process whose
+cache did not know the link yet, is covered by :func:`outbox_catch_up`, which adds the rows of
+lines that have none (at linking, and by delivery until ``CATCH_UP_MARGIN`` after it).
 """
 
 from __future__ import annotations
 
 import functools
+import threading
+import time
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -68,11 +72,14 @@ def _settlement_sql() -> str:
     )
 
 
-def settlement_statement(
+def settlement_statements(
     reservation: Reservation, *, kind: str, customer_cost: Decimal, now: datetime
-) -> sql.Statement:
+) -> list[sql.Statement]:
     """The statement writing the outbox row of the ledger line a settlement writes (charge or
-    true-up of ``reservation``); run it with the line's own statements."""
+    true-up of ``reservation``), to run with the line's own statements; none when the tenant is
+    known not to be linked (:func:`tenant_may_be_linked`), so unlinked tenants pay nothing."""
+    if not tenant_may_be_linked(reservation.tenant_id):
+        return []
     params = [
         sql.param(BillingLine, "reservation", reservation.pk),
         kind,
@@ -82,7 +89,40 @@ def settlement_statement(
         sql.param(BillingLine, "occurred_at", now),
         reservation.tenant_id,
     ]
-    return _settlement_sql(), params
+    return [(_settlement_sql(), params)]
+
+
+# The ids of linked tenants, per process, re-read at most every LINKED_TTL seconds (one small
+# query). Stale for at most that long after a link made by another process: the lines such a
+# process commits meanwhile are added by ``outbox_catch_up``, which delivery runs for every link
+# until CATCH_UP_MARGIN after it was made. A stale "linked" costs nothing: the statement's own
+# join decides.
+LINKED_TTL = 30.0
+CATCH_UP_MARGIN = timedelta(minutes=10)
+_linked: tuple[float, frozenset[int]] | None = None
+_linked_lock = threading.Lock()
+
+
+def tenant_may_be_linked(tenant_id: int) -> bool:
+    global _linked
+    now = time.monotonic()
+    cached = _linked
+    if cached is None or now - cached[0] > LINKED_TTL:
+        ids = frozenset(
+            StripeCustomerLink.objects.filter(unlinked_at__isnull=True).values_list(
+                "tenant_id", flat=True
+            )
+        )
+        with _linked_lock:
+            _linked = cached = (now, ids)
+    return tenant_id in cached[1]
+
+
+def linked_cache_clear() -> None:
+    """Forget the cached linked tenants (this process re-reads them on its next settlement)."""
+    global _linked
+    with _linked_lock:
+        _linked = None
 
 
 def _event_name(tenant: Tenant) -> str:

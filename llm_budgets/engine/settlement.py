@@ -351,10 +351,10 @@ def reservation_commit(
             priced=(price_id, basis),
         )
         committed = _settled(reservation, ReservationState.COMMITTED, now)
-        billed = outbox.settlement_statement(
+        billed = outbox.settlement_statements(
             reservation, kind=kind, customer_cost=charge.customer, now=now
         )
-        _move(reservation, reserved=-unhold, spent=charge, after=[line, billed, committed])
+        _move(reservation, reserved=-unhold, spent=charge, after=[line, *billed, committed])
         # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
         return CommitResult(
             reservation_id=reservation.pk,
@@ -394,7 +394,7 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
                 estimated=False,
                 now=now,
             )
-            billed = outbox.settlement_statement(
+            billed = outbox.settlement_statements(
                 reservation,
                 kind=UsageKind.TRUE_UP,
                 customer_cost=-estimate.customer_cost,
@@ -404,7 +404,7 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
                 reservation,
                 reserved=NONE,
                 spent=-_charged(estimate),
-                after=[refund, billed, released],
+                after=[refund, *billed, released],
             )
         else:
             sql.run([released])
@@ -452,7 +452,7 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
                 estimated=True,
                 now=now,
             )
-            billed = outbox.settlement_statement(
+            billed = outbox.settlement_statements(
                 reservation,
                 kind=UsageKind.CHARGE,
                 customer_cost=reservation.customer_amount,
@@ -462,7 +462,7 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
                 reservation,
                 reserved=-_held(reservation),
                 spent=_held(reservation),
-                after=[estimate, billed, expired],
+                after=[estimate, *billed, expired],
             )
         else:
             _move(reservation, reserved=-_held(reservation), spent=NONE, after=[expired])
@@ -536,7 +536,7 @@ def reservation_settle_uncertain(reservation_id: object, *, now: datetime | None
                 now=now,
             )
             committed = _settled(reservation, ReservationState.COMMITTED, now)
-            billed = outbox.settlement_statement(
+            billed = outbox.settlement_statements(
                 reservation,
                 kind=UsageKind.CHARGE,
                 customer_cost=reservation.customer_amount,
@@ -546,7 +546,7 @@ def reservation_settle_uncertain(reservation_id: object, *, now: datetime | None
                 reservation,
                 reserved=-_held(reservation),
                 spent=_held(reservation),
-                after=[estimate, billed, committed],
+                after=[estimate, *billed, committed],
             )
         else:
             released = _settled(reservation, ReservationState.RELEASED, now)

@@ -26,6 +26,9 @@ class StripeCustomerLink(models.Model):
     linked_at = models.DateTimeField()
     linked_by = models.CharField(max_length=255, blank=True)
     unlinked_at = models.DateTimeField(null=True, blank=True)
+    # When delivery last added rows that processes unaware of the link missed; empty: not yet
+    # done since the link was made (billing.outbox, "catch-up").
+    caught_up_at = models.DateTimeField(null=True, blank=True)
     unlink_reason = models.CharField(max_length=255, blank=True)
     # The tenant kill switch this app tripped on a failed payment, cleared by the next paid invoice.
     payment_switch = models.ForeignKey(
