@@ -464,3 +464,52 @@ def test_the_linked_tenant_cache_never_skips_a_tenant_it_knows_is_linked(
     tenant_id = BillingLine._meta.get_field("tenant").related_model.objects.get().pk  # type: ignore[union-attr]
     assert outbox.tenant_may_be_linked(tenant_id)
     assert not outbox.tenant_may_be_linked(tenant_id + 1000)
+
+
+def test_a_plan_may_bill_through_its_own_meter(fake_stripe: StripeServer) -> None:
+    from llm_budgets.models import Plan, StripePlanMeter, Tenant
+
+    with at(H + timedelta(minutes=1)):
+        cid = set_up(fake_stripe)
+        plan = Plan.objects.create(name="pro")
+        Tenant.objects.filter(external_id="acme").update(plan=plan)
+        StripePlanMeter.objects.create(plan=plan, event_name="pro_usage")
+        call_command("llm_budgets_stripe_setup", stdout=StringIO())
+        use(1000)
+    assert BillingLine.objects.get().event_name == "pro_usage"
+    with at(H + timedelta(hours=1, minutes=1)):
+        billing_push()
+    [event] = fake_stripe.live_events(cid)
+    assert event.event_name == "pro_usage"
+    assert StripeMeter.objects.count() == 2
+
+
+def test_relinking_moves_unsent_usage_to_the_new_customer(fake_stripe: StripeServer) -> None:
+    with at(H + timedelta(minutes=1)):
+        old = set_up(fake_stripe)
+        use(1000)
+        new = fake_stripe.add_customer()
+        budgets.link_stripe_customer(tenant="acme", customer_id=new)
+    with at(H + timedelta(hours=1, minutes=1)):
+        billing_push()
+    assert fake_stripe.live_events(old) == []
+    assert sent_units(fake_stripe, new) == ledger_units() == 30_000_000
+
+
+def test_voiding_usage_that_was_too_old_to_bill_credits_nothing(
+    fake_stripe: StripeServer,
+) -> None:
+    with at(H - timedelta(days=40)):
+        seed(limit="100000")
+        use(1000)
+    with at(H):
+        from llm_budgets.billing.setup import billing_setup
+
+        billing_setup(event_name="llm_usage")
+        cid = fake_stripe.add_customer()
+        budgets.link_stripe_customer(tenant="acme", customer_id=cid)
+        usage_void(record_id=UsageRecord.objects.get().pk, reason="goodwill")
+    assert BillingLine.objects.get().amount == 0
+    with at(H + timedelta(hours=1, minutes=1)):
+        billing_push()
+    assert fake_stripe.live_events(cid) == []

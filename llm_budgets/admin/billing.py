@@ -16,6 +16,7 @@ from llm_budgets.admin.base import ReadOnlyAdmin, actor, adopt, money_text
 from llm_budgets.billing.delivery import delivery_retry
 from llm_budgets.billing.links import stripe_customer_link, stripe_customer_unlink
 from llm_budgets.billing.selectors import billing_status
+from llm_budgets.conf import conf
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
     BillingLine,
@@ -209,7 +210,7 @@ def billing_context(tenant: Tenant) -> dict[str, Any]:
         {
             "state": MeterDeliveryState(state).label,
             "count": count,
-            "amount": money_text(amount, "units / 1e6"),
+            "amount": money_text(amount, conf.CURRENCY),
             "url": f"{deliveries}?"
             + urlencode({"tenant__id__exact": str(tenant.pk), "state__exact": str(state)}),
             "alert": state in (MeterDeliveryState.PARKED, MeterDeliveryState.TOO_OLD),
@@ -224,7 +225,9 @@ def billing_context(tenant: Tenant) -> dict[str, Any]:
             if link
             else reverse("admin:llm_budgets_stripecustomerlink_add") + f"?tenant={tenant.pk}"
         ),
-        "billing_unbuilt": money_text(status.unbuilt_amount, "") if status.unbuilt_lines else None,
+        "billing_unbuilt": (
+            money_text(status.unbuilt_amount, conf.CURRENCY) if status.unbuilt_lines else None
+        ),
         "billing_unbuilt_lines": status.unbuilt_lines,
         "billing_rows": by_state,
         "billing_reconciliation": status.last_reconciliation,

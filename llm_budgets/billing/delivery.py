@@ -173,7 +173,11 @@ class _Builder:
             if voided is None:
                 continue
             voided_of[line.pk] = voided
-            if voided.delivery_id is not None:
+            if voided.delivery is not None and voided.delivery.state == MeterDeliveryState.TOO_OLD:
+                # The voided usage was never sent (too old for Stripe): nothing to credit.
+                line.amount = ZERO
+                BillingLine.objects.filter(pk=line.pk).update(amount=ZERO)
+            elif voided.delivery_id is not None:
                 by_delivery[voided.delivery_id].append(line)
         taken: set[int] = set()
         for delivery_id, voids in by_delivery.items():

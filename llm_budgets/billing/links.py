@@ -8,6 +8,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from llm_budgets.billing.delivery import to_units
 from llm_budgets.billing.outbox import (
     STRIPE_WINDOW,
     lines_without_row,
@@ -105,7 +106,7 @@ def _report_too_old(tenant: Tenant, customer: str, now: datetime) -> object:
         timestamp=now,
         identifier=f"llmb-too-old-{tenant.pk}-{int(now.timestamp() * 1000)}",
         amount=total,
-        units=0,
+        units=to_units(total),
         currency=conf.CURRENCY,
         state=MeterDeliveryState.TOO_OLD,
         next_attempt_at=now,

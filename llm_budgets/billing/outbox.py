@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db import connection
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
 
 from llm_budgets.conf import conf
 from llm_budgets.engine import statements as sql
@@ -132,10 +132,27 @@ def _event_name(tenant: Tenant) -> str:
     return meter.event_name if meter else conf.STRIPE_METER_EVENT_NAME
 
 
-def _billable(record: UsageRecord) -> Decimal:
+def _row_of(record_id: int) -> Q:
+    """The outbox row of a ledger line (named directly, or by reservation and kind)."""
+    line = UsageRecord.objects.filter(pk=record_id).values("reservation_id", "kind").first()
+    named = Q(usage_record_id=record_id)
+    if line is None or line["kind"] == UsageKind.ADJUSTMENT:
+        return named
+    return named | Q(reservation_id=line["reservation_id"], kind=line["kind"])
+
+
+def _billable(record: UsageRecord, queued: frozenset[int] = frozenset()) -> Decimal:
     """What a ledger line bills: its customer cost. A reset (an adjustment of one counter) moves a
-    limit, not money: it bills nothing (docs/billing.md, "Corrections")."""
+    limit, not money: it bills nothing. A void of a line that was never queued for Stripe (booked
+    before a link, more than 35 days back) bills nothing either: it would credit what was never
+    billed (docs/billing.md, "Corrections"). ``queued``: lines being queued with this one."""
     if record.kind == UsageKind.ADJUSTMENT and record.counter_id is not None:
+        return ZERO
+    if (
+        record.voids_id is not None
+        and record.voids_id not in queued
+        and not BillingLine.objects.filter(_row_of(record.voids_id)).exists()
+    ):
         return ZERO
     return record.customer_cost
 
@@ -163,20 +180,12 @@ def line_add(record: UsageRecord) -> BillingLine | None:
 
 def lines_resolve(queryset_filter: Q) -> int:
     """Fill in ``usage_record`` of rows written by settlement (named by reservation and kind)."""
-    pending = BillingLine.objects.filter(queryset_filter, usage_record__isnull=True).exclude(
-        reservation__isnull=True
+    line = UsageRecord.objects.filter(reservation=OuterRef("reservation"), kind=OuterRef("kind"))
+    return (
+        BillingLine.objects.filter(queryset_filter, usage_record__isnull=True)
+        .exclude(reservation__isnull=True)
+        .update(usage_record=Subquery(line.values("pk")[:1]))
     )
-    changed = 0
-    for row in pending:
-        assert row.reservation_id is not None
-        record = UsageRecord.objects.filter(
-            reservation_id=row.reservation_id, kind=row.kind
-        ).first()
-        if record is not None:
-            row.usage_record = record
-            row.save(update_fields=["usage_record"])
-            changed += 1
-    return changed
 
 
 def lines_without_row(tenant: Tenant) -> QuerySet[UsageRecord]:
@@ -202,6 +211,8 @@ def outbox_catch_up(*, tenant: Tenant, now: datetime, since: datetime | None = N
     lines_resolve(Q(tenant=tenant))
     missing = lines_without_row(tenant).filter(created_at__gte=since or now - STRIPE_WINDOW)
     event_name = _event_name(tenant)
+    records = list(missing.order_by("created_at", "pk"))
+    queued = frozenset(record.pk for record in records)
     rows = [
         BillingLine(
             usage_record=record,
@@ -210,11 +221,11 @@ def outbox_catch_up(*, tenant: Tenant, now: datetime, since: datetime | None = N
             tenant=tenant,
             customer_id=link.customer_id,
             event_name=event_name,
-            amount=_billable(record),
+            amount=_billable(record, queued),
             currency=record.currency,
             occurred_at=record.created_at,
         )
-        for record in missing.order_by("created_at", "pk")
+        for record in records
     ]
     BillingLine.objects.bulk_create(rows, ignore_conflicts=True)
     return len(rows)
