@@ -188,3 +188,35 @@ def test_meter_error_reports_are_recorded_against_the_deliveries_they_name(
     report = MeterErrorReport.objects.get()
     assert report.delivery == delivery
     assert report.code == "meter_event_customer_not_found"
+
+
+def test_a_thin_meter_error_event_without_data_is_fetched_from_stripe(
+    fake_stripe: StripeServer,
+) -> None:
+    set_up(fake_stripe)
+    fake_stripe.state.v2_events["evt_thin2"] = {
+        "id": "evt_thin2",
+        "object": "v2.core.event",
+        "type": "v1.billing.meter.no_meter_found",
+        "created": "2026-11-20T10:00:00.000Z",
+        "data": {
+            "reason": {
+                "error_types": [
+                    {
+                        "code": "no_meter",
+                        "sample_errors": [
+                            {"error_message": "no meter", "request": {"identifier": "llmb-h-x"}}
+                        ],
+                    }
+                ]
+            }
+        },
+    }
+    thin = json.dumps(
+        {"id": "evt_thin2", "object": "v2.core.event", "type": "v1.billing.meter.no_meter_found"}
+    ).encode()
+    assert post(thin, sign(thin)).status_code == 200
+    report = MeterErrorReport.objects.get()
+    assert report.identifier == "llmb-h-x"
+    assert report.code == "no_meter"
+    assert report.delivery is None  # names no delivery of ours: kept for staff all the same

@@ -112,6 +112,19 @@ class LineInline(admin.TabularInline):
         return False
 
 
+class ErrorReportInline(admin.TabularInline):
+    """Meter errors Stripe reported later (webhook) for this delivery's identifier."""
+
+    model = MeterErrorReport
+    fields = ["created_at", "code", "message", "webhook_event"]
+    readonly_fields = ["created_at", "code", "message", "webhook_event"]
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+
 @admin.register(MeterDelivery)
 class MeterDeliveryAdmin(ReadOnlyAdmin):
     """What was (or will be) sent to Stripe. Parked rows carry Stripe's error and request id;
@@ -132,7 +145,7 @@ class MeterDeliveryAdmin(ReadOnlyAdmin):
     list_filter = ["state", "kind", "event_name"]
     search_fields = ["customer_id", "identifier", "tenant__external_id", "request_id"]
     date_hierarchy = "hour"
-    inlines = [LineInline]
+    inlines = [LineInline, ErrorReportInline]
     actions = ["retry"]
 
     @admin.display(description="Value")
