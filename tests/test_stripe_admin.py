@@ -151,3 +151,17 @@ def test_linked_customers_without_an_api_key_warn() -> None:
         assert warning.id == "llm_budgets.W050"
     with override_settings(LLM_BUDGETS={"STRIPE_API_KEY": "sk_test_1"}):
         assert check_linked_without_key(databases=["default"]) == []
+
+
+def test_relink_in_the_admin_by_changing_the_customer(fake_stripe: StripeServer) -> None:
+    seed()
+    client = logged_in(superuser=True)
+    tenant = Tenant.objects.get()
+    add = reverse("admin:llm_budgets_stripecustomerlink_add")
+    client.post(add, {"tenant": tenant.pk, "customer_id": "cus_A1"})
+    change = reverse("admin:llm_budgets_stripecustomerlink_change", args=[tenant.pk])
+    assert client.post(change, {"customer_id": "cus_B2"}).status_code == 302
+    assert StripeCustomerLink.objects.get().customer_id == "cus_B2"
+    relink = AuditEvent.objects.filter(action="stripe.link").order_by("pk").last()
+    assert relink is not None
+    assert relink.before == {"customer_id": "cus_A1", "active": True}

@@ -63,6 +63,11 @@ class StripeCustomerLinkAdmin(admin.ModelAdmin):
     ]
     actions = ["unlink"]
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
+        # Relink here by changing the customer id; the tenant is fixed once linked.
+        fields = list(super().get_readonly_fields(request, obj))
+        return ["tenant", *fields] if obj is not None else fields
+
     @admin.display(boolean=True, description="Active")
     def active(self, obj: StripeCustomerLink) -> bool:
         return obj.active

@@ -293,7 +293,6 @@ class PushResult:
     sent: int = 0
     retrying: int = 0
     parked: int = 0
-    messages: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         return (
