@@ -513,3 +513,20 @@ def test_voiding_usage_that_was_too_old_to_bill_credits_nothing(
     with at(H + timedelta(hours=1, minutes=1)):
         billing_push()
     assert fake_stripe.live_events(cid) == []
+
+
+def test_a_reconciliation_that_cannot_reach_stripe_says_so(fake_stripe: StripeServer) -> None:
+    from django.core.management.base import CommandError
+
+    with at(H + timedelta(minutes=1)):
+        set_up(fake_stripe)
+        use(1000)
+    with at(H + timedelta(hours=1, minutes=1)):
+        billing_push()
+    fake_stripe.inject(
+        "/v1/billing/meters/" + StripeMeter.objects.get().meter_id + "/event_summaries", "500"
+    )
+    with at(H + timedelta(hours=3)), pytest.raises(CommandError, match="Reconciliation failed"):
+        call_command("llm_budgets_stripe_reconcile", stdout=StringIO())
+    run = billing_reconcile(now=H + timedelta(hours=3))
+    assert run.is_clean  # once Stripe answers again
