@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from llm_budgets.billing import outbox
+from llm_budgets.engine.counters import counters_matching
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
     AuditEvent,
@@ -27,7 +28,7 @@ from llm_budgets.models import (
     UsageRecord,
 )
 from llm_budgets.money import ZERO
-from llm_budgets.selectors import applicable_budgets, counters_matching
+from llm_budgets.selectors import applicable_budgets
 from llm_budgets.windows import rolling_window
 
 
@@ -88,7 +89,7 @@ def usage_void(
             cost=-line.cost,
             customer_cost=-line.customer_cost,
             currency=line.currency,
-            period_start=line.period_start,
+            reserved_at=line.reserved_at,
             created_at=now,
         )
         outbox.line_add(adjustment)
@@ -146,7 +147,7 @@ def end_user_spend_reset(
                     end_user=end_user,
                     **{field: -counter.spent},
                     currency=counter.budget.currency,
-                    period_start=counter.period_start,
+                    reserved_at=counter.period_start,  # the period the reset lands in
                     created_at=now,
                 )
             )

@@ -113,15 +113,15 @@ def test_link_and_unlink_in_the_admin_are_audited(fake_stripe: StripeServer) -> 
 @pytest.mark.parametrize(
     ("setting", "value", "error"),
     [
-        ("STRIPE_API_KEY", "pk_live_123", "llm_budgets.E050"),
-        ("STRIPE_API_BASE", "api.stripe.com", "llm_budgets.E051"),
-        ("STRIPE_METER_EVENT_NAME", "", "llm_budgets.E052"),
-        ("STRIPE_METER_EVENT_NAME", "x" * 101, "llm_budgets.E052"),
-        ("STRIPE_WEBHOOK_SECRET", "secret", "llm_budgets.E053"),
-        ("STRIPE_ON_PAYMENT_FAILED", "suspend", "llm_budgets.E054"),
-        ("STRIPE_MAX_ATTEMPTS", 0, "llm_budgets.E055"),
-        ("STRIPE_RETRY_BASE_SECONDS", "30", "llm_budgets.E056"),
-        ("STRIPE_RECONCILE_DAYS", -1, "llm_budgets.E057"),
+        ("STRIPE_API_KEY", "pk_live_123", "llm_budgets.E060"),
+        ("STRIPE_API_BASE", "api.stripe.com", "llm_budgets.E061"),
+        ("STRIPE_METER_EVENT_NAME", "", "llm_budgets.E062"),
+        ("STRIPE_METER_EVENT_NAME", "x" * 101, "llm_budgets.E062"),
+        ("STRIPE_WEBHOOK_SECRET", "secret", "llm_budgets.E063"),
+        ("STRIPE_ON_PAYMENT_FAILED", "suspend", "llm_budgets.E064"),
+        ("STRIPE_MAX_ATTEMPTS", 0, "llm_budgets.E065"),
+        ("STRIPE_RETRY_BASE_SECONDS", "30", "llm_budgets.E066"),
+        ("STRIPE_RECONCILE_DAYS", -1, "llm_budgets.E067"),
     ],
 )
 def test_each_stripe_setting_is_checked(setting: str, value: Any, error: str) -> None:
@@ -148,7 +148,7 @@ def test_linked_customers_without_an_api_key_warn() -> None:
             tenant=Tenant.objects.get(), customer_id="cus_1", linked_at=timezone.now()
         )
         [warning] = check_linked_without_key(databases=["default"])
-        assert warning.id == "llm_budgets.W050"
+        assert warning.id == "llm_budgets.W060"
     with override_settings(LLM_BUDGETS={"STRIPE_API_KEY": "sk_test_1"}):
         assert check_linked_without_key(databases=["default"]) == []
 

@@ -25,7 +25,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.utils.encoders import JSONEncoder
 
-from llm_budgets.api.exceptions import ApiError
+from llm_budgets.api.exceptions import HttpError
 from llm_budgets.engine.boundary import ledger_guard
 from llm_budgets.models import ApiKey, IdempotencyRecord
 from llm_budgets.validation import storable
@@ -45,7 +45,7 @@ def key_of(request: Request) -> str | None:
     header = request.headers.get(HEADER)
     body = request.data.get(FIELD) if isinstance(request.data, dict) else None
     if header is not None and body is not None and header != body:
-        raise ApiError(
+        raise HttpError(
             f"The {HEADER} header ({header!r}) and the {FIELD} field ({body!r}) differ; "
             "send one key.",
             code="invalid",
@@ -55,7 +55,7 @@ def key_of(request: Request) -> str | None:
     if key is None:
         return None
     if not isinstance(key, str) or not key.strip() or len(key) > 255 or not storable(key):
-        raise ApiError(
+        raise HttpError(
             f"{HEADER} must be a non-empty string of at most 255 characters, without NUL.",
             code="invalid",
             status_code=status.HTTP_400_BAD_REQUEST,
@@ -94,7 +94,7 @@ def _claim(api_key: ApiKey, key: str, request: Request, digest: str) -> Idempote
                 ).delete()
                 continue
             return existing
-    raise ApiError(
+    raise HttpError(
         f"Another request with {HEADER} {key!r} is in progress; retry shortly.",
         code="idempotency_in_progress",
         status_code=status.HTTP_409_CONFLICT,
@@ -104,7 +104,7 @@ def _claim(api_key: ApiKey, key: str, request: Request, digest: str) -> Idempote
 
 def _replay(record: IdempotencyRecord, key: str, digest: str) -> Response:
     if record.request_hash != digest:
-        raise ApiError(
+        raise HttpError(
             f"{HEADER} {key!r} was already used for a different request "
             f"({record.method} {record.path} with another body); use a new key for a new "
             "request.",
@@ -112,7 +112,7 @@ def _replay(record: IdempotencyRecord, key: str, digest: str) -> Response:
             status_code=status.HTTP_409_CONFLICT,
         )
     if record.status_code is None:
-        raise ApiError(
+        raise HttpError(
             f"The first request with {HEADER} {key!r} is still running; retry shortly.",
             code="idempotency_in_progress",
             status_code=status.HTTP_409_CONFLICT,

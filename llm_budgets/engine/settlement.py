@@ -46,19 +46,8 @@ from llm_budgets.models import (
 )
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pricing import price_in_effect
+from llm_budgets.results import CommitResult as CommitResult  # its home until issue #10
 from llm_budgets.usage import Usage, usage_validate
-
-
-@dataclass(frozen=True)
-class CommitResult:
-    reservation_id: UUID
-    state: str
-    cost: Decimal
-    reserved: Decimal
-    overage: Decimal  # actual cost above the hold; zero when the hold covered it
-    currency: str
-    customer_cost: Decimal = ZERO  # the cost at customer price (with the tenant's markup)
-    pricing_basis: str = PricingBasis.PRICE  # "price", or the unknown-model policy used
 
 
 @dataclass(frozen=True)
@@ -98,6 +87,17 @@ def _reservation_id(value: object) -> UUID:
         raise InvalidUsage(
             f"reservation id must be a UUID, got {value!r}.", field="reservation_id"
         ) from None
+
+
+def reservation_get(reservation_id: object) -> Reservation:
+    """The reservation with this id (a read: nothing is locked); ``ReservationNotFound``."""
+    rid = _reservation_id(reservation_id)
+    with ledger_guard("read"):
+        reservation = Reservation.objects.select_related("tenant", "end_user").filter(pk=rid)
+        found = reservation.first()
+    if found is None:
+        raise ReservationNotFound(rid)
+    return found
 
 
 @contextmanager
@@ -145,11 +145,11 @@ def _move(
     *,
     reserved: Amounts,
     spent: Amounts,
-    after: Sequence[sql.Statement] = (),
+    transition_writes: Sequence[sql.Statement] = (),
 ) -> None:
     """Add ``reserved`` and ``spent`` (either may be negative) to every counter of the hold, each
-    in the unit its hold was taken in (provider cost or customer price), after the transition's
-    own writes (``after``: its ledger line, its state).
+    in the unit its hold was taken in (provider cost or customer price), together with the
+    transition's own writes (``transition_writes``: its ledger line, its state), which run first.
 
     The counters are locked last, in pk order as admission locks them, and only for this write
     and the commit: everything else is computed before. On PostgreSQL the writes, the locks and
@@ -164,7 +164,7 @@ def _move(
             spent.provider,
             _pk(reservation.pk),
         ]
-        sql.run([*after, (_add_to_held_counters_sql(), params)])
+        sql.run([*transition_writes, (_add_to_held_counters_sql(), params)])
         return
     counters = []
     for row in sql.fetch(_held_counters_sql(), [_pk(reservation.pk)]):
@@ -172,7 +172,7 @@ def _move(
         counter.reserved += reserved.for_unit(unit)
         counter.spent += spent.for_unit(unit)
         counters.append(counter)
-    Counter.objects.write(counters, ["reserved", "spent"], after=after)
+    Counter.objects.write(counters, ["reserved", "spent"], transition_writes=transition_writes)
 
 
 def _held_from() -> str:
@@ -256,7 +256,7 @@ def _record(
         currency=reservation.currency,
         is_estimated=estimated,
         overage=overage,
-        period_start=reservation.created_at,
+        reserved_at=reservation.created_at,
         created_at=now,
         tags=reservation.tags,
         **(usage.as_fields() if usage else {}),
@@ -354,7 +354,12 @@ def reservation_commit(
         billed = outbox.settlement_statements(
             reservation, kind=kind, customer_cost=charge.customer, now=now
         )
-        _move(reservation, reserved=-unhold, spent=charge, after=[line, *billed, committed])
+        _move(
+            reservation,
+            reserved=-unhold,
+            spent=charge,
+            transition_writes=[line, *billed, committed],
+        )
         # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
         return CommitResult(
             reservation_id=reservation.pk,
@@ -385,7 +390,9 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
         )
         released = _settled(reservation, ReservationState.RELEASED, now)
         if was_live:
-            _move(reservation, reserved=-_held(reservation), spent=NONE, after=[released])
+            _move(
+                reservation, reserved=-_held(reservation), spent=NONE, transition_writes=[released]
+            )
         elif estimate is not None:
             refund = _record(
                 reservation,
@@ -404,7 +411,7 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
                 reservation,
                 reserved=NONE,
                 spent=-_charged(estimate),
-                after=[refund, *billed, released],
+                transition_writes=[refund, *billed, released],
             )
         else:
             sql.run([released])
@@ -462,10 +469,12 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
                 reservation,
                 reserved=-_held(reservation),
                 spent=_held(reservation),
-                after=[estimate, *billed, expired],
+                transition_writes=[estimate, *billed, expired],
             )
         else:
-            _move(reservation, reserved=-_held(reservation), spent=NONE, after=[expired])
+            _move(
+                reservation, reserved=-_held(reservation), spent=NONE, transition_writes=[expired]
+            )
         return True
 
 
@@ -546,11 +555,13 @@ def reservation_settle_uncertain(reservation_id: object, *, now: datetime | None
                 reservation,
                 reserved=-_held(reservation),
                 spent=_held(reservation),
-                after=[estimate, *billed, committed],
+                transition_writes=[estimate, *billed, committed],
             )
         else:
             released = _settled(reservation, ReservationState.RELEASED, now)
-            _move(reservation, reserved=-_held(reservation), spent=NONE, after=[released])
+            _move(
+                reservation, reserved=-_held(reservation), spent=NONE, transition_writes=[released]
+            )
         return True
 
 
