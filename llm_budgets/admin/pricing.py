@@ -11,6 +11,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 from django.db.models import Exists, Model, OuterRef, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -19,7 +20,9 @@ from django.utils.html import format_html, format_html_join
 
 from llm_budgets.admin.base import actor, adopt, rate_text, when_column, when_text
 from llm_budgets.costs import TOKEN_RATES
-from llm_budgets.models import Price
+from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.model_names import model_alias_delete, model_alias_set
+from llm_budgets.models import ModelAlias, Price
 from llm_budgets.pricing import PRICE_FIELDS, current_versions, price_set, prices_in_effect
 
 
@@ -207,3 +210,65 @@ _RATE_COLUMNS = (*TOKEN_RATES, "per_request")
 for _name in _RATE_COLUMNS:
     setattr(PriceAdmin, f"{_name}_text", _rate_column(_name))
 del _name
+
+
+class ModelAliasForm(forms.ModelForm):
+    class Meta:
+        model = ModelAlias
+        fields = ["pattern", "provider", "model", "note"]
+
+    reason = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Why: recorded in the audit log.",
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data: dict[str, Any] = super().clean() or {}
+        if data.get("model") and data.get("pattern"):
+            priced = Price.objects.filter(model=data["model"])
+            if data.get("provider"):
+                priced = priced.filter(provider=data["provider"])
+            if not priced.exists():
+                self.add_error("model", "This model has no price: add its price first.")
+        return data
+
+
+@admin.register(ModelAlias)
+class ModelAliasAdmin(admin.ModelAdmin):
+    """Names that neither an exact price nor genai-prices' rules recognise, pointed at a priced
+    model. Tried last (docs/pricing.md, "Model names"); every change is audited."""
+
+    form = ModelAliasForm
+    list_display = ["pattern", "provider_text", "model", "note", "created_when"]
+    list_filter = ["provider"]
+    search_fields = ["pattern", "model", "note"]
+
+    created_when = when_column("created_at", "Created")
+
+    @admin.display(description="Provider", ordering="provider")
+    def provider_text(self, obj: ModelAlias) -> str:
+        return obj.provider or "any"
+
+    def save_model(self, request: HttpRequest, obj: ModelAlias, form: Any, change: bool) -> None:
+        try:
+            saved = model_alias_set(
+                pattern=obj.pattern,
+                provider=obj.provider,
+                model=obj.model,
+                note=obj.note,
+                actor=actor(request),
+                reason=form.cleaned_data.get("reason", ""),
+                alias=obj if change else None,
+            )
+        except InvalidUsage as invalid:
+            # The form's clean checks the same first; a concurrent change lands here.
+            raise ValidationError(invalid.message) from invalid
+        adopt(obj, saved)
+
+    def delete_model(self, request: HttpRequest, obj: ModelAlias) -> None:
+        model_alias_delete(obj, actor=actor(request), reason="deleted in the admin")
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ModelAlias]) -> None:
+        for alias in queryset:
+            model_alias_delete(alias, actor=actor(request), reason="deleted in the admin")

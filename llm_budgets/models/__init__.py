@@ -31,7 +31,7 @@ from llm_budgets.models.ledger import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.models.pricing import Price, PriceSource, PricingBasis
+from llm_budgets.models.pricing import ModelAlias, Price, PriceSource, PricingBasis
 from llm_budgets.models.rollups import DailyUsage
 from llm_budgets.models.tenancy import EndUser, Plan, Tenant, UnknownModelPolicy
 from llm_budgets.models.thresholds import DeliveryState, ThresholdCrossing
@@ -54,6 +54,7 @@ __all__ = [
     "MeterDelivery",
     "MeterDeliveryState",
     "MeterErrorReport",
+    "ModelAlias",
     "Plan",
     "Price",
     "PriceSource",
