@@ -12,6 +12,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
+from llm_budgets.billing import outbox
 from llm_budgets.engine.counters import counters_matching
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
@@ -91,6 +92,7 @@ def usage_void(
             reserved_at=line.reserved_at,
             created_at=now,
         )
+        outbox.line_add(adjustment)
         AuditEvent.objects.create(
             action="usage.void",
             actor=actor,
@@ -149,6 +151,8 @@ def end_user_spend_reset(
                     created_at=now,
                 )
             )
+        for line in lines:
+            outbox.line_add(line)
         AuditEvent.objects.create(
             action="end_user.reset_spend",
             actor=actor,

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 
+from llm_budgets.billing import checks as billing_checks  # noqa: F401 (registers W070)
 from llm_budgets.conf import DEFAULTS, SettingError, setting_read
 
 # The check id of each key; the check itself is the key's reader in ``llm_budgets.conf``, the same
@@ -36,6 +37,14 @@ CHECK_IDS: dict[str, str] = {
     "READ_REPLICA": "llm_budgets.E062",
     "API_KEY_CACHE_SECONDS": "llm_budgets.E063",
     "TENANT_RESOLVER": "llm_budgets.E064",
+    "STRIPE_API_KEY": "llm_budgets.E070",
+    "STRIPE_API_BASE": "llm_budgets.E071",
+    "STRIPE_METER_EVENT_NAME": "llm_budgets.E072",
+    "STRIPE_WEBHOOK_SECRET": "llm_budgets.E073",
+    "STRIPE_ON_PAYMENT_FAILED": "llm_budgets.E074",
+    "STRIPE_MAX_ATTEMPTS": "llm_budgets.E075",
+    "STRIPE_RETRY_BASE_SECONDS": "llm_budgets.E076",
+    "STRIPE_RECONCILE_DAYS": "llm_budgets.E077",
 }
 
 

@@ -76,9 +76,26 @@ DEFAULTS: dict[str, Any] = {
     # Tenant pages (docs/pages.md): dotted path to a callable (request) -> tenant external id or
     # None (no access). The default reads the Membership model, managed in the admin.
     "TENANT_RESOLVER": "llm_budgets.pages.access.membership_tenant",
+    # Stripe metered billing (docs/billing.md). Nothing is sent without an API key.
+    "STRIPE_API_KEY": None,
+    # Where the Stripe client sends requests; tests point it at a fake server on 127.0.0.1.
+    "STRIPE_API_BASE": "https://api.stripe.com",
+    # The meter's event name (a plan may have its own: StripePlanMeter).
+    "STRIPE_METER_EVENT_NAME": "llm_usage",
+    # Signing secret of the webhook endpoint (whsec_...). Without it every webhook is refused.
+    "STRIPE_WEBHOOK_SECRET": None,
+    # invoice.payment_failed for a linked customer: "ignore", or "trip" a tenant kill switch.
+    "STRIPE_ON_PAYMENT_FAILED": "ignore",
+    # Transient delivery failures (connection, 5xx, 429) retry with exponential backoff from
+    # STRIPE_RETRY_BASE_SECONDS, up to STRIPE_MAX_ATTEMPTS attempts; then the row is parked.
+    "STRIPE_MAX_ATTEMPTS": 8,
+    "STRIPE_RETRY_BASE_SECONDS": 30,
+    # Reconciliation compares this many past days of delivered hours with Stripe's summaries.
+    "STRIPE_RECONCILE_DAYS": 3,
 }
 
 EXPIRED_HOLD_POLICIES = ("charge", "release")
+STRIPE_PAYMENT_FAILED_ACTIONS = ("ignore", "trip")
 UNCERTAIN_SETTLE_RULES = ("charge", "release")
 WARNING_DELIVERIES = ("at_least_once", "at_most_once")
 POOLERS = (None, "session", "transaction")
@@ -280,6 +297,49 @@ def _dotted_callable(key: str, value: Any) -> str:
     return str(value)
 
 
+def _stripe_key(key: str, value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and re.fullmatch(r"(sk|rk)_\w+", value)):
+        return value
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['STRIPE_API_KEY'] must be None or a Stripe secret or restricted key "
+        "(sk_... or rk_...).",
+        "Got a value of another shape; nothing is sent to Stripe without a key.",
+    )
+
+
+def _stripe_base(key: str, value: Any) -> str:
+    if isinstance(value, str) and re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", value):
+        return value.rstrip("/")
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['STRIPE_API_BASE'] must be a base URL such as 'https://api.stripe.com'.",
+        f"Got {value!r}.",
+    )
+
+
+def _meter_event_name(key: str, value: Any) -> str:
+    if isinstance(value, str) and 0 < len(value) <= 100 and value.strip() == value:
+        return value
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['STRIPE_METER_EVENT_NAME'] must be a non-empty string of at most 100 "
+        "characters (Stripe's limit), without surrounding spaces.",
+        f"Got {value!r}.",
+    )
+
+
+def _webhook_secret(key: str, value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and value.startswith("whsec_")):
+        return value
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['STRIPE_WEBHOOK_SECRET'] must be None or the endpoint's signing secret "
+        "(whsec_...).",
+        "Copy it from the webhook endpoint in Stripe's dashboard.",
+    )
+
+
 # Each key's reader: the typed value the code uses, or SettingError.
 READERS: dict[str, Callable[[str, Any], Any]] = {
     "DEFAULT_TTL_SECONDS": _default_ttl,
@@ -305,6 +365,14 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "HEALTH_SWEEP_MAX_LAG_SECONDS": _positive_int,
     "API_KEY_CACHE_SECONDS": _api_key_cache_seconds,
     "TENANT_RESOLVER": _dotted_callable,
+    "STRIPE_API_KEY": _stripe_key,
+    "STRIPE_API_BASE": _stripe_base,
+    "STRIPE_METER_EVENT_NAME": _meter_event_name,
+    "STRIPE_WEBHOOK_SECRET": _webhook_secret,
+    "STRIPE_ON_PAYMENT_FAILED": _choice(*STRIPE_PAYMENT_FAILED_ACTIONS),
+    "STRIPE_MAX_ATTEMPTS": _positive_int,
+    "STRIPE_RETRY_BASE_SECONDS": _positive_int,
+    "STRIPE_RECONCILE_DAYS": _positive_int,
 }
 
 
@@ -421,6 +489,38 @@ class Settings:
     def API_THROTTLE_RATE(self) -> str | None:
         rate = self._get("API_THROTTLE_RATE")
         return None if rate is None else str(rate)
+
+    @property
+    def STRIPE_API_KEY(self) -> str | None:
+        return self._get("STRIPE_API_KEY")  # type: ignore[no-any-return]
+
+    @property
+    def STRIPE_API_BASE(self) -> str:
+        return str(self._get("STRIPE_API_BASE"))
+
+    @property
+    def STRIPE_METER_EVENT_NAME(self) -> str:
+        return str(self._get("STRIPE_METER_EVENT_NAME"))
+
+    @property
+    def STRIPE_WEBHOOK_SECRET(self) -> str | None:
+        return self._get("STRIPE_WEBHOOK_SECRET")  # type: ignore[no-any-return]
+
+    @property
+    def STRIPE_ON_PAYMENT_FAILED(self) -> str:
+        return str(self._get("STRIPE_ON_PAYMENT_FAILED"))
+
+    @property
+    def STRIPE_MAX_ATTEMPTS(self) -> int:
+        return int(self._get("STRIPE_MAX_ATTEMPTS"))
+
+    @property
+    def STRIPE_RETRY_BASE_SECONDS(self) -> int:
+        return int(self._get("STRIPE_RETRY_BASE_SECONDS"))
+
+    @property
+    def STRIPE_RECONCILE_DAYS(self) -> int:
+        return int(self._get("STRIPE_RECONCILE_DAYS"))
 
 
 conf = Settings()

@@ -171,6 +171,10 @@ LLM_BUDGETS = {
     "LOCK_TIMEOUT_SECONDS": 3,
     "EXPIRED_HOLD_POLICY": "charge",
     "CURRENCY": "USD",
+    # Stripe metered billing (docs/billing.md): nothing is sent without a key.
+    "STRIPE_API_KEY": env("STRIPE_API_KEY", default=None),
+    "STRIPE_API_BASE": env("STRIPE_API_BASE", default="https://api.stripe.com"),
+    "STRIPE_WEBHOOK_SECRET": env("STRIPE_WEBHOOK_SECRET", default=None),
 }
 
 # drf-spectacular, for `manage.py spectacular` (the API's own schema view sets its title itself).

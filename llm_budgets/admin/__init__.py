@@ -7,6 +7,7 @@ prices) or shows the rows read-only (counters, reservations, the ledger, the aud
 from llm_budgets.admin import (
     api_keys,
     audit,
+    billing,
     budgets,
     control,
     jobs,
@@ -19,6 +20,7 @@ from llm_budgets.admin import (
 __all__ = [
     "api_keys",
     "audit",
+    "billing",
     "budgets",
     "control",
     "jobs",

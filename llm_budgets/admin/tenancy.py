@@ -26,6 +26,7 @@ from llm_budgets.admin.base import (
     when_column,
     when_text,
 )
+from llm_budgets.admin.billing import billing_context
 from llm_budgets.admin.control import TenantControlMixin, control_context, end_user_context
 from llm_budgets.admin.selectors import active_raises, end_user_overview, tenant_overview
 from llm_budgets.conf import conf
@@ -161,6 +162,7 @@ class TenantAdmin(TenantControlMixin, admin.ModelAdmin):
                 obj = Tenant.objects.get(pk=obj.pk)  # the stored tenant, not the rejected edit
             context.update(_overview_context(request, obj))
             context.update(control_context(request, obj, timezone.now()))
+            context.update(billing_context(obj))
         return super().render_change_form(request, context, add, change, form_url, obj)
 
 

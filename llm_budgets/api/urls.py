@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.urls import URLPattern, URLResolver, path, re_path
 
 from llm_budgets.api import docs, health, killswitches, usage, views
+from llm_budgets.billing.views import stripe_webhook
 
 app_name = "llm_budgets_api"
 
@@ -53,6 +54,8 @@ api_patterns: list[URLPattern | URLResolver] = [
 
 urlpatterns = [
     *api_patterns,
+    # Outside the documented REST API: no API key, Stripe's signature authenticates.
+    path("stripe/webhook", stripe_webhook, name="stripe-webhook"),
     path(docs.SCHEMA_PATH, docs.SchemaView.as_view(), name="schema"),
     path("docs/", docs.SwaggerView.as_view(), name="docs"),
     # Any other path, newlines included, gets a JSON 404.

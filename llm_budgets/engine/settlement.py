@@ -21,6 +21,7 @@ from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from llm_budgets import validation
+from llm_budgets.billing import outbox
 from llm_budgets.conf import conf
 from llm_budgets.costs import actual_cost, customer_charge
 from llm_budgets.engine import statements as sql
@@ -352,7 +353,15 @@ def reservation_commit(
             priced=(price_id, basis),
         )
         committed = _settled(reservation, ReservationState.COMMITTED, now)
-        _move(reservation, reserved=-unhold, spent=charge, transition_writes=[line, committed])
+        billed = outbox.settlement_statements(
+            reservation, kind=kind, customer_cost=charge.customer, now=now
+        )
+        _move(
+            reservation,
+            reserved=-unhold,
+            spent=charge,
+            transition_writes=[line, *billed, committed],
+        )
         # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
         return CommitResult(
             reservation_id=reservation.pk,
@@ -395,11 +404,17 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
                 estimated=False,
                 now=now,
             )
+            billed = outbox.settlement_statements(
+                reservation,
+                kind=UsageKind.TRUE_UP,
+                customer_cost=-estimate.customer_cost,
+                now=now,
+            )
             _move(
                 reservation,
                 reserved=NONE,
                 spent=-_charged(estimate),
-                transition_writes=[refund, released],
+                transition_writes=[refund, *billed, released],
             )
         else:
             sql.run([released])
@@ -449,11 +464,17 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
                 estimated=True,
                 now=now,
             )
+            billed = outbox.settlement_statements(
+                reservation,
+                kind=UsageKind.CHARGE,
+                customer_cost=reservation.customer_amount,
+                now=now,
+            )
             _move(
                 reservation,
                 reserved=-_held(reservation),
                 spent=_held(reservation),
-                transition_writes=[estimate, expired],
+                transition_writes=[estimate, *billed, expired],
             )
         else:
             _move(
@@ -531,11 +552,17 @@ def reservation_settle_uncertain(reservation_id: object, *, now: datetime | None
                 now=now,
             )
             committed = _settled(reservation, ReservationState.COMMITTED, now)
+            billed = outbox.settlement_statements(
+                reservation,
+                kind=UsageKind.CHARGE,
+                customer_cost=reservation.customer_amount,
+                now=now,
+            )
             _move(
                 reservation,
                 reserved=-_held(reservation),
                 spent=_held(reservation),
-                transition_writes=[estimate, committed],
+                transition_writes=[estimate, *billed, committed],
             )
         else:
             released = _settled(reservation, ReservationState.RELEASED, now)
