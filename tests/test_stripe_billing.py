@@ -530,3 +530,33 @@ def test_a_reconciliation_that_cannot_reach_stripe_says_so(fake_stripe: StripeSe
         call_command("llm_budgets_stripe_reconcile", stdout=StringIO())
     run = billing_reconcile(now=H + timedelta(hours=3))
     assert run.is_clean  # once Stripe answers again
+
+
+def test_the_tenant_pages_show_billed_so_far_to_an_admin_only(fake_stripe: StripeServer) -> None:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from llm_budgets.billing.selectors import billed_so_far
+    from llm_budgets.models import Membership, MembershipRole, Tenant
+
+    with at(H + timedelta(minutes=1)):
+        set_up(fake_stripe)
+        tenant = Tenant.objects.get(external_id="acme")
+        assert billed_so_far(tenant, H, H + timedelta(days=1)) is None  # never billed: no figure
+        use(1000)
+    with at(H + timedelta(hours=1, minutes=1)):
+        billing_push()
+    assert billed_so_far(tenant, H, H + timedelta(days=1)) == Decimal(30)
+
+    def overview(role: str, end_user: str = "") -> str:
+        user = get_user_model().objects.create_user(f"{role}-acme", password="x")
+        Membership.objects.create(
+            user=user, tenant=tenant, role=role, end_user_external_id=end_user
+        )
+        client = Client()
+        client.force_login(user)
+        with at(H + timedelta(hours=1, minutes=2)):
+            return client.get("/usage/").content.decode()
+
+    assert "Billed so far" in overview(MembershipRole.ADMIN)
+    assert "Billed so far" not in overview(MembershipRole.MEMBER, end_user="u-1")

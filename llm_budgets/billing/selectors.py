@@ -19,6 +19,14 @@ from llm_budgets.models import (
 from llm_budgets.money import MILLION, ZERO
 
 
+def billed_so_far(tenant: Tenant, start: datetime, end: datetime) -> Decimal | None:
+    """``billed_in_period`` for a tenant that has ever had usage delivered to Stripe; None for
+    one that has not (the tenant pages then show no billed figure rather than a zero)."""
+    if not MeterDelivery.objects.filter(tenant=tenant).exists():
+        return None
+    return billed_in_period(tenant, start, end)
+
+
 def billed_in_period(tenant: Tenant, start: datetime, end: datetime) -> Decimal:
     """What Stripe has accepted for ``tenant`` with event timestamps in [start, end), in the
     currency unit (units / 1,000,000): "billed so far this period". Cancels and corrections

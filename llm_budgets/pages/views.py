@@ -22,6 +22,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET
 
+from llm_budgets.billing.selectors import billed_so_far
 from llm_budgets.money import money as money_text
 from llm_budgets.pages import charts, export, selectors
 from llm_budgets.pages.access import LoginRequired, Viewer, viewer_for
@@ -78,9 +79,11 @@ def overview(request: HttpRequest, viewer: Viewer) -> HttpResponse:
         period=periods.current,
         period_days=periods.days(periods.current),
         period_total=selectors.period_total(viewer, periods, unit),
-        # Billed figures come from the Stripe outbox (llm_budgets.billing) when it is installed;
-        # until then the page shows none rather than a guess (docs/pages.md, "Billed so far").
-        billed=None,
+        # What Stripe accepted this period (llm_budgets.billing); tenant-wide, so not for a
+        # member, and None for a tenant never billed through Stripe (docs/pages.md).
+        billed=None
+        if viewer.is_member
+        else billed_so_far(viewer.tenant, periods.current.start, periods.current.end),
     )
     return render(request, "llm_budgets/pages/overview.html", context)
 
