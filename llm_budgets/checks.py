@@ -127,6 +127,17 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
                 id="llm_budgets.E009",
             )
         )
+    rate = values["API_AUTH_FAILURE_RATE"]
+    if rate is not None and not (
+        isinstance(rate, str) and re.fullmatch(r"[1-9][0-9]*/(s|m|h|d)[a-z]*", rate)
+    ):
+        errors.append(
+            Error(
+                "LLM_BUDGETS['API_AUTH_FAILURE_RATE'] must be None or a rate such as '20/minute'.",
+                hint=f"Got {rate!r}. Units: second, minute, hour, day.",
+                id="llm_budgets.E090",
+            )
+        )
     errors.extend(_check_job_settings(values))
     return errors
 

@@ -34,6 +34,10 @@ DEFAULTS: dict[str, Any] = {
     # Requests per API key for the REST API (DRF rate syntax "N/second|minute|hour|day"), or None
     # for no limit. Counted in Django's default cache: use a shared one with several processes.
     "API_THROTTLE_RATE": "600/minute",
+    # Failed API-key authentications per source address (REMOTE_ADDR; the X-Forwarded-For entry
+    # DRF's NUM_PROXIES points at, when set) before that source is refused with 429 until the
+    # window ends, or None for no limit. Counted in the database, across processes.
+    "API_AUTH_FAILURE_RATE": "20/minute",
     # Jobs (docs/operations.md). An UNCERTAIN reservation (outcome unknown) older than
     # UNCERTAIN_MAX_AGE_SECONDS is settled by rule: "charge" its hold as estimated spend, or
     # "release" it.
@@ -140,6 +144,11 @@ class Settings:
     @property
     def API_THROTTLE_RATE(self) -> str | None:
         rate = self._get("API_THROTTLE_RATE")
+        return None if rate is None else str(rate)
+
+    @property
+    def API_AUTH_FAILURE_RATE(self) -> str | None:
+        rate = self._get("API_AUTH_FAILURE_RATE")
         return None if rate is None else str(rate)
 
 
