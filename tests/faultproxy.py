@@ -103,13 +103,12 @@ class _Pair:
         if trigger is None:
             return False
         self.proxy.count("cut before" if trigger.before else "cut after")
+        trigger.fired.set()  # first: the client may see the failure as soon as the cut happens
         if trigger.before:
             self.close(rst=True)
-            trigger.fired.set()
             return True
         self.discard_server = True
         dst.sendall(chunk)
-        trigger.fired.set()
         return False
 
     def close(self, *, rst: bool) -> None:

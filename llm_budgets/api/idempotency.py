@@ -14,6 +14,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -30,6 +31,8 @@ from llm_budgets.api.exceptions import ApiError
 from llm_budgets.engine.boundary import ledger_guard
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import ApiKey, IdempotencyRecord
+
+logger = logging.getLogger("llm_budgets")
 
 HEADER = "Idempotency-Key"
 FIELD = "idempotency_key"
@@ -172,13 +175,24 @@ def idempotent(handler: Handler) -> Handler:
             with contextlib.suppress(DatabaseError):  # never hide the real error behind this one
                 owned.delete()
             raise
-        if status.is_success(response.status_code):
-            owned.update(
-                status_code=response.status_code,
-                response_body=json.loads(json.dumps(response.data, cls=JSONEncoder)),
+        try:
+            if status.is_success(response.status_code):
+                owned.update(
+                    status_code=response.status_code,
+                    response_body=json.loads(json.dumps(response.data, cls=JSONEncoder)),
+                )
+            else:
+                owned.delete()
+        except DatabaseError as exc:
+            # The work is done (or refused) and its answer is true: send it. The claim stays
+            # without a response; after LEASE a retry runs the handler again, and the services'
+            # own idempotency (a reservation's key, a commit's first result) answers it.
+            logger.warning(
+                "llm_budgets: could not record the response to %s %s for its Idempotency-Key: %s",
+                request.method,
+                request.path,
+                exc,
             )
-        else:
-            owned.delete()
         return response
 
     return wrapper

@@ -191,7 +191,10 @@ class _ReservationActionView(ApiView):
         reservation = reservation_for(request, reservation_id)
         self.act(reservation, data)
         with ledger_guard("read"):
-            reservation.refresh_from_db()
+            # Re-read with its relations: the serializer must not query outside the guard.
+            reservation = Reservation.objects.select_related("tenant", "end_user").get(
+                pk=reservation.pk
+            )
         return Response(s.ReservationSerializer(reservation).data)
 
 
