@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 DEMO_DB := sqlite:///$(CURDIR)/var/demo.sqlite3
 
-.PHONY: install demo test lint format typecheck migrations-check schema-check compose-check check bench clean
+.PHONY: install demo test test-faults lint format typecheck migrations-check schema-check compose-check check bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ demo: install
 ## Set up and run the whole suite (DATABASE_URL picks the database; default SQLite).
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## The slow fault legs (fault proxy cuts and outages, crashes, soak; marker "faults"), on
+## PostgreSQL: see docs/reliability.md.
+test-faults: install
+	$(PY) -m pytest -m faults $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
