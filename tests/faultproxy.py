@@ -41,6 +41,7 @@ class _Trigger:
     pattern: bytes
     before: bool
     nth: int = 1  # fire on the nth chunk containing pattern (b"" matches every chunk)
+    stall: bool = False  # instead of cutting: hold the chunk and everything after it
     seen: int = 0
     fired: threading.Event = field(default_factory=threading.Event)
 
@@ -54,6 +55,7 @@ class _Pair:
         self.server = server
         self.closed = threading.Event()
         self.discard_server = False  # after a post-send trigger: the answer never arrives
+        self.stalled = False
 
     def start(self) -> None:
         for src, dst, upstream in (
@@ -101,6 +103,21 @@ class _Pair:
             if trigger is not None:
                 self.proxy.triggers.remove(trigger)
         if trigger is None:
+            return False
+        if trigger.stall:
+            self.proxy.count("stall at message")
+            trigger.fired.set()
+            self.stalled = True
+            while self.stalled and not self.closed.is_set():
+                ready, _, _ = select.select([self.client], [], [], 0.05)
+                if ready:
+                    if not self.client.recv(65536, socket.MSG_PEEK):
+                        self.close(rst=False)  # the client died: PostgreSQL sees it go
+                        return True
+                    time.sleep(0.01)
+            if self.closed.is_set():
+                return True
+            dst.sendall(chunk)
             return False
         self.proxy.count("cut before" if trigger.before else "cut after")
         trigger.fired.set()  # first: the client may see the failure as soon as the cut happens
@@ -227,7 +244,17 @@ class FaultProxy:
             self.triggers.append(trigger)
         return trigger.fired
 
+    def stall_when_client_sends(self, pattern: bytes, *, nth: int = 1) -> threading.Event:
+        """Hold the ``nth`` client chunk containing ``pattern`` (and its connection) until
+        ``heal()`` or until the client goes away; the event is set once it is held."""
+        trigger = _Trigger(pattern, before=True, nth=nth, stall=True)
+        with self.lock:
+            self.triggers.append(trigger)
+        return trigger.fired
+
     def heal(self) -> None:
+        for pair in self._all_pairs():
+            pair.stalled = False
         self.mode = PASS
         self.latency = 0.0
         with self.lock:
