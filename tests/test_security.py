@@ -186,3 +186,33 @@ def test_every_money_or_access_write_in_the_admin_needs_its_permission() -> None
         )
         assert refused, (name, response.status_code)
         assert _state() == before, name
+
+
+HOSTILE = '<script>alert("x")</script>'
+
+
+def test_names_and_tags_with_html_are_escaped_in_the_admin() -> None:
+    seed()
+    budgets.ensure_tenant("acme", name=HOSTILE)
+    hold = reserve_30(end_user=f"u{HOSTILE}", tags={"feature": HOSTILE})
+    budgets.commit(hold.id, input_tokens=0, output_tokens=10)
+    admin, _ = _logged_in(username="root", is_staff=True, is_superuser=True)
+    tenant = Tenant.objects.get()
+    reservation = hold.id
+    pages = [
+        reverse("admin:llm_budgets_tenant_change", args=[tenant.pk]),
+        reverse("admin:llm_budgets_tenant_changelist"),
+        reverse("admin:llm_budgets_reservation_change", args=[reservation]),
+        reverse("admin:llm_budgets_reservation_changelist"),
+        reverse("admin:llm_budgets_usagerecord_changelist"),
+        reverse("admin:llm_budgets_enduser_changelist"),
+        reverse("admin:llm_budgets_auditevent_changelist"),
+    ]
+    for url in pages:
+        response = admin.get(url)
+        assert response.status_code == 200, url
+        html = response.content.decode()
+        assert HOSTILE not in html, url
+    # The escaped text is there: shown, not executed.
+    page = admin.get(pages[2]).content.decode()
+    assert "&lt;script&gt;" in page
