@@ -34,7 +34,7 @@ from llm_budgets.exceptions import (
 )
 from llm_budgets.models import Budget, Reservation, ReservationState
 from llm_budgets.reconcile import counters_drift
-from tests.concurrency import overspent_counters, run_processes
+from tests.concurrency import run_processes
 from tests.factories import seed
 from tests.faultproxy import FaultProxy
 
@@ -43,6 +43,33 @@ pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 PROCESSES = 4
 TOTAL_OPS = int(os.environ.get("LLMB_SOAK_OPS", "2000"))
 END_USERS = [f"u{n}" for n in range(8)]
+
+
+def overspent_counters() -> list[str]:
+    """Invariant 1 with raises: a counter may reach its limit plus every raise granted on its
+    budget (a raise admitted while active stays spent after it ends) plus recorded overage."""
+    from django.db.models import Sum
+
+    from llm_budgets.models import BudgetRaise, Counter, UsageRecord
+    from llm_budgets.money import ZERO
+
+    overage = {
+        row["reservation__holds__counter"]: row["total"] or ZERO
+        for row in UsageRecord.objects.filter(reservation__holds__isnull=False)
+        .values("reservation__holds__counter")
+        .annotate(total=Sum("overage"))
+    }
+    raised = {
+        row["budget"]: row["total"] or ZERO
+        for row in BudgetRaise.objects.values("budget").annotate(total=Sum("amount"))
+    }
+    return [
+        f"counter {c.pk}: spent {c.spent} + reserved {c.reserved} > limit {c.budget.limit} "
+        f"+ raises {raised.get(c.budget_id, ZERO)} + overage {overage.get(c.pk, ZERO)}"
+        for c in Counter.objects.select_related("budget")
+        if c.spent + c.reserved
+        > c.budget.limit + raised.get(c.budget_id, ZERO) + overage.get(c.pk, ZERO)
+    ]
 
 
 def soak_worker(index: int, proxy_port: int, ops: int) -> dict[str, int]:
