@@ -414,3 +414,27 @@ def test_undecodable_query_string_is_not_an_end_user(acme: Any) -> None:
     response = acme.get(f"{BASE}tenants/acme/status", QUERY_STRING="end_user=u%FF1")
     assert response.status_code == 400
     assert "not valid UTF-8" in error(response)["message"]
+
+
+# --- The admin: the same normalisation, as a form error -------------------------------------
+
+
+def test_the_admin_normalises_and_refuses_identifiers_like_the_api() -> None:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from django.urls import reverse
+
+    user = get_user_model().objects.create_user(
+        username="root", password=None, is_staff=True, is_superuser=True
+    )
+    client = Client()
+    client.force_login(user)
+    url = reverse("admin:llm_budgets_tenant_add")
+    form = {"name": "Acme", "timezone": "UTC", "billing_day": 1, "markup_percent": "0"}
+    refused = client.post(url, {**form, "external_id": "acme\u200b", "_save": "1"})
+    assert refused.status_code == 200
+    assert "U+200B" in refused.content.decode()
+    assert not Tenant.objects.exists()
+    added = client.post(url, {**form, "external_id": "\uff41cme", "_save": "1"})
+    assert added.status_code == 302, added.content.decode()[:500]
+    assert list(Tenant.objects.values_list("external_id", flat=True)) == ["acme"]

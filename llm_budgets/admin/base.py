@@ -5,10 +5,13 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.db.models import Model
 from django.http import HttpRequest
 
+from llm_budgets import validation
+from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.money import display
 
 
@@ -17,6 +20,15 @@ def money_text(amount: Decimal | None, currency: str) -> str:
     if amount is None:
         return "-"
     return f"{display(amount)} {currency}"
+
+
+def clean_identifier(field: str, value: object) -> str:
+    """An id typed into an admin form, in its canonical form (``validation.identifier``), or the
+    same refusal the API gives, as a form error."""
+    try:
+        return validation.identifier(field, value)
+    except InvalidUsage as exc:
+        raise forms.ValidationError(exc.message) from None
 
 
 def actor(request: HttpRequest) -> str:

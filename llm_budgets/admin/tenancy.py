@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
-from llm_budgets.admin.base import actor, adopt, money_text
+from llm_budgets.admin.base import actor, adopt, clean_identifier, money_text
 from llm_budgets.admin.control import TenantControlMixin, control_context
 from llm_budgets.admin.selectors import tenant_overview
 from llm_budgets.models import LIVE_STATES, EndUser, Plan, Scope, Tenant
@@ -55,6 +55,9 @@ class TenantForm(forms.ModelForm):
             "markup_percent",
             "billing_emails",
         ]
+
+    def clean_external_id(self) -> str:
+        return clean_identifier("tenant", self.cleaned_data.get("external_id"))
 
     def clean_plan(self) -> Plan | None:
         plan: Plan | None = self.cleaned_data["plan"]
@@ -193,10 +196,20 @@ def _changelist(model_name: str, params: Mapping[str, str | int]) -> str:
     return f"{reverse(f'admin:llm_budgets_{model_name}_changelist')}?{urlencode(params)}"
 
 
+class EndUserForm(forms.ModelForm):
+    class Meta:
+        model = EndUser
+        fields = ["tenant", "external_id"]
+
+    def clean_external_id(self) -> str:
+        return clean_identifier("end_user", self.cleaned_data.get("external_id"))
+
+
 @admin.register(EndUser)
 class EndUserAdmin(admin.ModelAdmin):
     """End users are created by end_user_ensure (here or on first request); never edited."""
 
+    form = EndUserForm
     list_display = ["external_id", "tenant", "created_at"]
     list_select_related = ["tenant"]
     search_fields = ["external_id", "tenant__external_id"]
