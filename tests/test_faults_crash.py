@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import threading
 import time
@@ -18,16 +19,18 @@ from collections import Counter as Tally
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.models import Reservation, ReservationState, UsageRecord
+from llm_budgets.models import Counter, Reservation, ReservationState, UsageRecord
 from tests.api import BASE, new_key, reserve_body
-from tests.factories import seed
+from tests.concurrency import RowLocker, patient_lock_waits
+from tests.factories import reserve_30, seed
 from tests.faultproxy import FaultProxy
 from tests.servers import web_processes
 from tests.test_faults_db import invariants, lease_passes, via
@@ -185,3 +188,64 @@ def test_a_web_process_killed_inside_a_request_at_every_message(
     sweep_after_ttl(30)
     assert not Reservation.objects.filter(state=ReservationState.HELD).exists()
     invariants()
+
+
+def _reserve_then_commit_in_child(ready: Any, go: Any, ttl: int) -> None:
+    """A worker process (forked): takes two holds, then commits the first (which waits on the
+    counter lock the parent holds), and is killed there."""
+    for conn in connections.all(initialized_only=True):
+        conn.connection = None  # never reuse the parent's socket
+    first = reserve_30(ttl=ttl)
+    reserve_30(ttl=ttl)
+    ready.put(str(first.id))
+    go.get(timeout=60)
+    budgets.commit(first.id, input_tokens=0, output_tokens=10)  # blocks on the parent's lock
+    ready.put("committed")  # never reached: killed while waiting inside the transaction
+
+
+def test_a_worker_killed_inside_a_commit_leaves_its_holds_to_the_sweep() -> None:
+    """SIGKILL of a Python-API worker inside commit's transaction (waiting on a counter lock):
+    the database rolls its transaction back, the two holds stay held until their TTL, and the
+    sweep then settles both; nothing charged twice."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: PostgreSQL")
+    seed(limit="1000")
+    ttl = 30
+    context = multiprocessing.get_context("fork")
+    ready, go = context.Queue(), context.Queue()
+    connections.close_all()
+    child = context.Process(target=_reserve_then_commit_in_child, args=(ready, go, ttl))
+    with patient_lock_waits(120):  # forked with it: the child's commit waits, not refuses
+        child.start()
+    try:
+        hold_id = ready.get(timeout=60)
+        counter_ids = list(Counter.objects.values_list("pk", flat=True))
+        assert counter_ids
+        with RowLocker(counter_ids, timeout=120):
+            go.put("commit")
+            # Wait until the child's commit waits on our lock, inside its transaction.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not _waiting_on_a_lock():
+                time.sleep(0.05)
+            assert _waiting_on_a_lock(), "the child never reached the counter lock"
+            os.kill(child.pid, 9)
+            child.join(30)
+    finally:
+        if child.is_alive():
+            child.kill()
+    TALLY["worker SIGKILL inside commit"] += 1
+    assert Reservation.objects.get(pk=hold_id).state == ReservationState.HELD
+    assert not UsageRecord.objects.exists()
+    invariants()
+    assert sweep_after_ttl(ttl) == 2
+    assert UsageRecord.objects.filter(reservation_id=hold_id).count() == 1  # charged once
+    invariants()
+
+
+def _waiting_on_a_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'"
+        )
+        return bool(cursor.fetchone()[0])
