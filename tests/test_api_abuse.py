@@ -124,3 +124,17 @@ def test_both_throttles_count_across_processes(tmp_path: Path) -> None:
             for i in range(6)
         ]
         assert codes == [401] * 4 + [429] * 2, codes
+
+
+def test_old_counter_windows_are_deleted() -> None:
+    from llm_budgets.api.throttling import counter_hit
+    from llm_budgets.models import RateCounter
+
+    day = 86400
+    assert counter_hit("a", duration=60, now=0) == 1
+    assert counter_hit("a", duration=60, now=30) == 2
+    assert counter_hit("b", duration=60, now=30) == 1
+    assert counter_hit("a", duration=60, now=61) == 1  # a new window: a's old one goes
+    assert sorted(RateCounter.objects.values_list("key", "window_start")) == [("a", 60), ("b", 0)]
+    assert counter_hit("c", duration=60, now=3 * day) == 1  # anyone's stale windows go
+    assert list(RateCounter.objects.values_list("key", flat=True)) == ["c"]

@@ -25,6 +25,8 @@ from llm_budgets.engine.boundary import ledger_guard
 from llm_budgets.models import ApiKey, RateCounter
 
 DURATIONS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# Counters of windows that started this long ago are deleted (more than the longest window).
+STALE_AFTER = 2 * 86400
 
 
 def parse_rate(rate: str) -> tuple[int, int]:
@@ -50,10 +52,11 @@ def counter_hit(key: str, *, duration: int, now: float | None = None) -> int:
         )
         cursor.execute(upsert, [key, start])
         hits = int(cursor.fetchone()[0])
-        if hits == 1:  # a new window: forget this key's old ones
+        if hits == 1:  # a new window: forget this key's old ones, and anyone's older than a day
             cursor.execute(
-                f'DELETE FROM {table} WHERE "key" = %s AND window_start < %s',  # noqa: S608
-                [key, start],
+                f'DELETE FROM {table} WHERE ("key" = %s AND window_start < %s) '  # noqa: S608
+                "OR window_start < %s",
+                [key, start, start - STALE_AFTER],
             )
     return hits
 
