@@ -339,7 +339,7 @@ def _floor_cycle(conn: psycopg.Connection[Any], fixed: Fixed, target: Target) ->
         )
         conn.execute(
             fixed.usage.sql,
-            fixed.usage.params(reservation_id=rid, **who, period_start=created, created_at=settled),
+            fixed.usage.params(reservation_id=rid, **who, reserved_at=created, created_at=settled),
         )
 
 

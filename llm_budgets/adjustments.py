@@ -12,6 +12,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
+from llm_budgets.engine.counters import counters_matching
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
     AuditEvent,
@@ -26,7 +27,7 @@ from llm_budgets.models import (
     UsageRecord,
 )
 from llm_budgets.money import ZERO
-from llm_budgets.selectors import applicable_budgets, counters_matching
+from llm_budgets.selectors import applicable_budgets
 from llm_budgets.windows import rolling_window
 
 
@@ -87,7 +88,7 @@ def usage_void(
             cost=-line.cost,
             customer_cost=-line.customer_cost,
             currency=line.currency,
-            period_start=line.period_start,
+            reserved_at=line.reserved_at,
             created_at=now,
         )
         AuditEvent.objects.create(
@@ -144,7 +145,7 @@ def end_user_spend_reset(
                     end_user=end_user,
                     **{field: -counter.spent},
                     currency=counter.budget.currency,
-                    period_start=counter.period_start,
+                    reserved_at=counter.period_start,  # the period the reset lands in
                     created_at=now,
                 )
             )

@@ -26,7 +26,7 @@ from decimal import Decimal
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
-from llm_budgets.killswitches import SwitchScope, kill_switch_trip
+from llm_budgets.killswitches import SwitchScope, kill_switch_trip, switch_open_q
 from llm_budgets.models import (
     EndUser,
     KillSwitch,
@@ -97,11 +97,7 @@ def _left_alone(key: tuple[int, int | None], *, since: datetime, now: datetime) 
     on_scope = KillSwitch.objects.filter(
         tenant_id=tenant_id, end_user_id=end_user_id, provider="", model=""
     )
-    return on_scope.filter(
-        Q(cleared_at__isnull=True, auto_clear_at__isnull=True)
-        | Q(cleared_at__isnull=True, auto_clear_at__gt=now)
-        | Q(cleared_at__gte=since)
-    ).exists()
+    return on_scope.filter(switch_open_q(now) | Q(cleared_at__gte=since)).exists()
 
 
 def _findings(plan: Plan, *, since: datetime, now: datetime) -> Iterator[Finding]:

@@ -50,6 +50,8 @@ __all__ = [
     "commit",
     "ensure_tenant",
     "explain",
+    "extend",
+    "get",
     "mark_uncertain",
     "quote",
     "release",
@@ -97,7 +99,7 @@ class Hold:
 
     @property
     def state(self) -> str:
-        return self._reservation.state
+        return str(self._reservation.state)
 
     @property
     def model(self) -> str:
@@ -159,6 +161,12 @@ class Hold:
         reconcile job settles it (``UNCERTAIN_SETTLE_RULE``). Returns the state."""
         self._reservation.state = settlement.reservation_mark_uncertain(self.id)
         return self._reservation.state
+
+    def extend(self, *, ttl_seconds: int) -> Hold:
+        """Push the expiry to ``ttl_seconds`` from now (never earlier), for a call that runs
+        longer than planned. Only a held reservation can be extended."""
+        self._reservation = settlement.reservation_extend(self.id, ttl_seconds=ttl_seconds)
+        return self
 
     def refresh(self) -> Hold:
         self._reservation.refresh_from_db()
@@ -369,6 +377,16 @@ def commit(
 def release(hold_id: UUID | str) -> str:
     """Release a reservation by id. Returns its final state."""
     return settlement.reservation_release(hold_id)
+
+
+def extend(hold_id: UUID | str, *, ttl_seconds: int) -> Hold:
+    """Push a held reservation's expiry to ``ttl_seconds`` from now (never earlier), by id."""
+    return Hold(settlement.reservation_extend(hold_id, ttl_seconds=ttl_seconds))
+
+
+def get(hold_id: UUID | str) -> Hold:
+    """A reservation by id, e.g. to settle it from another process."""
+    return Hold(settlement.reservation_get(hold_id))
 
 
 def mark_uncertain(hold_id: UUID | str) -> str:

@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from decimal import Decimal
 from types import TracebackType
@@ -34,12 +34,8 @@ from urllib.parse import quote
 
 import httpx
 
-from llm_budgets.exceptions import (
-    BudgetError,
-    BudgetExceeded,
-    KillSwitchActive,
-    ReservationStateError,
-)
+from llm_budgets.exceptions import BudgetError, ReservationStateError, Wire
+from llm_budgets.results import BudgetStatus, CommitResult
 
 if TYPE_CHECKING:
     from llm_budgets.usage import Usage
@@ -49,6 +45,7 @@ logger = logging.getLogger("llm_budgets.client")
 __all__ = [
     "ApiError",
     "BudgetsClient",
+    "RemoteBudgetStatus",
     "RemoteCommitResult",
     "RemoteHold",
     "RemoteKillSwitch",
@@ -94,8 +91,20 @@ def _when(value: str | None) -> datetime | None:
     return None if value is None else datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+def _decoded(wire: Wire, value: Any) -> Any:
+    if value is None:
+        return None
+    if wire.kind == "money":
+        return _money(value)
+    if wire.kind == "time":
+        return _when(value)
+    return value
+
+
 def error_from_response(response: httpx.Response) -> BudgetError:
-    """Rebuild the server's exception from ``{"error": {"code", "message", ...}}``."""
+    """Rebuild the server's exception from ``{"error": {"code", "message", ...}}``: the class
+    whose ``code`` it is, with every attribute its ``wire`` sends (``llm_budgets.exceptions.Wire``),
+    as the in-process exception has them."""
     try:
         error = response.json()["error"]
         code, message = str(error["code"]), str(error["message"])
@@ -105,36 +114,26 @@ def error_from_response(response: httpx.Response) -> BudgetError:
             status_code=response.status_code,
             code="http_error",
         )
-    details = {k: v for k, v in error.items() if k not in ("code", "message")}
+    details = {k: v for k, v in error.items() if k not in ("code", "message", "fields")}
     cls = _error_class(code)
     if cls is None:
         return ApiError(message, status_code=response.status_code, code=code, **details)
     exc = cls.__new__(cls)
-    if isinstance(exc, BudgetExceeded):
-        budget = details.get("budget") or {}
-        exc.scope = budget.get("scope", "")
-        exc.window = budget.get("window", "")
-        exc.limit = _money(budget.get("limit", 0))
-        exc.remaining = _money(budget.get("remaining", 0))
-        exc.requested = _money(details.get("requested", 0))
-        exc.resets_at = _when(budget.get("resets_at"))
-        exc.currency = budget.get("currency", "")
-        exc.budget_id = budget.get("id")
-        exc.tenant = exc.end_user = None
-        context = {k: getattr(exc, k) for k in ("scope", "window", "limit", "remaining")}
-        BudgetError.__init__(exc, message, **context, requested=exc.requested)
-        return exc
-    if "retry_after" not in details and response.headers.get("Retry-After", "").isdigit():
-        details["retry_after"] = int(response.headers["Retry-After"])
-    details.pop("fields", None)
-    BudgetError.__init__(exc, message, **details)
-    for key, value in details.items():
-        setattr(exc, key, value)
-    if isinstance(exc, KillSwitchActive):
-        # The in-process attributes: tripped_at as a datetime, and the request's own fields.
-        exc.tripped_at = _when(details.get("tripped_at"))  # type: ignore[assignment]
-        for key in ("tenant", "end_user", "model"):
-            setattr(exc, key, details.get(key))
+    attributes = {}
+    for wire in cls.wire:
+        value: Any = error
+        for name in wire.where:
+            value = value.get(name) if isinstance(value, dict) else None
+        attributes[wire.attr] = _decoded(wire, value)
+    if "retry_after" not in attributes and response.headers.get("Retry-After", "").isdigit():
+        attributes["retry_after"] = int(response.headers["Retry-After"])
+    # A class that declares no wire (e.g. a host's): its top-level details as they came.
+    sent = {wire.where[0] for wire in cls.wire}
+    extra = {k: v for k, v in details.items() if k not in sent}
+    BudgetError.__init__(exc, message, **extra, **attributes)
+    for key, value in {**extra, **attributes}.items():
+        if not isinstance(getattr(cls, key, None), property):  # e.g. BudgetExceeded.retry_after
+            setattr(exc, key, value)
     return exc
 
 
@@ -156,18 +155,8 @@ def _scope_body(
     return {**{k: v for k, v in scope.items() if v is not None}, "reason": reason}
 
 
-@dataclass(frozen=True)
-class RemoteCommitResult:
-    """What a commit charged; the fields of ``llm_budgets.engine.settlement.CommitResult``."""
-
-    reservation_id: uuid.UUID
-    state: str
-    cost: Decimal
-    reserved: Decimal
-    overage: Decimal
-    currency: str
-    customer_cost: Decimal = Decimal(0)
-    pricing_basis: str = "price"
+# The in-process result class itself (``llm_budgets.results``); the old name stays.
+RemoteCommitResult = CommitResult
 
 
 def _decimals(row: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
@@ -250,6 +239,34 @@ class RemoteKillSwitch:
         return cls(**fields)
 
 
+@dataclass(frozen=True)
+class RemoteBudgetStatus(BudgetStatus):
+    """One budget's standing: the in-process ``llm_budgets.results.BudgetStatus`` (money as
+    Decimal, times as datetimes), plus the body as sent in ``data``. ``status["limit"]`` also
+    works and gives the value as the API sent it, as the plain dicts this method returned before
+    did."""
+
+    data: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RemoteBudgetStatus:
+        money = ("limit", "spent", "reserved", "remaining", "raised")
+        values = {f.name: data[f.name] for f in fields(cls) if f.name != "data" and f.name in data}
+        values.update({k: _money(values[k]) for k in money if k in values})
+        values.update({k: _when(values[k]) for k in ("period_start", "resets_at") if k in values})
+        legacy = {k: _money(v) if k in money[:4] else v for k, v in data.items()}
+        return cls(**values, data=legacy)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def keys(self) -> Any:
+        return self.data.keys()
+
+
 class RemoteHold:
     """A reservation held over HTTP; the interface of ``llm_budgets.budgets.Hold``."""
 
@@ -296,8 +313,9 @@ class RemoteHold:
 
     @property
     def requested_model(self) -> str:
-        """The model asked for when another was granted (degraded), else empty."""
-        return str(self._data.get("requested_model") or "")
+        """The model asked for (as ``budgets.Hold.requested_model``): differs from ``model``
+        when the degradation ladder granted another."""
+        return str(self._data.get("requested_model") or self._data["model"])
 
     @property
     def data(self) -> dict[str, Any]:
@@ -340,15 +358,13 @@ class RemoteHold:
 
     def extend(self, *, ttl_seconds: int) -> RemoteHold:
         """Push the expiry to ``ttl_seconds`` from now (never earlier)."""
-        self._data = self._client._post(
-            f"reservations/{self.id}/extend", {"ttl_seconds": ttl_seconds}
-        )
+        self._data = self._client.extend(self.id, ttl_seconds=ttl_seconds)._data
         return self
 
     def mark_uncertain(self) -> str:
         """The call's outcome is unknown: keep the hold counted until usage arrives or the
         reconcile job settles it. Returns the state."""
-        self._data = self._client._post(f"reservations/{self.id}/uncertain", {})
+        self._data = self._client._mark_uncertain(self.id)
         return self.state
 
     def refresh(self) -> RemoteHold:
@@ -509,7 +525,7 @@ class BudgetsClient:
         """Commit a reservation by id; counts as in ``RemoteHold.commit``."""
         if usage is not None:
             body = usage.as_fields()
-        else:
+        else:  # the fields of ``llm_budgets.usage.Usage``, in its order
             body = {
                 "input_tokens": input_tokens,
                 "output_tokens": output_tokens,
@@ -517,9 +533,10 @@ class BudgetsClient:
                 "cache_write_tokens": cache_write_tokens,
                 "cache_write_1h_tokens": cache_write_1h_tokens,
                 "reasoning_tokens": reasoning_tokens,
+                "tool_calls": tool_calls,
             }
-            if tool_calls:
-                body["tool_calls"] = tool_calls
+            if not tool_calls:
+                del body["tool_calls"]
         data = self._post(f"reservations/{hold_id}/commit", body, idempotency_key=idempotency_key)
         return RemoteCommitResult(
             reservation_id=uuid.UUID(data["id"]),
@@ -535,22 +552,32 @@ class BudgetsClient:
     def release(self, hold_id: uuid.UUID | str) -> str:
         return str(self._post(f"reservations/{hold_id}/release", {})["state"])
 
-    def status(self, *, tenant: str, end_user: str | None = None) -> list[dict[str, Any]]:
-        """Every budget that applies: limit, spent, reserved, remaining (Decimal), resets_at."""
+    def status(self, *, tenant: str, end_user: str | None = None) -> list[RemoteBudgetStatus]:
+        """Every budget that applies to the tenant (and end user), as ``budgets.status``: limit,
+        spent, reserved, remaining, period start and ``resets_at``."""
         params = {"end_user": end_user} if end_user else None
         data = self._get(f"tenants/{quote(tenant, safe='')}/status", params=params)
-        money = ("limit", "spent", "reserved", "remaining")
-        return [
-            {k: _money(v) if k in money else v for k, v in budget.items()}
-            for budget in data["budgets"]
-        ]
+        return [RemoteBudgetStatus.from_json(budget) for budget in data["budgets"]]
+
+    def extend(self, hold_id: uuid.UUID | str, *, ttl_seconds: int) -> RemoteHold:
+        """Push a held reservation's expiry to ``ttl_seconds`` from now (never earlier)."""
+        body = {"ttl_seconds": ttl_seconds}
+        return RemoteHold(self, self._post(f"reservations/{hold_id}/extend", body))
+
+    def mark_uncertain(self, hold_id: uuid.UUID | str) -> str:
+        """The call's outcome is unknown (by id, e.g. from a watchdog): keep its hold counted
+        until usage arrives or the reconcile job settles it. Returns the state."""
+        return str(self._mark_uncertain(hold_id)["state"])
+
+    def _mark_uncertain(self, hold_id: uuid.UUID | str) -> dict[str, Any]:
+        return self._post(f"reservations/{hold_id}/uncertain", {})
 
     # Kill switches (operator keys). No scope: global; several: their intersection.
 
     def trip(
         self,
         *,
-        reason: str,
+        reason: str = "",
         tenant: str | None = None,
         end_user: str | None = None,
         provider: str | None = None,
@@ -570,7 +597,7 @@ class BudgetsClient:
     def clear(
         self,
         *,
-        reason: str,
+        reason: str = "",
         tenant: str | None = None,
         end_user: str | None = None,
         provider: str | None = None,

@@ -1,13 +1,18 @@
 """The app's settings: one dict, ``settings.LLM_BUDGETS``, read through a typed object.
 
-Every access re-reads ``django.conf.settings`` so ``override_settings`` just works. Values are
-validated by the system checks in :mod:`llm_budgets.checks`, not here: reading stays cheap on the
-admission path.
+Every access re-reads ``django.conf.settings`` so ``override_settings`` just works. Each key has
+one reader (:data:`READERS`) that returns the typed value the code uses or raises
+:class:`SettingError` saying what is wrong; the system checks in :mod:`llm_budgets.checks` call
+the same readers, so they validate exactly what the code reads, and a bad value is never coerced
+silently into another one. The readers are plain type and range tests: cheap on the admission
+path.
 """
 
 from __future__ import annotations
 
-from decimal import Decimal
+import re
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.conf import settings
@@ -65,12 +70,197 @@ UNCERTAIN_SETTLE_RULES = ("charge", "release")
 WARNING_DELIVERIES = ("at_least_once", "at_most_once")
 
 
+class SettingError(ValueError):
+    """A value of ``LLM_BUDGETS`` the app cannot use: ``message`` says what it must be, ``hint``
+    what was given and what it is for."""
+
+    def __init__(self, key: str, message: str, hint: str) -> None:
+        self.key, self.message, self.hint = key, message, hint
+        super().__init__(f"{message} {hint}")
+
+
+def _positive_int(key: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise SettingError(key, f"LLM_BUDGETS[{key!r}] must be a positive integer.", f"Got {value!r}.")
+
+
+def _default_ttl(key: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['DEFAULT_TTL_SECONDS'] must be a positive integer (seconds).",
+        f"Got {value!r}.",
+    )
+
+
+def _max_ttl(key: str, value: Any) -> int:
+    default = _get("DEFAULT_TTL_SECONDS")
+    valid_default = isinstance(default, int) and not isinstance(default, bool) and default > 0
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and value > 0
+        and not (valid_default and value < default)
+    ):
+        return value
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['MAX_TTL_SECONDS'] must be a positive integer no smaller than "
+        "DEFAULT_TTL_SECONDS.",
+        f"Got {value!r}.",
+    )
+
+
+def _lock_timeout(key: str, value: Any) -> Decimal:
+    if not isinstance(value, bool) and isinstance(value, int | float | Decimal) and 0 < value <= 60:
+        return Decimal(str(value))
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['LOCK_TIMEOUT_SECONDS'] must be a number of seconds in (0, 60].",
+        f"Got {value!r}. Admission waits at most this long for a counter lock.",
+    )
+
+
+def _choice(*allowed: str) -> Callable[[str, Any], str]:
+    def read(key: str, value: Any) -> str:
+        if value in allowed:
+            return str(value)
+        raise SettingError(
+            key,
+            f"LLM_BUDGETS[{key!r}] must be one of {', '.join(map(repr, allowed))}.",
+            f"Got {value!r}.",
+        )
+
+    return read
+
+
+def _currency(key: str, value: Any) -> str:
+    if isinstance(value, str) and re.fullmatch(r"[A-Z]{3}", value):
+        return value
+    raise SettingError(
+        key, "LLM_BUDGETS['CURRENCY'] must be an ISO 4217 code such as 'USD'.", f"Got {value!r}."
+    )
+
+
+def email_address_valid(value: object) -> bool:
+    """The one test of an email address setting: ``addr@example.com`` or
+    ``Name <addr@example.com>`` (as ``send_mail`` takes them)."""
+    from django.core.exceptions import ValidationError
+    from django.core.validators import validate_email
+
+    if not isinstance(value, str):
+        return False
+    try:
+        validate_email(value.rpartition("<")[2].rstrip(">").strip())
+    except ValidationError:
+        return False
+    return True
+
+
+def _email_list(key: str, value: Any) -> list[str]:
+    if isinstance(value, list | tuple) and all(email_address_valid(e) for e in value):
+        return list(value)
+    raise SettingError(
+        key,
+        f"LLM_BUDGETS[{key!r}] must be a list of email addresses.",
+        f"Got {value!r}. They are emailed when a kill switch trips or clears.",
+    )
+
+
+def _optional_email(key: str, value: Any) -> str | None:
+    if value is None or email_address_valid(value):
+        return None if value is None else str(value)
+    raise SettingError(
+        key,
+        f"LLM_BUDGETS[{key!r}] must be None or an email address.",
+        f"Got {value!r}; None sends from settings.DEFAULT_FROM_EMAIL.",
+    )
+
+
+def _thresholds(key: str, value: Any) -> list[int]:
+    if (
+        isinstance(value, list)
+        and all(isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= 100 for p in value)
+        and len(set(value)) == len(value)
+    ):
+        return list(value)
+    raise SettingError(
+        key,
+        f"LLM_BUDGETS[{key!r}] must be a list of distinct whole percentages from 1 to 100 "
+        "([] for no warnings).",
+        f"Got {value!r}; e.g. [50, 80, 100].",
+    )
+
+
+def _safety_margin(key: str, value: Any) -> Decimal:
+    try:
+        margin = None if isinstance(value, bool | float) else Decimal(str(value))
+    except (ArithmeticError, InvalidOperation):
+        margin = None
+    if margin is not None and margin.is_finite() and 1 <= margin <= 10:
+        return margin
+    raise SettingError(
+        key,
+        f"LLM_BUDGETS[{key!r}] must be a number from 1 to 10 (a Decimal, int or numeric string).",
+        f"Got {value!r}. It multiplies the conservative token bound; see docs/pricing.md.",
+    )
+
+
+def _throttle_rate(key: str, value: Any) -> str | None:
+    if value is None or (
+        isinstance(value, str) and re.fullmatch(r"[1-9][0-9]*/(s|m|h|d)[a-z]*", value)
+    ):
+        return None if value is None else str(value)
+    raise SettingError(
+        key,
+        f"LLM_BUDGETS[{key!r}] must be None or a rate such as '600/minute'.",
+        f"Got {value!r}. Units: second, minute, hour, day.",
+    )
+
+
+# Each key's reader: the typed value the code uses, or SettingError.
+READERS: dict[str, Callable[[str, Any], Any]] = {
+    "DEFAULT_TTL_SECONDS": _default_ttl,
+    "LOCK_TIMEOUT_SECONDS": _lock_timeout,
+    "EXPIRED_HOLD_POLICY": _choice(*EXPIRED_HOLD_POLICIES),
+    "CURRENCY": _currency,
+    "MAX_TOKENS_PER_CALL": _positive_int,
+    "MAX_TTL_SECONDS": _max_ttl,
+    "OPERATOR_EMAILS": _email_list,
+    "TOKEN_ESTIMATE_SAFETY_MARGIN": _safety_margin,
+    "API_THROTTLE_RATE": _throttle_rate,
+    "API_AUTH_FAILURE_RATE": _throttle_rate,
+    "UNCERTAIN_SETTLE_RULE": _choice(*UNCERTAIN_SETTLE_RULES),
+    "UNCERTAIN_MAX_AGE_SECONDS": _positive_int,
+    "WARNING_THRESHOLDS": _thresholds,
+    "WARNING_DELIVERY": _choice(*WARNING_DELIVERIES),
+    "WARNING_CLAIM_TIMEOUT_SECONDS": _positive_int,
+    "WARNING_FROM_EMAIL": _optional_email,
+    "RETENTION_RELEASED_DAYS": _positive_int,
+    "RETENTION_REFUSALS_DAYS": _positive_int,
+    "ROLLUP_LOOKBACK_DAYS": _positive_int,
+}
+
+
+def _get(key: str) -> Any:
+    user = getattr(settings, "LLM_BUDGETS", None) or {}
+    return user.get(key, DEFAULTS[key]) if isinstance(user, dict) else DEFAULTS[key]
+
+
+def setting_read(key: str) -> Any:
+    """The typed value of ``LLM_BUDGETS[key]`` (or its default); ``SettingError`` if unusable."""
+    return READERS[key](key, _get(key))
+
+
 class Settings:
-    """Shadow of ``settings.LLM_BUDGETS`` with defaults filled in."""
+    """Shadow of ``settings.LLM_BUDGETS`` with defaults filled in, each value typed and checked
+    by its reader."""
 
     def _get(self, key: str) -> Any:
-        user = getattr(settings, "LLM_BUDGETS", None) or {}
-        return user.get(key, DEFAULTS[key])
+        reader = READERS.get(key)
+        return _get(key) if reader is None else reader(key, _get(key))
 
     @property
     def DEFAULT_TTL_SECONDS(self) -> int:
@@ -78,7 +268,7 @@ class Settings:
 
     @property
     def LOCK_TIMEOUT_SECONDS(self) -> Decimal:
-        return Decimal(str(self._get("LOCK_TIMEOUT_SECONDS")))
+        return Decimal(self._get("LOCK_TIMEOUT_SECONDS"))
 
     @property
     def EXPIRED_HOLD_POLICY(self) -> str:
@@ -139,7 +329,7 @@ class Settings:
 
     @property
     def TOKEN_ESTIMATE_SAFETY_MARGIN(self) -> Decimal:
-        return Decimal(str(self._get("TOKEN_ESTIMATE_SAFETY_MARGIN")))
+        return Decimal(self._get("TOKEN_ESTIMATE_SAFETY_MARGIN"))
 
     @property
     def API_THROTTLE_RATE(self) -> str | None:

@@ -6,17 +6,42 @@ act on. HTTP mapping lives only in the API layer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, ClassVar
 
 from llm_budgets.money import display
+
+
+@dataclass(frozen=True)
+class Wire:
+    """How one attribute of an error travels in the REST error body
+    (``{"error": {"code", "message", ...}}``). The one definition of the error wire format: the
+    API's responses (``llm_budgets.api.exceptions``), its OpenAPI schema and the HTTP client's
+    rebuilt exceptions (``llm_budgets.client``) are all derived from each class's ``wire``.
+
+    ``kind``: ``str``, ``int``, ``bool``, ``money`` (a Decimal, sent as a string), ``time`` (an
+    aware datetime, ISO 8601). ``path``: where in the body, default the attribute's name; a
+    top-level value that is None is left out, a nested one is sent as null."""
+
+    attr: str
+    kind: str = "str"
+    path: tuple[str, ...] = ()
+    help: str = ""
+    nullable: bool = False  # a nested value that may be null
+
+    @property
+    def where(self) -> tuple[str, ...]:
+        return self.path or (self.attr,)
 
 
 class BudgetError(Exception):
     """Base of every llm_budgets error."""
 
     code = "budget_error"
+    # The attributes sent beside code and message; a subclass lists its own and its parent's.
+    wire: ClassVar[tuple[Wire, ...]] = ()
 
     def __init__(self, message: str, **context: Any) -> None:
         super().__init__(message)
@@ -31,6 +56,18 @@ class BudgetExceeded(BudgetError):
     """Admitting the request would take a budget past its limit."""
 
     code = "budget_exceeded"
+    wire = (
+        Wire("budget_id", "int", ("budget", "id"), "The budget that refused.", nullable=True),
+        Wire("scope", "str", ("budget", "scope"), "Whose budget, e.g. tenant acme."),
+        Wire("window", "str", ("budget", "window")),
+        Wire("limit", "money", ("budget", "limit"), "Its limit, raises included."),
+        Wire("remaining", "money", ("budget", "remaining")),
+        Wire("currency", "str", ("budget", "currency")),
+        Wire("resets_at", "time", ("budget", "resets_at"), "When it has room.", nullable=True),
+        Wire("requested", "money", (), "What the request needed."),
+        Wire("tenant", "str", (), "The request's tenant."),
+        Wire("end_user", "str", (), "The request's end user, if any."),
+    )
 
     def __init__(
         self,
@@ -88,6 +125,11 @@ class UnknownPrice(BudgetError, LookupError):
     """No price is in effect for the model, so the worst case cannot be priced."""
 
     code = "unknown_price"
+    wire = (
+        Wire("provider", help="The provider asked for, if any."),
+        Wire("model", help="The model that has no price in effect."),
+        Wire("policy", help="The plan's unknown-model policy, when it could not price it."),
+    )
 
     def __init__(self, *, provider: str | None, model: str, policy: str | None = None) -> None:
         self.provider = provider
@@ -123,6 +165,7 @@ class InvalidUsage(BudgetError, ValueError):
     """An argument is missing, of the wrong type or out of range; ``field`` names it."""
 
     code = "invalid"
+    wire: ClassVar[tuple[Wire, ...]] = (Wire("field", help="The bad field, when one is."),)
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         self.field = field
@@ -133,6 +176,7 @@ class UnknownTenant(InvalidUsage, LookupError):
     """No tenant has that external id."""
 
     code = "unknown_tenant"
+    wire = (*InvalidUsage.wire, Wire("external_id", help="The tenant id that is unknown."))
 
     def __init__(self, external_id: str) -> None:
         self.external_id = external_id
@@ -171,6 +215,7 @@ class ReservationStateError(BudgetError):
     """The reservation's state does not allow the operation (e.g. commit after release)."""
 
     code = "reservation_state"
+    wire = (Wire("state", help="The reservation's state, which does not allow this."),)
 
     def __init__(self, message: str, *, state: str) -> None:
         self.state = state
@@ -181,6 +226,7 @@ class LedgerUnavailable(BudgetError):
     """The ledger could not be read or written in time; the call is refused (fail closed)."""
 
     code = "ledger_unavailable"
+    wire = (Wire("retry_after", "int", help="Seconds to wait before retrying."),)
 
     def __init__(self, message: str, *, retry_after: int = 1) -> None:
         self.retry_after = retry_after
@@ -191,6 +237,17 @@ class KillSwitchActive(BudgetError):
     """A kill switch covers the request: nothing in its scope is admitted until it is cleared."""
 
     code = "kill_switch_active"
+    wire = (
+        Wire("switch_id", "int", help="The kill switch that refused."),
+        Wire("scope", help="What it stops, e.g. tenant acme, model gpt-4o."),
+        Wire("reason", help="Why it was tripped."),
+        Wire("tripped_by"),
+        Wire("tripped_at", "time"),
+        Wire("automatic", "bool", help="Tripped by an anomaly detector."),
+        Wire("tenant", help="The request's tenant."),
+        Wire("end_user", help="The request's end user, if any."),
+        Wire("model", help="The model the request asked for."),
+    )
 
     def __init__(
         self,

@@ -214,8 +214,34 @@ def kill_switch_clear(
     return switch
 
 
-def _open(now: datetime) -> Q:
+# "A kill switch is open now": not cleared, and its ``auto_clear_at`` (if any) not yet passed.
+# Spelled here only, in the three forms callers need; tests/test_rule_parity.py checks they agree
+# and that no other module spells the rule again.
+
+
+def switch_open_q(now: datetime) -> Q:
+    """ORM filter: the switches open (refusing calls) at ``now``."""
     return Q(cleared_at__isnull=True) & (Q(auto_clear_at__isnull=True) | Q(auto_clear_at__gt=now))
+
+
+def switch_open_sql(alias: str) -> str:
+    """SQL condition on kill switch ``alias``: open at the time given as its one parameter
+    (prepared with ``switch_open_param``)."""
+    cleared = f"{alias}.{sql.column(KillSwitch, 'cleared_at')}"
+    auto_clear = f"{alias}.{sql.column(KillSwitch, 'auto_clear_at')}"
+    return f"{cleared} IS NULL AND ({auto_clear} IS NULL OR {auto_clear} > %s)"
+
+
+def switch_open_param(now: datetime) -> object:
+    """``switch_open_sql``'s parameter."""
+    return sql.param(KillSwitch, "auto_clear_at", now)
+
+
+def switch_is_open(switch: KillSwitch, now: datetime) -> bool:
+    """Whether a loaded switch is open at ``now``."""
+    return switch.cleared_at is None and (
+        switch.auto_clear_at is None or switch.auto_clear_at > now
+    )
 
 
 def kill_switches_in_state(state: str | None, now: datetime) -> QuerySet[KillSwitch]:
@@ -223,14 +249,14 @@ def kill_switches_in_state(state: str | None, now: datetime) -> QuerySet[KillSwi
     or all (``None``), newest first."""
     switches = KillSwitch.objects.select_related("tenant", "end_user", "api_key")
     if state == "open":
-        return switches.filter(_open(now))
+        return switches.filter(switch_open_q(now))
     if state == "cleared":
-        return switches.exclude(_open(now))
+        return switches.exclude(switch_open_q(now))
     return switches.all()
 
 
 def _open_for_scope(scope: SwitchScope, now: datetime) -> KillSwitch | None:
-    return KillSwitch.objects.filter(_open(now), scope_key=scope.key).first()
+    return KillSwitch.objects.filter(switch_open_q(now), scope_key=scope.key).first()
 
 
 def kill_switches_covering(
@@ -249,7 +275,7 @@ def kill_switches_covering(
     # ``engine.statements``). A None id compares unknown in SQL: only unscoped rows match.
     model_list = sorted(set(models))
     params = [
-        sql.param(KillSwitch, "auto_clear_at", now),
+        switch_open_param(now),
         tenant_id,
         end_user_id,
         provider,
@@ -271,8 +297,7 @@ def _covering_sql(models: int) -> str:
     model_in, empty = ", ".join(["%s"] * models), "= ''"
     return (
         f"SELECT {sql.columns(KillSwitch, 'k')} FROM {sql.table(KillSwitch)} k"  # noqa: S608
-        f" WHERE {col('cleared_at')} IS NULL"
-        f" AND ({col('auto_clear_at')} IS NULL OR {col('auto_clear_at')} > %s)"
+        f" WHERE {switch_open_sql('k')}"
         f" AND {unscoped_or_equal('tenant', 'IS NULL')}"
         f" AND {unscoped_or_equal('end_user', 'IS NULL')}"
         f" AND {unscoped_or_equal('provider', empty)}"

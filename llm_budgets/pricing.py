@@ -36,12 +36,29 @@ from llm_budgets.models import (
 from llm_budgets.money import RATE_DECIMAL_PLACES, RATE_QUANTUM, RATE_SIGNIFICANT_DIGITS
 from llm_budgets.usage import usage_validate
 
+# "The price version in effect at a time": started by then and not ended, the newest such
+# wins. Spelled here only, as an ORM filter and as SQL text; tests/test_rule_parity.py checks
+# the two agree and that no other module spells the rule again.
+_NEWEST_FIRST = "-effective_from"
+
+
+def _started_not_ended_q(at: datetime) -> Q:
+    return Q(effective_from__lte=at) & (Q(effective_to__isnull=True) | Q(effective_to__gt=at))
+
+
+def _started_not_ended_sql(alias: str) -> str:
+    """SQL form of ``_started_not_ended_q``; two parameters: the time, twice."""
+    starts, ends = sql.column(Price, "effective_from"), sql.column(Price, "effective_to")
+    return f"{alias}.{starts} <= %s AND ({alias}.{ends} IS NULL OR {alias}.{ends} > %s)"
+
+
+def _newest_first_sql(alias: str) -> str:
+    return f"{alias}.{sql.column(Price, _NEWEST_FIRST.lstrip('-'))} DESC"
+
 
 def prices_in_effect(at: datetime) -> QuerySet[Price]:
     """Versions that have started by ``at`` and not ended (older ones may be superseded)."""
-    return Price.objects.filter(effective_from__lte=at).filter(
-        Q(effective_to__isnull=True) | Q(effective_to__gt=at)
-    )
+    return Price.objects.filter(_started_not_ended_q(at))
 
 
 def current_versions(at: datetime) -> QuerySet[Price]:
@@ -49,7 +66,7 @@ def current_versions(at: datetime) -> QuerySet[Price]:
     newest = (
         prices_in_effect(at)
         .filter(provider=OuterRef("provider"), model=OuterRef("model"))
-        .order_by("-effective_from")
+        .order_by(_NEWEST_FIRST)
         .values("pk")[:1]
     )
     return Price.objects.filter(pk=Subquery(newest))
@@ -75,7 +92,7 @@ def price_in_effect(*, provider: str | None, model: str, at: datetime) -> Price:
             "pass provider= to say which one serves the call.",
             field="provider",
         )
-    price = versions.order_by("-effective_from").first()
+    price = versions.order_by(_NEWEST_FIRST).first()
     if price is None:
         raise UnknownPrice(provider=provider, model=model)
     return price
@@ -85,13 +102,12 @@ def price_in_effect(*, provider: str | None, model: str, at: datetime) -> Price:
 def version_in_effect_sql(columns: str = "*") -> str:
     """``price_in_effect`` for a given provider, selecting ``columns`` of version ``v`` (``*``:
     all, for ``statements.row_to``). Parameters: provider, model, the time twice."""
-    starts, ends = sql.column(Price, "effective_from"), sql.column(Price, "effective_to")
     selected = sql.columns(Price, "v") if columns == "*" else f"v.{sql.quote(columns)}"
     return (
         f"SELECT {selected} FROM {sql.table(Price)} v"  # noqa: S608
         f" WHERE v.{sql.column(Price, 'provider')} = %s AND v.{sql.column(Price, 'model')} = %s"
-        f" AND v.{starts} <= %s AND (v.{ends} IS NULL OR v.{ends} > %s)"
-        f" ORDER BY v.{starts} DESC LIMIT 1"
+        f" AND {_started_not_ended_sql('v')}"
+        f" ORDER BY {_newest_first_sql('v')} LIMIT 1"
     )
 
 

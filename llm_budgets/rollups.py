@@ -54,7 +54,7 @@ def daily_usage_rebuild(
             start, end = _day_bounds(day, zone)
             rows = (
                 UsageRecord.objects.filter(
-                    tenant__in=zone_tenants, period_start__gte=start, period_start__lt=end
+                    tenant__in=zone_tenants, reserved_at__gte=start, reserved_at__lt=end
                 )
                 .values("tenant_id", "end_user_id", "provider", "model", "currency")
                 # Annotation names differ from the fields they sum (Django resolves to the alias).
@@ -112,7 +112,7 @@ def daily_usage_refresh(*, now: datetime | None = None) -> int:
 def daily_usage_rebuild_all(*, now: datetime | None = None) -> int:
     """Rebuild every day since the first ledger line (after a restore or a schema change)."""
     now = now or timezone.now()
-    first = UsageRecord.objects.aggregate(first=Min("period_start"))["first"]
+    first = UsageRecord.objects.aggregate(first=Min("reserved_at"))["first"]
     if first is None:
         DailyUsage.objects.all().delete()
         return 0

@@ -1,4 +1,5 @@
-"""Reads: which budgets apply to a request, and where each stands now. No writes here."""
+"""Reads: which budgets apply to a request, and where each stands now. No writes and no locks
+here: counter rows are locked by key in ``llm_budgets.engine.counters``."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Q
-
 from llm_budgets.engine import statements as sql
+from llm_budgets.engine.counters import CounterKey, counters_matching, rolling_buckets
+from llm_budgets.killswitches import switch_open_sql
 from llm_budgets.models import (
     Budget,
     BudgetRaise,
@@ -24,6 +25,7 @@ from llm_budgets.models import (
 )
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pricing import version_in_effect_sql
+from llm_budgets.results import BudgetStatus as BudgetStatus  # its home until issue #10
 from llm_budgets.tenants import (
     end_user_columns_sql,
     end_user_from_row,
@@ -42,8 +44,11 @@ class ApplicableBudget:
     end_user: EndUser | None = None
 
     @property
-    def counter_key(self) -> tuple[int, int | None, datetime]:
-        return (self.budget.pk, self.end_user.pk if self.end_user else None, self.period.start)
+    def counter_key(self) -> CounterKey:
+        """The counter row this budget draws on (``engine.counters`` defines the key)."""
+        return CounterKey(
+            self.budget.pk, self.end_user.pk if self.end_user else None, self.period.start
+        )
 
     raised: Decimal = Decimal(0)  # active temporary raises (BudgetRaise) at the time asked
 
@@ -194,14 +199,7 @@ def _admission_context_sql() -> str:
     end user, tenant, plan and price version, and last whether any kill switch is open.
     Parameters: the time three times (raises, switches), provider, model, the time twice
     (price), tenant and end user external ids."""
-    cleared, auto_clear = (
-        sql.column(KillSwitch, "cleared_at"),
-        sql.column(KillSwitch, "auto_clear_at"),
-    )
-    switch_open = (
-        f"EXISTS (SELECT 1 FROM {sql.table(KillSwitch)} k WHERE k.{cleared} IS NULL"  # noqa: S608
-        f" AND (k.{auto_clear} IS NULL OR k.{auto_clear} > %s))"
-    )
+    switch_open = f"EXISTS (SELECT 1 FROM {sql.table(KillSwitch)} k WHERE {switch_open_sql('k')})"  # noqa: S608
     return (
         f"SELECT {end_user_columns_sql()}, {sql.columns(Price, 'v')},"
         f" {_budget_columns()}, {switch_open} {end_user_from_sql()}"
@@ -209,111 +207,6 @@ def _admission_context_sql() -> str:
         f" LEFT JOIN {sql.table(Budget)} b ON {_budgets_applying('t.id', 'u.id')}"
         f" {end_user_where_sql()} ORDER BY {_budget_order()}"
     )
-
-
-def counters_matching(applicable: Sequence[ApplicableBudget]) -> Q:
-    """A filter for exactly the counter rows of ``applicable`` (never another end user's)."""
-    match = Q(pk__in=[])
-    for item in applicable:
-        budget_id, end_user_id, start = item.counter_key
-        if end_user_id is None:
-            match |= Q(budget_id=budget_id, end_user__isnull=True, period_start=start)
-        else:
-            match |= Q(budget_id=budget_id, end_user_id=end_user_id, period_start=start)
-    return match
-
-
-def counters_locked(
-    applicable: Sequence[ApplicableBudget], *, first: sql.Statement | None = None
-) -> list[Counter]:
-    """Lock exactly the counter rows of ``applicable`` (``FOR UPDATE``, in primary-key order, so
-    concurrent admissions cannot deadlock) and return them; a missing row is simply absent.
-    One statement without the ORM's compilation (see ``llm_budgets.engine.statements``), sent with
-    ``first`` if given (``statements.fetch``)."""
-    params: list[object] = []
-    for budget_id, end_user_id, start in (item.counter_key for item in applicable):
-        params += [budget_id, sql.param(Counter, "period_start", start)]
-        if end_user_id is not None:
-            params.append(end_user_id)
-    shapes = tuple(item.counter_key[1] is not None for item in applicable)
-    rows = sql.fetch(_counters_locked_sql(shapes), params, first=first)
-    return [sql.row_to(Counter, row) for row in rows]
-
-
-@functools.cache
-def _counters_locked_sql(per_end_user: tuple[bool, ...]) -> str:
-    budget, start = sql.column(Counter, "budget"), sql.column(Counter, "period_start")
-    end_user = sql.column(Counter, "end_user")
-    match = " OR ".join(
-        f"(c.{budget} = %s AND c.{start} = %s AND c.{end_user} {'= %s' if shared else 'IS NULL'})"
-        for shared in per_end_user
-    )
-    return (
-        f"SELECT {sql.columns(Counter, 'c')} FROM {sql.table(Counter)} c"  # noqa: S608
-        f" WHERE {match or 'FALSE'} ORDER BY c.id{sql.lock_clause()}"
-    )
-
-
-@dataclass(frozen=True)
-class Bucket:
-    start: datetime
-    spent: Decimal
-    reserved: Decimal
-
-
-def rolling_buckets(
-    applicable: Sequence[ApplicableBudget],
-) -> dict[tuple[int, int | None, datetime], list[Bucket]]:
-    """The buckets each rolling budget counts in the window ending with its current bucket
-    (``item.period``), and any newer ones (e.g. from a clock ahead of this one), oldest first,
-    keyed by ``counter_key`` (an each-end-user budget counts only that end user's buckets). One
-    query, at most a window of buckets per budget; callers sum in ``Decimal`` (SQLite sums
-    decimals as floats)."""
-    windows = [
-        (item, window)
-        for item in applicable
-        if (window := rolling_window(item.budget.window)) is not None
-    ]
-    result: dict[tuple[int, int | None, datetime], list[Bucket]] = {
-        item.counter_key: [] for item, _ in windows
-    }
-    if not windows:
-        return result
-    condition = Q(pk__in=[])
-    keys = {}
-    for item, window in windows:
-        budget_id, end_user_id, _start = item.counter_key
-        since = window.counted_from(item.period.start)
-        if end_user_id is None:
-            condition |= Q(budget_id=budget_id, end_user__isnull=True, period_start__gte=since)
-        else:
-            condition |= Q(budget_id=budget_id, end_user_id=end_user_id, period_start__gte=since)
-        keys[(budget_id, end_user_id)] = item.counter_key
-    rows = (
-        Counter.objects.filter(condition)
-        .order_by("budget_id", "end_user_id", "period_start")
-        .values_list("budget_id", "end_user_id", "period_start", "spent", "reserved")
-    )
-    for budget_id, end_user_id, start, spent, reserved in rows:
-        result[keys[(budget_id, end_user_id)]].append(Bucket(start, spent, reserved))
-    return result
-
-
-@dataclass(frozen=True)
-class BudgetStatus:
-    budget_id: int
-    scope: str
-    scope_label: str
-    window: str
-    limit: Decimal
-    spent: Decimal
-    reserved: Decimal
-    remaining: Decimal
-    currency: str
-    period_start: datetime  # rolling: start of the oldest bucket counted
-    resets_at: datetime | None  # rolling: when all spend now counted has left the window
-    unit: str = "provider_cost"  # what the counter counts: provider cost or customer price
-    raised: Decimal = ZERO  # included in ``limit``
 
 
 def budget_statuses(tenant: Tenant, end_user: EndUser | None, at: datetime) -> list[BudgetStatus]:
@@ -329,10 +222,7 @@ def statuses_for(applicable: Sequence[ApplicableBudget]) -> list[BudgetStatus]:
     dropped out (None if nothing is)."""
     rolling = rolling_buckets(applicable)
     calendar = [a for a in applicable if a.counter_key not in rolling]
-    counters = {
-        (c.budget_id, c.end_user_id, c.period_start): c
-        for c in Counter.objects.filter(counters_matching(calendar))
-    }
+    counters = {CounterKey.of(c): c for c in Counter.objects.filter(counters_matching(calendar))}
     statuses = []
     for item in applicable:
         budget = item.budget

@@ -70,6 +70,18 @@ def test_keys_are_per_api_key() -> None:
     first = post(one, "reservations", reserve_body(), key="same")
     other = post(two, "reservations", reserve_body(input_tokens=7), key="same")
     assert first.status_code == other.status_code == 201
+    # The stored responses are per API key: the second is not a replay of the first, nor a 409
+    # for another body. The reservation's own key is per tenant (docs/api.md): the second
+    # request gets the tenant's reservation with that key, and nothing is held twice.
+    assert "Idempotent-Replayed" not in other
+    assert other.json()["id"] == first.json()["id"]
+    assert Reservation.objects.count() == 1
+    assert Counter.objects.get().reserved == Decimal(30)
+    assert IdempotencyRecord.objects.filter(key="same").count() == 2
+    # Each API key replays its own stored response.
+    replay = post(two, "reservations", reserve_body(input_tokens=7), key="same")
+    assert replay["Idempotent-Replayed"] == "true"
+    assert post(two, "reservations", reserve_body(), key="same").status_code == 409
 
 
 @pytest.mark.django_db

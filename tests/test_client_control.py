@@ -55,7 +55,8 @@ def test_trip_refuses_with_kill_switch_active_and_clear_reopens(
     assert refusal.switch_id == switch.id
     assert refusal.scope == switch.scope
     assert refusal.automatic is False
-    assert refusal.tenant is None  # not sent back: the caller knows its own request
+    # The request's own fields, as the in-process exception has them (issue #10, item 2).
+    assert (refusal.tenant, refusal.end_user, refusal.model) == ("acme", None, FAKE_MODEL)
     assert "bad deploy" in str(refusal)
 
     assert [s.id for s in operator.kill_switches(state="open")] == [switch.id]

@@ -70,3 +70,99 @@ def test_unlockable_sqlite_gets_a_warning() -> None:
     else:
         assert warnings == []  # PostgreSQL locks rows whatever the options say
     assert check_row_locking(databases=["default"]) == []
+
+
+# Settings read once, checked as read (issue #10, item 7): the checks run the readers the code
+# uses, so a value the checks pass is exactly the value the code gets, and a value they refuse
+# is never coerced into something else at run time.
+
+
+def test_every_setting_has_one_reader_and_one_check() -> None:
+    from llm_budgets.checks import CHECK_IDS
+    from llm_budgets.conf import DEFAULTS, READERS
+
+    assert set(READERS) == set(DEFAULTS) == set(CHECK_IDS)
+    assert len(set(CHECK_IDS.values())) == len(CHECK_IDS)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("DEFAULT_TTL_SECONDS", "120"),  # conf used to coerce this while the check refused it
+        ("MAX_TOKENS_PER_CALL", 1.5),
+        ("LOCK_TIMEOUT_SECONDS", "3"),
+        ("OPERATOR_EMAILS", ["ops@"]),
+        ("WARNING_THRESHOLDS", [50, 50]),
+        ("TOKEN_ESTIMATE_SAFETY_MARGIN", 0.5),
+    ],
+)
+def test_a_value_the_checks_refuse_is_refused_where_it_is_read(key: str, value: Any) -> None:
+    from llm_budgets.conf import SettingError
+
+    with override_settings(LLM_BUDGETS={key: value}):
+        (error,) = check_settings()
+        with pytest.raises(SettingError) as refused:
+            getattr(conf, key)
+    assert refused.value.message == error.msg
+    assert refused.value.hint == error.hint
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["ops@example.com", "Ops Team <ops@example.com>"],
+)
+def test_every_email_setting_takes_the_same_addresses(address: str) -> None:
+    from llm_budgets.models.fields import validate_email_list
+
+    with override_settings(
+        LLM_BUDGETS={"OPERATOR_EMAILS": [address], "WARNING_FROM_EMAIL": address}
+    ):
+        assert check_settings() == []
+        assert [address] == conf.OPERATOR_EMAILS
+        assert address == conf.WARNING_FROM_EMAIL
+    validate_email_list(address)  # a tenant's billing emails
+
+
+@pytest.mark.parametrize("address", ["ops@", "no at sign", "Ops <not an address>"])
+def test_every_email_setting_refuses_the_same_addresses(address: str) -> None:
+    from django.core.exceptions import ValidationError
+
+    from llm_budgets.models.fields import validate_email_list
+
+    assert ids(OPERATOR_EMAILS=[address], WARNING_FROM_EMAIL=address) == [
+        "llm_budgets.E025",
+        "llm_budgets.E040",
+    ]
+    with pytest.raises(ValidationError):
+        validate_email_list(address)
+
+
+class ElsewhereRouter:
+    """Sends the app's models to another database, which the hot path would not follow."""
+
+    def db_for_read(self, model: type, **hints: Any) -> str | None:
+        return "replica" if model._meta.app_label == "llm_budgets" else None  # type: ignore[attr-defined]
+
+    db_for_write = db_for_read
+
+
+class OtherAppsRouter:
+    """Routes only the host's own models: allowed."""
+
+    def db_for_read(self, model: type, **hints: Any) -> str | None:
+        return "replica" if model._meta.app_label == "reporting" else None  # type: ignore[attr-defined]
+
+    db_for_write = db_for_read
+
+
+def test_a_router_sending_the_apps_models_elsewhere_is_refused() -> None:
+    from llm_budgets.checks import check_database_routing
+
+    assert check_database_routing() == []
+    with override_settings(DATABASE_ROUTERS=[f"{__name__}.OtherAppsRouter"]):
+        assert check_database_routing() == []
+    with override_settings(DATABASE_ROUTERS=[f"{__name__}.ElsewhereRouter"]):
+        messages = check_database_routing()
+    assert messages
+    assert {m.id for m in messages} == {"llm_budgets.E050"}
+    assert any("llm_budgets.Counter" in m.msg for m in messages)

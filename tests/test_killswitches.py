@@ -20,6 +20,7 @@ from llm_budgets.models import AuditEvent, KillSwitch, Refusal, RefusalKind, Res
 from llm_budgets.signals import kill_switch_cleared, kill_switch_tripped
 from tests.concurrency import run_threads
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed
+from tests.queries import reads
 
 pytestmark = pytest.mark.django_db
 
@@ -247,7 +248,7 @@ def test_the_switch_check_costs_one_query_per_admission(acme: None) -> None:
     reserve_30().release()  # counters exist now
     with CaptureQueriesContext(connection) as queries:
         reserve_30()
-    switch_reads = [q for q in queries.captured_queries if "killswitch" in q["sql"]]
+    switch_reads = [q for q in queries.captured_queries if reads(q["sql"], KillSwitch)]
     assert len(switch_reads) == 1
 
 

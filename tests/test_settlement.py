@@ -154,7 +154,7 @@ def test_usage_belongs_to_the_period_the_reservation_was_made_in() -> None:
     )
     old_day = Counter.objects.get(period_start=datetime(2026, 3, 10, tzinfo=UTC))
     assert (old_day.spent, old_day.reserved) == (Decimal(30), 0)
-    assert UsageRecord.objects.get().period_start == made
+    assert UsageRecord.objects.get().reserved_at == made
     # The new day starts clean: three fresh holds of 30 fit in its 100.
     next_day = made + timedelta(minutes=6)
     for _ in range(3):
@@ -243,12 +243,24 @@ def test_the_sweep_command_reports_what_it_did() -> None:
     from io import StringIO
 
     from django.core.management import call_command
+    from django.utils import timezone
 
-    seed()
-    reserve_30(ttl=1)
+    from llm_budgets.models import Reservation
+    from tests.factories import reserve_30_at
+
+    seed(limit="100")
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    overdue = [reserve_30_at(an_hour_ago, ttl=60).pk for _ in range(2)]  # type: ignore[attr-defined]
+    live = reserve_30(ttl=600)
     out = StringIO()
     call_command("llm_budgets_sweep", stdout=out)
-    assert "Expired 0 overdue hold(s)." in out.getvalue()  # not yet due
+    assert out.getvalue().strip() == "Expired 2 overdue hold(s)."
+    states = dict(Reservation.objects.values_list("pk", "state"))
+    assert [states[pk] for pk in overdue] == [ReservationState.EXPIRED] * 2
+    assert states[live.id] == ReservationState.HELD
+    out = StringIO()
+    call_command("llm_budgets_sweep", stdout=out)
+    assert out.getvalue().strip() == "Expired 0 overdue hold(s)."  # nothing left to expire
 
 
 def test_the_sweep_works_in_batches() -> None:

@@ -12,8 +12,9 @@ from django.test.utils import CaptureQueriesContext
 
 from llm_budgets import budgets
 from llm_budgets.engine import statements as sql
-from llm_budgets.models import Counter, Price, Reservation, UsageRecord
+from llm_budgets.models import Counter, EndUser, Price, Reservation, Tenant, UsageRecord
 from llm_budgets.reconcile import counters_drift
+from tests.queries import reads
 
 pytestmark = pytest.mark.django_db
 
@@ -115,8 +116,8 @@ def test_an_end_users_first_call_reads_the_end_user_once(acme: None) -> None:
             input_tokens=10,
             max_output_tokens=10,
         )
-    joins = [
-        q for q in queries.captured_queries if 'FROM "llm_budgets_enduser" u' in (q["sql"] or "")
+    joins = [  # the end user joined with its tenant (and plan): the admission context's read
+        q for q in queries.captured_queries if reads(q["sql"], EndUser) and reads(q["sql"], Tenant)
     ]
     assert len(joins) == 1, [q["sql"] for q in queries.captured_queries]
 

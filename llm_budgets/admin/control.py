@@ -23,7 +23,13 @@ from llm_budgets.adjustments import end_user_spend_reset, usage_void
 from llm_budgets.admin.base import ReadOnlyAdmin, actor, adopt, money_text
 from llm_budgets.budget_raises import budget_raise_grant
 from llm_budgets.exceptions import InvalidUsage
-from llm_budgets.killswitches import SwitchScope, kill_switch_clear, kill_switch_trip
+from llm_budgets.killswitches import (
+    SwitchScope,
+    kill_switch_clear,
+    kill_switch_trip,
+    switch_is_open,
+    switch_open_q,
+)
 from llm_budgets.models import (
     BudgetRaise,
     EndUser,
@@ -164,7 +170,7 @@ class KillSwitchAdmin(admin.ModelAdmin):
     def state(self, obj: KillSwitch) -> str:
         if obj.cleared_at is not None:
             return f"cleared {obj.cleared_at:%Y-%m-%d %H:%M} by {obj.cleared_by or '?'}"
-        if obj.auto_clear_at is not None and obj.auto_clear_at <= timezone.now():
+        if not switch_is_open(obj, timezone.now()):
             return "expired"
         return "TRIPPED"
 
@@ -363,7 +369,8 @@ def control_context(request: HttpRequest, tenant: Tenant, now: datetime) -> dict
     """The tenant page's control sections: open switches, recent refusals, recent ledger lines
     (with void links for billing admins) and the action links the user may use."""
     user = request.user
-    switches = KillSwitch.objects.filter(tenant=tenant, cleared_at__isnull=True).select_related(
+    # Only switches refusing calls now: one past its auto_clear_at no longer does.
+    switches = KillSwitch.objects.filter(switch_open_q(now), tenant=tenant).select_related(
         "tenant", "end_user__tenant"
     )
     refusals = Refusal.objects.filter(tenant=tenant).select_related("end_user", "budget")[
@@ -399,7 +406,6 @@ def control_context(request: HttpRequest, tenant: Tenant, now: datetime) -> dict
                 "who": s.tripped_by or (f"detector {s.detector}" if s.automatic else "-"),
                 "when": s.tripped_at,
                 "url": reverse("admin:llm_budgets_killswitch_change", args=[s.pk]),
-                "expired": s.auto_clear_at is not None and s.auto_clear_at <= now,
             }
             for s in switches
         ],

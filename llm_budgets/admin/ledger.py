@@ -170,7 +170,7 @@ class UsageRecordAdmin(UsageColumns, ReadOnlyAdmin):
         "customer_cost",
         "overage_text",
         "is_estimated",
-        "period_start",
+        "reserved_at",
         "created_at",
     )
 

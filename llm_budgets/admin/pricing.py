@@ -25,24 +25,7 @@ from llm_budgets.pricing import PRICE_FIELDS, current_versions, price_set, price
 class PriceForm(forms.ModelForm):
     class Meta:
         model = Price
-        fields = [
-            "provider",
-            "model",
-            "input_per_mtok",
-            "cached_input_per_mtok",
-            "cache_write_per_mtok",
-            "cache_write_1h_per_mtok",
-            "output_per_mtok",
-            "reasoning_per_mtok",
-            "per_request",
-            "tool_fees",
-            "tiers",
-            "daily_spans",
-            "max_output_tokens",
-            "context_window",
-            "effective_from",
-            "source",
-        ]
+        fields = ["provider", "model", *PRICE_FIELDS, "effective_from", "source"]
 
     reason = forms.CharField(
         required=False,

@@ -17,7 +17,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.utils.encoders import JSONEncoder
 
-from llm_budgets.exceptions import BudgetError, BudgetExceeded
+from llm_budgets.exceptions import BudgetError, Wire
 
 STATUS_BY_CODE: dict[str, int] = {
     "budget_exceeded": status.HTTP_429_TOO_MANY_REQUESTS,
@@ -34,8 +34,10 @@ STATUS_BY_CODE: dict[str, int] = {
 }
 
 
-class ApiError(exceptions.APIException):
-    """An API-layer error with its own code (idempotency conflicts, features not built yet)."""
+class HttpError(exceptions.APIException):
+    """An error of the HTTP layer itself, with its own code (idempotency conflicts, features not
+    built yet): no ``BudgetError`` says it. (The client's ``llm_budgets.client.ApiError`` is what
+    a caller receives for it.)"""
 
     def __init__(
         self, message: str, *, code: str, status_code: int, retry_after: int | None = None
@@ -44,6 +46,11 @@ class ApiError(exceptions.APIException):
         self.status_code = status_code
         self.error_code = code
         self.retry_after = retry_after
+
+
+# The name this class had before issue #10 (it clashed with ``llm_budgets.client.ApiError``):
+# kept for branches in flight only; use HttpError.
+ApiError = HttpError
 
 
 def status_for(exc: BudgetError) -> int:
@@ -63,26 +70,36 @@ def _decimal(value: Decimal) -> str:
     return format(value.normalize(), "f")
 
 
+def _encoded(wire: Wire, value: Any) -> Any:
+    if value is None:
+        return None
+    if wire.kind == "money":
+        return _decimal(value)
+    if wire.kind == "time" and len(wire.where) > 1:
+        return value.isoformat()  # nested times (a refusal's resets_at) keep their +00:00 form
+    return value
+
+
 def budget_error_body(exc: BudgetError) -> dict[str, Any]:
+    """The error body, laid out by the class's ``wire`` (``llm_budgets.exceptions.Wire``)."""
     error: dict[str, Any] = {"code": exc.code, "message": exc.message}
-    if isinstance(exc, BudgetExceeded):
-        error["budget"] = {
-            "id": exc.budget_id,
-            "scope": exc.scope,
-            "window": exc.window,
-            "limit": _decimal(exc.limit),
-            "remaining": _decimal(exc.remaining),
-            "currency": exc.currency,
-            "resets_at": exc.resets_at.isoformat() if exc.resets_at else None,
-        }
-        error["requested"] = _decimal(exc.requested)
-    else:
-        for key, value in exc.context.items():
-            if value is not None:
-                error[key] = _decimal(value) if isinstance(value, Decimal) else value
-        field = exc.context.get("field")
-        if field:
-            error["fields"] = {field: [exc.message]}
+    for wire in type(exc).wire:
+        value = _encoded(wire, getattr(exc, wire.attr, None))
+        *parents, name = wire.where
+        if not parents and value is None:
+            continue
+        place = error
+        for parent in parents:
+            place = place.setdefault(parent, {})
+        place[name] = value
+    # A subclass (e.g. a host's) that declares no wire: its context as it is.
+    sent = {wire.attr for wire in type(exc).wire}
+    for key, value in exc.context.items():
+        if key not in sent and value is not None and key not in error:
+            error[key] = _decimal(value) if isinstance(value, Decimal) else value
+    field = getattr(exc, "field", None)
+    if field:
+        error["fields"] = {field: [exc.message]}
     return _plain(error)
 
 

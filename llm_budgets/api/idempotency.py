@@ -27,7 +27,7 @@ from rest_framework.response import Response
 from rest_framework.utils.encoders import JSONEncoder
 
 from llm_budgets import validation
-from llm_budgets.api.exceptions import ApiError
+from llm_budgets.api.exceptions import HttpError
 from llm_budgets.engine.boundary import ledger_guard
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import ApiKey, IdempotencyRecord
@@ -44,8 +44,8 @@ View = TypeVar("View")
 Handler = Callable[..., Response]
 
 
-def _invalid(message: str) -> ApiError:
-    return ApiError(message, code="invalid", status_code=status.HTTP_400_BAD_REQUEST)
+def _invalid(message: str) -> HttpError:
+    return HttpError(message, code="invalid", status_code=status.HTTP_400_BAD_REQUEST)
 
 
 def header_key(request: Request) -> str | None:
@@ -126,7 +126,7 @@ def _claim(api_key: ApiKey, key: str, request: Request, digest: str) -> Idempote
                 ).delete()
                 continue
             return existing
-    raise ApiError(
+    raise HttpError(
         f"Another request with {HEADER} {key!r} is in progress; retry shortly.",
         code="idempotency_in_progress",
         status_code=status.HTTP_409_CONFLICT,
@@ -136,7 +136,7 @@ def _claim(api_key: ApiKey, key: str, request: Request, digest: str) -> Idempote
 
 def _replay(record: IdempotencyRecord, key: str, digest: str) -> Response:
     if record.request_hash != digest:
-        raise ApiError(
+        raise HttpError(
             f"{HEADER} {key!r} was already used for a different request "
             f"({record.method} {record.path} with another body); use a new key for a new "
             "request.",
@@ -144,7 +144,7 @@ def _replay(record: IdempotencyRecord, key: str, digest: str) -> Response:
             status_code=status.HTTP_409_CONFLICT,
         )
     if record.status_code is None:
-        raise ApiError(
+        raise HttpError(
             f"The first request with {HEADER} {key!r} is still running; retry shortly.",
             code="idempotency_in_progress",
             status_code=status.HTTP_409_CONFLICT,

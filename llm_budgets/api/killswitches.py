@@ -25,6 +25,7 @@ from llm_budgets.killswitches import (
     kill_switch_clear,
     kill_switch_trip,
     kill_switches_in_state,
+    switch_is_open,
     switch_scope,
 )
 from llm_budgets.models import ApiKey, KillSwitch
@@ -84,9 +85,7 @@ class KillSwitchSerializer(serializers.ModelSerializer[KillSwitch]):
         read_only_fields = fields
 
     def get_active(self, obj: KillSwitch) -> bool:
-        return obj.cleared_at is None and (
-            obj.auto_clear_at is None or obj.auto_clear_at > timezone.now()
-        )
+        return switch_is_open(obj, timezone.now())
 
 
 def _scope_field(help_text: str, max_length: int = 255) -> serializers.CharField:

@@ -23,7 +23,7 @@ from rest_framework.exceptions import ParseError, ValidationError
 from rest_framework.parsers import BaseParser
 from rest_framework.renderers import JSONRenderer
 
-from llm_budgets.api.exceptions import ApiError
+from llm_budgets.api.exceptions import HttpError
 from llm_budgets.validation import storable
 
 # Far deeper than any request of this API (messages with content parts are about 5 deep).
@@ -38,8 +38,8 @@ def max_body_bytes() -> int:
     return FALLBACK_MAX_BYTES if limit is None else int(limit)
 
 
-def too_large(limit: int) -> ApiError:
-    return ApiError(
+def too_large(limit: int) -> HttpError:
+    return HttpError(
         f"The request body is larger than {limit} bytes (DATA_UPLOAD_MAX_MEMORY_SIZE); send "
         "less: count long prompts with input_tokens instead of sending them.",
         code="request_too_large",
@@ -118,14 +118,14 @@ class BoundedJSONParser(BaseParser):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ApiError(
+            raise HttpError(
                 f"The request body is not valid UTF-8 (byte {exc.start}); send JSON encoded "
                 "as UTF-8.",
                 code="invalid_encoding",
                 status_code=status.HTTP_400_BAD_REQUEST,
             ) from None
         if json_depth_exceeds(text, MAX_DEPTH):
-            raise ApiError(
+            raise HttpError(
                 f"The JSON body is nested more than {MAX_DEPTH} levels deep; no request of this "
                 "API needs that.",
                 code="too_deeply_nested",

@@ -6,6 +6,7 @@ as everywhere in this app. Serializers check shapes only; the services check mea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from decimal import Decimal
@@ -17,7 +18,7 @@ from rest_framework import serializers
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
-from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.exceptions import BudgetError, BudgetExceeded, InvalidUsage, Wire
 from llm_budgets.models import Budget, Price, Reservation, Window
 from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 
@@ -316,6 +317,7 @@ class BudgetStatusSerializer(serializers.Serializer):
     unit = serializers.CharField(read_only=True, help_text="provider_cost or customer_price.")
     period_start = serializers.DateTimeField(read_only=True)
     resets_at = serializers.DateTimeField(read_only=True, allow_null=True)
+    raised = money_out(help_text="Active temporary raises, included in limit.")
 
 
 class TenantStatusSerializer(serializers.Serializer):
@@ -508,14 +510,55 @@ class QuoteSerializer(serializers.Serializer):
     )
 
 
+def _wire_field(wire: Wire, *, nested: bool = False) -> serializers.Field:
+    """The schema of one error attribute, from its ``Wire`` (``llm_budgets.exceptions``)."""
+    kinds: dict[str, type[serializers.Field]] = {
+        "int": serializers.IntegerField,
+        "bool": serializers.BooleanField,
+        "time": serializers.DateTimeField,
+    }
+    options: dict[str, Any] = {"help_text": wire.help or None}
+    if nested:
+        options["allow_null"] = wire.nullable
+    else:
+        options["required"] = False
+    if wire.kind == "money":
+        options["help_text"] = f"{wire.help} A decimal string.".strip()
+    return kinds.get(wire.kind, serializers.CharField)(**options)
+
+
+def _error_wires() -> dict[str, Wire]:
+    """Every top-level attribute any error sends, by name; where several errors send one, its
+    description says what it holds in each (by error code)."""
+    found: dict[str, list[tuple[str, Wire]]] = {}
+    pending: list[type[BudgetError]] = [BudgetError]
+    while pending:
+        cls = pending.pop(0)
+        pending.extend(cls.__subclasses__())
+        for wire in cls.__dict__.get("wire", ()):
+            if len(wire.where) == 1:
+                found.setdefault(wire.attr, []).append((cls.code, wire))
+    result = {}
+    for name, declared in found.items():
+        wire = declared[0][1]
+        helps = {f"{code}: {w.help}" for code, w in declared if w.help}
+        if len(declared) > 1:
+            wire = dataclasses.replace(wire, help=" ".join(sorted(helps)))
+        result[name] = wire
+    return result
+
+
 class ErrorDetailSerializer(serializers.Serializer):
     code = serializers.CharField(help_text="Machine-readable, e.g. budget_exceeded.")
     message = serializers.CharField(help_text="What happened and what to do, for a person.")
-    field = serializers.CharField(required=False, help_text="The bad field, when one is.")
 
     def get_fields(self) -> dict[str, serializers.Field]:
-        # "fields" cannot be a class attribute: it would shadow Serializer.fields.
         fields = super().get_fields()
+        # The attributes errors send beside code and message, as ``llm_budgets.exceptions``
+        # declares them (``wire``): present when they apply.
+        for name, wire in _error_wires().items():
+            fields[name] = _wire_field(wire)
+        # "fields" cannot be a class attribute: it would shadow Serializer.fields.
         fields["fields"] = serializers.DictField(
             child=serializers.ListField(child=serializers.CharField()),
             required=False,
@@ -525,13 +568,14 @@ class ErrorDetailSerializer(serializers.Serializer):
 
 
 class BudgetRefusalSerializer(serializers.Serializer):
-    id = serializers.IntegerField(allow_null=True)
-    scope = serializers.CharField()
-    window = serializers.CharField()
-    limit = serializers.CharField()
-    remaining = serializers.CharField()
-    currency = serializers.CharField()
-    resets_at = serializers.DateTimeField(allow_null=True)
+    """The budget that refused (``error.budget``), as ``BudgetExceeded.wire`` lays it out."""
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        return {
+            wire.where[1]: _wire_field(wire, nested=True)
+            for wire in BudgetExceeded.wire
+            if wire.where[0] == "budget"
+        }
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -540,7 +584,6 @@ class ErrorSerializer(serializers.Serializer):
 
 class BudgetExceededDetailSerializer(ErrorDetailSerializer):
     budget = BudgetRefusalSerializer(required=False, help_text="Absent when throttled.")
-    requested = serializers.CharField(required=False)
 
 
 class BudgetExceededSerializer(serializers.Serializer):

@@ -23,7 +23,7 @@ from rest_framework.views import APIView
 from llm_budgets import limits, quotes, selectors, validation
 from llm_budgets.api import serializers as s
 from llm_budgets.api.authentication import ApiKeyAuthentication
-from llm_budgets.api.exceptions import ApiError, exception_handler
+from llm_budgets.api.exceptions import HttpError, exception_handler
 from llm_budgets.api.idempotency import HEADER, idempotent, key_of
 from llm_budgets.api.parsers import BoundedJSONParser
 from llm_budgets.api.permissions import HasApiKey, IsOperatorKey
@@ -417,7 +417,7 @@ class NotFoundView(ApiView):
 
     @api_schema(exclude=True)
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        raise ApiError(
+        raise HttpError(
             f"No endpoint at {request.path}.",
             code="not_found",
             status_code=status.HTTP_404_NOT_FOUND,

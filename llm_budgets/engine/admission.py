@@ -25,10 +25,12 @@ from llm_budgets.engine.boundary import (
     ledger_guard,
     lock_timeout_statement,
 )
+from llm_budgets.engine.counters import Bucket, CounterKey, counters_locked, rolling_buckets
 from llm_budgets.exceptions import (
     BudgetExceeded,
     InvalidUsage,
     KillSwitchActive,
+    LedgerUnavailable,
     NoApplicableBudget,
 )
 from llm_budgets.killswitches import kill_switches_covering, refusal_for
@@ -45,14 +47,7 @@ from llm_budgets.models import (
 from llm_budgets.money import ZERO
 from llm_budgets.quotes import input_token_count, request_estimate
 from llm_budgets.refusals import refusal_record
-from llm_budgets.selectors import (
-    ApplicableBudget,
-    Bucket,
-    admission_context,
-    applicable_budgets,
-    counters_locked,
-    rolling_buckets,
-)
+from llm_budgets.selectors import ApplicableBudget, admission_context, applicable_budgets
 from llm_budgets.tags import tags_validate
 from llm_budgets.tenants import end_user_ensure, tenant_get, tenant_with_end_user
 from llm_budgets.usage import tool_calls_validate
@@ -126,7 +121,8 @@ def _validate(
 
 
 class _MissingCounters(Exception):
-    """Leaves the locking transaction so missing counters are created without holding locks."""
+    """Leaves the locking transaction so missing counters are created without holding locks.
+    Private to ``_admit``, which always handles it."""
 
 
 def reservation_create(
@@ -284,28 +280,57 @@ def _admit(
     *,
     switches_open: bool = True,
 ) -> Reservation:
+    """Run the locking transaction (``_hold``), settling the two races it cannot settle inside:
+
+    - a counter row is missing (the first call of a period): the rows are created outside any
+      transaction (a concurrent creator's row is as good: conflicts are ignored), then the
+      transaction runs once more. Rows still missing then, or a row that cannot be created,
+      mean a budget was removed meanwhile: the call is refused (``LedgerUnavailable``, retry).
+    - the insert of a reservation whose idempotency key a concurrent request took first: that
+      request's reservation is returned.
+
+    Any other ``IntegrityError`` is a fault and propagates (``ledger_guard`` logs it).
+    """
     for attempt in range(2):
         try:
             # A retry follows counters created outside any transaction: read switches afresh.
             open_ = switches_open or attempt > 0
             return _hold(reservation, applicable, degrade, api_key_id, switches_open=open_)
         except _MissingCounters:
-            Counter.objects.bulk_create(
-                [
-                    Counter(budget=a.budget, end_user=a.end_user, period_start=a.period.start)
-                    for a in applicable
-                ],
-                ignore_conflicts=True,
-            )
-        except IntegrityError:
-            if idempotency_key is None:
+            if attempt > 0:
+                break
+            try:
+                Counter.objects.bulk_create(
+                    [a.counter_key.counter() for a in applicable], ignore_conflicts=True
+                )
+            except IntegrityError as exc:
+                if not _references_gone(exc):
+                    raise
+                break
+        except IntegrityError as exc:
+            if idempotency_key is not None:
+                won = _reservation_with_key(reservation.tenant_id, idempotency_key)
+                if won is not None:
+                    return won
+            if not _references_gone(exc):
                 raise
-            # A concurrent request with the same key won the insert: return its reservation.
-            won = _reservation_with_key(reservation.tenant_id, idempotency_key)
-            if won is None:  # another constraint failed
-                raise
-            return won
-    return _hold(reservation, applicable, degrade, api_key_id)
+            break
+    raise LedgerUnavailable(
+        "The budgets that apply to this call changed while it was admitted (a budget, end "
+        "user or counter was removed). The call was refused; retry it.",
+        retry_after=1,
+    )
+
+
+def _references_gone(exc: IntegrityError) -> bool:
+    """Whether ``exc`` is a foreign key violation: a row the hold refers to was deleted by a
+    concurrent transaction (PostgreSQL SQLSTATE 23503, SQLite's extended code 787)."""
+    cause = exc.__cause__
+    return (
+        getattr(cause, "sqlstate", None) == "23503"
+        or getattr(cause, "sqlite_errorcode", None) == 787
+        or "FOREIGN KEY constraint failed" in str(exc)
+    )
 
 
 def _hold(
@@ -316,9 +341,10 @@ def _hold(
     *,
     switches_open: bool = True,
 ) -> Reservation:
-    """The one transaction: refuse if a kill switch covers the request (``switches_open``:
-    whether any may, as read just before), lock the counters in pk order, apply the degradation
-    ladder, check each, hold on all or raise.
+    """The one transaction, in named steps: bound lock waits; refuse if a kill switch covers the
+    request (``switches_open``: whether any may, as read just before); lock the rolling budgets,
+    then the counters, in pk order; read what each budget has used; apply the degradation ladder;
+    refuse if any budget cannot take the amount; hold on all.
 
     A rolling budget is checked against the sum of its window's buckets, and the hold lands on
     the current bucket. Its buckets move with time, so admissions to it serialise on the budget
@@ -342,63 +368,93 @@ def _hold(
             if switches_open
             else {}
         )
-        if rolling_ids:
-            # NO KEY UPDATE: serialises admissions without blocking inserts of new bucket
-            # counters, which key-share lock the budget row for their foreign key.
-            no_key = connection.features.has_select_for_no_key_update
-            list(
-                Budget.objects.select_for_update(no_key=no_key)
-                .filter(pk__in=rolling_ids)
-                .order_by("pk")
-                .values_list("pk", flat=True)
-            )
+        _lock_budgets(rolling_ids)
         counters = counters_locked(
             applicable, first=None if bound_first else lock_timeout_statement()
         )
         if len(counters) < len(by_key):
             raise _MissingCounters
         windows = rolling_buckets(applicable) if rolling_ids else {}
-        used_by_key = {}
-        for counter in counters:
-            key = (counter.budget_id, counter.end_user_id, counter.period_start)
-            buckets = windows.get(key)
-            if buckets is None:
-                used_by_key[key] = counter.spent + counter.reserved
-            else:
-                used_by_key[key] = sum((b.spent + b.reserved for b in buckets), ZERO)
+        used = _used(counters, windows)
         if degrade is not None and _degrade(
             reservation,
             degrade,
-            [(used, by_key[key].limit) for key, used in used_by_key.items()],
+            [(spent, by_key[key].limit) for key, spent in used.items()],
             blocked_substitutes,
         ):
             insert_reservation = sql.inserting([reservation])
-        refusals = []
-        for counter in counters:
-            key = (counter.budget_id, counter.end_user_id, counter.period_start)
-            item = by_key[key]
-            buckets = windows.get(key)
-            remaining = item.limit - used_by_key[key]
-            if reservation.amount_for(item.budget.unit) > remaining:
-                refusals.append((remaining, item, buckets))
-        if refusals:
-            remaining, item, buckets = min(refusals, key=lambda r: r[0])
-            raise _exceeded(reservation, item, remaining, buckets)
-        # Exact Decimal arithmetic on the locked rows (SQL arithmetic is floating point on SQLite).
-        # Each counter holds the amount in its budget's unit: provider cost or customer price.
-        holds = []
-        for counter in counters:
-            unit = by_key[
-                (counter.budget_id, counter.end_user_id, counter.period_start)
-            ].budget.unit
-            counter.reserved += reservation.amount_for(unit)
-            holds.append(ReservationHold(reservation=reservation, counter=counter, unit=unit))
-        # The reservation, its holds and the counters in one round trip (one statement on
-        # PostgreSQL): the counters stay locked for that and the commit.
-        Counter.objects.write(
-            counters, ["reserved"], after=[insert_reservation, sql.inserting(holds)]
-        )
+        _refuse_if_exceeding(reservation, by_key, used, windows)
+        _take_holds(reservation, counters, by_key, insert_reservation)
     return reservation
+
+
+def _lock_budgets(rolling_ids: list[int]) -> None:
+    """Lock the rolling budgets' rows, in pk order, before any counter. NO KEY UPDATE:
+    serialises admissions without blocking inserts of new bucket counters, which key-share
+    lock the budget row for their foreign key."""
+    if not rolling_ids:
+        return
+    no_key = connection.features.has_select_for_no_key_update
+    list(
+        Budget.objects.select_for_update(no_key=no_key)
+        .filter(pk__in=rolling_ids)
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+
+
+def _used(
+    counters: list[Counter], windows: dict[CounterKey, list[Bucket]]
+) -> dict[CounterKey, Decimal]:
+    """Spent plus reserved of each locked counter, or of its rolling window's buckets."""
+    used = {}
+    for counter in counters:
+        key = CounterKey.of(counter)
+        buckets = windows.get(key)
+        if buckets is None:
+            used[key] = counter.spent + counter.reserved
+        else:
+            used[key] = sum((b.spent + b.reserved for b in buckets), ZERO)
+    return used
+
+
+def _refuse_if_exceeding(
+    reservation: Reservation,
+    by_key: dict[CounterKey, ApplicableBudget],
+    used: dict[CounterKey, Decimal],
+    windows: dict[CounterKey, list[Bucket]],
+) -> None:
+    """Raise ``BudgetExceeded`` for the budget with the least room, if any cannot take the
+    amount (in its own unit)."""
+    refusals = []
+    for key, spent in used.items():
+        item = by_key[key]
+        remaining = item.limit - spent
+        if reservation.amount_for(item.budget.unit) > remaining:
+            refusals.append((remaining, item, windows.get(key)))
+    if refusals:
+        remaining, item, buckets = min(refusals, key=lambda r: r[0])
+        raise _exceeded(reservation, item, remaining, buckets)
+
+
+def _take_holds(
+    reservation: Reservation,
+    counters: list[Counter],
+    by_key: dict[CounterKey, ApplicableBudget],
+    insert_reservation: sql.Statement,
+) -> None:
+    """Hold the amount on every locked counter, each in its budget's unit (provider cost or
+    customer price), with exact Decimal arithmetic on the locked rows (SQL arithmetic is
+    floating point on SQLite). The reservation, its holds and the counters go in one round trip
+    (one statement on PostgreSQL); the counters stay locked for that and the commit."""
+    holds = []
+    for counter in counters:
+        unit = by_key[CounterKey.of(counter)].budget.unit
+        counter.reserved += reservation.amount_for(unit)
+        holds.append(ReservationHold(reservation=reservation, counter=counter, unit=unit))
+    Counter.objects.write(
+        counters, ["reserved"], transition_writes=[insert_reservation, sql.inserting(holds)]
+    )
 
 
 def _refuse_if_switched(

@@ -1,5 +1,12 @@
-"""The ledger's failure boundary: any database error becomes ``LedgerUnavailable`` (fail closed),
-and lock waits are bounded by ``LOCK_TIMEOUT_SECONDS`` on every backend."""
+"""The ledger's failure boundary: an *operational* database failure (the database unreachable or
+shutting down, a lock wait cut short, a serialisation failure or deadlock, resources exhausted)
+becomes ``LedgerUnavailable`` (fail closed, retry later), and lock waits are bounded by
+``LOCK_TIMEOUT_SECONDS`` on every backend.
+
+Any other database error (``ProgrammingError``, ``DataError``, ``IntegrityError``, an SQLite
+"no such table") is a fault in our SQL, schema or data, not an outage: it is logged with its
+traceback and raised as it is, so it is fixed rather than retried. Either way nothing is held.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from llm_budgets.conf import conf
 from llm_budgets.engine import statements as sql
@@ -16,13 +23,51 @@ from llm_budgets.exceptions import LedgerUnavailable
 logger = logging.getLogger("llm_budgets")
 
 
+# PostgreSQL SQLSTATEs (and classes, by their first two characters) that say the database could
+# not serve the statement now, whatever the statement: retrying later may succeed.
+_PG_OPERATIONAL_CLASSES = frozenset({"08", "40", "53", "57", "58"})  # connection, rollback
+# (serialisation failure, deadlock), insufficient resources, operator intervention (admin or
+# crash shutdown, statement timeout, cancel), system (I/O) error
+_PG_OPERATIONAL_STATES = frozenset(
+    {"55P03", "25P03", "25P04"}  # lock_timeout, idle-in-transaction and transaction timeouts
+)
+# SQLite primary result codes with the same meaning: busy/locked (the write lock's busy timeout),
+# out of memory, read-only, interrupted, I/O error, corrupt, disk full, cannot open, protocol.
+_SQLITE_OPERATIONAL_CODES = frozenset({5, 6, 7, 8, 9, 10, 11, 13, 14, 15})
+
+
+def operational(exc: DatabaseError) -> bool:
+    """Whether ``exc`` says the database could not serve us now (an outage, a lock wait cut
+    short, a serialisation failure), as opposed to a fault in our own SQL or data.
+
+    Read from the driver's error Django wraps (``exc.__cause__``): PostgreSQL's SQLSTATE,
+    SQLite's result code. A driver error without one (a connection lost or closed, which psycopg
+    raises as ``OperationalError`` or ``InterfaceError`` with no SQLSTATE) is operational."""
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    if isinstance(sqlstate, str) and sqlstate:
+        return sqlstate[:2] in _PG_OPERATIONAL_CLASSES or sqlstate in _PG_OPERATIONAL_STATES
+    code = getattr(cause, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in _SQLITE_OPERATIONAL_CODES
+    return isinstance(exc, OperationalError | InterfaceError)
+
+
 @contextmanager
 def ledger_guard(action: str) -> Iterator[None]:
-    """Turn a database failure into a refusal that explains itself."""
+    """Turn an operational database failure into a refusal that explains itself; let any
+    other database error surface as the error it is (logged with its traceback)."""
     try:
         yield
     except DatabaseError as exc:
-        logger.error("llm_budgets: ledger unavailable during %s: %s", action, exc)
+        if not operational(exc):
+            logger.exception(
+                "llm_budgets: database error during %s (a fault in the query, schema or data, "
+                "not an outage: not retried)",
+                action,
+            )
+            raise
+        logger.error("llm_budgets: ledger unavailable during %s: %s", action, exc, exc_info=True)
         raise LedgerUnavailable(
             f"The budget ledger could not be read or written during {action} "
             f"({type(exc).__name__}: {str(exc).strip() or 'no detail'}). The call was refused; "

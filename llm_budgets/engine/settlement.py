@@ -45,19 +45,8 @@ from llm_budgets.models import (
 )
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pricing import price_in_effect
+from llm_budgets.results import CommitResult as CommitResult  # its home until issue #10
 from llm_budgets.usage import Usage, usage_validate
-
-
-@dataclass(frozen=True)
-class CommitResult:
-    reservation_id: UUID
-    state: str
-    cost: Decimal
-    reserved: Decimal
-    overage: Decimal  # actual cost above the hold; zero when the hold covered it
-    currency: str
-    customer_cost: Decimal = ZERO  # the cost at customer price (with the tenant's markup)
-    pricing_basis: str = PricingBasis.PRICE  # "price", or the unknown-model policy used
 
 
 @dataclass(frozen=True)
@@ -97,6 +86,17 @@ def _reservation_id(value: object) -> UUID:
         raise InvalidUsage(
             f"reservation id must be a UUID, got {value!r}.", field="reservation_id"
         ) from None
+
+
+def reservation_get(reservation_id: object) -> Reservation:
+    """The reservation with this id (a read: nothing is locked); ``ReservationNotFound``."""
+    rid = _reservation_id(reservation_id)
+    with ledger_guard("read"):
+        reservation = Reservation.objects.select_related("tenant", "end_user").filter(pk=rid)
+        found = reservation.first()
+    if found is None:
+        raise ReservationNotFound(rid)
+    return found
 
 
 @contextmanager
@@ -144,11 +144,11 @@ def _move(
     *,
     reserved: Amounts,
     spent: Amounts,
-    after: Sequence[sql.Statement] = (),
+    transition_writes: Sequence[sql.Statement] = (),
 ) -> None:
     """Add ``reserved`` and ``spent`` (either may be negative) to every counter of the hold, each
-    in the unit its hold was taken in (provider cost or customer price), after the transition's
-    own writes (``after``: its ledger line, its state).
+    in the unit its hold was taken in (provider cost or customer price), together with the
+    transition's own writes (``transition_writes``: its ledger line, its state), which run first.
 
     The counters are locked last, in pk order as admission locks them, and only for this write
     and the commit: everything else is computed before. On PostgreSQL the writes, the locks and
@@ -163,7 +163,7 @@ def _move(
             spent.provider,
             _pk(reservation.pk),
         ]
-        sql.run([*after, (_add_to_held_counters_sql(), params)])
+        sql.run([*transition_writes, (_add_to_held_counters_sql(), params)])
         return
     counters = []
     for row in sql.fetch(_held_counters_sql(), [_pk(reservation.pk)]):
@@ -171,7 +171,7 @@ def _move(
         counter.reserved += reserved.for_unit(unit)
         counter.spent += spent.for_unit(unit)
         counters.append(counter)
-    Counter.objects.write(counters, ["reserved", "spent"], after=after)
+    Counter.objects.write(counters, ["reserved", "spent"], transition_writes=transition_writes)
 
 
 def _held_from() -> str:
@@ -255,7 +255,7 @@ def _record(
         currency=reservation.currency,
         is_estimated=estimated,
         overage=overage,
-        period_start=reservation.created_at,
+        reserved_at=reservation.created_at,
         created_at=now,
         tags=reservation.tags,
         **(usage.as_fields() if usage else {}),
@@ -350,7 +350,7 @@ def reservation_commit(
             priced=(price_id, basis),
         )
         committed = _settled(reservation, ReservationState.COMMITTED, now)
-        _move(reservation, reserved=-unhold, spent=charge, after=[line, committed])
+        _move(reservation, reserved=-unhold, spent=charge, transition_writes=[line, committed])
         # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
         return CommitResult(
             reservation_id=reservation.pk,
@@ -381,7 +381,9 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
         )
         released = _settled(reservation, ReservationState.RELEASED, now)
         if was_live:
-            _move(reservation, reserved=-_held(reservation), spent=NONE, after=[released])
+            _move(
+                reservation, reserved=-_held(reservation), spent=NONE, transition_writes=[released]
+            )
         elif estimate is not None:
             refund = _record(
                 reservation,
@@ -390,7 +392,12 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
                 estimated=False,
                 now=now,
             )
-            _move(reservation, reserved=NONE, spent=-_charged(estimate), after=[refund, released])
+            _move(
+                reservation,
+                reserved=NONE,
+                spent=-_charged(estimate),
+                transition_writes=[refund, released],
+            )
         else:
             sql.run([released])
         return str(reservation.state)
@@ -441,10 +448,12 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
                 reservation,
                 reserved=-_held(reservation),
                 spent=_held(reservation),
-                after=[estimate, expired],
+                transition_writes=[estimate, expired],
             )
         else:
-            _move(reservation, reserved=-_held(reservation), spent=NONE, after=[expired])
+            _move(
+                reservation, reserved=-_held(reservation), spent=NONE, transition_writes=[expired]
+            )
         return True
 
 
@@ -519,11 +528,13 @@ def reservation_settle_uncertain(reservation_id: object, *, now: datetime | None
                 reservation,
                 reserved=-_held(reservation),
                 spent=_held(reservation),
-                after=[estimate, committed],
+                transition_writes=[estimate, committed],
             )
         else:
             released = _settled(reservation, ReservationState.RELEASED, now)
-            _move(reservation, reserved=-_held(reservation), spent=NONE, after=[released])
+            _move(
+                reservation, reserved=-_held(reservation), spent=NONE, transition_writes=[released]
+            )
         return True
 
 

@@ -141,18 +141,20 @@ class CounterQuerySet(models.QuerySet["Counter"]):
         counters: Sequence[Counter],
         fields: Sequence[str],
         *,
-        after: Sequence[sql.Statement] = (),
+        transition_writes: Sequence[sql.Statement] = (),
     ) -> None:
-        """Store new values of counters the caller has locked, after the other writes of the
-        same transition (``after``: its reservation, holds or ledger line).
+        """Store new values of counters the caller has locked, together with the other writes
+        of the same transition (``transition_writes``: its reservation, holds, ledger line or
+        state), which run first (SQLite) or in the same statement (PostgreSQL).
 
-        On PostgreSQL an ``UPDATE ... FROM (VALUES ...)``, sent with ``after`` as one statement
+        On PostgreSQL an ``UPDATE ... FROM (VALUES ...)``, sent with ``transition_writes`` as one
+        statement
         (``statements.run``): ``bulk_update`` builds a ``CASE WHEN`` per row and field, which
         costs the ORM about ten times the client CPU, spent while every other call under the
         same budgets waits for these rows. Elsewhere the writes, then ``bulk_update``."""
         connection = connections[self.db]
         if connection.vendor != "postgresql" or not counters:
-            sql.run(after)
+            sql.run(transition_writes)
             Counter.objects.bulk_update(counters, fields)
             return
         qn = connection.ops.quote_name
@@ -165,7 +167,7 @@ class CounterQuerySet(models.QuerySet["Counter"]):
             f"AS v(id, {', '.join(columns)}) WHERE {table}.id = v.id"
         )
         params = [value for c in counters for value in (c.pk, *(getattr(c, f) for f in fields))]
-        sql.run([*after, (text, params)])
+        sql.run([*transition_writes, (text, params)])
 
 
 class Counter(models.Model):

@@ -7,7 +7,8 @@ import zoneinfo
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.core.validators import validate_email
+
+from llm_budgets.conf import email_address_valid
 
 
 def validate_timezone(value: str) -> None:
@@ -25,8 +26,13 @@ def split_emails(value: str) -> list[str]:
 
 
 def validate_email_list(value: str) -> None:
+    """Addresses as ``split_emails`` reads them, each tested as every email setting is
+    (``llm_budgets.conf.email_address_valid``)."""
     for address in split_emails(value):
-        validate_email(address)
+        if not email_address_valid(address):
+            raise ValidationError(
+                f"Enter a valid email address ({address!r} is not one).", code="invalid"
+            )
 
 
 def validate_thresholds(value: Any) -> None:

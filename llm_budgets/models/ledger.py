@@ -217,8 +217,9 @@ class UsageRecord(models.Model):
         default=False,
         help_text="Charged from the hold (expired or uncertain), not from reported usage.",
     )
-    period_start = models.DateTimeField(
-        help_text="When the reservation was made; its period is charged."
+    reserved_at = models.DateTimeField(
+        help_text="When the reservation was made: the period it was made in is charged, and "
+        "rollups and reports bucket the line by this time."
     )
     created_at = models.DateTimeField()
 
@@ -257,7 +258,7 @@ class UsageRecord(models.Model):
         indexes = [
             models.Index(fields=["tenant", "created_at"], name="llmb_usage_tenant_time"),
             # Daily rollups read one day of a tenant's lines by the reservation's time.
-            models.Index(fields=["tenant", "period_start"], name="llmb_usage_tenant_period"),
+            models.Index(fields=["tenant", "reserved_at"], name="llmb_usage_tenant_period"),
         ]
 
     def __str__(self) -> str:

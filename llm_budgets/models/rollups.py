@@ -12,7 +12,7 @@ from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 class DailyUsage(models.Model):
     """Totals of a tenant's ledger lines for one local day (tenant's timezone), end user and model.
 
-    Lines are bucketed by the reservation's time (``UsageRecord.period_start``), like counters,
+    Lines are bucketed by the reservation's time (``UsageRecord.reserved_at``), like counters,
     so a month of rollups adds up to the month's counter. Derived data, rebuilt from the ledger.
     """
 

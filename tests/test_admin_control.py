@@ -103,6 +103,25 @@ def test_support_sees_the_tenant_page_with_refusals_and_why(
     assert page.context["budget_rows"]  # usage bars for the current period
 
 
+def test_the_tenant_page_lists_only_switches_that_refuse_now(
+    support: Client, tenant: Tenant
+) -> None:
+    """A switch past its auto_clear_at no longer refuses calls, so the page does not list it as
+    tripped (issue #10: "open now" has one definition, killswitches.switch_open_q)."""
+    now = timezone.now()
+    budgets.trip(tenant="acme", model="m30", reason="still tripped", actor="alice")
+    lapsed = budgets.trip(
+        tenant="acme",
+        provider="fake",
+        reason="lapsed by itself",
+        actor="alice",
+        auto_clear_at=now + timedelta(minutes=5),
+    )
+    KillSwitch.objects.filter(pk=lapsed.pk).update(auto_clear_at=now - timedelta(minutes=1))
+    rows = support.get(_tenant_url(tenant)).context["switch_rows"]
+    assert [row["reason"] for row in rows] == ["still tripped"]
+
+
 def test_support_trips_and_clears_with_a_reason_audited_and_emailed(
     support: Client, tenant: Tenant, settings: object, django_capture_on_commit_callbacks: object
 ) -> None:

@@ -1,0 +1,168 @@
+"""Counters by key: the one definition of which counter row a budget draws on, and the reads
+and locks of counter rows by that key.
+
+A counter is identified by its :class:`CounterKey`: the budget, each dimension that splits a
+budget's counter (today the end user of an each-end-user ``"*"`` budget; NULL where the budget
+is not split by it) and the period start. Every lookup of counters by key, whether SQL text
+(:func:`counters_locked`) or ORM filter (:func:`counters_matching`, :func:`rolling_buckets`),
+and every key built from a row (:meth:`CounterKey.of`), is derived from ``DIMENSIONS`` below:
+a new dimension (an API key, a run, a tag) is one field of ``CounterKey``, one entry in
+``DIMENSIONS`` and its column on ``Counter`` (with its unique constraint).
+``tests/test_rule_parity.py`` fails if another module spells a counter lookup of its own.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from django.db.models import Q
+
+from llm_budgets.engine import statements as sql
+from llm_budgets.models import Counter
+from llm_budgets.windows import rolling_window
+
+if TYPE_CHECKING:
+    from llm_budgets.selectors import ApplicableBudget
+
+
+class CounterKey(NamedTuple):
+    """Which counter row a budget draws on: ``(budget, end user or None, period start)``."""
+
+    budget_id: int
+    end_user_id: int | None
+    period_start: datetime
+
+    @classmethod
+    def of(cls, counter: Counter) -> CounterKey:
+        """The key of a counter row."""
+        dimensions = [getattr(counter, f"{d}_id") for d in DIMENSIONS]
+        return cls._make([counter.budget_id, *dimensions, counter.period_start])
+
+    @property
+    def series(self) -> tuple[Any, ...]:
+        """The key without its period: every bucket of a rolling budget shares it."""
+        return tuple(self[:-1])
+
+    def counter(self) -> Counter:
+        """A new, unsaved counter row for this key."""
+        ids = {f"{d}_id": v for d, v in zip(DIMENSIONS, self[1:-1], strict=True)}
+        return Counter(budget_id=self.budget_id, period_start=self.period_start, **ids)
+
+
+# The dimensions that split a budget's counter, in ``CounterKey`` order (between the budget and
+# the period start): Counter foreign keys, NULL where the budget is not split by them.
+DIMENSIONS: tuple[str, ...] = ("end_user",)
+
+
+def _dimensions_q(key: CounterKey) -> dict[str, object]:
+    lookups: dict[str, object] = {"budget_id": key.budget_id}
+    for name, value in zip(DIMENSIONS, key[1:-1], strict=True):
+        if value is None:
+            lookups[f"{name}__isnull"] = True
+        else:
+            lookups[f"{name}_id"] = value
+    return lookups
+
+
+def key_q(key: CounterKey, *, since: datetime | None = None) -> Q:
+    """An ORM filter for the row of ``key`` or, with ``since``, its series' rows from ``since``
+    on (a rolling budget's buckets)."""
+    if since is None:
+        return Q(**_dimensions_q(key), period_start=key.period_start)
+    return Q(**_dimensions_q(key), period_start__gte=since)
+
+
+def counters_matching(applicable: Sequence[ApplicableBudget]) -> Q:
+    """A filter for exactly the counter rows of ``applicable`` (never another end user's)."""
+    match = Q(pk__in=[])
+    for item in applicable:
+        match |= key_q(item.counter_key)
+    return match
+
+
+def _nulls(key: CounterKey) -> tuple[bool, ...]:
+    """Which of the key's dimensions are NULL: the shape its SQL condition depends on."""
+    return tuple(value is None for value in key[1:-1])
+
+
+def _key_condition(nulls: tuple[bool, ...], alias: str) -> str:
+    """The SQL form of ``key_q`` for a key of this shape, on counter alias ``alias``; its
+    parameters are ``_key_params(key)``."""
+    conditions = [f"{alias}.{sql.column(Counter, 'budget')} = %s"]
+    for name, null in zip(DIMENSIONS, nulls, strict=True):
+        test = "IS NULL" if null else "= %s"
+        conditions.append(f"{alias}.{sql.column(Counter, name)} {test}")
+    conditions.append(f"{alias}.{sql.column(Counter, 'period_start')} = %s")
+    return f"({' AND '.join(conditions)})"
+
+
+def _key_params(key: CounterKey) -> list[object]:
+    dimensions = [value for value in key[1:-1] if value is not None]
+    return [key.budget_id, *dimensions, sql.param(Counter, "period_start", key.period_start)]
+
+
+def counters_locked(
+    applicable: Sequence[ApplicableBudget], *, first: sql.Statement | None = None
+) -> list[Counter]:
+    """Lock exactly the counter rows of ``applicable`` (``FOR UPDATE``, in primary-key order, so
+    concurrent admissions cannot deadlock) and return them; a missing row is simply absent.
+    One statement without the ORM's compilation (see ``llm_budgets.engine.statements``), sent with
+    ``first`` if given (``statements.fetch``)."""
+    keys = [item.counter_key for item in applicable]
+    params = [param for key in keys for param in _key_params(key)]
+    rows = sql.fetch(_counters_locked_sql(tuple(_nulls(k) for k in keys)), params, first=first)
+    return [sql.row_to(Counter, row) for row in rows]
+
+
+@functools.cache
+def _counters_locked_sql(shapes: tuple[tuple[bool, ...], ...]) -> str:
+    match = " OR ".join(_key_condition(nulls, "c") for nulls in shapes)
+    return (
+        f"SELECT {sql.columns(Counter, 'c')} FROM {sql.table(Counter)} c"  # noqa: S608
+        f" WHERE {match or 'FALSE'} ORDER BY c.id{sql.lock_clause()}"
+    )
+
+
+@dataclass(frozen=True)
+class Bucket:
+    start: datetime
+    spent: Decimal
+    reserved: Decimal
+
+
+def rolling_buckets(
+    applicable: Sequence[ApplicableBudget],
+) -> dict[CounterKey, list[Bucket]]:
+    """The buckets each rolling budget counts in the window ending with its current bucket
+    (``item.period``), and any newer ones (e.g. from a clock ahead of this one), oldest first,
+    keyed by ``counter_key`` (an each-end-user budget counts only that end user's buckets). One
+    query, at most a window of buckets per budget; callers sum in ``Decimal`` (SQLite sums
+    decimals as floats). Inside admission's transaction these rows are covered by the budget
+    row's lock, not locked themselves."""
+    windows = [
+        (item, window)
+        for item in applicable
+        if (window := rolling_window(item.budget.window)) is not None
+    ]
+    result: dict[CounterKey, list[Bucket]] = {item.counter_key: [] for item, _ in windows}
+    if not windows:
+        return result
+    condition = Q(pk__in=[])
+    keys = {}
+    for item, window in windows:
+        key = item.counter_key
+        condition |= key_q(key, since=window.counted_from(item.period.start))
+        keys[key.series] = key
+    order = ["budget_id", *(f"{d}_id" for d in DIMENSIONS), "period_start"]
+    rows = Counter.objects.filter(condition).order_by(*order)
+    for counter in rows:
+        bucket = CounterKey.of(counter)
+        result[keys[bucket.series]].append(
+            Bucket(bucket.period_start, counter.spent, counter.reserved)
+        )
+    return result
