@@ -215,7 +215,7 @@ def test_a_worker_killed_inside_a_commit_leaves_its_holds_to_the_sweep() -> None
     ready, go = context.Queue(), context.Queue()
     connections.close_all()
     child = context.Process(target=_reserve_then_commit_in_child, args=(ready, go, ttl))
-    with patient_lock_waits(120):  # forked with it: the child's commit waits, not refuses
+    with patient_lock_waits(60):  # forked with it: the child's commit waits, not refuses
         child.start()
     try:
         hold_id = ready.get(timeout=60)
