@@ -13,6 +13,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils.html import strip_tags
 
 from llm_budgets import budgets
 from llm_budgets.admin import selectors as admin_selectors
@@ -147,14 +148,19 @@ def test_tenant_page_shows_current_period_numbers_and_open_holds(
     assert page.status_code == 200
     rows = {(r["scope"], r["window"]): r for r in page.context["budget_rows"]}
     tenant_month = rows[("tenant acme", "month")]
-    assert tenant_month["limit"] == "100.00 USD"
-    assert tenant_month["spent"] == "15.00 USD"
-    assert tenant_month["reserved"] == "30.00 USD"
-    assert tenant_month["remaining"] == "55.00 USD"
-    assert tenant_month["resets_at"] is not None
+    assert strip_tags(tenant_month["limit"]) == "100.00 USD"
+    assert strip_tags(tenant_month["spent"]) == "15.00 USD"
+    assert strip_tags(tenant_month["reserved"]) == "30.00 USD"
+    assert strip_tags(tenant_month["remaining"]) == "55.00 USD"
+    assert tenant_month["resets_at"]
     assert ("end user acme/*", "day") in rows
     [own] = page.context["end_user_budget_rows"]
-    assert (own["scope"], own["limit"], own["reserved"], own["remaining"]) == (
+    assert (
+        own["scope"],
+        strip_tags(own["limit"]),
+        strip_tags(own["reserved"]),
+        strip_tags(own["remaining"]),
+    ) == (
         "end user acme/u-1",
         "40.00 USD",
         "30.00 USD",
@@ -162,15 +168,16 @@ def test_tenant_page_shows_current_period_numbers_and_open_holds(
     )
     [open_row] = page.context["reservation_rows"]
     held = ledger["held"]
-    assert open_row["id"] == held.id  # type: ignore[attr-defined]
-    assert open_row["amount"] == "30.00 USD"
+    assert open_row["full_id"] == str(held.id)  # type: ignore[attr-defined]
+    assert open_row["id"] == str(held.id)[:8]  # type: ignore[attr-defined]
+    assert strip_tags(open_row["amount"]) == "30.00 USD"
     html = page.content.decode()
     for text in ["55.00 USD", "30.00 USD", str(held.id), "Open reservations (1)"]:  # type: ignore[attr-defined]
         assert text in html
     # An uncertain hold is still counted, so it is still open.
     held.mark_uncertain()  # type: ignore[attr-defined]
     page = admin_client.get(_url(Tenant, "change", tenant.pk))  # type: ignore[attr-defined]
-    assert [r["id"] for r in page.context["reservation_rows"]] == [held.id]  # type: ignore[attr-defined]
+    assert [r["full_id"] for r in page.context["reservation_rows"]] == [str(held.id)]  # type: ignore[attr-defined]
     assert admin_client.get(page.context["open_reservations_url"]).status_code == 200
 
 
@@ -196,7 +203,8 @@ def test_tenant_page_query_count_does_not_grow_with_the_tenant(
     small = grow_to(2)
     large = grow_to(12)
     assert large == small, (small, large)
-    assert large <= 14, large  # 11 + open switches, recent refusals, recent ledger lines
+    # 11 + open switches, recent refusals, recent ledger lines, voided lines among them, raises
+    assert large <= 16, large
     html = admin_client.get(url).content.decode()
     assert "All 12 open reservations" in html
     assert "All 12 end-user budgets" in html

@@ -17,7 +17,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from llm_budgets.admin.base import actor, adopt, money_text
+from llm_budgets.admin.base import actor, adopt, rate_text, when_column, when_text
+from llm_budgets.costs import TOKEN_RATES
 from llm_budgets.models import Price
 from llm_budgets.pricing import PRICE_FIELDS, current_versions, price_set, prices_in_effect
 
@@ -89,8 +90,8 @@ class PriceAdmin(admin.ModelAdmin):
         "model",
         "input_text",
         "output_text",
-        "effective_from",
-        "effective_to",
+        "effective_from_when",
+        "effective_to_when",
         "source",
         "is_current",
     ]
@@ -109,7 +110,14 @@ class PriceAdmin(admin.ModelAdmin):
         fields = list(super().get_fields(request, obj))
         if obj is None:  # the add form: no history yet, and the reason field
             return [f for f in fields if f not in ("history", "new_version")]
-        return [f for f in fields if f != "reason"]
+        # The read-only view: rates in the one money format with their unit, exact on hover.
+        shown = {name: f"{name}_text" for name in _RATE_COLUMNS}
+        return [shown.get(str(f), f) for f in fields if f != "reason"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
+        if obj is None:
+            return self.readonly_fields
+        return [*self.readonly_fields, *(f"{name}_text" for name in _RATE_COLUMNS)]
 
     def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
         """``?from_version=<id>`` prefills the form with that version's rates."""
@@ -154,9 +162,9 @@ class PriceAdmin(admin.ModelAdmin):
             (
                 (
                     reverse("admin:llm_budgets_price_change", args=[v.pk]),
-                    f"{v.effective_from:%Y-%m-%d %H:%M}",
-                    money_text(v.input_per_mtok, v.currency),
-                    money_text(v.output_per_mtok, v.currency),
+                    when_text(v.effective_from, None),
+                    rate_text(v.input_per_mtok, v.currency),
+                    rate_text(v.output_per_mtok, v.currency),
                     v.source,
                     " - current" if v.pk in current else "",
                 )
@@ -172,10 +180,30 @@ class PriceAdmin(admin.ModelAdmin):
             '<a class="button" href="{}">Add a new version from these rates</a>', url
         )
 
-    @admin.display(description="Input / Mtok", ordering="input_per_mtok")
+    @admin.display(description="Input", ordering="input_per_mtok")
     def input_text(self, obj: Price) -> str:
-        return money_text(obj.input_per_mtok, obj.currency)
+        return rate_text(obj.input_per_mtok, obj.currency)
 
-    @admin.display(description="Output / Mtok", ordering="output_per_mtok")
+    @admin.display(description="Output", ordering="output_per_mtok")
     def output_text(self, obj: Price) -> str:
-        return money_text(obj.output_per_mtok, obj.currency)
+        return rate_text(obj.output_per_mtok, obj.currency)
+
+    effective_from_when = when_column("effective_from", "Effective from")
+    effective_to_when = when_column("effective_to", "Effective to")
+
+
+def _rate_column(name: str) -> Any:
+    unit = "request" if name == "per_request" else "1M tokens"
+
+    @admin.display(description=str(Price._meta.get_field(name).verbose_name).capitalize())  # type: ignore[union-attr]
+    def column(self: Any, obj: Price) -> str:
+        return rate_text(getattr(obj, name), obj.currency, unit)
+
+    column.__name__ = f"{name}_text"
+    return column
+
+
+_RATE_COLUMNS = (*TOKEN_RATES, "per_request")
+for _name in _RATE_COLUMNS:
+    setattr(PriceAdmin, f"{_name}_text", _rate_column(_name))
+del _name
