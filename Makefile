@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 DEMO_DB := sqlite:///$(CURDIR)/var/demo.sqlite3
 
-.PHONY: install demo test test-pgbouncer bench-load bench-pages lint format typecheck migrations-check schema-check compose-check check bench clean
+.PHONY: install demo test test-faults test-pgbouncer bench-load bench-pages lint format typecheck migrations-check schema-check compose-check check bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ test: install
 ## pooling mode (tests/pgbouncer.py starts it; DATABASE_URL must be PostgreSQL).
 test-pgbouncer: install
 	LLMB_PGBOUNCER=1 $(PY) -m pytest -m "concurrency or pooler" tests/ $(PYTEST_ARGS)
+## The slow fault legs (fault proxy cuts and outages, crashes, soak; marker "faults"), on
+## PostgreSQL: see docs/reliability.md.
+test-faults: install
+	$(PY) -m pytest -m faults $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

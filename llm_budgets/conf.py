@@ -43,6 +43,10 @@ DEFAULTS: dict[str, Any] = {
     # no database read; 0: read it on every request. A key revoked or changed in another process
     # is seen within this long (in the same process at once).
     "API_KEY_CACHE_SECONDS": 0,
+    # Failed API-key authentications per source address (REMOTE_ADDR; the X-Forwarded-For entry
+    # DRF's NUM_PROXIES points at, when set) before that source is refused with 429 until the
+    # window ends, or None for no limit. Counted in the database, across processes.
+    "API_AUTH_FAILURE_RATE": "20/minute",
     # Jobs (docs/operations.md). An UNCERTAIN reservation (outcome unknown) older than
     # UNCERTAIN_MAX_AGE_SECONDS is settled by rule: "charge" its hold as estimated spend, or
     # "release" it.
@@ -351,6 +355,7 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "OPERATOR_EMAILS": _email_list,
     "TOKEN_ESTIMATE_SAFETY_MARGIN": _safety_margin,
     "API_THROTTLE_RATE": _throttle_rate,
+    "API_AUTH_FAILURE_RATE": _throttle_rate,
     "UNCERTAIN_SETTLE_RULE": _choice(*UNCERTAIN_SETTLE_RULES),
     "UNCERTAIN_MAX_AGE_SECONDS": _positive_int,
     "WARNING_THRESHOLDS": _thresholds,
@@ -521,6 +526,11 @@ class Settings:
     @property
     def STRIPE_RECONCILE_DAYS(self) -> int:
         return int(self._get("STRIPE_RECONCILE_DAYS"))
+
+    @property
+    def API_AUTH_FAILURE_RATE(self) -> str | None:
+        rate = self._get("API_AUTH_FAILURE_RATE")
+        return None if rate is None else str(rate)
 
 
 conf = Settings()

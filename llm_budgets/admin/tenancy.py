@@ -19,6 +19,7 @@ from llm_budgets import clock
 from llm_budgets.admin.base import (
     actor,
     adopt,
+    clean_identifier,
     end_user_url,
     limit_text,
     money_text,
@@ -94,6 +95,9 @@ class TenantForm(forms.ModelForm):
             "billing_emails",
         ]
         widgets = {"timezone": forms.Select(choices=clock.timezone_choices())}
+
+    def clean_external_id(self) -> str:
+        return clean_identifier("tenant", self.cleaned_data.get("external_id"))
 
     def clean_plan(self) -> Plan | None:
         plan: Plan | None = self.cleaned_data["plan"]
@@ -272,11 +276,21 @@ def _changelist(model_name: str, params: Mapping[str, str | int]) -> str:
     return f"{reverse(f'admin:llm_budgets_{model_name}_changelist')}?{urlencode(params)}"
 
 
+class EndUserForm(forms.ModelForm):
+    class Meta:
+        model = EndUser
+        fields = ["tenant", "external_id"]
+
+    def clean_external_id(self) -> str:
+        return clean_identifier("end_user", self.cleaned_data.get("external_id"))
+
+
 @admin.register(EndUser)
 class EndUserAdmin(admin.ModelAdmin):
     """End users are created by end_user_ensure (here or on first request); never edited. An end
     user's page shows where it stands: budgets, holds, ledger lines, refusals, switches."""
 
+    form = EndUserForm
     list_display = ["external_id", "tenant", "created_when"]
     list_select_related = ["tenant"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter)]

@@ -25,7 +25,49 @@ SCHEMA_SETTINGS = {
         "worst-case cost, settle the real cost afterwards. Send `Authorization: Api-Key <key>`."
     ),
     "VERSION": llm_budgets.__version__,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "llm_budgets.api.docs.add_links",
+    ],
 }
+
+# OpenAPI links: how a reservation's answer feeds the operations on it (clients and stateful
+# testers such as schemathesis follow them).
+RESERVATION_LINKS = {
+    "reservations_retrieve": "Get",
+    "reservations_commit": "Commit",
+    "reservations_release": "Release",
+    "reservations_extend": "Extend",
+    "reservations_uncertain": "MarkUncertain",
+}
+
+
+def add_links(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: add the links of a reservation's 201/200 answers."""
+    reservation_ops = {"reservations_create": "201", "reservations_retrieve": "200"}
+    for item in result.get("paths", {}).values():
+        for operation in item.values():
+            status = (
+                reservation_ops.get(operation.get("operationId", ""))
+                if isinstance(operation, dict)
+                else None
+            )
+            response = operation.get("responses", {}).get(status) if status else None
+            if response is None:
+                continue
+            links = {
+                name: {
+                    "operationId": target,
+                    "parameters": {"reservation_id": "$response.body#/id"},
+                }
+                for target, name in RESERVATION_LINKS.items()
+            }
+            links["TenantStatus"] = {
+                "operationId": "tenants_status",
+                "parameters": {"external_id": "$response.body#/tenant"},
+            }
+            response["links"] = links
+    return result
 
 
 _SCHEMAS: dict[tuple[str, str | None, str], tuple[bytes, str, str]] = {}

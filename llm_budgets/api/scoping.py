@@ -29,6 +29,8 @@ def tenant_for(request: Request, external_id: str | None) -> Tenant:
     """The tenant the request acts for. A tenant key naming another tenant gets exactly the
     answer an unknown tenant gets, so keys cannot probe which tenants exist."""
     key = api_key_of(request)
+    if external_id is not None:
+        external_id = validation.identifier("tenant", external_id)
     if key.tenant is not None:
         if external_id is not None and external_id != key.tenant.external_id:
             raise UnknownTenant(external_id)

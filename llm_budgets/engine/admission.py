@@ -85,7 +85,8 @@ def _validate(
     elif isinstance(ttl, timedelta):
         ttl_delta = ttl
     elif isinstance(ttl, int) and not isinstance(ttl, bool):
-        ttl_delta = timedelta(seconds=ttl)
+        # In range before the timedelta is built: a huge ttl would overflow it.
+        ttl_delta = timedelta(seconds=validation.ttl_seconds("ttl", ttl))
     else:
         raise InvalidUsage(f"ttl must be seconds (int) or a timedelta, got {ttl!r}.", field="ttl")
     if not timedelta(seconds=1) <= ttl_delta <= timedelta(seconds=conf.MAX_TTL_SECONDS):

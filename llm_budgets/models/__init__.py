@@ -5,7 +5,7 @@ Invariants that a database can hold are constraints: non-negative amounts, one c
 (tenant, idempotency key).
 """
 
-from llm_budgets.models.api import ApiKey, IdempotencyRecord
+from llm_budgets.models.api import ApiKey, IdempotencyRecord, RateCounter
 from llm_budgets.models.audit import AuditEvent
 from llm_budgets.models.billing import (
     BillingLine,
@@ -62,6 +62,7 @@ __all__ = [
     "Price",
     "PriceSource",
     "PricingBasis",
+    "RateCounter",
     "ReconciliationDifference",
     "ReconciliationRun",
     "Refusal",

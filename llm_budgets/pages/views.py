@@ -82,7 +82,7 @@ def overview(request: HttpRequest, viewer: Viewer) -> HttpResponse:
         # What Stripe accepted this period (llm_budgets.billing); tenant-wide, so not for a
         # member, and None for a tenant never billed through Stripe (docs/pages.md).
         billed=None
-        if viewer.is_member
+        if viewer.is_member or periods.current.end is None
         else billed_so_far(viewer.tenant, periods.current.start, periods.current.end),
     )
     return render(request, "llm_budgets/pages/overview.html", context)
