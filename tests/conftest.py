@@ -53,3 +53,12 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     monkeypatch.setattr(socket, "create_connection", refuse)
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
     return attempts
+
+
+@pytest.fixture(autouse=True)
+def _forget_linked_tenants() -> None:
+    # The outbox caches which tenant ids are linked to Stripe, per process. A test's rollback
+    # lets SQLite hand the same ids to the next test's tenants, which would then look linked.
+    from llm_budgets.billing.outbox import linked_cache_clear
+
+    linked_cache_clear()

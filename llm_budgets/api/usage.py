@@ -109,6 +109,8 @@ def _row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 class TenantUsageView(ApiView):
+    query_parameters = frozenset(UsageQuerySerializer().fields)
+
     @api_schema(
         operation_id="tenants_usage",
         summary="The tenant's spend by day, model or end user over a range of local days",
