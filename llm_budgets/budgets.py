@@ -21,6 +21,7 @@ from llm_budgets import (
     limits,
     pricing,
     quotes,
+    runs,
     selectors,
     tenants,
 )
@@ -259,9 +260,14 @@ def set_limit(
     actor: str = "",
     reason: str = "",
     unit: str | None = None,
+    api_key: str | None = None,
+    run: str | None = None,
+    tag: tuple[str, str] | None = None,
 ) -> Budget:
     """Create or change a budget: global (no tenant), a tenant, each of its end users (``"*"``),
-    or one end user. ``unit``: ``provider_cost`` (default) or ``customer_price``."""
+    or one end user; with a tenant, an API key (its prefix, or ``"*"`` for each key), a run
+    (``"*"`` for each run) or a tag (``("project", "alpha")``). ``unit``: ``provider_cost``
+    (default) or ``customer_price``."""
     return limits.budget_set_limit(
         amount=amount,
         window=window,
@@ -270,7 +276,19 @@ def set_limit(
         actor=actor,
         reason=reason,
         unit=unit,
+        api_key=api_key,
+        run=run,
+        tag=tag,
     )
+
+
+def close_run(*, tenant: str, run: str, actor: str = "", reason: str = "") -> datetime:
+    """Close a run: its lifetime budgets end, and later reservations naming it are refused
+    (``RunClosed``). Holds already taken settle as usual. Returns when it was closed (the
+    first close's time if it was closed already)."""
+    closed = runs.run_close(tenant=tenant, run=run, actor=actor, reason=reason)
+    assert closed.closed_at is not None  # noqa: S101 - run_close always sets it
+    return closed.closed_at
 
 
 def reserve(
@@ -288,12 +306,15 @@ def reserve(
     max_tool_calls: dict[str, int] | None = None,
     allow_degrade: bool = False,
     tags: dict[str, str] | None = None,
+    run: str | None = None,
 ) -> Hold:
     """Admit a call and hold its worst-case cost, or raise a ``BudgetError`` that says why.
 
     ``max_tool_calls`` (e.g. ``{"web_search": 3}``) adds those tools' fees to the hold.
     ``tags`` (e.g. ``{"feature": "chat"}``, at most 16 string pairs) are kept on the
-    reservation and copied onto its ledger lines.
+    reservation and copied onto its ledger lines; the budgets of each tag apply.
+    ``run`` (e.g. ``"run-42"``) names the agent run the call belongs to: its budgets (and the
+    tenant's ``run="*"`` budget, on the run's own counter) apply, until ``close_run``.
 
     Give ``input_tokens`` (all input, cached included), or ``messages`` / ``prompt`` to have
     them counted offline (docs/pricing.md). ``provider`` may be left out when exactly one
@@ -315,6 +336,7 @@ def reserve(
             max_tool_calls=max_tool_calls,
             allow_degrade=allow_degrade,
             tags=tags,
+            run=run,
         )
     )
 

@@ -29,12 +29,15 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from llm_budgets.conf import conf
+from llm_budgets.engine.counters import DIMENSIONS
 from llm_budgets.models import (
+    ApiKey,
     Budget,
     Counter,
     DeliveryState,
     EndUser,
     Plan,
+    Run,
     Scope,
     ThresholdCrossing,
 )
@@ -106,7 +109,8 @@ def _lowest_threshold() -> int | None:
 
 
 def _candidates(now: datetime, lowest: int) -> list[ApplicableBudget]:
-    """(budget, end user) pairs whose current usage may have reached a threshold.
+    """Counter series (budget, and the end user, run or key of a share) whose current usage may
+    have reached a threshold.
 
     A calendar counter is the whole period: those below the lowest threshold are skipped in SQL.
     A rolling window sums many buckets, so any bucket with usage in the last year makes its budget
@@ -122,16 +126,28 @@ def _candidates(now: datetime, lowest: int) -> list[ApplicableBudget]:
         budget__window__startswith=ROLLING_PREFIX,
         period_start__gte=now - MAX_ROLLING - _LONGEST_PERIOD,
     ).filter(Q(spent__gt=0) | Q(reserved__gt=0))
-    pairs = set(calendar.values_list("budget_id", "end_user_id")) | set(
-        rolling.values_list("budget_id", "end_user_id").distinct()
-    )
-    budgets = Budget.objects.select_related("tenant__plan").in_bulk({b for b, _ in pairs})
-    end_users = EndUser.objects.in_bulk({u for _, u in pairs if u is not None})
+    # Each counter series (``CounterKey`` without its period): a budget, or one share of a
+    # ``"*"`` budget (an end user's, a run's, an API key's).
+    fields = ["budget_id", *(f"{d}_id" for d in DIMENSIONS)]
+    series = set(calendar.values_list(*fields)) | set(rolling.values_list(*fields).distinct())
+    budgets = Budget.objects.select_related("tenant__plan").in_bulk({s[0] for s in series})
+    end_users = EndUser.objects.in_bulk({s[1] for s in series if s[1] is not None})
+    runs = Run.objects.in_bulk({s[2] for s in series if s[2] is not None})
+    keys = ApiKey.objects.in_bulk({s[3] for s in series if s[3] is not None})
     items = []
-    for budget_id, end_user_id in sorted(pairs, key=lambda pair: (pair[0], pair[1] or 0)):
+    for budget_id, end_user_id, run_id, key_id in sorted(
+        series, key=lambda s: (s[0], s[1] or 0, s[2] or 0, s[3] or "")
+    ):
         budget = budgets[budget_id]
-        share = end_users[end_user_id] if end_user_id is not None else None
-        items.append(ApplicableBudget(budget, _current_period(budget, now), share))
+        items.append(
+            ApplicableBudget(
+                budget,
+                _current_period(budget, now),
+                end_users[end_user_id] if end_user_id is not None else None,
+                run=runs[run_id] if run_id is not None else None,
+                api_key=keys[key_id] if key_id is not None else None,
+            )
+        )
     return items
 
 

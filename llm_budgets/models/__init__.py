@@ -7,7 +7,7 @@ Invariants that a database can hold are constraints: non-negative amounts, one c
 
 from llm_budgets.models.api import ApiKey, IdempotencyRecord
 from llm_budgets.models.audit import AuditEvent
-from llm_budgets.models.budgets import Budget, BudgetUnit, Counter, Scope, Window
+from llm_budgets.models.budgets import SHARED_BY, Budget, BudgetUnit, Counter, Run, Scope, Window
 from llm_budgets.models.control import BudgetRaise, KillSwitch, Refusal, RefusalKind
 from llm_budgets.models.ledger import (
     LIVE_STATES,
@@ -24,6 +24,7 @@ from llm_budgets.models.thresholds import DeliveryState, ThresholdCrossing
 
 __all__ = [
     "LIVE_STATES",
+    "SHARED_BY",
     "ApiKey",
     "AuditEvent",
     "Budget",
@@ -44,6 +45,7 @@ __all__ = [
     "Reservation",
     "ReservationHold",
     "ReservationState",
+    "Run",
     "Scope",
     "Tenant",
     "ThresholdCrossing",
