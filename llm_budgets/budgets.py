@@ -48,6 +48,7 @@ __all__ = [
     "Quote",
     "Usage",
     "clear",
+    "close_run",
     "commit",
     "ensure_tenant",
     "explain",
@@ -287,8 +288,7 @@ def close_run(*, tenant: str, run: str, actor: str = "", reason: str = "") -> da
     (``RunClosed``). Holds already taken settle as usual. Returns when it was closed (the
     first close's time if it was closed already)."""
     closed = runs.run_close(tenant=tenant, run=run, actor=actor, reason=reason)
-    assert closed.closed_at is not None  # noqa: S101 - run_close always sets it
-    return closed.closed_at
+    return closed.closed_at or timezone.now()  # run_close always sets it
 
 
 def reserve(
@@ -353,9 +353,12 @@ def quote(
     prompt: str | None = None,
     ttl: int | None = None,
     max_tool_calls: dict[str, int] | None = None,
+    run: str | None = None,
+    tags: dict[str, str] | None = None,
 ) -> Quote:
     """Explain a price without holding anything: the itemised worst case, the price version (or
-    the unknown-model policy) and the budgets the request would draw on."""
+    the unknown-model policy) and the budgets the request would draw on (with the run's and
+    the tags' own)."""
     return quotes.quote(
         tenant=tenant,
         model=model,
@@ -367,6 +370,8 @@ def quote(
         end_user=end_user,
         ttl=ttl,
         max_tool_calls=max_tool_calls,
+        run=run,
+        tags=tags,
     )
 
 
@@ -417,9 +422,15 @@ def mark_uncertain(hold_id: UUID | str) -> str:
     return settlement.reservation_mark_uncertain(hold_id)
 
 
-def status(*, tenant: str, end_user: str | None = None) -> list[selectors.BudgetStatus]:
-    """Every budget that applies to the tenant (and end user): limit, spent, reserved, remaining,
-    period start and ``resets_at``."""
+def status(
+    *,
+    tenant: str,
+    end_user: str | None = None,
+    run: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> list[selectors.BudgetStatus]:
+    """Every budget that applies to the tenant (and end user, run and tags): limit, spent,
+    reserved, remaining, period start and ``resets_at``."""
     tenant_obj = tenants.tenant_get(tenant)
     user_obj = None
     if end_user is not None:
@@ -427,7 +438,8 @@ def status(*, tenant: str, end_user: str | None = None) -> list[selectors.Budget
         if user_obj is None:
             # Not seen yet: show the defaults it would get, without creating it.
             user_obj = EndUser(tenant=tenant_obj, external_id=end_user)
-    return selectors.budget_statuses(tenant_obj, user_obj, timezone.now())
+    scopes = runs.scopes_for_read(tenant_obj, run=run, tags=tags)
+    return selectors.budget_statuses(tenant_obj, user_obj, timezone.now(), scopes)
 
 
 def trip(
@@ -488,6 +500,8 @@ def explain(
     max_output_tokens: int | None = None,
     end_user: str | None = None,
     provider: str | None = None,
+    run: str | None = None,
+    tags: dict[str, str] | None = None,
 ) -> explanations.Explanation:
     """Every budget and kill switch that applies to this would-be request, with its state and
     whether the request would fit. Holds nothing."""
@@ -498,6 +512,8 @@ def explain(
         model=model,
         input_tokens=input_tokens,
         max_output_tokens=max_output_tokens,
+        run=run,
+        tags=tags,
     )
 
 

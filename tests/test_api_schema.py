@@ -31,6 +31,7 @@ def test_the_schema_is_public_and_covers_every_endpoint() -> None:
             "reservations/{reservation_id}/uncertain",
             "tenants/{external_id}/status",
             "quote",
+            "runs/close",
             "prices",
             "budgets",
             "kill-switches",

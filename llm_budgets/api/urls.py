@@ -39,6 +39,7 @@ api_patterns: list[URLPattern | URLResolver] = [
         "tenants/<path:external_id>/status", views.TenantStatusView.as_view(), name="tenant-status"
     ),
     path("quote", views.QuoteView.as_view(), name="quote"),
+    path("runs/close", views.RunCloseView.as_view(), name="run-close"),
     path("prices", views.PriceListView.as_view(), name="prices"),
     path("budgets", views.BudgetListView.as_view(), name="budgets"),
     path("kill-switches", killswitches.KillSwitchListView.as_view(), name="kill-switches"),

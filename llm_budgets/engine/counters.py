@@ -3,9 +3,10 @@ and locks of counter rows by that key.
 
 A counter is identified by its :class:`CounterKey`: the budget, each dimension that splits a
 budget's counter (the end user, run or API key of an each-end-user, each-run or each-key ``"*"``
-budget; NULL where the budget is not split by it) and the period start. Every lookup of counters by key, whether SQL text
-(:func:`counters_locked`) or ORM filter (:func:`counters_matching`, :func:`rolling_buckets`),
-and every key built from a row (:meth:`CounterKey.of`), is derived from ``DIMENSIONS`` below:
+budget; NULL where the budget is not split by it) and the period start. Every lookup of
+counters by key, whether SQL text (:func:`counters_locked`) or ORM filter
+(:func:`counters_matching`, :func:`rolling_buckets`), and every key built from a row
+(:meth:`CounterKey.of`), is derived from ``DIMENSIONS`` below:
 a new dimension (an API key, a run, a tag) is one field of ``CounterKey``, one entry in
 ``DIMENSIONS`` and its column on ``Counter`` (with its unique constraint).
 ``tests/test_rule_parity.py`` fails if another module spells a counter lookup of its own.
