@@ -1,0 +1,240 @@
+"""Budgets per API key, per run and per tag (issue #16), in the same all-or-nothing admission."""
+
+from __future__ import annotations
+
+from decimal import Decimal as D
+
+import pytest
+
+from llm_budgets import budgets
+from llm_budgets.api.keys import api_key_create
+from llm_budgets.engine.admission import reservation_create
+from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, RunClosed
+from llm_budgets.models import AuditEvent, Budget, Counter, Reservation, Run, Scope
+from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed
+
+pytestmark = pytest.mark.django_db
+
+
+def _reserved() -> dict[str, D]:
+    """Reserved amount of every counter, by its label."""
+    return {
+        str(c): c.reserved
+        for c in Counter.objects.select_related("budget", "run", "api_key", "end_user")
+    }
+
+
+def test_each_run_gets_its_own_counter_under_run_star() -> None:
+    seed(limit="1000")
+    budgets.set_limit(tenant="acme", run="*", amount=D("60"), window="lifetime")
+    reserve_30(run="run-1")
+    reserve_30(run="run-1")
+    with pytest.raises(BudgetExceeded) as refused:
+        reserve_30(run="run-1")
+    assert refused.value.scope == "run run-1 of acme"
+    assert "run run-1 of acme" in refused.value.message
+    # Another run has a counter of its own.
+    reserve_30(run="run-2")
+    runs = dict(
+        Counter.objects.filter(run__isnull=False).values_list("run__external_id", "reserved")
+    )
+    assert runs == {"run-1": D("60"), "run-2": D("30")}
+
+
+def test_a_call_naming_no_run_does_not_draw_on_run_budgets() -> None:
+    seed(limit="1000")
+    budgets.set_limit(tenant="acme", run="*", amount=D("10"), window="lifetime")
+    reserve_30()  # no run: the run budget does not apply
+    assert not Counter.objects.filter(run__isnull=False).exists()
+
+
+def test_a_runs_own_budget_replaces_the_default_for_its_window() -> None:
+    seed(limit="1000")
+    budgets.set_limit(tenant="acme", run="*", amount=D("10"), window="lifetime")
+    budgets.set_limit(tenant="acme", run="big", amount=D("100"), window="lifetime")
+    reserve_30(run="big")
+    with pytest.raises(BudgetExceeded) as refused:
+        reserve_30(run="small")
+    assert refused.value.scope == "run small of acme"
+
+
+def test_tag_budget_applies_to_calls_with_that_tag_only() -> None:
+    seed(limit="1000")
+    budgets.set_limit(tenant="acme", tag=("project", "alpha"), amount=D("50"), window="month")
+    reserve_30(tags={"project": "alpha"})
+    reserve_30(tags={"project": "beta"})
+    reserve_30()
+    with pytest.raises(BudgetExceeded) as refused:
+        reserve_30(tags={"project": "alpha", "feature": "chat"})
+    assert refused.value.scope == "tag project=alpha of acme"
+    assert refused.value.remaining == D("20")
+
+
+def test_tag_budgets_are_per_tenant() -> None:
+    seed(limit="1000")
+    seed(limit="1000", tenant="beta")
+    budgets.set_limit(tenant="acme", tag=("project", "alpha"), amount=D("10"), window="month")
+    reserve_30(tenant="beta", tags={"project": "alpha"})  # acme's tag budget is not beta's
+
+
+def test_refusal_takes_no_hold_anywhere_and_names_the_tightest() -> None:
+    seed(limit="1000")
+    budgets.set_limit(tenant="acme", run="*", amount=D("100"), window="lifetime")
+    budgets.set_limit(tenant="acme", tag=("project", "alpha"), amount=D("40"), window="month")
+    budgets.set_limit(tenant="acme", tag=("feature", "chat"), amount=D("35"), window="month")
+    reserve_30(run="r", tags={"project": "alpha", "feature": "chat"})
+    before = _reserved()
+    assert len(before) == 4  # tenant, run r, two tags: one hold on each
+    assert set(before.values()) == {D("30")}
+    with pytest.raises(BudgetExceeded) as refused:
+        reserve_30(run="r", tags={"project": "alpha", "feature": "chat"})
+    # Both tags refuse; the one with the least room (5 < 10) is named.
+    assert refused.value.scope == "tag feature=chat of acme"
+    assert _reserved() == before
+    assert Reservation.objects.count() == 1
+
+
+def test_api_key_budget_applies_to_calls_made_with_that_key() -> None:
+    seed(limit="1000")
+    key, _ = api_key_create(tenant="acme", name="integration")
+    other, _ = api_key_create(tenant="acme", name="other")
+    budgets.set_limit(tenant="acme", api_key=key.prefix, amount=D("30"), window="day")
+    reservation_create(
+        tenant="acme",
+        provider=FAKE_PROVIDER,
+        model=FAKE_MODEL,
+        input_tokens=0,
+        max_output_tokens=1000,
+        api_key=key,
+    )
+    with pytest.raises(BudgetExceeded) as refused:
+        reservation_create(
+            tenant="acme",
+            provider=FAKE_PROVIDER,
+            model=FAKE_MODEL,
+            input_tokens=0,
+            max_output_tokens=1000,
+            api_key=key,
+        )
+    assert refused.value.scope == f"API key {key.prefix}"
+    # Another key, and the in-process API (no key), are not limited by it.
+    reservation_create(
+        tenant="acme",
+        provider=FAKE_PROVIDER,
+        model=FAKE_MODEL,
+        input_tokens=0,
+        max_output_tokens=1000,
+        api_key=other,
+    )
+    reserve_30()
+
+
+def test_api_key_star_gives_each_key_its_own_counter() -> None:
+    seed(limit="1000")
+    first, _ = api_key_create(tenant="acme", name="a")
+    second, _ = api_key_create(tenant="acme", name="b")
+    budgets.set_limit(tenant="acme", api_key="*", amount=D("30"), window="day")
+    call = {
+        "tenant": "acme",
+        "provider": FAKE_PROVIDER,
+        "model": FAKE_MODEL,
+        "input_tokens": 0,
+        "max_output_tokens": 1000,
+    }
+    reservation_create(**call, api_key=first)
+    reservation_create(**call, api_key=second)
+    with pytest.raises(BudgetExceeded) as refused:
+        reservation_create(**call, api_key=first)
+    assert refused.value.scope == f"API key {first.prefix}"
+    assert Counter.objects.filter(api_key__isnull=False).count() == 2
+
+
+def test_close_run_refuses_later_reservations_and_is_audited() -> None:
+    seed(limit="1000")
+    budgets.set_limit(tenant="acme", run="*", amount=D("100"), window="lifetime")
+    hold = reserve_30(run="run-42")
+    closed_at = budgets.close_run(tenant="acme", run="run-42", actor="ops", reason="done")
+    with pytest.raises(RunClosed) as refused:
+        reserve_30(run="run-42")
+    assert refused.value.run == "run-42"
+    assert refused.value.closed_at == closed_at
+    assert "Run run-42 of acme was closed" in refused.value.message
+    # A hold taken before the close still settles.
+    hold.commit(input_tokens=0, output_tokens=100)
+    # Closing again changes nothing.
+    assert budgets.close_run(tenant="acme", run="run-42") == closed_at
+    assert AuditEvent.objects.filter(action="run.close").count() == 1
+    # Other runs go on.
+    reserve_30(run="run-43")
+
+
+def test_closing_a_run_never_seen_closes_it_before_its_first_call() -> None:
+    seed(limit="1000")
+    budgets.close_run(tenant="acme", run="never")
+    with pytest.raises(RunClosed):
+        reserve_30(run="never")
+    assert Run.objects.get(external_id="never").closed_at is not None
+
+
+def test_a_run_named_star_is_refused_on_a_call() -> None:
+    seed(limit="1000")
+    with pytest.raises(InvalidUsage) as bad:
+        reserve_30(run="*")
+    assert bad.value.context["field"] == "run"
+
+
+def test_set_limit_takes_one_scope_and_checks_it() -> None:
+    seed(limit="1000")
+    with pytest.raises(InvalidUsage, match="one scope"):
+        budgets.set_limit(
+            tenant="acme", run="*", tag=("a", "b"), amount=D("1"), window="lifetime"
+        )
+    with pytest.raises(InvalidUsage, match="needs a tenant"):
+        budgets.set_limit(run="*", amount=D("1"), window="lifetime")
+    with pytest.raises(InvalidUsage, match="No API key"):
+        budgets.set_limit(tenant="acme", api_key="nosuchkey", amount=D("1"), window="day")
+    with pytest.raises(InvalidUsage, match="pair"):
+        budgets.set_limit(tenant="acme", tag="project", amount=D("1"), window="day")  # type: ignore[arg-type]
+    # Setting the same scope again changes its limit, not a second budget.
+    budgets.set_limit(tenant="acme", tag=("project", "alpha"), amount=D("5"), window="day")
+    budgets.set_limit(tenant="acme", tag=("project", "alpha"), amount=D("7"), window="day")
+    assert Budget.objects.get(scope=Scope.TAG).limit == D("7")
+
+
+def test_status_quote_and_explain_name_the_scopes() -> None:
+    seed(limit="1000")
+    budgets.set_limit(tenant="acme", run="*", amount=D("100"), window="lifetime")
+    budgets.set_limit(tenant="acme", tag=("project", "alpha"), amount=D("50"), window="month")
+    reserve_30(run="run-42", tags={"project": "alpha"})
+    labels = {
+        s.scope_label: s.reserved
+        for s in budgets.status(tenant="acme", run="run-42", tags={"project": "alpha"})
+    }
+    assert labels == {
+        "tenant acme": D("30"),
+        "run run-42 of acme": D("30"),
+        "tag project=alpha of acme": D("30"),
+    }
+    # A run not seen yet shows the default at zero, and creates nothing.
+    fresh = {s.scope_label: s.reserved for s in budgets.status(tenant="acme", run="new")}
+    assert fresh["run new of acme"] == 0
+    assert not Run.objects.filter(external_id="new").exists()
+    quote = budgets.quote(
+        tenant="acme",
+        provider=FAKE_PROVIDER,
+        model=FAKE_MODEL,
+        input_tokens=0,
+        max_output_tokens=1000,
+        run="run-42",
+        tags={"project": "alpha"},
+    )
+    assert {d.status.scope_label for d in quote.budgets} == set(labels)
+    explained = budgets.explain(
+        tenant="acme",
+        provider=FAKE_PROVIDER,
+        model=FAKE_MODEL,
+        input_tokens=0,
+        max_output_tokens=1000,
+        tags={"project": "alpha"},
+    )
+    assert "tag project=alpha of acme" in {d.status.scope_label for d in explained.budgets}
