@@ -186,9 +186,7 @@ def test_a_run_named_star_is_refused_on_a_call() -> None:
 def test_set_limit_takes_one_scope_and_checks_it() -> None:
     seed(limit="1000")
     with pytest.raises(InvalidUsage, match="one scope"):
-        budgets.set_limit(
-            tenant="acme", run="*", tag=("a", "b"), amount=D("1"), window="lifetime"
-        )
+        budgets.set_limit(tenant="acme", run="*", tag=("a", "b"), amount=D("1"), window="lifetime")
     with pytest.raises(InvalidUsage, match="needs a tenant"):
         budgets.set_limit(run="*", amount=D("1"), window="lifetime")
     with pytest.raises(InvalidUsage, match="No API key"):
