@@ -438,7 +438,7 @@ def status(
         if user_obj is None:
             # Not seen yet: show the defaults it would get, without creating it.
             user_obj = EndUser(tenant=tenant_obj, external_id=end_user)
-    scopes = runs.scopes_for_read(tenant_obj, run=run, tags=tags)
+    scopes = selectors.scopes_for_read(tenant_obj, run=run, tags=tags)
     return selectors.budget_statuses(tenant_obj, user_obj, timezone.now(), scopes)
 
 
@@ -452,13 +452,14 @@ def trip(
     reason: str = "",
     actor: str = "",
     auto_clear_at: datetime | None = None,
+    run: str | None = None,
 ) -> KillSwitch:
     """Stop every admission in a scope now. No scope: global; several: their intersection (e.g.
     one model for one tenant). Stays until ``clear`` (or ``auto_clear_at``, if given). ``reason``
     is required (``InvalidUsage`` without one). ``api_key`` (a REST API key's prefix) limits it to
-    calls made through that key."""
+    calls made through that key; ``run`` (with a tenant) to calls naming that run."""
     scope = killswitches.switch_scope(
-        tenant=tenant, end_user=end_user, provider=provider, model=model, api_key=api_key
+        tenant=tenant, end_user=end_user, provider=provider, model=model, api_key=api_key, run=run
     )
     assert scope is not None  # end users are created on trip
     return killswitches.kill_switch_trip(
@@ -475,6 +476,7 @@ def clear(
     api_key: str | None = None,
     reason: str = "",
     actor: str = "",
+    run: str | None = None,
 ) -> KillSwitch:
     """Clear the switch tripped on exactly this scope. ``InvalidUsage`` if none is tripped."""
     scope = killswitches.switch_scope(
@@ -483,6 +485,7 @@ def clear(
         provider=provider,
         model=model,
         api_key=api_key,
+        run=run,
         create_end_user=False,
     )
     return killswitches.kill_switch_clear(

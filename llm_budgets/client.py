@@ -144,6 +144,7 @@ def _scope_body(
     model: str | None,
     api_key: str | None,
     reason: str,
+    run: str | None = None,
 ) -> dict[str, Any]:
     scope = {
         "tenant": tenant,
@@ -151,6 +152,7 @@ def _scope_body(
         "provider": provider,
         "model": model,
         "api_key": api_key,
+        "run": run,
     }
     return {**{k: v for k, v in scope.items() if v is not None}, "reason": reason}
 
@@ -618,11 +620,12 @@ class BudgetsClient:
         model: str | None = None,
         api_key: str | None = None,
         auto_clear_at: datetime | None = None,
+        run: str | None = None,
         idempotency_key: str | None = None,
     ) -> RemoteKillSwitch:
         """Refuse every admission in the scope now; returns the open switch (an already
         tripped scope keeps its switch and first reason). ``api_key``: a key's prefix."""
-        body = _scope_body(tenant, end_user, provider, model, api_key, reason)
+        body = _scope_body(tenant, end_user, provider, model, api_key, reason, run)
         if auto_clear_at is not None:
             body["auto_clear_at"] = auto_clear_at.isoformat()
         data = self._post("kill-switches", body, idempotency_key=idempotency_key)
@@ -637,10 +640,11 @@ class BudgetsClient:
         provider: str | None = None,
         model: str | None = None,
         api_key: str | None = None,
+        run: str | None = None,
         idempotency_key: str | None = None,
     ) -> RemoteKillSwitch:
         """Clear the switch tripped on exactly this scope (``InvalidUsage`` if none is)."""
-        body = _scope_body(tenant, end_user, provider, model, api_key, reason)
+        body = _scope_body(tenant, end_user, provider, model, api_key, reason, run)
         data = self._post("kill-switches/clear", body, idempotency_key=idempotency_key)
         return RemoteKillSwitch.from_json(data)
 

@@ -19,8 +19,7 @@ from llm_budgets.exceptions import InvalidUsage, OutputCeilingRequired
 from llm_budgets.models import ApiKey, BudgetUnit, EndUser, Price, PricingBasis, Tenant
 from llm_budgets.money import round_hold
 from llm_budgets.pricing import output_ceiling, pricing_for_request
-from llm_budgets.runs import scopes_for_read
-from llm_budgets.selectors import BudgetStatus, budget_statuses
+from llm_budgets.selectors import BudgetStatus, budget_statuses, scopes_for_read
 from llm_budgets.tenants import tenant_get
 from llm_budgets.tokens import count_input_tokens
 from llm_budgets.usage import tool_calls_validate

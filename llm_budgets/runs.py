@@ -11,9 +11,7 @@ from django.utils import timezone
 
 from llm_budgets import validation
 from llm_budgets.exceptions import InvalidUsage, RunClosed
-from llm_budgets.models import ApiKey, AuditEvent, Run, Tenant
-from llm_budgets.selectors import CallScopes
-from llm_budgets.tags import tags_validate
+from llm_budgets.models import AuditEvent, Run, Tenant
 from llm_budgets.tenants import tenant_get
 
 ALL_RUNS = "*"
@@ -28,22 +26,6 @@ def run_validate(value: object, *, field: str = "run") -> str:
             field=field,
         )
     return run
-
-
-def scopes_for_read(
-    tenant: Tenant, *, run: object = None, tags: object = None, api_key: ApiKey | None = None
-) -> CallScopes:
-    """The run, key and tags a status, quote or explanation asks about, read without creating
-    anything: a run not seen yet shows the budgets it would get (``run="*"``'s, at zero)."""
-    run_obj = None
-    if run is not None:
-        run_id = run_validate(run)
-        run_obj = Run.objects.filter(tenant=tenant, external_id=run_id).first() or Run(
-            tenant=tenant, external_id=run_id
-        )
-        run_obj.tenant = tenant
-    tag_map = tags_validate(tags)
-    return CallScopes(run=run_obj, api_key=api_key, tags=tuple(sorted(tag_map.items())))
 
 
 def run_ensure(tenant: Tenant, external_id: str) -> Run:

@@ -28,7 +28,9 @@ from llm_budgets.models import (
 )
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pricing import version_in_effect_sql
-from llm_budgets.results import BudgetStatus as BudgetStatus  # its home until issue #10
+from llm_budgets.results import BudgetStatus as BudgetStatus
+from llm_budgets.runs import run_validate
+from llm_budgets.tags import tags_validate  # its home until issue #10
 from llm_budgets.tenants import (
     end_user_columns_sql,
     end_user_from_row,
@@ -107,6 +109,22 @@ class CallScopes:
 
 
 NO_SCOPES = CallScopes()
+
+
+def scopes_for_read(
+    tenant: Tenant, *, run: object = None, tags: object = None, api_key: ApiKey | None = None
+) -> CallScopes:
+    """The run, key and tags a status, quote or explanation asks about, read without creating
+    anything: a run not seen yet shows the budgets it would get (``run="*"``'s, at zero)."""
+    run_obj = None
+    if run is not None:
+        run_id = run_validate(run)
+        run_obj = Run.objects.filter(tenant=tenant, external_id=run_id).first() or Run(
+            tenant=tenant, external_id=run_id
+        )
+        run_obj.tenant = tenant
+    tag_map = tags_validate(tags)
+    return CallScopes(run=run_obj, api_key=api_key, tags=tuple(sorted(tag_map.items())))
 
 
 def applicable_budgets(

@@ -42,8 +42,8 @@ from llm_budgets.engine.settlement import (
 from llm_budgets.exceptions import BudgetExceeded, ReservationStateError, RunClosed
 from llm_budgets.models import Counter, Reservation, ReservationState, Tenant
 from llm_budgets.reconcile import counters_drift
-from llm_budgets.runs import run_close, scopes_for_read
-from llm_budgets.selectors import budget_statuses
+from llm_budgets.runs import run_close
+from llm_budgets.selectors import budget_statuses, scopes_for_read
 from tests.concurrency import overspent_counters
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,7 @@ import pytest
 from llm_budgets import budgets
 from llm_budgets.api.keys import api_key_create
 from llm_budgets.engine.admission import reservation_create
-from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, RunClosed
+from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, KillSwitchActive, RunClosed
 from llm_budgets.models import AuditEvent, Budget, Counter, Reservation, Run, Scope
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed
 
@@ -236,3 +236,19 @@ def test_status_quote_and_explain_name_the_scopes() -> None:
         tags={"project": "alpha"},
     )
     assert "tag project=alpha of acme" in {d.status.scope_label for d in explained.budgets}
+
+
+def test_a_kill_switch_on_a_run_stops_only_that_run() -> None:
+    seed(limit="1000")
+    switch = budgets.trip(tenant="acme", run="run-42", reason="looping", actor="ops")
+    assert switch.scope_label == "run run-42 of acme"
+    with pytest.raises(KillSwitchActive) as refused:
+        reserve_30(run="run-42", end_user="u-1")
+    assert refused.value.scope == "run run-42 of acme"
+    assert "looping" in refused.value.message
+    reserve_30(run="run-43")
+    reserve_30()
+    with pytest.raises(InvalidUsage, match="run needs a tenant"):
+        budgets.trip(run="run-42", reason="x")
+    budgets.clear(tenant="acme", run="run-42", reason="fixed", actor="ops")
+    reserve_30(run="run-42")

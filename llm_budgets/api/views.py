@@ -34,7 +34,8 @@ from llm_budgets.engine import admission, settlement
 from llm_budgets.engine.boundary import ledger_guard
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import Budget, EndUser, Price, Reservation, Tenant
-from llm_budgets.runs import run_close, scopes_for_read
+from llm_budgets.runs import run_close
+from llm_budgets.selectors import scopes_for_read
 
 ERROR_TEXT = {
     400: "Invalid request: every bad field is named in `error.fields`.",

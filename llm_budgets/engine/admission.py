@@ -518,6 +518,7 @@ def _refuse_if_switched(
         models={requested, *substitutes(ladder, requested)},
         now=reservation.created_at,
         api_key_id=api_key_id,
+        run_id=reservation.run_id,
     )
     blocked: dict[str, KillSwitch] = {}
     for switch in switches:
@@ -533,6 +534,7 @@ def _switched(reservation: Reservation, switch: KillSwitch) -> KillSwitchActive:
         tenant=reservation.tenant.external_id,
         end_user=reservation.end_user.external_id if reservation.end_user else None,
         model=reservation.requested_model or reservation.model,
+        run=reservation.run.external_id if reservation.run else None,
     )
 
 
