@@ -183,14 +183,21 @@ def thresholds_scan(*, now: datetime | None = None) -> list[int]:
         ThresholdCrossing.objects.filter(
             budget__in=[c.item.budget.pk for c in crossed],
             period_start__in={c.period_key for c in crossed},
-        ).values_list("budget_id", "end_user_id", "period_start", "threshold")
+        ).values_list(
+            "budget_id", "end_user_id", "run_id", "api_key_id", "period_start", "threshold"
+        )
     )
     with transaction.atomic():
         for item in crossed:
             budget, end_user = item.item.budget, item.item.end_user
-            user_id = end_user.pk if end_user else None
+            run, api_key = item.item.run, item.item.api_key
+            share = (
+                end_user.pk if end_user else None,
+                run.pk if run else None,
+                api_key.pk if api_key else None,
+            )
             new = [
-                t for t in item.thresholds if (budget.pk, user_id, item.period_key, t) not in known
+                t for t in item.thresholds if (budget.pk, *share, item.period_key, t) not in known
             ]
             for threshold in new:
                 superseded = threshold != new[-1]
@@ -201,6 +208,8 @@ def thresholds_scan(*, now: datetime | None = None) -> list[int]:
                                 budget=budget,
                                 tenant=budget.tenant,
                                 end_user=end_user,
+                                run=run,
+                                api_key=api_key,
                                 period_start=item.period_key,
                                 threshold=threshold,
                                 limit=budget.limit,
@@ -283,9 +292,9 @@ def threshold_warning_send(crossing_id: int, *, now: datetime | None = None) -> 
         state=DeliveryState.SENDING, claimed_at=now, claim_token=token, attempts=F("attempts") + 1
     ):
         return str(rows.values_list("state", flat=True).first() or "missing")
-    crossing = ThresholdCrossing.objects.select_related("budget", "tenant", "end_user").get(
-        pk=crossing_id
-    )
+    crossing = ThresholdCrossing.objects.select_related(
+        "budget", "tenant", "end_user", "run", "api_key"
+    ).get(pk=crossing_id)
     mine = rows.filter(claim_token=token, state=DeliveryState.SENDING)
     recipients = crossing.tenant.billing_contacts if crossing.tenant else []
     if not recipients:
@@ -310,6 +319,10 @@ def threshold_warning_send(crossing_id: int, *, now: datetime | None = None) -> 
 
 
 def _scope_label(crossing: ThresholdCrossing) -> str:
+    if crossing.run is not None and crossing.tenant is not None:
+        return f"run {crossing.run.external_id} of {crossing.tenant.external_id}"
+    if crossing.api_key is not None:
+        return f"API key {crossing.api_key.prefix}"
     if crossing.end_user is not None and crossing.tenant is not None:
         return f"end user {crossing.tenant.external_id}/{crossing.end_user.external_id}"
     return crossing.budget.scope_label

@@ -5,19 +5,30 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('llm_budgets', '0011_budgets_per_api_key_run_and_tag'),
+        ("llm_budgets", "0011_budgets_per_api_key_run_and_tag"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='killswitch',
-            name='run',
-            field=models.ForeignKey(blank=True, help_text='Only calls naming this run.', null=True, on_delete=django.db.models.deletion.CASCADE, related_name='kill_switches', to='llm_budgets.run'),
+            model_name="killswitch",
+            name="run",
+            field=models.ForeignKey(
+                blank=True,
+                help_text="Only calls naming this run.",
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="kill_switches",
+                to="llm_budgets.run",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='killswitch',
-            constraint=models.CheckConstraint(condition=models.Q(('run__isnull', True), ('tenant__isnull', False), _connector='OR'), name='llmb_killswitch_run_has_tenant'),
+            model_name="killswitch",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("run__isnull", True), ("tenant__isnull", False), _connector="OR"
+                ),
+                name="llmb_killswitch_run_has_tenant",
+            ),
         ),
     ]
