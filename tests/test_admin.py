@@ -196,7 +196,8 @@ def test_tenant_page_query_count_does_not_grow_with_the_tenant(
     small = grow_to(2)
     large = grow_to(12)
     assert large == small, (small, large)
-    assert large <= 14, large  # 11 + open switches, recent refusals, recent ledger lines
+    # 11 + open switches, recent refusals, recent ledger lines, the key/run/tag budgets
+    assert large <= 15, large
     html = admin_client.get(url).content.decode()
     assert "All 12 open reservations" in html
     assert "All 12 end-user budgets" in html
@@ -418,3 +419,23 @@ def test_ledger_pages_show_money_with_currency(admin_client: Client) -> None:
         f"{FAKE_PROVIDER}/{FAKE_MODEL}"
         in admin_client.get(_url(UsageRecord, "changelist")).content.decode()
     )
+
+
+def test_tenant_page_shows_key_run_and_tag_budgets_and_each_runs_share(
+    admin_client: Client,
+) -> None:
+    seed(limit="1000")
+    budgets.set_limit(tenant="acme", run="*", amount=Decimal("100"), window="lifetime")
+    budgets.set_limit(tenant="acme", tag=("project", "alpha"), amount=Decimal("50"), window="month")
+    reserve_30(run="run-1", tags={"project": "alpha"})
+    reserve_30(run="run-2")
+    reserve_30(run="run-2")
+    tenant = Tenant.objects.get(external_id="acme")
+    page = admin_client.get(_url(Tenant, "change", tenant.pk))
+    rows = [(r["scope"], r["reserved"]) for r in page.context["scoped_budget_rows"]]
+    assert rows == [
+        ("tag project=alpha of acme", "30.00 USD"),
+        ("run run-2 of acme", "60.00 USD"),
+        ("run run-1 of acme", "30.00 USD"),
+    ]
+    assert "run run-2 of acme" in page.content.decode()

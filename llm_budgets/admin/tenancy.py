@@ -129,6 +129,11 @@ _SCOPE_ORDER: dict[str, int] = {
     Scope.TENANT: 1,
     Scope.END_USER_DEFAULT: 2,
     Scope.END_USER: 3,
+    Scope.API_KEY_DEFAULT: 4,
+    Scope.API_KEY: 5,
+    Scope.RUN_DEFAULT: 6,
+    Scope.RUN: 7,
+    Scope.TAG: 8,
 }
 
 
@@ -142,6 +147,7 @@ def _overview_context(tenant: Tenant) -> dict[str, Any]:
         ],
         "end_user_budget_rows": [_budget_row(s) for s in overview.end_user_budgets],
         "end_user_budget_count": overview.end_user_budget_count,
+        "scoped_budget_rows": [_budget_row(s) for s in overview.scoped_budgets],
         "end_user_budgets_url": _changelist(
             "budget", {**by_tenant, "scope__exact": Scope.END_USER}
         ),

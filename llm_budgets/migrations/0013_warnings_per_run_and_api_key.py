@@ -5,36 +5,63 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('llm_budgets', '0012_kill_switch_on_a_run'),
+        ("llm_budgets", "0012_kill_switch_on_a_run"),
     ]
 
     operations = [
         migrations.RemoveConstraint(
-            model_name='thresholdcrossing',
-            name='llmb_crossing_once_per_period',
+            model_name="thresholdcrossing",
+            name="llmb_crossing_once_per_period",
         ),
         migrations.AddField(
-            model_name='thresholdcrossing',
-            name='api_key',
-            field=models.ForeignKey(blank=True, help_text='For an each-API-key budget: whose usage crossed it.', null=True, on_delete=django.db.models.deletion.CASCADE, related_name='crossings', to='llm_budgets.apikey'),
+            model_name="thresholdcrossing",
+            name="api_key",
+            field=models.ForeignKey(
+                blank=True,
+                help_text="For an each-API-key budget: whose usage crossed it.",
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="crossings",
+                to="llm_budgets.apikey",
+            ),
         ),
         migrations.AddField(
-            model_name='thresholdcrossing',
-            name='run',
-            field=models.ForeignKey(blank=True, help_text='For an each-run budget: whose usage crossed it.', null=True, on_delete=django.db.models.deletion.CASCADE, related_name='crossings', to='llm_budgets.run'),
+            model_name="thresholdcrossing",
+            name="run",
+            field=models.ForeignKey(
+                blank=True,
+                help_text="For an each-run budget: whose usage crossed it.",
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="crossings",
+                to="llm_budgets.run",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='thresholdcrossing',
-            constraint=models.UniqueConstraint(condition=models.Q(('api_key__isnull', True), ('end_user__isnull', True), ('run__isnull', True)), fields=('budget', 'period_start', 'threshold'), name='llmb_crossing_once_per_period'),
+            model_name="thresholdcrossing",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(
+                    ("api_key__isnull", True), ("end_user__isnull", True), ("run__isnull", True)
+                ),
+                fields=("budget", "period_start", "threshold"),
+                name="llmb_crossing_once_per_period",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='thresholdcrossing',
-            constraint=models.UniqueConstraint(condition=models.Q(('run__isnull', False)), fields=('budget', 'run', 'period_start', 'threshold'), name='llmb_crossing_once_per_run_period'),
+            model_name="thresholdcrossing",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("run__isnull", False)),
+                fields=("budget", "run", "period_start", "threshold"),
+                name="llmb_crossing_once_per_run_period",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='thresholdcrossing',
-            constraint=models.UniqueConstraint(condition=models.Q(('api_key__isnull', False)), fields=('budget', 'api_key', 'period_start', 'threshold'), name='llmb_crossing_once_per_key_period'),
+            model_name="thresholdcrossing",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("api_key__isnull", False)),
+                fields=("budget", "api_key", "period_start", "threshold"),
+                name="llmb_crossing_once_per_key_period",
+            ),
         ),
     ]
