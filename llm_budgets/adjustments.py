@@ -82,6 +82,7 @@ def usage_void(
             voids=line,
             tenant_id=line.tenant_id,
             end_user_id=line.end_user_id,
+            run_id=line.run_id,
             provider=line.provider,
             model=line.model,
             price_id=line.price_id,

@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal as D
 
 import pytest
+from django.utils import timezone
 
 from llm_budgets import budgets
+from llm_budgets.adjustments import usage_void
 from llm_budgets.api.keys import api_key_create
+from llm_budgets.budget_raises import budget_raise_grant
 from llm_budgets.engine.admission import reservation_create
 from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, KillSwitchActive, RunClosed
-from llm_budgets.models import AuditEvent, Budget, Counter, Reservation, Run, Scope
-from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed
+from llm_budgets.models import (
+    AuditEvent,
+    Budget,
+    Counter,
+    Reservation,
+    Run,
+    Scope,
+    UsageRecord,
+)
+from llm_budgets.reconcile import counters_drift
+from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, reserve_30_at, seed
 
 pytestmark = pytest.mark.django_db
 
@@ -252,3 +265,44 @@ def test_a_kill_switch_on_a_run_stops_only_that_run() -> None:
         budgets.trip(run="run-42", reason="x")
     budgets.clear(tenant="acme", run="run-42", reason="fixed", actor="ops")
     reserve_30(run="run-42")
+
+
+def test_sweep_void_and_raise_follow_run_and_tag_counters() -> None:
+    """The sweep, a void and a temporary raise work on run and tag budgets as on any other:
+    they follow the reservation's holds and the budget, whatever its scope."""
+    seed(limit="1000")
+    run_budget = budgets.set_limit(tenant="acme", run="*", amount=D("30"), window="lifetime")
+    tag_budget = budgets.set_limit(
+        tenant="acme", tag=("project", "alpha"), amount=D("1000"), window="month"
+    )
+    start = timezone.now()
+    reserve_30_at(start - timedelta(hours=1), run="r", tags={"project": "alpha"}, ttl=60)
+    assert budgets.sweep() == 1  # expired: charged as estimated on every counter it held
+    run_counter = Counter.objects.get(budget=run_budget)
+    tag_counter = Counter.objects.get(budget=tag_budget)
+    assert (run_counter.spent, run_counter.reserved) == (D("30"), D("0"))
+    assert (tag_counter.spent, tag_counter.reserved) == (D("30"), D("0"))
+    assert UsageRecord.objects.get().run.external_id == "r"  # type: ignore[union-attr]
+    with pytest.raises(BudgetExceeded):
+        reserve_30(run="r")
+    # A void gives a run its money back, on the run's and the tag's counters alike.
+    committed = reserve_30(run="s", tags={"project": "alpha"})
+    committed.commit(input_tokens=0, output_tokens=1000)
+    line = UsageRecord.objects.get(reservation_id=committed.id)
+    usage_void(record_id=line.pk, reason="provider refunded")
+    assert UsageRecord.objects.get(voids=line).run_id == line.run_id
+    tag_counter.refresh_from_db()
+    assert tag_counter.spent == D("30")  # the expired hold's 30 only
+    assert Counter.objects.get(budget=run_budget, run__external_id="s").spent == 0
+    reserve_30(run="s")
+    # A temporary raise on the run budget makes room for one more.
+    with pytest.raises(BudgetExceeded):
+        reserve_30(run="s")
+    budget_raise_grant(
+        budget=run_budget,
+        amount=D("30"),
+        until=timezone.now() + timedelta(hours=1),
+        reason="support ticket",
+    )
+    reserve_30(run="s")
+    assert counters_drift() == []
