@@ -143,8 +143,8 @@ def _scope_lookup(
         if run == ALL:
             return {"scope": Scope.RUN_DEFAULT, "tenant": tenant}
         return {"scope": Scope.RUN, "tenant": tenant, "run": run_ensure(tenant, run_validate(run))}
-    key, value = tag_pair(tag)
-    return {"scope": Scope.TAG, "tenant": tenant, "tag_key": key, "tag_value": value}
+    name, value = tag_pair(tag)
+    return {"scope": Scope.TAG, "tenant": tenant, "tag_key": name, "tag_value": value}
 
 
 def tag_pair(tag: object, *, field: str = "tag") -> tuple[str, str]:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from llm_budgets import validation
 from llm_budgets.exceptions import InvalidUsage, RunClosed
-from llm_budgets.models import AuditEvent, Run, Tenant
+from llm_budgets.models import AuditEvent, Counter, Run, Tenant
 from llm_budgets.tenants import tenant_get
 
 ALL_RUNS = "*"
@@ -51,15 +52,26 @@ def run_close(
 ) -> Run:
     """Close a run: its lifetime ends, and every later reservation naming it is refused
     (``RunClosed``). Holds already taken settle as usual. Closing a closed run changes nothing.
-    The row is locked while it closes, and admission reads it under a share lock in its own
-    transaction: no reservation is admitted after the close commits."""
+    The close locks the run's counters (in pk order, as admission does) before it commits, and
+    admission reads the close once it holds them: no reservation is admitted after the close
+    commits, and one admitted meanwhile is admitted before it."""
     run_id = run_validate(run)
     tenant_obj = tenant_get(tenant)
     with transaction.atomic():
         run_ensure(tenant_obj, run_id)
-        row = Run.objects.select_for_update().get(tenant=tenant_obj, external_id=run_id)
+        no_key = connection.features.has_select_for_no_key_update
+        row = Run.objects.select_for_update(no_key=no_key).get(
+            tenant=tenant_obj, external_id=run_id
+        )
         if row.closed_at is not None:
             return row
+        # The counters of its budgets: its share of each-run budgets and its own budgets'.
+        list(
+            Counter.objects.select_for_update(of=("self",))
+            .filter(Q(run=row) | Q(budget__run=row))
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
         row.closed_at = now or timezone.now()
         row.closed_by = actor
         row.save(update_fields=["closed_at", "closed_by"])

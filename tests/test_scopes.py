@@ -306,3 +306,34 @@ def test_sweep_void_and_raise_follow_run_and_tag_counters() -> None:
     )
     reserve_30(run="s")
     assert counters_drift() == []
+
+
+def test_an_agent_loop_is_stopped_by_its_run_budget() -> None:
+    """docs/limits.md's worked example: a loop that never ends by itself is stopped by its
+    run's lifetime budget, its last turn refused without a hold anywhere; other runs go on."""
+    seed(limit="1000")
+    budgets.set_limit(tenant="acme", run="*", amount=D("2"), window="lifetime")
+
+    def agent_loop() -> int:
+        turns = 0
+        while True:  # a loop that never ends by itself
+            with reserve_30(run="run-7", max_output_tokens=10) as hold:  # holds 0.30
+                hold.commit(input_tokens=0, output_tokens=8)  # costs 0.24
+            turns += 1
+            assert turns < 100, "the run budget never stopped the loop"
+            done.append(turns)
+
+    done: list[int] = []
+    with pytest.raises(BudgetExceeded) as refused:
+        agent_loop()
+    turns = len(done)
+    assert refused.value.scope == "run run-7 of acme"
+    # 0.24 a turn against 2, each turn first holding 0.30: the eighth (1.68 + 0.30 <= 2) is
+    # the last admitted; the ninth (1.92 + 0.30 > 2) is refused.
+    assert turns == 8
+    assert refused.value.remaining == D("2") - 8 * D("0.24")
+    assert Reservation.objects.filter(state="held").count() == 0
+    budgets.close_run(tenant="acme", run="run-7")
+    with pytest.raises(RunClosed):
+        reserve_30(run="run-7", max_output_tokens=10)
+    reserve_30(run="run-8", max_output_tokens=10)

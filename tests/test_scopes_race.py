@@ -14,9 +14,8 @@ from django.db import connection, connections
 
 from llm_budgets import budgets
 from llm_budgets.exceptions import BudgetExceeded, RunClosed
-from llm_budgets.models import Counter, Reservation, Run, Scope
+from llm_budgets.models import AuditEvent, Counter, Reservation, Run, Scope
 from tests.concurrency import (
-    RowLocker,
     overspent_counters,
     patient_lock_waits,
     run_processes,
@@ -115,16 +114,35 @@ def _waiting_for_locks() -> int:
         return int(cursor.fetchone()[0])
 
 
-def test_a_close_committed_while_a_call_waits_refuses_that_call(on_postgres: bool) -> None:
-    """The call read the run as open, then waited for its counters; the run was closed
-    meanwhile. Admission re-reads the run under a share lock inside its transaction, so the
-    call is refused (``RunClosed``), not admitted after the close."""
+def test_a_close_committed_while_a_call_waits_refuses_that_call(
+    on_postgres: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The call read the run as open, then waited for its counters, which ``run_close`` held
+    while closing. Admission reads the close once it has the counters, so the call is refused
+    (``RunClosed``), not admitted after the close."""
     if not on_postgres:
         pytest.skip("SQLite serialises every writer: a close cannot commit while a call waits")
     seed(limit="10000")
     budgets.set_limit(tenant="acme", run="*", amount=Decimal("100"), window="lifetime")
     reserve_30(run="r").release()  # the run and its counters exist
+    closing, go = threading.Event(), threading.Event()
+    create = AuditEvent.objects.create
+
+    def paused_create(**fields: object) -> AuditEvent:
+        # run_close writes its audit event after it locked the counters and set closed_at.
+        if fields.get("action") == "run.close":
+            closing.set()
+            assert go.wait(30)
+        return create(**fields)
+
+    monkeypatch.setattr(AuditEvent.objects, "create", paused_create)
     outcome: list[object] = []
+
+    def close() -> None:
+        try:
+            budgets.close_run(tenant="acme", run="r")
+        finally:
+            connections.close_all()
 
     def call() -> None:
         try:
@@ -135,16 +153,18 @@ def test_a_close_committed_while_a_call_waits_refuses_that_call(on_postgres: boo
         finally:
             connections.close_all()
 
-    counters = list(Counter.objects.values_list("pk", flat=True))
-    with RowLocker(counters, timeout=30):
-        caller = threading.Thread(target=call)
-        caller.start()
-        deadline = time.monotonic() + 20
-        while _waiting_for_locks() == 0:  # the call is past its checks, waiting for the rows
-            assert time.monotonic() < deadline, "the call never waited for the counters"
-            time.sleep(0.01)
-        budgets.close_run(tenant="acme", run="r")
+    closer, caller = threading.Thread(target=close), threading.Thread(target=call)
+    closer.start()
+    assert closing.wait(30), "run_close never reached its audit event"
+    caller.start()
+    deadline = time.monotonic() + 20
+    while _waiting_for_locks() == 0:  # the call is past its checks, waiting for the counters
+        assert time.monotonic() < deadline, "the call never waited for the counters"
+        time.sleep(0.01)
+    go.set()
+    closer.join(30)
     caller.join(30)
+    assert not closer.is_alive()
     assert not caller.is_alive()
     assert len(outcome) == 1, outcome
     assert isinstance(outcome[0], RunClosed), outcome

@@ -420,9 +420,10 @@ def _hold(
 
 
 def _refuse_if_run_closed(run: Run) -> None:
-    """Read the run's close under a share lock (after the counters: ``run_close`` locks only
-    the run row, so the order cannot deadlock): a close that committed first refuses the call,
-    and one that comes later waits for this hold to commit."""
+    """Read the run's close once the counters are locked. ``runs.run_close`` locks the run's
+    counters before it commits, so a close either committed before this transaction got them
+    (read here: refused) or waits for this hold to commit (admitted before the close). No row
+    is locked for it: a run call locks only its run counter more than a call without one."""
     rows = sql.fetch(_run_closed_sql(), [run.pk])
     if rows:
         locked = sql.row_to(Run, rows[0])
@@ -432,8 +433,7 @@ def _refuse_if_run_closed(run: Run) -> None:
 
 @functools.cache
 def _run_closed_sql() -> str:
-    share = " FOR SHARE" if connection.vendor == "postgresql" else ""
-    return f"SELECT {sql.columns(Run, 'r')} FROM {sql.table(Run)} r WHERE r.id = %s{share}"  # noqa: S608
+    return f"SELECT {sql.columns(Run, 'r')} FROM {sql.table(Run)} r WHERE r.id = %s"  # noqa: S608
 
 
 def _lock_budgets(rolling_ids: list[int]) -> None:

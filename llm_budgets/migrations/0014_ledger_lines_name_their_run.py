@@ -5,15 +5,21 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('llm_budgets', '0013_warnings_per_run_and_api_key'),
+        ("llm_budgets", "0013_warnings_per_run_and_api_key"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='usagerecord',
-            name='run',
-            field=models.ForeignKey(blank=True, help_text='The run the reservation named, if any.', null=True, on_delete=django.db.models.deletion.PROTECT, related_name='usage_records', to='llm_budgets.run'),
+            model_name="usagerecord",
+            name="run",
+            field=models.ForeignKey(
+                blank=True,
+                help_text="The run the reservation named, if any.",
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="usage_records",
+                to="llm_budgets.run",
+            ),
         ),
     ]
