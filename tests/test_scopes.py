@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.adjustments import usage_void
+from llm_budgets.adjustments import run_spend_reset, usage_void
 from llm_budgets.api.keys import api_key_create
 from llm_budgets.budget_raises import budget_raise_grant
 from llm_budgets.engine.admission import reservation_create
@@ -337,3 +337,19 @@ def test_an_agent_loop_is_stopped_by_its_run_budget() -> None:
     with pytest.raises(RunClosed):
         reserve_30(run="run-7", max_output_tokens=10)
     reserve_30(run="run-8", max_output_tokens=10)
+
+
+def test_a_runs_spend_can_be_reset_by_staff() -> None:
+    seed(limit="1000")
+    budgets.set_limit(tenant="acme", run="*", amount=D("60"), window="lifetime")
+    for _ in range(2):
+        reserve_30(run="r").commit(input_tokens=0, output_tokens=1000)
+    with pytest.raises(BudgetExceeded):
+        reserve_30(run="r")
+    lines = run_spend_reset(tenant="acme", run="r", reason="ticket 7", actor="support")
+    assert [line.cost for line in lines] == [D("-60")]
+    assert lines[0].run is not None
+    reserve_30(run="r")  # the run has its 60 again; the tenant's spend stands
+    assert Counter.objects.get(budget__scope=Scope.TENANT).spent == D("60")
+    assert AuditEvent.objects.filter(action="run.reset_spend").count() == 1
+    assert counters_drift() == []
