@@ -44,6 +44,7 @@ from llm_budgets.models import (
 from llm_budgets.money import ZERO, display
 from llm_budgets.pricing import actual_cost, price_in_effect, worst_case
 from llm_budgets.selectors import BudgetStatus
+from llm_budgets.tenants import tenant_ensure
 
 T = TypeVar("T")
 
@@ -283,7 +284,7 @@ def _demo_tenant(label: str, run_id: str) -> str:
     external_id = f"demo-{run_id}-{label}"
     budgets.ensure_tenant(external_id, name=f"Demo run {run_id} ({label})")
     # Lifetime, so a run that straddles midnight or a month boundary still adds up.
-    budgets.set_limit(tenant=external_id, amount=LIMIT, window="lifetime", actor="llm_budgets_demo")
+    budgets.set_limit(tenant=external_id, amount=LIMIT, window="lifetime", actor=DEMO_ACTOR)
     return external_id
 
 
@@ -458,6 +459,8 @@ DEMO_PRICES: list[tuple[str, str, str, str, str, str | None]] = [
     ("anthropic", "claude-3-5-haiku-20241022", "0.80", "4.00", "0.08", "1.00"),
 ]
 DEMO_PLAN = "Starter (demo)"
+# Who the audit log says made the demo's changes.
+DEMO_DATA_ACTOR = "demo data"
 # external id, name, timezone, billing day
 DEMO_TENANTS = [
     ("acme", "Acme Corp", "Europe/Amsterdam", 1),
@@ -530,6 +533,7 @@ DEMO_CALLS = [
 # Open demo holds live as long as a hold may, so the admin shows them for a day.
 OPEN_HOLD_TTL_SECONDS = 24 * 60 * 60
 ADMIN_USERNAME = "admin"
+DEMO_ACTOR = "demo (race run)"
 ADMIN_URL = "http://127.0.0.1:8000/admin/"
 
 
@@ -593,8 +597,13 @@ def demo_data_load(*, admin: bool = True, admin_password: str | None = None) -> 
         )
     plan = _plan_ensure(DEMO_PLAN, default_max_output_tokens=1024)
     for external_id, name, tz, billing_day in DEMO_TENANTS:
-        budgets.ensure_tenant(
-            external_id, name=name, timezone=tz, billing_day=billing_day, plan=plan.name
+        tenant_ensure(
+            external_id,
+            name=name,
+            timezone=tz,
+            billing_day=billing_day,
+            plan=plan.name,
+            actor=DEMO_DATA_ACTOR,
         )
     for tenant, end_user, window, amount in DEMO_LIMITS:
         budgets.set_limit(
@@ -602,7 +611,7 @@ def demo_data_load(*, admin: bool = True, admin_password: str | None = None) -> 
             end_user=end_user,
             window=window,
             amount=Decimal(amount),
-            actor="llm_budgets_demo_data",
+            actor=DEMO_DATA_ACTOR,
         )
     states: dict[str, int] = {}
     for call in DEMO_CALLS:

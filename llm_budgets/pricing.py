@@ -18,11 +18,12 @@ from django.db import transaction
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
-from llm_budgets import costs, validation
+from llm_budgets import costs, model_names, validation
 from llm_budgets.conf import conf
 from llm_budgets.costs import TOKEN_RATES
 from llm_budgets.engine import statements as sql
 from llm_budgets.exceptions import InvalidUsage, UnknownPrice
+from llm_budgets.model_names import ModelMatch
 from llm_budgets.models import (
     AuditEvent,
     Plan,
@@ -75,15 +76,32 @@ def current_versions(at: datetime) -> QuerySet[Price]:
 def price_in_effect(*, provider: str | None, model: str, at: datetime) -> Price:
     """The newest version that has started by ``at`` and not ended; ``UnknownPrice`` if none.
 
-    Without a provider, the model must be priced by exactly one provider.
+    Without a provider, the model must be priced by exactly one provider. A name without a price
+    of its own is resolved as :mod:`llm_budgets.model_names` says (spellings, genai-prices'
+    matching rules, admin aliases); a known exact name costs one statement, as before.
     """
+    return price_match(provider=provider, model=model, at=at)[0]
+
+
+def price_match(*, provider: str | None, model: str, at: datetime) -> tuple[Price, ModelMatch]:
+    """``price_in_effect`` and how the name found it (which rule of ``model_names``)."""
+    price = _exact_version(provider, model, at)
+    if price is not None:
+        return price, ModelMatch(model, price.provider, model, model_names.EXACT)
+    found = model_names.price_for_name(
+        provider=provider, model=model, lookup=lambda p, m: _exact_version(p, m, at)
+    )
+    if found is None:
+        raise UnknownPrice(provider=provider, model=model)
+    return found
+
+
+def _exact_version(provider: str | None, model: str, at: datetime) -> Price | None:
     if provider is not None:
         # Every admission asks this: one statement without the ORM's compilation.
         when = sql.param(Price, "effective_from", at)
         rows = sql.fetch(version_in_effect_sql(), [provider, model, when, when])
-        if not rows:
-            raise UnknownPrice(provider=provider, model=model)
-        return sql.row_to(Price, rows[0])
+        return sql.row_to(Price, rows[0]) if rows else None
     versions = prices_in_effect(at).filter(model=model)
     providers = sorted(set(versions.values_list("provider", flat=True)))
     if len(providers) > 1:
@@ -92,10 +110,7 @@ def price_in_effect(*, provider: str | None, model: str, at: datetime) -> Price:
             "pass provider= to say which one serves the call.",
             field="provider",
         )
-    price = versions.order_by(_NEWEST_FIRST).first()
-    if price is None:
-        raise UnknownPrice(provider=provider, model=model)
-    return price
+    return versions.order_by(_NEWEST_FIRST).first()
 
 
 @functools.cache

@@ -16,9 +16,10 @@ from llm_budgets.conf import conf
 from llm_budgets.costs import Item, customer_hold, worst_case_items
 from llm_budgets.engine.boundary import ledger_guard
 from llm_budgets.exceptions import InvalidUsage, OutputCeilingRequired
+from llm_budgets.model_names import ModelMatch
 from llm_budgets.models import ApiKey, BudgetUnit, EndUser, Price, PricingBasis, Tenant
 from llm_budgets.money import round_hold
-from llm_budgets.pricing import output_ceiling, pricing_for_request
+from llm_budgets.pricing import output_ceiling, price_match, pricing_for_request
 from llm_budgets.selectors import BudgetStatus, budget_statuses, scopes_for_read
 from llm_budgets.tenants import tenant_get
 from llm_budgets.tokens import count_input_tokens
@@ -123,6 +124,8 @@ class Quote:
     estimate: Estimate
     budgets: list[BudgetDraw]
     currency: str
+    # Which rule of llm_budgets.model_names found the price (None: the unknown-model policy).
+    model_match: ModelMatch | None = None
 
     @property
     def admissible(self) -> bool:
@@ -195,6 +198,9 @@ def quote(
                 else estimate.amount
             )
             draws.append(BudgetDraw(status, status.unit, amount, amount <= status.remaining))
+    match = None
     if estimate.price is not None and estimate.pricing_basis == PricingBasis.PRICE:
+        with ledger_guard("quote"):
+            match = price_match(provider=provider, model=model, at=now)[1]
         provider = estimate.price.provider
-    return Quote(provider, model, estimate, draws, conf.CURRENCY)
+    return Quote(provider, model, estimate, draws, conf.CURRENCY, match)

@@ -13,7 +13,7 @@ from django.db import transaction
 
 from llm_budgets.exceptions import BudgetExceeded, KillSwitchActive
 from llm_budgets.models import Refusal, RefusalKind, Reservation
-from llm_budgets.money import display
+from llm_budgets.money import money
 
 logger = logging.getLogger("llm_budgets")
 
@@ -38,7 +38,7 @@ def refusal_record(
         else:
             row.kind = RefusalKind.BUDGET
             row.budget_id = refusal.budget_id
-            limit = f"{display(refusal.limit)} {refusal.currency}"
+            limit = money(refusal.limit, refusal.currency)
             row.detail = f"{refusal.scope} {refusal.window} budget, limit {limit}"[:255]
             row.remaining = refusal.remaining
             row.requested = refusal.requested

@@ -22,6 +22,7 @@ _VIEWABLE = (
     "budget",
     "counter",
     "price",
+    "modelalias",
     "reservation",
     "reservationhold",
     "usagerecord",

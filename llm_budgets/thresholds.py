@@ -38,7 +38,6 @@ from llm_budgets.models import (
     EndUser,
     Plan,
     Run,
-    Scope,
     ThresholdCrossing,
 )
 from llm_budgets.selectors import ApplicableBudget, statuses_for
@@ -48,9 +47,8 @@ from llm_budgets.windows import (
     MAX_ROLLING,
     ROLLING_PREFIX,
     Period,
-    period_for,
+    budget_period,
     rolling_window,
-    tenant_period,
 )
 
 logger = logging.getLogger("llm_budgets")
@@ -67,12 +65,6 @@ def budget_thresholds(budget: Budget) -> list[int]:
     if plan is not None and plan.warning_thresholds is not None:
         return sorted(plan.warning_thresholds)
     return sorted(conf.WARNING_THRESHOLDS)
-
-
-def _current_period(budget: Budget, at: datetime) -> Period:
-    if budget.scope == Scope.GLOBAL or budget.tenant is None:
-        return period_for(budget.window, at)
-    return tenant_period(budget.window, at, budget.tenant)
 
 
 def _warning_period(budget: Budget, period: Period, at: datetime) -> datetime:
@@ -142,7 +134,7 @@ def _candidates(now: datetime, lowest: int) -> list[ApplicableBudget]:
         items.append(
             ApplicableBudget(
                 budget,
-                _current_period(budget, now),
+                budget_period(budget, now),
                 end_users[end_user_id] if end_user_id is not None else None,
                 run=runs[run_id] if run_id is not None else None,
                 api_key=keys[key_id] if key_id is not None else None,
@@ -347,6 +339,8 @@ def _message(crossing: ThresholdCrossing, recipients: list[str]) -> EmailMultiAl
         "remaining": max(Decimal(0), crossing.limit - used),
         "currency": crossing.currency,
         "period_start": crossing.period_start,
+        # Times in the tenant's timezone, labelled (llm_budgets.clock); money in the one format.
+        "timezone": crossing.tenant.timezone if crossing.tenant else None,
     }
     subject = " ".join(
         render_to_string("llm_budgets/email/threshold_warning_subject.txt", context).split()

@@ -294,3 +294,20 @@ def tenant_period(window: str, at: datetime, tenant: CalendarOwner) -> Period:
     if window == Window.LIFETIME or window.startswith(ROLLING_PREFIX):
         return period
     return Period(max(period.start, effective_from), period.end)
+
+
+class WindowOwner(Protocol):
+    """What a budget contributes to its period: its window and its tenant (None: global)."""
+
+    window: str
+
+    @property
+    def tenant(self) -> CalendarOwner | None: ...
+
+
+def budget_period(budget: WindowOwner, at: datetime) -> Period:
+    """The period of ``budget`` containing ``at``: its tenant's calendar, or UTC's for a budget
+    without a tenant (global)."""
+    if budget.tenant is None:
+        return period_for(budget.window, at)
+    return tenant_period(budget.window, at, budget.tenant)

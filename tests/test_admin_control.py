@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from llm_budgets import budgets
+from llm_budgets.clock import when
 from llm_budgets.exceptions import BudgetExceeded, KillSwitchActive
 from llm_budgets.models import (
     AuditEvent,
@@ -135,10 +136,14 @@ def test_support_trips_and_clears_with_a_reason_audited_and_emailed(
     with pytest.raises(KillSwitchActive) as refused:
         reserve_30(end_user="u-1")
     assert refused.value.tripped_by == "support"
-    url = reverse("admin:llm_budgets_killswitch_change", args=[switch.pk])
-    assert support.post(url, {"clear_reason": "", "_save": "1"}).status_code == 200
+    page = support.get(reverse("admin:llm_budgets_killswitch_change", args=[switch.pk]))
+    url = reverse("admin:llm_budgets_killswitch_clear", args=[switch.pk])
+    assert url in page.content.decode()  # the "Clear this switch" button
+    assert support.get(url).status_code == 200  # the confirmation, with its reason box
+    assert support.post(url, {"clear_reason": ""}).status_code == 200
     with django_capture_on_commit_callbacks(execute=True):  # type: ignore[operator]
-        assert support.post(url, {"clear_reason": "user blocked", "_save": "1"}).status_code == 302
+        cleared = support.post(url, {"clear_reason": "user blocked"}, follow=True)
+    assert "Kill switch on end user acme/u-1 cleared" in cleared.content.decode()
     reserve_30(end_user="u-2").release()
     trip, clear = AuditEvent.objects.filter(action__startswith="kill_switch").order_by("pk")
     assert (trip.actor, trip.reason) == ("support", "attack from u-1")
@@ -153,7 +158,13 @@ def test_support_is_refused_billing_actions(support: Client, tenant: Tenant) -> 
     assert (
         support.post(
             reverse("admin:llm_budgets_budgetraise_add"),
-            {"budget": budget.pk, "amount": "10", "until": until, "reason": "x"},
+            {
+                "budget": budget.pk,
+                "amount": "10",
+                "until_0": until[:10],
+                "until_1": until[11:],
+                "reason": "x",
+            },
         ).status_code
         == 403
     )
@@ -176,8 +187,11 @@ def test_support_is_refused_billing_actions(support: Client, tenant: Tenant) -> 
 def test_billing_admin_is_refused_switches(billing: Client, tenant: Tenant) -> None:
     assert _trip(billing, tenant) == 403
     switch = budgets.trip(tenant="acme", reason="x")
-    url = reverse("admin:llm_budgets_killswitch_change", args=[switch.pk])
-    assert billing.post(url, {"clear_reason": "no", "_save": "1"}).status_code == 403
+    url = reverse("admin:llm_budgets_killswitch_clear", args=[switch.pk])
+    assert billing.get(url).status_code == 403
+    assert billing.post(url, {"clear_reason": "no"}).status_code == 403
+    page = billing.get(reverse("admin:llm_budgets_killswitch_change", args=[switch.pk]))
+    assert url not in page.content.decode()  # no button for someone who may not clear
     assert KillSwitch.objects.get().cleared_at is None
 
 
@@ -191,12 +205,18 @@ def test_billing_admin_grants_a_raise_that_expires_by_itself(
         {
             "budget": budget.pk,
             "amount": "40",
-            "until": until.strftime("%Y-%m-%d %H:%M:%S"),
+            "until_0": until.strftime("%Y-%m-%d"),
+            "until_1": until.strftime("%H:%M:%S"),
             "reason": "launch day",
             "_save": "1",
         },
+        follow=True,
     )
-    assert response.status_code == 302, response.content.decode()[:3000]
+    assert response.redirect_chain[-1][0] == _tenant_url(tenant)  # back where support came from
+    shown = [str(m) for m in response.context["messages"]]
+    assert shown == [
+        f"Raise of 40.00 USD on tenant acme's month budget until {when(until, 'UTC')}."
+    ]
     granted = BudgetRaise.objects.get()
     assert (granted.amount, granted.granted_by, granted.reason) == (
         Decimal(40),

@@ -184,3 +184,15 @@ def test_quote_errors(
 def test_quote_needs_a_key(acme: Any) -> None:
     response = quote(client_for(None), model="claude-x", input_tokens=0, max_output_tokens=1)
     assert response.status_code == 401
+
+
+def test_quote_says_which_rule_priced_the_model_name(acme: Any) -> None:
+    budgets.set_price(provider="openai", model="gpt-4o", input_per_mtok="2.5", output_per_mtok="10")
+    exact = quote(acme, model="claude-x", input_tokens=10, max_output_tokens=10).json()
+    assert exact["model_match"] == {"rule": "exact", "model": "claude-x", "detail": ""}
+    dated = quote(
+        acme, provider="openai", model="gpt-4o-2024-08-06", input_tokens=10, max_output_tokens=10
+    ).json()
+    assert (dated["model"], dated["price"]["model"]) == ("gpt-4o-2024-08-06", "gpt-4o")
+    assert dated["model_match"]["rule"] == "genai-prices"
+    assert dated["model_match"]["model"] == "gpt-4o"

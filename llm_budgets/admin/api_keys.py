@@ -12,9 +12,25 @@ from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from llm_budgets.admin.base import actor, adopt
+from llm_budgets.admin.base import actor, adopt, when_column
 from llm_budgets.api.keys import api_key_create, api_key_revoke
 from llm_budgets.models import ApiKey
+
+
+def _fold_in_third_party_admin() -> None:
+    """One "API keys" entry: djangorestframework-api-key registers an admin for its own
+    ``APIKey`` model, which this app never uses (its keys are ``ApiKey``). Registered or not yet
+    (apps load in settings order), the import makes it registered, then it is removed."""
+    try:
+        from rest_framework_api_key import admin as _third_party  # noqa: F401
+        from rest_framework_api_key.models import APIKey
+    except ImportError:  # pragma: no cover - the app requires the package
+        return
+    if admin.site.is_registered(APIKey):
+        admin.site.unregister(APIKey)
+
+
+_fold_in_third_party_admin()
 
 
 class ApiKeyForm(forms.ModelForm):
@@ -34,7 +50,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     """A key without a tenant is an operator key: it acts for every tenant and may set limits."""
 
     form = ApiKeyForm
-    list_display = ["prefix", "name", "scope", "created", "expiry_date", "revoked"]
+    list_display = ["prefix", "name", "scope", "created_when", "expiry_when", "revoked"]
     list_filter = ["revoked", ("tenant", admin.EmptyFieldListFilter)]
     search_fields = ["prefix", "name", "tenant__external_id"]
     list_select_related = ["tenant"]
@@ -45,7 +61,15 @@ class ApiKeyAdmin(admin.ModelAdmin):
         # Scope and expiry are fixed at creation: a key that needs another scope is a new key.
         if obj is None:
             return []
-        return ["prefix", "name", "tenant", "expiry_date", "revoked", "created"]
+        return ["prefix", "name", "tenant", "expiry_when", "revoked", "created_when"]
+
+    created_when = when_column("created", "Created")
+    expiry_when = when_column("expiry_date", "Expires")
+
+    def get_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
+        if obj is None:
+            return ["name", "tenant", "expiry_date"]
+        return ["prefix", "name", "tenant", "expiry_when", "revoked", "created_when"]
 
     def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False  # view only; revoke with the action

@@ -7,19 +7,19 @@ import json
 from django.contrib import admin
 from django.utils.html import format_html
 
-from llm_budgets.admin.base import ReadOnlyAdmin
+from llm_budgets.admin.base import ReadOnlyAdmin, truncated, when_column
 from llm_budgets.models import AuditEvent
 
 
 @admin.register(AuditEvent)
 class AuditEventAdmin(ReadOnlyAdmin):
-    list_display = ["created_at", "action", "actor", "tenant", "target"]
+    list_display = ["created_when", "action", "actor", "tenant", "short_target", "short_reason"]
     list_filter = ["action"]
     list_select_related = ["tenant"]
     search_fields = ["actor", "target", "reason", "tenant__external_id"]
     date_hierarchy = "created_at"
     fields = readonly_fields = (
-        "created_at",
+        "created_when",
         "action",
         "actor",
         "tenant",
@@ -28,6 +28,16 @@ class AuditEventAdmin(ReadOnlyAdmin):
         "after_json",
         "reason",
     )
+
+    created_when = when_column("created_at", "When", seconds=True)
+
+    @admin.display(description="Target", ordering="target")
+    def short_target(self, obj: AuditEvent) -> str:
+        return truncated(obj.target, 50)
+
+    @admin.display(description="Reason", ordering="reason")
+    def short_reason(self, obj: AuditEvent) -> str:
+        return truncated(obj.reason, 50)
 
     @admin.display(description="Before")
     def before_json(self, obj: AuditEvent) -> str:

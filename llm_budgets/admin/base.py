@@ -1,22 +1,91 @@
-"""Pieces every admin module shares: the read-only mixin, money text, the acting user."""
+"""Pieces every admin module shares: the read-only mixin, money and time text, the acting user."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import Model
 from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
-from llm_budgets.money import display
+from llm_budgets import clock, money
+from llm_budgets.models import EndUser, Tenant
 
 
-def money_text(amount: Decimal | None, currency: str) -> str:
-    """An amount as support staff read it: ``30.00 USD``; exact, never a float."""
-    if amount is None:
+def money_text(amount: Decimal | None, currency: str) -> SafeString | str:
+    """An amount as support staff read it (``9,998.65 USD``), the exact stored value on hover.
+    HTML: for plain text (messages, explanations) use :func:`llm_budgets.money.money`."""
+    return money.money_html(amount, currency)
+
+
+def rate_text(amount: Decimal | None, currency: str, unit: str = "1M tokens") -> SafeString | str:
+    """A price per unit with its unit (``0.80 USD / 1M tokens``), the exact rate on hover."""
+    return money.rate_html(amount, currency, unit)
+
+
+def when_text(at: datetime | None, tz_name: str | None, *, seconds: bool = False) -> str:
+    """A time in the tenant's timezone, labelled (``Tue 1 Dec 2026 12:10 CET``)."""
+    return clock.when(at, tz_name, seconds=seconds)
+
+
+def tenant_zone(obj: Any) -> str | None:
+    """The timezone of the tenant a row belongs to (``obj.tenant``, or its budget's or end
+    user's), None (the site's own) for rows without a tenant."""
+    if isinstance(obj, Tenant):
+        return str(obj.timezone)
+    for path in (("tenant",), ("budget", "tenant"), ("end_user", "tenant")):
+        value = obj
+        for name in path:
+            value = getattr(value, name, None)
+            if value is None:
+                break
+        if value is not None:
+            return str(value.timezone)
+    return None
+
+
+def when_column(field: str, description: str, *, seconds: bool = False) -> Any:
+    """A list/detail column showing the datetime ``field`` in the row's tenant's timezone."""
+
+    @admin.display(description=description, ordering=field)
+    def column(self: Any, obj: Any) -> str:
+        return when_text(getattr(obj, field), tenant_zone(obj), seconds=seconds)
+
+    column.__name__ = f"{field}_when"
+    return column
+
+
+def end_user_url(end_user: EndUser | None) -> str:
+    """The end user's admin page ("" for none)."""
+    if end_user is None:
+        return ""
+    return reverse("admin:llm_budgets_enduser_change", args=[end_user.pk])
+
+
+def end_user_link(end_user: EndUser | None) -> str:
+    """The end user's external id, linked to their page (``-`` for none)."""
+    if end_user is None:
         return "-"
-    return f"{display(amount)} {currency}"
+    return format_html('<a href="{}">{}</a>', end_user_url(end_user), end_user.external_id)
+
+
+def truncated(text: str, length: int = 60) -> str:
+    """Long text cut for a list, the whole of it on hover (and on the detail page)."""
+    if len(text) <= length:
+        return text
+    return format_html('<span title="{}">{}&hellip;</span>', text, text[: length - 1])
+
+
+def short_id(value: object) -> str:
+    """A UUID shortened for lists (the first 8 characters); the detail page shows all of it."""
+    text = str(value)
+    return text[:8] if len(text) == 36 else text
 
 
 def actor(request: HttpRequest) -> str:
@@ -57,3 +126,40 @@ class ReadOnlyInline(admin.TabularInline):
 
     def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
+
+
+class _AnnotatedChangeList(ChangeList):
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        # The page's rows, fetched once (the queryset caches them for the template).
+        self.model_admin.annotate_page(request, list(self.result_list))  # type: ignore[attr-defined]
+
+
+class PageAnnotationMixin:
+    """For list columns that need a few queries for the whole page rather than one per row:
+    ``annotate_page`` gets the page's rows before they are shown."""
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return _AnnotatedChangeList
+
+    def annotate_page(self, request: HttpRequest, rows: list[Any]) -> None:
+        """Attach what the page's columns show to ``rows``."""
+
+
+def limit_text(
+    limit: Decimal, raises: list[Any], currency: str, tz_name: str | None
+) -> SafeString | str:
+    """A limit in force with the temporary raises it includes, as a person reads it:
+    ``75.00 USD, of which 25.00 USD until Fri 5 Dec 2026 18:00 CET``. ``limit`` includes them."""
+    if not raises:
+        return money_text(limit, currency)
+    parts = format_html_join(
+        "; ",
+        "{} until {}",
+        ((money_text(r.amount, currency), when_text(r.ends_at, tz_name)) for r in raises),
+    )
+    return format_html(
+        '{}<span class="llmb-sep">, </span><span class="llmb-raise">of which {}</span>',
+        money_text(limit, currency),
+        parts,
+    )

@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db.models import Model
 from django.http import HttpRequest
-from django.utils.html import format_html_join
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 
-from llm_budgets.admin.base import ReadOnlyAdmin, actor, adopt, money_text
+from llm_budgets import money
+from llm_budgets.admin.base import (
+    PageAnnotationMixin,
+    ReadOnlyAdmin,
+    actor,
+    adopt,
+    end_user_link,
+    limit_text,
+    money_text,
+    tenant_zone,
+    when_column,
+    when_text,
+)
+from llm_budgets.admin.selectors import active_raises, budget_list_statuses
 from llm_budgets.limits import ALL_END_USERS, budget_set_limit
 from llm_budgets.models import Budget, Counter, Scope
 from llm_budgets.money import display
@@ -53,6 +68,12 @@ class BudgetForm(forms.ModelForm):
         if end_user is not None and data.get("tenant") is None:
             data["tenant"] = end_user.tenant
         scope = Scope(data["scope"])
+        if scope not in _OWNERS:
+            raise ValidationError(
+                f"Scope “{scope.label}” names an API key, a run or a tag: create it with "
+                "budgets.set_limit(...) or POST /budgets (docs/limits.md); its limit can then be "
+                "changed here."
+            )
         needs_tenant, needs_user = _OWNERS[scope]
         if needs_tenant != (data.get("tenant") is not None):
             verb = "needs a" if needs_tenant else "takes no"
@@ -71,11 +92,21 @@ class BudgetForm(forms.ModelForm):
 
 
 @admin.register(Budget)
-class BudgetAdmin(admin.ModelAdmin):
-    """Adding a budget or changing its limit calls ``budget_set_limit``, which audits it."""
+class BudgetAdmin(PageAnnotationMixin, admin.ModelAdmin):
+    """Adding a budget or changing its limit calls ``budget_set_limit``, which audits it. The
+    list shows where each budget stands this period (the numbers admission uses)."""
 
     form = BudgetForm
-    list_display = ["budget", "window", "limit_text", "tenant", "end_user", "updated_at"]
+    list_display = [
+        "budget",
+        "window",
+        "limit_now",
+        "spent_now",
+        "remaining_now",
+        "resets_now",
+        "created_when",
+    ]
+    list_display_links = ["budget"]
     list_filter = ["scope", "window"]
     list_select_related = ["tenant", "end_user"]
     search_fields = ["tenant__external_id", "tenant__name", "end_user__external_id"]
@@ -86,53 +117,148 @@ class BudgetAdmin(admin.ModelAdmin):
     def get_fields(self, request: HttpRequest, obj: Model | None = None) -> list[Any]:
         if obj is None:
             return ["scope", "tenant", "end_user", "window", "limit", "reason"]
-        return [*self.fixed_on_change, "limit", "reason", "currency", "recent_periods"]
+        return [*self.fixed_on_change, "limit", "reason", *self.shown_on_change]
+
+    shown_on_change = ["currency", "this_period", "counts_from", "recent_periods"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
         if obj is None:
             return []
-        return [*self.fixed_on_change, "currency", "recent_periods"]
+        return [*self.fixed_on_change, *self.shown_on_change]
+
+    def annotate_page(self, request: HttpRequest, rows: list[Budget]) -> None:
+        now = timezone.now()
+        statuses = budget_list_statuses(rows, now)
+        raises = active_raises([b.pk for b in rows], now)
+        for budget in rows:
+            budget.status_now = statuses.get(budget.pk)  # type: ignore[attr-defined]
+            budget.raises_now = raises.get(budget.pk, [])  # type: ignore[attr-defined]
+
+    created_when = when_column("created_at", "Counts from")
+
+    @admin.display(description="Limit now", ordering="limit")
+    def limit_now(self, obj: Budget) -> str:
+        raises = getattr(obj, "raises_now", [])
+        total = obj.limit + sum((r.amount for r in raises), Decimal(0))
+        return limit_text(total, raises, obj.currency, tenant_zone(obj))
+
+    @admin.display(description="Spent this period")
+    def spent_now(self, obj: Budget) -> str:
+        status = getattr(obj, "status_now", None)
+        if status is None:
+            return "per end user"
+        if not status.reserved:
+            return money_text(status.spent, obj.currency)
+        return format_html(
+            "{} <small>(+ {} held)</small>",
+            money_text(status.spent, obj.currency),
+            money_text(status.reserved, obj.currency),
+        )
+
+    @admin.display(description="Remaining")
+    def remaining_now(self, obj: Budget) -> str:
+        status = getattr(obj, "status_now", None)
+        return "per end user" if status is None else money_text(status.remaining, obj.currency)
+
+    @admin.display(description="Resets")
+    def resets_now(self, obj: Budget) -> str:
+        status = getattr(obj, "status_now", None)
+        if status is None or status.resets_at is None:
+            return "-" if status is None else "never"
+        return when_text(status.resets_at, tenant_zone(obj))
+
+    @admin.display(description="This period")
+    def this_period(self, obj: Budget) -> str:
+        now = timezone.now()
+        status = budget_list_statuses([obj], now).get(obj.pk)
+        if status is None:
+            return "Each end user has a counter of its own: see the end user's page."
+        raises = active_raises([obj.pk], now).get(obj.pk, [])
+        zone = tenant_zone(obj)
+        return format_html(
+            "limit {}; spent {}, reserved {}, remaining {}; from {} to {}",
+            limit_text(status.limit, raises, obj.currency, zone),
+            money_text(status.spent, obj.currency),
+            money_text(status.reserved, obj.currency),
+            money_text(status.remaining, obj.currency),
+            when_text(status.period_start, zone),
+            when_text(status.resets_at, zone) if status.resets_at else "never (lifetime)",
+        )
+
+    @admin.display(description="Counts from")
+    def counts_from(self, obj: Budget) -> str:
+        zone = tenant_zone(obj)
+        return format_html(
+            "{}. A budget is not retroactive: spend before it was created is not counted in it, "
+            "even within the period it was created in.",
+            when_text(obj.created_at, zone),
+        )
 
     def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         # Removing a cap silently widens spending; set a new limit instead.
         return False
 
     def save_model(self, request: HttpRequest, obj: Budget, form: Any, change: bool) -> None:
+        before = Budget.objects.filter(pk=obj.pk).values_list("limit", flat=True).first()
         saved = budget_set_limit(
             amount=obj.limit,
             window=obj.window,
             tenant=obj.tenant.external_id if obj.tenant else None,
             end_user=_end_user_argument(obj),
+            **_named_scope_arguments(obj),
             actor=actor(request),
             reason=form.cleaned_data.get("reason", ""),
         )
         adopt(obj, saved)
+        limit = money.money(saved.limit, saved.currency)
+        if before is None:
+            what = f"{budget_phrase(saved)} created with a limit of {limit}"
+        else:
+            was = money.money(before, saved.currency)
+            what = f"Limit of {budget_phrase(saved)} set to {limit} (was {was})"
+        request._llmb_message = f"{what[0].upper()}{what[1:]}."  # type: ignore[attr-defined]
+
+    def message_user(
+        self,
+        request: HttpRequest,
+        message: Any,
+        level: int | str = messages.INFO,
+        extra_tags: str = "",
+        fail_silently: bool = False,
+    ) -> None:
+        # The service's outcome in words, instead of "The budget ... was changed successfully".
+        message = getattr(request, "_llmb_message", message)
+        super().message_user(request, message, level, extra_tags, fail_silently)
 
     @admin.display(description="Budget", ordering="scope")
     def budget(self, obj: Budget) -> str:
         return obj.scope_label
 
-    @admin.display(description="Limit", ordering="limit")
-    def limit_text(self, obj: Budget) -> str:
-        return money_text(obj.limit, obj.currency)
-
     @admin.display(description="Recent periods")
     def recent_periods(self, obj: Budget) -> str:
-        counters = obj.counters.order_by("-period_start")[:5]
+        counters = obj.counters.select_related("end_user").order_by("-period_start")[:5]
         if not counters:
             return "No request has used this budget yet."
         return format_html_join(
             "",
-            "<div>{}: spent {}, reserved {}</div>",
+            "<div>from {}: spent {}, reserved {}{}</div>",
             (
                 (
-                    f"{c.period_start:%Y-%m-%d %H:%M} UTC",
+                    when_text(c.period_start, tenant_zone(obj)),
                     money_text(c.spent, obj.currency),
                     money_text(c.reserved, obj.currency),
+                    f" (end user {c.end_user.external_id})" if c.end_user else "",
                 )
                 for c in counters
             ),
         )
+
+
+def budget_phrase(budget: Budget) -> str:
+    """``tenant acme's month budget``, ``the global day budget``."""
+    if budget.scope == Scope.GLOBAL:
+        return f"the global {budget.window} budget"
+    return f"{budget.scope_label}'s {budget.window} budget"
 
 
 def _end_user_argument(budget: Budget) -> str | None:
@@ -143,16 +269,54 @@ def _end_user_argument(budget: Budget) -> str | None:
     return None
 
 
+def _named_scope_arguments(budget: Budget) -> dict[str, Any]:
+    """The API key, run or tag a budget of those scopes names, as ``budget_set_limit`` takes it
+    (without it a limit change would land on the tenant's budget)."""
+    if budget.scope == Scope.API_KEY_DEFAULT or budget.scope == Scope.RUN_DEFAULT:
+        return {"api_key" if budget.scope == Scope.API_KEY_DEFAULT else "run": "*"}
+    if budget.scope == Scope.API_KEY and budget.api_key is not None:
+        return {"api_key": budget.api_key.prefix}
+    if budget.scope == Scope.RUN and budget.run is not None:
+        return {"run": budget.run.external_id}
+    if budget.scope == Scope.TAG:
+        return {"tag": (budget.tag_key, budget.tag_value)}
+    return {}
+
+
 @admin.register(Counter)
 class CounterAdmin(ReadOnlyAdmin):
     """Spent and reserved per budget and period: written only by admission and settlement."""
 
-    list_display = ["budget_label", "window", "period_start", "spent_text", "reserved_text"]
+    list_display = [
+        "budget_label",
+        "end_user_label",
+        "window",
+        "period_when",
+        "spent_text",
+        "reserved_text",
+    ]
     list_filter = ["budget__scope", "budget__window"]
-    list_select_related = ["budget__tenant", "budget__end_user"]
-    search_fields = ["budget__tenant__external_id", "budget__end_user__external_id"]
+    list_select_related = ["budget__tenant", "budget__end_user", "end_user"]
+    search_fields = [
+        "budget__tenant__external_id",
+        "budget__end_user__external_id",
+        "end_user__external_id",
+    ]
     date_hierarchy = "period_start"
-    fields = readonly_fields = ("budget", "period_start", "spent_text", "reserved_text")
+    fields = readonly_fields = (
+        "budget",
+        "end_user_label",
+        "period_when",
+        "spent_text",
+        "reserved_text",
+    )
+
+    period_when = when_column("period_start", "Period from")
+
+    @admin.display(description="End user", ordering="end_user__external_id")
+    def end_user_label(self, obj: Counter) -> str:
+        """Whose counter: an each-end-user (``*``) budget keeps one per end user."""
+        return end_user_link(obj.end_user or obj.budget.end_user)
 
     @admin.display(description="Budget", ordering="budget__scope")
     def budget_label(self, obj: Counter) -> str:

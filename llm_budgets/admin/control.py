@@ -6,11 +6,13 @@ to a person without it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import widgets
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -18,9 +20,30 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
+from django.utils.http import urlencode
 
+from llm_budgets import clock, money
 from llm_budgets.adjustments import end_user_spend_reset, usage_void
-from llm_budgets.admin.base import ReadOnlyAdmin, actor, adopt, money_text
+from llm_budgets.admin.base import (
+    PageAnnotationMixin,
+    ReadOnlyAdmin,
+    actor,
+    adopt,
+    end_user_link,
+    end_user_url,
+    money_text,
+    tenant_zone,
+    truncated,
+    when_column,
+    when_text,
+)
+from llm_budgets.admin.budgets import budget_phrase
+from llm_budgets.admin.selectors import (
+    EndUserOverview,
+    adjustment_notes,
+    refusal_groups,
+    voided_ids,
+)
 from llm_budgets.budget_raises import budget_raise_grant
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.killswitches import (
@@ -31,6 +54,7 @@ from llm_budgets.killswitches import (
     switch_open_q,
 )
 from llm_budgets.models import (
+    Budget,
     BudgetRaise,
     EndUser,
     KillSwitch,
@@ -40,13 +64,17 @@ from llm_budgets.models import (
     UsageRecord,
 )
 from llm_budgets.tenants import end_user_ensure
+from llm_budgets.windows import budget_period
 
 RECENT_ROWS = 20
+# Refusals read for the page before identical ones in a burst are folded together.
+RECENT_REFUSALS = 200
 
-_REASON = forms.CharField(
-    widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
-    help_text="Required. Kept in the audit log and shown to whoever is refused.",
-)
+
+def _reason(help_text: str) -> forms.CharField:
+    return forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2, "cols": 60}), help_text=f"Required. {help_text}"
+    )
 
 
 def _require(request: HttpRequest, permission: str) -> None:
@@ -54,11 +82,71 @@ def _require(request: HttpRequest, permission: str) -> None:
         raise PermissionDenied
 
 
+def _picker(help_text: str) -> forms.SplitDateTimeField:
+    """A date-time field with the admin's calendar and clock pickers."""
+    return forms.SplitDateTimeField(
+        widget=widgets.AdminSplitDateTime(), help_text=help_text, required=False
+    )
+
+
+def _clock_help(zone: str | None) -> str:
+    name = zone or timezone.get_current_timezone_name()
+    return f"Date as YYYY-MM-DD, time as HH:MM, in {name} (now {clock.when(timezone.now(), zone)})."
+
+
+class ActionFormAdmin(admin.ModelAdmin):
+    """An add form that does one thing: one button saying what it does (no "Save and add
+    another"), times entered in the tenant's timezone, and a message naming what happened."""
+
+    change_form_template = "admin/llm_budgets/control/change_form.html"
+    submit_label = "Save"
+    add_title = ""  # the add page's title: what it does
+
+    def form_zone(self, request: HttpRequest) -> str | None:
+        """The timezone the form's times are entered in (the tenant's, when known)."""
+        return None
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context = {
+            **(extra_context or {}),
+            "show_save_and_add_another": False,
+            "show_save_and_continue": False,
+            "submit_label": self.submit_label if object_id is None else "",
+        }
+        if object_id is None and self.add_title:
+            context["title"] = self.add_title
+        zone = self.form_zone(request) if object_id is None else None
+        with timezone.override(clock.zone(zone)):
+            response = super().changeform_view(request, object_id, form_url, context)
+            if isinstance(response, TemplateResponse):
+                # Rendered here, so the pickers' "Now" and the shown times use the same zone.
+                response.render()
+            return response
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        # An action form picks an existing row: no add / change / view / delete icons beside it.
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        widget = getattr(field, "widget", None)
+        if isinstance(widget, widgets.RelatedFieldWidgetWrapper):
+            widget.can_add_related = widget.can_change_related = False
+            widget.can_view_related = widget.can_delete_related = False
+        return field
+
+
 class TripForm(forms.ModelForm):
     end_user_id = forms.CharField(
-        required=False, label="End user", help_text="External id; needs the tenant."
+        required=False,
+        label="End user",
+        help_text="The end user's external id, to stop only them; needs the tenant.",
     )
-    reason = _REASON
+    auto_clear_at = _picker("Empty: the switch stays until a person clears it.")
+    reason = _reason("Kept in the audit log and shown to whoever is refused.")
 
     class Meta:
         model = KillSwitch
@@ -74,114 +162,211 @@ class TripForm(forms.ModelForm):
         return data
 
 
-class ClearForm(forms.ModelForm):
+class ClearForm(forms.Form):
     clear_reason = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
         label="Reason to clear",
-        help_text="Required. Saving clears the switch; admission reopens at once.",
+        help_text="Required. Kept in the audit log. Admission reopens at once.",
     )
-
-    class Meta:
-        model = KillSwitch
-        fields = ["clear_reason"]
 
 
 @admin.register(KillSwitch)
-class KillSwitchAdmin(admin.ModelAdmin):
-    """Adding trips a switch; saving an open one with a reason clears it. Support's tool."""
+class KillSwitchAdmin(PageAnnotationMixin, ActionFormAdmin):
+    """Adding trips a switch; an open switch's page has a "Clear this switch" button that asks
+    for a reason and confirmation. Support's tool."""
 
-    list_display = ["scope", "reason", "tripped_by", "tripped_at", "automatic", "state"]
+    list_display = ["scope", "short_reason", "tripped_by", "tripped_when", "automatic", "state"]
     list_filter = ["automatic", "detector", ("cleared_at", admin.EmptyFieldListFilter)]
     list_select_related = ["tenant", "end_user__tenant", "api_key"]
     search_fields = ["tenant__external_id", "end_user__external_id", "model", "reason"]
     date_hierarchy = "tripped_at"
     autocomplete_fields = ["tenant"]
+    submit_label = "Trip the switch"
+    add_title = "Trip a kill switch"
     shown = (
         "scope",
+        "state",
         "reason",
         "tripped_by",
-        "tripped_at",
+        "tripped_when",
         "automatic",
         "detector",
-        "auto_clear_at",
-        "cleared_at",
+        "auto_clear_when",
+        "cleared_when",
         "cleared_by",
         "clear_reason",
     )
 
+    tripped_when = when_column("tripped_at", "Tripped at")
+    auto_clear_when = when_column("auto_clear_at", "Clears by itself at")
+    cleared_when = when_column("cleared_at", "Cleared at")
+
     def get_form(
         self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
     ) -> Any:
-        kwargs["form"] = TripForm if obj is None else ClearForm
-        return super().get_form(request, obj, change, **kwargs)
+        kwargs["form"] = TripForm
+        form = super().get_form(request, obj, change, **kwargs)
+        if "auto_clear_at" in form.base_fields:
+            form.base_fields["auto_clear_at"].help_text = (
+                "Empty: the switch stays until a person clears it. "
+                + _clock_help(self.form_zone(request))
+            )
+        return form
+
+    def form_zone(self, request: HttpRequest) -> str | None:
+        wanted = request.POST.get("tenant") or request.GET.get("tenant") or ""
+        tenant = Tenant.objects.filter(pk=int(wanted)).first() if wanted.isdigit() else None
+        return tenant.timezone if tenant else None
 
     def get_fields(self, request: HttpRequest, obj: Model | None = None) -> list[Any]:
         if obj is None:
             return ["tenant", "end_user_id", "provider", "model", "auto_clear_at", "reason"]
-        if isinstance(obj, KillSwitch) and obj.cleared_at is None:
-            return [*self.shown[:7], "clear_reason"]
         return list(self.shown)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
-        if obj is None:
-            return []
-        if isinstance(obj, KillSwitch) and obj.cleared_at is None:
-            return list(self.shown[:7])
-        return list(self.shown)
+        return [] if obj is None else list(self.shown)
 
     def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        if isinstance(obj, KillSwitch) and obj.cleared_at is not None:
-            return False  # history
-        return super().has_change_permission(request, obj)
+        # Never edited: the page's "Clear this switch" button is the one change (it needs
+        # change_killswitch, see ``clear_view``).
+        return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
-    def save_model(self, request: HttpRequest, obj: KillSwitch, form: Any, change: bool) -> None:
-        # The forms validated everything the services check, so these do not raise here.
-        data = form.cleaned_data
-        if change:
-            saved = kill_switch_clear(
-                switch_id=obj.pk, reason=data["clear_reason"], actor=actor(request)
-            )
-        else:
-            tenant = data.get("tenant")
-            end_user = None
-            if data.get("end_user_id") and tenant is not None:
-                end_user = end_user_ensure(tenant, data["end_user_id"])
-            saved = kill_switch_trip(
-                scope=SwitchScope(
-                    tenant=tenant,
-                    end_user=end_user,
-                    provider=data.get("provider") or "",
-                    model=data.get("model") or "",
-                ),
-                reason=data["reason"],
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path(
+                "<int:switch_id>/clear/",
+                self.admin_site.admin_view(self.clear_view),
+                name="llm_budgets_killswitch_clear",
+            ),
+            *super().get_urls(),
+        ]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        switch = KillSwitch.objects.filter(pk=object_id).first() if object_id.isdigit() else None
+        context = dict(extra_context or {})
+        if (
+            switch is not None
+            and switch.cleared_at is None
+            and request.user.has_perm("llm_budgets.change_killswitch")
+        ):
+            context["clear_url"] = reverse("admin:llm_budgets_killswitch_clear", args=[switch.pk])
+        return super().change_view(request, object_id, form_url, context)
+
+    def clear_view(self, request: HttpRequest, switch_id: int) -> HttpResponse:
+        _require(request, "change_killswitch")
+        switch = get_object_or_404(
+            KillSwitch.objects.select_related("tenant", "end_user__tenant", "api_key"),
+            pk=switch_id,
+        )
+        page = reverse("admin:llm_budgets_killswitch_change", args=[switch.pk])
+        if switch.cleared_at is not None:
+            messages.info(request, f"The {switch.scope_label} switch is already cleared.")
+            return HttpResponseRedirect(page)
+        form = ClearForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            kill_switch_clear(
+                switch_id=switch.pk,
+                reason=form.cleaned_data["clear_reason"],
                 actor=actor(request),
-                auto_clear_at=data.get("auto_clear_at"),
             )
+            messages.success(
+                request, f"Kill switch on {switch.scope_label} cleared: admission reopens now."
+            )
+            return HttpResponseRedirect(_switch_home(switch))
+        zone = tenant_zone(switch)
+        return _form_page(
+            request,
+            title=f"Clear the kill switch on {switch.scope_label}",
+            form=form,
+            explanation=(
+                f"Tripped {when_text(switch.tripped_at, zone)} by "
+                f"{switch.tripped_by or 'detector ' + switch.detector or '?'}: {switch.reason}. "
+                "Clearing lets requests in this scope through again at once."
+            ),
+            back_url=page,
+            back_label=f"Kill switch on {switch.scope_label}",
+            submit_label="Clear this switch",
+        )
+
+    def save_model(self, request: HttpRequest, obj: KillSwitch, form: Any, change: bool) -> None:
+        # Only the add form saves (the form validated what the service checks).
+        data = form.cleaned_data
+        tenant = data.get("tenant")
+        end_user = None
+        if data.get("end_user_id") and tenant is not None:
+            end_user = end_user_ensure(tenant, data["end_user_id"])
+        saved = kill_switch_trip(
+            scope=SwitchScope(
+                tenant=tenant,
+                end_user=end_user,
+                provider=data.get("provider") or "",
+                model=data.get("model") or "",
+            ),
+            reason=data["reason"],
+            actor=actor(request),
+            auto_clear_at=data.get("auto_clear_at"),
+        )
         adopt(obj, saved)
+
+    def response_add(
+        self, request: HttpRequest, obj: KillSwitch, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        until = (
+            f" until {when_text(obj.auto_clear_at, tenant_zone(obj))}" if obj.auto_clear_at else ""
+        )
+        messages.success(request, f"Kill switch on {obj.scope_label} tripped{until}.")
+        return HttpResponseRedirect(_switch_home(obj))
 
     @admin.display(description="Scope")
     def scope(self, obj: KillSwitch) -> str:
         return obj.scope_label
 
+    @admin.display(description="Reason", ordering="reason")
+    def short_reason(self, obj: KillSwitch) -> str:
+        return truncated(obj.reason)
+
     @admin.display(description="State")
     def state(self, obj: KillSwitch) -> str:
         if obj.cleared_at is not None:
-            return f"cleared {obj.cleared_at:%Y-%m-%d %H:%M} by {obj.cleared_by or '?'}"
-        if not switch_is_open(obj, timezone.now()):
-            return "expired"
-        return "TRIPPED"
+            return f"cleared by {obj.cleared_by or '?'}"
+        # Open by the switch module's own rule (an auto_clear_at that passed has cleared it).
+        if switch_is_open(obj, timezone.now()):
+            return "TRIPPED"
+        return "cleared by itself (auto_clear_at passed)"
+
+
+def _switch_home(switch: KillSwitch) -> str:
+    """Where support came from: the end user's or the tenant's page, else the switch list."""
+    if switch.end_user_id is not None:
+        return reverse("admin:llm_budgets_enduser_change", args=[switch.end_user_id])
+    if switch.tenant_id is not None:
+        return reverse("admin:llm_budgets_tenant_change", args=[switch.tenant_id])
+    return reverse("admin:llm_budgets_killswitch_changelist")
 
 
 class RaiseForm(forms.ModelForm):
-    until = forms.DateTimeField(help_text="The raise ends by itself at this time.")
-    reason = _REASON
+    until = _picker("The raise ends by itself at this time.")
+    reason = _reason("Why the raise; kept in the audit log.")
 
     class Meta:
         model = BudgetRaise
         fields = ["budget", "amount", "until", "reason"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "amount" in self.fields:  # absent on the read-only view of a raise
+            self.fields["until"].required = True
+            amount = self.fields["amount"]
+            amount.help_text = "Added to the limit until then, in the budget's currency."
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -193,23 +378,73 @@ class RaiseForm(forms.ModelForm):
 
 
 @admin.register(BudgetRaise)
-class BudgetRaiseAdmin(admin.ModelAdmin):
+class BudgetRaiseAdmin(ActionFormAdmin):
     """Adding grants a temporary raise (billing admins); raises are never edited or deleted."""
 
     form = RaiseForm
-    list_display = ["budget", "amount_text", "starts_at", "ends_at", "granted_by", "active"]
+    list_display = ["budget", "amount_text", "starts_when", "ends_when", "granted_by", "active"]
     list_select_related = ["budget__tenant", "budget__end_user__tenant"]
     search_fields = ["budget__tenant__external_id", "reason", "granted_by"]
     autocomplete_fields = ["budget"]
     date_hierarchy = "starts_at"
+    submit_label = "Grant the raise"
+    add_title = "Grant a temporary raise"
+
+    starts_when = when_column("starts_at", "From")
+    ends_when = when_column("ends_at", "Until")
 
     def get_fields(self, request: HttpRequest, obj: Model | None = None) -> list[Any]:
         if obj is None:
             return ["budget", "amount", "until", "reason"]
-        return ["budget", "amount", "starts_at", "ends_at", "reason", "granted_by", "created_at"]
+        return [
+            "budget",
+            "amount_text",
+            "starts_when",
+            "ends_when",
+            "reason",
+            "granted_by",
+            "created_when",
+        ]
+
+    created_when = when_column("created_at", "Granted at")
 
     def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
         return [] if obj is None else self.get_fields(request, obj)
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        if "until" in form.base_fields:
+            form.base_fields["until"].help_text = (
+                "The raise ends by itself at this time. " + _clock_help(self.form_zone(request))
+            )
+        return form
+
+    def form_zone(self, request: HttpRequest) -> str | None:
+        budget = self._budget_asked(request)
+        return budget.tenant.timezone if budget is not None and budget.tenant else None
+
+    def _budget_asked(self, request: HttpRequest) -> Budget | None:
+        wanted = request.POST.get("budget") or request.GET.get("budget") or ""
+        if not wanted.isdigit():
+            return None
+        return Budget.objects.select_related("tenant", "end_user").filter(pk=int(wanted)).first()
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        initial: dict[str, Any] = dict(super().get_changeform_initial_data(request))
+        initial.pop("tenant", None)
+        return initial
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        # Opened from a tenant's page: only that tenant's budgets to choose from.
+        wanted = request.GET.get("tenant", "")
+        if db_field.name == "budget" and wanted.isdigit():
+            kwargs["queryset"] = Budget.objects.filter(tenant_id=int(wanted)).select_related(
+                "tenant", "end_user"
+            )
+            kwargs["widget"] = forms.Select()
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
@@ -228,6 +463,23 @@ class BudgetRaiseAdmin(admin.ModelAdmin):
         )
         adopt(obj, saved)
 
+    def response_add(
+        self, request: HttpRequest, obj: BudgetRaise, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        budget = obj.budget
+        messages.success(
+            request,
+            f"Raise of {money.money(obj.amount, budget.currency)} on {budget_phrase(budget)} "
+            f"until {when_text(obj.ends_at, tenant_zone(obj))}.",
+        )
+        if budget.end_user_id is not None:
+            home = reverse("admin:llm_budgets_enduser_change", args=[budget.end_user_id])
+        elif budget.tenant_id is not None:
+            home = reverse("admin:llm_budgets_tenant_change", args=[budget.tenant_id])
+        else:
+            home = reverse("admin:llm_budgets_budgetraise_changelist")
+        return HttpResponseRedirect(home)
+
     @admin.display(description="Amount", ordering="amount")
     def amount_text(self, obj: BudgetRaise) -> str:
         return money_text(obj.amount, obj.budget.currency)
@@ -241,28 +493,79 @@ class BudgetRaiseAdmin(admin.ModelAdmin):
 class RefusalAdmin(ReadOnlyAdmin):
     """Why was I blocked? One row per refused admission."""
 
-    list_display = ["created_at", "tenant", "end_user", "model", "kind", "detail", "requested_text"]
-    list_filter = ["kind"]
-    list_select_related = ["tenant", "end_user__tenant"]
+    list_display = [
+        "created_when",
+        "tenant",
+        "end_user_link",
+        "model",
+        "short_detail",
+        "asked",
+        "left",
+        "resets",
+    ]
+    list_filter = ["kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    list_select_related = ["tenant", "end_user__tenant", "budget__tenant", "kill_switch"]
     search_fields = ["tenant__external_id", "end_user__external_id", "model", "detail"]
     date_hierarchy = "created_at"
+    fields = readonly_fields = (
+        "created_when",
+        "tenant",
+        "end_user_link",
+        "provider",
+        "model",
+        "kind",
+        "budget",
+        "kill_switch",
+        "detail",
+        "asked",
+        "left",
+        "resets",
+    )
 
-    @admin.display(description="Requested / remaining")
-    def requested_text(self, obj: Refusal) -> str:
-        currency = obj.budget.currency if obj.budget_id and obj.budget else ""
-        requested = money_text(obj.requested, currency).strip()
-        if obj.remaining is None:
-            return requested
-        return f"{requested} / {money_text(obj.remaining, currency).strip()}"
+    created_when = when_column("created_at", "When", seconds=True)
+
+    @admin.display(description="End user", ordering="end_user__external_id")
+    def end_user_link(self, obj: Refusal) -> str:
+        return end_user_link(obj.end_user)
+
+    @admin.display(description="Budget or switch", ordering="detail")
+    def short_detail(self, obj: Refusal) -> str:
+        return truncated(obj.detail, 48)
+
+    def _currency(self, obj: Refusal) -> str:
+        return obj.budget.currency if obj.budget_id and obj.budget else "USD"
+
+    @admin.display(description="Asked", ordering="requested")
+    def asked(self, obj: Refusal) -> str:
+        return money_text(obj.requested, self._currency(obj))
+
+    @admin.display(description="Left", ordering="remaining")
+    def left(self, obj: Refusal) -> str:
+        return money_text(obj.remaining, self._currency(obj))
+
+    @admin.display(description="Resets")
+    def resets(self, obj: Refusal) -> str:
+        zone = tenant_zone(obj)
+        if obj.budget is not None:
+            end = budget_period(obj.budget, obj.created_at).end
+            return when_text(end, zone) if end else "never (lifetime)"
+        switch = obj.kill_switch
+        if switch is not None:
+            if switch.cleared_at is not None:
+                return f"cleared {when_text(switch.cleared_at, zone)}"
+            if switch.auto_clear_at is not None:
+                return when_text(switch.auto_clear_at, zone)
+            return "when a person clears the switch"
+        return "-"
 
 
 class ResetForm(forms.Form):
     end_user = forms.CharField(help_text="The end user's external id.")
-    reason = _REASON
+    reason = _reason("Why; kept in the audit log and shown on the compensating lines.")
 
 
 class VoidForm(forms.Form):
-    reason = _REASON
+    reason = _reason("Why; kept in the audit log and shown on the compensating line.")
 
 
 class TenantControlMixin:
@@ -300,27 +603,45 @@ class TenantControlMixin:
                 lines = end_user_spend_reset(
                     end_user=end_user, reason=form.cleaned_data["reason"], actor=actor(request)
                 )
+                written = (
+                    f"{len(lines)} compensating ledger line(s) written"
+                    if lines
+                    else "nothing was spent in this period, so nothing changed"
+                )
                 messages.success(
                     request,
-                    f"Reset {end_user}: {len(lines)} compensating ledger line(s) written.",
+                    f"Period spend of end user {tenant.external_id}/{end_user.external_id} "
+                    f"reset: {written}.",
                 )
-                return _back_to(tenant)
+                return HttpResponseRedirect(
+                    reverse("admin:llm_budgets_enduser_change", args=[end_user.pk])
+                )
         return _form_page(
             request,
-            title=f"Reset an end user's period spend ({tenant.external_id})",
+            title=f"Reset an end user's period spend (tenant {tenant.external_id})",
             form=form,
             explanation=(
                 "Brings the end user's own budgets back to zero spent for the current period "
                 "with compensating ledger lines (nothing is deleted). The tenant's and global "
                 "budgets keep the spend: that money was spent."
             ),
-            tenant=tenant,
+            back_url=_tenant_url(tenant),
+            back_label=f"Tenant {tenant.external_id}",
+            submit_label="Reset the period spend",
         )
 
     def void_line_view(self, request: HttpRequest, tenant_id: int, line_id: int) -> HttpResponse:
         _require(request, "void_usagerecord")
         tenant = get_object_or_404(Tenant, pk=tenant_id)
-        line = get_object_or_404(UsageRecord, pk=line_id, tenant=tenant)
+        line = get_object_or_404(
+            UsageRecord.objects.select_related("end_user"), pk=line_id, tenant=tenant
+        )
+        zone = tenant.timezone
+        who = f"end user {line.end_user.external_id}" if line.end_user else "the tenant"
+        what = (
+            f"the {money.money(line.cost, line.currency)} {line.kind} for "
+            f"{line.provider}/{line.model} of {who} at {when_text(line.created_at, zone)}"
+        )
         form = VoidForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
             try:
@@ -330,27 +651,37 @@ class TenantControlMixin:
             except InvalidUsage as exc:
                 form.add_error(None, str(exc))
             else:
-                messages.success(request, f"Voided ledger line {line.pk}.")
-                return _back_to(tenant)
+                messages.success(
+                    request, f"Voided {what}: a compensating line of the opposite cost was added."
+                )
+                return HttpResponseRedirect(_tenant_url(tenant))
         return _form_page(
             request,
-            title=f"Void ledger line {line.pk} ({tenant.external_id})",
+            title=f"Void a ledger line (tenant {tenant.external_id})",
             form=form,
             explanation=(
-                f"{line.kind} of {money_text(line.cost, line.currency)} for "
-                f"{line.provider}/{line.model} at {line.created_at:%Y-%m-%d %H:%M} UTC. Voiding "
-                "adds a compensating line of the opposite cost; the line itself stays."
+                f"Voiding {what[0].upper()}{what[1:]} adds a compensating line of the opposite "
+                "cost; the line itself stays in the ledger."
             ),
-            tenant=tenant,
+            back_url=_tenant_url(tenant),
+            back_label=f"Tenant {tenant.external_id}",
+            submit_label="Void this line",
         )
 
 
-def _back_to(tenant: Tenant) -> HttpResponseRedirect:
-    return HttpResponseRedirect(reverse("admin:llm_budgets_tenant_change", args=[tenant.pk]))
+def _tenant_url(tenant: Tenant) -> str:
+    return reverse("admin:llm_budgets_tenant_change", args=[tenant.pk])
 
 
 def _form_page(
-    request: HttpRequest, *, title: str, form: forms.Form, explanation: str, tenant: Tenant
+    request: HttpRequest,
+    *,
+    title: str,
+    form: forms.Form,
+    explanation: str,
+    back_url: str,
+    back_label: str,
+    submit_label: str,
 ) -> TemplateResponse:
     return TemplateResponse(
         request,
@@ -360,36 +691,104 @@ def _form_page(
             "title": title,
             "form": form,
             "explanation": explanation,
-            "back_url": reverse("admin:llm_budgets_tenant_change", args=[tenant.pk]),
+            "back_url": back_url,
+            "back_label": back_label,
+            "submit_label": submit_label,
         },
     )
+
+
+def _switch_rows(switches: Iterable[KillSwitch], zone: str | None) -> list[dict[str, Any]]:
+    return [
+        {
+            "scope": s.scope_label,
+            "reason": s.reason,
+            "who": s.tripped_by or (f"detector {s.detector}" if s.automatic else "-"),
+            "when": when_text(s.tripped_at, zone),
+            "auto_clear": when_text(s.auto_clear_at, zone) if s.auto_clear_at else "",
+            "url": reverse("admin:llm_budgets_killswitch_change", args=[s.pk]),
+        }
+        for s in switches
+    ]
+
+
+def _refusal_rows(refusals: list[Refusal], zone: str | None) -> list[dict[str, Any]]:
+    rows = []
+    for group in refusal_groups(refusals):
+        r = group.first
+        currency = r.budget.currency if r.budget_id and r.budget else ""
+        rows.append(
+            {
+                "when": when_text(r.created_at, zone, seconds=True),
+                "since": when_text(group.oldest_at, zone, seconds=True) if group.count > 1 else "",
+                "count": group.count,
+                "end_user": r.end_user.external_id if r.end_user else "-",
+                "end_user_url": end_user_url(r.end_user),
+                "model": r.model,
+                "why": r.detail,
+                "requested": money_text(r.requested, currency),
+                "remaining": money_text(r.remaining, currency),
+                "url": reverse("admin:llm_budgets_refusal_change", args=[r.pk]),
+            }
+        )
+    return rows
+
+
+def _line_rows(
+    lines: list[UsageRecord], tenant: Tenant, can_void: bool, zone: str | None
+) -> list[dict[str, Any]]:
+    voided = voided_ids(lines)
+    notes = adjustment_notes(lines)
+    rows = []
+    for line in lines:
+        note = notes.get(line.pk)
+        if line.kind == UsageKind.ADJUSTMENT:
+            what = f"voids line {line.voids_id}" if line.voids_id else "end user's spend reset"
+            status = f"{what}: “{note.reason}” by {note.actor or '?'}" if note else what
+        elif line.pk in voided:
+            status = f"voided by line {voided[line.pk]}"
+        else:
+            status = ""
+        rows.append(
+            {
+                "id": line.pk,
+                "url": reverse("admin:llm_budgets_usagerecord_change", args=[line.pk]),
+                "when": when_text(line.created_at, zone, seconds=True),
+                "end_user": line.end_user.external_id if line.end_user else "-",
+                "end_user_url": end_user_url(line.end_user),
+                "kind": line.kind,
+                "call": f"{line.provider}/{line.model}" if line.model else "-",
+                "cost": money_text(line.cost, line.currency),
+                "status": status,
+                "voided": line.pk in voided,
+                "void_url": reverse("admin:llm_budgets_tenant_void_line", args=[tenant.pk, line.pk])
+                if can_void and line.kind != UsageKind.ADJUSTMENT and line.pk not in voided
+                else None,
+            }
+        )
+    return rows
 
 
 def control_context(request: HttpRequest, tenant: Tenant, now: datetime) -> dict[str, Any]:
     """The tenant page's control sections: open switches, recent refusals, recent ledger lines
     (with void links for billing admins) and the action links the user may use."""
     user = request.user
+    zone = tenant.timezone
     # Only switches refusing calls now: one past its auto_clear_at no longer does.
     switches = KillSwitch.objects.filter(switch_open_q(now), tenant=tenant).select_related(
         "tenant", "end_user__tenant"
     )
     refusals = Refusal.objects.filter(tenant=tenant).select_related("end_user", "budget")[
-        :RECENT_ROWS
+        :RECENT_REFUSALS
     ]
-    lines = UsageRecord.objects.filter(tenant=tenant).select_related("end_user", "voids")[
-        :RECENT_ROWS
-    ]
-    can_void = user.has_perm("llm_budgets.void_usagerecord")
+    lines = UsageRecord.objects.filter(tenant=tenant).select_related("end_user")[:RECENT_ROWS]
     actions = []
     if user.has_perm("llm_budgets.add_killswitch"):
         actions.append(
-            (
-                "Trip a kill switch",
-                f"{reverse('admin:llm_budgets_killswitch_add')}?tenant={tenant.pk}",
-            )
+            ("Trip a kill switch on this tenant", _add_url("killswitch", tenant=tenant.pk))
         )
     if user.has_perm("llm_budgets.add_budgetraise"):
-        actions.append(("Grant a temporary raise", reverse("admin:llm_budgets_budgetraise_add")))
+        actions.append(("Grant a temporary raise", _add_url("budgetraise", tenant=tenant.pk)))
     if user.has_perm("llm_budgets.reset_spend"):
         actions.append(
             (
@@ -399,42 +798,59 @@ def control_context(request: HttpRequest, tenant: Tenant, now: datetime) -> dict
         )
     return {
         "control_actions": actions,
-        "switch_rows": [
-            {
-                "scope": s.scope_label,
-                "reason": s.reason,
-                "who": s.tripped_by or (f"detector {s.detector}" if s.automatic else "-"),
-                "when": s.tripped_at,
-                "url": reverse("admin:llm_budgets_killswitch_change", args=[s.pk]),
-            }
-            for s in switches
-        ],
-        "refusal_rows": [
-            {
-                "when": r.created_at,
-                "end_user": r.end_user.external_id if r.end_user else "-",
-                "model": r.model,
-                "why": r.detail,
-                "requested": money_text(r.requested, "") if r.requested is not None else "-",
-                "remaining": money_text(r.remaining, "") if r.remaining is not None else "-",
-            }
-            for r in refusals
-        ],
+        "switch_rows": _switch_rows(switches, zone),
+        "refusal_rows": _refusal_rows(list(refusals), zone),
         "refusals_url": (
             f"{reverse('admin:llm_budgets_refusal_changelist')}?tenant__id__exact={tenant.pk}"
         ),
-        "line_rows": [
-            {
-                "id": line.pk,
-                "when": line.created_at,
-                "end_user": line.end_user.external_id if line.end_user else "-",
-                "kind": line.kind,
-                "call": f"{line.provider}/{line.model}" if line.model else "-",
-                "cost": money_text(line.cost, line.currency),
-                "void_url": reverse("admin:llm_budgets_tenant_void_line", args=[tenant.pk, line.pk])
-                if can_void and line.kind != UsageKind.ADJUSTMENT
-                else None,
-            }
-            for line in lines
-        ],
+        "line_rows": _line_rows(
+            list(lines), tenant, user.has_perm("llm_budgets.void_usagerecord"), zone
+        ),
+        "lines_url": (
+            f"{reverse('admin:llm_budgets_usagerecord_changelist')}?tenant__id__exact={tenant.pk}"
+        ),
     }
+
+
+def end_user_context(
+    request: HttpRequest, end_user: EndUser, overview: EndUserOverview
+) -> dict[str, Any]:
+    """The end-user page's control sections and actions, scoped to the end user."""
+    user = request.user
+    tenant = end_user.tenant
+    zone = tenant.timezone
+    actions = []
+    if user.has_perm("llm_budgets.add_killswitch"):
+        actions.append(
+            (
+                "Trip a kill switch on this end user",
+                _add_url("killswitch", tenant=tenant.pk, end_user_id=end_user.external_id),
+            )
+        )
+    if user.has_perm("llm_budgets.reset_spend"):
+        reset = reverse("admin:llm_budgets_tenant_reset_end_user", args=[tenant.pk])
+        actions.append(
+            (
+                "Reset this end user's period spend",
+                f"{reset}?{urlencode({'end_user': end_user.external_id})}",
+            )
+        )
+    return {
+        "control_actions": actions,
+        "switch_rows": _switch_rows(overview.switches, zone),
+        "refusal_rows": _refusal_rows(overview.refusals, zone),
+        "refusals_url": (
+            f"{reverse('admin:llm_budgets_refusal_changelist')}?end_user__id__exact={end_user.pk}"
+        ),
+        "line_rows": _line_rows(
+            overview.lines, tenant, user.has_perm("llm_budgets.void_usagerecord"), zone
+        ),
+        "lines_url": (
+            f"{reverse('admin:llm_budgets_usagerecord_changelist')}?end_user__id__exact={end_user.pk}"
+        ),
+    }
+
+
+def _add_url(model_name: str, **initial: str | int) -> str:
+    """An add form pre-filled with ``initial`` (the admin reads it from the query string)."""
+    return f"{reverse(f'admin:llm_budgets_{model_name}_add')}?{urlencode(initial)}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from llm_budgets.admin.base import ReadOnlyAdmin, money_text
+from llm_budgets.admin.base import ReadOnlyAdmin, money_text, when_column
 from llm_budgets.models import DailyUsage, ThresholdCrossing
 
 
@@ -14,11 +14,11 @@ class ThresholdCrossingAdmin(ReadOnlyAdmin):
     list_display = [
         "budget_label",
         "threshold",
-        "period_start",
-        "crossed_at",
+        "period_when",
+        "crossed_when",
         "state",
         "attempts",
-        "sent_at",
+        "sent_when",
     ]
     list_filter = ["state", "threshold"]
     list_select_related = ["budget__tenant", "budget__end_user"]
@@ -27,17 +27,22 @@ class ThresholdCrossingAdmin(ReadOnlyAdmin):
     fields = readonly_fields = (
         "budget",
         "tenant",
-        "period_start",
+        "period_when",
         "threshold",
         "used_text",
-        "crossed_at",
+        "crossed_when",
         "state",
         "attempts",
-        "claimed_at",
-        "sent_at",
+        "claimed_when",
+        "sent_when",
         "recipients",
         "last_error",
     )
+
+    period_when = when_column("period_start", "Period from")
+    crossed_when = when_column("crossed_at", "Crossed at")
+    claimed_when = when_column("claimed_at", "Claimed at")
+    sent_when = when_column("sent_at", "Sent at")
 
     @admin.display(description="Budget", ordering="budget__scope")
     def budget_label(self, obj: ThresholdCrossing) -> str:
@@ -68,8 +73,10 @@ class DailyUsageAdmin(ReadOnlyAdmin):
         "output_tokens",
         "cost_text",
         "estimated_text",
-        "updated_at",
+        "updated_when",
     )
+
+    updated_when = when_column("updated_at", "Updated at")
 
     @admin.display(description="Cost", ordering="cost")
     def cost_text(self, obj: DailyUsage) -> str:

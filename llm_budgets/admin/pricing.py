@@ -11,14 +11,18 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 from django.db.models import Exists, Model, OuterRef, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from llm_budgets.admin.base import actor, adopt, money_text
-from llm_budgets.models import Price
+from llm_budgets.admin.base import actor, adopt, rate_text, when_column, when_text
+from llm_budgets.costs import TOKEN_RATES
+from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.model_names import model_alias_delete, model_alias_set
+from llm_budgets.models import ModelAlias, Price
 from llm_budgets.pricing import PRICE_FIELDS, current_versions, price_set, prices_in_effect
 
 
@@ -89,8 +93,8 @@ class PriceAdmin(admin.ModelAdmin):
         "model",
         "input_text",
         "output_text",
-        "effective_from",
-        "effective_to",
+        "effective_from_when",
+        "effective_to_when",
         "source",
         "is_current",
     ]
@@ -109,7 +113,14 @@ class PriceAdmin(admin.ModelAdmin):
         fields = list(super().get_fields(request, obj))
         if obj is None:  # the add form: no history yet, and the reason field
             return [f for f in fields if f not in ("history", "new_version")]
-        return [f for f in fields if f != "reason"]
+        # The read-only view: rates in the one money format with their unit, exact on hover.
+        shown = {name: f"{name}_text" for name in _RATE_COLUMNS}
+        return [shown.get(str(f), f) for f in fields if f != "reason"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
+        if obj is None:
+            return self.readonly_fields
+        return [*self.readonly_fields, *(f"{name}_text" for name in _RATE_COLUMNS)]
 
     def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
         """``?from_version=<id>`` prefills the form with that version's rates."""
@@ -154,9 +165,9 @@ class PriceAdmin(admin.ModelAdmin):
             (
                 (
                     reverse("admin:llm_budgets_price_change", args=[v.pk]),
-                    f"{v.effective_from:%Y-%m-%d %H:%M}",
-                    money_text(v.input_per_mtok, v.currency),
-                    money_text(v.output_per_mtok, v.currency),
+                    when_text(v.effective_from, None),
+                    rate_text(v.input_per_mtok, v.currency),
+                    rate_text(v.output_per_mtok, v.currency),
                     v.source,
                     " - current" if v.pk in current else "",
                 )
@@ -172,10 +183,92 @@ class PriceAdmin(admin.ModelAdmin):
             '<a class="button" href="{}">Add a new version from these rates</a>', url
         )
 
-    @admin.display(description="Input / Mtok", ordering="input_per_mtok")
+    @admin.display(description="Input", ordering="input_per_mtok")
     def input_text(self, obj: Price) -> str:
-        return money_text(obj.input_per_mtok, obj.currency)
+        return rate_text(obj.input_per_mtok, obj.currency)
 
-    @admin.display(description="Output / Mtok", ordering="output_per_mtok")
+    @admin.display(description="Output", ordering="output_per_mtok")
     def output_text(self, obj: Price) -> str:
-        return money_text(obj.output_per_mtok, obj.currency)
+        return rate_text(obj.output_per_mtok, obj.currency)
+
+    effective_from_when = when_column("effective_from", "Effective from")
+    effective_to_when = when_column("effective_to", "Effective to")
+
+
+def _rate_column(name: str) -> Any:
+    unit = "request" if name == "per_request" else "1M tokens"
+
+    @admin.display(description=str(Price._meta.get_field(name).verbose_name).capitalize())  # type: ignore[union-attr]
+    def column(self: Any, obj: Price) -> str:
+        return rate_text(getattr(obj, name), obj.currency, unit)
+
+    column.__name__ = f"{name}_text"
+    return column
+
+
+_RATE_COLUMNS = (*TOKEN_RATES, "per_request")
+for _name in _RATE_COLUMNS:
+    setattr(PriceAdmin, f"{_name}_text", _rate_column(_name))
+del _name
+
+
+class ModelAliasForm(forms.ModelForm):
+    class Meta:
+        model = ModelAlias
+        fields = ["pattern", "provider", "model", "note"]
+
+    reason = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Why: recorded in the audit log.",
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data: dict[str, Any] = super().clean() or {}
+        if data.get("model") and data.get("pattern"):
+            priced = Price.objects.filter(model=data["model"])
+            if data.get("provider"):
+                priced = priced.filter(provider=data["provider"])
+            if not priced.exists():
+                self.add_error("model", "This model has no price: add its price first.")
+        return data
+
+
+@admin.register(ModelAlias)
+class ModelAliasAdmin(admin.ModelAdmin):
+    """Names that neither an exact price nor genai-prices' rules recognise, pointed at a priced
+    model. Tried last (docs/pricing.md, "Model names"); every change is audited."""
+
+    form = ModelAliasForm
+    list_display = ["pattern", "provider_text", "model", "note", "created_when"]
+    list_filter = ["provider"]
+    search_fields = ["pattern", "model", "note"]
+
+    created_when = when_column("created_at", "Created")
+
+    @admin.display(description="Provider", ordering="provider")
+    def provider_text(self, obj: ModelAlias) -> str:
+        return obj.provider or "any"
+
+    def save_model(self, request: HttpRequest, obj: ModelAlias, form: Any, change: bool) -> None:
+        try:
+            saved = model_alias_set(
+                pattern=obj.pattern,
+                provider=obj.provider,
+                model=obj.model,
+                note=obj.note,
+                actor=actor(request),
+                reason=form.cleaned_data.get("reason", ""),
+                alias=obj if change else None,
+            )
+        except InvalidUsage as invalid:
+            # The form's clean checks the same first; a concurrent change lands here.
+            raise ValidationError(invalid.message) from invalid
+        adopt(obj, saved)
+
+    def delete_model(self, request: HttpRequest, obj: ModelAlias) -> None:
+        model_alias_delete(obj, actor=actor(request), reason="deleted in the admin")
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ModelAlias]) -> None:
+        for alias in queryset:
+            model_alias_delete(alias, actor=actor(request), reason="deleted in the admin")

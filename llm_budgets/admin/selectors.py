@@ -6,22 +6,38 @@ tenant has: the admin page must stay fast for the biggest tenant.
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
+from decimal import Decimal
 
 from django.db.models import F, Q
 
+from llm_budgets.killswitches import kill_switches_in_state
 from llm_budgets.models import (
     LIVE_STATES,
+    SHARED_BY,
+    AuditEvent,
     Budget,
+    BudgetRaise,
     Counter,
     EndUser,
+    KillSwitch,
+    Refusal,
     Reservation,
     Scope,
     Tenant,
+    UsageKind,
+    UsageRecord,
 )
-from llm_budgets.selectors import ApplicableBudget, BudgetStatus, budget_statuses, statuses_for
-from llm_budgets.windows import ROLLING_PREFIX, tenant_period
+from llm_budgets.selectors import (
+    ApplicableBudget,
+    BudgetStatus,
+    applicable_budgets,
+    statuses_for,
+)
+from llm_budgets.windows import ROLLING_PREFIX, budget_period, tenant_period
 
 # Rows shown per table; the page links to the full, filtered changelist beyond that.
 TENANT_PAGE_ROWS = 50
@@ -34,6 +50,8 @@ class TenantOverview:
     end_user_budget_count: int
     open_reservations: list[Reservation]  # HELD, soonest to expire first
     open_reservation_count: int
+    raises: dict[int, list[BudgetRaise]]  # the raises in force on those budgets, by budget id
+    created: dict[int, datetime]  # when each budget was created (it counts from then)
     # Issue #16: the tenant's API key, run and tag budgets; for a "*" budget, its shares (each
     # key's or run's counter) with the most used first, first TENANT_PAGE_ROWS.
     scoped_budgets: list[BudgetStatus] = field(default_factory=list)
@@ -85,15 +103,20 @@ def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
     """The tenant's budgets with the current period's numbers, and its open reservations."""
     rows = TENANT_PAGE_ROWS
     # An unsaved end user: the statuses of what applies to every end user, no one's own budget.
-    shared = budget_statuses(tenant, EndUser(tenant=tenant), at)
+    shared_applicable = applicable_budgets(tenant, EndUser(tenant=tenant), at)
+    shared = statuses_for(shared_applicable)
     own_budgets = Budget.objects.filter(tenant=tenant, scope=Scope.END_USER)
     own = list(
         own_budgets.select_related("end_user").order_by("end_user__external_id", "window")[:rows]
     )
     applicable = []
+    raises = active_raises([*(s.budget_id for s in shared), *(b.pk for b in own)], at)
     for budget in own:
         budget.tenant = tenant  # labels without a query per row
-        applicable.append(ApplicableBudget(budget, tenant_period(budget.window, at, tenant)))
+        raised = sum((r.amount for r in raises.get(budget.pk, [])), Decimal(0))
+        applicable.append(
+            ApplicableBudget(budget, tenant_period(budget.window, at, tenant), raised=raised)
+        )
     # Open: still counted in reserved (held, or uncertain until usage or the reconcile job).
     held = Reservation.objects.filter(tenant=tenant, state__in=LIVE_STATES)
     open_reservations = list(held.select_related("end_user").order_by("expires_at")[:rows])
@@ -103,5 +126,137 @@ def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
         end_user_budget_count=own_budgets.count(),
         open_reservations=open_reservations,
         open_reservation_count=held.count(),
+        raises=raises,
+        created={a.budget.pk: a.budget.created_at for a in [*shared_applicable, *applicable]},
         scoped_budgets=scoped_budgets(tenant, at),
+    )
+
+
+def active_raises(budget_ids: Iterable[int], at: datetime) -> dict[int, list[BudgetRaise]]:
+    """Temporary raises in force at ``at``, per budget, ending soonest first (one query)."""
+    found: dict[int, list[BudgetRaise]] = defaultdict(list)
+    for grant in BudgetRaise.objects.filter(
+        budget_id__in=list(budget_ids), starts_at__lte=at, ends_at__gt=at
+    ).order_by("ends_at"):
+        found[grant.budget_id].append(grant)
+    return found
+
+
+def budget_list_statuses(budgets: Sequence[Budget], at: datetime) -> dict[int, BudgetStatus]:
+    """This period's numbers for a page of budgets, in three queries however many. An
+    each-end-user, each-run or each-key (``*``) budget has one counter per end user, run or key:
+    it has no single status here."""
+    raises = active_raises([b.pk for b in budgets], at)
+    applicable = [
+        ApplicableBudget(
+            budget,
+            budget_period(budget, at),
+            raised=sum((r.amount for r in raises.get(budget.pk, [])), Decimal(0)),
+        )
+        for budget in budgets
+        if budget.scope not in SHARED_BY
+    ]
+    return {status.budget_id: status for status in statuses_for(applicable)}
+
+
+def adjustment_notes(lines: Sequence[UsageRecord]) -> dict[int, AuditEvent]:
+    """For the compensating lines among ``lines``: the audit event that wrote each (who, why).
+    One query: the void and reset events of those tenants since the oldest of the lines."""
+    adjustments = [line for line in lines if line.kind == UsageKind.ADJUSTMENT]
+    if not adjustments:
+        return {}
+    since = min(line.created_at for line in adjustments) - timedelta(minutes=1)
+    events = AuditEvent.objects.filter(
+        action__in=["usage.void", "end_user.reset_spend", "run.reset_spend"],
+        tenant_id__in={line.tenant_id for line in adjustments},
+        created_at__gte=since,
+    )
+    by_line: dict[int, AuditEvent] = {}
+    for event in events:
+        after = event.after if isinstance(event.after, dict) else {}
+        ids = after.get("lines") or [after.get("adjustment_id")]
+        for line_id in ids:
+            if isinstance(line_id, int):
+                by_line[line_id] = event
+    return {line.pk: by_line[line.pk] for line in adjustments if line.pk in by_line}
+
+
+def voided_ids(lines: Sequence[UsageRecord]) -> dict[int, int]:
+    """Which of ``lines`` are voided: line id -> the id of the line voiding it (one query)."""
+    return dict(
+        UsageRecord.objects.filter(voids__in=[line.pk for line in lines]).values_list(
+            "voids_id", "pk"
+        )
+    )
+
+
+@dataclass(frozen=True)
+class RefusalGroup:
+    """Refusals of the same end user, model and reason in a burst (each within ``BURST`` of the
+    previous one), shown as one row with a count."""
+
+    first: Refusal  # the newest
+    count: int
+    oldest_at: datetime
+
+
+BURST = timedelta(minutes=10)
+
+
+def refusal_groups(refusals: Sequence[Refusal]) -> list[RefusalGroup]:
+    """``refusals`` (newest first) with identical consecutive ones in a burst folded together."""
+    groups: list[RefusalGroup] = []
+    for refusal in refusals:
+        if groups:
+            last = groups[-1]
+            same = (
+                last.first.end_user_id == refusal.end_user_id
+                and last.first.model == refusal.model
+                and last.first.kind == refusal.kind
+                and last.first.detail == refusal.detail
+            )
+            if same and last.oldest_at - refusal.created_at <= BURST:
+                groups[-1] = RefusalGroup(last.first, last.count + 1, refusal.created_at)
+                continue
+        groups.append(RefusalGroup(refusal, 1, refusal.created_at))
+    return groups
+
+
+@dataclass(frozen=True)
+class EndUserOverview:
+    budgets: list[BudgetStatus]  # every budget that applies to the end user, this period
+    open_reservations: list[Reservation]
+    open_reservation_count: int
+    lines: list[UsageRecord]
+    refusals: list[Refusal]
+    switches: list[KillSwitch]  # open switches that stop this end user (any model)
+    created: dict[int, datetime]  # when each budget was created (it counts from then)
+
+
+def end_user_overview(end_user: EndUser, at: datetime) -> EndUserOverview:
+    """Where an end user stands: the same numbers admission uses (``budget_statuses``), its open
+    holds, recent ledger lines and refusals, and the switches covering it. Fixed query count."""
+    tenant = end_user.tenant
+    held = Reservation.objects.filter(end_user=end_user, state__in=LIVE_STATES)
+    rows = TENANT_PAGE_ROWS
+    lines = UsageRecord.objects.filter(end_user=end_user).select_related("end_user")
+    # Open by the switch module's own rule; global, provider- and model-wide ones cover this
+    # end user too.
+    switches = list(
+        kill_switches_in_state("open", at)
+        .filter(Q(tenant__isnull=True) | Q(tenant=tenant))
+        .filter(Q(end_user__isnull=True) | Q(end_user=end_user))
+        .select_related("tenant", "end_user__tenant", "api_key")
+    )
+    applicable = applicable_budgets(tenant, end_user, at)
+    return EndUserOverview(
+        budgets=statuses_for(applicable),
+        created={a.budget.pk: a.budget.created_at for a in applicable},
+        open_reservations=list(held.select_related("end_user").order_by("expires_at")[:rows]),
+        open_reservation_count=held.count(),
+        lines=list(lines[:rows]),
+        refusals=list(
+            Refusal.objects.filter(end_user=end_user).select_related("end_user", "budget")[:rows]
+        ),
+        switches=switches,
     )

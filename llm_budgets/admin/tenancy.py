@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from django import forms
@@ -14,16 +15,52 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
-from llm_budgets.admin.base import actor, adopt, money_text
-from llm_budgets.admin.control import TenantControlMixin, control_context
-from llm_budgets.admin.selectors import tenant_overview
-from llm_budgets.models import LIVE_STATES, EndUser, Plan, Scope, Tenant
+from llm_budgets import clock
+from llm_budgets.admin.base import (
+    actor,
+    adopt,
+    end_user_url,
+    limit_text,
+    money_text,
+    short_id,
+    when_column,
+    when_text,
+)
+from llm_budgets.admin.control import TenantControlMixin, control_context, end_user_context
+from llm_budgets.admin.selectors import active_raises, end_user_overview, tenant_overview
+from llm_budgets.conf import conf
+from llm_budgets.models import (
+    LIVE_STATES,
+    BudgetRaise,
+    EndUser,
+    Plan,
+    Reservation,
+    Scope,
+    Tenant,
+)
+from llm_budgets.money import display
 from llm_budgets.selectors import BudgetStatus
 from llm_budgets.tenants import end_user_ensure, tenant_ensure
 
 
+class _EmptyWhenNone(forms.JSONField):
+    """A JSON box that shows nothing (not ``null``) when the value is unset."""
+
+    def prepare_value(self, value: Any) -> Any:
+        return "" if value is None else super().prepare_value(value)
+
+
 @admin.register(Plan)
 class PlanAdmin(admin.ModelAdmin):
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "warning_thresholds":
+            kwargs["form_class"] = _EmptyWhenNone
+            kwargs["help_text"] = (
+                "Percentages of a budget that trigger a warning email, e.g. [50, 80, 100]. "
+                f"Empty: the site's default, {list(conf.WARNING_THRESHOLDS)}."
+            )
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
+
     list_display = [
         "name",
         "default_max_output_tokens",
@@ -55,6 +92,7 @@ class TenantForm(forms.ModelForm):
             "markup_percent",
             "billing_emails",
         ]
+        widgets = {"timezone": forms.Select(choices=clock.timezone_choices())}
 
     def clean_plan(self) -> Plan | None:
         plan: Plan | None = self.cleaned_data["plan"]
@@ -77,9 +115,9 @@ class TenantAdmin(TenantControlMixin, admin.ModelAdmin):
         "billing_day",
         "billing_emails",
         "markup_percent",
-        "created_at",
+        "created_when",
     ]
-    list_display = ["external_id", "name", "plan", "timezone", "billing_day", "created_at"]
+    list_display = ["external_id", "name", "plan", "timezone", "billing_day", "created_when"]
     list_filter = ["plan", "timezone"]
     list_select_related = ["plan"]
     search_fields = ["external_id", "name"]
@@ -87,7 +125,9 @@ class TenantAdmin(TenantControlMixin, admin.ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
         # The host's id is how tenant_ensure finds the tenant: fixed once created.
-        return ["external_id", "created_at"] if obj is not None else ["created_at"]
+        return ["external_id", "created_when"] if obj is not None else ["created_when"]
+
+    created_when = when_column("created_at", "Created")
 
     def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         # Deleting a tenant would drop its caps with no audit trail; no service does that.
@@ -115,10 +155,11 @@ class TenantAdmin(TenantControlMixin, admin.ModelAdmin):
         form_url: str = "",
         obj: Tenant | None = None,
     ) -> HttpResponse:
+        context["show_save_and_add_another"] = False
         if obj is not None and obj.pk is not None:
             if context["adminform"].form.errors:
                 obj = Tenant.objects.get(pk=obj.pk)  # the stored tenant, not the rejected edit
-            context.update(_overview_context(obj))
+            context.update(_overview_context(request, obj))
             context.update(control_context(request, obj, timezone.now()))
         return super().render_change_form(request, context, add, change, form_url, obj)
 
@@ -137,33 +178,37 @@ _SCOPE_ORDER: dict[str, int] = {
 }
 
 
-def _overview_context(tenant: Tenant) -> dict[str, Any]:
-    overview = tenant_overview(tenant, timezone.now())
+def _overview_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
+    now = timezone.now()
+    overview = tenant_overview(tenant, now)
+    zone = tenant.timezone
     by_tenant: dict[str, str | int] = {"tenant__id__exact": tenant.pk}
+    statuses = sorted(overview.budgets, key=lambda s: _SCOPE_ORDER[s.scope])
+    raises = active_raises(
+        [s.budget_id for s in [*statuses, *overview.end_user_budgets, *overview.scoped_budgets]],
+        now,
+    )
+    can_raise = request.user.has_perm("llm_budgets.add_budgetraise")
     return {
-        "overview_timezone": tenant.timezone,
+        "overview_timezone": zone,
         "budget_rows": [
-            _budget_row(s) for s in sorted(overview.budgets, key=lambda s: _SCOPE_ORDER[s.scope])
+            _budget_row(s, raises, zone, can_raise, overview.created) for s in statuses
         ],
-        "end_user_budget_rows": [_budget_row(s) for s in overview.end_user_budgets],
+        "end_user_budget_rows": [
+            _budget_row(s, raises, zone, can_raise, overview.created)
+            for s in overview.end_user_budgets
+        ],
         "end_user_budget_count": overview.end_user_budget_count,
-        "scoped_budget_rows": [_budget_row(s) for s in overview.scoped_budgets],
+        "scoped_budget_rows": [
+            _budget_row(s, raises, zone, can_raise, overview.created)
+            for s in overview.scoped_budgets
+        ],
         "end_user_budgets_url": _changelist(
             "budget", {**by_tenant, "scope__exact": Scope.END_USER}
         ),
-        "reservation_rows": [
-            {
-                "id": r.pk,
-                "url": reverse("admin:llm_budgets_reservation_change", args=[r.pk]),
-                "end_user": r.end_user.external_id if r.end_user else "-",
-                "model": f"{r.provider}/{r.model}",
-                "amount": money_text(r.amount, r.currency),
-                "created_at": r.created_at,
-                "expires_at": r.expires_at,
-                "overdue": r.expires_at <= timezone.now(),
-            }
-            for r in overview.open_reservations
-        ],
+        "end_user_search_url": reverse("admin:llm_budgets_enduser_changelist"),
+        "end_user_search_tenant": tenant.pk,
+        "reservation_rows": _reservation_rows(overview.open_reservations, zone, now),
         "open_reservation_count": overview.open_reservation_count,
         "open_reservations_url": _changelist(
             "reservation", {**by_tenant, "state__in": ",".join(LIVE_STATES)}
@@ -178,21 +223,59 @@ def _overview_context(tenant: Tenant) -> dict[str, Any]:
     }
 
 
-def _budget_row(status: BudgetStatus) -> dict[str, Any]:
+def _reservation_rows(reservations: list[Reservation], zone: str, now: Any) -> list[dict[str, Any]]:
+    return [
+        {
+            "id": short_id(r.pk),
+            "full_id": str(r.pk),
+            "url": reverse("admin:llm_budgets_reservation_change", args=[r.pk]),
+            "end_user": r.end_user.external_id if r.end_user else "-",
+            "end_user_url": end_user_url(r.end_user),
+            "model": f"{r.provider}/{r.model}",
+            "state": r.get_state_display(),
+            "amount": money_text(r.amount, r.currency),
+            "created_at": when_text(r.created_at, zone, seconds=True),
+            "expires_at": when_text(r.expires_at, zone, seconds=True),
+            "overdue": r.expires_at <= now,
+        }
+        for r in reservations
+    ]
+
+
+def _budget_row(
+    status: BudgetStatus,
+    raises: Mapping[int, list[BudgetRaise]],
+    zone: str,
+    can_raise: bool,
+    created: Mapping[int, datetime],
+) -> dict[str, Any]:
     used = status.spent + status.reserved
+    created_at = created.get(status.budget_id)
     return {
+        # Created during this period: it is not retroactive, so say from when it counts.
+        "counts_from": when_text(created_at, zone)
+        if created_at is not None and created_at > status.period_start
+        else "",
         "url": reverse("admin:llm_budgets_budget_change", args=[status.budget_id]),
         "scope": status.scope_label,
         "window": status.window,
-        "limit": money_text(status.limit, status.currency),
+        "limit": limit_text(status.limit, raises.get(status.budget_id, []), status.currency, zone),
         "spent": money_text(status.spent, status.currency),
         "reserved": money_text(status.reserved, status.currency),
         "remaining": money_text(status.remaining, status.currency),
         "used_percent": min(100, int(used * 100 / status.limit)) if status.limit else 100,
         "exhausted": status.remaining == 0,
-        "period_start": status.period_start,
-        "resets_at": status.resets_at,
+        "period_start": when_text(status.period_start, zone),
+        "resets_at": when_text(status.resets_at, zone) if status.resets_at else "",
+        "raise_url": _raise_url(status.budget_id)
+        # Not on "*" (it would raise every end user) nor global (every tenant) from here.
+        if can_raise and status.scope in (Scope.TENANT, Scope.END_USER)
+        else "",
     }
+
+
+def _raise_url(budget_id: int) -> str:
+    return f"{reverse('admin:llm_budgets_budgetraise_add')}?{urlencode({'budget': budget_id})}"
 
 
 def _changelist(model_name: str, params: Mapping[str, str | int]) -> str:
@@ -201,15 +284,19 @@ def _changelist(model_name: str, params: Mapping[str, str | int]) -> str:
 
 @admin.register(EndUser)
 class EndUserAdmin(admin.ModelAdmin):
-    """End users are created by end_user_ensure (here or on first request); never edited."""
+    """End users are created by end_user_ensure (here or on first request); never edited. An end
+    user's page shows where it stands: budgets, holds, ledger lines, refusals, switches."""
 
-    list_display = ["external_id", "tenant", "created_at"]
+    list_display = ["external_id", "tenant", "created_when"]
     list_select_related = ["tenant"]
-    search_fields = ["external_id", "tenant__external_id"]
+    list_filter = [("tenant", admin.RelatedOnlyFieldListFilter)]
+    search_fields = ["external_id", "tenant__external_id", "tenant__name"]
     date_hierarchy = "created_at"
     autocomplete_fields = ["tenant"]
-    fields = ["tenant", "external_id", "created_at"]
-    readonly_fields = ["created_at"]
+    fields = ["tenant", "external_id", "created_when"]
+    readonly_fields = ["created_when"]
+
+    created_when = when_column("created_at", "First seen")
 
     def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         # Its external id is the host's key: renaming or moving it would split its history.
@@ -221,3 +308,55 @@ class EndUserAdmin(admin.ModelAdmin):
     def save_model(self, request: HttpRequest, obj: EndUser, form: Any, change: bool) -> None:
         saved = end_user_ensure(obj.tenant, obj.external_id)
         adopt(obj, saved)
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: EndUser | None = None,
+    ) -> HttpResponse:
+        if obj is not None and obj.pk is not None:
+            context.update(_end_user_page(request, obj))
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+
+def _end_user_page(request: HttpRequest, end_user: EndUser) -> dict[str, Any]:
+    now = timezone.now()
+    tenant = end_user.tenant
+    zone = tenant.timezone
+    overview = end_user_overview(end_user, now)
+    raises = active_raises([s.budget_id for s in overview.budgets], now)
+    can_raise = request.user.has_perm("llm_budgets.add_budgetraise")
+    rows = []
+    for status in sorted(overview.budgets, key=lambda s: _SCOPE_ORDER[s.scope]):
+        row = _budget_row(status, raises, zone, can_raise, overview.created)
+        if status.scope == Scope.END_USER_DEFAULT and request.user.has_perm(
+            "llm_budgets.add_budget"
+        ):
+            # A raise on "each end user" would raise everyone: give this one a budget instead.
+            prefill: dict[str, str | int] = {
+                "scope": str(Scope.END_USER),
+                "tenant": tenant.pk,
+                "end_user": end_user.pk,
+                "window": status.window,
+                "limit": display(status.limit),
+            }
+            add = reverse("admin:llm_budgets_budget_add")
+            row["own_budget_url"] = f"{add}?{urlencode(prefill)}"
+        rows.append(row)
+    return {
+        "overview_timezone": zone,
+        "tenant_url": reverse("admin:llm_budgets_tenant_change", args=[tenant.pk]),
+        "tenant_label": tenant.external_id,
+        "budget_rows": rows,
+        "reservation_rows": _reservation_rows(overview.open_reservations, zone, now),
+        "open_reservation_count": overview.open_reservation_count,
+        "open_reservations_url": _changelist(
+            "reservation",
+            {"end_user__id__exact": end_user.pk, "state__in": ",".join(LIVE_STATES)},
+        ),
+        **end_user_context(request, end_user, overview),
+    }

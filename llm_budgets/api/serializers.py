@@ -477,6 +477,14 @@ class BudgetDrawSerializer(serializers.Serializer):
     fits = serializers.BooleanField(read_only=True, help_text="Whether it fits right now.")
 
 
+class ModelMatchSerializer(serializers.Serializer):
+    rule = serializers.CharField(
+        read_only=True, help_text="exact, spelling, genai-prices or alias (docs/pricing.md)."
+    )
+    model = serializers.CharField(read_only=True, help_text="The priced model the name found.")
+    detail = serializers.CharField(read_only=True, help_text="What the rule did, for a person.")
+
+
 class QuoteSerializer(serializers.Serializer):
     tenant = serializers.CharField(read_only=True)
     end_user = serializers.CharField(read_only=True, allow_null=True)
@@ -498,6 +506,11 @@ class QuoteSerializer(serializers.Serializer):
         read_only=True,
         allow_null=True,
         help_text="The price version in effect; null under the fixed-amount policy.",
+    )
+    model_match = ModelMatchSerializer(
+        read_only=True,
+        allow_null=True,
+        help_text="How the model name found its price; null under the unknown-model policy.",
     )
     items = QuoteItemSerializer(source="estimate.items", many=True, read_only=True)
     amount = money_out(source="estimate.amount", help_text="The hold at provider cost.")

@@ -9,7 +9,7 @@ transaction takes the database write lock at BEGIN (``transaction_mode=IMMEDIATE
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -511,18 +511,20 @@ def _refuse_if_switched(
     """One query for every open switch that covers the request; raise for the first that covers
     the model asked for. Returns the switches that only block a ladder substitute, by model."""
     requested = reservation.model
+    # A switch on the priced model also covers the other spellings of its name.
+    priced = {reservation.price.model} if reservation.price is not None else set()
     switches = kill_switches_covering(
         tenant_id=reservation.tenant_id,
         end_user_id=reservation.end_user_id,
         provider=reservation.provider,
-        models={requested, *substitutes(ladder, requested)},
+        models={requested, *priced, *substitutes(ladder, _ladder_name(ladder, reservation))},
         now=reservation.created_at,
         api_key_id=api_key_id,
         run_id=reservation.run_id,
     )
     blocked: dict[str, KillSwitch] = {}
     for switch in switches:
-        if switch.model in ("", requested):
+        if switch.model in ("", requested, *priced):
             raise _switched(reservation, switch)
         blocked.setdefault(switch.model, switch)
     return blocked
@@ -547,12 +549,15 @@ def _degrade(
     """Apply the rungs in force at the usage read from the counters this transaction has locked.
     A changed request is repriced here (same provider, same plan policies), so the caller checks
     the budgets with the amounts actually held. Returns whether the request changed."""
+    name = _ladder_name(degrade.ladder, reservation)
     effect = effect_at(
         degrade.ladder,
         used_percent(usage),
-        model=reservation.model,
+        model=name,
         max_output_tokens=reservation.max_output_tokens,
     )
+    if effect.model == name:  # not substituted: the name asked for stays as it was spelled
+        effect = replace(effect, model=reservation.model)
     if not effect.changes(reservation.model, reservation.max_output_tokens):
         return False
     if effect.model in blocked_substitutes:
@@ -576,6 +581,15 @@ def _degrade(
     reservation.customer_amount = estimate.customer_amount
     reservation.degraded = True
     return True
+
+
+def _ladder_name(ladder: list[Rung], reservation: Reservation) -> str:
+    """The name a ladder knows the request's model by: as asked, else the priced model's name
+    (a dated or prefixed spelling of a model the ladder names, llm_budgets.model_names)."""
+    asked = reservation.model
+    if reservation.price is None or any(asked in rung.models for rung in ladder):
+        return asked
+    return reservation.price.model
 
 
 def _exceeded(

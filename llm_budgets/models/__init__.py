@@ -17,7 +17,7 @@ from llm_budgets.models.ledger import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.models.pricing import Price, PriceSource, PricingBasis
+from llm_budgets.models.pricing import ModelAlias, Price, PriceSource, PricingBasis
 from llm_budgets.models.rollups import DailyUsage
 from llm_budgets.models.tenancy import EndUser, Plan, Tenant, UnknownModelPolicy
 from llm_budgets.models.thresholds import DeliveryState, ThresholdCrossing
@@ -36,6 +36,7 @@ __all__ = [
     "EndUser",
     "IdempotencyRecord",
     "KillSwitch",
+    "ModelAlias",
     "Plan",
     "Price",
     "PriceSource",

@@ -121,3 +121,33 @@ class Price(models.Model):
 
     def __str__(self) -> str:
         return f"{self.provider}/{self.model} from {self.effective_from:%Y-%m-%d}"
+
+
+class ModelAlias(models.Model):
+    """A spelling of a model name that resolves to a priced model, set by staff for names that
+    neither an exact price nor genai-prices' matching rules recognise (e.g. a fine-tune's id or
+    a gateway's own names). Changes are audited."""
+
+    pattern = models.CharField(
+        max_length=128,
+        help_text="The name as sent, or a pattern with * (any characters), e.g. ft:gpt-4o:acme:*.",
+    )
+    provider = models.CharField(
+        max_length=64, blank=True, help_text="Only for this provider's calls. Empty: any provider."
+    )
+    model = models.CharField(max_length=128, help_text="The priced model whose price applies.")
+    note = models.CharField(max_length=255, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name_plural = "model aliases"
+        ordering = ["provider", "pattern"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["provider", "pattern"], name="llmb_model_alias_once_per_provider"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        where = f"{self.provider}/" if self.provider else ""
+        return f"{where}{self.pattern} -> {self.model}"

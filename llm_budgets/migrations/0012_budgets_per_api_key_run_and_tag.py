@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("llm_budgets", "0010_usagerecord_reserved_at"),
+        ("llm_budgets", "0011_model_aliases"),
     ]
 
     operations = [

@@ -1,0 +1,77 @@
+"""Streaming a guarded completion to the host's own user, from a Django view.
+
+.. code-block:: python
+
+    from llm_budgets.integrations.django import stream_response
+
+    def chat(request):
+        client = guard(openai.OpenAI(), tenant=request.tenant_id, end_user=str(request.user.pk))
+        stream = client.chat.completions.create(model="gpt-4o", messages=[...],
+                                                max_completion_tokens=500, stream=True)
+        return stream_response(stream)
+
+The response sends the text of each chunk as it arrives. When the user goes away, the server
+closes the response (WSGI calls its ``close()``; Django's ASGI handler cancels the body when it
+receives ``http.disconnect``): the guarded stream is then closed, which closes the upstream
+connection (the provider stops generating) and commits what was produced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+from django.http import StreamingHttpResponse
+
+
+def chunk_text(chunk: Any) -> str:
+    """The text an OpenAI chat chunk, Responses event or Anthropic event carries ("" if none)."""
+    choices = getattr(chunk, "choices", None)
+    if choices:
+        delta = getattr(choices[0], "delta", None)
+        return getattr(delta, "content", None) or ""
+    kind = getattr(chunk, "type", "")
+    if kind == "response.output_text.delta":
+        return getattr(chunk, "delta", None) or ""
+    if kind == "content_block_delta":
+        return getattr(getattr(chunk, "delta", None), "text", None) or ""
+    return ""
+
+
+def stream_response(
+    stream: Any,
+    *,
+    text: Callable[[Any], str] = chunk_text,
+    content_type: str = "text/plain; charset=utf-8",
+    **response_kwargs: Any,
+) -> StreamingHttpResponse:
+    """A ``StreamingHttpResponse`` of a guarded stream (sync or async): the text of each chunk
+    (``text``). Closing the response (the client went away) closes the stream and settles."""
+    if hasattr(stream, "__aiter__"):
+        body: Iterator[str] | AsyncIterator[str] = _async_body(stream, text)
+    else:
+        body = _sync_body(stream, text)
+    response = StreamingHttpResponse(body, content_type=content_type, **response_kwargs)
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # let proxies pass chunks on as they come
+    return response
+
+
+def _sync_body(stream: Any, text: Callable[[Any], str]) -> Iterator[str]:
+    try:
+        for chunk in stream:
+            piece = text(chunk)
+            if piece:
+                yield piece
+    finally:
+        stream.close()
+
+
+async def _async_body(stream: Any, text: Callable[[Any], str]) -> AsyncIterator[str]:
+    try:
+        async for chunk in stream:
+            piece = text(chunk)
+            if piece:
+                yield piece
+    finally:
+        await stream.close()

@@ -1,0 +1,401 @@
+"""What every guarded provider call shares: admission from the request, settlement from the
+response, the classification of failures, and the accounting of a stream while it runs.
+
+One :class:`Call` is one provider request. It reserves before anything is sent (the prompt counted
+offline from the request, the output ceiling taken from it or from the plan), tells the SDK wrapper
+which model and ceiling to send (the ones held), and settles exactly once:
+
+- a response with usage: ``commit`` of that usage (the provider's own count);
+- a failure that proves nothing was billed (an HTTP 4xx, 503 or 529 answer, a refused connection,
+  a call the SDK could not bind): ``release``; an SDK error that carries the answer: ``commit``
+  of its usage;
+- a timeout, a connection lost after the request was sent, a 5xx that may follow generation, a
+  cancelled wait for the answer: ``mark_uncertain`` (DESIGN.md's lifecycle: the hold stays counted
+  until real usage arrives or the reconcile job settles it);
+- a stream the consumer stopped early, or one a kill switch stopped: ``commit`` of what was
+  produced, counted from the deltas (:class:`OutputCounter`), with the provider's input count when
+  it sent one (Anthropic's ``message_start``) and the request's offline count otherwise.
+
+Kill switches are checked while a stream runs, at most every ``switch_check_seconds`` (one indexed
+query, :func:`llm_budgets.killswitches.kill_switches_covering`), when a chunk arrives and while a
+read waits (:mod:`llm_budgets.integrations.streams`): a switch tripped mid-stream is noticed
+within about ``switch_check_seconds``, stalled stream or not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from django.utils import timezone
+
+from llm_budgets import budgets
+from llm_budgets.exceptions import BudgetError, InvalidUsage, KillSwitchActive
+from llm_budgets.killswitches import kill_switches_covering, refusal_for
+from llm_budgets.tokens import count_input_tokens
+from llm_budgets.usage import Usage, usage_validate
+
+logger = logging.getLogger("llm_budgets")
+
+# The default bound on noticing a kill switch mid-stream (plus the gap between two chunks).
+SWITCH_CHECK_SECONDS = 0.5
+# HTTP answers that say the provider refused the work before generating anything.
+_REFUSED_STATUSES = frozenset({503, 529})
+
+
+class NotGuarded(BudgetError, NotImplementedError):
+    """A guarded client was asked for a call that costs money and that the guard cannot price."""
+
+    code = "not_guarded"
+
+    def __init__(self, what: str, *, instead: str) -> None:
+        self.what = what
+        super().__init__(
+            f"{what} is not guarded by llm_budgets: it costs money and the guard cannot price "
+            f"it, so it is refused rather than let through uncounted. {instead}",
+            what=what,
+        )
+
+
+@dataclass(frozen=True)
+class GuardOptions:
+    """What ``guard(client, ...)`` was given; the same for every call through that client."""
+
+    tenant: str
+    end_user: str | None = None
+    tags: Mapping[str, str] | None = None
+    allow_degrade: bool = False
+    provider: str = "openai"
+    ttl: int | None = None
+    switch_check_seconds: float = SWITCH_CHECK_SECONDS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.allow_degrade, bool):
+            raise InvalidUsage("allow_degrade must be True or False.", field="allow_degrade")
+        seconds = self.switch_check_seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+            raise InvalidUsage(
+                "switch_check_seconds must be a number of seconds, 0 or more.",
+                field="switch_check_seconds",
+            )
+
+
+class OutputCounter:
+    """Output tokens counted from a stream's text deltas with the app's offline counter
+    (``llm_budgets.tokens``): exactly with tiktoken for OpenAI-family models, else its
+    conservative bound (one token per UTF-8 byte, times the safety margin). Never more than the
+    ceiling that was held (the provider cannot exceed it), never less than one token a delta."""
+
+    def __init__(self, *, provider: str, model: str, ceiling: int) -> None:
+        self.provider = provider
+        self.model = model
+        self.ceiling = ceiling
+        self.tokens = 0
+        self.deltas = 0
+
+    def add(self, text: str) -> None:
+        if not text:
+            return
+        self.deltas += 1
+        self.tokens += count_input_tokens(provider=self.provider, model=self.model, prompt=text)
+
+    @property
+    def produced(self) -> int:
+        return min(max(self.tokens, self.deltas), self.ceiling)
+
+
+def _caused_by_refused_connection(exc: BaseException) -> bool:
+    """Whether the SDK's connection error wraps a refused connection (nothing was sent). The SDKs
+    wrap httpx's (or httpx2's) ``ConnectError``; its class name is the same in both."""
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None:
+        if any(klass.__name__ == "ConnectError" for klass in type(cause).__mro__):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def proves_nothing_billed(exc: BaseException, *, sdk_errors: SdkErrors) -> bool:
+    """Whether a failure of the request (before any response body) proves the provider billed
+    nothing: an HTTP 4xx, 503 or 529 answer, a refused connection, a call the SDK could not bind
+    (``TypeError``: bad arguments, raised before any I/O) or the guard's own refusal. Everything
+    else (timeouts, lost connections, other 5xx, a cancelled wait, an answer that failed to parse)
+    may have been billed."""
+    if isinstance(exc, sdk_errors.status):
+        status = getattr(exc, "status_code", 0)
+        return 400 <= status < 500 or status in _REFUSED_STATUSES
+    if isinstance(exc, sdk_errors.timeout):
+        return False
+    if isinstance(exc, sdk_errors.connection):
+        return _caused_by_refused_connection(exc)
+    return isinstance(exc, TypeError | BudgetError)
+
+
+@dataclass(frozen=True)
+class SdkErrors:
+    """An SDK's exception classes, so this module never imports an SDK."""
+
+    status: type[BaseException]
+    timeout: type[BaseException]
+    connection: type[BaseException]
+
+
+@dataclass
+class Call:
+    """One guarded provider request, from admission to its one settlement."""
+
+    options: GuardOptions
+    model: str
+    ceiling: int | None
+    messages: list[dict[str, Any]]
+    sdk_errors: SdkErrors
+    # Server-side tool calls the request may make, held at their fees (e.g. {"web_search": 5}).
+    max_tool_calls: dict[str, int] | None = None
+    hold: budgets.Hold | None = None
+    counter: OutputCounter | None = None
+    # Usage the provider reported before the end of a stream (Anthropic's message_start).
+    partial_usage: Usage | None = None
+    final_usage: Usage | None = None
+    # What an SDK module keeps between a stream's events (e.g. Anthropic's message_start usage).
+    state: dict[str, Any] = field(default_factory=dict)
+    _settled: bool = False
+    _last_check: float = field(default=0.0)
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def admit(self) -> budgets.Hold:
+        """Reserve, or raise the refusal; nothing has been sent yet."""
+        self.hold = budgets.reserve(
+            tenant=self.options.tenant,
+            end_user=self.options.end_user,
+            provider=self.options.provider,
+            model=self.model,
+            messages=self.messages,
+            max_output_tokens=self.ceiling,
+            allow_degrade=self.options.allow_degrade,
+            tags=dict(self.options.tags) if self.options.tags else None,
+            ttl=self.options.ttl,
+            max_tool_calls=self.max_tool_calls,
+        )
+        self.counter = OutputCounter(
+            provider=self.options.provider,
+            model=self.hold.model,
+            ceiling=self.hold.max_output_tokens,
+        )
+        self._last_check = time.monotonic()
+        return self.hold
+
+    @property
+    def model_sent(self) -> str:
+        """The model the provider is asked for: the one held (a degraded one, if granted)."""
+        assert self.hold is not None
+        return self.hold.model
+
+    @property
+    def ceiling_sent(self) -> int:
+        """The output ceiling sent: the one held, so the provider can never bill past the hold."""
+        assert self.hold is not None
+        return self.hold.max_output_tokens
+
+    # -- settlement --------------------------------------------------------------------------
+
+    @property
+    def settled(self) -> bool:
+        return self._settled
+
+    def succeeded(self, usage: Usage | None) -> None:
+        """The provider answered in full: commit its usage (or, without usage, what was
+        counted)."""
+        if self._settled or self.hold is None:
+            return
+        self._settled = True
+        with self._settling("commit"):
+            self.hold.commit(usage=usage if usage is not None else self._counted_usage())
+
+    def failed(self, exc: BaseException) -> None:
+        """The request failed before a response body: release if that proves nothing was
+        billed, else keep the hold counted (uncertain)."""
+        if self._settled or self.hold is None:
+            return
+        self._settled = True
+        if proves_nothing_billed(exc, sdk_errors=self.sdk_errors):
+            with self._settling("release"):
+                self.hold.release()
+        else:
+            logger.warning(
+                "llm_budgets: provider call of reservation %s ended in %s; its hold stays "
+                "counted (uncertain).",
+                self.hold.id,
+                type(exc).__name__,
+            )
+            with self._settling("mark uncertain"):
+                self.hold.mark_uncertain()
+
+    def lost(self, exc: BaseException) -> None:
+        """A stream broke after the request was sent (connection lost, read timeout, an error
+        event): the provider may bill for all of it, so the hold stays counted (uncertain)."""
+        if self._settled or self.hold is None:
+            return
+        self._settled = True
+        logger.warning(
+            "llm_budgets: stream of reservation %s broke (%s); its hold stays counted (uncertain).",
+            self.hold.id,
+            type(exc).__name__,
+        )
+        with self._settling("mark uncertain"):
+            self.hold.mark_uncertain()
+
+    def stopped(self) -> None:
+        """The consumer stopped the stream early (or a kill switch did): commit what was
+        produced, counted from the deltas."""
+        if self._settled or self.hold is None:
+            return
+        self._settled = True
+        with self._settling("commit"):
+            self.hold.commit(usage=self.final_usage or self._counted_usage())
+
+    @contextlib.contextmanager
+    def _settling(self, action: str) -> Iterator[None]:
+        """After the provider was called, a ledger that cannot be written must not cost the
+        caller the answer it paid for (or hide the provider's own error): the failure is logged
+        and the hold stays as it is, counted, until the sweep charges it as estimated spend."""
+        try:
+            yield
+        except BudgetError:
+            assert self.hold is not None
+            logger.exception(
+                "llm_budgets: could not %s reservation %s after the provider call; its hold "
+                "stays counted until it expires (then charged as estimated).",
+                action,
+                self.hold.id,
+            )
+
+    def _counted_usage(self) -> Usage:
+        assert self.hold is not None
+        assert self.counter is not None
+        produced = self.counter.produced
+        if self.partial_usage is not None:
+            return replace(
+                self.partial_usage, output_tokens=max(self.partial_usage.output_tokens, produced)
+            )
+        return usage_validate(
+            input_tokens=self.hold.reservation.input_tokens, output_tokens=produced
+        )
+
+    # -- while streaming ---------------------------------------------------------------------
+
+    def seconds_since_check(self) -> float:
+        return time.monotonic() - self._last_check
+
+    def switch_check_due(self) -> bool:
+        """Whether ``switch_check_seconds`` have passed since the last look (no query)."""
+        return self.seconds_since_check() >= self.options.switch_check_seconds
+
+    def check_switches(self, *, force: bool = False) -> KillSwitchActive | None:
+        """A kill switch that now covers the call, read at most every ``switch_check_seconds``
+        (one indexed query); None if none (or not time to look)."""
+        if not force and not self.switch_check_due():
+            return None
+        self._last_check = time.monotonic()
+        assert self.hold is not None
+        reservation = self.hold.reservation
+        models = {reservation.model}
+        if reservation.price is not None:
+            models.add(reservation.price.model)
+        switches = kill_switches_covering(
+            tenant_id=reservation.tenant_id,
+            end_user_id=reservation.end_user_id,
+            provider=reservation.provider,
+            models=models,
+            now=timezone.now(),
+        )
+        if not switches:
+            return None
+        return refusal_for(
+            switches[0],
+            tenant=reservation.tenant.external_id,
+            end_user=reservation.end_user.external_id if reservation.end_user else None,
+            model=reservation.requested_model or reservation.model,
+        )
+
+
+def text_of(content: object, *, field_name: str, text_types: frozenset[str]) -> str:
+    """The text of a message's content: a string, or a list of text parts (types in
+    ``text_types``). Anything else cannot be counted offline: ``InvalidUsage`` says so."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list | tuple):
+        parts = []
+        for part in content:
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind in text_types:
+                parts.append(str(part.get("text", "")))
+            elif kind in {"tool_use", "tool_result", "function_call", "function_call_output"}:
+                parts.append(json.dumps(part, sort_keys=True, default=str))
+            else:
+                raise InvalidUsage(
+                    f"{field_name} has a {kind or type(part).__name__!r} part: only text can be "
+                    "counted offline before the call, so the guard cannot price it. Reserve "
+                    "with budgets.reserve(input_tokens=...) and call the unguarded client.",
+                    field=field_name,
+                )
+        return "\n".join(parts)
+    raise InvalidUsage(f"{field_name} must be text or a list of text parts.", field=field_name)
+
+
+def as_text_message(role: str, text: str) -> dict[str, Any]:
+    return {"role": role, "content": text}
+
+
+def json_text(value: object) -> str:
+    """Tool definitions and the like, as the text they are billed as (a fair bound)."""
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+# Request fields the guard prices from or pins; ``extra_body`` (which the SDKs merge over the
+# request, taking precedence) may not set them.
+PRICED_FIELDS = frozenset(
+    {
+        "model",
+        "messages",
+        "system",
+        "input",
+        "instructions",
+        "tools",
+        "max_tokens",
+        "max_completion_tokens",
+        "max_output_tokens",
+        "n",
+        "stream",
+        "stream_options",
+    }
+)
+
+
+def refuse_priced_extra_body(kwargs: Mapping[str, Any]) -> None:
+    """``InvalidUsage`` if ``extra_body`` would override what the guard priced or sent."""
+    extra = kwargs.get("extra_body")
+    if isinstance(extra, Mapping):
+        clash = sorted(PRICED_FIELDS & set(extra))
+        if clash:
+            raise InvalidUsage(
+                f"extra_body sets {', '.join(clash)}, which the guard prices or pins: pass them "
+                "as the method's own arguments.",
+                field="extra_body",
+            )
+
+
+def given(value: object) -> bool:
+    """Whether a keyword argument was given (the SDKs' ``omit``/``NOT_GIVEN`` sentinels and None
+    mean not given)."""
+    return value is not None and type(value).__name__ not in {"Omit", "NotGiven"}
+
+
+SwitchCheck = Callable[[], KillSwitchActive | None]
