@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 DEMO_DB := sqlite:///$(CURDIR)/var/demo.sqlite3
 
-.PHONY: install demo test lint format typecheck migrations-check schema-check compose-check check bench clean
+.PHONY: install demo test test-faults test-pgbouncer bench-load bench-pages lint format typecheck migrations-check schema-check compose-check check bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,18 +15,29 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
-## Set up, run the demonstration on SQLite, then serve the admin on 127.0.0.1:8000.
+## Set up, run the demonstration on SQLite, then serve the admin and the tenant usage pages on
+## 127.0.0.1:8000 (the demo data command prints the logins).
 demo: install
 	mkdir -p var
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py migrate --noinput
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_install_schedule
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_demo
+	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_demo_stripe
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_demo_data
 	DEBUG=true DATABASE_URL=$(DEMO_DB) $(PY) manage.py runserver 127.0.0.1:8000
 
 ## Set up and run the whole suite (DATABASE_URL picks the database; default SQLite).
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## The PostgreSQL locking, fail-closed and concurrency tests through PgBouncer in transaction
+## pooling mode (tests/pgbouncer.py starts it; DATABASE_URL must be PostgreSQL).
+test-pgbouncer: install
+	LLMB_PGBOUNCER=1 $(PY) -m pytest -m "concurrency or pooler" tests/ $(PYTEST_ARGS)
+## The slow fault legs (fault proxy cuts and outages, crashes, soak; marker "faults"), on
+## PostgreSQL: see docs/reliability.md.
+test-faults: install
+	$(PY) -m pytest -m faults $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
@@ -57,6 +68,13 @@ check: lint typecheck migrations-check schema-check compose-check test
 ## Admission throughput on PostgreSQL (see docs/performance.md).
 bench: install
 	$(PY) bench/admission.py
+
+## The REST API under load through gunicorn on PostgreSQL, with an invariant checker (bench/load.py).
+bench-load: install
+	$(PY) bench/load.py
+## The tenant pages' server time with 10^6 ledger lines and 10^4 end users (docs/performance.md).
+bench-pages: install
+	$(PY) bench/pages.py
 
 clean:
 	rm -rf $(VENV) .venv313 .venv-tools var build *.egg-info

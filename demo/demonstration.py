@@ -27,6 +27,7 @@ from django.db import connection, connections
 from django.db.models import Model
 from django.utils import timezone
 
+from demo.usage_month import DAYS, demo_month_load, page_users_ensure
 from llm_budgets import budgets
 from llm_budgets.exceptions import BudgetError, BudgetExceeded, UnknownPrice
 from llm_budgets.models import (
@@ -264,7 +265,12 @@ def _guarded_side(
 
 
 def _price_ensure(
-    provider: str, model: str, *, replace_different: bool = False, **rates: Decimal | None
+    provider: str,
+    model: str,
+    *,
+    replace_different: bool = False,
+    effective_from: datetime | None = None,
+    **rates: Decimal | None,
 ) -> Price:
     """The price in effect; a new version only when none is (or, if asked, when it differs).
     ``rates``: the per-million-token prices of ``budgets.set_price``."""
@@ -276,7 +282,12 @@ def _price_ensure(
         current = {name: getattr(price, name) for name in rates}
         if not replace_different or (current == rates and price.per_request == 0):
             return price
-    return budgets.set_price(provider=provider, model=model, **rates)  # type: ignore[arg-type]
+    return budgets.set_price(
+        provider=provider,
+        model=model,
+        effective_from=effective_from,
+        **rates,  # type: ignore[arg-type]
+    )
 
 
 def _demo_tenant(label: str, run_id: str) -> str:
@@ -458,6 +469,7 @@ DEMO_PRICES: list[tuple[str, str, str, str, str, str | None]] = [
     ("anthropic", "claude-sonnet-4-20250514", "3.00", "15.00", "0.30", "3.75"),
     ("anthropic", "claude-3-5-haiku-20241022", "0.80", "4.00", "0.08", "1.00"),
 ]
+DEMO_PRICES_FROM = datetime(2024, 1, 1, tzinfo=UTC)
 DEMO_PLAN = "Starter (demo)"
 # Who the audit log says made the demo's changes.
 DEMO_DATA_ACTOR = "demo data"
@@ -535,6 +547,7 @@ OPEN_HOLD_TTL_SECONDS = 24 * 60 * 60
 ADMIN_USERNAME = "admin"
 DEMO_ACTOR = "demo (race run)"
 ADMIN_URL = "http://127.0.0.1:8000/admin/"
+USAGE_URL = "http://127.0.0.1:8000/usage/"
 
 
 @dataclass(frozen=True)
@@ -543,6 +556,8 @@ class DemoData:
     reservations: dict[str, int]  # demo reservations by state
     admin_username: str
     admin_password: str | None  # None: no admin account was touched
+    month: dict[str, int] = field(default_factory=dict)  # the month of usage: calls by outcome
+    page_users: list[str] = field(default_factory=list)  # logins for the tenant usage pages
 
 
 def _plan_ensure(name: str, *, default_max_output_tokens: int) -> Plan:
@@ -582,9 +597,12 @@ def _row_counts() -> dict[str, int]:
     return {model._meta.label: model._default_manager.count() for model in tables}
 
 
-def demo_data_load(*, admin: bool = True, admin_password: str | None = None) -> DemoData:
+def demo_data_load(
+    *, admin: bool = True, admin_password: str | None = None, month: bool = True
+) -> DemoData:
     """Prices, a plan, tenants, budgets and reservations, through the public API. Idempotent:
-    reservations carry idempotency keys, so a second run finds them instead of adding more."""
+    reservations carry idempotency keys, so a second run finds them instead of adding more.
+    ``month``: also a month of usage for the tenant pages (``demo.usage_month``)."""
     before = _row_counts()
     for provider, model, input_price, output_price, cached, cache_write in DEMO_PRICES:
         _price_ensure(
@@ -594,6 +612,8 @@ def demo_data_load(*, admin: bool = True, admin_password: str | None = None) -> 
             output_per_mtok=Decimal(output_price),
             cached_input_per_mtok=Decimal(cached),
             cache_write_per_mtok=None if cache_write is None else Decimal(cache_write),
+            # In effect long before the month of usage the tenant pages show.
+            effective_from=DEMO_PRICES_FROM,
         )
     plan = _plan_ensure(DEMO_PLAN, default_max_output_tokens=1024)
     for external_id, name, tz, billing_day in DEMO_TENANTS:
@@ -635,13 +655,17 @@ def demo_data_load(*, admin: bool = True, admin_password: str | None = None) -> 
         elif call.settle == "release":
             hold.release()
         states[hold.state] = states.get(hold.state, 0) + 1
+    month_calls = demo_month_load() if month else {}
     password = _admin_ensure(ADMIN_USERNAME, admin_password) if admin else None
+    page_users = page_users_ensure(password) if password is not None else []
     after = _row_counts()
     return DemoData(
         created={label: after[label] - before[label] for label in after},
         reservations=states,
         admin_username=ADMIN_USERNAME,
         admin_password=password,
+        month=month_calls,
+        page_users=page_users,
     )
 
 
@@ -672,6 +696,8 @@ def render_data(data: DemoData) -> str:
             for tenant, _, tz, day in DEMO_TENANTS
         ),
         f"  reservations  {states} (held ones stay open until swept)",
+        f"  usage month   {data.month.get('committed', 0)} calls over {DAYS} days "
+        "through the services (the usage pages' charts)",
         "  added now     "
         + (", ".join(f"{n} {label}" for label, n in created.items()) or "nothing, all present"),
     ]
@@ -679,6 +705,9 @@ def render_data(data: DemoData) -> str:
         lines += [
             "",
             f"Admin: {ADMIN_URL}  user {data.admin_username!r}  password {data.admin_password!r}",
+            f"Usage pages: {USAGE_URL}  users "
+            + ", ".join(repr(name) for name in data.page_users)
+            + " (same password; alice is a member and sees only her own usage)",
             "(a new random password on every run of this command; none is kept in the repo)",
         ]
     return "\n".join(lines)

@@ -13,6 +13,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
+from llm_budgets.billing import outbox
 from llm_budgets.engine.counters import counters_matching
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
@@ -96,6 +97,7 @@ def usage_void(
             reserved_at=line.reserved_at,
             created_at=now,
         )
+        outbox.line_add(adjustment)
         AuditEvent.objects.create(
             action="usage.void",
             actor=actor,
@@ -207,6 +209,8 @@ def _spend_reset(
                     created_at=now,
                 )
             )
+        for line in lines:
+            outbox.line_add(line)
         AuditEvent.objects.create(
             action=action,
             actor=actor,

@@ -15,3 +15,8 @@ class LlmBudgetsConfig(AppConfig):
         from llm_budgets.roles import roles_sync
 
         post_migrate.connect(roles_sync, sender=self, dispatch_uid="llm_budgets.roles_sync")
+
+        from llm_budgets import events, signals
+
+        for signal in (signals.kill_switch_tripped, signals.kill_switch_cleared):
+            signal.connect(events.kill_switch_logged, dispatch_uid="llm_budgets.events")

@@ -523,3 +523,20 @@ def explain(
 def sweep(**kwargs: Any) -> int:
     """Expire overdue holds (see ``EXPIRED_HOLD_POLICY``). Returns how many expired."""
     return settlement.reservations_sweep(**kwargs)
+
+
+def link_stripe_customer(*, tenant: str, customer_id: str, actor: str = "") -> Any:
+    """Bill the tenant's usage to a Stripe customer (``cus_...``), from now on and for its unsent
+    usage of the last 35 days; relinking moves unsent usage to the new customer. Audited.
+    Returns the ``StripeCustomerLink`` (docs/billing.md)."""
+    from llm_budgets.billing.links import stripe_customer_link
+
+    return stripe_customer_link(tenant=tenant, customer_id=customer_id, actor=actor)
+
+
+def unlink_stripe_customer(*, tenant: str, reason: str = "", actor: str = "") -> Any:
+    """Stop delivering the tenant's new usage to Stripe; what is already owed is still delivered.
+    ``InvalidUsage`` if it is not linked. Audited."""
+    from llm_budgets.billing.links import stripe_customer_unlink
+
+    return stripe_customer_unlink(tenant=tenant, reason=reason, actor=actor)

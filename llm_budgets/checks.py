@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import connections
 
+from llm_budgets.billing import checks as billing_checks  # noqa: F401 (registers W070)
 from llm_budgets.conf import DEFAULTS, SettingError, setting_read
 
 # The check id of each key; the check itself is the key's reader in ``llm_budgets.conf``, the same
@@ -20,6 +21,7 @@ CHECK_IDS: dict[str, str] = {
     "MAX_TOKENS_PER_CALL": "llm_budgets.E007",
     "MAX_TTL_SECONDS": "llm_budgets.E008",
     "API_THROTTLE_RATE": "llm_budgets.E009",
+    "API_AUTH_FAILURE_RATE": "llm_budgets.E090",
     "UNCERTAIN_SETTLE_RULE": "llm_budgets.E020",
     "UNCERTAIN_MAX_AGE_SECONDS": "llm_budgets.E021",
     "WARNING_THRESHOLDS": "llm_budgets.E022",
@@ -31,6 +33,19 @@ CHECK_IDS: dict[str, str] = {
     "RETENTION_REFUSALS_DAYS": "llm_budgets.E028",
     "TOKEN_ESTIMATE_SAFETY_MARGIN": "llm_budgets.E030",
     "OPERATOR_EMAILS": "llm_budgets.E040",
+    "POOLER": "llm_budgets.E060",
+    "HEALTH_SWEEP_MAX_LAG_SECONDS": "llm_budgets.E061",
+    "READ_REPLICA": "llm_budgets.E062",
+    "API_KEY_CACHE_SECONDS": "llm_budgets.E063",
+    "TENANT_RESOLVER": "llm_budgets.E064",
+    "STRIPE_API_KEY": "llm_budgets.E070",
+    "STRIPE_API_BASE": "llm_budgets.E071",
+    "STRIPE_METER_EVENT_NAME": "llm_budgets.E072",
+    "STRIPE_WEBHOOK_SECRET": "llm_budgets.E073",
+    "STRIPE_ON_PAYMENT_FAILED": "llm_budgets.E074",
+    "STRIPE_MAX_ATTEMPTS": "llm_budgets.E075",
+    "STRIPE_RETRY_BASE_SECONDS": "llm_budgets.E076",
+    "STRIPE_RECONCILE_DAYS": "llm_budgets.E077",
 }
 
 
@@ -111,3 +126,70 @@ def check_database_routing(**kwargs: Any) -> list[CheckMessage]:
                 )
             )
     return messages
+
+
+@register(Tags.database)
+def check_transaction_pooling(**kwargs: Any) -> list[CheckMessage]:
+    """With ``POOLER="transaction"`` a server connection is shared between clients transaction by
+    transaction: prepared statements, server-side bindings and cursors held open across
+    transactions break (PgBouncer before 1.21 has no prepared-statement support)."""
+    user = getattr(settings, "LLM_BUDGETS", None)
+    if not isinstance(user, dict) or user.get("POOLER") != "transaction":
+        return []
+    messages: list[CheckMessage] = []
+    for alias in kwargs.get("databases") or []:
+        db = connections[alias].settings_dict
+        if connections[alias].vendor != "postgresql":
+            continue
+        options = db.get("OPTIONS") or {}
+        if options.get("prepare_threshold") is not None:
+            messages.append(
+                Warning(
+                    f"Database {alias!r} sets OPTIONS['prepare_threshold'] while "
+                    "LLM_BUDGETS['POOLER'] is 'transaction'.",
+                    hint="Prepared statements live on one server connection, which a transaction "
+                    "pooler hands to other clients: remove prepare_threshold (Django's default "
+                    "is None), unless the pooler supports them (PgBouncer >= 1.21 with "
+                    "max_prepared_statements).",
+                    id="llm_budgets.W060",
+                )
+            )
+        if options.get("server_side_binding") is True:
+            messages.append(
+                Warning(
+                    f"Database {alias!r} sets OPTIONS['server_side_binding'] while "
+                    "LLM_BUDGETS['POOLER'] is 'transaction'.",
+                    hint="Server-side binding prepares statements; remove it behind a "
+                    "transaction pooler.",
+                    id="llm_budgets.W061",
+                )
+            )
+        if not db.get("DISABLE_SERVER_SIDE_CURSORS"):
+            messages.append(
+                Warning(
+                    f"Database {alias!r} keeps server-side cursors while "
+                    "LLM_BUDGETS['POOLER'] is 'transaction'.",
+                    hint="Set DISABLE_SERVER_SIDE_CURSORS=True for it: a cursor of "
+                    "QuerySet.iterator() outlives its transaction's server connection.",
+                    id="llm_budgets.W062",
+                )
+            )
+    return messages
+
+
+@register(Tags.compatibility)
+def check_replica_router(**kwargs: Any) -> list[CheckMessage]:
+    """``READ_REPLICA`` does nothing without ``ReplicaRouter`` in ``DATABASE_ROUTERS``."""
+    user = getattr(settings, "LLM_BUDGETS", None)
+    if not isinstance(user, dict) or user.get("READ_REPLICA") is None:
+        return []
+    if "llm_budgets.routers.ReplicaRouter" in getattr(settings, "DATABASE_ROUTERS", []):
+        return []
+    return [
+        Warning(
+            "LLM_BUDGETS['READ_REPLICA'] is set but ReplicaRouter is not in DATABASE_ROUTERS.",
+            hint="Add 'llm_budgets.routers.ReplicaRouter' to DATABASE_ROUTERS, or no read goes "
+            "to the replica.",
+            id="llm_budgets.W063",
+        )
+    ]

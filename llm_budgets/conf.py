@@ -39,6 +39,14 @@ DEFAULTS: dict[str, Any] = {
     # Requests per API key for the REST API (DRF rate syntax "N/second|minute|hour|day"), or None
     # for no limit. Counted in Django's default cache: use a shared one with several processes.
     "API_THROTTLE_RATE": "600/minute",
+    # Seconds each web process keeps an API key's row after reading it, so authenticating needs
+    # no database read; 0: read it on every request. A key revoked or changed in another process
+    # is seen within this long (in the same process at once).
+    "API_KEY_CACHE_SECONDS": 0,
+    # Failed API-key authentications per source address (REMOTE_ADDR; the X-Forwarded-For entry
+    # DRF's NUM_PROXIES points at, when set) before that source is refused with 429 until the
+    # window ends, or None for no limit. Counted in the database, across processes.
+    "API_AUTH_FAILURE_RATE": "20/minute",
     # Jobs (docs/operations.md). An UNCERTAIN reservation (outcome unknown) older than
     # UNCERTAIN_MAX_AGE_SECONDS is settled by rule: "charge" its hold as estimated spend, or
     # "release" it.
@@ -59,11 +67,42 @@ DEFAULTS: dict[str, Any] = {
     "RETENTION_REFUSALS_DAYS": 90,
     # The daily rollup job rebuilds this many recent local days (late true-ups land in the past).
     "ROLLUP_LOOKBACK_DAYS": 3,
+    # The connection pooler between the app and PostgreSQL, if any: None (none, or Django's own
+    # pool), "session" or "transaction" (PgBouncer's pool modes). With "transaction" the checks
+    # warn about settings that break under it (docs/scaling.md).
+    "POOLER": None,
+    # Alias in DATABASES of a read replica for reads that tolerate lag (pages, rollups, reports),
+    # used inside llm_budgets.routers.replica_reads() with ReplicaRouter; None: the primary.
+    "READ_REPLICA": None,
+    # Health endpoint (docs/operations.md): a hold overdue by more than this many seconds means
+    # the expiry sweep is not keeping up, and the health check fails.
+    "HEALTH_SWEEP_MAX_LAG_SECONDS": 300,
+    # Tenant pages (docs/pages.md): dotted path to a callable (request) -> tenant external id or
+    # None (no access). The default reads the Membership model, managed in the admin.
+    "TENANT_RESOLVER": "llm_budgets.pages.access.membership_tenant",
+    # Stripe metered billing (docs/billing.md). Nothing is sent without an API key.
+    "STRIPE_API_KEY": None,
+    # Where the Stripe client sends requests; tests point it at a fake server on 127.0.0.1.
+    "STRIPE_API_BASE": "https://api.stripe.com",
+    # The meter's event name (a plan may have its own: StripePlanMeter).
+    "STRIPE_METER_EVENT_NAME": "llm_usage",
+    # Signing secret of the webhook endpoint (whsec_...). Without it every webhook is refused.
+    "STRIPE_WEBHOOK_SECRET": None,
+    # invoice.payment_failed for a linked customer: "ignore", or "trip" a tenant kill switch.
+    "STRIPE_ON_PAYMENT_FAILED": "ignore",
+    # Transient delivery failures (connection, 5xx, 429) retry with exponential backoff from
+    # STRIPE_RETRY_BASE_SECONDS, up to STRIPE_MAX_ATTEMPTS attempts; then the row is parked.
+    "STRIPE_MAX_ATTEMPTS": 8,
+    "STRIPE_RETRY_BASE_SECONDS": 30,
+    # Reconciliation compares this many past days of delivered hours with Stripe's summaries.
+    "STRIPE_RECONCILE_DAYS": 3,
 }
 
 EXPIRED_HOLD_POLICIES = ("charge", "release")
+STRIPE_PAYMENT_FAILED_ACTIONS = ("ignore", "trip")
 UNCERTAIN_SETTLE_RULES = ("charge", "release")
 WARNING_DELIVERIES = ("at_least_once", "at_most_once")
+POOLERS = (None, "session", "transaction")
 
 
 class SettingError(ValueError):
@@ -216,6 +255,95 @@ def _throttle_rate(key: str, value: Any) -> str | None:
     )
 
 
+def _pooler(key: str, value: Any) -> str | None:
+    if value in POOLERS:
+        return None if value is None else str(value)
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['POOLER'] must be None, 'session' or 'transaction'.",
+        f"Got {value!r}: the pool mode of the PgBouncer (or other pooler) between the app and "
+        "PostgreSQL; None when there is none.",
+    )
+
+
+def _read_replica(key: str, value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and value in settings.DATABASES):
+        return value
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['READ_REPLICA'] must be None or an alias in DATABASES.",
+        f"Got {value!r}; aliases: {', '.join(sorted(settings.DATABASES))}.",
+    )
+
+
+def _api_key_cache_seconds(key: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 300:
+        return value
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['API_KEY_CACHE_SECONDS'] must be a whole number of seconds from 0 to 300.",
+        f"Got {value!r}. A revoked key may be accepted by other processes for this long; 0 "
+        "reads the key on every request.",
+    )
+
+
+def _dotted_callable(key: str, value: Any) -> str:
+    """A dotted path to a callable, e.g. ``TENANT_RESOLVER``; the path is returned."""
+    from django.utils.module_loading import import_string
+
+    hint = f"Got {value!r}; e.g. 'myproject.tenancy.usage_tenant' (see docs/pages.md)."
+    try:
+        found = import_string(value) if isinstance(value, str) else None
+    except ImportError as exc:
+        raise SettingError(key, f"LLM_BUDGETS[{key!r}] cannot be imported ({exc}).", hint) from None
+    if not callable(found):
+        raise SettingError(key, f"LLM_BUDGETS[{key!r}] must be a dotted path to a callable.", hint)
+    return str(value)
+
+
+def _stripe_key(key: str, value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and re.fullmatch(r"(sk|rk)_\w+", value)):
+        return value
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['STRIPE_API_KEY'] must be None or a Stripe secret or restricted key "
+        "(sk_... or rk_...).",
+        "Got a value of another shape; nothing is sent to Stripe without a key.",
+    )
+
+
+def _stripe_base(key: str, value: Any) -> str:
+    if isinstance(value, str) and re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", value):
+        return value.rstrip("/")
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['STRIPE_API_BASE'] must be a base URL such as 'https://api.stripe.com'.",
+        f"Got {value!r}.",
+    )
+
+
+def _meter_event_name(key: str, value: Any) -> str:
+    if isinstance(value, str) and 0 < len(value) <= 100 and value.strip() == value:
+        return value
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['STRIPE_METER_EVENT_NAME'] must be a non-empty string of at most 100 "
+        "characters (Stripe's limit), without surrounding spaces.",
+        f"Got {value!r}.",
+    )
+
+
+def _webhook_secret(key: str, value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and value.startswith("whsec_")):
+        return value
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['STRIPE_WEBHOOK_SECRET'] must be None or the endpoint's signing secret "
+        "(whsec_...).",
+        "Copy it from the webhook endpoint in Stripe's dashboard.",
+    )
+
+
 # Each key's reader: the typed value the code uses, or SettingError.
 READERS: dict[str, Callable[[str, Any], Any]] = {
     "DEFAULT_TTL_SECONDS": _default_ttl,
@@ -227,6 +355,7 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "OPERATOR_EMAILS": _email_list,
     "TOKEN_ESTIMATE_SAFETY_MARGIN": _safety_margin,
     "API_THROTTLE_RATE": _throttle_rate,
+    "API_AUTH_FAILURE_RATE": _throttle_rate,
     "UNCERTAIN_SETTLE_RULE": _choice(*UNCERTAIN_SETTLE_RULES),
     "UNCERTAIN_MAX_AGE_SECONDS": _positive_int,
     "WARNING_THRESHOLDS": _thresholds,
@@ -236,6 +365,19 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "RETENTION_RELEASED_DAYS": _positive_int,
     "RETENTION_REFUSALS_DAYS": _positive_int,
     "ROLLUP_LOOKBACK_DAYS": _positive_int,
+    "POOLER": _pooler,
+    "READ_REPLICA": _read_replica,
+    "HEALTH_SWEEP_MAX_LAG_SECONDS": _positive_int,
+    "API_KEY_CACHE_SECONDS": _api_key_cache_seconds,
+    "TENANT_RESOLVER": _dotted_callable,
+    "STRIPE_API_KEY": _stripe_key,
+    "STRIPE_API_BASE": _stripe_base,
+    "STRIPE_METER_EVENT_NAME": _meter_event_name,
+    "STRIPE_WEBHOOK_SECRET": _webhook_secret,
+    "STRIPE_ON_PAYMENT_FAILED": _choice(*STRIPE_PAYMENT_FAILED_ACTIONS),
+    "STRIPE_MAX_ATTEMPTS": _positive_int,
+    "STRIPE_RETRY_BASE_SECONDS": _positive_int,
+    "STRIPE_RECONCILE_DAYS": _positive_int,
 }
 
 
@@ -323,12 +465,71 @@ class Settings:
         return int(self._get("ROLLUP_LOOKBACK_DAYS"))
 
     @property
+    def API_KEY_CACHE_SECONDS(self) -> int:
+        return int(self._get("API_KEY_CACHE_SECONDS"))
+
+    @property
+    def POOLER(self) -> str | None:
+        value = self._get("POOLER")
+        return None if value is None else str(value)
+
+    @property
+    def READ_REPLICA(self) -> str | None:
+        value = self._get("READ_REPLICA")
+        return None if value is None else str(value)
+
+    @property
+    def HEALTH_SWEEP_MAX_LAG_SECONDS(self) -> int:
+        return int(self._get("HEALTH_SWEEP_MAX_LAG_SECONDS"))
+
+    @property
+    def TENANT_RESOLVER(self) -> str:
+        return str(self._get("TENANT_RESOLVER"))
+
+    @property
     def TOKEN_ESTIMATE_SAFETY_MARGIN(self) -> Decimal:
         return Decimal(self._get("TOKEN_ESTIMATE_SAFETY_MARGIN"))
 
     @property
     def API_THROTTLE_RATE(self) -> str | None:
         rate = self._get("API_THROTTLE_RATE")
+        return None if rate is None else str(rate)
+
+    @property
+    def STRIPE_API_KEY(self) -> str | None:
+        return self._get("STRIPE_API_KEY")  # type: ignore[no-any-return]
+
+    @property
+    def STRIPE_API_BASE(self) -> str:
+        return str(self._get("STRIPE_API_BASE"))
+
+    @property
+    def STRIPE_METER_EVENT_NAME(self) -> str:
+        return str(self._get("STRIPE_METER_EVENT_NAME"))
+
+    @property
+    def STRIPE_WEBHOOK_SECRET(self) -> str | None:
+        return self._get("STRIPE_WEBHOOK_SECRET")  # type: ignore[no-any-return]
+
+    @property
+    def STRIPE_ON_PAYMENT_FAILED(self) -> str:
+        return str(self._get("STRIPE_ON_PAYMENT_FAILED"))
+
+    @property
+    def STRIPE_MAX_ATTEMPTS(self) -> int:
+        return int(self._get("STRIPE_MAX_ATTEMPTS"))
+
+    @property
+    def STRIPE_RETRY_BASE_SECONDS(self) -> int:
+        return int(self._get("STRIPE_RETRY_BASE_SECONDS"))
+
+    @property
+    def STRIPE_RECONCILE_DAYS(self) -> int:
+        return int(self._get("STRIPE_RECONCILE_DAYS"))
+
+    @property
+    def API_AUTH_FAILURE_RATE(self) -> str | None:
+        rate = self._get("API_AUTH_FAILURE_RATE")
         return None if rate is None else str(rate)
 
 

@@ -252,7 +252,12 @@ def _rate(field: str, value: object, *, allow_none: bool = False) -> Decimal | N
     """A non-negative rate that every database stores exactly: at most ``RATE_DECIMAL_PLACES``
     decimals and ``RATE_SIGNIFICANT_DIGITS`` significant digits (nothing is rounded away
     silently)."""
-    rate = validation.optional_money(field, value) if allow_none else validation.money(field, value)
+    places = RATE_DECIMAL_PLACES
+    rate = (
+        validation.optional_money(field, value, places=places)
+        if allow_none
+        else validation.money(field, value, places=places)
+    )
     if rate is not None and (
         rate != rate.quantize(RATE_QUANTUM)
         or len(rate.normalize().as_tuple().digits) > RATE_SIGNIFICANT_DIGITS
@@ -396,8 +401,8 @@ def price_set(
 ) -> Price:
     """Add a price version (``fields``: see ``PRICE_FIELDS``). Existing versions are never
     edited; the newest started one wins."""
-    validation.identifier("provider", provider, max_length=64)
-    validation.identifier("model", model, max_length=128)
+    provider = validation.identifier("provider", provider, max_length=64)
+    model = validation.identifier("model", model, max_length=128)
     if effective_from is not None and timezone.is_naive(effective_from):
         raise InvalidUsage("effective_from must be timezone-aware.", field="effective_from")
     starts = effective_from or timezone.now()

@@ -154,8 +154,8 @@ def quote(
     Reads only: nothing is held or created. ``run``, ``tags`` and ``api_key``: the budgets of
     the run, tags and key the call would name apply too."""
     if provider is not None:
-        validation.identifier("provider", provider, max_length=64)
-    validation.identifier("model", model, max_length=128)
+        provider = validation.identifier("provider", provider, max_length=64)
+    model = validation.identifier("model", model, max_length=128)
     tokens = input_token_count(
         provider=provider,
         model=model,
@@ -169,9 +169,8 @@ def quote(
         else validation.token_count("max_output_tokens", max_output_tokens, allow_zero=False)
     )
     now = now or timezone.now()
-    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1):
-        raise InvalidUsage(f"ttl must be a positive number of seconds, got {ttl!r}.", field="ttl")
-    ttl_seconds = conf.DEFAULT_TTL_SECONDS if ttl is None else ttl
+    # In range before any timedelta is built: a huge ttl would overflow it (a 500, not a 400).
+    ttl_seconds = conf.DEFAULT_TTL_SECONDS if ttl is None else validation.ttl_seconds("ttl", ttl)
     with ledger_guard("quote"):
         tenant_obj = tenant_get(tenant)
         estimate = request_estimate(

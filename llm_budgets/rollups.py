@@ -21,7 +21,14 @@ from django.db.models import Count, Min, Q, Sum
 from django.utils import timezone
 
 from llm_budgets.conf import conf
-from llm_budgets.models import DailyUsage, EndUser, Tenant, UsageKind, UsageRecord
+from llm_budgets.models import (
+    DailyUsage,
+    EndUser,
+    Tenant,
+    TenantDailyUsage,
+    UsageKind,
+    UsageRecord,
+)
 from llm_budgets.money import ZERO, round_charge
 
 
@@ -73,6 +80,8 @@ def daily_usage_rebuild(
             with transaction.atomic():
                 DailyUsage.objects.filter(day=day, tenant__in=zone_tenants).delete()
                 DailyUsage.objects.bulk_create(objects)
+                TenantDailyUsage.objects.filter(day=day, tenant__in=zone_tenants).delete()
+                TenantDailyUsage.objects.bulk_create(tenant_totals(objects))
             written += len(objects)
     return written
 
@@ -97,6 +106,34 @@ def _row(day: date, row: Mapping[str, Any], now: datetime) -> DailyUsage:
     )
 
 
+def tenant_totals(rows: Iterable[DailyUsage]) -> list[TenantDailyUsage]:
+    """``DailyUsage`` rows summed over end users, per (day, tenant, provider, model)."""
+    totals: dict[tuple[Any, ...], TenantDailyUsage] = {}
+    for row in rows:
+        key = (row.day, row.tenant_id, row.provider, row.model)
+        total = totals.get(key)
+        if total is None:
+            totals[key] = total = TenantDailyUsage(
+                day=row.day,
+                tenant_id=row.tenant_id,
+                provider=row.provider,
+                model=row.model,
+                currency=row.currency,
+                cost=ZERO,
+                customer_cost=ZERO,
+                estimated_cost=ZERO,
+                updated_at=row.updated_at,
+            )
+        total.calls += row.calls
+        total.input_tokens += row.input_tokens
+        total.cached_input_tokens += row.cached_input_tokens
+        total.output_tokens += row.output_tokens
+        total.cost += row.cost
+        total.customer_cost += row.customer_cost
+        total.estimated_cost += row.estimated_cost
+    return list(totals.values())
+
+
 def daily_usage_refresh(*, now: datetime | None = None) -> int:
     """The periodic job: rebuild the last ``ROLLUP_LOOKBACK_DAYS`` days (and today everywhere)."""
     now = now or timezone.now()
@@ -115,6 +152,7 @@ def daily_usage_rebuild_all(*, now: datetime | None = None) -> int:
     first = UsageRecord.objects.aggregate(first=Min("reserved_at"))["first"]
     if first is None:
         DailyUsage.objects.all().delete()
+        TenantDailyUsage.objects.all().delete()
         return 0
     return daily_usage_rebuild(
         since=first.date() - timedelta(days=1), until=now.date() + timedelta(days=1), now=now

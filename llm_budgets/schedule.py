@@ -20,6 +20,8 @@ JOBS: dict[str, tuple[str, int]] = {
     "llm_budgets: automatic kill switches": ("llm_budgets.detect_anomalies", 60),
     "llm_budgets: daily usage rollups": ("llm_budgets.rollup_daily_usage", 15 * 60),
     "llm_budgets: retention purge": ("llm_budgets.purge_retention", 24 * 60 * 60),
+    "llm_budgets: stripe usage delivery": ("llm_budgets.stripe_push", 60),
+    "llm_budgets: stripe reconciliation": ("llm_budgets.stripe_reconcile", 24 * 60 * 60),
 }
 
 BEAT_SCHEDULE: dict[str, dict[str, Any]] = {

@@ -32,3 +32,11 @@ Sent once per (budget, period, threshold), by the warning scan, with ``sender`` 
 - ``period_start``: the period's start (aware datetime)
 - ``spent``, ``reserved``, ``limit``: ``Decimal`` amounts at detection, in ``currency`` (str)
 """
+
+stripe_reconciled = Signal()
+"""A Stripe reconciliation run finished (``llm_budgets.billing.reconciliation``). Sent after
+commit with ``sender`` the ``ReconciliationRun`` class and:
+
+- ``run``: the ``ReconciliationRun`` (``run.is_clean``: no difference and no error; ``run.error``)
+- ``differences``: list of ``ReconciliationDifference`` (customer, hour, delivered vs Stripe units)
+"""

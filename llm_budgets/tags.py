@@ -29,8 +29,14 @@ def tags_validate(value: object, *, field: str = "tags") -> dict[str, str]:
         raise InvalidUsage(f"{field} can have at most {MAX_TAGS} entries.", field=field)
     tags = {}
     for key, text in value.items():
-        validation.identifier(field, key, max_length=MAX_KEY_LENGTH)
         name = f"{field}[{key!r}]"
+        key = validation.identifier(field, key, max_length=MAX_KEY_LENGTH)
+        if key in tags:
+            raise InvalidUsage(
+                f"{name} is the same tag name as another one once normalised ({key!r}); "
+                "send each name once.",
+                field=field,
+            )
         if not isinstance(text, str):
             raise InvalidUsage(f"{name} must be a string, got {text!r}.", field=field)
         if len(text) > MAX_VALUE_LENGTH:

@@ -60,3 +60,26 @@ def rollup_daily_usage() -> int:
 @shared_task(name="llm_budgets.purge_retention", ignore_result=True)
 def purge_retention() -> int:
     return retention.reservations_purge() + retention.refusals_purge()
+
+
+@shared_task(name="llm_budgets.stripe_push", ignore_result=True)
+def stripe_push() -> int:
+    """Deliver pending usage to Stripe (nothing without STRIPE_API_KEY: usage waits)."""
+    from llm_budgets.billing.client import StripeNotConfigured
+    from llm_budgets.billing.delivery import billing_push
+
+    try:
+        return billing_push().sent
+    except StripeNotConfigured:
+        return 0
+
+
+@shared_task(name="llm_budgets.stripe_reconcile", ignore_result=True)
+def stripe_reconcile() -> int:
+    """Compare delivered usage with Stripe's summaries; returns the number of differences."""
+    from llm_budgets.billing.reconciliation import billing_reconcile
+    from llm_budgets.conf import conf
+
+    if not conf.STRIPE_API_KEY:
+        return 0  # nothing was sent, so nothing to compare
+    return billing_reconcile().differences

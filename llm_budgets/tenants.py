@@ -19,7 +19,7 @@ from llm_budgets.windows import period_for
 
 
 def tenant_get(external_id: str) -> Tenant:
-    validation.identifier("tenant", external_id)
+    external_id = validation.identifier("tenant", external_id)
     try:
         return Tenant.objects.select_related("plan").get(external_id=external_id)
     except Tenant.DoesNotExist:
@@ -47,7 +47,7 @@ def tenant_ensure(
 
     A new timezone or billing day takes effect at the end of the current monthly period (see
     ``_schedule_calendar_change``), so a change can never reset a budget early."""
-    validation.identifier("tenant", external_id)
+    external_id = validation.identifier("tenant", external_id)
     if billing_day is not None and (
         isinstance(billing_day, bool)
         or not isinstance(billing_day, int)
@@ -126,8 +126,8 @@ def tenant_with_end_user(tenant: str, end_user: str | None) -> tuple[Tenant, End
     """The tenant and, if it has been seen before, the end user: one query in the common case.
     Creates nothing (``end_user_ensure`` does, once the request is known to be valid)."""
     if end_user is not None:
-        validation.identifier("tenant", tenant)
-        validation.identifier("end_user", end_user)
+        tenant = validation.identifier("tenant", tenant)
+        end_user = validation.identifier("end_user", end_user)
         text = f"SELECT {end_user_columns_sql()} {end_user_from_sql()} {end_user_where_sql()}"
         rows = sql.fetch(text, [tenant, end_user])
         if rows:
@@ -182,7 +182,7 @@ def end_user_row_width() -> int:
 
 def end_user_ensure(tenant: Tenant, external_id: str) -> EndUser:
     """The end user, created on first sight. Concurrent first requests all get the same row."""
-    validation.identifier("end_user", external_id)
+    external_id = validation.identifier("end_user", external_id)
     try:
         return EndUser.objects.get(tenant=tenant, external_id=external_id)
     except EndUser.DoesNotExist:

@@ -100,8 +100,9 @@ def tool_calls_validate(value: object, *, field: str = "tool_calls") -> dict[str
         )
     calls = {}
     for name, count in value.items():
-        validation.identifier(field, name, max_length=64)
-        calls[name] = validation.token_count(f"{field}[{name!r}]", count)
+        calls[validation.identifier(field, name, max_length=64)] = validation.token_count(
+            f"{field}[{name!r}]", count
+        )
     return {name: count for name, count in calls.items() if count}
 
 

@@ -92,6 +92,18 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     _db_file = Path(DATABASES["default"]["NAME"])
     DATABASES["default"]["TEST"] = {"NAME": str(_db_file.with_name(f"test_{_db_file.name}"))}
 
+# A read replica for reads that tolerate lag (docs/scaling.md): REPLICA_DATABASE_URL, else the
+# primary itself under a second alias. In tests it mirrors the test database.
+DATABASES["replica"] = {
+    **env.db(
+        "REPLICA_DATABASE_URL",
+        default=env("DATABASE_URL", default=None) or f"sqlite:///{VAR_DIR / 'db.sqlite3'}",
+    ),
+    "OPTIONS": dict(DATABASES["default"].get("OPTIONS", {})),
+    "TEST": {"MIRROR": "default"},
+}
+DATABASE_ROUTERS = ["llm_budgets.routers.ReplicaRouter"]
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"
@@ -100,6 +112,9 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
+# The tenant usage pages (/usage/) send anonymous visitors to the login page, then back.
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/usage/"
 STATIC_ROOT = VAR_DIR / "static"
 
 _email_backend = env("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
@@ -156,6 +171,10 @@ LLM_BUDGETS = {
     "LOCK_TIMEOUT_SECONDS": 3,
     "EXPIRED_HOLD_POLICY": "charge",
     "CURRENCY": "USD",
+    # Stripe metered billing (docs/billing.md): nothing is sent without a key.
+    "STRIPE_API_KEY": env("STRIPE_API_KEY", default=None),
+    "STRIPE_API_BASE": env("STRIPE_API_BASE", default="https://api.stripe.com"),
+    "STRIPE_WEBHOOK_SECRET": env("STRIPE_WEBHOOK_SECRET", default=None),
 }
 
 # drf-spectacular, for `manage.py spectacular` (the API's own schema view sets its title itself).

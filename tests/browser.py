@@ -1,23 +1,33 @@
-"""A real browser for the tests that look at pages: Playwright driving Debian's chromium.
+"""A real browser for the tests: Playwright for Python driving Debian's ``chromium`` package.
 
-``chromium_browser`` (session-scoped) launches ``/usr/bin/chromium``; it fails under ``CI=true``
-when chromium or Playwright is missing (``.ci/run`` installs both) and skips otherwise. Never
-``playwright install``: it would download a browser. ``screenshot(page, name)`` keeps a PNG in
-``test-artifacts/screenshots/`` for people to look at.
+Never a downloaded browser: ``.ci/run`` installs Debian's chromium with apt when
+``/usr/bin/chromium`` is missing, and ``playwright`` (the PyPI package, which carries its driver)
+comes with the ``dev`` extra. Without either, browser tests fail under ``CI=true`` and skip
+elsewhere (``tests.services.require``).
+
+Use the session fixture ``chromium_browser`` with pytest-django's ``live_server`` and mark the
+test ``@pytest.mark.browser``. Playwright's sync API runs an event loop in the test thread, so the
+fixture sets ``DJANGO_ALLOW_ASYNC_UNSAFE`` for the session (Django would otherwise refuse ORM calls
+made from that thread with ``SynchronousOnlyOperation``). ``screenshot(page, name)`` saves
+``test-artifacts/screenshots/<name>.png`` (gitignored) for a person to look at.
+
+That loop stays *running* in the main thread from the first browser test until the session ends
+(so ``asyncio.run`` would fail in any later test): ``tests/conftest.py`` therefore moves every
+test that uses ``chromium_browser`` (or is marked ``browser``) to the end of the run, after
+pytest-randomly's shuffle (``browser_tests_last``).
 """
 
 from __future__ import annotations
 
-import os
+import pathlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.services import require
 
-CHROMIUM = os.environ.get("LLMB_TEST_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM = pathlib.Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -27,41 +37,46 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "screenshots"
+SCREENSHOTS = pathlib.Path(__file__).resolve().parent.parent / "test-artifacts" / "screenshots"
 
 
-def _chromium_present() -> None:
-    if not os.access(CHROMIUM, os.X_OK):
-        raise FileNotFoundError(f"{CHROMIUM} (apt-get install chromium)")
+def _probe() -> None:
+    if not CHROMIUM.exists():
+        raise FileNotFoundError(f"{CHROMIUM} (Debian's chromium package: apt-get install chromium)")
+    import playwright.sync_api  # noqa: F401  (the PyPI package `playwright`, in the dev extra)
 
 
 @pytest.fixture(scope="session")
 def chromium_browser() -> Iterator[Any]:
-    """A headless chromium (Playwright's sync API) shared by the session's browser tests."""
-    require("chromium", _chromium_present)
-    require("playwright", lambda: __import__("playwright.sync_api"))
+    """A headless chromium for the whole session (``playwright.sync_api.Browser``)."""
+    require("chromium and playwright", _probe)
     from playwright.sync_api import sync_playwright
 
-    # Playwright's sync API runs an event loop in this thread; Django's ORM refuses to run in
-    # a thread with a loop unless told it is fine (the test's queries are not async).
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            browser = playwright.chromium.launch(
+                executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
+            )
             try:
                 yield browser
             finally:
                 browser.close()
-    finally:
-        if previous is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
-def screenshot(page: Any, name: str) -> Path:
-    """Save the whole page as ``test-artifacts/screenshots/<name>.png``; returns the path."""
+def uses_browser(item: pytest.Item) -> bool:
+    fixtures = getattr(item, "fixturenames", ())
+    return "chromium_browser" in fixtures or item.get_closest_marker("browser") is not None
+
+
+def browser_tests_last(items: list[pytest.Item]) -> None:
+    """Reorder ``items`` in place: every browser test after every other test (order otherwise
+    kept)."""
+    items[:] = [i for i in items if not uses_browser(i)] + [i for i in items if uses_browser(i)]
+
+
+def screenshot(page: Any, name: str) -> pathlib.Path:
+    """Save a full-page screenshot as ``test-artifacts/screenshots/<name>.png``."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)

@@ -5,6 +5,21 @@ import os
 import pytest
 from django.db import connection
 
+# The PgBouncer leg (make test-pgbouncer): every connection goes through a transaction pooler.
+if os.environ.get("LLMB_PGBOUNCER"):
+    pytest_plugins = ["tests.pgbouncer"]
+    collect_ignore: list[str] = []
+else:
+    collect_ignore = ["test_pooler.py"]
+# The real-browser fixture, for every test module (tests/browser.py).
+from tests.browser import browser_tests_last, chromium_browser  # noqa: F401
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Playwright's sync API leaves an event loop running in the main thread (tests/browser.py).
+    browser_tests_last(items)
+
 
 def pytest_report_header() -> str:
     url = os.environ.get("DATABASE_URL", "(default SQLite)")

@@ -43,8 +43,8 @@ def test_keys_are_hashed_at_rest_with_a_visible_prefix() -> None:
     ("header", "code"),
     [
         (None, "not_authenticated"),
-        ("Bearer abc", "not_authenticated"),
-        ("Api-Key nodot", "invalid_api_key"),
+        ("Bearer abc", "malformed_api_key"),
+        ("Api-Key nodot", "malformed_api_key"),
         ("Api-Key abcdefgh.wrong", "invalid_api_key"),
     ],
 )

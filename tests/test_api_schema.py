@@ -30,12 +30,14 @@ def test_the_schema_is_public_and_covers_every_endpoint() -> None:
             "reservations/{reservation_id}/extend",
             "reservations/{reservation_id}/uncertain",
             "tenants/{external_id}/status",
+            "tenants/{external_id}/usage",
             "quote",
             "runs/close",
             "prices",
             "budgets",
             "kill-switches",
             "kill-switches/clear",
+            "health",
         ]
     }
     assert schema["components"]["securitySchemes"]["ApiKey"]["name"] == "Authorization"
@@ -66,3 +68,17 @@ def test_swagger_ui_loads_its_assets_from_the_installed_package() -> None:
     assert "cdn" not in html.lower()
     for name in ("swagger-ui-bundle.js", "swagger-ui.css", "swagger-ui-standalone-preset.js"):
         assert finders.find(f"drf_spectacular_sidecar/swagger-ui-dist/{name}"), name
+
+
+def test_the_schema_is_built_once_per_process_and_served_in_each_format() -> None:
+    from llm_budgets.api import docs
+
+    docs._SCHEMAS.clear()
+    first = Client().get(f"{BASE}schema/", {"format": "json"})
+    again = Client().get(f"{BASE}schema/", {"format": "json"})
+    yaml = Client().get(f"{BASE}schema/")
+    assert first.content == again.content
+    assert first["Content-Type"].startswith("application/vnd.oai.openapi+json")
+    assert yaml["Content-Type"].startswith("application/vnd.oai.openapi")
+    assert yaml.content.startswith(b"openapi: 3.")
+    assert len(docs._SCHEMAS) == 2

@@ -1,11 +1,15 @@
 """Schemathesis against the served OpenAPI schema, on a live (threaded) test server: generated
 requests for every operation must never cause a 5xx and every response must match the schema.
+At least 1,000 generated cases per run (counted, not assumed), plus a stateful run that follows
+the schema's links (a reservation's id into commit, release, extend, uncertain, status).
 
 (Schemathesis' own pytest plugin does not run on pytest 9 yet, so the test drives Hypothesis
 directly, one strategy per operation.)"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,8 +27,12 @@ from schemathesis.generation import GenerationMode
 from tests.api import BASE, client_for, new_key, reserve_body
 from tests.factories import seed
 
-# Bounded so CI stays well under two minutes; every operation still gets varied input.
-EXAMPLES = 20
+# Per operation and mode: 3 modes x 14 operations x up to 40 cases; counted below (>= 1,000 in
+# all). Bounded so CI stays around two minutes.
+EXAMPLES = 40
+MIN_CASES_PER_MODE = 340
+STATEFUL_STEPS = 25
+STATEFUL_SCENARIOS = 15
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -33,7 +41,10 @@ CHECKS = [
 ]
 
 
-def fuzz(strategy: Any, headers: dict[str, str], checks: list[Any]) -> None:
+def fuzz(strategy: Any, headers: dict[str, str], checks: list[Any]) -> int:
+    """Run the cases; returns how many were sent."""
+    sent = 0
+
     @given(case=strategy)
     @settings(
         max_examples=EXAMPLES,
@@ -43,9 +54,20 @@ def fuzz(strategy: Any, headers: dict[str, str], checks: list[Any]) -> None:
         suppress_health_check=list(HealthCheck),
     )
     def check(case: Any) -> None:
+        nonlocal sent
+        sent += 1
         case.call_and_validate(headers=headers, checks=checks)
 
     check()
+    return sent
+
+
+def record(name: str, count: int) -> None:
+    """How many cases ran, in var/schemathesis-cases.json (figures of docs/reliability.md)."""
+    out = Path(__file__).resolve().parent.parent / "var" / "schemathesis-cases.json"
+    out.parent.mkdir(exist_ok=True)
+    counts = json.loads(out.read_text()) if out.exists() else {}
+    out.write_text(json.dumps({**counts, name: count}, indent=2, sort_keys=True))
 
 
 def known_good_cases(operations: dict[str, Any], reservation_id: str) -> list[Any]:
@@ -109,9 +131,58 @@ def test_the_api_honours_its_schema(
             for label, case, status in known_good_cases(by_id, real["reservation_id"]):
                 response = case.call_and_validate(headers=headers, checks=CHECKS)
                 assert response.status_code == status, (label, response.text)
+        cases = 0
         for operation in operations:
+            if mode == GenerationMode.NEGATIVE and not (
+                list(operation.iter_parameters()) or list(operation.body)
+            ):
+                continue  # nothing to make invalid (GET health)
             names = {p.name for p in operation.iter_parameters() if p.location == "path"}
             fixed = {k: v for k, v in real.items() if k in names} if real_paths else None
-            fuzz(
+            cases += fuzz(
                 operation.as_strategy(generation_mode=mode, path_parameters=fixed), headers, CHECKS
             )
+    record(f"{key_kind}-{mode.value}", cases)
+    assert cases >= MIN_CASES_PER_MODE, cases
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stateful_links_hold_the_schema(live_server: Any) -> None:
+    """Follow the links: create a reservation, then act on it by its id, as a client would."""
+    seed(limit="100000")
+    key = new_key("acme")
+    schema = schemathesis.openapi.from_url(f"{live_server.url}{BASE}schema/?format=json")
+    links = schema.raw_schema["paths"][f"{BASE}reservations"]["post"]["responses"]["201"]["links"]
+    assert {link["operationId"] for link in links.values()} >= {
+        "reservations_commit",
+        "reservations_release",
+        "reservations_extend",
+        "reservations_uncertain",
+        "reservations_retrieve",
+        "tenants_status",
+    }
+    steps: list[tuple[str, int]] = []
+
+    class Workflow(schema.as_state_machine()):  # type: ignore[misc]
+        def get_call_kwargs(self, case: Any) -> dict[str, Any]:
+            return {"headers": {"Authorization": f"Api-Key {key}"}}
+
+        def validate_response(self, response: Any, case: Any, **kwargs: Any) -> None:
+            steps.append((case.operation.label, response.status_code))
+            case.validate_response(response, checks=CHECKS)
+
+    with override_settings(LLM_BUDGETS={"API_THROTTLE_RATE": None}):
+        Workflow.run(
+            settings=settings(
+                max_examples=STATEFUL_SCENARIOS,
+                stateful_step_count=STATEFUL_STEPS,
+                deadline=None,
+                database=None,
+                derandomize=True,
+                suppress_health_check=list(HealthCheck),
+            )
+        )
+    record("stateful steps", len(steps))
+    assert not [step for step in steps if step[1] >= 500]
+    followed = {label for label, _ in steps if "{reservation_id}" in label}
+    assert followed, steps[:50]

@@ -94,8 +94,11 @@ def test_demo_data_is_idempotent_and_resets_the_admin_password() -> None:
     assert first["created"]["llm_budgets.Tenant"] == 3
     assert first["created"]["llm_budgets.Price"] == 4
     assert first["created"]["llm_budgets.Budget"] == 8
-    assert first["created"]["llm_budgets.Reservation"] == 8
-    assert first["created"]["auth.User"] == 1
+    # The eight reservations of the admin tour, and the month of usage for the tenant pages.
+    assert first["month"]["committed"] > 300
+    assert first["created"]["llm_budgets.Reservation"] == 8 + first["month"]["committed"]
+    assert first["page_users"] == ["acme-admin", "globex-admin", "alice"]
+    assert first["created"]["auth.User"] == 4  # the admin and the usage pages' three logins
     assert first["reservations"] == {"committed": 4, "released": 2, "held": 2}
 
     text = _run("llm_budgets_demo_data")
@@ -104,6 +107,10 @@ def test_demo_data_is_idempotent_and_resets_the_admin_password() -> None:
     login = re.search(r"Admin: (\S+) +user 'admin' +password '([^']+)'", text)
     assert login is not None, text
     assert login[1] == "http://127.0.0.1:8000/admin/"
+    assert "Usage pages: http://127.0.0.1:8000/usage/  users 'acme-admin'" in text
+    acme_admin = get_user_model().objects.get(username="acme-admin")
+    assert acme_admin.check_password(login[2])
+    assert not acme_admin.is_staff
     admin = get_user_model().objects.get(username="admin")
     assert admin.is_superuser
     assert admin.is_staff
@@ -116,3 +123,20 @@ def test_demo_data_is_idempotent_and_resets_the_admin_password() -> None:
     assert (own.window, own.limit) == ("month", Decimal("10"))
     assert own.spent > 0
     assert own.reserved > 0
+
+    # The month of usage fills every tenant page for the demo's tenant admin.
+    from django.test import Client
+
+    pages = Client()
+    pages.force_login(acme_admin)
+    overview = pages.get("/usage/").content.decode()
+    assert 'data-figure="spent"' in overview
+    # Today is the only day of the current period on the billing day itself: at least one call.
+    models = pages.get("/usage/models/").content.decode()
+    assert "(openai)" in models or "(anthropic)" in models
+    users = pages.get("/usage/users/").content.decode()
+    assert any(name in users for name in ("alice", "bob", "carol", "dave", "erin"))
+    refusals = pages.get("/usage/refusals/").content.decode()
+    assert refusals.count("needed up to") >= 3
+    export = b"".join(pages.get("/usage/export.csv", {"start": "2000-01-01"}).streaming_content)
+    assert export.count(b"\n") > 300

@@ -97,3 +97,21 @@ def test_the_job_and_the_command_rebuild_recent_days() -> None:
     assert "Wrote 1 daily usage row(s)." in out.getvalue()
     call_command("llm_budgets_rollup", "--since", "2026-03-10", "--until", "2026-03-10", stdout=out)
     assert DailyUsage.objects.count() == 1
+
+
+@pytest.mark.usefixtures("amsterdam")
+def test_tenant_rollups_sum_the_end_users_and_are_replaced_on_rebuild() -> None:
+    from llm_budgets.models import TenantDailyUsage
+
+    _charge(LATE_EVENING, 100, end_user="u-1")
+    _charge(LATE_EVENING, 200, end_user="u-2")
+    _charge(LATE_EVENING, 50)
+    for _ in range(2):  # a second rebuild replaces, never adds
+        daily_usage_rebuild(since=date(2026, 3, 8), until=date(2026, 3, 11))
+        tenant_row = TenantDailyUsage.objects.get()
+        assert tenant_row.day == date(2026, 3, 10)  # Amsterdam's day
+        users = DailyUsage.objects.filter(day=tenant_row.day)
+        assert users.count() == 3
+        assert tenant_row.calls == 3
+        assert tenant_row.output_tokens == 350
+        assert tenant_row.cost == sum(row.cost for row in users) == Decimal("10.5")

@@ -21,7 +21,7 @@ from llm_budgets.adjustments import usage_void
 from llm_budgets.clock import when
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.models import EndUser, Tenant, UsageKind, UsageRecord
-from tests.browser import chromium_browser, screenshot  # noqa: F401 - the fixture
+from tests.browser import screenshot  # chromium_browser: the session fixture (conftest)
 
 WIDTHS = (1400, 1920)
 PASSWORD = "a-long-test-password"
@@ -29,7 +29,7 @@ PASSWORD = "a-long-test-password"
 
 def _support_data() -> None:
     """The demo data, a burst of identical refusals and one voided line."""
-    demo_data_load(admin=False)
+    demo_data_load(admin=False, month=False)  # the admin tour's data, without the usage month
     get_user_model().objects.create_superuser("maria", "maria@example.com", PASSWORD)
     for _ in range(5):  # bob asks for more than the 2.00 USD a day each end user may spend
         with pytest.raises(BudgetExceeded):
@@ -75,7 +75,7 @@ def _visible_headers(page: Any) -> list[str]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_support_admin_in_a_real_browser(chromium_browser: Any, live_server: Any) -> None:  # noqa: F811
+def test_support_admin_in_a_real_browser(chromium_browser: Any, live_server: Any) -> None:
     _support_data()
     base = live_server.url
     acme = Tenant.objects.get(external_id="acme")

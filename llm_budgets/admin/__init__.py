@@ -4,6 +4,28 @@ Services are the only writers of ledger state: the admin either calls them (tena
 prices) or shows the rows read-only (counters, reservations, the ledger, the audit log).
 """
 
-from llm_budgets.admin import api_keys, audit, budgets, control, jobs, ledger, pricing, tenancy
+from llm_budgets.admin import (
+    api_keys,
+    audit,
+    billing,
+    budgets,
+    control,
+    jobs,
+    ledger,
+    memberships,
+    pricing,
+    tenancy,
+)
 
-__all__ = ["api_keys", "audit", "budgets", "control", "jobs", "ledger", "pricing", "tenancy"]
+__all__ = [
+    "api_keys",
+    "audit",
+    "billing",
+    "budgets",
+    "control",
+    "jobs",
+    "ledger",
+    "memberships",
+    "pricing",
+    "tenancy",
+]

@@ -6,6 +6,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import Model
@@ -14,7 +15,8 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from llm_budgets import clock, money
+from llm_budgets import clock, money, validation
+from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import EndUser, Tenant
 
 
@@ -86,6 +88,15 @@ def short_id(value: object) -> str:
     """A UUID shortened for lists (the first 8 characters); the detail page shows all of it."""
     text = str(value)
     return text[:8] if len(text) == 36 else text
+
+
+def clean_identifier(field: str, value: object) -> str:
+    """An id typed into an admin form, in its canonical form (``validation.identifier``), or the
+    same refusal the API gives, as a form error."""
+    try:
+        return validation.identifier(field, value)
+    except InvalidUsage as exc:
+        raise forms.ValidationError(exc.message) from None
 
 
 def actor(request: HttpRequest) -> str:

@@ -19,6 +19,7 @@ from llm_budgets import clock
 from llm_budgets.admin.base import (
     actor,
     adopt,
+    clean_identifier,
     end_user_url,
     limit_text,
     money_text,
@@ -26,6 +27,7 @@ from llm_budgets.admin.base import (
     when_column,
     when_text,
 )
+from llm_budgets.admin.billing import billing_context
 from llm_budgets.admin.control import TenantControlMixin, control_context, end_user_context
 from llm_budgets.admin.selectors import active_raises, end_user_overview, tenant_overview
 from llm_budgets.conf import conf
@@ -94,6 +96,9 @@ class TenantForm(forms.ModelForm):
         ]
         widgets = {"timezone": forms.Select(choices=clock.timezone_choices())}
 
+    def clean_external_id(self) -> str:
+        return clean_identifier("tenant", self.cleaned_data.get("external_id"))
+
     def clean_plan(self) -> Plan | None:
         plan: Plan | None = self.cleaned_data["plan"]
         if plan is None and self.instance.plan_id is not None:
@@ -161,6 +166,7 @@ class TenantAdmin(TenantControlMixin, admin.ModelAdmin):
                 obj = Tenant.objects.get(pk=obj.pk)  # the stored tenant, not the rejected edit
             context.update(_overview_context(request, obj))
             context.update(control_context(request, obj, timezone.now()))
+            context.update(billing_context(obj))
         return super().render_change_form(request, context, add, change, form_url, obj)
 
 
@@ -282,11 +288,21 @@ def _changelist(model_name: str, params: Mapping[str, str | int]) -> str:
     return f"{reverse(f'admin:llm_budgets_{model_name}_changelist')}?{urlencode(params)}"
 
 
+class EndUserForm(forms.ModelForm):
+    class Meta:
+        model = EndUser
+        fields = ["tenant", "external_id"]
+
+    def clean_external_id(self) -> str:
+        return clean_identifier("end_user", self.cleaned_data.get("external_id"))
+
+
 @admin.register(EndUser)
 class EndUserAdmin(admin.ModelAdmin):
     """End users are created by end_user_ensure (here or on first request); never edited. An end
     user's page shows where it stands: budgets, holds, ledger lines, refusals, switches."""
 
+    form = EndUserForm
     list_display = ["external_id", "tenant", "created_when"]
     list_select_related = ["tenant"]
     list_filter = [("tenant", admin.RelatedOnlyFieldListFilter)]

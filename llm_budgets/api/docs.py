@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpResponse
 from django.urls import include, path
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView, _get_sidecar_url
@@ -24,7 +25,55 @@ SCHEMA_SETTINGS = {
         "worst-case cost, settle the real cost afterwards. Send `Authorization: Api-Key <key>`."
     ),
     "VERSION": llm_budgets.__version__,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "llm_budgets.api.docs.add_links",
+    ],
 }
+
+# OpenAPI links: how a reservation's answer feeds the operations on it (clients and stateful
+# testers such as schemathesis follow them).
+RESERVATION_LINKS = {
+    "reservations_retrieve": "Get",
+    "reservations_commit": "Commit",
+    "reservations_release": "Release",
+    "reservations_extend": "Extend",
+    "reservations_uncertain": "MarkUncertain",
+}
+
+
+def add_links(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook: add the links of a reservation's 201/200 answers."""
+    reservation_ops = {"reservations_create": "201", "reservations_retrieve": "200"}
+    for item in result.get("paths", {}).values():
+        for operation in item.values():
+            status = (
+                reservation_ops.get(operation.get("operationId", ""))
+                if isinstance(operation, dict)
+                else None
+            )
+            response = operation.get("responses", {}).get(status) if status else None
+            if response is None:
+                continue
+            links = {
+                name: {
+                    "operationId": target,
+                    "parameters": {"reservation_id": "$response.body#/id"},
+                }
+                for target, name in RESERVATION_LINKS.items()
+            }
+            links["TenantStatus"] = {
+                "operationId": "tenants_status",
+                "parameters": {"external_id": "$response.body#/tenant"},
+            }
+            response["links"] = links
+    return result
+
+
+_SCHEMAS: dict[tuple[str, str | None, str], tuple[bytes, str, str]] = {}
+"""Rendered schemas by (mount prefix, version, media type): the schema depends only on the code,
+so each process builds and renders it once (about 50-300 ms, docs/performance.md), not per
+request."""
 
 
 class SchemaView(SpectacularAPIView):
@@ -43,7 +92,20 @@ class SchemaView(SpectacularAPIView):
         route = request.resolver_match.route if request.resolver_match else SCHEMA_PATH
         prefix = route[: -len(SCHEMA_PATH)] if route.endswith(SCHEMA_PATH) else ""
         self.patterns = [path(prefix, include(api_patterns))]
-        return super().get(request, *args, **kwargs)
+        version = self.api_version or request.version or self._get_version_parameter(request)
+        media_type = str(request.accepted_media_type)
+        key = (prefix, version, media_type)
+        if key not in _SCHEMAS:
+            response = super().get(request, *args, **kwargs)
+            renderer = request.accepted_renderer
+            body = renderer.render(response.data, media_type, self.get_renderer_context())
+            body = body.encode() if isinstance(body, str) else body
+            charset = f"; charset={renderer.charset}" if renderer.charset else ""
+            _SCHEMAS[key] = (body, media_type + charset, response["Content-Disposition"])
+        body, content_type, disposition = _SCHEMAS[key]
+        return HttpResponse(  # type: ignore[return-value]
+            body, content_type=content_type, headers={"Content-Disposition": disposition}
+        )
 
 
 class SwaggerView(SpectacularSwaggerView):

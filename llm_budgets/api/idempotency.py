@@ -14,6 +14,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -25,10 +26,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.utils.encoders import JSONEncoder
 
+from llm_budgets import validation
 from llm_budgets.api.exceptions import HttpError
 from llm_budgets.engine.boundary import ledger_guard
+from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import ApiKey, IdempotencyRecord
-from llm_budgets.validation import storable
+
+logger = logging.getLogger("llm_budgets")
 
 HEADER = "Idempotency-Key"
 FIELD = "idempotency_key"
@@ -40,31 +44,59 @@ View = TypeVar("View")
 Handler = Callable[..., Response]
 
 
-def key_of(request: Request) -> str | None:
-    """The key from the header, else from the body field; both must agree when both are sent."""
-    header = request.headers.get(HEADER)
-    body = request.data.get(FIELD) if isinstance(request.data, dict) else None
-    if header is not None and body is not None and header != body:
-        raise HttpError(
-            f"The {HEADER} header ({header!r}) and the {FIELD} field ({body!r}) differ; "
-            "send one key.",
-            code="invalid",
-            status_code=status.HTTP_400_BAD_REQUEST,
+def _invalid(message: str) -> HttpError:
+    return HttpError(message, code="invalid", status_code=status.HTTP_400_BAD_REQUEST)
+
+
+def header_key(request: Request) -> str | None:
+    """The ``Idempotency-Key`` header as the client wrote it. WSGI hands headers over decoded as
+    Latin-1, so UTF-8 is decoded back (not stored as mojibake); bytes that are not UTF-8 and a
+    comma (two headers, which servers join with one) are refused."""
+    value = request.headers.get(HEADER)
+    if value is None:
+        return None
+    try:
+        text = value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        raise _invalid(f"The {HEADER} header is not valid UTF-8; send ASCII.") from None
+    if "," in text:
+        raise _invalid(
+            f"Send one {HEADER} header with one key, without commas (got {text!r}: two headers "
+            "arrive joined by a comma)."
         )
-    key = header if header is not None else body
+    return text
+
+
+def key_of(request: Request) -> str | None:
+    """The key from the header, else from the body field; both must agree when both are sent.
+    Canonical (``validation.identifier``), as admission stores it."""
+    header = _canonical(header_key(request), f"The {HEADER} header")
+    body = request.data.get(FIELD) if isinstance(request.data, dict) else None
+    body = _canonical(body, f"The {FIELD} field")
+    if header is not None and body is not None and header != body:
+        raise _invalid(
+            f"The {HEADER} header ({header!r}) and the {FIELD} field ({body!r}) differ; "
+            "send one key."
+        )
+    return header if header is not None else body
+
+
+def _canonical(key: object, where: str) -> str | None:
     if key is None:
         return None
-    if not isinstance(key, str) or not key.strip() or len(key) > 255 or not storable(key):
-        raise HttpError(
-            f"{HEADER} must be a non-empty string of at most 255 characters, without NUL.",
-            code="invalid",
-            status_code=status.HTTP_400_BAD_REQUEST,
-        )
-    return key
+    try:
+        return validation.identifier(FIELD, key)
+    except InvalidUsage as exc:
+        raise _invalid(f"{where}: {exc.message}") from None
 
 
 def _fingerprint(request: Request) -> str:
-    body = json.dumps(request.data, cls=JSONEncoder, sort_keys=True, separators=(",", ":"))
+    # The key itself is left out: it matched already, in its canonical form (an NFD spelling of
+    # the same key in the body is the same request).
+    data = request.data
+    if isinstance(data, dict) and FIELD in data:
+        data = {name: value for name, value in data.items() if name != FIELD}
+    body = json.dumps(data, cls=JSONEncoder, sort_keys=True, separators=(",", ":"))
     text = f"{request.method} {request.path}\n{body}"
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -143,13 +175,24 @@ def idempotent(handler: Handler) -> Handler:
             with contextlib.suppress(DatabaseError):  # never hide the real error behind this one
                 owned.delete()
             raise
-        if status.is_success(response.status_code):
-            owned.update(
-                status_code=response.status_code,
-                response_body=json.loads(json.dumps(response.data, cls=JSONEncoder)),
+        try:
+            if status.is_success(response.status_code):
+                owned.update(
+                    status_code=response.status_code,
+                    response_body=json.loads(json.dumps(response.data, cls=JSONEncoder)),
+                )
+            else:
+                owned.delete()
+        except DatabaseError as exc:
+            # The work is done (or refused) and its answer is true: send it. The claim stays
+            # without a response; after LEASE a retry runs the handler again, and the services'
+            # own idempotency (a reservation's key, a commit's first result) answers it.
+            logger.warning(
+                "llm_budgets: could not record the response to %s %s for its Idempotency-Key: %s",
+                request.method,
+                request.path,
+                exc,
             )
-        else:
-            owned.delete()
         return response
 
     return wrapper

@@ -25,7 +25,7 @@ def api_key_create(
 
     Returns the key row and the key itself, ``<prefix>.<secret>``: show it once, it cannot be
     recovered."""
-    validation.identifier("name", name, max_length=50)
+    name = validation.identifier("name", name, max_length=50)
     if expires_at is not None:
         if timezone.is_naive(expires_at):
             raise InvalidUsage("expires_at must be timezone-aware.", field="expires_at")

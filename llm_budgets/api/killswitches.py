@@ -18,7 +18,7 @@ from llm_budgets.api.idempotency import idempotent
 from llm_budgets.api.permissions import IsOperatorKey
 from llm_budgets.api.schema import api_schema
 from llm_budgets.api.scoping import api_key_of, query_id
-from llm_budgets.api.serializers import StrictSerializer, idempotency_key_field
+from llm_budgets.api.serializers import IdentifierField, StrictSerializer, idempotency_key_field
 from llm_budgets.api.views import IDEMPOTENCY_HEADER, ApiView, Pagination, errors
 from llm_budgets.engine.boundary import ledger_guard
 from llm_budgets.killswitches import (
@@ -97,7 +97,7 @@ class KillSwitchSerializer(serializers.ModelSerializer[KillSwitch]):
 
 
 def _scope_field(help_text: str, max_length: int = 255) -> serializers.CharField:
-    return serializers.CharField(
+    return IdentifierField(
         required=False, allow_null=True, max_length=max_length, help_text=help_text
     )
 
@@ -132,6 +132,7 @@ class TripRequestSerializer(SwitchScopeSerializer):
 
 class KillSwitchListView(ApiView, generics.ListAPIView[KillSwitch]):
     permission_classes = [IsOperatorKeyForSwitches]
+    query_parameters = frozenset({"state", "tenant", "limit", "offset"})
     serializer_class = KillSwitchSerializer
     pagination_class = Pagination
 

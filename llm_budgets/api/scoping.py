@@ -29,6 +29,8 @@ def tenant_for(request: Request, external_id: str | None) -> Tenant:
     """The tenant the request acts for. A tenant key naming another tenant gets exactly the
     answer an unknown tenant gets, so keys cannot probe which tenants exist."""
     key = api_key_of(request)
+    if external_id is not None:
+        external_id = validation.identifier("tenant", external_id)
     if key.tenant is not None:
         if external_id is not None and external_id != key.tenant.external_id:
             raise UnknownTenant(external_id)
@@ -40,6 +42,25 @@ def tenant_for(request: Request, external_id: str | None) -> Tenant:
         )
     with ledger_guard("read"):
         return tenants.tenant_get(external_id)
+
+
+def reservation_id_for(request: Request, reservation_id: str) -> UUID:
+    """The reservation's id, if this key may see it; else ``ReservationNotFound`` (404). One
+    indexed read without joins or a model instance, for views that hand the id to a service
+    which loads (and locks) the row itself."""
+    try:
+        rid = UUID(reservation_id)
+    except ValueError:
+        raise ReservationNotFound(reservation_id) from None
+    key = api_key_of(request)
+    reservations = Reservation.objects.filter(pk=rid)
+    if key.tenant_id is not None:
+        reservations = reservations.filter(tenant_id=key.tenant_id)
+    with ledger_guard("read"):
+        found = reservations.values_list("pk", flat=True).first()
+    if found is None:
+        raise ReservationNotFound(rid)
+    return found
 
 
 def reservation_for(request: Request, reservation_id: str) -> Reservation:

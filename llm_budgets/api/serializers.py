@@ -12,13 +12,19 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from llm_budgets import validation
+from llm_budgets.conf import conf
 from llm_budgets.exceptions import BudgetError, BudgetExceeded, InvalidUsage, Wire
 from llm_budgets.models import Budget, Price, Reservation, Window
 from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
+
+# Identifiers as the schema states them: non-empty, no white space at either end. The server also
+# normalises (NFKC) and refuses invisible characters: see validation.identifier.
+IDENTIFIER_PATTERN = r"^\S(.*\S)?$"
 
 MONEY_SCHEMA = {
     "type": "string",
@@ -42,6 +48,56 @@ class MoneyField(serializers.Field):
 
     def to_representation(self, value: Decimal) -> str:
         return format(value.normalize(), "f")
+
+
+class IdentifierField(serializers.CharField):
+    """An id (tenant, end user, provider, model, idempotency key): a string only (a number is
+    refused, not turned into its digits), in canonical form (``validation.identifier``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("max_length", 255)
+        kwargs.setdefault("min_length", 1)
+        kwargs["trim_whitespace"] = False
+        super().__init__(**kwargs)
+        # States the shape in the schema; the canonical value never fails it.
+        self.validators.append(RegexValidator(IDENTIFIER_PATTERN))
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        try:
+            return validation.identifier(
+                self.field_name or "id", data, max_length=self.max_length or 255
+            )
+        except InvalidUsage as exc:
+            raise serializers.ValidationError(exc.message) from None
+
+
+class WholeNumberField(serializers.IntegerField):
+    """An integer: a JSON integer, or a string of ASCII digits (a query parameter). Refuses
+    ``10.0``, ``1e3``, ``" 10 "``, ``"1_000"`` and Arabic-Indic digits, which DRF's
+    ``IntegerField`` takes.
+    ``maximum`` may be a callable read at validation time (a setting)."""
+
+    def __init__(self, *, maximum: Any = None, **kwargs: Any) -> None:
+        self.maximum = maximum
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> int:
+        try:
+            value = validation.whole_number(self.field_name or "value", data)
+        except InvalidUsage as exc:
+            raise serializers.ValidationError(exc.message) from None
+        limit = self.maximum() if callable(self.maximum) else self.maximum
+        if limit is not None and value > limit:
+            raise serializers.ValidationError(
+                f"Ensure this value is less than or equal to {limit}."
+            )
+        return value
+
+
+def ttl_field(**kwargs: Any) -> WholeNumberField:
+    return WholeNumberField(min_value=1, maximum=lambda: conf.MAX_TTL_SECONDS, **kwargs)
 
 
 def money_out(**kwargs: Any) -> serializers.DecimalField:
@@ -72,9 +128,8 @@ class StrictSerializer(serializers.Serializer):
 
 
 def idempotency_key_field() -> serializers.CharField:
-    return serializers.CharField(
+    return IdentifierField(
         required=False,
-        max_length=255,
         help_text="Same as the Idempotency-Key header (send either).",
     )
 
@@ -110,7 +165,7 @@ def prompt_field() -> serializers.CharField:
 
 def max_tool_calls_field() -> serializers.DictField:
     return serializers.DictField(
-        child=serializers.IntegerField(min_value=0),
+        child=WholeNumberField(min_value=0),
         required=False,
         help_text='Server-side tool calls the request may make, e.g. {"web_search": 3}: their '
         "fees are added to the worst case.",
@@ -118,28 +173,28 @@ def max_tool_calls_field() -> serializers.DictField:
 
 
 class ReserveRequestSerializer(StrictSerializer):
-    tenant = serializers.CharField(
+    tenant = IdentifierField(
         required=False,
         max_length=255,
         help_text="The tenant's external id. Implied by a tenant key; required with an operator "
         "key.",
     )
-    end_user = serializers.CharField(required=False, allow_null=True, max_length=255)
-    provider = serializers.CharField(
+    end_user = IdentifierField(required=False, allow_null=True, max_length=255)
+    provider = IdentifierField(
         required=False,
         allow_null=True,
         max_length=64,
         help_text="May be left out when exactly one provider prices the model.",
     )
-    model = serializers.CharField(max_length=128)
-    input_tokens = serializers.IntegerField(
+    model = IdentifierField(max_length=128)
+    input_tokens = WholeNumberField(
         min_value=0,
         required=False,
         help_text="All input tokens, cached ones included. Or send messages or prompt instead.",
     )
     messages = messages_field()
     prompt = prompt_field()
-    max_output_tokens = serializers.IntegerField(
+    max_output_tokens = WholeNumberField(
         min_value=1,
         required=False,
         allow_null=True,
@@ -153,14 +208,15 @@ class ReserveRequestSerializer(StrictSerializer):
         "characters, values up to 256), kept on the reservation and copied onto its ledger "
         "lines.",
     )
-    run = serializers.CharField(
+    run = IdentifierField(
         required=False,
         max_length=255,
         help_text="The agent run the call belongs to, e.g. run-42: its budgets (and the tenant's "
         'run="*" budget, on a counter of its own) apply until the run is closed.',
     )
-    ttl_seconds = serializers.IntegerField(
-        min_value=1, required=False, help_text="Hold lifetime; default DEFAULT_TTL_SECONDS."
+    ttl_seconds = ttl_field(
+        required=False,
+        help_text="Hold lifetime; default DEFAULT_TTL_SECONDS, at most MAX_TTL_SECONDS.",
     )
     allow_degrade = serializers.BooleanField(
         required=False,
@@ -203,18 +259,18 @@ class ReservationSerializer(serializers.ModelSerializer[Reservation]):
         read_only_fields = fields
 
 
-def usage_count(help_text: str) -> serializers.IntegerField:
-    return serializers.IntegerField(min_value=0, required=False, default=0, help_text=help_text)
+def usage_count(help_text: str) -> WholeNumberField:
+    return WholeNumberField(min_value=0, required=False, default=0, help_text=help_text)
 
 
 class CommitRequestSerializer(StrictSerializer):
     """Usage in the public convention (``llm_budgets.usage``): input_tokens counts all input,
     cache reads and writes included; output_tokens includes reasoning."""
 
-    input_tokens = serializers.IntegerField(
+    input_tokens = WholeNumberField(
         min_value=0, help_text="All input tokens, cache reads and writes included."
     )
-    output_tokens = serializers.IntegerField(
+    output_tokens = WholeNumberField(
         min_value=0, help_text="All output tokens, reasoning included."
     )
     cached_input_tokens = usage_count("How many of input_tokens were cache reads.")
@@ -222,7 +278,7 @@ class CommitRequestSerializer(StrictSerializer):
     cache_write_1h_tokens = usage_count("How many of the cache writes used the 1-hour cache.")
     reasoning_tokens = usage_count("How many of output_tokens were reasoning.")
     tool_calls = serializers.DictField(
-        child=serializers.IntegerField(min_value=0),
+        child=WholeNumberField(min_value=0),
         required=False,
         help_text='Calls of server-side tools, e.g. {"web_search": 2}.',
     )
@@ -247,8 +303,9 @@ class EmptyRequestSerializer(StrictSerializer):
 
 
 class ExtendRequestSerializer(StrictSerializer):
-    ttl_seconds = serializers.IntegerField(
-        min_value=1, help_text="The hold now expires this many seconds from now (never earlier)."
+    ttl_seconds = ttl_field(
+        help_text="The hold now expires this many seconds from now (never earlier); at most "
+        "MAX_TTL_SECONDS."
     )
     idempotency_key = idempotency_key_field()
 
@@ -314,16 +371,14 @@ class BudgetSerializer(serializers.ModelSerializer[Budget]):
 
 
 class SetLimitRequestSerializer(StrictSerializer):
-    tenant = serializers.CharField(
-        required=False, max_length=255, help_text="Omit for the global cap."
-    )
-    end_user = serializers.CharField(
+    tenant = IdentifierField(required=False, max_length=255, help_text="Omit for the global cap.")
+    end_user = IdentifierField(
         required=False, max_length=255, help_text='"*" for the default of each end user.'
     )
     api_key = serializers.CharField(
         required=False, max_length=255, help_text='An API key\'s prefix, or "*" for each key.'
     )
-    run = serializers.CharField(
+    run = IdentifierField(
         required=False, max_length=255, help_text='A run id, or "*" for each run.'
     )
     tag = serializers.ListField(
@@ -346,7 +401,7 @@ class RunCloseRequestSerializer(StrictSerializer):
         help_text="The tenant's external id. Implied by a tenant key; required with an operator "
         "key.",
     )
-    run = serializers.CharField(max_length=255, help_text="The run to close, e.g. run-42.")
+    run = IdentifierField(max_length=255, help_text="The run to close, e.g. run-42.")
     reason = serializers.CharField(required=False, default="", allow_blank=True, max_length=1000)
     idempotency_key = idempotency_key_field()
 
@@ -408,22 +463,22 @@ class JsonTextField(serializers.Field):
 class QuoteQuerySerializer(StrictSerializer):
     """``GET /quote``'s query parameters: a reservation request, without holding anything."""
 
-    tenant = serializers.CharField(
+    tenant = IdentifierField(
         required=False,
         max_length=255,
         help_text="The tenant's external id. Implied by a tenant key; required with an operator "
         "key.",
     )
-    end_user = serializers.CharField(
+    end_user = IdentifierField(
         required=False, max_length=255, help_text="Include this end user's budgets."
     )
-    provider = serializers.CharField(
+    provider = IdentifierField(
         required=False,
         max_length=64,
         help_text="May be left out when exactly one provider prices the model.",
     )
-    model = serializers.CharField(max_length=128)
-    input_tokens = serializers.IntegerField(
+    model = IdentifierField(max_length=128)
+    input_tokens = WholeNumberField(
         min_value=0,
         required=False,
         help_text="All input tokens, cached ones included. Or send messages or prompt instead.",
@@ -435,7 +490,7 @@ class QuoteQuerySerializer(StrictSerializer):
         help_text="Chat messages as JSON text, counted by the server instead of input_tokens.",
     )
     prompt = prompt_field()
-    max_output_tokens = serializers.IntegerField(
+    max_output_tokens = WholeNumberField(
         min_value=1,
         required=False,
         help_text="Output ceiling; may be omitted only if the tenant's plan sets a default.",
@@ -446,14 +501,12 @@ class QuoteQuerySerializer(StrictSerializer):
         required=False,
         help_text='Tool calls the request may make, as JSON text, e.g. {"web_search": 3}.',
     )
-    ttl_seconds = serializers.IntegerField(
-        min_value=1,
+    ttl_seconds = ttl_field(
         required=False,
-        help_text="The hold's lifetime, for time-of-day prices; default DEFAULT_TTL_SECONDS.",
+        help_text="The hold's lifetime, for time-of-day prices; default DEFAULT_TTL_SECONDS, at "
+        "most MAX_TTL_SECONDS.",
     )
-    run = serializers.CharField(
-        required=False, max_length=255, help_text="Include this run's budgets."
-    )
+    run = IdentifierField(required=False, max_length=255, help_text="Include this run's budgets.")
     tags = JsonTextField(
         expected=dict,
         example='{"project": "alpha"}',

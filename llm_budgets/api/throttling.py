@@ -1,23 +1,129 @@
-"""Per-key throttling (DRF throttle) at ``LLM_BUDGETS["API_THROTTLE_RATE"]``."""
+"""Throttles of the REST API, counted in the database so that every web process counts against
+the same number (Django's default cache is per process unless the host shares one):
+
+- per API key, at ``LLM_BUDGETS["API_THROTTLE_RATE"]`` (a DRF throttle class);
+- failed authentications per source, at ``LLM_BUDGETS["API_AUTH_FAILURE_RATE"]``: once a source
+  has failed that often in the window, every attempt from it is refused (429 with Retry-After)
+  before its key is even looked at, until the window ends.
+
+Fixed windows (``RateCounter`` rows), one upsert per counted request; a burst of up to twice the
+rate can straddle a window boundary. Old windows are deleted as new ones start.
+"""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from django.db import connection
 from rest_framework.request import Request
-from rest_framework.throttling import SimpleRateThrottle
+from rest_framework.settings import api_settings
+from rest_framework.throttling import BaseThrottle
 
 from llm_budgets.conf import conf
-from llm_budgets.models import ApiKey
+from llm_budgets.engine.boundary import ledger_guard
+from llm_budgets.models import ApiKey, RateCounter
+
+DURATIONS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# Counters of windows that started this long ago are deleted (more than the longest window).
+STALE_AFTER = 2 * 86400
 
 
-class ApiKeyRateThrottle(SimpleRateThrottle):
-    scope = "llm_budgets"
+def parse_rate(rate: str) -> tuple[int, int]:
+    """``"600/minute"`` as (600 requests, 60 seconds)."""
+    count, period = rate.split("/")
+    return int(count), DURATIONS[period[0]]
 
-    def get_rate(self) -> str | None:
-        return conf.API_THROTTLE_RATE
 
-    def get_cache_key(self, request: Request, view: Any) -> str | None:
-        if not isinstance(request.auth, ApiKey):
-            return None  # unauthenticated requests are refused before throttling matters
-        return f"llm_budgets:throttle:{request.auth.prefix}"
+def _window(duration: int, now: float) -> int:
+    return int(now // duration) * duration
+
+
+def counter_hit(key: str, *, duration: int, now: float | None = None) -> int:
+    """Count one hit of ``key`` in the current window; returns the window's hits so far. One
+    statement (an upsert), so concurrent processes never lose a hit."""
+    start = _window(duration, time.time() if now is None else now)
+    table = connection.ops.quote_name(RateCounter._meta.db_table)
+    with connection.cursor() as cursor:
+        upsert = (
+            f'INSERT INTO {table} ("key", window_start, hits) VALUES (%s, %s, 1) '  # noqa: S608
+            f'ON CONFLICT ("key", window_start) DO UPDATE SET hits = {table}.hits + 1 '
+            "RETURNING hits"
+        )
+        cursor.execute(upsert, [key, start])
+        hits = int(cursor.fetchone()[0])
+        if hits == 1:  # a new window: forget this key's old ones, and anyone's older than a day
+            cursor.execute(
+                f'DELETE FROM {table} WHERE ("key" = %s AND window_start < %s) '  # noqa: S608
+                "OR window_start < %s",
+                [key, start, start - STALE_AFTER],
+            )
+    return hits
+
+
+def counter_hits(key: str, *, duration: int, now: float | None = None) -> int:
+    """Hits of ``key`` in the current window, without counting one."""
+    start = _window(duration, time.time() if now is None else now)
+    row = RateCounter.objects.filter(key=key, window_start=start).values_list("hits").first()
+    return 0 if row is None else int(row[0])
+
+
+def seconds_left(duration: int, now: float | None = None) -> int:
+    current = time.time() if now is None else now
+    return max(1, int(_window(duration, current) + duration - current + 0.999))
+
+
+def source_of(request: Request) -> str:
+    """The client's address: REMOTE_ADDR, or the X-Forwarded-For entry DRF's ``NUM_PROXIES``
+    designates when the host has set it (an unconfigured X-Forwarded-For is client-controlled
+    and would let an attacker pick a fresh source per request)."""
+    if api_settings.NUM_PROXIES is not None:
+        return BaseThrottle().get_ident(request)
+    return str(request.META.get("REMOTE_ADDR") or "unknown")
+
+
+def auth_failure_key(request: Request) -> str:
+    return f"auth-failures:{source_of(request)}"[:200]
+
+
+def auth_blocked_for(request: Request) -> int | None:
+    """Seconds until this source may try again, or None if it may try now."""
+    rate = conf.API_AUTH_FAILURE_RATE
+    if rate is None:
+        return None
+    limit, duration = parse_rate(rate)
+    with ledger_guard("authentication"):
+        if counter_hits(auth_failure_key(request), duration=duration) < limit:
+            return None
+    return seconds_left(duration)
+
+
+def auth_failure_record(request: Request) -> None:
+    rate = conf.API_AUTH_FAILURE_RATE
+    if rate is None:
+        return
+    _limit, duration = parse_rate(rate)
+    with ledger_guard("authentication"):
+        counter_hit(auth_failure_key(request), duration=duration)
+
+
+class ApiKeyRateThrottle(BaseThrottle):
+    """At most ``API_THROTTLE_RATE`` requests per API key, across every process."""
+
+    def __init__(self) -> None:
+        self.wait_seconds: int | None = None
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        rate = conf.API_THROTTLE_RATE
+        if rate is None or not isinstance(request.auth, ApiKey):
+            return True  # unauthenticated requests are refused before throttling matters
+        limit, duration = parse_rate(rate)
+        with ledger_guard("throttle"):
+            hits = counter_hit(f"api-key:{request.auth.prefix}", duration=duration)
+        if hits <= limit:
+            return True
+        self.wait_seconds = seconds_left(duration)
+        return False
+
+    def wait(self) -> float | None:
+        return self.wait_seconds

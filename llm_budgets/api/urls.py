@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver, path, re_path
 
-from llm_budgets.api import docs, killswitches, views
+from llm_budgets.api import docs, health, killswitches, usage, views
+from llm_budgets.billing.views import stripe_webhook
 
 app_name = "llm_budgets_api"
 
@@ -38,6 +39,7 @@ api_patterns: list[URLPattern | URLResolver] = [
     path(
         "tenants/<path:external_id>/status", views.TenantStatusView.as_view(), name="tenant-status"
     ),
+    path("tenants/<path:external_id>/usage", usage.TenantUsageView.as_view(), name="tenant-usage"),
     path("quote", views.QuoteView.as_view(), name="quote"),
     path("runs/close", views.RunCloseView.as_view(), name="run-close"),
     path("prices", views.PriceListView.as_view(), name="prices"),
@@ -48,10 +50,13 @@ api_patterns: list[URLPattern | URLResolver] = [
         killswitches.KillSwitchClearView.as_view(),
         name="kill-switches-clear",
     ),
+    path("health", health.HealthView.as_view(), name="health"),
 ]
 
 urlpatterns = [
     *api_patterns,
+    # Outside the documented REST API: no API key, Stripe's signature authenticates.
+    path("stripe/webhook", stripe_webhook, name="stripe-webhook"),
     path(docs.SCHEMA_PATH, docs.SchemaView.as_view(), name="schema"),
     path("docs/", docs.SwaggerView.as_view(), name="docs"),
     # Any other path, newlines included, gets a JSON 404.

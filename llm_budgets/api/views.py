@@ -13,22 +13,29 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import generics, status
+from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import LimitOffsetPagination
-from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
-from llm_budgets import limits, quotes, selectors
+from llm_budgets import limits, quotes, selectors, validation
 from llm_budgets.api import serializers as s
 from llm_budgets.api.authentication import ApiKeyAuthentication
 from llm_budgets.api.exceptions import HttpError, exception_handler
-from llm_budgets.api.idempotency import HEADER, idempotent
+from llm_budgets.api.idempotency import HEADER, idempotent, key_of
+from llm_budgets.api.parsers import BoundedJSONParser
 from llm_budgets.api.permissions import HasApiKey, IsOperatorKey
 from llm_budgets.api.schema import api_schema
-from llm_budgets.api.scoping import api_key_of, query_id, reservation_for, tenant_for
+from llm_budgets.api.scoping import (
+    api_key_of,
+    query_id,
+    reservation_for,
+    reservation_id_for,
+    tenant_for,
+)
 from llm_budgets.api.throttling import ApiKeyRateThrottle
 from llm_budgets.engine import admission, settlement
 from llm_budgets.engine.boundary import ledger_guard
@@ -75,9 +82,31 @@ class ApiView(APIView):
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [HasApiKey]
     throttle_classes = [ApiKeyRateThrottle]
-    parser_classes = [JSONParser]
+    parser_classes = [BoundedJSONParser]
     renderer_classes = [JSONRenderer]
     schema = AutoSchema()
+    # The query parameters a GET understands; any other is a 400 naming it (a parameter that was
+    # silently ignored, such as ?tenant= with a tenant key, would look like it had been obeyed).
+    query_parameters: frozenset[str] = frozenset()
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # authentication, permissions, throttles
+        allowed = self.query_parameters if request.method in ("GET", "HEAD") else frozenset()
+        unknown = sorted(set(request.query_params) - allowed)
+        if unknown:
+            raise ValidationError(
+                {
+                    name: [
+                        "Unknown query parameter"
+                        + (
+                            f"; this operation takes {', '.join(sorted(allowed))}."
+                            if allowed
+                            else "; this operation takes none."
+                        )
+                    ]
+                    for name in unknown
+                }
+            )
 
     def get_exception_handler(self) -> Callable[[Exception, dict[str, Any]], Response | None]:
         return exception_handler
@@ -125,7 +154,7 @@ class ReservationCreateView(ApiView):
             **call_description(tenant, data),
             tags=data.get("tags"),
             run=data.get("run"),
-            idempotency_key=data.get("idempotency_key") or request.headers.get(HEADER),
+            idempotency_key=key_of(request),
             allow_degrade=data["allow_degrade"],
             api_key=api_key_of(request),
         )
@@ -153,9 +182,9 @@ class ReservationCommitView(ApiView):
     @idempotent
     def post(self, request: Request, reservation_id: str) -> Response:
         data = self.valid(s.CommitRequestSerializer, request)
-        reservation = reservation_for(request, reservation_id)
+        rid = reservation_id_for(request, reservation_id)
         data.pop("idempotency_key", None)
-        result = settlement.reservation_commit(reservation.pk, **data)
+        result = settlement.reservation_commit(rid, **data)
         return Response(s.CommitResultSerializer(result).data)
 
 
@@ -172,7 +201,10 @@ class _ReservationActionView(ApiView):
         reservation = reservation_for(request, reservation_id)
         self.act(reservation, data)
         with ledger_guard("read"):
-            reservation.refresh_from_db()
+            # Re-read with its relations: the serializer must not query outside the guard.
+            reservation = Reservation.objects.select_related("tenant", "end_user").get(
+                pk=reservation.pk
+            )
         return Response(s.ReservationSerializer(reservation).data)
 
 
@@ -227,6 +259,8 @@ class ReservationUncertainView(_ReservationActionView):
 
 
 class TenantStatusView(ApiView):
+    query_parameters = frozenset({"end_user", "run", "tags"})
+
     @api_schema(
         operation_id="tenants_status",
         summary="Every budget that applies to the tenant (or one of its end users), now",
@@ -299,6 +333,8 @@ def _query_tags(request: Request) -> object:
 
 
 class QuoteView(ApiView):
+    query_parameters = frozenset(s.QuoteQuerySerializer().fields)
+
     @api_schema(
         operation_id="quote",
         summary="Explain a price: the itemised worst case and the budgets it would draw on "
@@ -324,13 +360,47 @@ class Pagination(LimitOffsetPagination):
     max_limit = 1000
     max_offset = 10**9  # beyond this an OFFSET overflows some databases; nothing is there anyway
 
+    def get_limit(self, request: Request) -> int | None:
+        value = self._number(request, self.limit_query_param, minimum=1)
+        if value is not None and value > self.max_limit:
+            raise ValidationError({self.limit_query_param: [f"Must be at most {self.max_limit}."]})
+        return self.default_limit if value is None else value
+
     def get_offset(self, request: Request) -> int:
-        return min(super().get_offset(request), self.max_offset)
+        value = self._number(request, self.offset_query_param, minimum=0)
+        return 0 if value is None else min(value, self.max_offset)
+
+    @staticmethod
+    def _number(request: Request, name: str, *, minimum: int) -> int | None:
+        """The parameter as a whole number, or None when absent. ``abc``, ``-1`` or ``null`` is
+        a 400 naming it, not a silent fallback to the default."""
+        raw = request.query_params.get(name)
+        if raw is None:
+            return None
+        try:
+            value = validation.whole_number(name, raw)
+        except InvalidUsage as exc:
+            raise ValidationError({name: [exc.message]}) from None
+        if value < minimum:
+            raise ValidationError({name: [f"Must be at least {minimum}."]})
+        return value
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        parameters = super().get_schema_operation_parameters(view)
+        bounds = {self.limit_query_param: (1, self.max_limit), self.offset_query_param: (0, None)}
+        for parameter in parameters:
+            low, high = bounds.get(parameter["name"], (None, None))
+            if low is not None:
+                parameter["schema"]["minimum"] = low
+            if high is not None:
+                parameter["schema"]["maximum"] = high
+        return parameters
 
 
 class PriceListView(ApiView, generics.ListAPIView[Price]):
     serializer_class = s.PriceSerializer
     pagination_class = Pagination
+    query_parameters = frozenset({"provider", "model", "limit", "offset"})
 
     def get_queryset(self) -> QuerySet[Price]:
         prices = Price.objects.all()
@@ -358,6 +428,7 @@ class BudgetListView(ApiView, generics.ListAPIView[Budget]):
     permission_classes = [IsOperatorKey]
     serializer_class = s.BudgetSerializer
     pagination_class = Pagination
+    query_parameters = frozenset({"tenant", "limit", "offset"})
 
     def get_queryset(self) -> QuerySet[Budget]:
         budgets = Budget.objects.select_related("tenant", "end_user", "api_key", "run")

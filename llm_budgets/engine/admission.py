@@ -27,6 +27,7 @@ from llm_budgets.engine.boundary import (
     lock_timeout_statement,
 )
 from llm_budgets.engine.counters import Bucket, CounterKey, counters_locked, rolling_buckets
+from llm_budgets.events import observed_admission
 from llm_budgets.exceptions import (
     BudgetExceeded,
     InvalidUsage,
@@ -92,7 +93,8 @@ def _validate(
     elif isinstance(ttl, timedelta):
         ttl_delta = ttl
     elif isinstance(ttl, int) and not isinstance(ttl, bool):
-        ttl_delta = timedelta(seconds=ttl)
+        # In range before the timedelta is built: a huge ttl would overflow it.
+        ttl_delta = timedelta(seconds=validation.ttl_seconds("ttl", ttl))
     else:
         raise InvalidUsage(f"ttl must be seconds (int) or a timedelta, got {ttl!r}.", field="ttl")
     if not timedelta(seconds=1) <= ttl_delta <= timedelta(seconds=conf.MAX_TTL_SECONDS):
@@ -132,6 +134,7 @@ class _MissingCounters(Exception):
     Private to ``_admit``, which always handles it."""
 
 
+@observed_admission
 def reservation_create(
     *,
     tenant: object,

@@ -21,10 +21,12 @@ from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from llm_budgets import validation
+from llm_budgets.billing import outbox
 from llm_budgets.conf import conf
 from llm_budgets.costs import actual_cost, customer_charge
 from llm_budgets.engine import statements as sql
 from llm_budgets.engine.boundary import bound_sqlite_wait, ledger_guard, lock_timeout_statement
+from llm_budgets.events import observed_expiry, observed_settlement, observed_sweep
 from llm_budgets.exceptions import (
     InvalidUsage,
     ReservationNotFound,
@@ -291,6 +293,7 @@ def _actual(
     return actual_cost(price, usage, at=at), price.pk, basis
 
 
+@observed_settlement("commit")
 def reservation_commit(
     reservation_id: object,
     *,
@@ -351,7 +354,15 @@ def reservation_commit(
             priced=(price_id, basis),
         )
         committed = _settled(reservation, ReservationState.COMMITTED, now)
-        _move(reservation, reserved=-unhold, spent=charge, transition_writes=[line, committed])
+        billed = outbox.settlement_statements(
+            reservation, kind=kind, customer_cost=charge.customer, now=now
+        )
+        _move(
+            reservation,
+            reserved=-unhold,
+            spent=charge,
+            transition_writes=[line, *billed, committed],
+        )
         # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
         return CommitResult(
             reservation_id=reservation.pk,
@@ -365,6 +376,7 @@ def reservation_commit(
         )
 
 
+@observed_settlement("release")
 def reservation_release(reservation_id: object, *, now: datetime | None = None) -> str:
     """Drop the hold: the call provably produced nothing. Returns the reservation's final state.
 
@@ -393,17 +405,24 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
                 estimated=False,
                 now=now,
             )
+            billed = outbox.settlement_statements(
+                reservation,
+                kind=UsageKind.TRUE_UP,
+                customer_cost=-estimate.customer_cost,
+                now=now,
+            )
             _move(
                 reservation,
                 reserved=NONE,
                 spent=-_charged(estimate),
-                transition_writes=[refund, released],
+                transition_writes=[refund, *billed, released],
             )
         else:
             sql.run([released])
         return str(reservation.state)
 
 
+@observed_settlement("extend")
 def reservation_extend(
     reservation_id: object, *, ttl_seconds: object, now: datetime | None = None
 ) -> Reservation:
@@ -427,6 +446,7 @@ def reservation_extend(
         return reservation
 
 
+@observed_expiry
 def reservation_expire(reservation_id: object, *, now: datetime | None = None) -> bool:
     """Expire one overdue hold. By default its amount is charged as *estimated* spend (a timeout is
     no proof the provider stopped); with ``EXPIRED_HOLD_POLICY="release"`` it is dropped. Returns
@@ -445,11 +465,17 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
                 estimated=True,
                 now=now,
             )
+            billed = outbox.settlement_statements(
+                reservation,
+                kind=UsageKind.CHARGE,
+                customer_cost=reservation.customer_amount,
+                now=now,
+            )
             _move(
                 reservation,
                 reserved=-_held(reservation),
                 spent=_held(reservation),
-                transition_writes=[estimate, expired],
+                transition_writes=[estimate, *billed, expired],
             )
         else:
             _move(
@@ -458,6 +484,7 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
         return True
 
 
+@observed_sweep
 def reservations_sweep(*, now: datetime | None = None, batch_size: int = 500) -> int:
     """Expire every overdue hold, in batches, one transaction each. Returns how many expired."""
     now = now or timezone.now()
@@ -490,6 +517,7 @@ def _in_batches(
             return changed
 
 
+@observed_settlement("uncertain")
 def reservation_mark_uncertain(reservation_id: object, *, now: datetime | None = None) -> str:
     """The call's outcome is unknown (a timeout, a lost worker): keep the hold counted, stop the
     expiry sweep from touching it, and leave it to a commit, a release or the reconcile job.
@@ -525,11 +553,17 @@ def reservation_settle_uncertain(reservation_id: object, *, now: datetime | None
                 now=now,
             )
             committed = _settled(reservation, ReservationState.COMMITTED, now)
+            billed = outbox.settlement_statements(
+                reservation,
+                kind=UsageKind.CHARGE,
+                customer_cost=reservation.customer_amount,
+                now=now,
+            )
             _move(
                 reservation,
                 reserved=-_held(reservation),
                 spent=_held(reservation),
-                transition_writes=[estimate, committed],
+                transition_writes=[estimate, *billed, committed],
             )
         else:
             released = _settled(reservation, ReservationState.RELEASED, now)

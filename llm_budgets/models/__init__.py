@@ -5,8 +5,22 @@ Invariants that a database can hold are constraints: non-negative amounts, one c
 (tenant, idempotency key).
 """
 
-from llm_budgets.models.api import ApiKey, IdempotencyRecord
+from llm_budgets.models.api import ApiKey, IdempotencyRecord, RateCounter
 from llm_budgets.models.audit import AuditEvent
+from llm_budgets.models.billing import (
+    BillingLine,
+    DeliveryKind,
+    MeterDelivery,
+    MeterDeliveryState,
+    MeterErrorReport,
+    ReconciliationDifference,
+    ReconciliationRun,
+    StripeCustomerBalance,
+    StripeCustomerLink,
+    StripeMeter,
+    StripePlanMeter,
+    StripeWebhookEvent,
+)
 from llm_budgets.models.budgets import SHARED_BY, Budget, BudgetUnit, Counter, Run, Scope, Window
 from llm_budgets.models.control import BudgetRaise, KillSwitch, Refusal, RefusalKind
 from llm_budgets.models.ledger import (
@@ -17,8 +31,9 @@ from llm_budgets.models.ledger import (
     UsageKind,
     UsageRecord,
 )
+from llm_budgets.models.memberships import Membership, MembershipRole
 from llm_budgets.models.pricing import ModelAlias, Price, PriceSource, PricingBasis
-from llm_budgets.models.rollups import DailyUsage
+from llm_budgets.models.rollups import DailyUsage, TenantDailyUsage
 from llm_budgets.models.tenancy import EndUser, Plan, Tenant, UnknownModelPolicy
 from llm_budgets.models.thresholds import DeliveryState, ThresholdCrossing
 
@@ -27,20 +42,30 @@ __all__ = [
     "SHARED_BY",
     "ApiKey",
     "AuditEvent",
+    "BillingLine",
     "Budget",
     "BudgetRaise",
     "BudgetUnit",
     "Counter",
     "DailyUsage",
+    "DeliveryKind",
     "DeliveryState",
     "EndUser",
     "IdempotencyRecord",
     "KillSwitch",
+    "Membership",
+    "MembershipRole",
+    "MeterDelivery",
+    "MeterDeliveryState",
+    "MeterErrorReport",
     "ModelAlias",
     "Plan",
     "Price",
     "PriceSource",
     "PricingBasis",
+    "RateCounter",
+    "ReconciliationDifference",
+    "ReconciliationRun",
     "Refusal",
     "RefusalKind",
     "Reservation",
@@ -48,7 +73,13 @@ __all__ = [
     "ReservationState",
     "Run",
     "Scope",
+    "StripeCustomerBalance",
+    "StripeCustomerLink",
+    "StripeMeter",
+    "StripePlanMeter",
+    "StripeWebhookEvent",
     "Tenant",
+    "TenantDailyUsage",
     "ThresholdCrossing",
     "UnknownModelPolicy",
     "UsageKind",

@@ -65,3 +65,23 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.method} {self.path} [{self.key}]"
+
+
+class RateCounter(models.Model):
+    """Hits of one throttle key (an API key, or a source's failed authentications) in one fixed
+    window. In the database, so every web process counts against the same number."""
+
+    key = models.CharField(max_length=200)
+    window_start = models.BigIntegerField(help_text="Unix seconds at the start of the window.")
+    hits = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["key", "window_start"], name="llmb_rate_counter_one_per_window"
+            ),
+        ]
+        indexes = [models.Index(fields=["window_start"], name="llmb_rate_counter_window")]
+
+    def __str__(self) -> str:
+        return f"{self.key} @ {self.window_start}: {self.hits}"

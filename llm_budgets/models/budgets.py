@@ -334,6 +334,15 @@ class Counter(models.Model):
                 condition=Q(reserved__gte=0), name="llmb_counter_reserved_non_negative"
             ),
         ]
+        indexes = [
+            # One period of an each-end-user budget, across its users (the tenant overview's
+            # "users at the limit"): without it, every period of the budget is read.
+            models.Index(
+                fields=["budget", "period_start"],
+                condition=Q(end_user__isnull=False),
+                name="llmb_counter_users_in_period",
+            ),
+        ]
 
     def __str__(self) -> str:
         whose = f" for {self.end_user.external_id}" if self.end_user_id else ""  # type: ignore[union-attr]

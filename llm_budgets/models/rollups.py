@@ -58,7 +58,50 @@ class DailyUsage(models.Model):
                 name="llmb_daily_one_per_tenant_model",
             ),
         ]
-        indexes = [models.Index(fields=["tenant", "day"], name="llmb_daily_tenant_day")]
+        indexes = [
+            models.Index(fields=["tenant", "day"], name="llmb_daily_tenant_day"),
+            # A member's own usage on the tenant pages: one end user's days.
+            models.Index(fields=["end_user", "day"], name="llmb_daily_end_user_day"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.tenant_id} {self.provider}/{self.model}: {self.cost}"
+
+
+class TenantDailyUsage(models.Model):
+    """``DailyUsage`` summed over end users: one row per local day, tenant and model.
+
+    Written by the same rebuild, in the same transaction, from the same totals: the tenant pages'
+    charts by day and by model read a few hundred of these instead of every end user's rows.
+    """
+
+    day = models.DateField()
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="tenant_daily_usage")
+    provider = models.CharField(max_length=64)
+    model = models.CharField(max_length=128)
+    calls = models.PositiveIntegerField(default=0)
+    input_tokens = models.PositiveBigIntegerField(default=0)
+    cached_input_tokens = models.PositiveBigIntegerField(default=0)
+    output_tokens = models.PositiveBigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0)
+    customer_cost = models.DecimalField(
+        max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0
+    )
+    estimated_cost = models.DecimalField(
+        max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0
+    )
+    currency = models.CharField(max_length=3, default="USD")
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-day", "tenant_id", "provider", "model"]
+        verbose_name_plural = "tenant daily usage"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "day", "provider", "model"],
+                name="llmb_tenant_daily_one_per_model",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.day} {self.tenant_id} {self.provider}/{self.model}: {self.cost}"

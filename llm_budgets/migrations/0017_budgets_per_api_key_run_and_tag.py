@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("llm_budgets", "0011_model_aliases"),
+        ("llm_budgets", "0016_rate_counters"),
     ]
 
     operations = [

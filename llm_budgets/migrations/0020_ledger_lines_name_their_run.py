@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("llm_budgets", "0014_warnings_per_run_and_api_key"),
+        ("llm_budgets", "0019_warnings_per_run_and_api_key"),
     ]
 
     operations = [

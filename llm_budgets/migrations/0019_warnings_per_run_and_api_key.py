@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("llm_budgets", "0013_kill_switch_on_a_run"),
+        ("llm_budgets", "0018_kill_switch_on_a_run"),
     ]
 
     operations = [

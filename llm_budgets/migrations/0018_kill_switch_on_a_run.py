@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("llm_budgets", "0012_budgets_per_api_key_run_and_tag"),
+        ("llm_budgets", "0017_budgets_per_api_key_run_and_tag"),
     ]
 
     operations = [

@@ -1,0 +1,35 @@
+"""The Stripe check that needs the database (``llm_budgets.W070``). The settings' own checks
+(``E070``-``E077``) are their readers in :mod:`llm_budgets.conf`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.checks import CheckMessage, Tags, Warning, register
+from django.db import DatabaseError
+
+from llm_budgets.conf import conf
+
+
+@register(Tags.database)
+def check_linked_without_key(**kwargs: Any) -> list[CheckMessage]:
+    """Warn when tenants are linked to Stripe customers but nothing can be sent."""
+    if not kwargs.get("databases") or conf.STRIPE_API_KEY:
+        return []
+    from llm_budgets.models import StripeCustomerLink
+
+    try:
+        linked = StripeCustomerLink.objects.filter(unlinked_at__isnull=True).count()
+    except DatabaseError:
+        return []  # not migrated yet
+    if not linked:
+        return []
+    return [
+        Warning(
+            f"{linked} tenant(s) are linked to Stripe customers but "
+            "LLM_BUDGETS['STRIPE_API_KEY'] is not set: their usage waits in the outbox and "
+            "nothing is sent to Stripe.",
+            hint="Set STRIPE_API_KEY (docs/billing.md), or unlink the tenants.",
+            id="llm_budgets.W070",
+        )
+    ]

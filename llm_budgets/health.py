@@ -1,0 +1,133 @@
+"""Whether this installation can admit calls right now, for load balancers and uptime checks.
+
+Three checks, each cheap and none tenant-specific:
+
+- ``database``: the ledger's tables answer a read within ``LOCK_TIMEOUT_SECONDS`` (the bound
+  admission itself waits for a lock), so a database that would make admission fail closed fails
+  here first.
+- ``migrations``: every migration of every installed app is applied. Once true it stays true for
+  the process (a deploy that adds migrations starts new processes).
+- ``sweep``: no held reservation is overdue by more than ``HEALTH_SWEEP_MAX_LAG_SECONDS``. An
+  overdue hold still counts against its budgets until the sweep expires it, so a sweep that has
+  stopped shows as lag, whenever it last ran (with nothing overdue there is nothing to sweep).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import DatabaseError, connection, transaction
+from django.db.migrations.executor import MigrationExecutor
+from django.utils import timezone
+
+from llm_budgets.conf import conf
+from llm_budgets.models import Counter, Reservation, ReservationState
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    values: dict[str, Any] = field(default_factory=dict)
+    reachable: bool = True  # False: the database did not answer, so later checks cannot run
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    checks: list[Check]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    @property
+    def failing(self) -> list[str]:
+        return [c.name for c in self.checks if not c.ok]
+
+
+_migrations_applied = False
+
+
+def health_check(*, now: datetime | None = None) -> HealthReport:
+    """Run every check; a database that is down fails ``database`` and the checks that need it."""
+    now = now or timezone.now()
+    database = _database()
+    if not database.reachable:
+        skipped = "not checked: the database is unavailable"
+        return HealthReport(
+            [database, Check("migrations", False, skipped), Check("sweep", False, skipped)]
+        )
+    return HealthReport([database, _migrations(), _sweep(now)])
+
+
+def _database() -> Check:
+    bound = float(conf.LOCK_TIMEOUT_SECONDS)
+    started = time.perf_counter()
+    try:
+        with transaction.atomic():
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT set_config('statement_timeout', %s, true)",
+                        [f"{int(bound * 1000)}ms"],
+                    )
+            Counter.objects.values_list("pk").first()
+    except DatabaseError as exc:
+        return Check(
+            "database",
+            False,
+            f"the ledger could not be read within {bound:g} s ({type(exc).__name__})",
+            {"seconds": round(time.perf_counter() - started, 4), "bound_seconds": bound},
+            reachable=False,
+        )
+    seconds = time.perf_counter() - started
+    ok = seconds <= bound
+    detail = "the ledger answers" if ok else f"the ledger answered after the {bound:g} s bound"
+    return Check("database", ok, detail, {"seconds": round(seconds, 4), "bound_seconds": bound})
+
+
+def _migrations() -> Check:
+    global _migrations_applied
+    if not _migrations_applied:
+        try:
+            executor = MigrationExecutor(connection)
+            plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        except DatabaseError as exc:
+            return Check("migrations", False, f"could not be read ({type(exc).__name__})")
+        if plan:
+            return Check(
+                "migrations",
+                False,
+                f"{len(plan)} migration(s) not applied: run manage.py migrate",
+                {"unapplied": len(plan)},
+            )
+        _migrations_applied = True
+    return Check("migrations", True, "all applied")
+
+
+def _sweep(now: datetime) -> Check:
+    max_lag = conf.HEALTH_SWEEP_MAX_LAG_SECONDS
+    try:
+        oldest = (
+            Reservation.objects.filter(state=ReservationState.HELD, expires_at__lte=now)
+            .order_by("expires_at")
+            .values_list("expires_at", flat=True)
+            .first()
+        )
+    except DatabaseError as exc:
+        return Check("sweep", False, f"could not be read ({type(exc).__name__})")
+    lag = 0.0 if oldest is None else (now - oldest).total_seconds()
+    values = {"lag_seconds": round(lag, 1), "max_lag_seconds": max_lag}
+    if lag > max_lag:
+        return Check(
+            "sweep",
+            False,
+            f"a hold is overdue by {lag:.0f} s (more than {max_lag} s): is the expiry sweep "
+            "(llm_budgets.sweep_expired_holds / llm_budgets_sweep) running?",
+            values,
+        )
+    return Check("sweep", True, "keeping up", values)

@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from llm_budgets.billing.client import StripeNotConfigured
+from llm_budgets.billing.delivery import billing_push
+
+
+class Command(BaseCommand):
+    help = (
+        "Deliver pending Stripe usage now, in this process: build meter events of closed hours "
+        "and send what is due. Safe to run twice or in several processes at once."
+    )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            result = billing_push()
+        except StripeNotConfigured as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(f"Stripe push: {result}.")

@@ -1,0 +1,465 @@
+"""Reads for the tenant pages: the overview from counters (``selectors.budget_statuses``, the same
+figures as ``budgets.status()``), the charts from the daily rollups, refusals from their compact
+records. Nothing here scans the ledger; each function runs a fixed number of queries however many
+end users or ledger lines the tenant has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from django.core.paginator import Page, Paginator
+from django.db.models import Count, F, Q, QuerySet, Sum
+from django.utils.translation import gettext as _
+
+from llm_budgets.admin.selectors import tenant_overview
+from llm_budgets.conf import conf
+from llm_budgets.killswitches import kill_switches_in_state
+from llm_budgets.models import (
+    Budget,
+    BudgetUnit,
+    Counter,
+    DailyUsage,
+    EndUser,
+    KillSwitch,
+    Refusal,
+    RefusalKind,
+    Scope,
+    Tenant,
+    TenantDailyUsage,
+    Window,
+)
+from llm_budgets.money import ZERO, round_charge
+from llm_budgets.pages.access import Viewer
+from llm_budgets.selectors import BudgetStatus, budget_statuses
+from llm_budgets.thresholds import budget_thresholds
+from llm_budgets.windows import Period, tenant_period
+
+# Rows per page of the tables; the end-user chart draws the top CHART_TOP of its sort order.
+PAGE_ROWS = 50
+CHART_TOP = 10
+
+OK, WARNING, EXCEEDED = "ok", "warning", "exceeded"
+
+
+@dataclass(frozen=True)
+class BudgetLine:
+    """One budget on the overview: its status (``budgets.status()``'s numbers) and how full it
+    is against its warning thresholds."""
+
+    status: BudgetStatus
+    used_percent: Decimal  # (spent + reserved) / limit, 0 to 100 (capped for the bar)
+    state: str  # OK, WARNING or EXCEEDED
+    threshold: int | None  # the highest warning threshold reached
+    thresholds: tuple[int, ...]  # the budget's warning thresholds, ascending
+    end_user: str | None  # an end user's own budget: whose
+    each_end_user: bool  # the limit every end user gets (no single spent figure)
+    # For an each-end-user limit (admin view, calendar windows): how many users have used all of
+    # it in the current window, and how many have reached its lowest warning threshold.
+    users_at_limit: int | None = None
+    users_warned: int | None = None
+
+
+@dataclass(frozen=True)
+class Overview:
+    budgets: list[BudgetLine]
+    end_user_budgets: list[BudgetLine]  # admin view: end users' own budgets, first PAGE_ROWS
+    end_user_budget_count: int
+    kill_switches: list[KillSwitch]
+
+
+def _line(status: BudgetStatus, budget: Budget | None) -> BudgetLine:
+    used = status.spent + status.reserved
+    percent = (used * 100 / status.limit) if status.limit > 0 else Decimal(100 if used else 0)
+    thresholds = budget_thresholds(budget) if budget is not None else []
+    reached = [t for t in thresholds if percent >= t]
+    if status.limit <= 0 or status.remaining <= 0:
+        state = EXCEEDED
+    elif reached:
+        state = WARNING
+    else:
+        state = OK
+    end_user = None
+    if budget is not None and budget.scope == Scope.END_USER and budget.end_user is not None:
+        end_user = budget.end_user.external_id
+    return BudgetLine(
+        status=status,
+        used_percent=min(Decimal(100), percent).quantize(Decimal("0.1")),
+        state=state,
+        threshold=max(reached) if reached else None,
+        thresholds=tuple(thresholds),
+        end_user=end_user,
+        each_end_user=status.scope == Scope.END_USER_DEFAULT and budget is not None,
+    )
+
+
+def _lines(statuses: list[BudgetStatus], tenant: Tenant) -> list[BudgetLine]:
+    budgets = Budget.objects.select_related("end_user").in_bulk([s.budget_id for s in statuses])
+    for budget in budgets.values():
+        budget.tenant = tenant  # its plan's thresholds without a query per budget
+    return [_line(s, budgets.get(s.budget_id)) for s in statuses]
+
+
+# The order budgets appear in: the organisation's, then what each user may spend.
+_SCOPE_ORDER = {Scope.TENANT: 0, Scope.END_USER: 1, Scope.END_USER_DEFAULT: 2}
+
+
+def _visible(statuses: list[BudgetStatus]) -> list[BudgetStatus]:
+    # A global budget counts every tenant's spend: never shown to one tenant.
+    shown = [s for s in statuses if s.scope != Scope.GLOBAL]
+    return sorted(shown, key=lambda s: _SCOPE_ORDER.get(Scope(s.scope), 3))
+
+
+def decimal_of(value: object) -> Decimal:
+    """A summed amount as Decimal (SQLite sums decimals as floats: through their text)."""
+    return Decimal(str(value or 0))
+
+
+def end_user_named(tenant: Tenant, external_id: str) -> EndUser:
+    """The tenant's end user, or an unsaved one (no usage) if the ledger has not seen it."""
+    found = tenant.end_users.filter(external_id=external_id).first()
+    return found or EndUser(tenant=tenant, external_id=external_id)
+
+
+def end_user_of(viewer: Viewer) -> EndUser | None:
+    """A member's end user (unsaved if the ledger has not seen it yet), None for the tenant."""
+    if viewer.end_user is None:
+        return None
+    return end_user_named(viewer.tenant, viewer.end_user)
+
+
+def overview(viewer: Viewer, at: datetime) -> Overview:
+    """The budgets the viewer may see, with the figures ``budgets.status()`` gives for the same
+    tenant (and, for a member, the same end user)."""
+    tenant = viewer.tenant
+    end_user = end_user_of(viewer)
+    if end_user is None:
+        data = tenant_overview(tenant, at)
+        shared = [_with_users(line) for line in _lines(_visible(data.budgets), tenant)]
+        own = _lines(data.end_user_budgets, tenant)
+        own_count = data.end_user_budget_count
+    else:
+        mine = [
+            s
+            for s in _visible(budget_statuses(tenant, end_user, at))
+            if s.scope in (Scope.END_USER, Scope.END_USER_DEFAULT)
+        ]
+        lines = _lines(mine, tenant)
+        # A member's share of an each-end-user limit is their own counter: show its figures.
+        shared = [replace(line, each_end_user=False) for line in lines]
+        own, own_count = [], 0
+    return Overview(
+        budgets=shared,
+        end_user_budgets=own,
+        end_user_budget_count=own_count,
+        kill_switches=open_kill_switches(viewer, at),
+    )
+
+
+def _with_users(line: BudgetLine) -> BudgetLine:
+    """An each-end-user limit with how many users reached it (one query on its counters)."""
+    status = line.status
+    if not line.each_end_user or status.window not in (Window.MONTH, Window.DAY, Window.HOUR):
+        return line
+    used = F("spent") + F("reserved")
+    lowest = min(line.thresholds) if line.thresholds else None
+    warned = Q(used__gte=status.limit * lowest / 100) if lowest is not None else Q(pk__in=[])
+    counts = (
+        Counter.objects.filter(
+            budget_id=status.budget_id,
+            period_start=status.period_start,
+            end_user__isnull=False,
+        )
+        .annotate(used=used)
+        .aggregate(
+            at_limit=Count("pk", filter=Q(used__gte=status.limit)),
+            warned=Count("pk", filter=warned),
+        )
+    )
+    state = EXCEEDED if counts["at_limit"] else WARNING if counts["warned"] else OK
+    return replace(
+        line, users_at_limit=counts["at_limit"], users_warned=counts["warned"], state=state
+    )
+
+
+def open_kill_switches(viewer: Viewer, at: datetime) -> list[KillSwitch]:
+    """Open switches that stop some of the viewer's calls: installation-wide ones (all calls, a
+    provider, a model) and the tenant's own (for a member: the tenant's and their own)."""
+    tenant = viewer.tenant
+    own = Q(tenant=tenant)
+    if viewer.end_user is not None:
+        own &= Q(end_user__isnull=True) | Q(end_user__external_id=viewer.end_user)
+    wide = Q(tenant__isnull=True, api_key__isnull=True)
+    return list(kill_switches_in_state("open", at).filter(own | wide).order_by("-tripped_at"))
+
+
+# Charts
+
+
+@dataclass(frozen=True)
+class Periods:
+    current: Period
+    previous: Period
+    zone: ZoneInfo
+
+    def days(self, period: Period) -> tuple[date, date]:
+        """First and last local day of a (monthly, so bounded) period."""
+        assert period.end is not None
+        first = period.start.astimezone(self.zone).date()
+        last = (period.end - timedelta(microseconds=1)).astimezone(self.zone).date()
+        return first, last
+
+
+def billing_periods(tenant: Tenant, at: datetime) -> Periods:
+    """The tenant's current and previous billing month (its timezone and billing day)."""
+    current = tenant_period(Window.MONTH, at, tenant)
+    previous = tenant_period(Window.MONTH, current.start - timedelta(microseconds=1), tenant)
+    return Periods(current, previous, ZoneInfo(tenant.timezone))
+
+
+def amount_unit(tenant: Tenant) -> str:
+    """What the charts count: the unit of the tenant's own budget (customer price when the host
+    caps tenants at what it charges them), else provider cost."""
+    unit = (
+        Budget.objects.filter(tenant=tenant, scope=Scope.TENANT)
+        .order_by("window")
+        .values_list("unit", flat=True)
+        .first()
+    )
+    return unit or BudgetUnit.PROVIDER_COST
+
+
+def _amount_field(unit: str) -> str:
+    return "customer_cost" if unit == BudgetUnit.CUSTOMER_PRICE else "cost"
+
+
+def _sums(unit: str) -> dict[str, Sum]:
+    return {
+        "total": Sum(_amount_field(unit)),
+        "n_calls": Sum("calls"),
+        "n_input": Sum("input_tokens"),
+        "n_output": Sum("output_tokens"),
+    }
+
+
+# What a usage row is grouped by: the REST API's ``group_by`` and the pages' tables.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "day": ("day",),
+    "model": ("provider", "model"),
+    "end_user": ("end_user__external_id",),
+}
+
+
+def usage_grouped(
+    tenant: Tenant,
+    *,
+    since: date,
+    until: date,
+    group_by: str,
+    unit: str,
+    end_user: EndUser | None = None,
+) -> list[dict[str, Any]]:
+    """A tenant's (or one end user's) usage from the daily rollups, local days ``since`` to
+    ``until`` inclusive, one row per ``GROUPS[group_by]`` with ``total`` (a Decimal, in ``unit``),
+    ``n_calls``, ``n_input`` and ``n_output``; unordered. In one query: the tenant's totals by day
+    or model from ``TenantDailyUsage`` (a few rows per day), anything per end user from
+    ``DailyUsage``."""
+    rows: QuerySet[Any]
+    if end_user is None and group_by != "end_user":
+        rows = TenantDailyUsage.objects.filter(tenant=tenant, day__gte=since, day__lte=until)
+    else:
+        rows = DailyUsage.objects.filter(tenant=tenant, day__gte=since, day__lte=until)
+        if end_user is not None:
+            rows = rows.filter(end_user=end_user) if end_user.pk else rows.none()
+    result = []
+    for row in rows.values(*GROUPS[group_by]).annotate(**_sums(unit)).order_by():
+        row["total"] = round_charge(decimal_of(row["total"]))
+        for count in ("n_calls", "n_input", "n_output"):
+            row[count] = row[count] or 0
+        result.append(row)
+    return result
+
+
+def _grouped(
+    viewer: Viewer, periods: Periods, group_by: str, unit: str, *, period: Period | None = None
+) -> list[dict[str, Any]]:
+    """A period's (default: the current one) rollups of what the viewer may see, grouped."""
+    first, last = periods.days(period or periods.current)
+    if period is not None and period != periods.current:
+        # After a change of timezone the periods' local days may overlap by one: count it once.
+        last = min(last, periods.days(periods.current)[0] - timedelta(days=1))
+    return usage_grouped(
+        viewer.tenant,
+        since=first,
+        until=last,
+        group_by=group_by,
+        unit=unit,
+        end_user=end_user_of(viewer),
+    )
+
+
+@dataclass(frozen=True)
+class DayBar:
+    day: date
+    amount: Decimal
+    previous: Decimal | None  # the same day of the previous period, if it has one
+    calls: int
+
+
+def spend_by_day(viewer: Viewer, periods: Periods, unit: str) -> list[DayBar]:
+    """Each local day of the current period beside the same day of the previous one."""
+    current = {r["day"]: r for r in _grouped(viewer, periods, "day", unit)}
+    previous_rows = _grouped(viewer, periods, "day", unit, period=periods.previous)
+    first, last = periods.days(periods.current)
+    before_first, before_last = periods.days(periods.previous)
+    before = {(r["day"] - before_first).days: r["total"] for r in previous_rows}
+    length_before = (before_last - before_first).days + 1
+    bars = []
+    day = first
+    while day <= last:
+        index = (day - first).days
+        row = current.get(day)
+        bars.append(
+            DayBar(
+                day=day,
+                amount=row["total"] if row else ZERO,
+                previous=before.get(index, ZERO) if index < length_before else None,
+                calls=row["n_calls"] if row else 0,
+            )
+        )
+        day += timedelta(days=1)
+    return bars
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    label: str
+    amount: Decimal
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    share: Decimal  # percent of the period's total
+    short_label: str = ""  # for the chart, where space is short (the label if empty)
+
+    def __post_init__(self) -> None:
+        if not self.short_label:
+            object.__setattr__(self, "short_label", self.label)
+
+
+def _usage_row(row: dict[str, Any], label: str, total: Decimal, short: str = "") -> UsageRow:
+    amount = row["total"]
+    return UsageRow(
+        label=label,
+        amount=amount,
+        calls=row["n_calls"],
+        input_tokens=row["n_input"],
+        output_tokens=row["n_output"],
+        share=(amount * 100 / total).quantize(Decimal("0.1")) if total else ZERO,
+        short_label=short,
+    )
+
+
+def period_total(viewer: Viewer, periods: Periods, unit: str) -> Decimal:
+    """The current period's total spend the viewer may see, from the rollups."""
+    return sum((r["total"] for r in _grouped(viewer, periods, "day", unit)), ZERO)
+
+
+def spend_by_model(viewer: Viewer, periods: Periods, unit: str) -> list[UsageRow]:
+    """The current period's spend per model, largest first."""
+    rows = _grouped(viewer, periods, "model", unit)
+    rows.sort(key=lambda r: (-r["total"], r["provider"], r["model"]))
+    total = sum((r["total"] for r in rows), ZERO)
+    return [_usage_row(r, f"{r['model']} ({r['provider']})", total, short=r["model"]) for r in rows]
+
+
+END_USER_SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "amount": lambda r: (-r["total"], r["end_user__external_id"] or ""),
+    "calls": lambda r: (-r["n_calls"], r["end_user__external_id"] or ""),
+    "tokens": lambda r: (-r["n_output"], r["end_user__external_id"] or ""),
+    "name": lambda r: r["end_user__external_id"] or "",
+}
+
+
+def spend_by_end_user(
+    viewer: Viewer, periods: Periods, unit: str, *, sort: str, page: int
+) -> tuple[Page[UsageRow], list[UsageRow], Decimal]:
+    """The current period's spend per end user: one page in ``sort`` order
+    (``END_USER_SORTS``), the top CHART_TOP by spend for the chart, and the period's total. One
+    aggregate query; sorting and paging the (at most one per end user) rows happen here."""
+    rows = _grouped(viewer, periods, "end_user", unit)
+    total = sum((r["total"] for r in rows), ZERO)
+
+    def usage(row: dict[str, Any]) -> UsageRow:
+        return _usage_row(row, row["end_user__external_id"] or _("(calls without a user)"), total)
+
+    top = sorted(rows, key=END_USER_SORTS["amount"])[:CHART_TOP]
+    rows.sort(key=END_USER_SORTS.get(sort, END_USER_SORTS["amount"]))
+    current = Paginator(rows, PAGE_ROWS).get_page(page)
+    lines = [usage(r) for r in current.object_list]
+    return Page(lines, current.number, current.paginator), [usage(r) for r in top], total  # type: ignore[arg-type]
+
+
+# Refusals
+
+
+@dataclass(frozen=True)
+class RefusalLine:
+    refusal: Refusal
+    end_user: str | None
+    budget_label: str
+    window: str
+    resets_at: datetime | None  # when the budget's period that refused it ended or ends
+
+
+def refusals(viewer: Viewer, *, page: int) -> Page[RefusalLine]:
+    """Recent refusals, newest first, one page."""
+    rows = Refusal.objects.filter(tenant=viewer.tenant).select_related(
+        "budget", "budget__end_user", "end_user", "kill_switch"
+    )
+    if viewer.end_user is not None:
+        rows = rows.filter(end_user__external_id=viewer.end_user)
+    paginator = Paginator(rows.order_by("-created_at", "-id"), PAGE_ROWS)
+    current = paginator.get_page(page)
+    lines = [_refusal_line(r, viewer.tenant) for r in current.object_list]
+    return Page(lines, current.number, paginator)  # type: ignore[arg-type]
+
+
+def _refusal_line(refusal: Refusal, tenant: Tenant) -> RefusalLine:
+    budget = refusal.budget
+    resets_at = None
+    label, window = "", ""
+    if refusal.kind == RefusalKind.BUDGET and budget is not None:
+        budget.tenant = tenant
+        window = budget.window
+        label = budget_kind_label(
+            budget.scope, budget.end_user.external_id if budget.end_user else None
+        )
+        period = tenant_period(budget.window, refusal.created_at, tenant)
+        resets_at = period.end
+    return RefusalLine(
+        refusal=refusal,
+        end_user=refusal.end_user.external_id if refusal.end_user else None,
+        budget_label=label,
+        window=window,
+        resets_at=resets_at,
+    )
+
+
+def budget_kind_label(scope: str, end_user: str | None) -> str:
+    """A budget's scope in a tenant's words."""
+    if scope == Scope.TENANT:
+        return _("Your organisation")
+    if scope == Scope.END_USER_DEFAULT:
+        return _("Each user")
+    if scope == Scope.END_USER:
+        return _("User %(name)s") % {"name": end_user}
+    return _("Overall service limit")
+
+
+def currency() -> str:
+    return conf.CURRENCY

@@ -1,0 +1,198 @@
+"""The tenant pages: thin views that resolve who is looking (``access``), read (``selectors``) and
+render. Every page and the export see only ``viewer.tenant`` (and a member's own end user)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from datetime import date
+from decimal import Decimal
+from typing import Any
+
+from django.contrib.auth.views import redirect_to_login
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseBase,
+    StreamingHttpResponse,
+)
+from django.shortcuts import render
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.views.decorators.http import require_GET
+
+from llm_budgets.billing.selectors import billed_so_far
+from llm_budgets.money import money as money_text
+from llm_budgets.pages import charts, export, selectors
+from llm_budgets.pages.access import LoginRequired, Viewer, viewer_for
+
+View = Callable[..., HttpResponseBase]
+
+
+def tenant_page(view: Callable[..., HttpResponseBase]) -> View:
+    """Resolve the viewer first: anonymous visitors go to the login page, anyone without a
+    tenant gets 403 (``PermissionDenied``)."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        try:
+            viewer = viewer_for(request)
+        except LoginRequired:
+            return redirect_to_login(request.get_full_path())
+        return view(request, viewer, *args, **kwargs)
+
+    return require_GET(wrapper)
+
+
+def _context(request: HttpRequest, viewer: Viewer, section: str, **extra: Any) -> dict[str, Any]:
+    tenant_query = f"?tenant={viewer.tenant.external_id}" if viewer.staff else ""
+    return {
+        "viewer": viewer,
+        "tenant": viewer.tenant,
+        "section": section,
+        "currency": selectors.currency(),
+        "tenant_query": tenant_query,
+        "tenant_timezone": viewer.tenant.timezone,
+        **extra,
+    }
+
+
+def _page_number(request: HttpRequest) -> int:
+    try:
+        return max(1, int(request.GET.get("page", "1")))
+    except ValueError:
+        return 1
+
+
+@tenant_page
+def overview(request: HttpRequest, viewer: Viewer) -> HttpResponse:
+    now = timezone.now()
+    data = selectors.overview(viewer, now)
+    periods = selectors.billing_periods(viewer.tenant, now)
+    unit = selectors.amount_unit(viewer.tenant)
+    context = _context(
+        request,
+        viewer,
+        "overview",
+        overview=data,
+        period=periods.current,
+        period_days=periods.days(periods.current),
+        period_total=selectors.period_total(viewer, periods, unit),
+        # What Stripe accepted this period (llm_budgets.billing); tenant-wide, so not for a
+        # member, and None for a tenant never billed through Stripe (docs/pages.md).
+        billed=None
+        if viewer.is_member or periods.current.end is None
+        else billed_so_far(viewer.tenant, periods.current.start, periods.current.end),
+    )
+    return render(request, "llm_budgets/pages/overview.html", context)
+
+
+@tenant_page
+def models(request: HttpRequest, viewer: Viewer) -> HttpResponse:
+    now = timezone.now()
+    periods = selectors.billing_periods(viewer.tenant, now)
+    unit = selectors.amount_unit(viewer.tenant)
+    currency = selectors.currency()
+
+    def money(value: Decimal) -> str:
+        return money_text(value, currency)
+
+    days = selectors.spend_by_day(viewer, periods, unit)
+    rows = selectors.spend_by_model(viewer, periods, unit)
+    context = _context(
+        request,
+        viewer,
+        "models",
+        periods=periods,
+        period_days=periods.days(periods.current),
+        days=days,
+        day_chart=charts.day_chart(days, money, lambda v: money_text(v, "")),
+        rows=rows,
+        row_chart=charts.row_chart(rows[: selectors.CHART_TOP], money),
+        total=sum((r.amount for r in rows), Decimal(0)),
+        previous_total=sum((d.previous or Decimal(0) for d in days), Decimal(0)),
+    )
+    return render(request, "llm_budgets/pages/models.html", context)
+
+
+@tenant_page
+def users(request: HttpRequest, viewer: Viewer) -> HttpResponse:
+    now = timezone.now()
+    periods = selectors.billing_periods(viewer.tenant, now)
+    unit = selectors.amount_unit(viewer.tenant)
+    currency = selectors.currency()
+    sort = request.GET.get("sort", "amount")
+    if sort not in selectors.END_USER_SORTS:
+        sort = "amount"
+    page, top, total = selectors.spend_by_end_user(
+        viewer, periods, unit, sort=sort, page=_page_number(request)
+    )
+    context = _context(
+        request,
+        viewer,
+        "users",
+        periods=periods,
+        period_days=periods.days(periods.current),
+        page=page,
+        sort=sort,
+        sorts=[
+            ("amount", _("Spend")),
+            ("calls", _("Calls")),
+            ("tokens", _("Output tokens")),
+            ("name", _("Name")),
+        ],
+        row_chart=charts.row_chart(top, lambda v: money_text(v, currency)),
+        top_count=len(top),
+        total=total,
+    )
+    return render(request, "llm_budgets/pages/users.html", context)
+
+
+@tenant_page
+def refusals(request: HttpRequest, viewer: Viewer) -> HttpResponse:
+    page = selectors.refusals(viewer, page=_page_number(request))
+    return render(
+        request, "llm_budgets/pages/refusals.html", _context(request, viewer, "refusals", page=page)
+    )
+
+
+def _day(request: HttpRequest, name: str) -> date | None:
+    value = request.GET.get(name)
+    if not value:
+        return None
+    return date.fromisoformat(value)
+
+
+@tenant_page
+def export_csv(request: HttpRequest, viewer: Viewer) -> HttpResponseBase:
+    periods = selectors.billing_periods(viewer.tenant, timezone.now())
+    first, last = periods.days(periods.current)
+    try:
+        start = _day(request, "start") or first
+        end = _day(request, "end") or last
+    except ValueError:
+        return HttpResponseBadRequest(
+            _(
+                "start and end must be dates written YYYY-MM-DD, "
+                "e.g. ?start=2026-11-01&end=2026-11-30."
+            ),
+            content_type="text/plain; charset=utf-8",
+        )
+    if end < start:
+        return HttpResponseBadRequest(
+            _(
+                "end (%(end)s) is before start (%(start)s): "
+                "give the first and last day of the range."
+            )
+            % {"start": start.isoformat(), "end": end.isoformat()},
+            content_type="text/plain; charset=utf-8",
+        )
+    response = StreamingHttpResponse(
+        export.csv_lines(export.ledger_rows(viewer, start, end)),
+        content_type="text/csv; charset=utf-8",
+    )
+    name = f"usage-{viewer.tenant.external_id}-{start.isoformat()}-{end.isoformat()}.csv"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    response["Content-Disposition"] = f'attachment; filename="{safe}"'
+    return response

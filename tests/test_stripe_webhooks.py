@@ -1,0 +1,222 @@
+"""Stripe webhooks (issue 11, item 6): signature first, stored raw, processed once, errors
+stored and answered 5xx; payment failed / paid round trip; customer deleted; meter errors."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from llm_budgets import budgets
+from llm_budgets.billing import webhooks
+from llm_budgets.models import (
+    AuditEvent,
+    KillSwitch,
+    MeterDelivery,
+    MeterErrorReport,
+    StripeCustomerLink,
+    StripeWebhookEvent,
+)
+from tests.fakes.stripe_server import StripeServer
+from tests.stripe_support import event, fake_stripe, set_up, sign
+
+pytestmark = pytest.mark.django_db
+__all__ = ["fake_stripe"]
+
+URL = "/api/llm-budgets/v1/stripe/webhook"
+
+
+def post(payload: bytes, signature: str | None) -> Any:
+    headers = {"HTTP_STRIPE_SIGNATURE": signature} if signature is not None else {}
+    return Client().post(URL, payload, content_type="application/json", **headers)
+
+
+def trip_on_failure(settings: Any) -> None:
+    settings.LLM_BUDGETS = {**settings.LLM_BUDGETS, "STRIPE_ON_PAYMENT_FAILED": "trip"}
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [None, "t=1,v1=deadbeef", sign(b"{}"), "garbage", sign(b"x", secret="whsec_other")],
+)
+def test_unsigned_or_wrongly_signed_requests_store_nothing(
+    fake_stripe: StripeServer, signature: str | None
+) -> None:
+    payload = event("invoice.paid", {"id": "in_1", "customer": "cus_x"})
+    response = post(payload, signature)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_signature"
+    assert StripeWebhookEvent.objects.count() == 0
+
+
+def test_a_stale_signature_is_refused(fake_stripe: StripeServer) -> None:
+    payload = event("invoice.paid", {"id": "in_1", "customer": "cus_x"})
+    assert post(payload, sign(payload, at=int(time.time()) - 3600)).status_code == 400
+    assert StripeWebhookEvent.objects.count() == 0
+
+
+def test_payment_failed_trips_the_tenant_and_paid_clears_only_that_switch(
+    fake_stripe: StripeServer, settings: Any
+) -> None:
+    trip_on_failure(settings)
+    cid = set_up(fake_stripe)
+    failed = event("invoice.payment_failed", {"id": "in_42", "customer": cid}, "evt_fail")
+    response = post(failed, sign(failed))
+    assert response.status_code == 200, response.content
+    switch = KillSwitch.objects.get(cleared_at__isnull=True)
+    assert "in_42" in switch.reason
+    assert switch.tenant is not None
+    # Stripe retries the delivery: processed once.
+    assert post(failed, sign(failed)).status_code == 200
+    row = StripeWebhookEvent.objects.get()
+    assert row.attempts == 1
+    assert row.processed_at is not None
+    assert json.loads(row.payload)
+    # A staff switch on another tenant is not ours to clear.
+    set_up(fake_stripe, tenant="other")
+    budgets.trip(tenant="other", reason="staff", actor="carol")
+    paid = event("invoice.paid", {"id": "in_42", "customer": cid}, "evt_paid")
+    assert post(paid, sign(paid)).status_code == 200
+    switch.refresh_from_db()
+    assert switch.cleared_at is not None
+    assert switch.cleared_by == webhooks.ACTOR
+    assert KillSwitch.objects.filter(cleared_at__isnull=True).count() == 1  # the staff one
+
+
+def test_paid_never_clears_a_switch_a_person_tripped(
+    fake_stripe: StripeServer, settings: Any
+) -> None:
+    trip_on_failure(settings)
+    cid = set_up(fake_stripe)
+    budgets.trip(tenant="acme", reason="fraud review", actor="carol")
+    failed = event("invoice.payment_failed", {"id": "in_1", "customer": cid}, "evt_a")
+    post(failed, sign(failed))
+    paid = event("invoice.paid", {"id": "in_1", "customer": cid}, "evt_b")
+    post(paid, sign(paid))
+    assert KillSwitch.objects.get().cleared_at is None
+
+
+def test_payment_failed_is_ignored_by_default(fake_stripe: StripeServer) -> None:
+    cid = set_up(fake_stripe)
+    failed = event("invoice.payment_failed", {"id": "in_1", "customer": cid})
+    assert post(failed, sign(failed)).status_code == 200
+    assert KillSwitch.objects.count() == 0
+    assert "ignore" in StripeWebhookEvent.objects.get().outcome
+
+
+def test_customer_deleted_unlinks_with_an_audit_event(fake_stripe: StripeServer) -> None:
+    cid = set_up(fake_stripe)
+    deleted = event("customer.deleted", {"id": cid, "object": "customer"})
+    assert post(deleted, sign(deleted)).status_code == 200
+    assert not StripeCustomerLink.objects.get().active
+    audit = AuditEvent.objects.get(action="stripe.unlink")
+    assert audit.actor == webhooks.ACTOR
+    assert "deleted" in audit.reason
+
+
+def test_a_processing_error_is_stored_answered_500_and_retried(
+    fake_stripe: StripeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cid = set_up(fake_stripe)
+    deleted = event("customer.deleted", {"id": cid})
+
+    def broken(*args: object, **kwargs: object) -> str:
+        raise RuntimeError("database hiccup")
+
+    monkeypatch.setitem(webhooks.HANDLERS, "customer.deleted", broken)
+    response = post(deleted, sign(deleted))
+    assert response.status_code == 500
+    row = StripeWebhookEvent.objects.get()
+    assert row.processed_at is None
+    assert "database hiccup" in row.error
+    assert StripeCustomerLink.objects.get().active  # the transaction rolled back
+    monkeypatch.undo()
+    assert post(deleted, sign(deleted)).status_code == 200
+    row.refresh_from_db()
+    assert row.processed_at is not None
+    assert row.error == ""
+    assert row.attempts == 2
+
+
+def test_meter_error_reports_are_recorded_against_the_deliveries_they_name(
+    fake_stripe: StripeServer,
+) -> None:
+    set_up(fake_stripe)
+    tenant = StripeCustomerLink.objects.get().tenant
+    from django.utils import timezone
+
+    now = timezone.now()
+    delivery = MeterDelivery.objects.create(
+        tenant=tenant,
+        customer_id="cus_x",
+        event_name="llm_usage",
+        hour=now,
+        timestamp=now,
+        identifier="llmb-h-abc",
+        amount=1,
+        units=1_000_000,
+        currency="USD",
+        next_attempt_at=now,
+        created_at=now,
+    )
+    thin = json.dumps(
+        {
+            "id": "evt_thin",
+            "object": "v2.core.event",
+            "type": "v1.billing.meter.error_report_triggered",
+            "data": {
+                "reason": {
+                    "error_types": [
+                        {
+                            "code": "meter_event_customer_not_found",
+                            "sample_errors": [
+                                {
+                                    "error_message": "No such customer",
+                                    "request": {"identifier": "llmb-h-abc"},
+                                }
+                            ],
+                        }
+                    ]
+                }
+            },
+        }
+    ).encode()
+    assert post(thin, sign(thin)).status_code == 200
+    report = MeterErrorReport.objects.get()
+    assert report.delivery == delivery
+    assert report.code == "meter_event_customer_not_found"
+
+
+def test_a_thin_meter_error_event_without_data_is_fetched_from_stripe(
+    fake_stripe: StripeServer,
+) -> None:
+    set_up(fake_stripe)
+    fake_stripe.state.v2_events["evt_thin2"] = {
+        "id": "evt_thin2",
+        "object": "v2.core.event",
+        "type": "v1.billing.meter.no_meter_found",
+        "created": "2026-11-20T10:00:00.000Z",
+        "data": {
+            "reason": {
+                "error_types": [
+                    {
+                        "code": "no_meter",
+                        "sample_errors": [
+                            {"error_message": "no meter", "request": {"identifier": "llmb-h-x"}}
+                        ],
+                    }
+                ]
+            }
+        },
+    }
+    thin = json.dumps(
+        {"id": "evt_thin2", "object": "v2.core.event", "type": "v1.billing.meter.no_meter_found"}
+    ).encode()
+    assert post(thin, sign(thin)).status_code == 200
+    report = MeterErrorReport.objects.get()
+    assert report.identifier == "llmb-h-x"
+    assert report.code == "no_meter"
+    assert report.delivery is None  # names no delivery of ours: kept for staff all the same
