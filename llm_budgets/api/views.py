@@ -302,7 +302,7 @@ class RunCloseView(ApiView):
         "refused (audited)",
         request=s.RunCloseRequestSerializer,
         parameters=[IDEMPOTENCY_HEADER],
-        responses={200: s.RunSerializer, **errors(404)},
+        responses={200: s.RunSerializer, **errors(404, 409)},
     )
     @idempotent
     def post(self, request: Request) -> Response:
