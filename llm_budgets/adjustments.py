@@ -1,8 +1,9 @@
 """Staff corrections to the ledger, always as compensating ``adjustment`` lines.
 
 Nothing is edited or deleted: voiding a line adds its opposite on the same reservation (so it
-reaches every counter the reservation was charged to); resetting an end user's period spend adds
-one line on that user's own counter. Conservation (``reconcile.counters_drift``) stays exact.
+reaches every counter the reservation was charged to); resetting an end user's (or a run's)
+period spend adds one line on each of its own counters. Conservation
+(``reconcile.counters_drift``) stays exact.
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ from llm_budgets.models import (
     ReservationHold,
     ReservationState,
     Scope,
+    Tenant,
     UsageKind,
     UsageRecord,
 )
 from llm_budgets.money import ZERO
-from llm_budgets.selectors import applicable_budgets
+from llm_budgets.runs import run_ensure, run_validate
+from llm_budgets.selectors import ApplicableBudget, CallScopes, applicable_budgets
+from llm_budgets.tenants import tenant_get
 from llm_budgets.windows import rolling_window
 
 
@@ -83,6 +87,7 @@ def usage_void(
             voids=line,
             tenant_id=line.tenant_id,
             end_user_id=line.end_user_id,
+            run_id=line.run_id,
             provider=line.provider,
             model=line.model,
             price_id=line.price_id,
@@ -111,17 +116,69 @@ def end_user_spend_reset(
     """Bring the end user's spend for the current period back to zero on its own budgets and on
     its share of each-end-user (``"*"``) budgets, one adjustment line per counter. Holds in
     flight stay held. The tenant's and the global budgets are untouched: that money was spent."""
-    why = _reason(reason)
     now = now or timezone.now()
     tenant = end_user.tenant
     # The end user's own budgets and its share of each "*" budget: never the tenant's or global.
     mine = [
         a
         for a in applicable_budgets(tenant, end_user, now)
-        # Rolling windows are left alone: their spend leaves the window by itself.
         if a.budget.scope in (Scope.END_USER, Scope.END_USER_DEFAULT)
-        and rolling_window(a.budget.window) is None
     ]
+    return _spend_reset(
+        mine,
+        tenant=tenant,
+        end_user=end_user,
+        action="end_user.reset_spend",
+        target=f"end user {tenant.external_id}/{end_user.external_id}",
+        reason=reason,
+        actor=actor,
+        now=now,
+    )
+
+
+def run_spend_reset(
+    *, tenant: str, run: str, reason: str, actor: str = "", now: datetime | None = None
+) -> list[UsageRecord]:
+    """Give a run its budget back: its spend on its own budgets and on its share of each-run
+    (``"*"``) budgets goes back to zero, one adjustment line per counter (a lifetime window
+    included). Holds in flight stay held; the tenant's and other budgets are untouched."""
+    now = now or timezone.now()
+    tenant_obj = tenant_get(tenant)
+    run_obj = run_ensure(tenant_obj, run_validate(run))
+    run_obj.tenant = tenant_obj
+    scopes = CallScopes(run=run_obj)
+    mine = [
+        a
+        for a in applicable_budgets(tenant_obj, None, now, scopes)
+        if a.budget.scope in (Scope.RUN, Scope.RUN_DEFAULT)
+    ]
+    return _spend_reset(
+        mine,
+        tenant=tenant_obj,
+        end_user=None,
+        action="run.reset_spend",
+        target=str(run_obj),
+        reason=reason,
+        actor=actor,
+        now=now,
+    )
+
+
+def _spend_reset(
+    applicable: list[ApplicableBudget],
+    *,
+    tenant: Tenant,
+    end_user: EndUser | None,
+    action: str,
+    target: str,
+    reason: str,
+    actor: str,
+    now: datetime,
+) -> list[UsageRecord]:
+    """Zero the current period's spend of ``applicable``'s counters, with an adjustment line
+    each and one audit event. Rolling windows are left alone: their spend leaves by itself."""
+    why = _reason(reason)
+    mine = [a for a in applicable if rolling_window(a.budget.window) is None]
     lines = []
     with transaction.atomic():
         counters = (
@@ -145,6 +202,7 @@ def end_user_spend_reset(
                     counter=counter,
                     tenant=tenant,
                     end_user=end_user,
+                    run_id=counter.run_id,
                     **{field: -counter.spent},
                     currency=counter.budget.currency,
                     reserved_at=counter.period_start,  # the period the reset lands in
@@ -154,10 +212,10 @@ def end_user_spend_reset(
         for line in lines:
             outbox.line_add(line)
         AuditEvent.objects.create(
-            action="end_user.reset_spend",
+            action=action,
             actor=actor,
             tenant=tenant,
-            target=f"end user {tenant.external_id}/{end_user.external_id}",
+            target=target,
             before={"spent_by_counter": before},
             after={"spent_by_counter": {k: "0" for k in before}, "lines": [x.pk for x in lines]},
             reason=why,

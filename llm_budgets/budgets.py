@@ -21,6 +21,7 @@ from llm_budgets import (
     limits,
     pricing,
     quotes,
+    runs,
     selectors,
     tenants,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "Quote",
     "Usage",
     "clear",
+    "close_run",
     "commit",
     "ensure_tenant",
     "explain",
@@ -259,9 +261,14 @@ def set_limit(
     actor: str = "",
     reason: str = "",
     unit: str | None = None,
+    api_key: str | None = None,
+    run: str | None = None,
+    tag: tuple[str, str] | None = None,
 ) -> Budget:
     """Create or change a budget: global (no tenant), a tenant, each of its end users (``"*"``),
-    or one end user. ``unit``: ``provider_cost`` (default) or ``customer_price``."""
+    or one end user; with a tenant, an API key (its prefix, or ``"*"`` for each key), a run
+    (``"*"`` for each run) or a tag (``("project", "alpha")``). ``unit``: ``provider_cost``
+    (default) or ``customer_price``."""
     return limits.budget_set_limit(
         amount=amount,
         window=window,
@@ -270,7 +277,18 @@ def set_limit(
         actor=actor,
         reason=reason,
         unit=unit,
+        api_key=api_key,
+        run=run,
+        tag=tag,
     )
+
+
+def close_run(*, tenant: str, run: str, actor: str = "", reason: str = "") -> datetime:
+    """Close a run: its lifetime budgets end, and later reservations naming it are refused
+    (``RunClosed``). Holds already taken settle as usual. Returns when it was closed (the
+    first close's time if it was closed already)."""
+    closed = runs.run_close(tenant=tenant, run=run, actor=actor, reason=reason)
+    return closed.closed_at or timezone.now()  # run_close always sets it
 
 
 def reserve(
@@ -288,12 +306,15 @@ def reserve(
     max_tool_calls: dict[str, int] | None = None,
     allow_degrade: bool = False,
     tags: dict[str, str] | None = None,
+    run: str | None = None,
 ) -> Hold:
     """Admit a call and hold its worst-case cost, or raise a ``BudgetError`` that says why.
 
     ``max_tool_calls`` (e.g. ``{"web_search": 3}``) adds those tools' fees to the hold.
     ``tags`` (e.g. ``{"feature": "chat"}``, at most 16 string pairs) are kept on the
-    reservation and copied onto its ledger lines.
+    reservation and copied onto its ledger lines; the budgets of each tag apply.
+    ``run`` (e.g. ``"run-42"``) names the agent run the call belongs to: its budgets (and the
+    tenant's ``run="*"`` budget, on the run's own counter) apply, until ``close_run``.
 
     Give ``input_tokens`` (all input, cached included), or ``messages`` / ``prompt`` to have
     them counted offline (docs/pricing.md). ``provider`` may be left out when exactly one
@@ -315,6 +336,7 @@ def reserve(
             max_tool_calls=max_tool_calls,
             allow_degrade=allow_degrade,
             tags=tags,
+            run=run,
         )
     )
 
@@ -331,9 +353,12 @@ def quote(
     prompt: str | None = None,
     ttl: int | None = None,
     max_tool_calls: dict[str, int] | None = None,
+    run: str | None = None,
+    tags: dict[str, str] | None = None,
 ) -> Quote:
     """Explain a price without holding anything: the itemised worst case, the price version (or
-    the unknown-model policy) and the budgets the request would draw on."""
+    the unknown-model policy) and the budgets the request would draw on (with the run's and
+    the tags' own)."""
     return quotes.quote(
         tenant=tenant,
         model=model,
@@ -345,6 +370,8 @@ def quote(
         end_user=end_user,
         ttl=ttl,
         max_tool_calls=max_tool_calls,
+        run=run,
+        tags=tags,
     )
 
 
@@ -395,9 +422,15 @@ def mark_uncertain(hold_id: UUID | str) -> str:
     return settlement.reservation_mark_uncertain(hold_id)
 
 
-def status(*, tenant: str, end_user: str | None = None) -> list[selectors.BudgetStatus]:
-    """Every budget that applies to the tenant (and end user): limit, spent, reserved, remaining,
-    period start and ``resets_at``."""
+def status(
+    *,
+    tenant: str,
+    end_user: str | None = None,
+    run: str | None = None,
+    tags: dict[str, str] | None = None,
+) -> list[selectors.BudgetStatus]:
+    """Every budget that applies to the tenant (and end user, run and tags): limit, spent,
+    reserved, remaining, period start and ``resets_at``."""
     tenant_obj = tenants.tenant_get(tenant)
     user_obj = None
     if end_user is not None:
@@ -405,7 +438,8 @@ def status(*, tenant: str, end_user: str | None = None) -> list[selectors.Budget
         if user_obj is None:
             # Not seen yet: show the defaults it would get, without creating it.
             user_obj = EndUser(tenant=tenant_obj, external_id=end_user)
-    return selectors.budget_statuses(tenant_obj, user_obj, timezone.now())
+    scopes = selectors.scopes_for_read(tenant_obj, run=run, tags=tags)
+    return selectors.budget_statuses(tenant_obj, user_obj, timezone.now(), scopes)
 
 
 def trip(
@@ -418,13 +452,14 @@ def trip(
     reason: str = "",
     actor: str = "",
     auto_clear_at: datetime | None = None,
+    run: str | None = None,
 ) -> KillSwitch:
     """Stop every admission in a scope now. No scope: global; several: their intersection (e.g.
     one model for one tenant). Stays until ``clear`` (or ``auto_clear_at``, if given). ``reason``
     is required (``InvalidUsage`` without one). ``api_key`` (a REST API key's prefix) limits it to
-    calls made through that key."""
+    calls made through that key; ``run`` (with a tenant) to calls naming that run."""
     scope = killswitches.switch_scope(
-        tenant=tenant, end_user=end_user, provider=provider, model=model, api_key=api_key
+        tenant=tenant, end_user=end_user, provider=provider, model=model, api_key=api_key, run=run
     )
     assert scope is not None  # end users are created on trip
     return killswitches.kill_switch_trip(
@@ -441,6 +476,7 @@ def clear(
     api_key: str | None = None,
     reason: str = "",
     actor: str = "",
+    run: str | None = None,
 ) -> KillSwitch:
     """Clear the switch tripped on exactly this scope. ``InvalidUsage`` if none is tripped."""
     scope = killswitches.switch_scope(
@@ -449,6 +485,7 @@ def clear(
         provider=provider,
         model=model,
         api_key=api_key,
+        run=run,
         create_end_user=False,
     )
     return killswitches.kill_switch_clear(
@@ -466,6 +503,8 @@ def explain(
     max_output_tokens: int | None = None,
     end_user: str | None = None,
     provider: str | None = None,
+    run: str | None = None,
+    tags: dict[str, str] | None = None,
 ) -> explanations.Explanation:
     """Every budget and kill switch that applies to this would-be request, with its state and
     whether the request would fit. Holds nothing."""
@@ -476,6 +515,8 @@ def explain(
         model=model,
         input_tokens=input_tokens,
         max_output_tokens=max_output_tokens,
+        run=run,
+        tags=tags,
     )
 
 

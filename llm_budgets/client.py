@@ -144,6 +144,7 @@ def _scope_body(
     model: str | None,
     api_key: str | None,
     reason: str,
+    run: str | None = None,
 ) -> dict[str, Any]:
     scope = {
         "tenant": tenant,
@@ -151,6 +152,7 @@ def _scope_body(
         "provider": provider,
         "model": model,
         "api_key": api_key,
+        "run": run,
     }
     return {**{k: v for k, v in scope.items() if v is not None}, "reason": reason}
 
@@ -451,6 +453,7 @@ class BudgetsClient:
         max_tool_calls: dict[str, int] | None = None,
         tags: dict[str, str] | None = None,
         allow_degrade: bool = False,
+        run: str | None = None,
     ) -> RemoteHold:
         """Admit a call and hold its worst-case cost, or raise the ``BudgetError`` that says
         why. ``tenant`` is implied by a tenant key and required with an operator key. Give
@@ -467,6 +470,7 @@ class BudgetsClient:
             "prompt": prompt,
             "max_tool_calls": max_tool_calls,
             "tags": tags,
+            "run": run,
             "ttl_seconds": ttl,
         }
         body.update({k: v for k, v in optional.items() if v is not None})
@@ -487,6 +491,8 @@ class BudgetsClient:
         prompt: str | None = None,
         max_tool_calls: dict[str, int] | None = None,
         ttl: int | None = None,
+        run: str | None = None,
+        tags: dict[str, str] | None = None,
     ) -> RemoteQuote:
         """Explain a price without holding anything: the itemised worst case, the price version
         (or policy) and each budget the request would draw on, with whether it fits now."""
@@ -501,9 +507,27 @@ class BudgetsClient:
             "max_output_tokens": max_output_tokens,
             "max_tool_calls": None if max_tool_calls is None else json.dumps(max_tool_calls),
             "ttl_seconds": ttl,
+            "run": run,
+            "tags": None if tags is None else json.dumps(tags),
         }
         data = self._get("quote", params={k: str(v) for k, v in params.items() if v is not None})
         return RemoteQuote.from_json(data)
+
+    def close_run(
+        self,
+        *,
+        run: str,
+        tenant: str | None = None,
+        reason: str = "",
+        idempotency_key: str | None = None,
+    ) -> datetime:
+        """Close a run, as ``budgets.close_run``: later reservations naming it are refused
+        (``RunClosed``); the API key is recorded as who closed it."""
+        body: dict[str, Any] = {"run": run, "reason": reason}
+        if tenant is not None:
+            body["tenant"] = tenant
+        data = self._post("runs/close", body, idempotency_key=idempotency_key)
+        return datetime.fromisoformat(data["closed_at"])
 
     def get(self, hold_id: uuid.UUID | str) -> RemoteHold:
         return RemoteHold(self, self._get(f"reservations/{hold_id}"))
@@ -552,10 +576,22 @@ class BudgetsClient:
     def release(self, hold_id: uuid.UUID | str) -> str:
         return str(self._post(f"reservations/{hold_id}/release", {})["state"])
 
-    def status(self, *, tenant: str, end_user: str | None = None) -> list[RemoteBudgetStatus]:
-        """Every budget that applies to the tenant (and end user), as ``budgets.status``: limit,
-        spent, reserved, remaining, period start and ``resets_at``."""
-        params = {"end_user": end_user} if end_user else None
+    def status(
+        self,
+        *,
+        tenant: str,
+        end_user: str | None = None,
+        run: str | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> list[RemoteBudgetStatus]:
+        """Every budget that applies to the tenant (and end user, run and tags), as
+        ``budgets.status``: limit, spent, reserved, remaining, period start and ``resets_at``."""
+        asked = {
+            "end_user": end_user,
+            "run": run,
+            "tags": None if tags is None else json.dumps(tags),
+        }
+        params = {k: v for k, v in asked.items() if v is not None} or None
         data = self._get(f"tenants/{quote(tenant, safe='')}/status", params=params)
         return [RemoteBudgetStatus.from_json(budget) for budget in data["budgets"]]
 
@@ -584,11 +620,12 @@ class BudgetsClient:
         model: str | None = None,
         api_key: str | None = None,
         auto_clear_at: datetime | None = None,
+        run: str | None = None,
         idempotency_key: str | None = None,
     ) -> RemoteKillSwitch:
         """Refuse every admission in the scope now; returns the open switch (an already
         tripped scope keeps its switch and first reason). ``api_key``: a key's prefix."""
-        body = _scope_body(tenant, end_user, provider, model, api_key, reason)
+        body = _scope_body(tenant, end_user, provider, model, api_key, reason, run)
         if auto_clear_at is not None:
             body["auto_clear_at"] = auto_clear_at.isoformat()
         data = self._post("kill-switches", body, idempotency_key=idempotency_key)
@@ -603,10 +640,11 @@ class BudgetsClient:
         provider: str | None = None,
         model: str | None = None,
         api_key: str | None = None,
+        run: str | None = None,
         idempotency_key: str | None = None,
     ) -> RemoteKillSwitch:
         """Clear the switch tripped on exactly this scope (``InvalidUsage`` if none is)."""
-        body = _scope_body(tenant, end_user, provider, model, api_key, reason)
+        body = _scope_body(tenant, end_user, provider, model, api_key, reason, run)
         data = self._post("kill-switches/clear", body, idempotency_key=idempotency_key)
         return RemoteKillSwitch.from_json(data)
 

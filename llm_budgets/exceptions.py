@@ -201,6 +201,30 @@ class NoApplicableBudget(InvalidUsage):
         )
 
 
+class RunClosed(BudgetError):
+    """The run the call names was closed (``budgets.close_run``): its lifetime has ended."""
+
+    code = "run_closed"
+    wire = (
+        Wire("tenant", help="The run's tenant."),
+        Wire("run", help="The run that was closed."),
+        Wire("closed_at", "time", help="When it was closed."),
+    )
+
+    def __init__(self, *, tenant: str, run: str, closed_at: datetime) -> None:
+        self.tenant = tenant
+        self.run = run
+        self.closed_at = closed_at
+        super().__init__(
+            f"Run {run} of {tenant} was closed at {closed_at.isoformat()}; its budget's "
+            "lifetime has ended, so no more calls are admitted for it. Start a new run "
+            "(a new run id) to continue.",
+            tenant=tenant,
+            run=run,
+            closed_at=closed_at,
+        )
+
+
 class ReservationNotFound(BudgetError, LookupError):
     """No reservation has that id."""
 

@@ -59,6 +59,8 @@ def request_explain(
     max_output_tokens: int | None = None,
     end_user: str | None = None,
     provider: str | None = None,
+    run: str | None = None,
+    tags: dict[str, str] | None = None,
     now: datetime | None = None,
 ) -> Explanation:
     now = now or timezone.now()
@@ -69,6 +71,8 @@ def request_explain(
         input_tokens=input_tokens,
         max_output_tokens=max_output_tokens,
         end_user=end_user,
+        run=run,
+        tags=tags,
         now=now,
     )
     tenant_obj = tenant_get(tenant)

@@ -21,7 +21,8 @@ from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.engine import statements as sql
 from llm_budgets.exceptions import InvalidUsage, KillSwitchActive
-from llm_budgets.models import ApiKey, AuditEvent, EndUser, KillSwitch, Tenant
+from llm_budgets.models import ApiKey, AuditEvent, EndUser, KillSwitch, Run, Tenant
+from llm_budgets.runs import run_ensure, run_validate
 from llm_budgets.signals import kill_switch_cleared, kill_switch_tripped
 from llm_budgets.tenants import end_user_ensure, tenant_get
 
@@ -37,6 +38,7 @@ class SwitchScope:
     provider: str = ""
     model: str = ""
     api_key: ApiKey | None = None
+    run: Run | None = None
 
     @property
     def key(self) -> str:
@@ -46,7 +48,8 @@ class SwitchScope:
             f"p={self.provider}|m={self.model}"
         )
         # Appended only when set, so the keys of switches without one never change.
-        return f"{key}|k={self.api_key.prefix}" if self.api_key else key
+        key = f"{key}|k={self.api_key.prefix}" if self.api_key else key
+        return f"{key}|r={self.run.pk}" if self.run else key
 
 
 def switch_scope(
@@ -56,6 +59,7 @@ def switch_scope(
     provider: object = None,
     model: object = None,
     api_key: object = None,
+    run: object = None,
     create_end_user: bool = True,
 ) -> SwitchScope | None:
     """Resolve the scope arguments of trip/clear. ``None`` when the end user was never seen and
@@ -64,6 +68,8 @@ def switch_scope(
         raise InvalidUsage(
             "end_user needs a tenant: end users belong to one tenant.", field="tenant"
         )
+    if run is not None and tenant is None:
+        raise InvalidUsage("run needs a tenant: runs belong to one tenant.", field="tenant")
     tenant_obj = None if tenant is None else tenant_get(validation.identifier("tenant", tenant))
     user_obj = None
     if end_user is not None and tenant_obj is not None:
@@ -81,7 +87,12 @@ def switch_scope(
         key_obj = ApiKey.objects.filter(prefix=prefix).first()
         if key_obj is None:
             raise InvalidUsage(f"No API key has the prefix {prefix!r}.", field="api_key")
+    run_obj = None
+    if run is not None and tenant_obj is not None:
+        # A run not seen yet is created: a switch can stop a run before its first call.
+        run_obj = run_ensure(tenant_obj, run_validate(run))
     return SwitchScope(
+        run=run_obj,
         tenant=tenant_obj,
         end_user=user_obj,
         provider=""
@@ -144,6 +155,7 @@ def kill_switch_trip(
                 provider=scope.provider,
                 model=scope.model,
                 api_key=scope.api_key,
+                run=scope.run,
                 scope_key=scope.key,
                 reason=reason_text,
                 tripped_by=actor,
@@ -247,7 +259,7 @@ def switch_is_open(switch: KillSwitch, now: datetime) -> bool:
 def kill_switches_in_state(state: str | None, now: datetime) -> QuerySet[KillSwitch]:
     """Switches ``"open"`` (refusing now), ``"cleared"`` (cleared, or past ``auto_clear_at``),
     or all (``None``), newest first."""
-    switches = KillSwitch.objects.select_related("tenant", "end_user", "api_key")
+    switches = KillSwitch.objects.select_related("tenant", "end_user", "api_key", "run")
     if state == "open":
         return switches.filter(switch_open_q(now))
     if state == "cleared":
@@ -267,6 +279,7 @@ def kill_switches_covering(
     models: Iterable[str],
     now: datetime,
     api_key_id: str | None = None,
+    run_id: int | None = None,
 ) -> list[KillSwitch]:
     """Every open switch whose scope covers a request, in one indexed query (uncleared rows
     only). ``models``: every model the request might be served as. ``api_key_id``: the REST API
@@ -281,6 +294,7 @@ def kill_switches_covering(
         provider,
         *model_list,
         api_key_id,
+        run_id,
     ]
     rows = sql.fetch(_covering_sql(len(model_list)), params)
     return [sql.row_to(KillSwitch, row) for row in rows]
@@ -303,16 +317,17 @@ def _covering_sql(models: int) -> str:
         f" AND {unscoped_or_equal('provider', empty)}"
         f" AND ({col('model')} = '' OR {col('model')} IN ({model_in}))"
         f" AND {unscoped_or_equal('api_key', 'IS NULL')}"
+        f" AND {unscoped_or_equal('run', 'IS NULL')}"
         f" ORDER BY {col('tripped_at')}"
     )
 
 
 def refusal_for(
-    switch: KillSwitch, *, tenant: str, end_user: str | None, model: str
+    switch: KillSwitch, *, tenant: str, end_user: str | None, model: str, run: str | None = None
 ) -> KillSwitchActive:
     return KillSwitchActive(
         switch_id=switch.pk,
-        scope=_label_without_queries(switch, tenant, end_user),
+        scope=_label_without_queries(switch, tenant, end_user, run),
         reason=switch.reason,
         tripped_by=switch.tripped_by,
         tripped_at=switch.tripped_at,
@@ -323,12 +338,14 @@ def refusal_for(
     )
 
 
-def _label_without_queries(switch: KillSwitch, tenant: str, end_user: str | None) -> str:
-    # The switch covers this request, so its tenant and end user are the request's own.
+def _label_without_queries(
+    switch: KillSwitch, tenant: str, end_user: str | None, run: str | None = None
+) -> str:
+    # The switch covers this request, so its tenant, end user and run are the request's own.
     parts = []
     if switch.end_user_id is not None:
         parts.append(f"end user {tenant}/{end_user}")
-    elif switch.tenant_id is not None:
+    elif switch.tenant_id is not None and switch.run_id is None:
         parts.append(f"tenant {tenant}")
     if switch.provider:
         parts.append(f"provider {switch.provider}")
@@ -336,6 +353,8 @@ def _label_without_queries(switch: KillSwitch, tenant: str, end_user: str | None
         parts.append(f"model {switch.model}")
     if switch.api_key_id is not None:
         parts.append(f"API key {switch.api_key_id.partition('.')[0]}")  # pk is <prefix>.<hash>
+    if switch.run_id is not None:
+        parts.append(f"run {run} of {tenant}")
     return ", ".join(parts) or "global"
 
 

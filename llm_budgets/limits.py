@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import Q
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.exceptions import InvalidUsage
-from llm_budgets.models import AuditEvent, Budget, BudgetUnit, Scope
+from llm_budgets.models import ApiKey, AuditEvent, Budget, BudgetUnit, Scope, Tenant
+from llm_budgets.runs import run_ensure, run_validate
+from llm_budgets.tags import tags_validate
 from llm_budgets.tenants import end_user_ensure, tenant_get
 from llm_budgets.windows import window_name
 
 ALL_END_USERS = "*"
+ALL = "*"  # each API key / each run of the tenant, on a counter of its own
 
 
 def budget_set_limit(
@@ -23,6 +27,9 @@ def budget_set_limit(
     actor: str = "",
     reason: str = "",
     unit: str | None = None,
+    api_key: str | None = None,
+    run: str | None = None,
+    tag: object = None,
 ) -> Budget:
     """Create or change the budget for a scope and window.
 
@@ -32,6 +39,11 @@ def budget_set_limit(
     ``customer_price``; fixed once the budget has counted anything. ``window`` is ``month``,
     ``day``, ``hour``, ``lifetime`` or a rolling duration such as ``rolling:1h`` / ``rolling:7d``
     (stored canonically: ``rolling:24h`` is ``rolling:1d``).
+
+    With a tenant, at most one of: ``api_key`` (a REST API key's prefix, or ``"*"`` for each of
+    the tenant's keys on a counter of its own), ``run`` (a run id, or ``"*"`` for each run:
+    usually ``window="lifetime"``, which ends when the run is closed) or ``tag`` (a
+    ``(key, value)`` pair such as ``("project", "alpha")``: every call tagged so).
     """
     if unit is not None and unit not in BudgetUnit.values:
         raise InvalidUsage(
@@ -43,20 +55,38 @@ def budget_set_limit(
         raise InvalidUsage(
             "end_user needs a tenant: end users belong to one tenant.", field="tenant"
         )
+    named = {"end_user": end_user, "api_key": api_key, "run": run, "tag": tag}
+    given = [name for name, value in named.items() if value is not None]
+    if len(given) > 1:
+        raise InvalidUsage(
+            f"A budget has one scope; got {' and '.join(given)}. Set one budget for each.",
+            field=given[1],
+        )
+    if given and tenant is None:
+        raise InvalidUsage(
+            f"{given[0]} needs a tenant: its budgets belong to one tenant.", field="tenant"
+        )
     with transaction.atomic():
         lookup: dict[str, object]
         if tenant is None:
             lookup = {"scope": Scope.GLOBAL}
         else:
             tenant_obj = tenant_get(tenant)
-            if end_user is None:
+            if api_key is not None or run is not None or tag is not None:
+                lookup = _scope_lookup(tenant_obj, api_key=api_key, run=run, tag=tag)
+            elif end_user is None:
                 lookup = {"scope": Scope.TENANT, "tenant": tenant_obj}
             elif end_user == ALL_END_USERS:
                 lookup = {"scope": Scope.END_USER_DEFAULT, "tenant": tenant_obj}
             else:
                 user = end_user_ensure(tenant_obj, end_user)
                 lookup = {"scope": Scope.END_USER, "tenant": tenant_obj, "end_user": user}
-        budget = Budget.objects.select_for_update().filter(window=window, **lookup).first()
+        budget = (
+            Budget.objects.select_for_update(of=("self",))
+            .select_related("tenant", "end_user", "api_key", "run")
+            .filter(window=window, **lookup)
+            .first()
+        )
         before = None if budget is None else {"limit": str(budget.limit)}
         if budget is None:
             budget = Budget.objects.create(
@@ -87,3 +117,44 @@ def budget_set_limit(
             reason=reason,
         )
     return budget
+
+
+def _scope_lookup(
+    tenant: Tenant, *, api_key: str | None, run: str | None, tag: object
+) -> dict[str, object]:
+    """The budget lookup of an API key, run or tag scope of ``tenant``."""
+    if api_key is not None:
+        if api_key == ALL:
+            return {"scope": Scope.API_KEY_DEFAULT, "tenant": tenant}
+        prefix = validation.identifier("api_key", api_key)
+        key = (
+            ApiKey.objects.filter(prefix=prefix)
+            .filter(Q(tenant=tenant) | Q(tenant__isnull=True))
+            .first()
+        )
+        if key is None:
+            raise InvalidUsage(
+                f"No API key with prefix {prefix!r} acts for tenant {tenant.external_id!r}. "
+                "Pass the prefix shown when the key was created (the part before the dot).",
+                field="api_key",
+            )
+        return {"scope": Scope.API_KEY, "tenant": tenant, "api_key": key}
+    if run is not None:
+        if run == ALL:
+            return {"scope": Scope.RUN_DEFAULT, "tenant": tenant}
+        return {"scope": Scope.RUN, "tenant": tenant, "run": run_ensure(tenant, run_validate(run))}
+    name, value = tag_pair(tag)
+    return {"scope": Scope.TAG, "tenant": tenant, "tag_key": name, "tag_value": value}
+
+
+def tag_pair(tag: object, *, field: str = "tag") -> tuple[str, str]:
+    """A tag budget's ``(key, value)``, validated as a reservation's tags are."""
+    if not isinstance(tag, tuple | list) or len(tag) != 2:
+        raise InvalidUsage(
+            f'{field} must be a (key, value) pair such as ("project", "alpha"), got {tag!r}.',
+            field=field,
+        )
+    ((key, value),) = tags_validate({tag[0]: tag[1]}, field=field).items()
+    if not value:
+        raise InvalidUsage(f'{field} needs a value, e.g. ("{key}", "alpha").', field=field)
+    return key, value

@@ -17,10 +17,10 @@ from llm_budgets.costs import Item, customer_hold, worst_case_items
 from llm_budgets.engine.boundary import ledger_guard
 from llm_budgets.exceptions import InvalidUsage, OutputCeilingRequired
 from llm_budgets.model_names import ModelMatch
-from llm_budgets.models import BudgetUnit, EndUser, Price, PricingBasis, Tenant
+from llm_budgets.models import ApiKey, BudgetUnit, EndUser, Price, PricingBasis, Tenant
 from llm_budgets.money import round_hold
 from llm_budgets.pricing import output_ceiling, price_match, pricing_for_request
-from llm_budgets.selectors import BudgetStatus, budget_statuses
+from llm_budgets.selectors import BudgetStatus, budget_statuses, scopes_for_read
 from llm_budgets.tenants import tenant_get
 from llm_budgets.tokens import count_input_tokens
 from llm_budgets.usage import tool_calls_validate
@@ -145,10 +145,14 @@ def quote(
     end_user: str | None = None,
     ttl: int | None = None,
     max_tool_calls: object = None,
+    run: object = None,
+    tags: object = None,
+    api_key: ApiKey | None = None,
     now: datetime | None = None,
 ) -> Quote:
     """The itemised worst case, the price version and the budgets a request would draw on.
-    Reads only: nothing is held or created."""
+    Reads only: nothing is held or created. ``run``, ``tags`` and ``api_key``: the budgets of
+    the run, tags and key the call would name apply too."""
     if provider is not None:
         provider = validation.identifier("provider", provider, max_length=64)
     model = validation.identifier("model", model, max_length=128)
@@ -185,7 +189,8 @@ def quote(
                 tenant=tenant_obj, external_id=end_user
             )
         draws = []
-        for status in budget_statuses(tenant_obj, user_obj, now):
+        scopes = scopes_for_read(tenant_obj, run=run, tags=tags, api_key=api_key)
+        for status in budget_statuses(tenant_obj, user_obj, now, scopes):
             amount = (
                 estimate.customer_amount
                 if status.unit == BudgetUnit.CUSTOMER_PRICE

@@ -14,18 +14,23 @@ from llm_budgets.engine import statements as sql
 from llm_budgets.engine.counters import CounterKey, counters_matching, rolling_buckets
 from llm_budgets.killswitches import switch_open_sql
 from llm_budgets.models import (
+    SHARED_BY,
+    ApiKey,
     Budget,
     BudgetRaise,
     Counter,
     EndUser,
     KillSwitch,
     Price,
+    Run,
     Scope,
     Tenant,
 )
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pricing import version_in_effect_sql
-from llm_budgets.results import BudgetStatus as BudgetStatus  # its home until issue #10
+from llm_budgets.results import BudgetStatus as BudgetStatus
+from llm_budgets.runs import run_validate
+from llm_budgets.tags import tags_validate  # its home until issue #10
 from llm_budgets.tenants import (
     end_user_columns_sql,
     end_user_from_row,
@@ -47,10 +52,27 @@ class ApplicableBudget:
     def counter_key(self) -> CounterKey:
         """The counter row this budget draws on (``engine.counters`` defines the key)."""
         return CounterKey(
-            self.budget.pk, self.end_user.pk if self.end_user else None, self.period.start
+            self.budget.pk,
+            self.end_user.pk if self.end_user else None,
+            self.run.pk if self.run else None,
+            self.api_key.pk if self.api_key else None,
+            self.period.start,
         )
 
     raised: Decimal = Decimal(0)  # active temporary raises (BudgetRaise) at the time asked
+    # For an each-run or each-API-key (``"*"``) budget: the run or key whose counter it draws on.
+    run: Run | None = None
+    api_key: ApiKey | None = None
+
+    @property
+    def scope_label(self) -> str:
+        """The scope as a person reads it, naming the run or key of a ``"*"`` budget's share:
+        ``run run-42 of acme``, ``API key Ro26JFJq``, ``tag project=alpha of acme``."""
+        if self.run is not None:
+            return f"run {self.run.external_id} of {self.budget.tenant.external_id}"  # type: ignore[union-attr]
+        if self.api_key is not None:
+            return f"API key {self.api_key.prefix}"
+        return self.budget.scope_label
 
     @property
     def limit(self) -> Decimal:
@@ -58,19 +80,69 @@ class ApplicableBudget:
         return self.budget.limit + self.raised
 
 
+@dataclass(frozen=True)
+class CallScopes:
+    """What a call names beyond its tenant and end user: its run, the API key it came through,
+    its tags. Budgets of these scopes apply only to calls naming them; a call naming none adds
+    nothing to admission's statement (no extra condition, parameter or row)."""
+
+    run: Run | None = None
+    api_key: ApiKey | None = None
+    tags: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def shape(self) -> tuple[bool, bool, int]:
+        """What the SQL condition depends on (its text is cached per shape)."""
+        return (self.run is not None, self.api_key is not None, len(self.tags))
+
+    @property
+    def params(self) -> list[object]:
+        """The condition's parameters, in the order ``_budgets_applying`` places them."""
+        params: list[object] = []
+        if self.run is not None:
+            params.append(self.run.pk)
+        if self.api_key is not None:
+            params.append(self.api_key.pk)
+        for key, value in self.tags:
+            params += [key, value]
+        return params
+
+
+NO_SCOPES = CallScopes()
+
+
+def scopes_for_read(
+    tenant: Tenant, *, run: object = None, tags: object = None, api_key: ApiKey | None = None
+) -> CallScopes:
+    """The run, key and tags a status, quote or explanation asks about, read without creating
+    anything: a run not seen yet shows the budgets it would get (``run="*"``'s, at zero)."""
+    run_obj = None
+    if run is not None:
+        run_id = run_validate(run)
+        run_obj = Run.objects.filter(tenant=tenant, external_id=run_id).first() or Run(
+            tenant=tenant, external_id=run_id
+        )
+        run_obj.tenant = tenant
+    tag_map = tags_validate(tags)
+    return CallScopes(run=run_obj, api_key=api_key, tags=tuple(sorted(tag_map.items())))
+
+
 def applicable_budgets(
-    tenant: Tenant, end_user: EndUser | None, at: datetime
+    tenant: Tenant, end_user: EndUser | None, at: datetime, scopes: CallScopes = NO_SCOPES
 ) -> list[ApplicableBudget]:
     """Global, tenant, and the end user's own budgets (each replacing the ``*`` default for
-    its window), each with the period that contains ``at``."""
+    its window), and those of the run, API key and tags the call names (``scopes``), each with
+    the period that contains ``at``."""
     # One statement without the ORM's compilation (see ``llm_budgets.engine.statements``); active
     # raises ride along as a subquery: no extra round trip on the admission path.
     when = sql.param(BudgetRaise, "starts_at", at)
-    params = [when, when, tenant.pk]
+    params: list[object] = [when, when, tenant.pk]
     if end_user is not None:
         params.append(end_user.pk)  # None for an end user not yet saved: matches nothing
-    rows = sql.fetch(_applicable_sql(end_user is not None), params)
-    return _applicable(rows, 0, tenant, end_user, at)
+    if any(scopes.shape):
+        params += [tenant.pk, *scopes.params]  # the tenant again: ``_budgets_applying``
+    rows = sql.fetch(_applicable_sql(end_user is not None, scopes.shape), params)
+    return _applicable(rows, 0, tenant, end_user, at, scopes)
 
 
 def _applicable(
@@ -79,6 +151,7 @@ def _applicable(
     tenant: Tenant,
     end_user: EndUser | None,
     at: datetime,
+    scopes: CallScopes = NO_SCOPES,
 ) -> list[ApplicableBudget]:
     """``applicable_budgets`` from rows holding a budget's columns at ``offset``, followed by
     the sum of its active raises."""
@@ -89,31 +162,55 @@ def _applicable(
         budget.pk: round_charge(Decimal(str(row[raised_at]))) if row[raised_at] else ZERO
         for budget, row in zip(budgets, rows, strict=True)
     }
-    own_windows = {b.window for b in budgets if b.scope == Scope.END_USER}
+    # An end user's, run's or key's own budget replaces the ``"*"`` default for its window.
+    own_windows = {(b.scope, b.window) for b in budgets}
     result = []
     for budget in budgets:
-        if budget.scope == Scope.END_USER_DEFAULT and budget.window in own_windows:
+        own = _OWN_SCOPE.get(Scope(budget.scope))
+        if own is not None and (own, budget.window) in own_windows:
             continue
         # Attach the objects we already have, so labels cost no queries.
         budget.tenant = tenant if budget.tenant_id else None
         if budget.scope == Scope.END_USER:
             budget.end_user = end_user
+        elif budget.scope == Scope.RUN:
+            budget.run = scopes.run
+        elif budget.scope == Scope.API_KEY:
+            budget.api_key = scopes.api_key
         if budget.scope == Scope.GLOBAL:
             period = period_for(budget.window, at)
         else:
             period = tenant_period(budget.window, at, tenant)
-        share = end_user if budget.scope == Scope.END_USER_DEFAULT else None
-        result.append(ApplicableBudget(budget, period, share, raised_by[budget.pk]))
+        shared_by = SHARED_BY.get(Scope(budget.scope))
+        result.append(
+            ApplicableBudget(
+                budget,
+                period,
+                end_user if shared_by == "end_user" else None,
+                raised_by[budget.pk],
+                run=scopes.run if shared_by == "run" else None,
+                api_key=scopes.api_key if shared_by == "api_key" else None,
+            )
+        )
     return result
 
 
+# The ``"*"`` scopes and the scope of a budget of one's own that replaces them for a window.
+_OWN_SCOPE = {
+    Scope.END_USER_DEFAULT: Scope.END_USER,
+    Scope.RUN_DEFAULT: Scope.RUN,
+    Scope.API_KEY_DEFAULT: Scope.API_KEY,
+}
+
+
 @functools.cache
-def _applicable_sql(with_end_user: bool) -> str:
+def _applicable_sql(with_end_user: bool, shape: tuple[bool, bool, int] = (False, False, 0)) -> str:
     """``applicable_budgets``'s one statement: the budgets, each with the sum of its active
-    raises. Parameters: the time twice, the tenant id, and the end user id if ``with_end_user``."""
+    raises. Parameters: the time twice, the tenant id, the end user id if ``with_end_user``,
+    then ``CallScopes.params`` of this ``shape``."""
     return (
         f"SELECT {_budget_columns()} FROM {sql.table(Budget)} b"  # noqa: S608
-        f" WHERE {_budgets_applying('%s', '%s' if with_end_user else None)}"
+        f" WHERE {_budgets_applying('%s', '%s' if with_end_user else None, shape)}"
         f" ORDER BY {_budget_order()}"
     )
 
@@ -136,9 +233,14 @@ def _budget_columns() -> str:
     return f"{sql.columns(Budget, 'b')}, ({raised})"
 
 
-def _budgets_applying(tenant_id: str, end_user_id: str | None) -> str:
+def _budgets_applying(
+    tenant_id: str, end_user_id: str | None, shape: tuple[bool, bool, int] = (False, False, 0)
+) -> str:
     """The condition on budget ``b`` for a tenant's (and end user's) request; the ids are SQL
-    expressions (a placeholder or a joined column)."""
+    expressions (a placeholder or a joined column). ``shape`` (``CallScopes.shape``): whether the
+    call names a run and an API key, and how many tags; their ids and names are placeholders,
+    after the end user's, in the order of ``CallScopes.params``, preceded by ``tenant_id`` once
+    more if any."""
     scope, tenant = f"b.{sql.column(Budget, 'scope')}", f"b.{sql.column(Budget, 'tenant')}"
     tenant_scopes = f"'{Scope.TENANT.value}'"
     end_user = ""
@@ -148,9 +250,26 @@ def _budgets_applying(tenant_id: str, end_user_id: str | None) -> str:
             f" OR (b.{sql.column(Budget, 'end_user')} = {end_user_id}"
             f" AND {scope} = '{Scope.END_USER.value}')"
         )
+    with_run, with_key, tag_count = shape
+    named = []
+    if with_run:
+        tenant_scopes += f", '{Scope.RUN_DEFAULT.value}'"
+        named.append(f"(b.{sql.column(Budget, 'run')} = %s AND {scope} = '{Scope.RUN.value}')")
+    if with_key:
+        tenant_scopes += f", '{Scope.API_KEY_DEFAULT.value}'"
+        named.append(
+            f"(b.{sql.column(Budget, 'api_key')} = %s AND {scope} = '{Scope.API_KEY.value}')"
+        )
+    if tag_count:
+        key, value = sql.column(Budget, "tag_key"), sql.column(Budget, "tag_value")
+        pairs = " OR ".join([f"(b.{key} = %s AND b.{value} = %s)"] * tag_count)
+        named.append(f"({scope} = '{Scope.TAG.value}' AND ({pairs}))")
+    # The run's, key's and tags' own budgets, of this tenant only (an operator key may have a
+    # budget in several tenants); ``tenant_id`` again, then ``CallScopes.params``.
+    own = f" OR ({tenant} = {tenant_id} AND ({' OR '.join(named)}))" if named else ""
     return (
         f"({scope} = '{Scope.GLOBAL.value}'"
-        f" OR ({tenant} = {tenant_id} AND {scope} IN ({tenant_scopes})){end_user})"
+        f" OR ({tenant} = {tenant_id} AND {scope} IN ({tenant_scopes})){end_user}{own})"
     )
 
 
@@ -168,14 +287,21 @@ class AdmissionContext:
 
 
 def admission_context(
-    *, tenant: str, end_user: str, provider: str, model: str, at: datetime
+    *,
+    tenant: str,
+    end_user: str,
+    provider: str,
+    model: str,
+    at: datetime,
+    scopes: CallScopes = NO_SCOPES,
 ) -> AdmissionContext | None:
     """The end user with its tenant and plan, the price version in effect at ``at``, and the
-    budgets that apply, in one statement; None if the end user has not been seen yet (the
-    caller then reads them one by one, creating the end user)."""
+    budgets that apply (with those of the run, key and tags in ``scopes``), in one statement;
+    None if the end user has not been seen yet (the caller then reads them one by one, creating
+    the end user)."""
     when = sql.param(BudgetRaise, "starts_at", at)
-    params = [when, when, when, provider, model, when, when, tenant, end_user]
-    rows = sql.fetch(_admission_context_sql(), params)
+    params = [when, when, when, provider, model, when, when, *scopes.params, tenant, end_user]
+    rows = sql.fetch(_admission_context_sql(scopes.shape), params)
     if not rows:
         return None
     first = rows[0]
@@ -188,30 +314,32 @@ def admission_context(
         tenant=user.tenant,
         end_user=user,
         price=price,
-        applicable=_applicable(with_budget, at_budget, user.tenant, user, at),
+        applicable=_applicable(with_budget, at_budget, user.tenant, user, at, scopes),
         any_switch_open=bool(first[-1]),
     )
 
 
 @functools.cache
-def _admission_context_sql() -> str:
+def _admission_context_sql(shape: tuple[bool, bool, int] = (False, False, 0)) -> str:
     """One row per applicable budget (one with NULL budget columns if none), each carrying the
     end user, tenant, plan and price version, and last whether any kill switch is open.
     Parameters: the time three times (raises, switches), provider, model, the time twice
-    (price), tenant and end user external ids."""
+    (price), ``CallScopes.params`` of this ``shape``, tenant and end user external ids."""
     switch_open = f"EXISTS (SELECT 1 FROM {sql.table(KillSwitch)} k WHERE {switch_open_sql('k')})"  # noqa: S608
     return (
         f"SELECT {end_user_columns_sql()}, {sql.columns(Price, 'v')},"
         f" {_budget_columns()}, {switch_open} {end_user_from_sql()}"
         f" LEFT JOIN {sql.table(Price)} v ON v.id = ({version_in_effect_sql('id')})"
-        f" LEFT JOIN {sql.table(Budget)} b ON {_budgets_applying('t.id', 'u.id')}"
+        f" LEFT JOIN {sql.table(Budget)} b ON {_budgets_applying('t.id', 'u.id', shape)}"
         f" {end_user_where_sql()} ORDER BY {_budget_order()}"
     )
 
 
-def budget_statuses(tenant: Tenant, end_user: EndUser | None, at: datetime) -> list[BudgetStatus]:
+def budget_statuses(
+    tenant: Tenant, end_user: EndUser | None, at: datetime, scopes: CallScopes = NO_SCOPES
+) -> list[BudgetStatus]:
     """Every budget that applies, with its current period's spent, reserved and remaining."""
-    return statuses_for(applicable_budgets(tenant, end_user, at))
+    return statuses_for(applicable_budgets(tenant, end_user, at, scopes))
 
 
 def statuses_for(applicable: Sequence[ApplicableBudget]) -> list[BudgetStatus]:
@@ -243,7 +371,7 @@ def statuses_for(applicable: Sequence[ApplicableBudget]) -> list[BudgetStatus]:
             BudgetStatus(
                 budget_id=budget.pk,
                 scope=budget.scope,
-                scope_label=budget.scope_label,
+                scope_label=item.scope_label,
                 window=budget.window,
                 limit=item.limit,
                 spent=spent,

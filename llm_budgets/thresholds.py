@@ -29,12 +29,15 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from llm_budgets.conf import conf
+from llm_budgets.engine.counters import DIMENSIONS
 from llm_budgets.models import (
+    ApiKey,
     Budget,
     Counter,
     DeliveryState,
     EndUser,
     Plan,
+    Run,
     ThresholdCrossing,
 )
 from llm_budgets.selectors import ApplicableBudget, statuses_for
@@ -98,7 +101,8 @@ def _lowest_threshold() -> int | None:
 
 
 def _candidates(now: datetime, lowest: int) -> list[ApplicableBudget]:
-    """(budget, end user) pairs whose current usage may have reached a threshold.
+    """Counter series (budget, and the end user, run or key of a share) whose current usage may
+    have reached a threshold.
 
     A calendar counter is the whole period: those below the lowest threshold are skipped in SQL.
     A rolling window sums many buckets, so any bucket with usage in the last year makes its budget
@@ -114,16 +118,28 @@ def _candidates(now: datetime, lowest: int) -> list[ApplicableBudget]:
         budget__window__startswith=ROLLING_PREFIX,
         period_start__gte=now - MAX_ROLLING - _LONGEST_PERIOD,
     ).filter(Q(spent__gt=0) | Q(reserved__gt=0))
-    pairs = set(calendar.values_list("budget_id", "end_user_id")) | set(
-        rolling.values_list("budget_id", "end_user_id").distinct()
-    )
-    budgets = Budget.objects.select_related("tenant__plan").in_bulk({b for b, _ in pairs})
-    end_users = EndUser.objects.in_bulk({u for _, u in pairs if u is not None})
+    # Each counter series (``CounterKey`` without its period): a budget, or one share of a
+    # ``"*"`` budget (an end user's, a run's, an API key's).
+    fields = ["budget_id", *(f"{d}_id" for d in DIMENSIONS)]
+    series = set(calendar.values_list(*fields)) | set(rolling.values_list(*fields).distinct())
+    budgets = Budget.objects.select_related("tenant__plan").in_bulk({s[0] for s in series})
+    end_users = EndUser.objects.in_bulk({s[1] for s in series if s[1] is not None})
+    runs = Run.objects.in_bulk({s[2] for s in series if s[2] is not None})
+    keys = ApiKey.objects.in_bulk({s[3] for s in series if s[3] is not None})
     items = []
-    for budget_id, end_user_id in sorted(pairs, key=lambda pair: (pair[0], pair[1] or 0)):
+    for budget_id, end_user_id, run_id, key_id in sorted(
+        series, key=lambda s: (s[0], s[1] or 0, s[2] or 0, s[3] or "")
+    ):
         budget = budgets[budget_id]
-        share = end_users[end_user_id] if end_user_id is not None else None
-        items.append(ApplicableBudget(budget, budget_period(budget, now), share))
+        items.append(
+            ApplicableBudget(
+                budget,
+                budget_period(budget, now),
+                end_users[end_user_id] if end_user_id is not None else None,
+                run=runs[run_id] if run_id is not None else None,
+                api_key=keys[key_id] if key_id is not None else None,
+            )
+        )
     return items
 
 
@@ -159,14 +175,21 @@ def thresholds_scan(*, now: datetime | None = None) -> list[int]:
         ThresholdCrossing.objects.filter(
             budget__in=[c.item.budget.pk for c in crossed],
             period_start__in={c.period_key for c in crossed},
-        ).values_list("budget_id", "end_user_id", "period_start", "threshold")
+        ).values_list(
+            "budget_id", "end_user_id", "run_id", "api_key_id", "period_start", "threshold"
+        )
     )
     with transaction.atomic():
         for item in crossed:
             budget, end_user = item.item.budget, item.item.end_user
-            user_id = end_user.pk if end_user else None
+            run, api_key = item.item.run, item.item.api_key
+            share = (
+                end_user.pk if end_user else None,
+                run.pk if run else None,
+                api_key.pk if api_key else None,
+            )
             new = [
-                t for t in item.thresholds if (budget.pk, user_id, item.period_key, t) not in known
+                t for t in item.thresholds if (budget.pk, *share, item.period_key, t) not in known
             ]
             for threshold in new:
                 superseded = threshold != new[-1]
@@ -177,6 +200,8 @@ def thresholds_scan(*, now: datetime | None = None) -> list[int]:
                                 budget=budget,
                                 tenant=budget.tenant,
                                 end_user=end_user,
+                                run=run,
+                                api_key=api_key,
                                 period_start=item.period_key,
                                 threshold=threshold,
                                 limit=budget.limit,
@@ -259,9 +284,9 @@ def threshold_warning_send(crossing_id: int, *, now: datetime | None = None) -> 
         state=DeliveryState.SENDING, claimed_at=now, claim_token=token, attempts=F("attempts") + 1
     ):
         return str(rows.values_list("state", flat=True).first() or "missing")
-    crossing = ThresholdCrossing.objects.select_related("budget", "tenant", "end_user").get(
-        pk=crossing_id
-    )
+    crossing = ThresholdCrossing.objects.select_related(
+        "budget", "tenant", "end_user", "run", "api_key"
+    ).get(pk=crossing_id)
     mine = rows.filter(claim_token=token, state=DeliveryState.SENDING)
     recipients = crossing.tenant.billing_contacts if crossing.tenant else []
     if not recipients:
@@ -286,6 +311,10 @@ def threshold_warning_send(crossing_id: int, *, now: datetime | None = None) -> 
 
 
 def _scope_label(crossing: ThresholdCrossing) -> str:
+    if crossing.run is not None and crossing.tenant is not None:
+        return f"run {crossing.run.external_id} of {crossing.tenant.external_id}"
+    if crossing.api_key is not None:
+        return f"API key {crossing.api_key.prefix}"
     if crossing.end_user is not None and crossing.tenant is not None:
         return f"end user {crossing.tenant.external_id}/{crossing.end_user.external_id}"
     return crossing.budget.scope_label

@@ -56,8 +56,11 @@ def billing_contacts(emails: str, *, tenant: str = "acme") -> None:
     budgets.ensure_tenant(tenant, billing_emails=emails)
 
 
-def reserve_30_at(at: datetime, *, tenant: str = "acme", ttl: int = 120) -> object:
-    """A hold of 30 taken at ``at`` (admission's clock), e.g. to make it overdue already."""
+def reserve_30_at(
+    at: datetime, *, tenant: str = "acme", ttl: int = 120, **scopes: object
+) -> object:
+    """A hold of 30 taken at ``at`` (admission's clock), e.g. to make it overdue already;
+    ``scopes``: ``run=`` and ``tags=``, if any."""
     from llm_budgets.engine.admission import reservation_create
 
     return reservation_create(
@@ -68,4 +71,5 @@ def reserve_30_at(at: datetime, *, tenant: str = "acme", ttl: int = 120) -> obje
         max_output_tokens=1000,
         ttl=ttl,
         now=at,
+        **scopes,  # type: ignore[arg-type]
     )

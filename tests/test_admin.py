@@ -204,8 +204,9 @@ def test_tenant_page_query_count_does_not_grow_with_the_tenant(
     large = grow_to(12)
     assert large == small, (small, large)
     # 11 + open switches, recent refusals, recent ledger lines, voided lines among them, raises;
-    # + 4 for the Stripe billing panel (link, outbox waiting, deliveries by state, last run)
-    assert large <= 20, large
+    # + 4 for the Stripe billing panel (link, outbox waiting, deliveries by state, last run);
+    # + 1 for the key/run/tag budgets
+    assert large <= 21, large
     html = admin_client.get(url).content.decode()
     assert "All 12 open reservations" in html
     assert "All 12 end-user budgets" in html
@@ -427,3 +428,42 @@ def test_ledger_pages_show_money_with_currency(admin_client: Client) -> None:
         f"{FAKE_PROVIDER}/{FAKE_MODEL}"
         in admin_client.get(_url(UsageRecord, "changelist")).content.decode()
     )
+
+
+def test_tenant_page_shows_key_run_and_tag_budgets_and_each_runs_share(
+    admin_client: Client,
+) -> None:
+    seed(limit="1000")
+    budgets.set_limit(tenant="acme", run="*", amount=Decimal("100"), window="lifetime")
+    budgets.set_limit(tenant="acme", tag=("project", "alpha"), amount=Decimal("50"), window="month")
+    reserve_30(run="run-1", tags={"project": "alpha"})
+    reserve_30(run="run-2")
+    reserve_30(run="run-2")
+    tenant = Tenant.objects.get(external_id="acme")
+    page = admin_client.get(_url(Tenant, "change", tenant.pk))
+    rows = [(r["scope"], strip_tags(r["reserved"])) for r in page.context["scoped_budget_rows"]]
+    assert rows == [
+        ("tag project=alpha of acme", "30.00 USD"),
+        ("run run-2 of acme", "60.00 USD"),
+        ("run run-1 of acme", "30.00 USD"),
+    ]
+    assert "run run-2 of acme" in page.content.decode()
+
+
+def test_a_run_or_tag_budgets_limit_changes_in_the_admin_on_that_budget(
+    admin_client: Client,
+) -> None:
+    seed(limit="1000")
+    tag = budgets.set_limit(
+        tenant="acme", tag=("project", "alpha"), amount=Decimal("50"), window="month"
+    )
+    run = budgets.set_limit(tenant="acme", run="*", amount=Decimal("2"), window="lifetime")
+    for budget, limit in [(tag, "60"), (run, "3")]:
+        response = admin_client.post(
+            _url(Budget, "change", budget.pk), {"limit": limit, "reason": "ticket", "_save": "1"}
+        )
+        assert response.status_code == 302, response.content.decode()[:2000]
+        budget.refresh_from_db()
+        assert budget.limit == Decimal(limit)
+    # The tenant's own budget is untouched.
+    assert Budget.objects.get(scope=Scope.TENANT).limit == Decimal("1000")

@@ -32,6 +32,7 @@ def test_the_schema_is_public_and_covers_every_endpoint() -> None:
             "tenants/{external_id}/status",
             "tenants/{external_id}/usage",
             "quote",
+            "runs/close",
             "prices",
             "budgets",
             "kill-switches",

@@ -215,3 +215,16 @@ def test_a_degraded_request_is_repriced_at_customer_price_too() -> None:
     day = Counter.objects.get(budget__window="day")
     assert day.reserved == Decimal("120.015") + Decimal(15)
     assert counters_drift() == []
+
+
+def test_a_run_budget_filling_up_degrades_that_run_only() -> None:
+    """Issue #16: the ladder reads every budget that applies, a run's own included: a run at 80 %
+    of its budget is served the cheaper model while the tenant is far from its limit and other
+    runs are served as asked."""
+    _setup(limit="100000")
+    budgets.set_limit(tenant="acme", run="*", amount=Decimal("100"), window="lifetime")
+    reserve_30(run="r1", max_output_tokens=2667)  # 80.01 % of r1's 100
+    hold = reserve_30(run="r1", allow_degrade=True)
+    assert (hold.model, hold.degraded) == (CHEAP, True)
+    other = reserve_30(run="r2", allow_degrade=True)
+    assert (other.model, other.degraded) == (FAKE_MODEL, False)

@@ -1,5 +1,7 @@
 """Property-based test (issue item H): random sequences of reserve / commit / release / sweep /
-clock moves, over two tenants and their end users under global, tenant and end-user budgets.
+clock moves / run closes, over two tenants and their end users under global, tenant and
+end-user budgets, and (issue #16) t1's each-run budget and a tag budget, for calls naming a run,
+a tag, both or neither.
 
 After every step the ledger conserves (each counter's spent is the sum of its ledger lines and
 its reserved the sum of its live holds), no counter is past its limit by more than the overage
@@ -37,10 +39,11 @@ from llm_budgets.engine.settlement import (
     reservation_release,
     reservations_sweep,
 )
-from llm_budgets.exceptions import BudgetExceeded, ReservationStateError
+from llm_budgets.exceptions import BudgetExceeded, ReservationStateError, RunClosed
 from llm_budgets.models import Counter, Reservation, ReservationState, Tenant
 from llm_budgets.reconcile import counters_drift
-from llm_budgets.selectors import budget_statuses
+from llm_budgets.runs import run_close
+from llm_budgets.selectors import budget_statuses, scopes_for_read
 from tests.concurrency import overspent_counters
 
 pytestmark = pytest.mark.django_db
@@ -59,6 +62,16 @@ CALLERS: dict[tuple[str, str | None], int] = {
     ("t2", "u1"): 2,  # global month, t2 month (t2 has no end-user budgets)
     ("t2", None): 2,
 }
+# What a call names beyond its tenant and end user: a run, the project tag, both or neither. t1
+# has an each-run lifetime budget and a budget for project=alpha; t2 has neither.
+SCOPES: list[tuple[str | None, str | None]] = [
+    (None, None),
+    (None, None),
+    ("r1", None),
+    ("r2", "alpha"),
+    (None, "alpha"),
+    (None, "beta"),
+]
 CLOCK_STEPS = [
     timedelta(minutes=1),
     timedelta(minutes=45),
@@ -108,6 +121,9 @@ class LedgerMachine(RuleBasedStateMachine):
         budgets.set_limit(tenant="t1", amount=Decimal(60), window="day")
         budgets.set_limit(tenant="t1", end_user="*", amount=Decimal(35), window="day")
         budgets.set_limit(tenant="t1", end_user="vip", amount=Decimal(50), window="month")
+        budgets.set_limit(tenant="t1", run="*", amount=Decimal(40), window="lifetime")
+        budgets.set_limit(tenant="t1", tag=("project", "alpha"), amount=Decimal(45), window="month")
+        self.closed: set[tuple[str, str]] = set()
         budgets.ensure_tenant("t2")
         budgets.set_limit(tenant="t2", amount=Decimal(70), window="month")
 
@@ -130,6 +146,7 @@ class LedgerMachine(RuleBasedStateMachine):
         max_output_tokens=st.sampled_from([100, 1500, 3000]),
         ttl=st.sampled_from([60, 3600, 86400]),
         key=st.sampled_from([None, None, None, None, None, None, "k1", "k2"]),
+        scopes=st.sampled_from(SCOPES),
     )
     def reserve(
         self,
@@ -138,10 +155,30 @@ class LedgerMachine(RuleBasedStateMachine):
         max_output_tokens: int,
         ttl: int,
         key: str | None,
+        scopes: tuple[str | None, str | None],
     ) -> object:
         tenant, end_user = caller
+        run, project = scopes
+        tags = {"project": project} if project else None
         self.changed = True
         before = _counters()
+        if run is not None and (tenant, run) in self.closed:
+            with pytest.raises(RunClosed):
+                reservation_create(
+                    tenant=tenant,
+                    end_user=end_user,
+                    provider=PROVIDER,
+                    model=MODEL,
+                    input_tokens=input_tokens,
+                    max_output_tokens=max_output_tokens,
+                    ttl=ttl,
+                    run=run,
+                    tags=tags,
+                    now=self.now,
+                )
+            event("reserve refused: its run was closed")
+            assert _counters() == before
+            return multiple()
         try:
             reservation = reservation_create(
                 tenant=tenant,
@@ -152,11 +189,13 @@ class LedgerMachine(RuleBasedStateMachine):
                 max_output_tokens=max_output_tokens,
                 idempotency_key=key,
                 ttl=ttl,
+                run=run,
+                tags=tags,
                 now=self.now,
             )
         except BudgetExceeded as exc:
             event(f"reserve refused by a {exc.scope.split()[0]} budget")
-            self._assert_justified(exc, before, caller, key)
+            self._assert_justified(exc, before, caller, key, run, tags)
             return multiple()
         if key is not None and (tenant, key) in self.keys:
             # Same key, same tenant: the same reservation, and nothing more is reserved.
@@ -166,7 +205,8 @@ class LedgerMachine(RuleBasedStateMachine):
             return multiple()
         if key is not None:
             self.keys[(tenant, key)] = reservation.pk
-        assert reservation.holds.count() == CALLERS[caller]
+        extra = (run is not None) + (project == "alpha") if tenant == "t1" else 0
+        assert reservation.holds.count() == CALLERS[caller] + extra
         self.states[reservation.pk] = HELD
         self.expires[reservation.pk] = reservation.expires_at
         return reservation.pk
@@ -177,15 +217,18 @@ class LedgerMachine(RuleBasedStateMachine):
         before: list[tuple[int, Decimal, Decimal]],
         caller: tuple[str, str | None],
         key: str | None,
+        run: str | None,
+        tags: dict[str, str] | None,
     ) -> None:
         """A refusal names a budget that has no room for the request, and holds nothing."""
         tenant, end_user = caller
         assert key is None or (tenant, key) not in self.keys
         tenant_obj = Tenant.objects.get(external_id=tenant)
         user_obj = tenant_obj.end_users.get(external_id=end_user) if end_user else None
+        scopes = scopes_for_read(tenant_obj, run=run, tags=tags)
         (status,) = [
             s
-            for s in budget_statuses(tenant_obj, user_obj, self.now)
+            for s in budget_statuses(tenant_obj, user_obj, self.now, scopes)
             if s.budget_id == exc.budget_id
         ]
         assert status.spent + status.reserved + exc.requested > status.limit
@@ -242,6 +285,12 @@ class LedgerMachine(RuleBasedStateMachine):
         """Move the clock to a hold's expiry and sweep: makes late commits and releases common."""
         self.now = max(self.now, self.expires[rid])
         self.sweep()
+
+    @rule(run=st.sampled_from(["r1", "r2"]))
+    def close_run(self, run: str) -> None:
+        """Close a run of t1: later calls naming it are refused; its holds settle as usual."""
+        run_close(tenant="t1", run=run, now=self.now)
+        self.closed.add(("t1", run))
 
     @rule(step=st.sampled_from(CLOCK_STEPS))
     def advance_clock(self, step: timedelta) -> None:

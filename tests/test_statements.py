@@ -143,3 +143,38 @@ def test_prepared_statements_on_postgresql(acme: None, on_postgres: bool) -> Non
     # (1011 uncached x 2.50 + 100 cached x 1.25 + 321 x 10.00) / 10^6
     assert costs == {Decimal("0.0058625")}
     assert counters_drift() == []
+
+
+def _reserve_statements(**scopes: object) -> list[str]:
+    with CaptureQueriesContext(connection) as queries:
+        budgets.reserve(
+            tenant="acme",
+            end_user="u-1",
+            provider="openai",
+            model="gpt-4o",
+            input_tokens=10,
+            max_output_tokens=10,
+            **scopes,  # type: ignore[arg-type]
+        )
+    return [
+        q["sql"]
+        for q in queries.captured_queries
+        if "SAVEPOINT" not in (q["sql"] or "")
+        and not (q["sql"] or "").startswith("SELECT set_config")
+    ]
+
+
+def test_a_tag_costs_no_statement_and_a_run_two(acme: None) -> None:
+    """Issue #16's cost: a call naming a tag runs as many statements as one naming none (the
+    tag's budgets join admission's one read); a run adds its lookup before the transaction and
+    its share-locked close check inside it. Each locks one more counter row."""
+    budgets.set_limit(tenant="acme", run="*", amount=Decimal("50"), window="lifetime")
+    budgets.set_limit(tenant="acme", tag=("project", "alpha"), amount=Decimal("50"), window="month")
+    _call(run="r-1", tags={"project": "alpha"})  # creates the run and every counter
+    plain = _reserve_statements()
+    tagged = _reserve_statements(tags={"project": "alpha"})
+    both = _reserve_statements(tags={"project": "alpha"}, run="r-1")
+    assert len(tagged) == len(plain), "\n".join(tagged)
+    assert len(both) == len(plain) + 2, "\n".join(both)
+    holds = [r.holds.count() for r in Reservation.objects.order_by("created_at")][-3:]
+    assert holds == [3, 4, 5]  # global, tenant, end user; + tag; + run

@@ -333,3 +333,26 @@ def test_a_rolling_budget_warns_on_its_whole_window_and_re_arms_each_window_leng
     new = thresholds.thresholds_scan(now=start + timedelta(minutes=62))
     assert [c.threshold for c in ThresholdCrossing.objects.filter(pk__in=new)] == [50]
     assert ThresholdCrossing.objects.count() == 2
+
+
+def test_each_run_of_a_run_star_budget_is_warned_about_once() -> None:
+    """Issue #16: an each-run budget's runs cross its thresholds each on their own counter,
+    so each gets its own warning, naming the run."""
+    seed(limit="1000")
+    billing_contacts("billing@acme.test")
+    budgets.set_limit(tenant="acme", run="*", amount=Decimal("60"), window="lifetime")
+    for run in ("r1", "r2"):
+        reserve_30(run=run)
+    _scan_job()
+    runs = ThresholdCrossing.objects.order_by("run__external_id").values_list(
+        "run__external_id", "threshold"
+    )
+    assert list(runs) == [("r1", 50), ("r2", 50)]
+    assert sorted(
+        "run r1 of acme" in m.body or "run r2 of acme" in m.body for m in mail.outbox
+    ) == [
+        True,
+        True,
+    ]
+    _scan_job()
+    assert len(mail.outbox) == 2

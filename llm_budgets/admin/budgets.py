@@ -68,6 +68,12 @@ class BudgetForm(forms.ModelForm):
         if end_user is not None and data.get("tenant") is None:
             data["tenant"] = end_user.tenant
         scope = Scope(data["scope"])
+        if scope not in _OWNERS:
+            raise ValidationError(
+                f"Scope “{scope.label}” names an API key, a run or a tag: create it with "
+                "budgets.set_limit(...) or POST /budgets (docs/limits.md); its limit can then be "
+                "changed here."
+            )
         needs_tenant, needs_user = _OWNERS[scope]
         if needs_tenant != (data.get("tenant") is not None):
             verb = "needs a" if needs_tenant else "takes no"
@@ -199,6 +205,7 @@ class BudgetAdmin(PageAnnotationMixin, admin.ModelAdmin):
             window=obj.window,
             tenant=obj.tenant.external_id if obj.tenant else None,
             end_user=_end_user_argument(obj),
+            **_named_scope_arguments(obj),
             actor=actor(request),
             reason=form.cleaned_data.get("reason", ""),
         )
@@ -260,6 +267,20 @@ def _end_user_argument(budget: Budget) -> str | None:
     if budget.scope == Scope.END_USER and budget.end_user is not None:
         return budget.end_user.external_id
     return None
+
+
+def _named_scope_arguments(budget: Budget) -> dict[str, Any]:
+    """The API key, run or tag a budget of those scopes names, as ``budget_set_limit`` takes it
+    (without it a limit change would land on the tenant's budget)."""
+    if budget.scope == Scope.API_KEY_DEFAULT or budget.scope == Scope.RUN_DEFAULT:
+        return {"api_key" if budget.scope == Scope.API_KEY_DEFAULT else "run": "*"}
+    if budget.scope == Scope.API_KEY and budget.api_key is not None:
+        return {"api_key": budget.api_key.prefix}
+    if budget.scope == Scope.RUN and budget.run is not None:
+        return {"run": budget.run.external_id}
+    if budget.scope == Scope.TAG:
+        return {"tag": (budget.tag_key, budget.tag_value)}
+    return {}
 
 
 @admin.register(Counter)

@@ -8,18 +8,20 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from django.db.models import Q
+from django.db.models import F, Q
 
 from llm_budgets.killswitches import kill_switches_in_state
 from llm_budgets.models import (
     LIVE_STATES,
+    SHARED_BY,
     AuditEvent,
     Budget,
     BudgetRaise,
+    Counter,
     EndUser,
     KillSwitch,
     Refusal,
@@ -35,7 +37,7 @@ from llm_budgets.selectors import (
     applicable_budgets,
     statuses_for,
 )
-from llm_budgets.windows import budget_period, tenant_period
+from llm_budgets.windows import ROLLING_PREFIX, budget_period, tenant_period
 
 # Rows shown per table; the page links to the full, filtered changelist beyond that.
 TENANT_PAGE_ROWS = 50
@@ -50,6 +52,51 @@ class TenantOverview:
     open_reservation_count: int
     raises: dict[int, list[BudgetRaise]]  # the raises in force on those budgets, by budget id
     created: dict[int, datetime]  # when each budget was created (it counts from then)
+    # Issue #16: the tenant's API key, run and tag budgets; for a "*" budget, its shares (each
+    # key's or run's counter) with the most used first, first TENANT_PAGE_ROWS.
+    scoped_budgets: list[BudgetStatus] = field(default_factory=list)
+
+
+# The scopes a call names beyond its tenant and end user, and their "*" defaults.
+_NAMED_SCOPES = [Scope.API_KEY, Scope.RUN, Scope.TAG]
+_SHARED_SCOPES = [Scope.API_KEY_DEFAULT, Scope.RUN_DEFAULT]
+
+
+def scoped_budgets(
+    tenant: Tenant, at: datetime, rows: int = TENANT_PAGE_ROWS
+) -> list[BudgetStatus]:
+    """The tenant's API key, run and tag budgets where they stand now, and the shares of its
+    each-key and each-run budgets in their current periods, most used first. One query when the
+    tenant has none, four at most."""
+    budgets = list(
+        Budget.objects.filter(tenant=tenant, scope__in=[*_NAMED_SCOPES, *_SHARED_SCOPES])
+        .select_related("api_key", "run")
+        .order_by("scope", "window")
+    )
+    applicable = []
+    current = Q(pk__in=[])
+    shared = {}
+    for budget in budgets:
+        budget.tenant = tenant  # labels without a query per row
+        period = tenant_period(budget.window, at, tenant)
+        if budget.scope in _NAMED_SCOPES:
+            applicable.append(ApplicableBudget(budget, period))
+        elif not budget.window.startswith(ROLLING_PREFIX):
+            shared[budget.pk] = (budget, period)
+            current |= Q(budget_id=budget.pk, period_start=period.start)
+    applicable = applicable[:rows]
+    if shared:
+        shares = (
+            Counter.objects.filter(current)
+            .select_related("run", "api_key")
+            .order_by((F("spent") + F("reserved")).desc(), "pk")[:rows]
+        )
+        for counter in shares:
+            budget, period = shared[counter.budget_id]
+            applicable.append(
+                ApplicableBudget(budget, period, run=counter.run, api_key=counter.api_key)
+            )
+    return statuses_for(applicable) if applicable else []
 
 
 def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
@@ -81,6 +128,7 @@ def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
         open_reservation_count=held.count(),
         raises=raises,
         created={a.budget.pk: a.budget.created_at for a in [*shared_applicable, *applicable]},
+        scoped_budgets=scoped_budgets(tenant, at),
     )
 
 
@@ -96,7 +144,8 @@ def active_raises(budget_ids: Iterable[int], at: datetime) -> dict[int, list[Bud
 
 def budget_list_statuses(budgets: Sequence[Budget], at: datetime) -> dict[int, BudgetStatus]:
     """This period's numbers for a page of budgets, in three queries however many. An
-    each-end-user (``*``) budget has one counter per end user: it has no single status here."""
+    each-end-user, each-run or each-key (``*``) budget has one counter per end user, run or key:
+    it has no single status here."""
     raises = active_raises([b.pk for b in budgets], at)
     applicable = [
         ApplicableBudget(
@@ -105,7 +154,7 @@ def budget_list_statuses(budgets: Sequence[Budget], at: datetime) -> dict[int, B
             raised=sum((r.amount for r in raises.get(budget.pk, [])), Decimal(0)),
         )
         for budget in budgets
-        if budget.scope != Scope.END_USER_DEFAULT
+        if budget.scope not in SHARED_BY
     ]
     return {status.budget_id: status for status in statuses_for(applicable)}
 
@@ -118,7 +167,7 @@ def adjustment_notes(lines: Sequence[UsageRecord]) -> dict[int, AuditEvent]:
         return {}
     since = min(line.created_at for line in adjustments) - timedelta(minutes=1)
     events = AuditEvent.objects.filter(
-        action__in=["usage.void", "end_user.reset_spend"],
+        action__in=["usage.void", "end_user.reset_spend", "run.reset_spend"],
         tenant_id__in={line.tenant_id for line in adjustments},
         created_at__gte=since,
     )

@@ -176,6 +176,11 @@ _SCOPE_ORDER: dict[str, int] = {
     Scope.TENANT: 1,
     Scope.END_USER_DEFAULT: 2,
     Scope.END_USER: 3,
+    Scope.API_KEY_DEFAULT: 4,
+    Scope.API_KEY: 5,
+    Scope.RUN_DEFAULT: 6,
+    Scope.RUN: 7,
+    Scope.TAG: 8,
 }
 
 
@@ -185,7 +190,10 @@ def _overview_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
     zone = tenant.timezone
     by_tenant: dict[str, str | int] = {"tenant__id__exact": tenant.pk}
     statuses = sorted(overview.budgets, key=lambda s: _SCOPE_ORDER[s.scope])
-    raises = active_raises([s.budget_id for s in [*statuses, *overview.end_user_budgets]], now)
+    raises = active_raises(
+        [s.budget_id for s in [*statuses, *overview.end_user_budgets, *overview.scoped_budgets]],
+        now,
+    )
     can_raise = request.user.has_perm("llm_budgets.add_budgetraise")
     return {
         "overview_timezone": zone,
@@ -197,6 +205,10 @@ def _overview_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
             for s in overview.end_user_budgets
         ],
         "end_user_budget_count": overview.end_user_budget_count,
+        "scoped_budget_rows": [
+            _budget_row(s, raises, zone, can_raise, overview.created)
+            for s in overview.scoped_budgets
+        ],
         "end_user_budgets_url": _changelist(
             "budget", {**by_tenant, "scope__exact": Scope.END_USER}
         ),

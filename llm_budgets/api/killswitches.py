@@ -59,6 +59,13 @@ class KillSwitchSerializer(serializers.ModelSerializer[KillSwitch]):
         default=None,
         help_text="The prefix of the API key it is limited to, if any.",
     )
+    run = serializers.CharField(
+        source="run.external_id",
+        read_only=True,
+        allow_null=True,
+        default=None,
+        help_text="The run it is limited to, if any.",
+    )
     active = serializers.SerializerMethodField(help_text="Refusing admissions now.")
 
     class Meta:
@@ -71,6 +78,7 @@ class KillSwitchSerializer(serializers.ModelSerializer[KillSwitch]):
             "provider",
             "model",
             "api_key",
+            "run",
             "active",
             "reason",
             "tripped_by",
@@ -102,6 +110,7 @@ class SwitchScopeSerializer(StrictSerializer):
     provider = _scope_field("A provider.", 64)
     model = _scope_field("A model.", 128)
     api_key = _scope_field("The prefix of a REST API key: only calls made through it.", 8)
+    run = _scope_field("A run id (needs tenant): only calls naming that run.")
     reason = serializers.CharField(
         max_length=2000, help_text="Required: shown to whoever is refused, and audited."
     )
@@ -109,7 +118,8 @@ class SwitchScopeSerializer(StrictSerializer):
 
     def scope_kwargs(self) -> dict[str, Any]:
         data = self.validated_data
-        return {k: data.get(k) for k in ("tenant", "end_user", "provider", "model", "api_key")}
+        scope = ("tenant", "end_user", "provider", "model", "api_key", "run")
+        return {k: data.get(k) for k in scope}
 
 
 class TripRequestSerializer(SwitchScopeSerializer):

@@ -208,6 +208,12 @@ class ReserveRequestSerializer(StrictSerializer):
         "characters, values up to 256), kept on the reservation and copied onto its ledger "
         "lines.",
     )
+    run = IdentifierField(
+        required=False,
+        max_length=255,
+        help_text="The agent run the call belongs to, e.g. run-42: its budgets (and the tenant's "
+        'run="*" budget, on a counter of its own) apply until the run is closed.',
+    )
     ttl_seconds = ttl_field(
         required=False,
         help_text="Hold lifetime; default DEFAULT_TTL_SECONDS, at most MAX_TTL_SECONDS.",
@@ -333,7 +339,17 @@ class BudgetSerializer(serializers.ModelSerializer[Budget]):
     end_user = serializers.CharField(
         source="end_user.external_id", read_only=True, allow_null=True, default=None
     )
+    api_key = serializers.CharField(
+        source="api_key.prefix", read_only=True, allow_null=True, default=None
+    )
+    run = serializers.CharField(
+        source="run.external_id", read_only=True, allow_null=True, default=None
+    )
+    tag = serializers.SerializerMethodField()
     limit = money_out()
+
+    def get_tag(self, budget: Budget) -> dict[str, str] | None:
+        return {budget.tag_key: budget.tag_value} if budget.tag_key else None
 
     class Meta:
         model = Budget
@@ -343,6 +359,9 @@ class BudgetSerializer(serializers.ModelSerializer[Budget]):
             "scope_label",
             "tenant",
             "end_user",
+            "api_key",
+            "run",
+            "tag",
             "window",
             "limit",
             "currency",
@@ -356,10 +375,41 @@ class SetLimitRequestSerializer(StrictSerializer):
     end_user = IdentifierField(
         required=False, max_length=255, help_text='"*" for the default of each end user.'
     )
+    api_key = serializers.CharField(
+        required=False, max_length=255, help_text='An API key\'s prefix, or "*" for each key.'
+    )
+    run = IdentifierField(
+        required=False, max_length=255, help_text='A run id, or "*" for each run.'
+    )
+    tag = serializers.ListField(
+        child=serializers.CharField(max_length=256),
+        min_length=2,
+        max_length=2,
+        required=False,
+        help_text='A tag as [key, value], e.g. ["project", "alpha"].',
+    )
     window = serializers.ChoiceField(choices=Window.choices)
     amount = MoneyField()
     reason = serializers.CharField(required=False, default="", allow_blank=True, max_length=1000)
     idempotency_key = idempotency_key_field()
+
+
+class RunCloseRequestSerializer(StrictSerializer):
+    tenant = serializers.CharField(
+        required=False,
+        max_length=255,
+        help_text="The tenant's external id. Implied by a tenant key; required with an operator "
+        "key.",
+    )
+    run = IdentifierField(max_length=255, help_text="The run to close, e.g. run-42.")
+    reason = serializers.CharField(required=False, default="", allow_blank=True, max_length=1000)
+    idempotency_key = idempotency_key_field()
+
+
+class RunSerializer(serializers.Serializer):
+    tenant = serializers.CharField(source="tenant.external_id", read_only=True)
+    run = serializers.CharField(source="external_id", read_only=True)
+    closed_at = serializers.DateTimeField(read_only=True, allow_null=True)
 
 
 class PriceSerializer(serializers.ModelSerializer[Price]):
@@ -455,6 +505,13 @@ class QuoteQuerySerializer(StrictSerializer):
         required=False,
         help_text="The hold's lifetime, for time-of-day prices; default DEFAULT_TTL_SECONDS, at "
         "most MAX_TTL_SECONDS.",
+    )
+    run = IdentifierField(required=False, max_length=255, help_text="Include this run's budgets.")
+    tags = JsonTextField(
+        expected=dict,
+        example='{"project": "alpha"}',
+        required=False,
+        help_text="Include these tags' budgets, as JSON text.",
     )
 
 

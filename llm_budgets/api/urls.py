@@ -41,6 +41,7 @@ api_patterns: list[URLPattern | URLResolver] = [
     ),
     path("tenants/<path:external_id>/usage", usage.TenantUsageView.as_view(), name="tenant-usage"),
     path("quote", views.QuoteView.as_view(), name="quote"),
+    path("runs/close", views.RunCloseView.as_view(), name="run-close"),
     path("prices", views.PriceListView.as_view(), name="prices"),
     path("budgets", views.BudgetListView.as_view(), name="budgets"),
     path("kill-switches", killswitches.KillSwitchListView.as_view(), name="kill-switches"),

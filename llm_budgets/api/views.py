@@ -3,6 +3,7 @@ may see, call one service, serialize. Errors are rendered by :mod:`llm_budgets.a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,8 @@ from llm_budgets.engine import admission, settlement
 from llm_budgets.engine.boundary import ledger_guard
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import Budget, EndUser, Price, Reservation, Tenant
+from llm_budgets.runs import run_close
+from llm_budgets.selectors import scopes_for_read
 
 ERROR_TEXT = {
     400: "Invalid request: every bad field is named in `error.fields`.",
@@ -150,6 +153,7 @@ class ReservationCreateView(ApiView):
         reservation = admission.reservation_create(
             **call_description(tenant, data),
             tags=data.get("tags"),
+            run=data.get("run"),
             idempotency_key=key_of(request),
             allow_degrade=data["allow_degrade"],
             api_key=api_key_of(request),
@@ -255,7 +259,7 @@ class ReservationUncertainView(_ReservationActionView):
 
 
 class TenantStatusView(ApiView):
-    query_parameters = frozenset({"end_user"})
+    query_parameters = frozenset({"end_user", "run", "tags"})
 
     @api_schema(
         operation_id="tenants_status",
@@ -263,7 +267,13 @@ class TenantStatusView(ApiView):
         parameters=[
             OpenApiParameter(
                 "end_user", OpenApiTypes.STR, description="Include this end user's budgets."
-            )
+            ),
+            OpenApiParameter("run", OpenApiTypes.STR, description="Include this run's budgets."),
+            OpenApiParameter(
+                "tags",
+                OpenApiTypes.STR,
+                description='Include these tags\' budgets: JSON text, e.g. {"project": "alpha"}.',
+            ),
         ],
         responses={200: s.TenantStatusSerializer, **errors(404)},
     )
@@ -277,9 +287,49 @@ class TenantStatusView(ApiView):
                 end_user = tenant.end_users.filter(external_id=end_user_id).first() or EndUser(
                     tenant=tenant, external_id=end_user_id
                 )
-            statuses = selectors.budget_statuses(tenant, end_user, timezone.now())
+            scopes = scopes_for_read(
+                tenant, run=query_id(request, "run"), tags=_query_tags(request)
+            )
+            statuses = selectors.budget_statuses(tenant, end_user, timezone.now(), scopes)
         body = {"tenant": tenant.external_id, "end_user": end_user_id, "budgets": statuses}
         return Response(s.TenantStatusSerializer(body).data)
+
+
+class RunCloseView(ApiView):
+    @api_schema(
+        operation_id="runs_close",
+        summary="Close a run: its lifetime budgets end and later reservations naming it are "
+        "refused (audited)",
+        request=s.RunCloseRequestSerializer,
+        parameters=[IDEMPOTENCY_HEADER],
+        responses={200: s.RunSerializer, **errors(404, 409)},
+    )
+    @idempotent
+    def post(self, request: Request) -> Response:
+        data = self.valid(s.RunCloseRequestSerializer, request)
+        tenant = tenant_for(request, data.get("tenant"))
+        key = api_key_of(request)
+        with ledger_guard("runs"):
+            run = run_close(
+                tenant=tenant.external_id,
+                run=data["run"],
+                actor=f"api key {key.prefix} ({key.name})",
+                reason=data["reason"],
+            )
+        return Response(s.RunSerializer(run).data)
+
+
+def _query_tags(request: Request) -> object:
+    """The ``tags`` query parameter: JSON text of an object (checked by ``tags_validate``)."""
+    text = request.query_params.get("tags")
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise InvalidUsage(
+            'tags must be a JSON object sent as text, e.g. {"project": "alpha"}.', field="tags"
+        ) from None
 
 
 class QuoteView(ApiView):
@@ -295,7 +345,12 @@ class QuoteView(ApiView):
     def get(self, request: Request) -> Response:
         data = self.valid(s.QuoteQuerySerializer, request, query=True)
         tenant = tenant_for(request, data.get("tenant"))
-        quote = quotes.quote(**call_description(tenant, data))
+        quote = quotes.quote(
+            **call_description(tenant, data),
+            run=data.get("run"),
+            tags=data.get("tags"),
+            api_key=api_key_of(request),
+        )
         body = {"tenant": tenant.external_id, "end_user": data.get("end_user"), **vars(quote)}
         return Response(s.QuoteSerializer({**body, "admissible": quote.admissible}).data)
 
@@ -376,7 +431,7 @@ class BudgetListView(ApiView, generics.ListAPIView[Budget]):
     query_parameters = frozenset({"tenant", "limit", "offset"})
 
     def get_queryset(self) -> QuerySet[Budget]:
-        budgets = Budget.objects.select_related("tenant", "end_user")
+        budgets = Budget.objects.select_related("tenant", "end_user", "api_key", "run")
         tenant = query_id(self.request, "tenant")
         if tenant is not None:
             budgets = budgets.filter(tenant__external_id=tenant)
@@ -409,6 +464,9 @@ class BudgetListView(ApiView, generics.ListAPIView[Budget]):
                 window=data["window"],
                 tenant=data.get("tenant"),
                 end_user=data.get("end_user"),
+                api_key=data.get("api_key"),
+                run=data.get("run"),
+                tag=tuple(data["tag"]) if "tag" in data else None,
                 actor=f"api key {key.prefix} ({key.name})",
                 reason=data["reason"],
             )

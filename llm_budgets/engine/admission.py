@@ -8,6 +8,7 @@ transaction takes the database write lock at BEGIN (``transaction_mode=IMMEDIATE
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -44,11 +45,18 @@ from llm_budgets.models import (
     PricingBasis,
     Reservation,
     ReservationHold,
+    Run,
 )
 from llm_budgets.money import ZERO
 from llm_budgets.quotes import input_token_count, request_estimate
 from llm_budgets.refusals import refusal_record
-from llm_budgets.selectors import ApplicableBudget, admission_context, applicable_budgets
+from llm_budgets.runs import run_ensure, run_refuse_if_closed, run_validate
+from llm_budgets.selectors import (
+    ApplicableBudget,
+    CallScopes,
+    admission_context,
+    applicable_budgets,
+)
 from llm_budgets.tags import tags_validate
 from llm_budgets.tenants import end_user_ensure, tenant_get, tenant_with_end_user
 from llm_budgets.usage import tool_calls_validate
@@ -142,6 +150,7 @@ def reservation_create(
     max_tool_calls: object = None,
     allow_degrade: object = False,
     tags: object = None,
+    run: object = None,
     api_key: ApiKey | None = None,
     now: datetime | None = None,
 ) -> Reservation:
@@ -149,14 +158,17 @@ def reservation_create(
 
     Raises ``InvalidUsage`` (bad arguments), ``UnknownTenant``, ``OutputCeilingRequired``,
     ``UnknownPrice``, ``NoApplicableBudget``, ``KillSwitchActive``, ``BudgetExceeded`` or
-    ``LedgerUnavailable``; in each case no hold is taken. With ``allow_degrade=True`` the plan's
+    ``LedgerUnavailable`` (or ``RunClosed``: the run named was closed); in each case no hold is
+    taken. ``run`` (a run id, created on first sight) brings in the run's budgets and tags those
+    of each tag named (``set_limit(tag=(key, value))``). With ``allow_degrade=True`` the plan's
     degradation ladder may grant a cheaper model or a lower output ceiling (see
     :mod:`llm_budgets.degradation`); the reservation says what was granted. ``api_key``: the
-    REST API key the call came through, so kill switches on that key apply.
+    REST API key the call came through, so kill switches on that key and its budgets apply.
     """
     if not isinstance(allow_degrade, bool):
         raise InvalidUsage("allow_degrade must be True or False.", field="allow_degrade")
     tag_map = tags_validate(tags)
+    run_id = None if run is None else run_validate(run)
     request = _validate(
         tenant=tenant,
         end_user=end_user,
@@ -171,6 +183,9 @@ def reservation_create(
     )
     now = now or timezone.now()
     with ledger_guard("admission"):
+        # A call naming a run reads (or creates) it first: one more statement, none otherwise.
+        run_obj = None if run_id is None else _run(request.tenant, run_id)
+        scopes = CallScopes(run=run_obj, api_key=api_key, tags=tuple(sorted(tag_map.items())))
         # The common call, a known end user and a named provider: one statement reads all that
         # is needed before the transaction. Otherwise one read at a time.
         context = None
@@ -182,6 +197,7 @@ def reservation_create(
                 provider=request.provider,
                 model=request.model,
                 at=now,
+                scopes=scopes,
             )
             if context is not None:
                 tenant_obj, user_obj = context.tenant, context.end_user
@@ -210,7 +226,7 @@ def reservation_create(
         if context is not None:
             applicable = context.applicable
         else:
-            applicable = applicable_budgets(tenant_obj, user_obj, now)
+            applicable = applicable_budgets(tenant_obj, user_obj, now, scopes)
         if not applicable:
             raise NoApplicableBudget(request.tenant)
         ladder = (
@@ -221,6 +237,7 @@ def reservation_create(
         reservation = Reservation(
             tenant=tenant_obj,
             end_user=user_obj,
+            run=run_obj,
             provider=estimate.price.provider
             if estimate.pricing_basis == PricingBasis.PRICE and estimate.price
             else request.provider or "",
@@ -258,6 +275,19 @@ def reservation_create(
                     return first
             refusal_record(refusal, reservation=reservation, now=now)
             raise
+
+
+def _run(tenant: str, run_id: str) -> Run:
+    """The run a call names, with its tenant, created on first sight; ``RunClosed`` if it was
+    closed (checked again under a share lock inside the hold's transaction)."""
+    found = Run.objects.select_related("tenant").filter(
+        tenant__external_id=tenant, external_id=run_id
+    )
+    run = next(iter(found), None)
+    if run is None:
+        run = run_ensure(tenant_get(tenant), run_id)
+    run_refuse_if_closed(run)
+    return run
 
 
 def _reservation_with_key(tenant_id: int, idempotency_key: str) -> Reservation | None:
@@ -376,6 +406,8 @@ def _hold(
         )
         if len(counters) < len(by_key):
             raise _MissingCounters
+        if reservation.run is not None:
+            _refuse_if_run_closed(reservation.run)
         windows = rolling_buckets(applicable) if rolling_ids else {}
         used = _used(counters, windows)
         if degrade is not None and _degrade(
@@ -388,6 +420,23 @@ def _hold(
         _refuse_if_exceeding(reservation, by_key, used, windows)
         _take_holds(reservation, counters, by_key, insert_reservation)
     return reservation
+
+
+def _refuse_if_run_closed(run: Run) -> None:
+    """Read the run's close once the counters are locked. ``runs.run_close`` locks the run's
+    counters before it commits, so a close either committed before this transaction got them
+    (read here: refused) or waits for this hold to commit (admitted before the close). No row
+    is locked for it: a run call locks only its run counter more than a call without one."""
+    rows = sql.fetch(_run_closed_sql(), [run.pk])
+    if rows:
+        locked = sql.row_to(Run, rows[0])
+        locked.tenant = run.tenant
+        run_refuse_if_closed(locked)
+
+
+@functools.cache
+def _run_closed_sql() -> str:
+    return f"SELECT {sql.columns(Run, 'r')} FROM {sql.table(Run)} r WHERE r.id = %s"  # noqa: S608
 
 
 def _lock_budgets(rolling_ids: list[int]) -> None:
@@ -474,6 +523,7 @@ def _refuse_if_switched(
         models={requested, *priced, *substitutes(ladder, _ladder_name(ladder, reservation))},
         now=reservation.created_at,
         api_key_id=api_key_id,
+        run_id=reservation.run_id,
     )
     blocked: dict[str, KillSwitch] = {}
     for switch in switches:
@@ -489,6 +539,7 @@ def _switched(reservation: Reservation, switch: KillSwitch) -> KillSwitchActive:
         tenant=reservation.tenant.external_id,
         end_user=reservation.end_user.external_id if reservation.end_user else None,
         model=reservation.requested_model or reservation.model,
+        run=reservation.run.external_id if reservation.run else None,
     )
 
 
@@ -560,7 +611,7 @@ def _exceeded(
             reservation.amount_for(budget.unit) - remaining,
         )
     return BudgetExceeded(
-        scope=budget.scope_label,
+        scope=item.scope_label,
         window=budget.window,
         limit=item.limit,
         remaining=max(Decimal(0), remaining),

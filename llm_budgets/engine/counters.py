@@ -2,10 +2,11 @@
 and locks of counter rows by that key.
 
 A counter is identified by its :class:`CounterKey`: the budget, each dimension that splits a
-budget's counter (today the end user of an each-end-user ``"*"`` budget; NULL where the budget
-is not split by it) and the period start. Every lookup of counters by key, whether SQL text
-(:func:`counters_locked`) or ORM filter (:func:`counters_matching`, :func:`rolling_buckets`),
-and every key built from a row (:meth:`CounterKey.of`), is derived from ``DIMENSIONS`` below:
+budget's counter (the end user, run or API key of an each-end-user, each-run or each-key ``"*"``
+budget; NULL where the budget is not split by it) and the period start. Every lookup of
+counters by key, whether SQL text (:func:`counters_locked`) or ORM filter
+(:func:`counters_matching`, :func:`rolling_buckets`), and every key built from a row
+(:meth:`CounterKey.of`), is derived from ``DIMENSIONS`` below:
 a new dimension (an API key, a run, a tag) is one field of ``CounterKey``, one entry in
 ``DIMENSIONS`` and its column on ``Counter`` (with its unique constraint).
 ``tests/test_rule_parity.py`` fails if another module spells a counter lookup of its own.
@@ -31,10 +32,13 @@ if TYPE_CHECKING:
 
 
 class CounterKey(NamedTuple):
-    """Which counter row a budget draws on: ``(budget, end user or None, period start)``."""
+    """Which counter row a budget draws on: ``(budget, end user, run, API key, period start)``,
+    each dimension None unless the budget is the ``"*"`` budget split by it."""
 
     budget_id: int
     end_user_id: int | None
+    run_id: int | None
+    api_key_id: str | None
     period_start: datetime
 
     @classmethod
@@ -56,7 +60,7 @@ class CounterKey(NamedTuple):
 
 # The dimensions that split a budget's counter, in ``CounterKey`` order (between the budget and
 # the period start): Counter foreign keys, NULL where the budget is not split by them.
-DIMENSIONS: tuple[str, ...] = ("end_user",)
+DIMENSIONS: tuple[str, ...] = ("end_user", "run", "api_key")
 
 
 def _dimensions_q(key: CounterKey) -> dict[str, object]:

@@ -248,6 +248,7 @@ def _record(
         kind=kind,
         tenant_id=reservation.tenant_id,
         end_user_id=reservation.end_user_id,
+        run_id=reservation.run_id,
         provider=reservation.provider,
         model=reservation.model,
         price_id=price_id,

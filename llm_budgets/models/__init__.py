@@ -21,7 +21,7 @@ from llm_budgets.models.billing import (
     StripePlanMeter,
     StripeWebhookEvent,
 )
-from llm_budgets.models.budgets import Budget, BudgetUnit, Counter, Scope, Window
+from llm_budgets.models.budgets import SHARED_BY, Budget, BudgetUnit, Counter, Run, Scope, Window
 from llm_budgets.models.control import BudgetRaise, KillSwitch, Refusal, RefusalKind
 from llm_budgets.models.ledger import (
     LIVE_STATES,
@@ -39,6 +39,7 @@ from llm_budgets.models.thresholds import DeliveryState, ThresholdCrossing
 
 __all__ = [
     "LIVE_STATES",
+    "SHARED_BY",
     "ApiKey",
     "AuditEvent",
     "BillingLine",
@@ -70,6 +71,7 @@ __all__ = [
     "Reservation",
     "ReservationHold",
     "ReservationState",
+    "Run",
     "Scope",
     "StripeCustomerBalance",
     "StripeCustomerLink",

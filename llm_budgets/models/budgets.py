@@ -9,6 +9,7 @@ from django.db import connections, models
 from django.db.models import Q
 
 from llm_budgets.engine import statements as sql
+from llm_budgets.models.api import ApiKey
 from llm_budgets.models.fields import validate_thresholds
 from llm_budgets.models.tenancy import EndUser, Tenant
 from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS, display
@@ -19,6 +20,20 @@ class Scope(models.TextChoices):
     TENANT = "tenant", "Tenant"
     END_USER_DEFAULT = "end_user_default", "Each end user of a tenant"
     END_USER = "end_user", "One end user"
+    API_KEY_DEFAULT = "api_key_default", "Each API key of a tenant"
+    API_KEY = "api_key", "One API key"
+    RUN_DEFAULT = "run_default", "Each run of a tenant"
+    RUN = "run", "One run"
+    TAG = "tag", "One tag of a tenant"
+
+
+# Scopes whose budget counts each end user, API key or run on a counter of its own (the
+# ``"*"`` budgets), by the ``Counter`` dimension that splits them.
+SHARED_BY = {
+    Scope.END_USER_DEFAULT: "end_user",
+    Scope.API_KEY_DEFAULT: "api_key",
+    Scope.RUN_DEFAULT: "run",
+}
 
 
 class Window(models.TextChoices):
@@ -46,6 +61,29 @@ def validate_window(value: str) -> None:
         raise ValidationError(f"Write {value!r} as {canonical!r}.")
 
 
+class Run(models.Model):
+    """One agent run (or any unit of work the host names) inside a tenant, keyed by the host's
+    id. Created on first sight, race-free; closed once (``runs.run_close``), after which its
+    reservations are refused: a run's lifetime window ends when the run does."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs")
+    external_id = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    closed_by = models.CharField(max_length=255, blank=True)
+
+    class Meta:
+        ordering = ["tenant_id", "-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "external_id"], name="llmb_run_unique_per_tenant"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.external_id} of {self.tenant.external_id}"
+
+
 class Budget(models.Model):
     """One enforceable cap: a scope, a window and a limit."""
 
@@ -56,6 +94,14 @@ class Budget(models.Model):
     end_user = models.ForeignKey(
         EndUser, null=True, blank=True, on_delete=models.CASCADE, related_name="budgets"
     )
+    api_key = models.ForeignKey(
+        ApiKey, null=True, blank=True, on_delete=models.CASCADE, related_name="budgets"
+    )
+    run = models.ForeignKey(
+        Run, null=True, blank=True, on_delete=models.CASCADE, related_name="budgets"
+    )
+    tag_key = models.CharField(max_length=64, blank=True)
+    tag_value = models.CharField(max_length=256, blank=True)
     # A calendar window (``Window``) or a rolling one such as ``rolling:1h``, stored canonically
     # (``rolling:24h`` is ``rolling:1d``) so the unique constraints see one spelling.
     window = models.CharField(
@@ -91,8 +137,28 @@ class Budget(models.Model):
                     | Q(scope=Scope.TENANT, tenant__isnull=False, end_user__isnull=True)
                     | Q(scope=Scope.END_USER_DEFAULT, tenant__isnull=False, end_user__isnull=True)
                     | Q(scope=Scope.END_USER, tenant__isnull=False, end_user__isnull=False)
+                    | Q(scope=Scope.API_KEY_DEFAULT, tenant__isnull=False, end_user__isnull=True)
+                    | Q(scope=Scope.API_KEY, tenant__isnull=False, end_user__isnull=True)
+                    | Q(scope=Scope.RUN_DEFAULT, tenant__isnull=False, end_user__isnull=True)
+                    | Q(scope=Scope.RUN, tenant__isnull=False, end_user__isnull=True)
+                    | Q(scope=Scope.TAG, tenant__isnull=False, end_user__isnull=True)
                 ),
                 name="llmb_budget_scope_matches_owner",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    (Q(scope=Scope.API_KEY) & Q(api_key__isnull=False))
+                    | (~Q(scope=Scope.API_KEY) & Q(api_key__isnull=True))
+                )
+                & (
+                    (Q(scope=Scope.RUN) & Q(run__isnull=False))
+                    | (~Q(scope=Scope.RUN) & Q(run__isnull=True))
+                )
+                & (
+                    (Q(scope=Scope.TAG) & ~Q(tag_key="") & ~Q(tag_value=""))
+                    | (~Q(scope=Scope.TAG) & Q(tag_key="") & Q(tag_value=""))
+                ),
+                name="llmb_budget_scope_names_its_key_run_tag",
             ),
             models.CheckConstraint(
                 condition=Q(window__in=Window.values) | Q(window__startswith="rolling:"),
@@ -118,6 +184,26 @@ class Budget(models.Model):
                 condition=Q(scope=Scope.END_USER),
                 name="llmb_budget_one_end_user_per_window",
             ),
+            models.UniqueConstraint(
+                fields=["tenant", "scope", "window"],
+                condition=Q(scope__in=[Scope.API_KEY_DEFAULT, Scope.RUN_DEFAULT]),
+                name="llmb_budget_one_key_or_run_default_per_window",
+            ),
+            models.UniqueConstraint(
+                fields=["api_key", "tenant", "window"],
+                condition=Q(scope=Scope.API_KEY),
+                name="llmb_budget_one_api_key_per_window",
+            ),
+            models.UniqueConstraint(
+                fields=["run", "window"],
+                condition=Q(scope=Scope.RUN),
+                name="llmb_budget_one_run_per_window",
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "tag_key", "tag_value", "window"],
+                condition=Q(scope=Scope.TAG),
+                name="llmb_budget_one_tag_per_window",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -132,6 +218,16 @@ class Budget(models.Model):
             return f"tenant {self.tenant.external_id}"  # type: ignore[union-attr]
         if self.scope == Scope.END_USER_DEFAULT:
             return f"end user {self.tenant.external_id}/*"  # type: ignore[union-attr]
+        if self.scope == Scope.API_KEY_DEFAULT:
+            return f"API key * of {self.tenant.external_id}"  # type: ignore[union-attr]
+        if self.scope == Scope.API_KEY:
+            return f"API key {self.api_key.prefix}"  # type: ignore[union-attr]
+        if self.scope == Scope.RUN_DEFAULT:
+            return f"run * of {self.tenant.external_id}"  # type: ignore[union-attr]
+        if self.scope == Scope.RUN:
+            return f"run {self.run.external_id} of {self.tenant.external_id}"  # type: ignore[union-attr]
+        if self.scope == Scope.TAG:
+            return f"tag {self.tag_key}={self.tag_value} of {self.tenant.external_id}"  # type: ignore[union-attr]
         return f"end user {self.tenant.external_id}/{self.end_user.external_id}"  # type: ignore[union-attr]
 
 
@@ -186,6 +282,22 @@ class Counter(models.Model):
         related_name="default_budget_counters",
         help_text="Whose share of an each-end-user budget this counts; empty for other budgets.",
     )
+    run = models.ForeignKey(
+        Run,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="counters",
+        help_text="Whose share of an each-run budget this counts; empty for other budgets.",
+    )
+    api_key = models.ForeignKey(
+        ApiKey,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="counters",
+        help_text="Whose share of an each-API-key budget this counts; empty for other budgets.",
+    )
     period_start = models.DateTimeField()
     spent = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0)
     reserved = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0)
@@ -197,8 +309,18 @@ class Counter(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["budget", "period_start"],
-                condition=Q(end_user__isnull=True),
+                condition=Q(end_user__isnull=True, run__isnull=True, api_key__isnull=True),
                 name="llmb_counter_one_per_period",
+            ),
+            models.UniqueConstraint(
+                fields=["budget", "run", "period_start"],
+                condition=Q(run__isnull=False),
+                name="llmb_counter_one_per_run_period",
+            ),
+            models.UniqueConstraint(
+                fields=["budget", "api_key", "period_start"],
+                condition=Q(api_key__isnull=False),
+                name="llmb_counter_one_per_api_key_period",
             ),
             models.UniqueConstraint(
                 fields=["budget", "end_user", "period_start"],
@@ -224,4 +346,8 @@ class Counter(models.Model):
 
     def __str__(self) -> str:
         whose = f" for {self.end_user.external_id}" if self.end_user_id else ""  # type: ignore[union-attr]
+        if self.run_id:
+            whose = f" for run {self.run.external_id}"  # type: ignore[union-attr]
+        if self.api_key_id:
+            whose = f" for API key {self.api_key.prefix}"  # type: ignore[union-attr]
         return f"{self.budget}{whose} from {self.period_start:%Y-%m-%d %H:%M}"

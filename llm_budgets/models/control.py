@@ -6,7 +6,7 @@ from django.db import models
 from django.db.models import Q
 
 from llm_budgets.models.api import ApiKey
-from llm_budgets.models.budgets import Budget
+from llm_budgets.models.budgets import Budget, Run
 from llm_budgets.models.tenancy import EndUser, Tenant
 from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 
@@ -34,6 +34,14 @@ class KillSwitch(models.Model):
         on_delete=models.CASCADE,
         related_name="kill_switches",
         help_text="Only calls made through this REST API key.",
+    )
+    run = models.ForeignKey(
+        Run,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="kill_switches",
+        help_text="Only calls naming this run.",
     )
     # The scope in one string, so "one active switch per scope" is a plain unique constraint
     # on both databases (NULLs in a composite unique key would be distinct).
@@ -65,6 +73,10 @@ class KillSwitch(models.Model):
                 condition=Q(end_user__isnull=True) | Q(tenant__isnull=False),
                 name="llmb_killswitch_end_user_has_tenant",
             ),
+            models.CheckConstraint(
+                condition=Q(run__isnull=True) | Q(tenant__isnull=False),
+                name="llmb_killswitch_run_has_tenant",
+            ),
         ]
         # Admission reads only uncleared switches: a partial index keeps that read tiny however
         # long the history grows.
@@ -85,7 +97,7 @@ class KillSwitch(models.Model):
         parts = []
         if self.end_user_id is not None:
             parts.append(f"end user {self.end_user}")
-        elif self.tenant_id is not None:
+        elif self.tenant_id is not None and self.run_id is None:
             parts.append(f"tenant {self.tenant.external_id}")  # type: ignore[union-attr]
         if self.provider:
             parts.append(f"provider {self.provider}")
@@ -93,6 +105,8 @@ class KillSwitch(models.Model):
             parts.append(f"model {self.model}")
         if self.api_key_id is not None:
             parts.append(f"API key {self.api_key.prefix}")  # type: ignore[union-attr]
+        if self.run_id is not None:
+            parts.append(str(self.run))
         return ", ".join(parts) or "global"
 
 

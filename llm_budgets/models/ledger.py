@@ -39,6 +39,14 @@ class Reservation(models.Model):
     provider = models.CharField(max_length=64)
     model = models.CharField(max_length=128)
     # NULL only under the reserve_fixed unknown-model policy.
+    run = models.ForeignKey(
+        "llm_budgets.Run",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="reservations",
+        help_text="The run the call named, if any.",
+    )
     price = models.ForeignKey(
         Price, null=True, blank=True, on_delete=models.PROTECT, related_name="reservations"
     )
@@ -180,6 +188,14 @@ class UsageRecord(models.Model):
     )
     provider = models.CharField(max_length=64)
     model = models.CharField(max_length=128)
+    run = models.ForeignKey(
+        "llm_budgets.Run",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="usage_records",
+        help_text="The run the reservation named, if any.",
+    )
     price = models.ForeignKey(
         Price, null=True, blank=True, on_delete=models.PROTECT, related_name="usage_records"
     )

@@ -6,7 +6,8 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from llm_budgets.models.budgets import Budget
+from llm_budgets.models.api import ApiKey
+from llm_budgets.models.budgets import Budget, Run
 from llm_budgets.models.tenancy import EndUser, Tenant
 from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 
@@ -38,6 +39,22 @@ class ThresholdCrossing(models.Model):
         related_name="crossings",
         help_text="For an each-end-user budget: whose usage crossed it.",
     )
+    run = models.ForeignKey(
+        Run,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="crossings",
+        help_text="For an each-run budget: whose usage crossed it.",
+    )
+    api_key = models.ForeignKey(
+        ApiKey,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="crossings",
+        help_text="For an each-API-key budget: whose usage crossed it.",
+    )
     period_start = models.DateTimeField(
         help_text="The period (rolling windows: the span of the window's length) it is once per."
     )
@@ -63,8 +80,18 @@ class ThresholdCrossing(models.Model):
             # Two partial constraints: NULL end users would otherwise never collide.
             models.UniqueConstraint(
                 fields=["budget", "period_start", "threshold"],
-                condition=Q(end_user__isnull=True),
+                condition=Q(end_user__isnull=True, run__isnull=True, api_key__isnull=True),
                 name="llmb_crossing_once_per_period",
+            ),
+            models.UniqueConstraint(
+                fields=["budget", "run", "period_start", "threshold"],
+                condition=Q(run__isnull=False),
+                name="llmb_crossing_once_per_run_period",
+            ),
+            models.UniqueConstraint(
+                fields=["budget", "api_key", "period_start", "threshold"],
+                condition=Q(api_key__isnull=False),
+                name="llmb_crossing_once_per_key_period",
             ),
             models.UniqueConstraint(
                 fields=["budget", "end_user", "period_start", "threshold"],
