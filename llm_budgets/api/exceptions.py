@@ -49,11 +49,6 @@ class HttpError(exceptions.APIException):
         self.retry_after = retry_after
 
 
-# The name this class had before issue #10 (it clashed with ``llm_budgets.client.ApiError``):
-# kept for branches in flight only; use HttpError.
-ApiError = HttpError
-
-
 def status_for(exc: BudgetError) -> int:
     for cls in type(exc).__mro__:
         code = cls.__dict__.get("code")
