@@ -8,6 +8,12 @@ settings with Django's deployment hardening on. ``manage.py check --deploy`` is 
 
 from __future__ import annotations
 
+import os
+
+# Email goes out by SMTP in production (EMAIL_HOST / EMAIL_PORT), not to the console as in the
+# demo: set before the project's settings read it (they build MAILERS from it on Django 6.1+).
+os.environ.setdefault("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+
 from project.settings import *  # noqa: F403
 from project.settings import env
 
