@@ -446,6 +446,25 @@ def reservation_extend(
         return reservation
 
 
+def _charge_held_as_estimated(
+    reservation: Reservation, *, state_write: sql.Statement, now: datetime
+) -> None:
+    """Move the whole hold to spent as an *estimated* charge (expiry, uncertain reconcile): its
+    ledger line, the line's outbox row and ``state_write`` go with the counter update."""
+    estimate = _record(
+        reservation, kind=UsageKind.CHARGE, cost=_held(reservation), estimated=True, now=now
+    )
+    billed = outbox.settlement_statements(
+        reservation, kind=UsageKind.CHARGE, customer_cost=reservation.customer_amount, now=now
+    )
+    _move(
+        reservation,
+        reserved=-_held(reservation),
+        spent=_held(reservation),
+        transition_writes=[estimate, *billed, state_write],
+    )
+
+
 @observed_expiry
 def reservation_expire(reservation_id: object, *, now: datetime | None = None) -> bool:
     """Expire one overdue hold. By default its amount is charged as *estimated* spend (a timeout is
@@ -458,25 +477,7 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
             return False
         expired = _settled(reservation, ReservationState.EXPIRED, now)
         if conf.EXPIRED_HOLD_POLICY == "charge":
-            estimate = _record(
-                reservation,
-                kind=UsageKind.CHARGE,
-                cost=_held(reservation),
-                estimated=True,
-                now=now,
-            )
-            billed = outbox.settlement_statements(
-                reservation,
-                kind=UsageKind.CHARGE,
-                customer_cost=reservation.customer_amount,
-                now=now,
-            )
-            _move(
-                reservation,
-                reserved=-_held(reservation),
-                spent=_held(reservation),
-                transition_writes=[estimate, *billed, expired],
-            )
+            _charge_held_as_estimated(reservation, state_write=expired, now=now)
         else:
             _move(
                 reservation, reserved=-_held(reservation), spent=NONE, transition_writes=[expired]
@@ -545,26 +546,8 @@ def reservation_settle_uncertain(reservation_id: object, *, now: datetime | None
         ):
             return False
         if conf.UNCERTAIN_SETTLE_RULE == "charge":
-            estimate = _record(
-                reservation,
-                kind=UsageKind.CHARGE,
-                cost=_held(reservation),
-                estimated=True,
-                now=now,
-            )
             committed = _settled(reservation, ReservationState.COMMITTED, now)
-            billed = outbox.settlement_statements(
-                reservation,
-                kind=UsageKind.CHARGE,
-                customer_cost=reservation.customer_amount,
-                now=now,
-            )
-            _move(
-                reservation,
-                reserved=-_held(reservation),
-                spent=_held(reservation),
-                transition_writes=[estimate, *billed, committed],
-            )
+            _charge_held_as_estimated(reservation, state_write=committed, now=now)
         else:
             released = _settled(reservation, ReservationState.RELEASED, now)
             _move(
