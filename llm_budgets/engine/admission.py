@@ -14,11 +14,11 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db import IntegrityError, connection, transaction
-from django.utils import timezone
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.degradation import Rung, effect_at, ladder_parse, substitutes, used_percent
+from llm_budgets.engine import dbclock
 from llm_budgets.engine import statements as sql
 from llm_budgets.engine.boundary import (
     bound_lock_wait,
@@ -26,7 +26,12 @@ from llm_budgets.engine.boundary import (
     ledger_guard,
     lock_timeout_statement,
 )
-from llm_budgets.engine.counters import Bucket, CounterKey, counters_locked, rolling_buckets
+from llm_budgets.engine.counters import (
+    Bucket,
+    CounterKey,
+    counters_locked_then,
+    rolling_buckets,
+)
 from llm_budgets.events import observed_admission
 from llm_budgets.exceptions import (
     BudgetExceeded,
@@ -181,30 +186,44 @@ def reservation_create(
         messages=messages,
         prompt=prompt,
     )
-    now = now or timezone.now()
+    given = dbclock.given_or_none(now)
     with ledger_guard("admission"):
-        # A call naming a run reads (or creates) it first: one more statement, none otherwise.
-        run_obj = None if run_id is None else _run(request.tenant, run_id)
-        scopes = CallScopes(run=run_obj, api_key=api_key, tags=tuple(sorted(tag_map.items())))
+        scopes = CallScopes(api_key=api_key, tags=tuple(sorted(tag_map.items())))
         # The common call, a known end user and a named provider: one statement reads all that
-        # is needed before the transaction. Otherwise one read at a time.
+        # is needed before the transaction (the run it names, the database's clock included).
+        # Otherwise one read at a time.
         context = None
         user_obj: EndUser | None
+        run_obj: Run | None = None
         if request.end_user is not None and request.provider is not None:
             context = admission_context(
                 tenant=request.tenant,
                 end_user=request.end_user,
                 provider=request.provider,
                 model=request.model,
-                at=now,
+                at=given,
                 scopes=scopes,
+                run=run_id,
             )
-            if context is not None:
-                tenant_obj, user_obj = context.tenant, context.end_user
-            else:  # the end user's first call: it is created below, once the call is valid
-                tenant_obj, user_obj = tenant_get(request.tenant), None
+        if context is not None:
+            now = context.at
+            tenant_obj, user_obj, run_obj = context.tenant, context.end_user, context.run
         else:
-            tenant_obj, user_obj = tenant_with_end_user(request.tenant, request.end_user)
+            now = given or dbclock.database_now()
+            if request.end_user is not None and request.provider is not None:
+                # The end user's first call: it is created below, once the call is valid.
+                tenant_obj, user_obj = tenant_get(request.tenant), None
+            else:
+                tenant_obj, user_obj = tenant_with_end_user(request.tenant, request.end_user)
+        # A run not seen yet is created here; its budgets are then read on their own.
+        run_unseen = run_id is not None and run_obj is None
+        if run_id is not None:
+            if run_obj is None:
+                run_obj = run_ensure(tenant_obj, run_id)
+                run_obj.tenant = tenant_obj
+            # Checked again inside the hold's transaction, once the run's counter is locked.
+            run_refuse_if_closed(run_obj)
+            scopes = replace(scopes, run=run_obj)
         if request.idempotency_key is not None:
             existing = _reservation_with_key(tenant_obj.pk, request.idempotency_key)
             if existing is not None:
@@ -223,7 +242,7 @@ def reservation_create(
         )
         if request.end_user is not None and user_obj is None:
             user_obj = end_user_ensure(tenant_obj, request.end_user)
-        if context is not None:
+        if context is not None and not run_unseen:
             applicable = context.applicable
         else:
             applicable = applicable_budgets(tenant_obj, user_obj, now, scopes)
@@ -275,19 +294,6 @@ def reservation_create(
                     return first
             refusal_record(refusal, reservation=reservation, now=now)
             raise
-
-
-def _run(tenant: str, run_id: str) -> Run:
-    """The run a call names, with its tenant, created on first sight; ``RunClosed`` if it was
-    closed (checked again under a share lock inside the hold's transaction)."""
-    found = Run.objects.select_related("tenant").filter(
-        tenant__external_id=tenant, external_id=run_id
-    )
-    run = next(iter(found), None)
-    if run is None:
-        run = run_ensure(tenant_get(tenant), run_id)
-    run_refuse_if_closed(run)
-    return run
 
 
 def _reservation_with_key(tenant_id: int, idempotency_key: str) -> Reservation | None:
@@ -401,13 +407,14 @@ def _hold(
             else {}
         )
         _lock_budgets(rolling_ids)
-        counters = counters_locked(
-            applicable, first=None if bound_first else lock_timeout_statement()
+        counters, run_rows = counters_locked_then(
+            applicable,
+            first=None if bound_first else lock_timeout_statement(),
+            then=_run_closed_read(reservation.run),
         )
         if len(counters) < len(by_key):
             raise _MissingCounters
-        if reservation.run is not None:
-            _refuse_if_run_closed(reservation.run)
+        _refuse_if_run_closed(reservation.run, run_rows)
         windows = rolling_buckets(applicable) if rolling_ids else {}
         used = _used(counters, windows)
         if degrade is not None and _degrade(
@@ -422,13 +429,21 @@ def _hold(
     return reservation
 
 
-def _refuse_if_run_closed(run: Run) -> None:
-    """Read the run's close once the counters are locked. ``runs.run_close`` locks the run's
+def _run_closed_read(run: Run | None) -> sql.Statement | None:
+    """The read of the run's close, sent right after the counters' lock statement (same round
+    trip where psycopg pipelines): it starts once the counters are held, so it sees a close
+    committed while they were awaited. No row is locked for it."""
+    if run is None:
+        return None
+    return _run_closed_sql(), [run.pk]
+
+
+def _refuse_if_run_closed(run: Run | None, rows: list[tuple[object, ...]]) -> None:
+    """Refuse if ``_run_closed_read`` found the run closed. ``runs.run_close`` locks the run's
     counters before it commits, so a close either committed before this transaction got them
-    (read here: refused) or waits for this hold to commit (admitted before the close). No row
-    is locked for it: a run call locks only its run counter more than a call without one."""
-    rows = sql.fetch(_run_closed_sql(), [run.pk])
-    if rows:
+    (read here: refused) or waits for this hold to commit (admitted before the close). A run
+    call locks only its run counter more than a call without one."""
+    if run is not None and rows:
         locked = sql.row_to(Run, rows[0])
         locked.tenant = run.tenant
         run_refuse_if_closed(locked)
