@@ -35,6 +35,7 @@ from llm_budgets.engine.counters import (
 from llm_budgets.events import observed_admission
 from llm_budgets.exceptions import (
     BudgetExceeded,
+    IdempotencyKeyReused,
     InvalidUsage,
     KillSwitchActive,
     LedgerUnavailable,
@@ -163,8 +164,10 @@ def reservation_create(
 
     Raises ``InvalidUsage`` (bad arguments), ``UnknownTenant``, ``OutputCeilingRequired``,
     ``UnknownPrice``, ``NoApplicableBudget``, ``KillSwitchActive``, ``BudgetExceeded`` or
-    ``LedgerUnavailable`` (or ``RunClosed``: the run named was closed); in each case no hold is
-    taken. ``run`` (a run id, created on first sight) brings in the run's budgets and tags those
+    ``LedgerUnavailable`` (or ``RunClosed``: the run named was closed; or
+    ``IdempotencyKeyReused``: the key belongs to a different request); in each case no hold is
+    taken. A retry with the key of an earlier call that asks the same gets that reservation.
+    ``run`` (a run id, created on first sight) brings in the run's budgets and tags those
     of each tag named (``set_limit(tag=(key, value))``). With ``allow_degrade=True`` the plan's
     degradation ladder may grant a cheaper model or a lower output ceiling (see
     :mod:`llm_budgets.degradation`); the reservation says what was granted. ``api_key``: the
@@ -215,19 +218,37 @@ def reservation_create(
                 tenant_obj, user_obj = tenant_get(request.tenant), None
             else:
                 tenant_obj, user_obj = tenant_with_end_user(request.tenant, request.end_user)
-        # A run not seen yet is created here; its budgets are then read on their own.
+        if run_id is not None and run_obj is None and context is None:
+            run_obj = Run.objects.filter(tenant=tenant_obj, external_id=run_id).first()
+        # A run not seen yet is created once the key is checked; its budgets are then read on
+        # their own.
         run_unseen = run_id is not None and run_obj is None
+        if run_obj is not None:
+            run_obj.tenant = tenant_obj
+            # Checked again inside the hold's transaction, once the run's counter is locked.
+            run_refuse_if_closed(run_obj)
+        asked = None
+        if request.idempotency_key is not None:
+            asked = _Asked(
+                key=request.idempotency_key,
+                end_user_id=user_obj.pk if user_obj is not None else None,
+                unseen=(request.end_user is not None and user_obj is None, run_unseen),
+                run_id=run_obj.pk if run_obj is not None else None,
+                provider=request.provider,
+                model=request.model,
+                input_tokens=request.input_tokens,
+                max_output_tokens=request.max_output_tokens,
+                tags=tag_map,
+            )
+            existing = _reservation_with_key(tenant_obj.pk, asked.key)
+            if existing is not None:
+                return asked.replay(existing)
         if run_id is not None:
             if run_obj is None:
                 run_obj = run_ensure(tenant_obj, run_id)
                 run_obj.tenant = tenant_obj
-            # Checked again inside the hold's transaction, once the run's counter is locked.
-            run_refuse_if_closed(run_obj)
+                run_refuse_if_closed(run_obj)  # created (and closed) by another call meanwhile
             scopes = replace(scopes, run=run_obj)
-        if request.idempotency_key is not None:
-            existing = _reservation_with_key(tenant_obj.pk, request.idempotency_key)
-            if existing is not None:
-                return existing
         tool_calls = tool_calls_validate(max_tool_calls, field="max_tool_calls")
         estimate = request_estimate(
             tenant_obj,
@@ -280,24 +301,67 @@ def reservation_create(
                 reservation,
                 applicable,
                 degrade,
-                request.idempotency_key,
+                asked,
                 api_key.pk if api_key is not None else None,
                 switches_open=context.any_switch_open if context is not None else True,
             )
         except (BudgetExceeded, KillSwitchActive) as refusal:
-            if request.idempotency_key is not None:
+            if asked is not None:
                 # The reservation is inserted after the checks: a concurrent request with the
                 # same key may have been admitted first, and its hold be what refused this one.
                 # It committed before this transaction could lock the counters, so it is there.
-                first = _reservation_with_key(tenant_obj.pk, request.idempotency_key)
+                first = _reservation_with_key(tenant_obj.pk, asked.key)
                 if first is not None:
-                    return first
+                    return asked.replay(first)
             refusal_record(refusal, reservation=reservation, now=now)
             raise
 
 
 def _reservation_with_key(tenant_id: int, idempotency_key: str) -> Reservation | None:
     return Reservation.objects.filter(tenant_id=tenant_id, idempotency_key=idempotency_key).first()
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What a call with an idempotency key asked for, which a retry with that key must ask
+    again: the same end user, run, provider (if named), model, token counts and tags. Not
+    compared: the amount (a price change between the call and its retry moves it; the tokens
+    and model it is priced from are compared), the TTL and ``allow_degrade``."""
+
+    key: str
+    end_user_id: int | None
+    # Whether it names an end user, a run, not seen yet: no reservation can have them.
+    unseen: tuple[bool, bool]
+    run_id: int | None
+    provider: str | None
+    model: str
+    input_tokens: int
+    max_output_tokens: int | None
+    tags: dict[str, str]
+
+    def replay(self, existing: Reservation) -> Reservation:
+        """``existing``, the reservation the key belongs to, if this call asks for the same;
+        else ``IdempotencyKeyReused`` naming what differs."""
+        same = {
+            "end_user": existing.end_user_id == self.end_user_id and not self.unseen[0],
+            "run": existing.run_id == self.run_id and not self.unseen[1],
+            "provider": self.provider is None or existing.provider == self.provider,
+            "model": (existing.requested_model or existing.model) == self.model,
+            "input_tokens": existing.input_tokens == self.input_tokens,
+            # A degraded hold may carry a lower ceiling than was asked.
+            "max_output_tokens": self.max_output_tokens is None
+            or existing.degraded
+            or existing.max_output_tokens == self.max_output_tokens,
+            "tags": existing.tags == self.tags,
+        }
+        differs = [name for name, equal in same.items() if not equal]
+        if differs:
+            raise IdempotencyKeyReused(
+                idempotency_key=self.key,
+                reservation_id=str(existing.pk),
+                differs=", ".join(differs),
+            )
+        return existing
 
 
 @dataclass(frozen=True)
@@ -313,7 +377,7 @@ def _admit(
     reservation: Reservation,
     applicable: list[ApplicableBudget],
     degrade: _Degrade | None,
-    idempotency_key: str | None,
+    asked: _Asked | None,
     api_key_id: str | None = None,
     *,
     switches_open: bool = True,
@@ -325,7 +389,7 @@ def _admit(
       transaction runs once more. Rows still missing then, or a row that cannot be created,
       mean a budget was removed meanwhile: the call is refused (``LedgerUnavailable``, retry).
     - the insert of a reservation whose idempotency key a concurrent request took first: that
-      request's reservation is returned.
+      request's reservation is returned (``IdempotencyKeyReused`` if it asked for another).
 
     Any other ``IntegrityError`` is a fault and propagates (``ledger_guard`` logs it).
     """
@@ -346,10 +410,10 @@ def _admit(
                     raise
                 break
         except IntegrityError as exc:
-            if idempotency_key is not None:
-                won = _reservation_with_key(reservation.tenant_id, idempotency_key)
+            if asked is not None:
+                won = _reservation_with_key(reservation.tenant_id, asked.key)
                 if won is not None:
-                    return won
+                    return asked.replay(won)
             if not _references_gone(exc):
                 raise
             break
