@@ -20,6 +20,7 @@ import time_machine
 from django.utils import timezone
 
 from llm_budgets import budgets
+from llm_budgets.engine import settlement
 from llm_budgets.engine.dbclock import database_now
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.models import Counter, Reservation
@@ -134,3 +135,21 @@ def test_a_skewed_process_admits_into_the_databases_period_only(
     assert Counter.objects.get(period_start=period.start).reserved == Decimal(60)
     assert overspent_counters() == []
     full[1].release()
+
+
+def test_a_skewed_process_extends_a_hold_by_the_databases_clock() -> None:
+    """An hour ahead, ``extend`` would push a hold an hour past what was asked."""
+    _tenant_with_room_left()
+    hold = reserve_30(ttl=TTL)
+
+    def extend(_: int) -> datetime:
+        with time_machine.travel(datetime.now(UTC) + timedelta(hours=1), tick=True):
+            return settlement.reservation_extend(hold.id, ttl_seconds=300).expires_at
+
+    before = database_now()
+    [(status, expires_at)] = run_processes(1, extend)
+    after = database_now()
+    assert status == "ok", expires_at
+    assert before + timedelta(seconds=300) <= expires_at + timedelta(seconds=1)
+    assert expires_at <= after + timedelta(seconds=300)
+    assert Reservation.objects.get(pk=hold.id).expires_at == expires_at
