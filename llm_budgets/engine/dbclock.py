@@ -8,7 +8,7 @@ statement as its context (``selectors.admission_context``): no extra round trip.
 
 - PostgreSQL: ``statement_timestamp()`` (the start of the statement; constant within it).
 - SQLite: SQLite's own ``'now'`` (the operating system's clock read by SQLite's C code, to the
-  millisecond; the database file is shared only by processes on one machine, so one clock).
+  millisecond, rounded up; the database file is shared only by processes on one machine).
 
 An explicit ``now=`` (the state machine, tests, replays) is used as given. Tests that move the
 application's clock (``time_machine``) and expect admission to follow it say so with
@@ -55,7 +55,9 @@ def now_sql() -> str:
     Its ``%`` are doubled: the statement is sent with parameters."""
     if connection.vendor == "postgresql":
         return "statement_timestamp()"
-    return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+    # SQLite's 'now' is truncated to the millisecond: rounded up, it is never before a time
+    # this machine's processes wrote just before (a price, a raise, a kill switch).
+    return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '+0.001 seconds')"
 
 
 def from_value(value: object) -> datetime:
