@@ -7,6 +7,9 @@ connection while it runs) and at the end (conservation, every hold settled after
 CI runs it at a reduced size; the full size is a documented command (docs/reliability.md):
 
     LLMB_SOAK_OPS=100000 DATABASE_URL=postgres://... make test-faults PYTEST_ARGS="-k soak"
+
+While it runs, each process writes its progress to ``var/faults-soak-progress-<i>.json`` every
+500 operations (operations done, seconds since its start), so a long run can be watched.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
 PROCESSES = 4
 TOTAL_OPS = int(os.environ.get("LLMB_SOAK_OPS", "2000"))
+VAR = Path(__file__).resolve().parent.parent / "var"
+PROGRESS_EVERY = 500
 END_USERS = [f"u{n}" for n in range(8)]
 
 
@@ -80,7 +85,12 @@ def soak_worker(index: int, proxy_port: int, ops: int) -> dict[str, int]:
     tally: Tally[str] = Tally()
     open_holds: list[Any] = []
     keys: list[str] = []
+    started = time.monotonic()
+    progress = VAR / f"faults-soak-progress-{index}.json"
     for n in range(ops):
+        if n % PROGRESS_EVERY == 0:
+            elapsed = round(time.monotonic() - started, 1)
+            progress.write_text(json.dumps({"operations": n, "of": ops, "seconds": elapsed}))
         op = rng.choices(
             ["reserve", "retry", "commit", "release", "extend", "sweep", "trip", "raise"],
             weights=[40, 6, 22, 12, 4, 6, 5, 5],
@@ -144,6 +154,7 @@ def test_soak(tmp_path: Path) -> None:
     if connection.vendor != "postgresql":
         pytest.skip("the soak runs on PostgreSQL, through the fault proxy")
     seed(limit="3000")
+    VAR.mkdir(exist_ok=True)
     budgets.set_limit(tenant="acme", end_user="*", amount="400", window="day")
     db = connection.settings_dict
     checks = {"overspend checks": 0, "resets": 0}
@@ -175,7 +186,7 @@ def test_soak(tmp_path: Path) -> None:
             results = run_processes(
                 PROCESSES,
                 lambda i: soak_worker(i, proxy.port, TOTAL_OPS // PROCESSES),
-                timeout=3600,
+                timeout=max(3600, TOTAL_OPS),  # the full size: up to a second per operation
             )
         finally:
             stop.set()
@@ -194,14 +205,13 @@ def test_soak(tmp_path: Path) -> None:
     ops = sum(tally.values())
     assert ops == TOTAL_OPS // PROCESSES * PROCESSES
     assert checks["overspend checks"] >= 1
-    out = Path(__file__).resolve().parent.parent / "var" / "faults-soak.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(
+    (VAR / "faults-soak.json").write_text(
         json.dumps(
             {
                 "operations": ops,
                 "processes": PROCESSES,
                 "seconds": round(elapsed, 1),
+                "finished": timezone.now().isoformat(timespec="seconds"),
                 **checks,
                 "outcomes": dict(sorted(tally.items())),
             },
