@@ -29,13 +29,14 @@ from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from llm_budgets import budgets
+from llm_budgets.adjustments import end_user_spend_reset
 from llm_budgets.budget_raises import budget_raise_grant
 from llm_budgets.engine import settlement
 from llm_budgets.exceptions import (
     BudgetError,
     LedgerUnavailable,
 )
-from llm_budgets.models import Budget, Reservation, ReservationState
+from llm_budgets.models import Budget, EndUser, Reservation, ReservationState
 from llm_budgets.reconcile import counters_drift
 from tests.concurrency import run_processes
 from tests.factories import seed
@@ -92,9 +93,12 @@ def soak_worker(index: int, proxy_port: int, ops: int) -> dict[str, int]:
             elapsed = round(time.monotonic() - started, 1)
             progress.write_text(json.dumps({"operations": n, "of": ops, "seconds": elapsed}))
         op = rng.choices(
-            ["reserve", "retry", "commit", "release", "extend", "sweep", "trip", "raise"],
-            weights=[40, 6, 22, 12, 4, 6, 5, 5],
+            ["reserve", "retry", "commit", "release", "extend", "sweep", "trip", "raise", "reset"],
+            weights=[40, 6, 22, 12, 4, 6, 5, 5, 2],
         )[0]
+        if op in ("commit", "release", "extend") and not open_holds:
+            tally[f"{op} skipped (no open hold)"] += 1
+            continue
         try:
             if op in ("reserve", "retry"):
                 key = rng.choice(keys) if op == "retry" and keys else f"p{index}-{n}"
@@ -131,10 +135,21 @@ def soak_worker(index: int, proxy_port: int, ops: int) -> dict[str, int]:
                 else:
                     budgets.clear(tenant="acme", end_user=user, reason="soak", actor="soak")
             elif op == "raise":
+                # Sizeable raises keep the tenant's budget admitting over a long run, so the
+                # soak keeps exercising admission near its limits rather than refusing.
                 budget_raise_grant(
                     budget=Budget.objects.filter(tenant__external_id="acme").first(),
-                    amount="5",
+                    amount=str(rng.randint(5, 200)),
                     until=timezone.now() + timedelta(seconds=rng.randint(1, 30)),
+                    reason="soak",
+                    actor="soak",
+                )
+            elif op == "reset":
+                # Support gives an end user its budget back (adjustment lines, audited).
+                end_user_spend_reset(
+                    end_user=EndUser.objects.get(
+                        tenant__external_id="acme", external_id=rng.choice(END_USERS)
+                    ),
                     reason="soak",
                     actor="soak",
                 )
@@ -145,6 +160,8 @@ def soak_worker(index: int, proxy_port: int, ops: int) -> dict[str, int]:
         except DatabaseError:
             tally[f"{op} database_error"] += 1
             connection.close()
+        except EndUser.DoesNotExist:
+            tally[f"{op} skipped (end user not seen yet)"] += 1
         except BudgetError as exc:
             tally[f"{op} {exc.code}"] += 1
     return dict(tally)
@@ -205,6 +222,8 @@ def test_soak(tmp_path: Path) -> None:
     ops = sum(tally.values())
     assert ops == TOTAL_OPS // PROCESSES * PROCESSES
     assert checks["overspend checks"] >= 1
+    # A soak that only refused would prove little: admission kept admitting throughout.
+    assert tally["reserve ok"] >= ops // 20, tally
     (VAR / "faults-soak.json").write_text(
         json.dumps(
             {
