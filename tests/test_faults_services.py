@@ -179,6 +179,16 @@ def _gpt(proxy: FaultProxy, *, timeout: Any = WAIT) -> Any:
     return openai_guard.guard(sdk, tenant="acme", end_user="u-1")
 
 
+def _drain(
+    stream: Any, received: list[Any], *, stall_at: int = 0, proxy: FaultProxy | None = None
+) -> None:
+    """Read a stream to its end, keeping what came; stall the proxy after ``stall_at`` chunks."""
+    for chunk in stream:
+        received.append(chunk)
+        if proxy is not None and len(received) == stall_at:
+            proxy.stall()
+
+
 def _reset_after(proxy: FaultProxy, fake: Any, chunks: int) -> threading.Thread:
     """Reset every connection once the fake has sent ``chunks`` stream chunks."""
 
@@ -203,12 +213,11 @@ def test_a_stream_cut_by_the_network_mid_way_keeps_the_hold_counted(
         model=GPT, messages=MESSAGES, max_completion_tokens=1000, stream=True
     )
     cutter = _reset_after(proxy, fake, 5)
-    received = 0
+    received: list[Any] = []
     with pytest.raises(openai.APIConnectionError):
-        for _ in stream:
-            received += 1
+        _drain(stream, received)
     cutter.join(WAIT)
-    assert 0 < received < 200
+    assert 0 < len(received) < 200
     # Connection lost after sending: the provider may bill it all, so the hold stays counted.
     reservation = only_reservation()
     assert reservation.state == "uncertain"
@@ -225,9 +234,7 @@ def test_a_stalled_stream_past_the_read_timeout_keeps_the_hold_counted(
         model=GPT, messages=MESSAGES, max_completion_tokens=1000, stream=True
     )
     with pytest.raises((openai.APITimeoutError, openai.APIConnectionError)):
-        for received, _ in enumerate(stream, start=1):
-            if received == 3:
-                proxy.stall()
+        _drain(stream, [], stall_at=3, proxy=proxy)
     proxy.heal()
     assert only_reservation().state == "uncertain"
     assert_conserved()
@@ -239,7 +246,7 @@ def test_a_connection_reset_before_any_answer_is_uncertain_not_released(
     """The proxy accepts the connection and resets it: the SDK had sent its request, so the guard
     cannot know the provider did not run it, and keeps the hold counted (never releases on a
     guess). A connection refused by the peer's kernel releases (tests/test_integrations_*)."""
-    fake, proxy = openai_behind_proxy
+    _, proxy = openai_behind_proxy
     proxy.refuse()
     with pytest.raises(openai.APIConnectionError):
         _gpt(proxy).chat.completions.create(model=GPT, messages=MESSAGES, max_completion_tokens=100)
@@ -255,7 +262,7 @@ def test_a_connection_reset_before_any_answer_is_uncertain_not_released(
 def test_latency_changes_nothing_a_slow_stream_is_charged_its_usage(
     openai_behind_proxy: tuple[FakeOpenAI, FaultProxy],
 ) -> None:
-    fake, proxy = openai_behind_proxy
+    _, proxy = openai_behind_proxy
     proxy.latency_set(0.02)
     stream = _gpt(proxy).chat.completions.create(
         model=GPT, messages=MESSAGES, max_completion_tokens=100, stream=True
