@@ -112,7 +112,8 @@ def _subclasses(cls: type[BudgetError]) -> list[type[BudgetError]]:
 
 def _error_class(code: str) -> type[BudgetError] | None:
     """The exception class whose own ``code`` is ``code`` (new classes map themselves)."""
-    for cls in [BudgetError, *_subclasses(BudgetError)]:
+    candidates: list[type[BudgetError]] = [BudgetError, *_subclasses(BudgetError)]
+    for cls in candidates:
         if cls.__dict__.get("code") == code and cls is not ApiError:
             return cls
     return None
