@@ -26,7 +26,6 @@ from django.core import mail
 from django.db import connection
 from django.utils import timezone
 
-from llm_budgets import budgets
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.models import (
     DeliveryState,
@@ -199,13 +198,7 @@ def test_redis_down_or_stalled_never_widens_spending_and_the_worker_recovers_by_
                 # Admission does not use Redis: it admits within the limit and refuses past it.
                 hold = reserve_30()
                 with pytest.raises(BudgetExceeded):
-                    budgets.reserve(
-                        tenant="acme",
-                        provider="fake",
-                        model="m30",
-                        input_tokens=0,
-                        max_output_tokens=3000,
-                    )
+                    reserve_30(max_output_tokens=3000)  # 90 more: past the limit of 100
                 hold.release()
                 if name != "stalled":  # a publish while refused is an error, not a silent loss
                     with pytest.raises(

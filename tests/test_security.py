@@ -100,17 +100,7 @@ def test_no_api_key_secret_in_logs_errors_history_or_audit(caplog: Any) -> None:
     assert after.status_code == 401
     bodies.append(after.content.decode())
 
-    places = {
-        "logs": "\n".join(record.getMessage() for record in caplog.records),
-        "responses": "\n".join(bodies),
-        "admin history": json.dumps(
-            list(LogEntry.objects.values("object_repr", "change_message")), default=str
-        ),
-        "audit log": json.dumps(
-            list(AuditEvent.objects.values("before", "after", "reason", "actor", "target")),
-            default=str,
-        ),
-    }
+    places = _places(caplog, bodies, [])
     assert AuditEvent.objects.exists()
     assert LogEntry.objects.exists()
     for place, text in places.items():
