@@ -71,7 +71,10 @@ class CeleryProcesses:
         """Publish ``task`` to the queue, as beat would (a producer of our own)."""
         from celery import Celery
 
-        sender = Celery("sender", broker=broker_url or self.env["CELERY_BROKER_URL"])
+        # Not the current app: tasks the test process runs afterwards keep the project's broker.
+        sender = Celery(
+            "sender", broker=broker_url or self.env["CELERY_BROKER_URL"], set_as_current=False
+        )
         sender.conf.broker_transport_options = {"max_retries": 1}
         try:
             sender.send_task(task, queue=self.queue, retry=False)

@@ -294,8 +294,7 @@ def test_beat_down_for_an_hour_runs_each_job_once_on_restart_and_loses_nothing()
 
 
 def _task(name: str) -> Any:
-    from celery import current_app
-
     import llm_budgets.tasks  # noqa: F401  (registers the shared tasks)
+    from project.celery import app
 
-    return current_app.tasks[name]
+    return app.tasks[name]
