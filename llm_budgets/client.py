@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("llm_budgets.client")
 
 __all__ = [
+    "API_ERROR_CODES",
     "ApiError",
     "BudgetsClient",
     "RemoteBudgetStatus",
@@ -53,6 +54,40 @@ __all__ = [
 ]
 
 RETRYABLE_CODES = {"ledger_unavailable", "throttled", "idempotency_in_progress"}
+
+# The REST API's own error codes, which no in-process exception class says (those map to their
+# class by its ``code``): a caller receives them as :class:`ApiError` with ``.code`` set. A code the
+# server can send must be here or on an exception class (tests/test_client_parity.py).
+API_ERROR_CODES: dict[str, str] = {
+    # 400: the request itself
+    "parse_error": "the body is not valid JSON",
+    "too_deeply_nested": "the JSON body is nested more than 64 levels",
+    "invalid_encoding": "the body is not UTF-8",
+    # 401: no key, or a bad one
+    "not_authenticated": "no API key was sent",
+    "authentication_failed": "the API key was refused",
+    "malformed_api_key": "the header is not exactly `Api-Key <prefix>.<secret>`",
+    "invalid_api_key": "no such API key, or the secret is wrong",
+    "api_key_revoked": "the API key was revoked",
+    "api_key_expired": "the API key expired",
+    # 403, 404, 405, 406, 415: what the key may do, where the request went
+    "operator_key_required": "the operation needs an operator key",
+    "permission_denied": "the key may not do this",
+    "not_found": "no such path or object (or another tenant's)",
+    "method_not_allowed": "the path does not take this HTTP method",
+    "not_acceptable": "the server cannot answer in the Accept header's type",
+    "unsupported_media_type": "the body's content type is not JSON",
+    # 409: idempotency
+    "idempotency_key_reused": "the Idempotency-Key was used with another request",
+    "idempotency_in_progress": "the first request with this Idempotency-Key is still running",
+    # 413, 429
+    "request_too_large": "the body is larger than the server's DATA_UPLOAD_MAX_MEMORY_SIZE",
+    "throttled": "too many requests for this key, or failed attempts from this address",
+    # any status: an APIException with no code of its own
+    "error": "the server's generic error",
+    # made by this client, never sent: the answer was not the API's error shape
+    "http_error": "an HTTP error without the API's JSON error body (e.g. a proxy's page)",
+}
 
 
 class ApiError(BudgetError):
@@ -77,7 +112,8 @@ def _subclasses(cls: type[BudgetError]) -> list[type[BudgetError]]:
 
 def _error_class(code: str) -> type[BudgetError] | None:
     """The exception class whose own ``code`` is ``code`` (new classes map themselves)."""
-    for cls in _subclasses(BudgetError):
+    candidates: list[type[BudgetError]] = [BudgetError, *_subclasses(BudgetError)]
+    for cls in candidates:
         if cls.__dict__.get("code") == code and cls is not ApiError:
             return cls
     return None
@@ -116,6 +152,8 @@ def error_from_response(response: httpx.Response) -> BudgetError:
         )
     details = {k: v for k, v in error.items() if k not in ("code", "message", "fields")}
     cls = _error_class(code)
+    if cls is None and code not in API_ERROR_CODES:
+        logger.warning("llm_budgets: unknown error code %r (is the server newer?)", code)
     if cls is None:
         return ApiError(message, status_code=response.status_code, code=code, **details)
     exc = cls.__new__(cls)

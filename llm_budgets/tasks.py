@@ -13,18 +13,24 @@ from django.db import transaction
 from llm_budgets import anomalies, retention, rollups, thresholds
 from llm_budgets.engine import settlement
 
+# Every job is idempotent (a sweep, a scan or a push run twice changes nothing the first did not),
+# so each is acknowledged only once it has finished: a worker killed mid-task (SIGKILL, OOM, a
+# lost host) leaves the message to be delivered again (with Redis, after the broker's visibility
+# timeout) instead of losing the run. A task that failed with an exception is not redelivered.
+JOB = {"ignore_result": True, "acks_late": True, "reject_on_worker_lost": True}
 
-@shared_task(name="llm_budgets.sweep_expired_holds", ignore_result=True)
+
+@shared_task(name="llm_budgets.sweep_expired_holds", **JOB)
 def sweep_expired_holds() -> int:
     return settlement.reservations_sweep()
 
 
-@shared_task(name="llm_budgets.reconcile_uncertain", ignore_result=True)
+@shared_task(name="llm_budgets.reconcile_uncertain", **JOB)
 def reconcile_uncertain() -> int:
     return settlement.reservations_reconcile()
 
 
-@shared_task(name="llm_budgets.scan_thresholds", ignore_result=True)
+@shared_task(name="llm_budgets.scan_thresholds", **JOB)
 def scan_thresholds() -> int:
     """Record new crossings, then enqueue one email task for each crossing that is due (new ones
     and any left behind by a crashed sender), once the rows are committed."""
@@ -36,7 +42,7 @@ def scan_thresholds() -> int:
 
 @shared_task(
     name="llm_budgets.send_threshold_warning",
-    ignore_result=True,
+    **JOB,
     autoretry_for=(OSError,),
     retry_backoff=30,
     retry_backoff_max=600,
@@ -46,23 +52,23 @@ def send_threshold_warning(crossing_id: int) -> str:
     return thresholds.threshold_warning_send(crossing_id)
 
 
-@shared_task(name="llm_budgets.detect_anomalies", ignore_result=True)
+@shared_task(name="llm_budgets.detect_anomalies", **JOB)
 def detect_anomalies() -> int:
     """Automatic kill switches: spend velocity, runaway loops, failure storms (per plan)."""
     return len(anomalies.anomalies_detect())
 
 
-@shared_task(name="llm_budgets.rollup_daily_usage", ignore_result=True)
+@shared_task(name="llm_budgets.rollup_daily_usage", **JOB)
 def rollup_daily_usage() -> int:
     return rollups.daily_usage_refresh()
 
 
-@shared_task(name="llm_budgets.purge_retention", ignore_result=True)
+@shared_task(name="llm_budgets.purge_retention", **JOB)
 def purge_retention() -> int:
     return retention.reservations_purge() + retention.refusals_purge()
 
 
-@shared_task(name="llm_budgets.stripe_push", ignore_result=True)
+@shared_task(name="llm_budgets.stripe_push", **JOB)
 def stripe_push() -> int:
     """Deliver pending usage to Stripe (nothing without STRIPE_API_KEY: usage waits)."""
     from llm_budgets.billing.client import StripeNotConfigured
@@ -74,7 +80,7 @@ def stripe_push() -> int:
         return 0
 
 
-@shared_task(name="llm_budgets.stripe_reconcile", ignore_result=True)
+@shared_task(name="llm_budgets.stripe_reconcile", **JOB)
 def stripe_reconcile() -> int:
     """Compare delivered usage with Stripe's summaries; returns the number of differences."""
     from llm_budgets.billing.reconciliation import billing_reconcile

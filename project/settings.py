@@ -155,6 +155,12 @@ else:  # pragma: no cover
     CELERY_BEAT_SCHEDULE = BEAT_SCHEDULE
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# The llm_budgets tasks acknowledge late (llm_budgets/tasks.py): with Redis, the task of a worker
+# killed mid-run is delivered again once this many seconds have passed since it was taken (Redis's
+# own default is an hour). Keep it longer than the longest job runs.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600)
+}
 
 LOGGING = {
     "version": 1,

@@ -5,12 +5,17 @@ live server."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
+import json
+import subprocess
+import sys
 import typing
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -254,3 +259,136 @@ def test_every_error_declares_what_it_sends() -> None:
     for cls, kwargs in samples.items():
         exc = cls(**kwargs)  # type: ignore[arg-type]
         assert set(exc.context) <= {wire.attr for wire in cls.wire}, cls
+
+
+# -- error codes ------------------------------------------------------------------------------
+
+API_PACKAGE = Path(__file__).resolve().parent.parent / "llm_budgets" / "api"
+
+
+def _codes_in_source(path: Path) -> set[str]:
+    """String codes a module of the REST API gives errors: ``code="..."`` in a call (DRF's
+    exceptions, HttpError) and ``code = "..."`` / ``default_code = "..."`` in a class body (e.g. a
+    permission's). A serializer's ``ValidationError(code=...)`` never reaches the wire: the
+    handler sends every validation error as ``invalid``."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == "ValidationError":
+                continue
+            for keyword in node.keywords:
+                if keyword.arg == "code" and isinstance(keyword.value, ast.Constant):
+                    found.add(str(keyword.value.value))
+        elif isinstance(node, ast.ClassDef):
+            for statement in node.body:
+                if (
+                    isinstance(statement, ast.Assign)
+                    and isinstance(statement.value, ast.Constant)
+                    and isinstance(statement.value.value, str)
+                    and any(
+                        isinstance(t, ast.Name) and t.id in ("code", "default_code")
+                        for t in statement.targets
+                    )
+                ):
+                    found.add(statement.value.value)
+    return found
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+
+
+def server_error_codes() -> dict[str, str]:
+    """Every ``error.code`` the REST API can send, with where it comes from."""
+    from rest_framework import exceptions as drf
+
+    import llm_budgets.api.urls  # noqa: F401  (every view, and every error they can raise)
+    from llm_budgets.api.exceptions import STATUS_BY_CODE
+
+    codes: dict[str, str] = {}
+    for path in sorted(API_PACKAGE.glob("*.py")):
+        codes.update(dict.fromkeys(_codes_in_source(path), path.name))
+    for cls in _subclasses(drf.APIException):  # the handler sends their default codes
+        if cls.__module__ == drf.__name__ and cls is not drf.ValidationError:
+            codes[str(cls.default_code)] = f"rest_framework {cls.__name__}"
+    codes["error"] = "rest_framework APIException"
+    codes.update(dict.fromkeys(STATUS_BY_CODE, "STATUS_BY_CODE"))
+    for cls in [exceptions.BudgetError, *_subclasses(exceptions.BudgetError)]:
+        if (
+            "code" in cls.__dict__
+            and cls.__module__.startswith("llm_budgets.")
+            and (cls is not client.ApiError)
+        ):
+            codes[cls.__dict__["code"]] = f"{cls.__module__}.{cls.__name__}"
+    return codes
+
+
+# Codes that never reach the REST API: raised in-process by the SDK guards only.
+IN_PROCESS_ONLY_CODES = {"not_guarded"}
+
+# What a client process alone (no Django, no server modules imported) makes of each code.
+CLIENT_PROBE = """
+import json, sys
+from llm_budgets import client
+codes = json.loads(sys.stdin.read())
+print(json.dumps({
+    code: (client._error_class(code) or client.ApiError).__name__
+    if client._error_class(code) is not None or code in client.API_ERROR_CODES else None
+    for code in codes
+}))
+"""
+
+
+def test_the_client_knows_every_error_code_the_server_sends() -> None:
+    """Each code maps, in a process that imports only the client, to the exception class that
+    says it or to ``ApiError`` with a documented meaning (``client.API_ERROR_CODES``). A new
+    server code fails here until the client learns it."""
+    codes = {
+        code: origin
+        for code, origin in server_error_codes().items()
+        if code not in IN_PROCESS_ONLY_CODES
+    }
+    # The scan sees the codes it must (a scan that found nothing would pass anything).
+    assert {"malformed_api_key", "run_closed", "request_too_large", "throttled"} <= set(codes)
+    probe = subprocess.run(
+        [sys.executable, "-c", CLIENT_PROBE],
+        input=json.dumps(sorted(codes)),
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(API_PACKAGE.parent.parent)},
+    )
+    mapped = json.loads(probe.stdout)
+    unknown = {code: codes[code] for code, cls in mapped.items() if cls is None}
+    assert unknown == {}, f"codes the client cannot map (add to client.API_ERROR_CODES): {unknown}"
+    for code, cls in mapped.items():
+        own_class = client._error_class(code)
+        assert cls == (own_class.__name__ if own_class else "ApiError"), code
+    # Each class code maps to its own class, and no ApiError code shadows one.
+    assert not set(client.API_ERROR_CODES) & {
+        c.__dict__.get("code") for c in _subclasses(exceptions.BudgetError)
+    }
+    assert set(codes) >= client.RETRYABLE_CODES
+
+
+def test_the_client_table_lists_no_code_the_server_cannot_send() -> None:
+    stale = set(client.API_ERROR_CODES) - set(server_error_codes()) - {"http_error"}
+    assert stale == set(), "codes the server no longer sends: drop them from API_ERROR_CODES"
+
+
+def test_an_unknown_code_is_an_api_error_and_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    import httpx
+
+    request = httpx.Request("POST", "http://127.0.0.1/api/llm-budgets/v1/reservations")
+    body = {"error": {"code": "brand_new", "message": "From a newer server."}}
+    with caplog.at_level("WARNING", logger="llm_budgets.client"):
+        error = client.error_from_response(httpx.Response(409, json=body, request=request))
+    assert isinstance(error, client.ApiError)
+    assert (error.code, error.status_code, error.message) == (
+        "brand_new",
+        409,
+        body["error"]["message"],
+    )
+    assert "unknown error code 'brand_new'" in caplog.text

@@ -21,6 +21,7 @@ from django.test import Client
 from django.urls import reverse
 
 from llm_budgets import budgets
+from llm_budgets.exceptions import KillSwitchActive
 from llm_budgets.models import (
     ApiKey,
     AuditEvent,
@@ -99,17 +100,7 @@ def test_no_api_key_secret_in_logs_errors_history_or_audit(caplog: Any) -> None:
     assert after.status_code == 401
     bodies.append(after.content.decode())
 
-    places = {
-        "logs": "\n".join(record.getMessage() for record in caplog.records),
-        "responses": "\n".join(bodies),
-        "admin history": json.dumps(
-            list(LogEntry.objects.values("object_repr", "change_message")), default=str
-        ),
-        "audit log": json.dumps(
-            list(AuditEvent.objects.values("before", "after", "reason", "actor", "target")),
-            default=str,
-        ),
-    }
+    places = _places(caplog, bodies, [])
     assert AuditEvent.objects.exists()
     assert LogEntry.objects.exists()
     for place, text in places.items():
@@ -216,3 +207,188 @@ def test_names_and_tags_with_html_are_escaped_in_the_admin() -> None:
     # The escaped text is there: shown, not executed.
     page = admin.get(pages[2]).content.decode()
     assert "&lt;script&gt;" in page
+
+
+def _places(caplog: Any, bodies: list[str], errors: list[str]) -> dict[str, str]:
+    """Every place a secret could leak to, as text: logs, responses, stored errors, the admin's
+    change history and the audit log."""
+    from llm_budgets.models import MeterDelivery, StripeWebhookEvent
+
+    errors = [
+        *errors,
+        *MeterDelivery.objects.values_list("error_message", flat=True),
+        *MeterDelivery.objects.values_list("note", flat=True),
+        *StripeWebhookEvent.objects.values_list("error", flat=True),
+    ]
+    return {
+        "logs": "\n".join(
+            f"{record.getMessage()} {record.exc_text or ''}" for record in caplog.records
+        ),
+        "responses": "\n".join(bodies),
+        "errors": "\n".join(errors),
+        "admin history": json.dumps(
+            list(LogEntry.objects.values("object_repr", "change_message")), default=str
+        ),
+        "audit log": json.dumps(
+            list(AuditEvent.objects.values("before", "after", "reason", "actor", "target")),
+            default=str,
+        ),
+    }
+
+
+def test_no_stripe_key_or_webhook_secret_in_logs_errors_history_or_audit(
+    caplog: Any, settings: Any
+) -> None:
+    """The Stripe secret key (a refused one and the right one), and the webhook signing secret,
+    through every path that talks about them: pushes refused, retried and sent, webhooks signed
+    right and wrong, the admin's billing pages and retry action, and the settings checks."""
+    from datetime import timedelta
+
+    import time_machine
+    from django.core import checks
+    from django.utils import timezone
+
+    from llm_budgets.billing.delivery import billing_push
+    from llm_budgets.models import MeterDelivery, MeterDeliveryState
+    from tests.fakes.stripe_server import StripeServer
+    from tests.stripe_support import event, set_up, sign, stripe_settings
+
+    caplog.set_level(logging.DEBUG)
+    refused_key = f"rk_test_{secrets.token_hex(16)}"  # the fake refuses restricted keys: 401
+    stripe_key = f"sk_test_{secrets.token_hex(16)}"
+    webhook_secret = f"whsec_{secrets.token_hex(16)}"
+    admin, _ = _logged_in(username="root", is_staff=True, is_superuser=True)
+    bodies: list[str] = []
+    with StripeServer() as fake:
+        base = stripe_settings(fake.base_url, STRIPE_WEBHOOK_SECRET=webhook_secret)
+        settings.LLM_BUDGETS = {**base, "STRIPE_API_KEY": stripe_key}
+        with time_machine.travel(timezone.now() - timedelta(hours=2), tick=False):
+            cid = set_up(fake)
+            reserve_30().commit(input_tokens=0, output_tokens=100)
+        settings.LLM_BUDGETS = {**base, "STRIPE_API_KEY": refused_key}
+        assert billing_push().parked == 1  # Stripe refused the key
+        delivery = MeterDelivery.objects.get()
+        changelist = reverse("admin:llm_budgets_meterdelivery_changelist")
+        retried = admin.post(changelist, {"action": "retry", "_selected_action": [delivery.pk]})
+        assert retried.status_code == 302
+        settings.LLM_BUDGETS = {**base, "STRIPE_API_KEY": stripe_key}
+        fake.inject("/v1/billing/meter_events", "500", "drop_after")
+        assert billing_push().retrying == 1
+        later = timezone.now() + timedelta(minutes=10)
+        assert billing_push(now=later).retrying == 1  # dropped after Stripe recorded it
+        assert billing_push(now=later + timedelta(hours=1)).sent == 1  # the replay
+        assert MeterDelivery.objects.get().state == MeterDeliveryState.SENT
+
+        paid = event("invoice.paid", {"id": "in_1", "customer": cid})
+        wrong = sign(paid, secret=f"whsec_{secrets.token_hex(16)}")
+        deleted = event("customer.deleted", {"id": cid, "object": "customer"}, "evt_2")
+        for payload, signature in ((paid, wrong), (paid, sign(paid, webhook_secret))):
+            bodies.append(_webhook(payload, signature))
+        bodies.append(_webhook(deleted, sign(deleted, webhook_secret)))
+        for name in ("meterdelivery", "stripewebhookevent", "stripecustomerlink", "tenant"):
+            page = admin.get(reverse(f"admin:llm_budgets_{name}_changelist"))
+            assert page.status_code == 200, name
+            bodies.append(page.content.decode())
+        bodies.append(admin.get(reverse("admin:index")).content.decode())
+        bodies.append(
+            admin.get(
+                reverse("admin:llm_budgets_meterdelivery_change", args=[delivery.pk])
+            ).content.decode()
+        )
+    assert AuditEvent.objects.filter(action="stripe.unlink").exists()
+    # A secret in the wrong setting (each the other's shape): the checks do not echo it.
+    settings.LLM_BUDGETS = {"STRIPE_API_KEY": webhook_secret, "STRIPE_WEBHOOK_SECRET": stripe_key}
+    found = checks.run_checks()
+    assert {"llm_budgets.E070", "llm_budgets.E073"} <= {m.id for m in found}, found
+    errors = [f"{m.msg} {m.hint}" for m in found]
+
+    for place, text in _places(caplog, bodies, errors).items():
+        for secret in (refused_key, stripe_key, webhook_secret):
+            assert secret not in text, (place, secret[:8])
+            assert secret.split("_")[-1] not in text, (place, secret[:8])  # nor its random part
+
+
+def _webhook(payload: bytes, signature: str) -> str:
+    response = Client().post(
+        "/api/llm-budgets/v1/stripe/webhook",
+        payload,
+        content_type="application/json",
+        HTTP_STRIPE_SIGNATURE=signature,
+    )
+    return f"{response.status_code} {response.content.decode()}"
+
+
+def test_no_provider_api_key_in_logs_errors_or_the_ledger(caplog: Any) -> None:
+    """The host's OpenAI and Anthropic keys pass through the guards: not into logs, the errors
+    the guard raises, reservations, ledger lines, refusals or the audit log."""
+    import anthropic
+    import openai
+
+    from llm_budgets.integrations import anthropic as anthropic_guard
+    from llm_budgets.integrations import openai as openai_guard
+    from llm_budgets.models import Refusal, Reservation
+    from tests.fakes.anthropic_server import FakeAnthropic
+    from tests.fakes.openai_server import FakeOpenAI
+    from tests.integrations import CLAUDE, GPT, seed_tenant
+
+    caplog.set_level(logging.DEBUG)
+    seed_tenant()
+    keys = {
+        "openai": f"sk-proj-{secrets.token_hex(16)}",
+        "anthropic": f"sk-ant-{secrets.token_hex(16)}",
+    }
+    errors: list[str] = []
+    fakes = [FakeOpenAI(), FakeAnthropic()]
+    try:
+        gpt = openai_guard.guard(
+            openai.OpenAI(
+                base_url=f"{fakes[0].base_url}/v1", api_key=keys["openai"], max_retries=0
+            ),
+            tenant="acme",
+            end_user="u-1",
+        )
+        claude = anthropic_guard.guard(
+            anthropic.Anthropic(
+                base_url=fakes[1].base_url, api_key=keys["anthropic"], max_retries=0
+            ),
+            tenant="acme",
+            end_user="u-1",
+        )
+        calls = [
+            lambda: gpt.chat.completions.create(  # type: ignore[attr-defined]
+                model=GPT, messages=[{"role": "user", "content": "hi"}], max_completion_tokens=50
+            ),
+            lambda: claude.messages.create(  # type: ignore[attr-defined]
+                model=CLAUDE, messages=[{"role": "user", "content": "hi"}], max_tokens=50
+            ),
+        ]
+        for fake, call in zip(fakes, calls, strict=True):
+            call()  # answered and charged
+            fake.then(kind="status", status=401)
+            fake.then(kind="drop")
+            fake.then(kind="status", status=500)
+            for _ in range(3):
+                with pytest.raises(Exception) as raised:  # noqa: PT011 - the SDK's own errors
+                    call()
+                errors.append(f"{raised.value!r} {raised.value}")
+        budgets.trip(tenant="acme", reason="t", actor="t")
+        with pytest.raises(KillSwitchActive) as refused:
+            calls[0]()
+        errors.append(f"{refused.value!r} {refused.value}")
+    finally:
+        for fake in fakes:
+            fake.stop()
+    rows = json.dumps(
+        [
+            list(Reservation.objects.values()),
+            list(UsageRecord.objects.values()),
+            list(Refusal.objects.values()),
+        ],
+        default=str,
+    )
+    places = _places(caplog, [rows], errors)
+    assert UsageRecord.objects.count() == 2
+    for place, text in places.items():
+        for key in keys.values():
+            assert key not in text, place
+            assert key.split("-")[-1] not in text, place

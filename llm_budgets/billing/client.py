@@ -12,6 +12,12 @@ if TYPE_CHECKING:
     import stripe
 
 
+# Seconds a call to Stripe may take (connect, then each read) before it is a connection error the
+# outbox retries with the same identifier. The stripe package's own default is 80 s: a stalled
+# Stripe held a worker that long per delivery.
+TIMEOUT_SECONDS = 30.0
+
+
 class StripeNotConfigured(ImproperlyConfigured):
     """Nothing can be sent: no API key, or the ``stripe`` package is missing."""
 
@@ -36,4 +42,5 @@ def stripe_client() -> stripe.StripeClient:
         key,
         base_addresses={"api": base, "files": base, "connect": base, "meter_events": base},
         max_network_retries=0,
+        http_client=stripe.new_default_http_client(timeout=TIMEOUT_SECONDS),
     )
