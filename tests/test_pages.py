@@ -166,8 +166,10 @@ def test_support_staff_may_open_any_tenant(folks: People) -> None:
     rows = export_rows(support.get("/usage/export.csv", {"tenant": "acme"}))
     assert len(rows) == 1 + 5
     assert support.get("/usage/", {"tenant": "nope"}).status_code == 404
-    # Without ?tenant= support staff have no tenant of their own.
-    assert support.get("/usage/").status_code == 403
+    # Without ?tenant= support staff have no tenant of their own: they choose one.
+    picker = body(support.get("/usage/"))
+    assert "Choose a tenant" in picker
+    assert 'href="/usage/?tenant=beta"' in picker
 
 
 def test_tenant_parameter_chooses_only_among_ones_own_memberships(folks: People) -> None:

@@ -446,9 +446,37 @@ def test_one_api_keys_entry() -> None:
     assert admin.site.is_registered(ApiKey)
 
 
-def test_view_site_is_hidden_not_a_dead_link(superuser: Client) -> None:
-    assert admin.site.site_url is None
-    assert "View site" not in superuser.get(reverse("admin:index")).content.decode()
+def test_view_site_goes_to_the_usage_pages_where_support_picks_a_tenant() -> None:
+    budgets.ensure_tenant("acme", name="Acme Corp")
+    budgets.ensure_tenant("beta")
+    support = _client("sue", _view_all())  # the support role's view permissions
+    index = support.get(reverse("admin:index")).content.decode()
+    assert f'href="{reverse("llm_budgets_pages:overview")}">View site' in index
+    # No tenant of their own: the usage pages offer the tenants (searchable), not a 403.
+    picker = support.get(reverse("llm_budgets_pages:overview"))
+    assert picker.status_code == 200
+    text = picker.content.decode()
+    assert 'href="/usage/?tenant=acme">Acme Corp</a>' in text
+    assert 'href="/usage/?tenant=beta">beta</a>' in text
+    found = support.get(reverse("llm_budgets_pages:tenants"), {"q": "acm"}).content.decode()
+    assert "?tenant=acme" in found and "?tenant=beta" not in found
+    # A page asked for keeps its path: the picker links to it.
+    assert "/usage/users/?tenant=beta" in support.get("/usage/users/").content.decode()
+    # The admin tenant page links to the tenant's usage pages, which open for support.
+    acme = Tenant.objects.get(external_id="acme")
+    page = support.get(reverse("admin:llm_budgets_tenant_change", args=[acme.pk]))
+    assert 'href="/usage/?tenant=acme">Usage pages</a>' in page.content.decode()
+    overview = support.get("/usage/", {"tenant": "acme"}).content.decode()
+    assert "Support view of this tenant." in overview
+    assert "Choose another tenant" in overview
+
+
+def test_the_tenant_picker_is_for_support_staff_only() -> None:
+    budgets.ensure_tenant("acme")
+    client = _client("stan", set())  # staff, without the view permission on tenants
+    assert client.get(reverse("llm_budgets_pages:tenants")).status_code == 403
+    assert client.get(reverse("llm_budgets_pages:overview")).status_code == 403
+    assert Client().get(reverse("llm_budgets_pages:tenants")).status_code == 302
 
 
 def test_plan_form_shows_an_empty_box_not_null(superuser: Client) -> None:

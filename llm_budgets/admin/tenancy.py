@@ -11,7 +11,7 @@ from django.contrib import admin
 from django.core.exceptions import ValidationError
 from django.db.models import Count, Model
 from django.http import HttpRequest, HttpResponse
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
@@ -225,8 +225,18 @@ def _overview_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
             ("Reservations", _changelist("reservation", by_tenant)),
             ("Usage (ledger)", _changelist("usagerecord", by_tenant)),
             ("Audit log", _changelist("auditevent", by_tenant)),
+            *_usage_pages_link(tenant),
         ],
     }
+
+
+def _usage_pages_link(tenant: Tenant) -> list[tuple[str, str]]:
+    """The tenant's usage pages as support sees them (``?tenant=``), where the host mounts them."""
+    try:
+        pages = reverse("llm_budgets_pages:overview")
+    except NoReverseMatch:
+        return []
+    return [("Usage pages", f"{pages}?{urlencode({'tenant': tenant.external_id})}")]
 
 
 def _reservation_rows(reservations: list[Reservation], zone: str, now: Any) -> list[dict[str, Any]]:

@@ -463,3 +463,12 @@ def budget_kind_label(scope: str, end_user: str | None) -> str:
 
 def currency() -> str:
     return conf.CURRENCY
+
+
+def tenants_to_pick(query: str, *, page: int = 1) -> Page[Tenant]:
+    """Support's tenant picker: tenants whose id or name contains ``query`` (all when empty),
+    by id, ``PAGE_ROWS`` a page (two queries)."""
+    tenants = Tenant.objects.order_by("external_id").only("external_id", "name", "timezone")
+    if query:
+        tenants = tenants.filter(Q(external_id__icontains=query) | Q(name__icontains=query))
+    return Paginator(tenants, PAGE_ROWS).get_page(page)
