@@ -32,6 +32,8 @@ from llm_budgets.models import (
     KillSwitch,
     Plan,
     Price,
+    Refusal,
+    RefusalKind,
     Scope,
     Tenant,
     UsageRecord,
@@ -530,3 +532,49 @@ def test_a_limit_change_says_what_changed(superuser: Client, acme: Tenant) -> No
     assert [str(m) for m in response.context["messages"]] == [
         "Limit of tenant acme's month budget set to 1,500.00 USD (was 100.00 USD)."
     ]
+
+
+def _refusals_at(tenant: Tenant, rows: list[tuple[str, int]]) -> None:
+    """Refusals of ``(end user, minutes ago)``, identical but for their end user and time."""
+    now = timezone.now()
+    for end_user, minutes in rows:
+        Refusal.objects.create(
+            created_at=now - timedelta(minutes=minutes),
+            tenant=tenant,
+            end_user=EndUser.objects.get_or_create(tenant=tenant, external_id=end_user)[0],
+            provider="openai",
+            model="gpt-4o",
+            kind=RefusalKind.BUDGET,
+            detail="end user acme/* day budget, limit 2.00 USD",
+            requested=Decimal("2.84"),
+            remaining=Decimal("1.50"),
+        )
+
+
+def test_the_refusals_list_groups_a_burst_with_a_count(acme: Tenant, superuser: Client) -> None:
+    # bob: 5 within minutes of each other (alice's in between does not break it), then one
+    # 40 minutes earlier (a burst of its own); alice: one.
+    _refusals_at(acme, [("bob", 1), ("bob", 3), ("alice", 4), ("bob", 9), ("bob", 15)])
+    _refusals_at(acme, [("bob", 20), ("bob", 60)])
+    url = reverse("admin:llm_budgets_refusal_changelist")
+
+    def rows(**params: str) -> list[tuple[str, int]]:
+        found = superuser.get(url, params).context["cl"].result_list
+        return [(r.end_user.external_id, getattr(r, "burst_count", 1)) for r in found]
+
+    assert rows() == [("bob", 5), ("alice", 1), ("bob", 1)]
+    page = superuser.get(url).content.decode()
+    assert "&times;5" in page
+    assert "Grouped, with a count" in page
+    # Each refusal on its own row when asked; search, filters and sorting work on the bursts.
+    assert len(rows(bursts="each")) == 7
+    assert rows(q="alice") == [("alice", 1)]
+    assert rows(kind__exact="kill_switch") == []
+    count_column = "1"  # list_display[1]
+    assert [c for _, c in rows(o=f"-{count_column}")] == [5, 1, 1]
+    assert rows(o=count_column)[-1] == ("bob", 5)
+    # The burst's row opens the newest refusal; its own page is of that one refusal.
+    newest = Refusal.objects.filter(end_user__external_id="bob").order_by("-created_at").first()
+    assert newest is not None
+    detail = superuser.get(reverse("admin:llm_budgets_refusal_change", args=[newest.pk]))
+    assert detail.status_code == 200

@@ -14,12 +14,13 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import widgets
 from django.core.exceptions import PermissionDenied
-from django.db.models import Model
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
+from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from llm_budgets import clock, money
@@ -41,6 +42,7 @@ from llm_budgets.admin.budgets import budget_phrase
 from llm_budgets.admin.selectors import (
     EndUserOverview,
     adjustment_notes,
+    refusal_bursts,
     refusal_groups,
     voided_ids,
 )
@@ -489,12 +491,34 @@ class BudgetRaiseAdmin(ActionFormAdmin):
         return obj.starts_at <= timezone.now() < obj.ends_at
 
 
+class BurstFilter(admin.SimpleListFilter):
+    """Identical refusals in a burst show as one row with a count unless asked for each."""
+
+    title = "bursts"
+    parameter_name = "bursts"
+    EACH = "each"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(self.EACH, "Each refusal on its own row")]
+
+    def choices(self, changelist: Any) -> Any:
+        for choice in super().choices(changelist):
+            if choice["display"] == "All":  # no parameter: the default, grouped
+                choice["display"] = "Grouped, with a count"
+            yield choice
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        return None  # RefusalAdmin.get_queryset groups unless the parameter asks for each
+
+
 @admin.register(Refusal)
 class RefusalAdmin(ReadOnlyAdmin):
-    """Why was I blocked? One row per refused admission."""
+    """Why was I blocked? One row per burst of identical refusals (same tenant, end user, model
+    and reason, each within ten minutes of the next) with a count, or one per refusal."""
 
     list_display = [
         "created_when",
+        "count",
         "tenant",
         "end_user_link",
         "model",
@@ -503,7 +527,7 @@ class RefusalAdmin(ReadOnlyAdmin):
         "left",
         "resets",
     ]
-    list_filter = ["kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    list_filter = [BurstFilter, "kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant", "end_user__tenant", "budget__tenant", "kill_switch"]
     search_fields = ["tenant__external_id", "end_user__external_id", "model", "detail"]
     date_hierarchy = "created_at"
@@ -523,6 +547,23 @@ class RefusalAdmin(ReadOnlyAdmin):
     )
 
     created_when = when_column("created_at", "When", seconds=True)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Refusal]:
+        refusals = super().get_queryset(request)
+        if request.GET.get(BurstFilter.parameter_name) == BurstFilter.EACH:
+            return refusals
+        # On the list only: a refusal's own page (and its history) is of that refusal.
+        if request.resolver_match and request.resolver_match.url_name.endswith("_changelist"):
+            return refusal_bursts(refusals)
+        return refusals
+
+    @admin.display(description="Count", ordering="burst_count")
+    def count(self, obj: Refusal) -> str:
+        total = getattr(obj, "burst_count", 1)
+        if total <= 1:
+            return ""
+        since = when_text(getattr(obj, "burst_since", None), tenant_zone(obj), seconds=True)
+        return format_html('<span title="since {}">&times;{}</span>', since, total)
 
     @admin.display(description="End user", ordering="end_user__external_id")
     def end_user_link(self, obj: Refusal) -> str:

@@ -7,12 +7,25 @@ tenant has: the admin page must stay fast for the biggest tenant.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
-from django.db.models import F, Q
+from django.db.models import (
+    Count,
+    DateTimeField,
+    Exists,
+    ExpressionWrapper,
+    F,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+)
+from django.db.models.functions import Coalesce
 
 from llm_budgets.killswitches import kill_switches_in_state
 from llm_budgets.models import (
@@ -220,6 +233,75 @@ def refusal_groups(refusals: Sequence[Refusal]) -> list[RefusalGroup]:
                 continue
         groups.append(RefusalGroup(refusal, 1, refusal.created_at))
     return groups
+
+
+def _identical(ref: Callable[[str], Any]) -> QuerySet[Refusal]:
+    """Refusals identical to the row ``ref`` points at (``OuterRef``, or an ``OuterRef`` of
+    one): same tenant, end user (or none), model, kind and detail. The tenant's time index
+    serves it (a refusal always has a tenant; one without one is never grouped)."""
+    return Refusal.objects.annotate(_user=Coalesce("end_user_id", 0)).filter(
+        tenant_id=ref("tenant_id"),
+        _user=Coalesce(ref("end_user_id"), 0),
+        model=ref("model"),
+        kind=ref("kind"),
+        detail=ref("detail"),
+    )
+
+
+def _near(ref: Callable[[str], Any], *, after: bool) -> Q:
+    """Within ``BURST`` after (or before) the row ``ref`` points at; ties broken by id."""
+    at = ref("created_at")
+    if after:
+        edge = ExpressionWrapper(at + BURST, output_field=DateTimeField())
+        return Q(created_at__lte=edge) & (Q(created_at__gt=at) | Q(created_at=at, pk__gt=ref("pk")))
+    edge = ExpressionWrapper(at - BURST, output_field=DateTimeField())
+    return Q(created_at__gte=edge) & (Q(created_at__lt=at) | Q(created_at=at, pk__lt=ref("pk")))
+
+
+def refusal_bursts(refusals: QuerySet[Refusal]) -> QuerySet[Refusal]:
+    """``refusals`` with each burst of identical ones (each within ``BURST`` of the next) as one
+    row: its newest refusal, annotated with ``burst_count`` and ``burst_since`` (when the burst
+    began). Done in the database, so the admin's filters, search, sorting and pagination work
+    on the bursts. Unlike :func:`refusal_groups` (the pages' recent rows), a burst is not broken
+    by other refusals in between."""
+    outer = OuterRef
+    later = _identical(outer).filter(_near(outer, after=True))
+    # Where the head's burst began: the newest identical refusal at or before it with no
+    # identical one within BURST before it.
+    starts = (
+        _identical(outer)
+        .filter(
+            Q(created_at__lt=outer("created_at"))
+            | Q(created_at=outer("created_at"), pk__lte=outer("pk"))
+        )
+        .filter(
+            ~Exists(
+                _identical(lambda name: OuterRef(name)).filter(
+                    _near(lambda name: OuterRef(name), after=False)
+                )
+            )
+        )
+        .order_by("-created_at", "-pk")
+        .values("created_at")[:1]
+    )
+    since = Subquery(starts, output_field=DateTimeField())
+    count = (
+        _identical(outer)
+        .filter(created_at__gte=outer("burst_since"))
+        .filter(
+            Q(created_at__lt=outer("created_at"))
+            | Q(pk__lte=outer("pk"), created_at=outer("created_at"))
+        )
+        .order_by()
+        .values("tenant_id")
+        .annotate(total=Count("pk"))
+        .values("total")
+    )
+    return (
+        refusals.filter(~Exists(later))
+        .annotate(burst_since=since)
+        .annotate(burst_count=Coalesce(Subquery(count, output_field=IntegerField()), 1))
+    )
 
 
 @dataclass(frozen=True)
