@@ -24,7 +24,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from llm_budgets import clock, money
-from llm_budgets.adjustments import end_user_spend_reset, usage_void
+from llm_budgets.adjustments import budget_spend_reset, end_user_spend_reset, usage_void
 from llm_budgets.admin.base import (
     PageAnnotationMixin,
     ReadOnlyAdmin,
@@ -55,12 +55,14 @@ from llm_budgets.killswitches import (
     switch_is_open,
     switch_open_q,
 )
+from llm_budgets.limits import api_key_of
 from llm_budgets.models import (
     Budget,
     BudgetRaise,
     EndUser,
     KillSwitch,
     Refusal,
+    Scope,
     Tenant,
     UsageKind,
     UsageRecord,
@@ -605,6 +607,22 @@ class ResetForm(forms.Form):
     reason = _reason("Why; kept in the audit log and shown on the compensating lines.")
 
 
+class BudgetResetForm(forms.Form):
+    api_key = forms.CharField(
+        required=False,
+        label="API key",
+        help_text="The key's prefix: an each-key budget is reset for one key.",
+    )
+    reason = _reason("Why; kept in the audit log and shown on the compensating line.")
+
+    def __init__(self, *args: Any, each_key: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if each_key:
+            self.fields["api_key"].required = True
+        else:
+            del self.fields["api_key"]
+
+
 class VoidForm(forms.Form):
     reason = _reason("Why; kept in the audit log and shown on the compensating line.")
 
@@ -621,6 +639,11 @@ class TenantControlMixin:
                 "<int:tenant_id>/reset-end-user/",
                 wrap(self.reset_end_user_view),
                 name="llm_budgets_tenant_reset_end_user",
+            ),
+            path(
+                "<int:tenant_id>/reset-budget/<int:budget_id>/",
+                wrap(self.reset_budget_view),
+                name="llm_budgets_tenant_reset_budget",
             ),
             path(
                 "<int:tenant_id>/void/<int:line_id>/",
@@ -665,6 +688,51 @@ class TenantControlMixin:
                 "Brings the end user's own budgets back to zero spent for the current period "
                 "with compensating ledger lines (nothing is deleted). The tenant's and global "
                 "budgets keep the spend: that money was spent."
+            ),
+            back_url=_tenant_url(tenant),
+            back_label=f"Tenant {tenant.external_id}",
+            submit_label="Reset the period spend",
+        )
+
+    def reset_budget_view(
+        self, request: HttpRequest, tenant_id: int, budget_id: int
+    ) -> HttpResponse:
+        _require(request, "reset_spend")
+        tenant = get_object_or_404(Tenant, pk=tenant_id)
+        budget = get_object_or_404(
+            Budget.objects.select_related("tenant", "api_key"), pk=budget_id, tenant=tenant
+        )
+        each_key = budget.scope == Scope.API_KEY_DEFAULT
+        form = BudgetResetForm(request.POST or None, initial=request.GET, each_key=each_key)
+        what = budget_phrase(budget)
+        if request.method == "POST" and form.is_valid():
+            try:
+                key = api_key_of(tenant, form.cleaned_data["api_key"]) if each_key else None
+                lines = budget_spend_reset(
+                    budget=budget,
+                    api_key=key,
+                    reason=form.cleaned_data["reason"],
+                    actor=actor(request),
+                )
+            except InvalidUsage as exc:
+                form.add_error("api_key" if exc.field == "api_key" else None, exc.message)
+            else:
+                share = f" (API key {key.prefix}'s share)" if key is not None else ""
+                written = (
+                    f"{len(lines)} compensating ledger line(s) written"
+                    if lines
+                    else "nothing was spent in this period, so nothing changed"
+                )
+                messages.success(request, f"Period spend of {what}{share} reset: {written}.")
+                return HttpResponseRedirect(_tenant_url(tenant))
+        return _form_page(
+            request,
+            title=f"Reset the period spend of {what}",
+            form=form,
+            explanation=(
+                "Brings this budget back to zero spent for the current period with a "
+                "compensating ledger line (nothing is deleted). Calls in flight keep their "
+                "holds; the tenant's, end users' and other budgets keep the spend."
             ),
             back_url=_tenant_url(tenant),
             back_label=f"Tenant {tenant.external_id}",
@@ -835,6 +903,13 @@ def control_context(request: HttpRequest, tenant: Tenant, now: datetime) -> dict
             (
                 "Reset an end user's period spend",
                 reverse("admin:llm_budgets_tenant_reset_end_user", args=[tenant.pk]),
+            )
+        )
+    if user.has_perm("llm_budgets.add_budget"):
+        actions.append(
+            (
+                "Add an API key, run or tag budget",
+                _add_url("budget", tenant=tenant.pk, scope=Scope.TAG.value),
             )
         )
     return {

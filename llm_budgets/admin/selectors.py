@@ -39,6 +39,7 @@ from llm_budgets.models import (
     KillSwitch,
     Refusal,
     Reservation,
+    Run,
     Scope,
     Tenant,
     UsageKind,
@@ -180,7 +181,7 @@ def adjustment_notes(lines: Sequence[UsageRecord]) -> dict[int, AuditEvent]:
         return {}
     since = min(line.created_at for line in adjustments) - timedelta(minutes=1)
     events = AuditEvent.objects.filter(
-        action__in=["usage.void", "end_user.reset_spend", "run.reset_spend"],
+        action__in=["usage.void", "end_user.reset_spend", "run.reset_spend", "budget.reset_spend"],
         tenant_id__in={line.tenant_id for line in adjustments},
         created_at__gte=since,
     )
@@ -304,6 +305,45 @@ def refusal_bursts(refusals: QuerySet[Refusal]) -> QuerySet[Refusal]:
     )
 
 
+RECENT_RUNS = 20
+
+
+def end_user_runs(end_user: EndUser, at: datetime, rows: int = RECENT_RUNS) -> list[BudgetStatus]:
+    """The run budgets of the end user's most recent runs (those its calls named), newest
+    first: each run's own budgets and its share of the tenant's each-run (``"*"``) budgets.
+    Three queries however many runs; a run no budget covers has no row."""
+    tenant = end_user.tenant
+    runs = list(
+        Run.objects.filter(
+            tenant=tenant,
+            pk__in=Reservation.objects.filter(end_user=end_user, run__isnull=False).values("run"),
+        ).order_by("-created_at", "-pk")[:rows]
+    )
+    if not runs:
+        return []
+    by_run: dict[int, list[Budget]] = defaultdict(list)
+    each: list[Budget] = []
+    for budget in Budget.objects.filter(tenant=tenant).filter(
+        Q(scope=Scope.RUN_DEFAULT) | Q(scope=Scope.RUN, run__in=runs)
+    ):
+        budget.tenant = tenant  # labels without a query per row
+        if budget.run_id is None:
+            each.append(budget)
+        else:
+            by_run[budget.run_id].append(budget)
+    applicable = []
+    for run in runs:
+        run.tenant = tenant
+        for budget in sorted(by_run[run.pk], key=lambda b: b.window):
+            budget.run = run
+            applicable.append(ApplicableBudget(budget, tenant_period(budget.window, at, tenant)))
+        applicable.extend(
+            ApplicableBudget(budget, tenant_period(budget.window, at, tenant), run=run)
+            for budget in sorted(each, key=lambda b: b.window)
+        )
+    return statuses_for(applicable) if applicable else []
+
+
 @dataclass(frozen=True)
 class EndUserOverview:
     budgets: list[BudgetStatus]  # every budget that applies to the end user, this period
@@ -313,6 +353,7 @@ class EndUserOverview:
     refusals: list[Refusal]
     switches: list[KillSwitch]  # open switches that stop this end user (any model)
     created: dict[int, datetime]  # when each budget was created (it counts from then)
+    runs: list[BudgetStatus] = field(default_factory=list)  # its recent runs' run budgets
 
 
 def end_user_overview(end_user: EndUser, at: datetime) -> EndUserOverview:
@@ -341,4 +382,5 @@ def end_user_overview(end_user: EndUser, at: datetime) -> EndUserOverview:
             Refusal.objects.filter(end_user=end_user).select_related("end_user", "budget")[:rows]
         ),
         switches=switches,
+        runs=end_user_runs(end_user, at),
     )

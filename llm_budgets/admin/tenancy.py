@@ -195,6 +195,7 @@ def _overview_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
         now,
     )
     can_raise = request.user.has_perm("llm_budgets.add_budgetraise")
+    can_reset = request.user.has_perm("llm_budgets.reset_spend")
     return {
         "overview_timezone": zone,
         "budget_rows": [
@@ -206,7 +207,10 @@ def _overview_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
         ],
         "end_user_budget_count": overview.end_user_budget_count,
         "scoped_budget_rows": [
-            _budget_row(s, raises, zone, can_raise, overview.created)
+            {
+                **_budget_row(s, raises, zone, can_raise, overview.created),
+                "reset_url": _reset_url(tenant, s) if can_reset else "",
+            }
             for s in overview.scoped_budgets
         ],
         "end_user_budgets_url": _changelist(
@@ -284,10 +288,25 @@ def _budget_row(
         "period_start": when_text(status.period_start, zone),
         "resets_at": when_text(status.resets_at, zone) if status.resets_at else "",
         "raise_url": _raise_url(status.budget_id)
-        # Not on "*" (it would raise every end user) nor global (every tenant) from here.
-        if can_raise and status.scope in (Scope.TENANT, Scope.END_USER)
+        # Not on "*" (it would raise every end user, key or run) nor global (every tenant).
+        if can_raise and status.scope in _RAISABLE
         else "",
     }
+
+
+_RAISABLE = (Scope.TENANT, Scope.END_USER, Scope.API_KEY, Scope.RUN, Scope.TAG)
+_KEY_LABEL = "API key "
+
+
+def _reset_url(tenant: Tenant, status: BudgetStatus) -> str:
+    """The reset form of a tag or API key budget (for an each-key budget, of this key's share:
+    its label names the key, ``API key <prefix>``); "" for other scopes."""
+    url = reverse("admin:llm_budgets_tenant_reset_budget", args=[tenant.pk, status.budget_id])
+    if status.scope in (Scope.TAG, Scope.API_KEY):
+        return url
+    if status.scope == Scope.API_KEY_DEFAULT and status.scope_label.startswith(_KEY_LABEL):
+        return f"{url}?{urlencode({'api_key': status.scope_label.removeprefix(_KEY_LABEL)})}"
+    return ""
 
 
 def _raise_url(budget_id: int) -> str:
@@ -354,7 +373,7 @@ def _end_user_page(request: HttpRequest, end_user: EndUser) -> dict[str, Any]:
     tenant = end_user.tenant
     zone = tenant.timezone
     overview = end_user_overview(end_user, now)
-    raises = active_raises([s.budget_id for s in overview.budgets], now)
+    raises = active_raises([s.budget_id for s in [*overview.budgets, *overview.runs]], now)
     can_raise = request.user.has_perm("llm_budgets.add_budgetraise")
     rows = []
     for status in sorted(overview.budgets, key=lambda s: _SCOPE_ORDER[s.scope]):
@@ -378,6 +397,9 @@ def _end_user_page(request: HttpRequest, end_user: EndUser) -> dict[str, Any]:
         "tenant_url": reverse("admin:llm_budgets_tenant_change", args=[tenant.pk]),
         "tenant_label": tenant.external_id,
         "budget_rows": rows,
+        "run_rows": [
+            _budget_row(s, raises, zone, can_raise, overview.created) for s in overview.runs
+        ],
         "reservation_rows": _reservation_rows(overview.open_reservations, zone, now),
         "open_reservation_count": overview.open_reservation_count,
         "open_reservations_url": _changelist(
