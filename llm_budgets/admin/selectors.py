@@ -69,6 +69,29 @@ class TenantOverview:
     # Issue #16: the tenant's API key, run and tag budgets; for a "*" budget, its shares (each
     # key's or run's counter) with the most used first, first TENANT_PAGE_ROWS.
     scoped_budgets: list[BudgetStatus] = field(default_factory=list)
+    # What each of scoped_budgets names, for labels a page translates.
+    scoped_subjects: list[ScopedSubject] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ScopedSubject:
+    """What an API key, run or tag budget (or a key's or run's share of ``*``) names:
+    ``kind`` is ``run``, ``api_key`` or ``tag``; ``name`` the run id, key prefix or
+    ``key=value``."""
+
+    kind: str
+    name: str
+
+    @classmethod
+    def of(cls, item: ApplicableBudget) -> ScopedSubject:
+        budget = item.budget
+        run = item.run or budget.run
+        key = item.api_key or budget.api_key
+        if run is not None:
+            return cls("run", run.external_id)
+        if key is not None:
+            return cls("api_key", key.prefix)
+        return cls("tag", f"{budget.tag_key}={budget.tag_value}")
 
 
 # The scopes a call names beyond its tenant and end user, and their "*" defaults.
@@ -78,10 +101,10 @@ _SHARED_SCOPES = [Scope.API_KEY_DEFAULT, Scope.RUN_DEFAULT]
 
 def scoped_budgets(
     tenant: Tenant, at: datetime, rows: int = TENANT_PAGE_ROWS
-) -> list[BudgetStatus]:
+) -> list[tuple[BudgetStatus, ScopedSubject]]:
     """The tenant's API key, run and tag budgets where they stand now, and the shares of its
-    each-key and each-run budgets in their current periods, most used first. One query when the
-    tenant has none, four at most."""
+    each-key and each-run budgets in their current periods, most used first, each with what it
+    names. One query when the tenant has none, four at most."""
     budgets = list(
         Budget.objects.filter(tenant=tenant, scope__in=[*_NAMED_SCOPES, *_SHARED_SCOPES])
         .select_related("api_key", "run")
@@ -110,7 +133,10 @@ def scoped_budgets(
             applicable.append(
                 ApplicableBudget(budget, period, run=counter.run, api_key=counter.api_key)
             )
-    return statuses_for(applicable) if applicable else []
+    if not applicable:
+        return []
+    subjects = [ScopedSubject.of(item) for item in applicable]
+    return list(zip(statuses_for(applicable), subjects, strict=True))
 
 
 def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
@@ -134,6 +160,7 @@ def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
     # Open: still counted in reserved (held, or uncertain until usage or the reconcile job).
     held = Reservation.objects.filter(tenant=tenant, state__in=LIVE_STATES)
     open_reservations = list(held.select_related("end_user").order_by("expires_at")[:rows])
+    scoped = scoped_budgets(tenant, at)
     return TenantOverview(
         budgets=shared,
         end_user_budgets=statuses_for(applicable),
@@ -142,7 +169,8 @@ def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
         open_reservation_count=held.count(),
         raises=raises,
         created={a.budget.pk: a.budget.created_at for a in [*shared_applicable, *applicable]},
-        scoped_budgets=scoped_budgets(tenant, at),
+        scoped_budgets=[status for status, _ in scoped],
+        scoped_subjects=[subject for _, subject in scoped],
     )
 
 

@@ -29,7 +29,12 @@ from llm_budgets.admin.base import (
 )
 from llm_budgets.admin.billing import billing_context
 from llm_budgets.admin.control import TenantControlMixin, control_context, end_user_context
-from llm_budgets.admin.selectors import active_raises, end_user_overview, tenant_overview
+from llm_budgets.admin.selectors import (
+    ScopedSubject,
+    active_raises,
+    end_user_overview,
+    tenant_overview,
+)
 from llm_budgets.conf import conf
 from llm_budgets.models import (
     LIVE_STATES,
@@ -209,9 +214,9 @@ def _overview_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
         "scoped_budget_rows": [
             {
                 **_budget_row(s, raises, zone, can_raise, overview.created),
-                "reset_url": _reset_url(tenant, s) if can_reset else "",
+                "reset_url": _reset_url(tenant, s, subject) if can_reset else "",
             }
-            for s in overview.scoped_budgets
+            for s, subject in zip(overview.scoped_budgets, overview.scoped_subjects, strict=True)
         ],
         "end_user_budgets_url": _changelist(
             "budget", {**by_tenant, "scope__exact": Scope.END_USER}
@@ -295,17 +300,16 @@ def _budget_row(
 
 
 _RAISABLE = (Scope.TENANT, Scope.END_USER, Scope.API_KEY, Scope.RUN, Scope.TAG)
-_KEY_LABEL = "API key "
 
 
-def _reset_url(tenant: Tenant, status: BudgetStatus) -> str:
-    """The reset form of a tag or API key budget (for an each-key budget, of this key's share:
-    its label names the key, ``API key <prefix>``); "" for other scopes."""
+def _reset_url(tenant: Tenant, status: BudgetStatus, subject: ScopedSubject) -> str:
+    """The reset form of a tag or API key budget (for an each-key budget, of this key's
+    share); "" for other scopes."""
     url = reverse("admin:llm_budgets_tenant_reset_budget", args=[tenant.pk, status.budget_id])
     if status.scope in (Scope.TAG, Scope.API_KEY):
         return url
-    if status.scope == Scope.API_KEY_DEFAULT and status.scope_label.startswith(_KEY_LABEL):
-        return f"{url}?{urlencode({'api_key': status.scope_label.removeprefix(_KEY_LABEL)})}"
+    if status.scope == Scope.API_KEY_DEFAULT:
+        return f"{url}?{urlencode({'api_key': subject.name})}"
     return ""
 
 

@@ -17,7 +17,7 @@ from django.core.paginator import Page, Paginator
 from django.db.models import Count, F, Q, QuerySet, Sum
 from django.utils.translation import gettext as _
 
-from llm_budgets.admin.selectors import tenant_overview
+from llm_budgets.admin.selectors import ScopedSubject, tenant_overview
 from llm_budgets.conf import conf
 from llm_budgets.killswitches import kill_switches_in_state
 from llm_budgets.models import (
@@ -73,7 +73,7 @@ class Overview:
     kill_switches: list[KillSwitch]
     # Admin view: the tenant's API key, run and tag budgets, and each key's and run's share of
     # an each-key / each-run budget, most used first (first PAGE_ROWS).
-    scoped_budgets: list[BudgetLine] = field(default_factory=list)
+    scoped_budgets: list[tuple[BudgetLine, ScopedSubject]] = field(default_factory=list)
 
 
 def _line(status: BudgetStatus, budget: Budget | None) -> BudgetLine:
@@ -146,7 +146,11 @@ def overview(viewer: Viewer, at: datetime) -> Overview:
         shared = [_with_users(line) for line in _lines(_visible(data.budgets), tenant)]
         own = _lines(data.end_user_budgets, tenant)
         own_count = data.end_user_budget_count
-        scoped = _lines(data.scoped_budgets, tenant) if data.scoped_budgets else []
+        scoped = (
+            list(zip(_lines(data.scoped_budgets, tenant), data.scoped_subjects, strict=True))
+            if data.scoped_budgets
+            else []
+        )
     else:
         mine = [
             s
