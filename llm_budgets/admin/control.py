@@ -40,6 +40,7 @@ from llm_budgets.admin.base import (
 )
 from llm_budgets.admin.budgets import budget_phrase
 from llm_budgets.admin.selectors import (
+    RECENT_LINES,
     EndUserOverview,
     adjustment_notes,
     refusal_bursts,
@@ -70,7 +71,6 @@ from llm_budgets.models import (
 from llm_budgets.tenants import end_user_ensure
 from llm_budgets.windows import budget_period
 
-RECENT_ROWS = 20
 # Refusals read for the page before identical ones in a burst are folded together.
 RECENT_REFUSALS = 200
 
@@ -890,7 +890,7 @@ def control_context(request: HttpRequest, tenant: Tenant, now: datetime) -> dict
     refusals = Refusal.objects.filter(tenant=tenant).select_related("end_user", "budget")[
         :RECENT_REFUSALS
     ]
-    lines = UsageRecord.objects.filter(tenant=tenant).select_related("end_user")[:RECENT_ROWS]
+    lines = UsageRecord.objects.filter(tenant=tenant).select_related("end_user")[:RECENT_LINES]
     actions = []
     if user.has_perm("llm_budgets.add_killswitch"):
         actions.append(

@@ -55,6 +55,8 @@ from llm_budgets.windows import ROLLING_PREFIX, budget_period, tenant_period
 
 # Rows shown per table; the page links to the full, filtered changelist beyond that.
 TENANT_PAGE_ROWS = 50
+# Recent ledger lines on an end user's page (as on the tenant page): the list has the rest.
+RECENT_LINES = 20
 
 
 @dataclass(frozen=True)
@@ -405,7 +407,7 @@ def end_user_overview(end_user: EndUser, at: datetime) -> EndUserOverview:
         created={a.budget.pk: a.budget.created_at for a in applicable},
         open_reservations=list(held.select_related("end_user").order_by("expires_at")[:rows]),
         open_reservation_count=held.count(),
-        lines=list(lines[:rows]),
+        lines=list(lines[:RECENT_LINES]),
         refusals=list(
             Refusal.objects.filter(end_user=end_user).select_related("end_user", "budget")[:rows]
         ),

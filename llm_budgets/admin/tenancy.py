@@ -44,6 +44,7 @@ from llm_budgets.models import (
     Reservation,
     Scope,
     Tenant,
+    Window,
 )
 from llm_budgets.money import display
 from llm_budgets.selectors import BudgetStatus
@@ -290,7 +291,10 @@ def _budget_row(
         "remaining": money_text(status.remaining, status.currency),
         "used_percent": min(100, int(used * 100 / status.limit)) if status.limit else 100,
         "exhausted": status.remaining == 0,
-        "period_start": when_text(status.period_start, zone),
+        # A lifetime window has no start to speak of (the epoch): it counts from the budget on.
+        "period_start": "its lifetime"
+        if status.window == Window.LIFETIME
+        else when_text(status.period_start, zone),
         "resets_at": when_text(status.resets_at, zone) if status.resets_at else "",
         "raise_url": _raise_url(status.budget_id)
         # Not on "*" (it would raise every end user, key or run) nor global (every tenant).
