@@ -109,7 +109,8 @@ def test_a_new_version_from_the_admin_is_audited_with_its_reason(admin_client: C
     assert new.input_per_mtok == Decimal("2.5")  # the older version is untouched
 
 
-def test_models_in_use_without_a_price_are_filtered(admin_client: Client) -> None:
+def _priced_and_unpriced_models_allowed() -> None:
+    """Model ``p/priced`` has a price; acme's plan admits unpriced models at a fixed amount."""
     budgets.set_price(provider="p", model="priced", input_per_mtok="1", output_per_mtok="1")
     Plan.objects.create(
         name="fixed",
@@ -118,6 +119,10 @@ def test_models_in_use_without_a_price_are_filtered(admin_client: Client) -> Non
     )
     budgets.ensure_tenant("acme", plan="fixed")
     budgets.set_limit(tenant="acme", amount=Decimal(10), window="month")
+
+
+def test_models_in_use_without_a_price_are_filtered(admin_client: Client) -> None:
+    _priced_and_unpriced_models_allowed()
     budgets.reserve(
         tenant="acme", provider="p", model="priced", input_tokens=1, max_output_tokens=1
     )
@@ -135,14 +140,7 @@ def test_models_in_use_without_a_price_are_filtered(admin_client: Client) -> Non
 
 def test_priced_filter_resolves_names_as_admission_does(admin_client: Client) -> None:
     """A name priced through its spelling or an alias counts as priced, not only exact names."""
-    budgets.set_price(provider="p", model="priced", input_per_mtok="1", output_per_mtok="1")
-    Plan.objects.create(
-        name="fixed",
-        unknown_model_policy=UnknownModelPolicy.RESERVE_FIXED,
-        unknown_model_fixed_amount=Decimal("0.1"),
-    )
-    budgets.ensure_tenant("acme", plan="fixed")
-    budgets.set_limit(tenant="acme", amount=Decimal(10), window="month")
+    _priced_and_unpriced_models_allowed()
     for model in ("Priced", "p/priced", "mystery", "mystery-2"):  # a spelling, a prefix, none
         budgets.reserve(
             tenant="acme", provider="p", model=model, input_tokens=1, max_output_tokens=1
