@@ -96,7 +96,7 @@ class BudgetForm(forms.ModelForm):
         scope = Scope(data["scope"])
         if scope in _NAMED:
             return self._clean_named(scope, data)
-        given = [self.fields[name].label for name in _NAMED_FIELDS if data.get(name)]
+        given = [str(self.fields[name].label) for name in _NAMED_FIELDS if data.get(name)]
         if given:
             raise ValidationError(f"Scope “{scope.label}” takes no {' or '.join(given)}.")
         needs_tenant, needs_user = _OWNERS[scope]

@@ -555,7 +555,8 @@ class RefusalAdmin(ReadOnlyAdmin):
         if request.GET.get(BurstFilter.parameter_name) == BurstFilter.EACH:
             return refusals
         # On the list only: a refusal's own page (and its history) is of that refusal.
-        if request.resolver_match and request.resolver_match.url_name.endswith("_changelist"):
+        match = request.resolver_match
+        if match is not None and (match.url_name or "").endswith("_changelist"):
             return refusal_bursts(refusals)
         return refusals
 
