@@ -1,8 +1,8 @@
 """Staff corrections to the ledger, always as compensating ``adjustment`` lines.
 
 Nothing is edited or deleted: voiding a line adds its opposite on the same reservation (so it
-reaches every counter the reservation was charged to); resetting an end user's (or a run's)
-period spend adds one line on each of its own counters. Conservation
+reaches every counter the reservation was charged to); resetting an end user's (a run's, a tag
+or API key budget's) period spend adds one line on each of its own counters. Conservation
 (``reconcile.counters_drift``) stays exact.
 """
 
@@ -17,7 +17,9 @@ from llm_budgets.billing import outbox
 from llm_budgets.engine.counters import counters_matching
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
+    ApiKey,
     AuditEvent,
+    Budget,
     BudgetUnit,
     Counter,
     EndUser,
@@ -33,7 +35,7 @@ from llm_budgets.money import ZERO
 from llm_budgets.runs import run_ensure, run_validate
 from llm_budgets.selectors import ApplicableBudget, CallScopes, applicable_budgets
 from llm_budgets.tenants import tenant_get
-from llm_budgets.windows import rolling_window
+from llm_budgets.windows import rolling_window, tenant_period
 
 
 def _reason(reason: str) -> str:
@@ -158,6 +160,47 @@ def run_spend_reset(
         end_user=None,
         action="run.reset_spend",
         target=str(run_obj),
+        reason=reason,
+        actor=actor,
+        now=now,
+    )
+
+
+def budget_spend_reset(
+    *,
+    budget: Budget,
+    api_key: ApiKey | None = None,
+    reason: str,
+    actor: str = "",
+    now: datetime | None = None,
+) -> list[UsageRecord]:
+    """Give a tag or API key budget its current period back: the spend on its counter (for an
+    each-key ``"*"`` budget, ``api_key``'s share) goes back to zero, one adjustment line, one
+    audit event. Holds in flight stay held; every other budget keeps the spend."""
+    now = now or timezone.now()
+    if budget.scope not in (Scope.TAG, Scope.API_KEY, Scope.API_KEY_DEFAULT):
+        raise InvalidUsage(
+            f"Only a tag or API key budget is reset here; {budget.scope_label} is not one "
+            "(an end user's or a run's spend has its own reset).",
+            field="budget",
+        )
+    if (budget.scope == Scope.API_KEY_DEFAULT) != (api_key is not None):
+        raise InvalidUsage(
+            "An each-key (*) budget is reset for one key: name it (and only then).",
+            field="api_key",
+        )
+    tenant = budget.tenant
+    if tenant is None:  # these scopes always have one (a database constraint): never reached
+        raise InvalidUsage(f"Budget {budget.pk} has no tenant.", field="budget")
+    if api_key is not None and api_key.tenant_id not in (None, tenant.pk):
+        raise InvalidUsage("The API key acts for another tenant.", field="api_key")
+    target = budget.scope_label if api_key is None else f"API key {api_key.prefix}"
+    return _spend_reset(
+        [ApplicableBudget(budget, tenant_period(budget.window, now, tenant), api_key=api_key)],
+        tenant=tenant,
+        end_user=None,
+        action="budget.reset_spend",
+        target=f"{target} ({budget.window} budget {budget.pk})",
         reason=reason,
         actor=actor,
         now=now,

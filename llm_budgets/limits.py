@@ -126,25 +126,31 @@ def _scope_lookup(
     if api_key is not None:
         if api_key == ALL:
             return {"scope": Scope.API_KEY_DEFAULT, "tenant": tenant}
-        prefix = validation.identifier("api_key", api_key)
-        key = (
-            ApiKey.objects.filter(prefix=prefix)
-            .filter(Q(tenant=tenant) | Q(tenant__isnull=True))
-            .first()
-        )
-        if key is None:
-            raise InvalidUsage(
-                f"No API key with prefix {prefix!r} acts for tenant {tenant.external_id!r}. "
-                "Pass the prefix shown when the key was created (the part before the dot).",
-                field="api_key",
-            )
-        return {"scope": Scope.API_KEY, "tenant": tenant, "api_key": key}
+        return {"scope": Scope.API_KEY, "tenant": tenant, "api_key": api_key_of(tenant, api_key)}
     if run is not None:
         if run == ALL:
             return {"scope": Scope.RUN_DEFAULT, "tenant": tenant}
         return {"scope": Scope.RUN, "tenant": tenant, "run": run_ensure(tenant, run_validate(run))}
     name, value = tag_pair(tag)
     return {"scope": Scope.TAG, "tenant": tenant, "tag_key": name, "tag_value": value}
+
+
+def api_key_of(tenant: Tenant, prefix: object, *, field: str = "api_key") -> ApiKey:
+    """The API key with ``prefix`` that acts for ``tenant`` (its own, or an operator key), or
+    ``InvalidUsage`` saying what to pass."""
+    prefix = validation.identifier(field, prefix)
+    key = (
+        ApiKey.objects.filter(prefix=prefix)
+        .filter(Q(tenant=tenant) | Q(tenant__isnull=True))
+        .first()
+    )
+    if key is None:
+        raise InvalidUsage(
+            f"No API key with prefix {prefix!r} acts for tenant {tenant.external_id!r}. "
+            "Pass the prefix shown when the key was created (the part before the dot).",
+            field=field,
+        )
+    return key
 
 
 def tag_pair(tag: object, *, field: str = "tag") -> tuple[str, str]:

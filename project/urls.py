@@ -1,9 +1,9 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, reverse_lazy
 
-# The admin's "View site" link: this project has no site of its own for staff to view (point it at
-# the tenant usage pages where a host mounts them), so it is hidden rather than a dead link.
-admin.site.site_url = None
+# The admin's "View site" link goes to the tenant usage pages: support staff get a tenant picker
+# there (and every admin tenant page links to its own usage pages with ?tenant=).
+admin.site.site_url = reverse_lazy("llm_budgets_pages:overview")
 
 urlpatterns = [
     path("admin/", admin.site.urls),

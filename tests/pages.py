@@ -17,8 +17,14 @@ from tests.factories import reserve_30, seed
 
 PAGES = ["/usage/", "/usage/models/", "/usage/users/", "/usage/refusals/", "/usage/export.csv"]
 # Names only acme's data carries: none of them may ever appear in beta's pages or export.
-ACME_MARKERS = ["alice-acme", "bob-acme", "<script>acme</script>", "=HYPERLINK(acme)"]
-BETA_MARKERS = ["zed-beta"]
+ACME_MARKERS = [
+    "alice-acme",
+    "bob-acme",
+    "<script>acme</script>",
+    "=HYPERLINK(acme)",
+    "acme-secret",  # a tag budget and a run budget
+]
+BETA_MARKERS = ["zed-beta", "beta-secret"]
 
 
 @dataclass
@@ -55,6 +61,10 @@ def usage_data() -> None:
     use("acme", "<script>acme</script>", 10)
     use("acme", "=HYPERLINK(acme)", 10)
     use("beta", "zed-beta", 300)  # 9.00
+    # Budgets on a tag and a run: the organisation's (issue #16), with names only each has.
+    budgets.set_limit(tenant="acme", tag=("project", "acme-secret"), amount=80, window="month")
+    budgets.set_limit(tenant="acme", run="run-acme-secret", amount=5, window="lifetime")
+    budgets.set_limit(tenant="beta", tag=("project", "beta-secret"), amount=80, window="month")
     reserve_30(tenant="acme", end_user="bob-acme")  # an open hold: reserved 30
     rebuild_rollups()
 

@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from llm_budgets import budgets
+from llm_budgets.model_names import model_alias_set
 from llm_budgets.models import AuditEvent, Plan, Price, UnknownModelPolicy
 
 pytestmark = pytest.mark.django_db
@@ -108,7 +109,8 @@ def test_a_new_version_from_the_admin_is_audited_with_its_reason(admin_client: C
     assert new.input_per_mtok == Decimal("2.5")  # the older version is untouched
 
 
-def test_models_in_use_without_a_price_are_filtered(admin_client: Client) -> None:
+def _priced_and_unpriced_models_allowed() -> None:
+    """Model ``p/priced`` has a price; acme's plan admits unpriced models at a fixed amount."""
     budgets.set_price(provider="p", model="priced", input_per_mtok="1", output_per_mtok="1")
     Plan.objects.create(
         name="fixed",
@@ -117,6 +119,10 @@ def test_models_in_use_without_a_price_are_filtered(admin_client: Client) -> Non
     )
     budgets.ensure_tenant("acme", plan="fixed")
     budgets.set_limit(tenant="acme", amount=Decimal(10), window="month")
+
+
+def test_models_in_use_without_a_price_are_filtered(admin_client: Client) -> None:
+    _priced_and_unpriced_models_allowed()
     budgets.reserve(
         tenant="acme", provider="p", model="priced", input_tokens=1, max_output_tokens=1
     )
@@ -130,3 +136,24 @@ def test_models_in_use_without_a_price_are_filtered(admin_client: Client) -> Non
     assert [r.model for r in priced] == ["priced"]
     lines = admin_client.get(reverse("admin:llm_budgets_usagerecord_changelist"), {"priced": "no"})
     assert lines.status_code == 200
+
+
+def test_priced_filter_resolves_names_as_admission_does(admin_client: Client) -> None:
+    """A name priced through its spelling or an alias counts as priced, not only exact names."""
+    _priced_and_unpriced_models_allowed()
+    for model in ("Priced", "p/priced", "mystery", "mystery-2"):  # a spelling, a prefix, none
+        budgets.reserve(
+            tenant="acme", provider="p", model=model, input_tokens=1, max_output_tokens=1
+        )
+    url = reverse("admin:llm_budgets_reservation_changelist")
+
+    def models(value: str) -> list[str]:
+        return sorted(
+            r.model for r in admin_client.get(url, {"priced": value}).context["cl"].queryset
+        )
+
+    assert models("yes") == ["Priced", "p/priced"]
+    assert models("no") == ["mystery", "mystery-2"]
+    model_alias_set(pattern="mystery-*", model="priced", provider="p", actor="admin")
+    assert models("yes") == ["Priced", "mystery-2", "p/priced"]
+    assert models("no") == ["mystery"]

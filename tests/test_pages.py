@@ -147,6 +147,23 @@ def test_a_member_sees_only_their_own_budgets_and_usage(folks: People) -> None:
     assert money_text(Decimal(18), "USD") in users
 
 
+def test_the_overview_shows_the_tenants_run_and_tag_budgets_to_its_admins(folks: People) -> None:
+    text = body(client_for(folks.acme_admin).get("/usage/"))
+    section = text[text.index('id="lb-scoped"') :]
+    assert "Tag project=acme-secret" in section
+    assert "Run run-acme-secret" in section
+    assert "80.00 USD" in section
+    assert "beta-secret" not in text
+    # A member sees only their own budgets: runs and tags are the organisation's.
+    member = body(client_for(folks.acme_member).get("/usage/"))
+    assert "acme-secret" not in member
+    assert 'id="lb-scoped"' not in member
+    # Support sees them with ?tenant=; beta's admin sees beta's own tag only.
+    assert "acme-secret" in body(client_for(folks.support).get("/usage/", {"tenant": "acme"}))
+    beta = body(client_for(folks.beta_admin).get("/usage/", {"tenant": "acme"}))
+    assert "Tag project=beta-secret" in beta
+
+
 def test_a_member_whose_end_user_has_no_usage_sees_empty_pages(folks: People) -> None:
     Membership.objects.filter(user=folks.acme_member).update(end_user_external_id="nobody-yet")
     member = client_for(folks.acme_member)
@@ -166,8 +183,10 @@ def test_support_staff_may_open_any_tenant(folks: People) -> None:
     rows = export_rows(support.get("/usage/export.csv", {"tenant": "acme"}))
     assert len(rows) == 1 + 5
     assert support.get("/usage/", {"tenant": "nope"}).status_code == 404
-    # Without ?tenant= support staff have no tenant of their own.
-    assert support.get("/usage/").status_code == 403
+    # Without ?tenant= support staff have no tenant of their own: they choose one.
+    picker = body(support.get("/usage/"))
+    assert "Choose a tenant" in picker
+    assert 'href="/usage/?tenant=beta"' in picker
 
 
 def test_tenant_parameter_chooses_only_among_ones_own_memberships(folks: People) -> None:

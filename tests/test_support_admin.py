@@ -32,6 +32,8 @@ from llm_budgets.models import (
     KillSwitch,
     Plan,
     Price,
+    Refusal,
+    RefusalKind,
     Scope,
     Tenant,
     UsageRecord,
@@ -446,9 +448,38 @@ def test_one_api_keys_entry() -> None:
     assert admin.site.is_registered(ApiKey)
 
 
-def test_view_site_is_hidden_not_a_dead_link(superuser: Client) -> None:
-    assert admin.site.site_url is None
-    assert "View site" not in superuser.get(reverse("admin:index")).content.decode()
+def test_view_site_goes_to_the_usage_pages_where_support_picks_a_tenant() -> None:
+    budgets.ensure_tenant("acme", name="Acme Corp")
+    budgets.ensure_tenant("beta")
+    support = _client("sue", _view_all())  # the support role's view permissions
+    index = support.get(reverse("admin:index")).content.decode()
+    assert f'href="{reverse("llm_budgets_pages:overview")}">View site' in index
+    # No tenant of their own: the usage pages offer the tenants (searchable), not a 403.
+    picker = support.get(reverse("llm_budgets_pages:overview"))
+    assert picker.status_code == 200
+    text = picker.content.decode()
+    assert 'href="/usage/?tenant=acme">Acme Corp</a>' in text
+    assert 'href="/usage/?tenant=beta">beta</a>' in text
+    found = support.get(reverse("llm_budgets_pages:tenants"), {"q": "acm"}).content.decode()
+    assert "?tenant=acme" in found
+    assert "?tenant=beta" not in found
+    # A page asked for keeps its path: the picker links to it.
+    assert "/usage/users/?tenant=beta" in support.get("/usage/users/").content.decode()
+    # The admin tenant page links to the tenant's usage pages, which open for support.
+    acme = Tenant.objects.get(external_id="acme")
+    page = support.get(reverse("admin:llm_budgets_tenant_change", args=[acme.pk]))
+    assert 'href="/usage/?tenant=acme">Usage pages</a>' in page.content.decode()
+    overview = support.get("/usage/", {"tenant": "acme"}).content.decode()
+    assert "Support view of this tenant." in overview
+    assert "Choose another tenant" in overview
+
+
+def test_the_tenant_picker_is_for_support_staff_only() -> None:
+    budgets.ensure_tenant("acme")
+    client = _client("stan", set())  # staff, without the view permission on tenants
+    assert client.get(reverse("llm_budgets_pages:tenants")).status_code == 403
+    assert client.get(reverse("llm_budgets_pages:overview")).status_code == 403
+    assert Client().get(reverse("llm_budgets_pages:tenants")).status_code == 302
 
 
 def test_plan_form_shows_an_empty_box_not_null(superuser: Client) -> None:
@@ -501,3 +532,49 @@ def test_a_limit_change_says_what_changed(superuser: Client, acme: Tenant) -> No
     assert [str(m) for m in response.context["messages"]] == [
         "Limit of tenant acme's month budget set to 1,500.00 USD (was 100.00 USD)."
     ]
+
+
+def _refusals_at(tenant: Tenant, rows: list[tuple[str, int]]) -> None:
+    """Refusals of ``(end user, minutes ago)``, identical but for their end user and time."""
+    now = timezone.now()
+    for end_user, minutes in rows:
+        Refusal.objects.create(
+            created_at=now - timedelta(minutes=minutes),
+            tenant=tenant,
+            end_user=EndUser.objects.get_or_create(tenant=tenant, external_id=end_user)[0],
+            provider="openai",
+            model="gpt-4o",
+            kind=RefusalKind.BUDGET,
+            detail="end user acme/* day budget, limit 2.00 USD",
+            requested=Decimal("2.84"),
+            remaining=Decimal("1.50"),
+        )
+
+
+def test_the_refusals_list_groups_a_burst_with_a_count(acme: Tenant, superuser: Client) -> None:
+    # bob: 5 within minutes of each other (alice's in between does not break it), then one
+    # 40 minutes earlier (a burst of its own); alice: one.
+    _refusals_at(acme, [("bob", 1), ("bob", 3), ("alice", 4), ("bob", 9), ("bob", 15)])
+    _refusals_at(acme, [("bob", 20), ("bob", 60)])
+    url = reverse("admin:llm_budgets_refusal_changelist")
+
+    def rows(**params: str) -> list[tuple[str, int]]:
+        found = superuser.get(url, params).context["cl"].result_list
+        return [(r.end_user.external_id, getattr(r, "burst_count", 1)) for r in found]
+
+    assert rows() == [("bob", 5), ("alice", 1), ("bob", 1)]
+    page = superuser.get(url).content.decode()
+    assert "&times;5" in page
+    assert "Grouped, with a count" in page
+    # Each refusal on its own row when asked; search, filters and sorting work on the bursts.
+    assert len(rows(bursts="each")) == 7
+    assert rows(q="alice") == [("alice", 1)]
+    assert rows(kind__exact="kill_switch") == []
+    count_column = "1"  # list_display[1]
+    assert [c for _, c in rows(o=f"-{count_column}")] == [5, 1, 1]
+    assert rows(o=count_column)[-1] == ("bob", 5)
+    # The burst's row opens the newest refusal; its own page is of that one refusal.
+    newest = Refusal.objects.filter(end_user__external_id="bob").order_by("-created_at").first()
+    assert newest is not None
+    detail = superuser.get(reverse("admin:llm_budgets_refusal_change", args=[newest.pk]))
+    assert detail.status_code == 200

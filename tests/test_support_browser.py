@@ -8,9 +8,11 @@ screens say and that the lists' key columns fit, and keeps screenshots in
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.urls import reverse
 from django.utils import timezone
@@ -18,7 +20,10 @@ from django.utils import timezone
 from demo.demonstration import demo_data_load
 from llm_budgets import budgets
 from llm_budgets.adjustments import usage_void
+from llm_budgets.api.keys import api_key_create
+from llm_budgets.billing.links import stripe_customer_link
 from llm_budgets.clock import when
+from llm_budgets.engine.admission import reservation_create
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.models import EndUser, Tenant, UsageKind, UsageRecord
 from tests.browser import screenshot  # chromium_browser: the session fixture (conftest)
@@ -27,10 +32,33 @@ WIDTHS = (1400, 1920)
 PASSWORD = "a-long-test-password"
 
 
+# Long names a host may use: they must wrap, not widen the page (#14: 19 px too wide at 1400).
+LONG_TAG = ("project", "customer-onboarding-assistant-eu-rollout")
+LONG_RUN = "research-agent-2026-12-01-7f3c9e1b2d4a4c0e"
+
+
 def _support_data() -> None:
-    """The demo data, a burst of identical refusals and one voided line."""
-    demo_data_load(admin=False, month=False)  # the admin tour's data, without the usage month
+    """The demo data with its month of usage, API key / run / tag budgets with long names, a
+    Stripe link, a burst of identical refusals and one voided line."""
+    demo_data_load(admin=False, month=True)
     get_user_model().objects.create_superuser("maria", "maria@example.com", PASSWORD)
+    key, _ = api_key_create(tenant="acme", name="support bot", actor="maria")
+    budgets.set_limit(tenant="acme", tag=LONG_TAG, amount=Decimal(40), window="month")
+    budgets.set_limit(tenant="acme", api_key=key.prefix, amount=Decimal(20), window="day")
+    budgets.set_limit(tenant="acme", run="*", amount=Decimal(3), window="lifetime")
+    hold = reservation_create(
+        tenant="acme",
+        end_user="alice",
+        provider="openai",
+        model="gpt-4o-mini",
+        input_tokens=20_000,
+        max_output_tokens=2_000,
+        run=LONG_RUN,
+        tags=dict([LONG_TAG]),
+        api_key=key,
+    )
+    budgets.commit(hold.pk, input_tokens=18_000, output_tokens=1_500)
+    stripe_customer_link(tenant="acme", customer_id="cus_QxAcmeSupport42", actor="maria")
     for _ in range(5):  # bob asks for more than the 2.00 USD a day each end user may spend
         with pytest.raises(BudgetExceeded):
             budgets.reserve(
@@ -60,6 +88,21 @@ def _overflow(page: Any) -> int:
     """How many pixels the page is wider than the window (0: nothing to scroll sideways to)."""
     return int(
         page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    )
+
+
+def _too_wide(page: Any) -> list[str]:
+    """The innermost elements reaching past the window's right edge (for a failure message)."""
+    return list(
+        page.evaluate(
+            """() => { const w = document.documentElement.clientWidth;
+                return [...document.querySelectorAll('#content *')]
+                  .filter(e => e.getBoundingClientRect().right > w + 1
+                    && ![...e.children].some(c => c.getBoundingClientRect().right > w + 1))
+                  .slice(0, 5)
+                  .map(e => `${e.tagName}.${e.className} ${e.textContent.trim().slice(0, 60)}`);
+            }"""
+        )
     )
 
 
@@ -96,6 +139,27 @@ def test_support_admin_in_a_real_browser(chromium_browser: Any, live_server: Any
     assert "“provider outage, refunded” by maria" in ledger
     assert "0.0000750000" not in text
     assert "UTC" not in page.inner_text("#llmb-budgets")
+    scoped = page.inner_text("#llmb-scoped-budgets")
+    assert f"tag {'='.join(LONG_TAG)} of acme" in scoped
+    assert f"run {LONG_RUN} of acme" in scoped
+    assert "Linked to Stripe customer cus_QxAcmeSupport42" in page.inner_text("#llmb-stripe")
+    assert _overflow(page) == 0, _too_wide(page)
+    screenshot(page, "tenant-page")
+
+    # The refusals list: the burst is one row with its count.
+    page.goto(f"{base}{reverse('admin:llm_budgets_refusal_changelist')}")
+    bob = page.locator("#result_list tbody tr", has_text="bob").first
+    assert "\u00d75" in bob.inner_text()
+
+    # "View site": the usage pages, where support picks a tenant and lands on its overview.
+    page.goto(tenant_url)
+    page.click("text=View site")
+    assert "Choose a tenant" in page.inner_text("main")
+    screenshot(page, "pages-tenant-picker")
+    page.click("text=Acme Corp")
+    assert page.url.endswith("/usage/?tenant=acme")
+    assert "Support view of this tenant." in page.inner_text("header")
+    page.goto(tenant_url)
 
     # Trip a switch on one end user from the tenant page: the form comes pre-filled.
     page.click("text=Trip a kill switch on this tenant")
@@ -152,6 +216,11 @@ def test_support_admin_in_a_real_browser(chromium_browser: Any, live_server: Any
         "budgets": ("budget", ["Budget", "Limit now", "Spent this period", "Remaining"]),
         "counters": ("counter", ["Budget", "End user", "Spent"]),
     }
+    every_list = sorted(
+        model._meta.model_name
+        for model in admin.site._registry
+        if model._meta.app_label == "llm_budgets"
+    )
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 900})
         for name, url in [
@@ -163,13 +232,16 @@ def test_support_admin_in_a_real_browser(chromium_browser: Any, live_server: Any
         ]:
             page.goto(url)
             screenshot(page, f"{name}-{width}")
-            assert _overflow(page) == 0, (name, width)
+            assert _overflow(page) == 0, (name, width, _too_wide(page))
         for name, (model, columns) in lists.items():
             page.goto(f"{base}{reverse(f'admin:llm_budgets_{model}_changelist')}")
             screenshot(page, f"{name}-list-{width}")
-            assert _overflow(page) == 0, (name, width)
+            assert _overflow(page) == 0, (name, width, _too_wide(page))
             shown = _visible_headers(page)
             assert all(c in shown for c in columns), (name, width, shown)
+        for model_name in every_list:  # every other list fits too
+            page.goto(f"{base}{reverse(f'admin:llm_budgets_{model_name}_changelist')}")
+            assert _overflow(page) == 0, (model_name, width, _too_wide(page))
     context.close()
 
 

@@ -12,7 +12,14 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.http import urlencode
 
-from llm_budgets.admin.base import ReadOnlyAdmin, actor, adopt, money_text
+from llm_budgets.admin.base import (
+    ReadOnlyAdmin,
+    actor,
+    adopt,
+    money_text,
+    truncated,
+    when_column,
+)
 from llm_budgets.billing.delivery import delivery_retry
 from llm_budgets.billing.links import stripe_customer_link, stripe_customer_unlink
 from llm_budgets.billing.selectors import billing_status
@@ -136,7 +143,7 @@ class MeterDeliveryAdmin(ReadOnlyAdmin):
     fix the cause (e.g. relink the tenant to the right customer), then retry them."""
 
     list_display = [
-        "hour",
+        "hour_when",
         "tenant",
         "customer_id",
         "kind",
@@ -144,14 +151,21 @@ class MeterDeliveryAdmin(ReadOnlyAdmin):
         "state",
         "attempts",
         "error_code",
-        "request_id",
-        "sent_at",
+        "short_request_id",
+        "sent_when",
     ]
     list_filter = ["state", "kind", "event_name"]
     search_fields = ["customer_id", "identifier", "tenant__external_id", "request_id"]
     date_hierarchy = "hour"
     inlines = [LineInline, ErrorReportInline]
     actions = ["retry"]
+
+    hour_when = when_column("hour", "Hour")
+    sent_when = when_column("sent_at", "Sent at")
+
+    @admin.display(description="Request id", ordering="request_id")
+    def short_request_id(self, obj: MeterDelivery) -> str:
+        return truncated(obj.request_id or "", 14) or "-"
 
     @admin.display(description="Value")
     def value(self, obj: MeterDelivery) -> str:

@@ -28,20 +28,42 @@ from llm_budgets.admin.base import (
     when_text,
 )
 from llm_budgets.admin.selectors import active_raises, budget_list_statuses
-from llm_budgets.limits import ALL_END_USERS, budget_set_limit
+from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.limits import ALL_END_USERS, api_key_of, budget_set_limit, tag_pair
 from llm_budgets.models import Budget, Counter, Scope
 from llm_budgets.money import display
+from llm_budgets.runs import run_validate
 
-# Which owner each scope needs: (tenant, end user).
+# Which owner each scope needs: (tenant, end user). The rest name an API key, a run or a tag of
+# a tenant (``_NAMED``).
 _OWNERS = {
     Scope.GLOBAL: (False, False),
     Scope.TENANT: (True, False),
     Scope.END_USER_DEFAULT: (True, False),
     Scope.END_USER: (True, True),
 }
+# The fields each API key, run or tag scope needs, beyond its tenant.
+_NAMED: dict[str, tuple[str, ...]] = {
+    Scope.API_KEY_DEFAULT: (),
+    Scope.API_KEY: ("api_key_prefix",),
+    Scope.RUN_DEFAULT: (),
+    Scope.RUN: ("run_id",),
+    Scope.TAG: ("tag_key", "tag_value"),
+}
+_NAMED_FIELDS = ("api_key_prefix", "run_id", "tag_key", "tag_value")
 
 
 class BudgetForm(forms.ModelForm):
+    api_key_prefix = forms.CharField(
+        required=False,
+        label="API key",
+        help_text="For “One API key”: the key's prefix (the part before the dot).",
+    )
+    run_id = forms.CharField(
+        required=False,
+        label="Run",
+        help_text="For “One run”: the run's id as the host names it (created if new).",
+    )
     reason = forms.CharField(
         required=False,
         widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
@@ -50,7 +72,11 @@ class BudgetForm(forms.ModelForm):
 
     class Meta:
         model = Budget
-        fields = ["scope", "tenant", "end_user", "window", "limit"]
+        fields = ["scope", "tenant", "end_user", "tag_key", "tag_value", "window", "limit"]
+        help_texts = {
+            "tag_key": "For “Tag”: the tag's name, e.g. project.",
+            "tag_value": "For “Tag”: its value, e.g. alpha: every call tagged project=alpha.",
+        }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -68,12 +94,11 @@ class BudgetForm(forms.ModelForm):
         if end_user is not None and data.get("tenant") is None:
             data["tenant"] = end_user.tenant
         scope = Scope(data["scope"])
-        if scope not in _OWNERS:
-            raise ValidationError(
-                f"Scope “{scope.label}” names an API key, a run or a tag: create it with "
-                "budgets.set_limit(...) or POST /budgets (docs/limits.md); its limit can then be "
-                "changed here."
-            )
+        if scope in _NAMED:
+            return self._clean_named(scope, data)
+        given = [str(self.fields[name].label) for name in _NAMED_FIELDS if data.get(name)]
+        if given:
+            raise ValidationError(f"Scope “{scope.label}” takes no {' or '.join(given)}.")
         needs_tenant, needs_user = _OWNERS[scope]
         if needs_tenant != (data.get("tenant") is not None):
             verb = "needs a" if needs_tenant else "takes no"
@@ -84,11 +109,57 @@ class BudgetForm(forms.ModelForm):
         if end_user is not None and end_user.tenant_id != data["tenant"].pk:
             raise ValidationError("The end user belongs to another tenant.")
         owner = {"tenant": data.get("tenant"), "end_user": end_user}
-        if Budget.objects.filter(scope=data["scope"], window=data.get("window"), **owner).exists():
+        self._refuse_existing(
+            Budget.objects.filter(scope=scope, window=data.get("window"), **owner)
+        )
+        return data
+
+    def _clean_named(self, scope: Scope, data: dict[str, Any]) -> dict[str, Any]:
+        """An API key, run or tag budget: its tenant and what it names, checked the way
+        ``budget_set_limit`` checks them (the same errors, on the field)."""
+        if data.get("tenant") is None:
+            raise ValidationError(f"Scope “{scope.label}” needs a tenant.")
+        if data.get("end_user") is not None:
+            raise ValidationError(f"Scope “{scope.label}” takes no end user.")
+        needed = _NAMED[scope]
+        for name in _NAMED_FIELDS:
+            value = (data.get(name) or "").strip()
+            data[name] = value
+            label = self.fields[name].label
+            if name in needed and not value:
+                self.add_error(name, f"Scope “{scope.label}” needs the {label}.")
+            elif name not in needed and value:
+                self.add_error(name, f"Scope “{scope.label}” takes no {label}.")
+        if self.errors:
+            return data
+        tenant = data["tenant"]
+        try:
+            if scope == Scope.TAG:
+                pair = (data["tag_key"], data["tag_value"])
+                data["tag_key"], data["tag_value"] = tag_pair(pair, field="tag_key")
+            elif scope == Scope.RUN:
+                data["run_id"] = run_validate(data["run_id"], field="run_id")
+            elif scope == Scope.API_KEY:
+                data["api_key"] = api_key_of(tenant, data["api_key_prefix"], field="api_key_prefix")
+        except InvalidUsage as exc:
+            self.add_error(exc.field if exc.field in self.fields else None, exc.message)
+            return data
+        existing = Budget.objects.filter(scope=scope, window=data.get("window"), tenant=tenant)
+        if scope == Scope.TAG:
+            existing = existing.filter(tag_key=data["tag_key"], tag_value=data["tag_value"])
+        elif scope == Scope.RUN:
+            existing = existing.filter(run__external_id=data["run_id"])
+        elif scope == Scope.API_KEY:
+            existing = existing.filter(api_key=data["api_key"])
+        self._refuse_existing(existing)
+        return data
+
+    @staticmethod
+    def _refuse_existing(existing: Any) -> None:
+        if existing.exists():
             raise ValidationError(
                 "This budget already exists: open it from the list and change its limit."
             )
-        return data
 
 
 @admin.register(Budget)
@@ -112,11 +183,11 @@ class BudgetAdmin(PageAnnotationMixin, admin.ModelAdmin):
     search_fields = ["tenant__external_id", "tenant__name", "end_user__external_id"]
     date_hierarchy = "updated_at"
     autocomplete_fields = ["tenant", "end_user"]
-    fixed_on_change = ["scope", "tenant", "end_user", "window"]
+    fixed_on_change = ["scope", "budget", "tenant", "end_user", "window"]
 
     def get_fields(self, request: HttpRequest, obj: Model | None = None) -> list[Any]:
         if obj is None:
-            return ["scope", "tenant", "end_user", "window", "limit", "reason"]
+            return ["scope", "tenant", "end_user", *_NAMED_FIELDS, "window", "limit", "reason"]
         return [*self.fixed_on_change, "limit", "reason", *self.shown_on_change]
 
     shown_on_change = ["currency", "this_period", "counts_from", "recent_periods"]
@@ -205,7 +276,7 @@ class BudgetAdmin(PageAnnotationMixin, admin.ModelAdmin):
             window=obj.window,
             tenant=obj.tenant.external_id if obj.tenant else None,
             end_user=_end_user_argument(obj),
-            **_named_scope_arguments(obj),
+            **_named_scope_arguments(obj, form.cleaned_data if not change else {}),
             actor=actor(request),
             reason=form.cleaned_data.get("reason", ""),
         )
@@ -269,11 +340,16 @@ def _end_user_argument(budget: Budget) -> str | None:
     return None
 
 
-def _named_scope_arguments(budget: Budget) -> dict[str, Any]:
+def _named_scope_arguments(budget: Budget, added: dict[str, Any]) -> dict[str, Any]:
     """The API key, run or tag a budget of those scopes names, as ``budget_set_limit`` takes it
-    (without it a limit change would land on the tenant's budget)."""
+    (without it a limit change would land on the tenant's budget). ``added``: the add form's
+    cleaned data (the run is named there: the budget has no run row yet)."""
     if budget.scope == Scope.API_KEY_DEFAULT or budget.scope == Scope.RUN_DEFAULT:
         return {"api_key" if budget.scope == Scope.API_KEY_DEFAULT else "run": "*"}
+    if budget.scope == Scope.RUN and added.get("run_id"):
+        return {"run": added["run_id"]}
+    if budget.scope == Scope.API_KEY and added.get("api_key") is not None:
+        return {"api_key": added["api_key"].prefix}
     if budget.scope == Scope.API_KEY and budget.api_key is not None:
         return {"api_key": budget.api_key.prefix}
     if budget.scope == Scope.RUN and budget.run is not None:

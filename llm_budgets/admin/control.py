@@ -14,16 +14,17 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import widgets
 from django.core.exceptions import PermissionDenied
-from django.db.models import Model
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
+from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from llm_budgets import clock, money
-from llm_budgets.adjustments import end_user_spend_reset, usage_void
+from llm_budgets.adjustments import budget_spend_reset, end_user_spend_reset, usage_void
 from llm_budgets.admin.base import (
     PageAnnotationMixin,
     ReadOnlyAdmin,
@@ -39,8 +40,10 @@ from llm_budgets.admin.base import (
 )
 from llm_budgets.admin.budgets import budget_phrase
 from llm_budgets.admin.selectors import (
+    RECENT_LINES,
     EndUserOverview,
     adjustment_notes,
+    refusal_bursts,
     refusal_groups,
     voided_ids,
 )
@@ -53,12 +56,14 @@ from llm_budgets.killswitches import (
     switch_is_open,
     switch_open_q,
 )
+from llm_budgets.limits import api_key_of
 from llm_budgets.models import (
     Budget,
     BudgetRaise,
     EndUser,
     KillSwitch,
     Refusal,
+    Scope,
     Tenant,
     UsageKind,
     UsageRecord,
@@ -66,7 +71,6 @@ from llm_budgets.models import (
 from llm_budgets.tenants import end_user_ensure
 from llm_budgets.windows import budget_period
 
-RECENT_ROWS = 20
 # Refusals read for the page before identical ones in a burst are folded together.
 RECENT_REFUSALS = 200
 
@@ -489,12 +493,34 @@ class BudgetRaiseAdmin(ActionFormAdmin):
         return obj.starts_at <= timezone.now() < obj.ends_at
 
 
+class BurstFilter(admin.SimpleListFilter):
+    """Identical refusals in a burst show as one row with a count unless asked for each."""
+
+    title = "bursts"
+    parameter_name = "bursts"
+    EACH = "each"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(self.EACH, "Each refusal on its own row")]
+
+    def choices(self, changelist: Any) -> Any:
+        for choice in super().choices(changelist):
+            if choice["display"] == "All":  # no parameter: the default, grouped
+                choice["display"] = "Grouped, with a count"
+            yield choice
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        return None  # RefusalAdmin.get_queryset groups unless the parameter asks for each
+
+
 @admin.register(Refusal)
 class RefusalAdmin(ReadOnlyAdmin):
-    """Why was I blocked? One row per refused admission."""
+    """Why was I blocked? One row per burst of identical refusals (same tenant, end user, model
+    and reason, each within ten minutes of the next) with a count, or one per refusal."""
 
     list_display = [
         "created_when",
+        "count",
         "tenant",
         "end_user_link",
         "model",
@@ -503,7 +529,7 @@ class RefusalAdmin(ReadOnlyAdmin):
         "left",
         "resets",
     ]
-    list_filter = ["kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
+    list_filter = [BurstFilter, "kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant", "end_user__tenant", "budget__tenant", "kill_switch"]
     search_fields = ["tenant__external_id", "end_user__external_id", "model", "detail"]
     date_hierarchy = "created_at"
@@ -523,6 +549,24 @@ class RefusalAdmin(ReadOnlyAdmin):
     )
 
     created_when = when_column("created_at", "When", seconds=True)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Refusal]:
+        refusals = super().get_queryset(request)
+        if request.GET.get(BurstFilter.parameter_name) == BurstFilter.EACH:
+            return refusals
+        # On the list only: a refusal's own page (and its history) is of that refusal.
+        match = request.resolver_match
+        if match is not None and (match.url_name or "").endswith("_changelist"):
+            return refusal_bursts(refusals)
+        return refusals
+
+    @admin.display(description="Count", ordering="burst_count")
+    def count(self, obj: Refusal) -> str:
+        total = getattr(obj, "burst_count", 1)
+        if total <= 1:
+            return ""
+        since = when_text(getattr(obj, "burst_since", None), tenant_zone(obj), seconds=True)
+        return format_html('<span title="since {}">&times;{}</span>', since, total)
 
     @admin.display(description="End user", ordering="end_user__external_id")
     def end_user_link(self, obj: Refusal) -> str:
@@ -564,6 +608,22 @@ class ResetForm(forms.Form):
     reason = _reason("Why; kept in the audit log and shown on the compensating lines.")
 
 
+class BudgetResetForm(forms.Form):
+    api_key = forms.CharField(
+        required=False,
+        label="API key",
+        help_text="The key's prefix: an each-key budget is reset for one key.",
+    )
+    reason = _reason("Why; kept in the audit log and shown on the compensating line.")
+
+    def __init__(self, *args: Any, each_key: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if each_key:
+            self.fields["api_key"].required = True
+        else:
+            del self.fields["api_key"]
+
+
 class VoidForm(forms.Form):
     reason = _reason("Why; kept in the audit log and shown on the compensating line.")
 
@@ -580,6 +640,11 @@ class TenantControlMixin:
                 "<int:tenant_id>/reset-end-user/",
                 wrap(self.reset_end_user_view),
                 name="llm_budgets_tenant_reset_end_user",
+            ),
+            path(
+                "<int:tenant_id>/reset-budget/<int:budget_id>/",
+                wrap(self.reset_budget_view),
+                name="llm_budgets_tenant_reset_budget",
             ),
             path(
                 "<int:tenant_id>/void/<int:line_id>/",
@@ -624,6 +689,51 @@ class TenantControlMixin:
                 "Brings the end user's own budgets back to zero spent for the current period "
                 "with compensating ledger lines (nothing is deleted). The tenant's and global "
                 "budgets keep the spend: that money was spent."
+            ),
+            back_url=_tenant_url(tenant),
+            back_label=f"Tenant {tenant.external_id}",
+            submit_label="Reset the period spend",
+        )
+
+    def reset_budget_view(
+        self, request: HttpRequest, tenant_id: int, budget_id: int
+    ) -> HttpResponse:
+        _require(request, "reset_spend")
+        tenant = get_object_or_404(Tenant, pk=tenant_id)
+        budget = get_object_or_404(
+            Budget.objects.select_related("tenant", "api_key"), pk=budget_id, tenant=tenant
+        )
+        each_key = budget.scope == Scope.API_KEY_DEFAULT
+        form = BudgetResetForm(request.POST or None, initial=request.GET, each_key=each_key)
+        what = budget_phrase(budget)
+        if request.method == "POST" and form.is_valid():
+            try:
+                key = api_key_of(tenant, form.cleaned_data["api_key"]) if each_key else None
+                lines = budget_spend_reset(
+                    budget=budget,
+                    api_key=key,
+                    reason=form.cleaned_data["reason"],
+                    actor=actor(request),
+                )
+            except InvalidUsage as exc:
+                form.add_error("api_key" if exc.field == "api_key" else None, exc.message)
+            else:
+                share = f" (API key {key.prefix}'s share)" if key is not None else ""
+                written = (
+                    f"{len(lines)} compensating ledger line(s) written"
+                    if lines
+                    else "nothing was spent in this period, so nothing changed"
+                )
+                messages.success(request, f"Period spend of {what}{share} reset: {written}.")
+                return HttpResponseRedirect(_tenant_url(tenant))
+        return _form_page(
+            request,
+            title=f"Reset the period spend of {what}",
+            form=form,
+            explanation=(
+                "Brings this budget back to zero spent for the current period with a "
+                "compensating ledger line (nothing is deleted). Calls in flight keep their "
+                "holds; the tenant's, end users' and other budgets keep the spend."
             ),
             back_url=_tenant_url(tenant),
             back_label=f"Tenant {tenant.external_id}",
@@ -781,7 +891,7 @@ def control_context(request: HttpRequest, tenant: Tenant, now: datetime) -> dict
     refusals = Refusal.objects.filter(tenant=tenant).select_related("end_user", "budget")[
         :RECENT_REFUSALS
     ]
-    lines = UsageRecord.objects.filter(tenant=tenant).select_related("end_user")[:RECENT_ROWS]
+    lines = UsageRecord.objects.filter(tenant=tenant).select_related("end_user")[:RECENT_LINES]
     actions = []
     if user.has_perm("llm_budgets.add_killswitch"):
         actions.append(
@@ -794,6 +904,13 @@ def control_context(request: HttpRequest, tenant: Tenant, now: datetime) -> dict
             (
                 "Reset an end user's period spend",
                 reverse("admin:llm_budgets_tenant_reset_end_user", args=[tenant.pk]),
+            )
+        )
+    if user.has_perm("llm_budgets.add_budget"):
+        actions.append(
+            (
+                "Add an API key, run or tag budget",
+                _add_url("budget", tenant=tenant.pk, scope=Scope.TAG.value),
             )
         )
     return {

@@ -7,12 +7,13 @@ no price in effect (admitted through the plan's unknown-model policy)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
-from django.db.models import Exists, Model, OuterRef, QuerySet
+from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils import timezone
@@ -20,10 +21,10 @@ from django.utils.html import format_html, format_html_join
 
 from llm_budgets.admin.base import actor, adopt, rate_text, when_column, when_text
 from llm_budgets.costs import TOKEN_RATES
-from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.exceptions import InvalidUsage, UnknownPrice
 from llm_budgets.model_names import model_alias_delete, model_alias_set
 from llm_budgets.models import ModelAlias, Price
-from llm_budgets.pricing import PRICE_FIELDS, current_versions, price_set, prices_in_effect
+from llm_budgets.pricing import PRICE_FIELDS, current_versions, price_match, price_set
 
 
 class PriceForm(forms.ModelForm):
@@ -61,7 +62,10 @@ class VersionFilter(admin.SimpleListFilter):
 
 
 class UnpricedModelFilter(admin.SimpleListFilter):
-    """On reservations and ledger lines: models in use that have no price in effect now."""
+    """On reservations and ledger lines: models in use that have no price in effect now, by the
+    same resolution admission uses (``pricing.price_match``: the exact name, its spellings, the
+    bundled catalogue's rules, admin aliases). So ``gpt-4o-2024-08-06`` priced through
+    ``gpt-4o`` counts as priced."""
 
     title = "model priced now"
     parameter_name = "priced"
@@ -70,16 +74,23 @@ class UnpricedModelFilter(admin.SimpleListFilter):
         return [("no", "No: model without a price"), ("yes", "Yes")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
-        priced = Exists(
-            prices_in_effect(timezone.now()).filter(
-                provider=OuterRef("provider"), model=OuterRef("model")
-            )
-        )
-        if self.value() == "no":
-            return queryset.filter(~priced)
-        if self.value() == "yes":
-            return queryset.filter(priced)
-        return None
+        if self.value() not in ("no", "yes"):
+            return None
+        # One query for the names in use (a few dozen at most), then each resolved in Python.
+        now = timezone.now()
+        priced = Q(pk__in=[])
+        for provider, model in queryset.values_list("provider", "model").distinct().order_by():
+            if _priced(provider, model, now):
+                priced |= Q(provider=provider, model=model)
+        return queryset.filter(priced) if self.value() == "yes" else queryset.exclude(priced)
+
+
+def _priced(provider: str, model: str, at: datetime) -> bool:
+    try:
+        price_match(provider=provider or None, model=model, at=at)
+    except UnknownPrice:
+        return False
+    return True
 
 
 @admin.register(Price)

@@ -7,12 +7,25 @@ tenant has: the admin page must stay fast for the biggest tenant.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
-from django.db.models import F, Q
+from django.db.models import (
+    Count,
+    DateTimeField,
+    Exists,
+    ExpressionWrapper,
+    F,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+)
+from django.db.models.functions import Coalesce
 
 from llm_budgets.killswitches import kill_switches_in_state
 from llm_budgets.models import (
@@ -26,6 +39,7 @@ from llm_budgets.models import (
     KillSwitch,
     Refusal,
     Reservation,
+    Run,
     Scope,
     Tenant,
     UsageKind,
@@ -41,6 +55,8 @@ from llm_budgets.windows import ROLLING_PREFIX, budget_period, tenant_period
 
 # Rows shown per table; the page links to the full, filtered changelist beyond that.
 TENANT_PAGE_ROWS = 50
+# Recent ledger lines on an end user's page (as on the tenant page): the list has the rest.
+RECENT_LINES = 20
 
 
 @dataclass(frozen=True)
@@ -55,6 +71,29 @@ class TenantOverview:
     # Issue #16: the tenant's API key, run and tag budgets; for a "*" budget, its shares (each
     # key's or run's counter) with the most used first, first TENANT_PAGE_ROWS.
     scoped_budgets: list[BudgetStatus] = field(default_factory=list)
+    # What each of scoped_budgets names, for labels a page translates.
+    scoped_subjects: list[ScopedSubject] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ScopedSubject:
+    """What an API key, run or tag budget (or a key's or run's share of ``*``) names:
+    ``kind`` is ``run``, ``api_key`` or ``tag``; ``name`` the run id, key prefix or
+    ``key=value``."""
+
+    kind: str
+    name: str
+
+    @classmethod
+    def of(cls, item: ApplicableBudget) -> ScopedSubject:
+        budget = item.budget
+        run = item.run or budget.run
+        key = item.api_key or budget.api_key
+        if run is not None:
+            return cls("run", run.external_id)
+        if key is not None:
+            return cls("api_key", key.prefix)
+        return cls("tag", f"{budget.tag_key}={budget.tag_value}")
 
 
 # The scopes a call names beyond its tenant and end user, and their "*" defaults.
@@ -64,10 +103,10 @@ _SHARED_SCOPES = [Scope.API_KEY_DEFAULT, Scope.RUN_DEFAULT]
 
 def scoped_budgets(
     tenant: Tenant, at: datetime, rows: int = TENANT_PAGE_ROWS
-) -> list[BudgetStatus]:
+) -> list[tuple[BudgetStatus, ScopedSubject]]:
     """The tenant's API key, run and tag budgets where they stand now, and the shares of its
-    each-key and each-run budgets in their current periods, most used first. One query when the
-    tenant has none, four at most."""
+    each-key and each-run budgets in their current periods, most used first, each with what it
+    names. One query when the tenant has none, four at most."""
     budgets = list(
         Budget.objects.filter(tenant=tenant, scope__in=[*_NAMED_SCOPES, *_SHARED_SCOPES])
         .select_related("api_key", "run")
@@ -96,7 +135,10 @@ def scoped_budgets(
             applicable.append(
                 ApplicableBudget(budget, period, run=counter.run, api_key=counter.api_key)
             )
-    return statuses_for(applicable) if applicable else []
+    if not applicable:
+        return []
+    subjects = [ScopedSubject.of(item) for item in applicable]
+    return list(zip(statuses_for(applicable), subjects, strict=True))
 
 
 def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
@@ -120,6 +162,7 @@ def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
     # Open: still counted in reserved (held, or uncertain until usage or the reconcile job).
     held = Reservation.objects.filter(tenant=tenant, state__in=LIVE_STATES)
     open_reservations = list(held.select_related("end_user").order_by("expires_at")[:rows])
+    scoped = scoped_budgets(tenant, at)
     return TenantOverview(
         budgets=shared,
         end_user_budgets=statuses_for(applicable),
@@ -128,7 +171,8 @@ def tenant_overview(tenant: Tenant, at: datetime) -> TenantOverview:
         open_reservation_count=held.count(),
         raises=raises,
         created={a.budget.pk: a.budget.created_at for a in [*shared_applicable, *applicable]},
-        scoped_budgets=scoped_budgets(tenant, at),
+        scoped_budgets=[status for status, _ in scoped],
+        scoped_subjects=[subject for _, subject in scoped],
     )
 
 
@@ -167,7 +211,7 @@ def adjustment_notes(lines: Sequence[UsageRecord]) -> dict[int, AuditEvent]:
         return {}
     since = min(line.created_at for line in adjustments) - timedelta(minutes=1)
     events = AuditEvent.objects.filter(
-        action__in=["usage.void", "end_user.reset_spend", "run.reset_spend"],
+        action__in=["usage.void", "end_user.reset_spend", "run.reset_spend", "budget.reset_spend"],
         tenant_id__in={line.tenant_id for line in adjustments},
         created_at__gte=since,
     )
@@ -222,6 +266,114 @@ def refusal_groups(refusals: Sequence[Refusal]) -> list[RefusalGroup]:
     return groups
 
 
+def _identical(ref: Callable[[str], Any]) -> QuerySet[Refusal]:
+    """Refusals identical to the row ``ref`` points at (``OuterRef``, or an ``OuterRef`` of
+    one): same tenant, end user (or none), model, kind and detail. The tenant's time index
+    serves it (a refusal always has a tenant; one without one is never grouped)."""
+    return Refusal.objects.annotate(_user=Coalesce("end_user_id", 0)).filter(
+        tenant_id=ref("tenant_id"),
+        _user=Coalesce(ref("end_user_id"), 0),
+        model=ref("model"),
+        kind=ref("kind"),
+        detail=ref("detail"),
+    )
+
+
+def _near(ref: Callable[[str], Any], *, after: bool) -> Q:
+    """Within ``BURST`` after (or before) the row ``ref`` points at; ties broken by id."""
+    at = ref("created_at")
+    if after:
+        edge = ExpressionWrapper(at + BURST, output_field=DateTimeField())
+        return Q(created_at__lte=edge) & (Q(created_at__gt=at) | Q(created_at=at, pk__gt=ref("pk")))
+    edge = ExpressionWrapper(at - BURST, output_field=DateTimeField())
+    return Q(created_at__gte=edge) & (Q(created_at__lt=at) | Q(created_at=at, pk__lt=ref("pk")))
+
+
+def refusal_bursts(refusals: QuerySet[Refusal]) -> QuerySet[Refusal]:
+    """``refusals`` with each burst of identical ones (each within ``BURST`` of the next) as one
+    row: its newest refusal, annotated with ``burst_count`` and ``burst_since`` (when the burst
+    began). Done in the database, so the admin's filters, search, sorting and pagination work
+    on the bursts. Unlike :func:`refusal_groups` (the pages' recent rows), a burst is not broken
+    by other refusals in between."""
+    outer = OuterRef
+    later = _identical(outer).filter(_near(outer, after=True))
+    # Where the head's burst began: the newest identical refusal at or before it with no
+    # identical one within BURST before it.
+    starts = (
+        _identical(outer)
+        .filter(
+            Q(created_at__lt=outer("created_at"))
+            | Q(created_at=outer("created_at"), pk__lte=outer("pk"))
+        )
+        .filter(
+            ~Exists(
+                _identical(lambda name: OuterRef(name)).filter(
+                    _near(lambda name: OuterRef(name), after=False)
+                )
+            )
+        )
+        .order_by("-created_at", "-pk")
+        .values("created_at")[:1]
+    )
+    since = Subquery(starts, output_field=DateTimeField())
+    count = (
+        _identical(outer)
+        .filter(created_at__gte=outer("burst_since"))
+        .filter(
+            Q(created_at__lt=outer("created_at"))
+            | Q(pk__lte=outer("pk"), created_at=outer("created_at"))
+        )
+        .order_by()
+        .values("tenant_id")
+        .annotate(total=Count("pk"))
+        .values("total")
+    )
+    return (
+        refusals.filter(~Exists(later))
+        .annotate(burst_since=since)
+        .annotate(burst_count=Coalesce(Subquery(count, output_field=IntegerField()), 1))
+    )
+
+
+RECENT_RUNS = 20
+
+
+def end_user_runs(end_user: EndUser, at: datetime, rows: int = RECENT_RUNS) -> list[BudgetStatus]:
+    """The run budgets of the end user's most recent runs (those its calls named), newest
+    first: each run's own budgets and its share of the tenant's each-run (``"*"``) budgets.
+    Three queries however many runs; a run no budget covers has no row."""
+    tenant = end_user.tenant
+    runs = list(
+        Run.objects.filter(
+            tenant=tenant,
+            pk__in=Reservation.objects.filter(end_user=end_user, run__isnull=False).values("run"),
+        ).order_by("-created_at", "-pk")[:rows]
+    )
+    if not runs:
+        return []
+    by_run: dict[int, list[Budget]] = defaultdict(list)
+    each: list[Budget] = []
+    for budget in Budget.objects.filter(tenant=tenant).filter(
+        Q(scope=Scope.RUN_DEFAULT) | Q(scope=Scope.RUN, run__in=runs)
+    ):
+        budget.tenant = tenant  # labels without a query per row
+        if budget.run_id is None:
+            each.append(budget)
+        else:
+            by_run[budget.run_id].append(budget)
+    applicable = []
+    for run in runs:
+        run.tenant = tenant
+        for budget in sorted(by_run[run.pk], key=lambda b: b.window):
+            budget.run = run
+            applicable.append(ApplicableBudget(budget, tenant_period(budget.window, at, tenant)))
+        applicable.extend(
+            ApplicableBudget(budget, tenant_period(budget.window, at, tenant), run=run)
+            for budget in sorted(each, key=lambda b: b.window)
+        )
+    return statuses_for(applicable) if applicable else []
+
+
 @dataclass(frozen=True)
 class EndUserOverview:
     budgets: list[BudgetStatus]  # every budget that applies to the end user, this period
@@ -231,6 +383,7 @@ class EndUserOverview:
     refusals: list[Refusal]
     switches: list[KillSwitch]  # open switches that stop this end user (any model)
     created: dict[int, datetime]  # when each budget was created (it counts from then)
+    runs: list[BudgetStatus] = field(default_factory=list)  # its recent runs' run budgets
 
 
 def end_user_overview(end_user: EndUser, at: datetime) -> EndUserOverview:
@@ -254,9 +407,10 @@ def end_user_overview(end_user: EndUser, at: datetime) -> EndUserOverview:
         created={a.budget.pk: a.budget.created_at for a in applicable},
         open_reservations=list(held.select_related("end_user").order_by("expires_at")[:rows]),
         open_reservation_count=held.count(),
-        lines=list(lines[:rows]),
+        lines=list(lines[:RECENT_LINES]),
         refusals=list(
             Refusal.objects.filter(end_user=end_user).select_related("end_user", "budget")[:rows]
         ),
         switches=switches,
+        runs=end_user_runs(end_user, at),
     )

@@ -11,7 +11,7 @@ from django.contrib import admin
 from django.core.exceptions import ValidationError
 from django.db.models import Count, Model
 from django.http import HttpRequest, HttpResponse
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
@@ -29,7 +29,12 @@ from llm_budgets.admin.base import (
 )
 from llm_budgets.admin.billing import billing_context
 from llm_budgets.admin.control import TenantControlMixin, control_context, end_user_context
-from llm_budgets.admin.selectors import active_raises, end_user_overview, tenant_overview
+from llm_budgets.admin.selectors import (
+    ScopedSubject,
+    active_raises,
+    end_user_overview,
+    tenant_overview,
+)
 from llm_budgets.conf import conf
 from llm_budgets.models import (
     LIVE_STATES,
@@ -39,6 +44,7 @@ from llm_budgets.models import (
     Reservation,
     Scope,
     Tenant,
+    Window,
 )
 from llm_budgets.money import display
 from llm_budgets.selectors import BudgetStatus
@@ -195,6 +201,7 @@ def _overview_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
         now,
     )
     can_raise = request.user.has_perm("llm_budgets.add_budgetraise")
+    can_reset = request.user.has_perm("llm_budgets.reset_spend")
     return {
         "overview_timezone": zone,
         "budget_rows": [
@@ -206,8 +213,11 @@ def _overview_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
         ],
         "end_user_budget_count": overview.end_user_budget_count,
         "scoped_budget_rows": [
-            _budget_row(s, raises, zone, can_raise, overview.created)
-            for s in overview.scoped_budgets
+            {
+                **_budget_row(s, raises, zone, can_raise, overview.created),
+                "reset_url": _reset_url(tenant, s, subject) if can_reset else "",
+            }
+            for s, subject in zip(overview.scoped_budgets, overview.scoped_subjects, strict=True)
         ],
         "end_user_budgets_url": _changelist(
             "budget", {**by_tenant, "scope__exact": Scope.END_USER}
@@ -225,8 +235,18 @@ def _overview_context(request: HttpRequest, tenant: Tenant) -> dict[str, Any]:
             ("Reservations", _changelist("reservation", by_tenant)),
             ("Usage (ledger)", _changelist("usagerecord", by_tenant)),
             ("Audit log", _changelist("auditevent", by_tenant)),
+            *_usage_pages_link(tenant),
         ],
     }
+
+
+def _usage_pages_link(tenant: Tenant) -> list[tuple[str, str]]:
+    """The tenant's usage pages as support sees them (``?tenant=``), where the host mounts them."""
+    try:
+        pages = reverse("llm_budgets_pages:overview")
+    except NoReverseMatch:
+        return []
+    return [("Usage pages", f"{pages}?{urlencode({'tenant': tenant.external_id})}")]
 
 
 def _reservation_rows(reservations: list[Reservation], zone: str, now: Any) -> list[dict[str, Any]]:
@@ -271,13 +291,30 @@ def _budget_row(
         "remaining": money_text(status.remaining, status.currency),
         "used_percent": min(100, int(used * 100 / status.limit)) if status.limit else 100,
         "exhausted": status.remaining == 0,
-        "period_start": when_text(status.period_start, zone),
+        # A lifetime window has no start to speak of (the epoch): it counts from the budget on.
+        "period_start": "its lifetime"
+        if status.window == Window.LIFETIME
+        else when_text(status.period_start, zone),
         "resets_at": when_text(status.resets_at, zone) if status.resets_at else "",
         "raise_url": _raise_url(status.budget_id)
-        # Not on "*" (it would raise every end user) nor global (every tenant) from here.
-        if can_raise and status.scope in (Scope.TENANT, Scope.END_USER)
+        # Not on "*" (it would raise every end user, key or run) nor global (every tenant).
+        if can_raise and status.scope in _RAISABLE
         else "",
     }
+
+
+_RAISABLE = (Scope.TENANT, Scope.END_USER, Scope.API_KEY, Scope.RUN, Scope.TAG)
+
+
+def _reset_url(tenant: Tenant, status: BudgetStatus, subject: ScopedSubject) -> str:
+    """The reset form of a tag or API key budget (for an each-key budget, of this key's
+    share); "" for other scopes."""
+    url = reverse("admin:llm_budgets_tenant_reset_budget", args=[tenant.pk, status.budget_id])
+    if status.scope in (Scope.TAG, Scope.API_KEY):
+        return url
+    if status.scope == Scope.API_KEY_DEFAULT:
+        return f"{url}?{urlencode({'api_key': subject.name})}"
+    return ""
 
 
 def _raise_url(budget_id: int) -> str:
@@ -344,7 +381,7 @@ def _end_user_page(request: HttpRequest, end_user: EndUser) -> dict[str, Any]:
     tenant = end_user.tenant
     zone = tenant.timezone
     overview = end_user_overview(end_user, now)
-    raises = active_raises([s.budget_id for s in overview.budgets], now)
+    raises = active_raises([s.budget_id for s in [*overview.budgets, *overview.runs]], now)
     can_raise = request.user.has_perm("llm_budgets.add_budgetraise")
     rows = []
     for status in sorted(overview.budgets, key=lambda s: _SCOPE_ORDER[s.scope]):
@@ -368,6 +405,9 @@ def _end_user_page(request: HttpRequest, end_user: EndUser) -> dict[str, Any]:
         "tenant_url": reverse("admin:llm_budgets_tenant_change", args=[tenant.pk]),
         "tenant_label": tenant.external_id,
         "budget_rows": rows,
+        "run_rows": [
+            _budget_row(s, raises, zone, can_raise, overview.created) for s in overview.runs
+        ],
         "reservation_rows": _reservation_rows(overview.open_reservations, zone, now),
         "open_reservation_count": overview.open_reservation_count,
         "open_reservations_url": _changelist(

@@ -32,6 +32,11 @@ class LoginRequired(Exception):
     """No tenant for an anonymous visitor: the view sends them to the login page."""
 
 
+class TenantChoice(Exception):
+    """Support staff with no tenant of their own and no ``?tenant=``: the view shows the tenant
+    picker instead of a 403."""
+
+
 @dataclass(frozen=True)
 class Viewer:
     """What a request may see: one tenant, and for a member only one end user of it."""
@@ -76,6 +81,7 @@ def _resolver() -> Callable[[HttpRequest], Any]:
 
 def viewer_for(request: HttpRequest) -> Viewer:
     """The request's view of one tenant. Raises ``LoginRequired`` (anonymous, no tenant),
+    ``TenantChoice`` (support staff without a tenant of their own, no ``?tenant=``),
     ``PermissionDenied`` (logged in, no tenant) or ``Http404`` (staff naming an unknown one)."""
     user = request.user
     wanted = request.GET.get(TENANT_PARAMETER)
@@ -88,6 +94,8 @@ def viewer_for(request: HttpRequest) -> Viewer:
     if external_id is None:
         if not user.is_authenticated:
             raise LoginRequired
+        if may_view_any_tenant(user):
+            raise TenantChoice
         raise PermissionDenied(_("Your account has no access to a tenant's usage."))
     tenant = Tenant.objects.select_related("plan").filter(external_id=str(external_id)).first()
     if tenant is None:

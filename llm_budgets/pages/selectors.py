@@ -7,7 +7,7 @@ end users or ledger lines the tenant has.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -17,7 +17,7 @@ from django.core.paginator import Page, Paginator
 from django.db.models import Count, F, Q, QuerySet, Sum
 from django.utils.translation import gettext as _
 
-from llm_budgets.admin.selectors import tenant_overview
+from llm_budgets.admin.selectors import ScopedSubject, tenant_overview
 from llm_budgets.conf import conf
 from llm_budgets.killswitches import kill_switches_in_state
 from llm_budgets.models import (
@@ -71,6 +71,9 @@ class Overview:
     end_user_budgets: list[BudgetLine]  # admin view: end users' own budgets, first PAGE_ROWS
     end_user_budget_count: int
     kill_switches: list[KillSwitch]
+    # Admin view: the tenant's API key, run and tag budgets, and each key's and run's share of
+    # an each-key / each-run budget, most used first (first PAGE_ROWS).
+    scoped_budgets: list[tuple[BudgetLine, ScopedSubject]] = field(default_factory=list)
 
 
 def _line(status: BudgetStatus, budget: Budget | None) -> BudgetLine:
@@ -143,6 +146,11 @@ def overview(viewer: Viewer, at: datetime) -> Overview:
         shared = [_with_users(line) for line in _lines(_visible(data.budgets), tenant)]
         own = _lines(data.end_user_budgets, tenant)
         own_count = data.end_user_budget_count
+        scoped = (
+            list(zip(_lines(data.scoped_budgets, tenant), data.scoped_subjects, strict=True))
+            if data.scoped_budgets
+            else []
+        )
     else:
         mine = [
             s
@@ -152,12 +160,14 @@ def overview(viewer: Viewer, at: datetime) -> Overview:
         lines = _lines(mine, tenant)
         # A member's share of an each-end-user limit is their own counter: show its figures.
         shared = [replace(line, each_end_user=False) for line in lines]
-        own, own_count = [], 0
+        # Runs, keys and tags are the organisation's: not a member's to see.
+        own, own_count, scoped = [], 0, []
     return Overview(
         budgets=shared,
         end_user_budgets=own,
         end_user_budget_count=own_count,
         kill_switches=open_kill_switches(viewer, at),
+        scoped_budgets=scoped,
     )
 
 
@@ -463,3 +473,12 @@ def budget_kind_label(scope: str, end_user: str | None) -> str:
 
 def currency() -> str:
     return conf.CURRENCY
+
+
+def tenants_to_pick(query: str, *, page: int = 1) -> Page[Tenant]:
+    """Support's tenant picker: tenants whose id or name contains ``query`` (all when empty),
+    by id, ``PAGE_ROWS`` a page (two queries)."""
+    tenants = Tenant.objects.order_by("external_id").only("external_id", "name", "timezone")
+    if query:
+        tenants = tenants.filter(Q(external_id__icontains=query) | Q(name__icontains=query))
+    return Paginator(tenants, PAGE_ROWS).get_page(page)

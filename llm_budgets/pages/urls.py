@@ -14,4 +14,5 @@ urlpatterns = [
     path("users/", views.users, name="users"),
     path("refusals/", views.refusals, name="refusals"),
     path("export.csv", views.export_csv, name="export"),
+    path("tenants/", views.tenants, name="tenants"),
 ]

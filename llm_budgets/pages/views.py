@@ -8,8 +8,10 @@ from collections.abc import Callable
 from datetime import date
 from decimal import Decimal
 from typing import Any
+from urllib.parse import quote
 
 from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
 from django.http import (
     HttpRequest,
     HttpResponse,
@@ -18,6 +20,7 @@ from django.http import (
     StreamingHttpResponse,
 )
 from django.shortcuts import render
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET
@@ -25,7 +28,13 @@ from django.views.decorators.http import require_GET
 from llm_budgets.billing.selectors import billed_so_far
 from llm_budgets.money import money as money_text
 from llm_budgets.pages import charts, export, selectors
-from llm_budgets.pages.access import LoginRequired, Viewer, viewer_for
+from llm_budgets.pages.access import (
+    LoginRequired,
+    TenantChoice,
+    Viewer,
+    may_view_any_tenant,
+    viewer_for,
+)
 
 View = Callable[..., HttpResponseBase]
 
@@ -40,6 +49,8 @@ def tenant_page(view: Callable[..., HttpResponseBase]) -> View:
             viewer = viewer_for(request)
         except LoginRequired:
             return redirect_to_login(request.get_full_path())
+        except TenantChoice:
+            return _tenant_picker(request, request.path)
         return view(request, viewer, *args, **kwargs)
 
     return require_GET(wrapper)
@@ -56,6 +67,30 @@ def _context(request: HttpRequest, viewer: Viewer, section: str, **extra: Any) -
         "tenant_timezone": viewer.tenant.timezone,
         **extra,
     }
+
+
+@require_GET
+def tenants(request: HttpRequest) -> HttpResponseBase:
+    """Support staff choose which tenant's pages to open (``?tenant=`` on every page)."""
+    if not request.user.is_authenticated:
+        return redirect_to_login(request.get_full_path())
+    if not may_view_any_tenant(request.user):
+        raise PermissionDenied(_("Only support staff may choose a tenant."))
+    return _tenant_picker(request, reverse("llm_budgets_pages:overview"))
+
+
+def _tenant_picker(request: HttpRequest, target: str) -> HttpResponse:
+    """The picker: each tenant links to ``target`` (the page asked for) with ``?tenant=``."""
+    query = request.GET.get("q", "").strip()
+    page = selectors.tenants_to_pick(query, page=_page_number(request))
+    context = {
+        "section": "tenants",
+        "page": page,
+        "query": query,
+        "target": target,
+        "extra": f"&q={quote(query)}" if query else "",
+    }
+    return render(request, "llm_budgets/pages/tenants.html", context)
 
 
 def _page_number(request: HttpRequest) -> int:
