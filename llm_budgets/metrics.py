@@ -91,9 +91,9 @@ def settlement_observe(action: str, result: str) -> None:
         SETTLEMENTS.labels(action, result).inc()
 
 
-def expiry_observe() -> None:
-    if ENABLED:
-        EXPIRED.inc()
+def expiry_observe(count: int = 1) -> None:
+    if ENABLED and count:
+        EXPIRED.inc(count)
 
 
 def sweep_observe(seconds: float) -> None:

@@ -26,7 +26,12 @@ from llm_budgets.conf import conf
 from llm_budgets.costs import actual_cost, customer_charge
 from llm_budgets.engine import statements as sql
 from llm_budgets.engine.boundary import bound_sqlite_wait, ledger_guard, lock_timeout_statement
-from llm_budgets.events import observed_expiry, observed_settlement, observed_sweep
+from llm_budgets.events import (
+    holds_expired,
+    observed_expiry,
+    observed_settlement,
+    observed_sweep,
+)
 from llm_budgets.exceptions import (
     InvalidUsage,
     ReservationNotFound,
@@ -242,8 +247,33 @@ def _record(
     priced: tuple[int | None, str] | None = None,
 ) -> sql.Statement:
     """The statement inserting a ledger line for the reservation (the caller runs it)."""
+    line = _line(
+        reservation,
+        kind=kind,
+        cost=cost,
+        estimated=estimated,
+        now=now,
+        overage=overage,
+        usage=usage,
+        priced=priced,
+    )
+    return sql.inserting([line])
+
+
+def _line(
+    reservation: Reservation,
+    *,
+    kind: str,
+    cost: Amounts,
+    estimated: bool,
+    now: datetime,
+    overage: Decimal = ZERO,
+    usage: Usage | None = None,
+    priced: tuple[int | None, str] | None = None,
+) -> UsageRecord:
+    """A new, unsaved ledger line for the reservation."""
     price_id, basis = priced or (reservation.price_id, reservation.pricing_basis)
-    record = UsageRecord(
+    return UsageRecord(
         reservation=reservation,
         kind=kind,
         tenant_id=reservation.tenant_id,
@@ -263,7 +293,6 @@ def _record(
         tags=reservation.tags,
         **(usage.as_fields() if usage else {}),
     )
-    return sql.inserting([record])
 
 
 def _settled(reservation: Reservation, state: str, now: datetime) -> sql.Statement:
@@ -485,17 +514,160 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
         return True
 
 
+# The most holds one sweep transaction expires: its writes go in one statement on PostgreSQL,
+# whose parameters (about 30 a ledger line) must stay under the protocol's 65,535.
+SWEEP_BATCH_MAX = 1000
+
+
 @observed_sweep
 def reservations_sweep(*, now: datetime | None = None, batch_size: int = 500) -> int:
-    """Expire every overdue hold, in batches, one transaction each. Returns how many expired."""
-    now = now or timezone.now()
-    return _in_batches(
-        Reservation.objects.filter(state=ReservationState.HELD, expires_at__lte=now).order_by(
-            "expires_at"
-        ),
-        lambda rid: reservation_expire(rid, now=now),
-        action="sweep",
-        batch_size=batch_size,
+    """Expire every overdue hold, a batch at a time, one short transaction per batch
+    (:func:`_expire_batch`). Returns how many expired.
+
+    "Overdue" is read on the database's clock, never this process's: a sweeper whose clock runs
+    ahead cannot expire someone else's hold early (docs/control.md). ``now`` names the instant
+    instead (tests, replaying a sweep); the jobs and the command never pass it."""
+    size = max(1, min(int(batch_size), SWEEP_BATCH_MAX))
+    expired = 0
+    while True:
+        with ledger_guard("sweep"):
+            bound_sqlite_wait()
+            with transaction.atomic():
+                batch = _expire_batch(now, size)
+        holds_expired(batch)  # after the commit: the log lines and the metric
+        expired += len(batch)
+        if len(batch) < size:
+            return expired
+
+
+def _expire_batch(now: datetime | None, size: int) -> list[UUID]:
+    """Expire up to ``size`` overdue holds in the caller's transaction; returns their ids.
+
+    The holds are locked first, oldest due first, skipping any a commit, release or another
+    sweeper holds (``SKIP LOCKED``: that transition wins, and a later batch or sweep sees the
+    result). Every reservation state, estimate line and outbox row of the batch is then one
+    set-based statement each, and the counters last: each counter once with the batch's total
+    change for it, locked in pk order as admission locks them, in the same round trip as the
+    writes on PostgreSQL, so an admission under the same budgets waits for one batch at most."""
+    rows = sql.fetch(
+        _due_sql(db_clock=now is None),
+        [ReservationState.HELD.value, *_at(now), size],
+        first=lock_timeout_statement(),
+    )
+    if not rows:
+        return []
+    at = now or sql.clock_value(rows[0][0])
+    reservations = [sql.row_to(Reservation, row, 1) for row in rows]
+    ids = [_pk(r.pk) for r in reservations]
+    charge = conf.EXPIRED_HOLD_POLICY == "charge"
+    writes = [(_expired_states_sql(len(ids)), [ReservationState.EXPIRED.value, *_at(at), *ids])]
+    if charge:
+        lines = [
+            _line(r, kind=UsageKind.CHARGE, cost=_held(r), estimated=True, now=at)
+            for r in reservations
+        ]
+        writes.append(sql.inserting(lines))
+        writes.extend(outbox.expiry_statements(reservations, now=at))
+    held = {r.pk: _held(r) for r in reservations}
+    released: dict[int, Decimal] = {}  # per counter, what the batch held on it, in its unit
+    for rid, counter_id, unit in sql.fetch(_batch_holds_sql(len(ids)), ids):
+        amount = held[_reservation_id(rid)].for_unit(unit)
+        released[counter_id] = released.get(counter_id, ZERO) + amount
+    changes = {pk: (-amount, amount if charge else ZERO) for pk, amount in released.items()}
+    _add_to_counters(changes, writes)
+    return [r.pk for r in reservations]
+
+
+def _at(now: datetime | None) -> list[object]:
+    return [] if now is None else [sql.param(Reservation, "expires_at", now)]
+
+
+@functools.cache
+def _due_sql(*, db_clock: bool) -> str:
+    """Lock a batch of overdue holds: the clock (first column), then each reservation's columns.
+    Parameters: the HELD state, the instant unless ``db_clock``, the batch size."""
+    clock = sql.clock_sql() if db_clock else "%s"
+    expires = sql.column(Reservation, "expires_at")
+    return (
+        f"SELECT {sql.clock_sql()}, {sql.columns(Reservation, 'r')}"  # noqa: S608
+        f" FROM {sql.table(Reservation)} r"
+        f" WHERE r.{sql.column(Reservation, 'state')} = %s AND r.{expires} <= {clock}"
+        f" ORDER BY r.{expires} LIMIT %s{sql.lock_clause(of=('r',), skip_locked=True)}"
+    )
+
+
+def _in_list(count: int) -> str:
+    return "(" + ", ".join(["%s"] * count) + ")"
+
+
+@functools.cache
+def _expired_states_sql(count: int) -> str:
+    """Parameters: the EXPIRED state, the settle time, ``count`` reservation ids."""
+    return (
+        f"UPDATE {sql.table(Reservation)} SET {sql.column(Reservation, 'state')} = %s,"  # noqa: S608
+        f" {sql.column(Reservation, 'settled_at')} = %s"
+        f" WHERE {sql.quote('id')} IN {_in_list(count)}"
+    )
+
+
+@functools.cache
+def _batch_holds_sql(count: int) -> str:
+    """Each hold of ``count`` reservations: reservation id, counter id, unit (nothing locked)."""
+    hold = ReservationHold
+    return (
+        f"SELECT {sql.column(hold, 'reservation')}, {sql.column(hold, 'counter')},"  # noqa: S608
+        f" {sql.column(hold, 'unit')} FROM {sql.table(hold)}"
+        f" WHERE {sql.column(hold, 'reservation')} IN {_in_list(count)}"
+    )
+
+
+def _add_to_counters(
+    changes: dict[int, tuple[Decimal, Decimal]], writes: list[sql.Statement]
+) -> None:
+    """Add ``(reserved, spent)`` to each counter (by pk), after ``writes``: the counters locked
+    last, in pk order. On PostgreSQL the writes, the locks and the additions are one statement
+    (exact numeric arithmetic); elsewhere Decimal arithmetic here (SQLite's is floating point)."""
+    order = sorted(changes)
+    if connection.vendor == "postgresql":
+        if not order:
+            sql.run(writes)
+            return
+        params = [v for pk in order for v in (pk, *changes[pk])]
+        sql.run([*writes, (_add_to_counters_sql(len(order)), params)])
+        return
+    counters = (
+        [sql.row_to(Counter, row) for row in sql.fetch(_counters_by_pk_sql(len(order)), order)]
+        if order
+        else []
+    )
+    for counter in counters:
+        reserved, spent = changes[counter.pk]
+        counter.reserved += reserved
+        counter.spent += spent
+    Counter.objects.write(counters, ["reserved", "spent"], transition_writes=writes)
+
+
+@functools.cache
+def _add_to_counters_sql(count: int) -> str:
+    """PostgreSQL: lock ``count`` counters in pk order, then add to each its change. Parameters:
+    per counter, its pk, the change of reserved and of spent."""
+    reserved, spent = sql.column(Counter, "reserved"), sql.column(Counter, "spent")
+    values = ", ".join(["(%s::bigint, %s::numeric, %s::numeric)"] * count)
+    return (
+        f"UPDATE {sql.table(Counter)} AS t"  # noqa: S608
+        f" SET {reserved} = t.{reserved} + l.dr, {spent} = t.{spent} + l.ds"
+        f" FROM (SELECT c.id, d.dr, d.ds FROM {sql.table(Counter)} c"
+        f" JOIN (VALUES {values}) AS d(id, dr, ds) ON d.id = c.id"
+        f" ORDER BY c.id FOR UPDATE OF c) l"
+        f" WHERE t.id = l.id"
+    )
+
+
+@functools.cache
+def _counters_by_pk_sql(count: int) -> str:
+    return (
+        f"SELECT {sql.columns(Counter, 'c')} FROM {sql.table(Counter)} c"  # noqa: S608
+        f" WHERE c.id IN {_in_list(count)} ORDER BY c.id{sql.lock_clause(of=('c',))}"
     )
 
 
