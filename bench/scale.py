@@ -3,7 +3,7 @@ sweep of many overdue holds take, with admissions running beside it?
 
 Usage (from the repository root)::
 
-    python bench/scale.py [--ledger 1000,100000,1000000] [--users 100,100000] [--holds 10000]
+    python bench/scale.py [--ledger 1000,100000,1000000] [--users 100,100000] [--holds 10000] [--batch-size 500]
                           [--database-url postgres://postgres@127.0.0.1:5432/llm_budgets_scale_bench]
 
 The database is DROPPED and recreated (its name must contain ``bench``). Rows are bulk-copied in
@@ -129,6 +129,7 @@ def main() -> None:
     parser.add_argument("--users", default="100,100000")
     parser.add_argument("--holds", type=int, default=10000)
     parser.add_argument("--cycles", type=int, default=100)
+    parser.add_argument("--batch-size", type=int, default=500, help="the sweep's batch size")
     args = parser.parse_args()
 
     _recreate(args.database_url)
@@ -265,13 +266,14 @@ def main() -> None:
     thread = threading.Thread(target=admit)
     thread.start()
     started = time.perf_counter()
-    expired = budgets.sweep()
+    expired = budgets.sweep(batch_size=args.batch_size)
     seconds = time.perf_counter() - started
     done.set()
     thread.join(60)
     print(
         f"  sweep: {expired} holds expired in {seconds:.1f} s "
-        f"({seconds / max(expired, 1) * 1000:.2f} ms each)"
+        f"({seconds / max(expired, 1) * 1000:.2f} ms each, batches of {args.batch_size}, "
+        f"load {os.getloadavg()[0]:.1f})"
     )
     _report("admissions beside the sweep", beside)
     print(
