@@ -188,3 +188,30 @@ def test_batches_racing_commits_settle_each_hold_exactly_once() -> None:
     assert (counter.spent, counter.reserved) == (Decimal(15 * 60), 0)
     assert counters_drift() == []
     assert overspent_counters() == []
+
+
+@pytest.mark.django_db
+def test_a_batch_writes_the_same_estimate_line_as_expiring_one_hold() -> None:
+    # The batch builds its lines in SQL from the reservation rows: the same line, field by
+    # field, as reservation_expire builds in Python (tags, run and price version included).
+    from llm_budgets.engine.settlement import reservation_expire
+
+    seed(limit="10000", window="lifetime")
+    budgets.set_limit(tenant="acme", run="*", amount=Decimal("1000"), window="lifetime")
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    one, other = (
+        reserve_30_at(an_hour_ago, ttl=60, run="r-1", tags={"project": "alpha"}).pk  # type: ignore[attr-defined]
+        for _ in range(2)
+    )
+    moment = timezone.now()
+    assert reservation_expire(one, now=moment) is True
+    assert reservations_sweep(now=moment) == 1
+    ignored = {"id", "reservation", "created_at"}
+    names = [f.attname for f in UsageRecord._meta.concrete_fields if f.name not in ignored]
+    first, second = (
+        UsageRecord.objects.filter(reservation_id=rid).values(*names).get() for rid in (one, other)
+    )
+    assert first == second
+    assert first["tags"] == {"project": "alpha"}
+    assert first["run_id"] is not None
+    assert first["is_estimated"] is True

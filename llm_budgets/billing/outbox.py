@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -93,11 +92,11 @@ def settlement_statements(
     return [(_settlement_sql(), params)]
 
 
-@functools.cache
-def _expiry_sql(count: int) -> str:
-    """Insert the outbox rows of the estimate lines a sweep batch writes, for the reservations
-    (``count`` ids) whose tenant's link is active: each bills the reservation's customer amount,
-    as its line does. Read from the reservation rows, so one statement for the batch."""
+def estimate_rows(source: sql.Statement, clock: sql.Statement) -> sql.Statement:
+    """Insert the outbox rows of a sweep batch's estimate lines: one per reservation ``r`` of
+    ``source`` (a FROM clause and its parameters) whose tenant's link is active, billing the
+    held customer amount as its line does, at ``clock`` (an SQL expression and its parameters).
+    Set-based, from the reservation rows, so the batch's lines need not be read back."""
     line, link = BillingLine, StripeCustomerLink
     names = ", ".join(
         sql.column(line, f)
@@ -113,36 +112,19 @@ def _expiry_sql(count: int) -> str:
         )
     )
     tenant = sql.column(Reservation, "tenant")
-    ids = ", ".join(["%s"] * count)
-    return (
+    text = (
         f"INSERT INTO {sql.table(line)} ({names})"  # noqa: S608
         f" SELECT r.id, %s, r.{tenant}, l.{sql.column(link, 'customer_id')},"
         f" COALESCE(m.{sql.column(StripePlanMeter, 'event_name')}, %s),"
         f" r.{sql.column(Reservation, 'customer_amount')}, r.{sql.column(Reservation, 'currency')},"
-        f" %s FROM {sql.table(Reservation)} r"
+        f" {clock[0]} FROM {source[0]}"
         f" JOIN {sql.table(link)} l ON l.{sql.column(link, 'tenant')} = r.{tenant}"
         f" AND l.{sql.column(link, 'unlinked_at')} IS NULL"
         f" JOIN {sql.table(Tenant)} t ON t.id = r.{tenant}"
         f" LEFT JOIN {sql.table(StripePlanMeter)} m"
         f" ON m.{sql.column(StripePlanMeter, 'plan')} = t.{sql.column(Tenant, 'plan')}"
-        f" WHERE r.id IN ({ids})"
     )
-
-
-def expiry_statements(reservations: Sequence[Reservation], *, now: datetime) -> list[sql.Statement]:
-    """The statement writing the outbox rows of a sweep batch's estimate lines (charge lines of
-    ``reservations`` at their held customer amount), to run with the lines' own statement; none
-    when no tenant of the batch may be linked (:func:`tenant_may_be_linked`)."""
-    linked = [r for r in reservations if tenant_may_be_linked(r.tenant_id)]
-    if not linked:
-        return []
-    params = [
-        UsageKind.CHARGE.value,
-        conf.STRIPE_METER_EVENT_NAME,
-        sql.param(BillingLine, "occurred_at", now),
-        *(sql.param(BillingLine, "reservation", r.pk) for r in linked),
-    ]
-    return [(_expiry_sql(len(linked)), params)]
+    return text, [UsageKind.CHARGE.value, conf.STRIPE_METER_EVENT_NAME, *clock[1], *source[1]]
 
 
 # The ids of linked tenants, per process, re-read at most every LINKED_TTL seconds (one small

@@ -372,6 +372,11 @@ def reservation_commit(
             estimate = reservation.usage_records.filter(kind=UsageKind.CHARGE).first()
             if estimate is not None:
                 kind, charge = UsageKind.TRUE_UP, cost - _charged(estimate)
+            else:
+                # Dropped at expiry (policy "release"): nothing is held or charged for this
+                # call any more, so all of its cost lands beyond what admission checked, and
+                # all of it is recorded as overage (invariant 1: the only excess allowed).
+                overage = provider_cost
         line = _record(
             reservation,
             kind=kind,
@@ -514,9 +519,8 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
         return True
 
 
-# The most holds one sweep transaction expires: its writes go in one statement on PostgreSQL,
-# whose parameters (about 30 a ledger line) must stay under the protocol's 65,535.
-SWEEP_BATCH_MAX = 1000
+# The most holds one sweep transaction expires (its counters wait for it at most that long).
+SWEEP_BATCH_MAX = 5000
 
 
 @observed_sweep
@@ -540,73 +544,171 @@ def reservations_sweep(*, now: datetime | None = None, batch_size: int = 500) ->
             return expired
 
 
-def _expire_batch(now: datetime | None, size: int) -> list[UUID]:
+def _expire_batch(now: datetime | None, size: int) -> list[object]:
     """Expire up to ``size`` overdue holds in the caller's transaction; returns their ids.
 
-    The holds are locked first, oldest due first, skipping any a commit, release or another
-    sweeper holds (``SKIP LOCKED``: that transition wins, and a later batch or sweep sees the
-    result). Every reservation state, estimate line and outbox row of the batch is then one
-    set-based statement each, and the counters last: each counter once with the batch's total
-    change for it, locked in pk order as admission locks them, in the same round trip as the
-    writes on PostgreSQL, so an admission under the same budgets waits for one batch at most."""
-    rows = sql.fetch(
-        _due_sql(db_clock=now is None),
-        [ReservationState.HELD.value, *_at(now), size],
-        first=lock_timeout_statement(),
-    )
+    The holds are locked first, oldest due first, skipping any that a commit, release or another
+    sweeper holds (``SKIP LOCKED``: that transition wins, and a later batch or sweep sees its
+    result). Then, each as one set-based write for the whole batch: the reservations' state, the
+    estimate lines (``EXPIRED_HOLD_POLICY="charge"``) with their outbox rows, and last the
+    counters, each once with the batch's total for it, locked in pk order as admission locks
+    them. On PostgreSQL all of it is one statement built from the locked rows (exact numeric
+    arithmetic, one round trip): an admission under the same budgets waits one batch at most."""
+    charge = conf.EXPIRED_HOLD_POLICY == "charge"
+    clock = ("CURRENT_TIMESTAMP", []) if now is None else ("%s", _at(now))
+    if connection.vendor == "postgresql":
+        text, params = _batch_statement(clock, size, charge=charge)
+        return [row[0] for row in sql.fetch(text, params, first=lock_timeout_statement())]
+    rows = sql.fetch(_due_sql(db_clock=now is None), [ReservationState.HELD.value, *clock[1], size])
     if not rows:
         return []
-    at = now or sql.clock_value(rows[0][0])
+    clock = ("%s", _at(now or sql.clock_value(rows[0][0])))
     reservations = [sql.row_to(Reservation, row, 1) for row in rows]
     ids = [_pk(r.pk) for r in reservations]
-    charge = conf.EXPIRED_HOLD_POLICY == "charge"
-    writes = [(_expired_states_sql(len(ids)), [ReservationState.EXPIRED.value, *_at(at), *ids])]
+    picked = f"SELECT * FROM {sql.table(Reservation)} WHERE id IN {_in_list(len(ids))}"  # noqa: S608
+    these = (f"({picked}) r", ids)
+    writes = [
+        (
+            f"UPDATE {sql.table(Reservation)} SET {sql.column(Reservation, 'state')} = %s,"  # noqa: S608
+            f" {sql.column(Reservation, 'settled_at')} = %s WHERE id IN {_in_list(len(ids))}",
+            [ReservationState.EXPIRED.value, *clock[1], *ids],
+        )
+    ]
     if charge:
-        lines = [
-            _line(r, kind=UsageKind.CHARGE, cost=_held(r), estimated=True, now=at)
-            for r in reservations
-        ]
-        writes.append(sql.inserting(lines))
-        writes.extend(outbox.expiry_statements(reservations, now=at))
+        writes += [_estimate_lines(these, clock), outbox.estimate_rows(these, clock)]
     held = {r.pk: _held(r) for r in reservations}
     released: dict[int, Decimal] = {}  # per counter, what the batch held on it, in its unit
     for rid, counter_id, unit in sql.fetch(_batch_holds_sql(len(ids)), ids):
         amount = held[_reservation_id(rid)].for_unit(unit)
         released[counter_id] = released.get(counter_id, ZERO) + amount
-    changes = {pk: (-amount, amount if charge else ZERO) for pk, amount in released.items()}
-    _add_to_counters(changes, writes)
+    counters = [
+        sql.row_to(Counter, row)
+        for row in sql.fetch(_counters_by_pk_sql(len(released)), sorted(released))
+    ]
+    for counter in counters:
+        counter.reserved -= released[counter.pk]
+        counter.spent += released[counter.pk] if charge else ZERO
+    Counter.objects.write(counters, ["reserved", "spent"], transition_writes=writes)
     return [r.pk for r in reservations]
 
 
-def _at(now: datetime | None) -> list[object]:
-    return [] if now is None else [sql.param(Reservation, "expires_at", now)]
-
-
-@functools.cache
-def _due_sql(*, db_clock: bool) -> str:
-    """Lock a batch of overdue holds: the clock (first column), then each reservation's columns.
-    Parameters: the HELD state, the instant unless ``db_clock``, the batch size."""
-    clock = sql.clock_sql() if db_clock else "%s"
-    expires = sql.column(Reservation, "expires_at")
-    return (
-        f"SELECT {sql.clock_sql()}, {sql.columns(Reservation, 'r')}"  # noqa: S608
-        f" FROM {sql.table(Reservation)} r"
-        f" WHERE r.{sql.column(Reservation, 'state')} = %s AND r.{expires} <= {clock}"
-        f" ORDER BY r.{expires} LIMIT %s{sql.lock_clause(of=('r',), skip_locked=True)}"
-    )
+def _at(now: datetime) -> list[object]:
+    return [sql.param(Reservation, "expires_at", now)]
 
 
 def _in_list(count: int) -> str:
     return "(" + ", ".join(["%s"] * count) + ")"
 
 
+# How an estimate line's columns come from its reservation ``r`` (the rest take their default):
+# the SQL form of ``_line(r, kind=CHARGE, cost=_held(r), estimated=True, now=...)``, for a whole
+# batch at once. ``tests/test_sweep.py`` checks that both write the same line.
+_ESTIMATE_FROM_RESERVATION = {
+    "reservation": "id",
+    "tenant": "tenant",
+    "end_user": "end_user",
+    "run": "run",
+    "provider": "provider",
+    "model": "model",
+    "price": "price",
+    "pricing_basis": "pricing_basis",
+    "cost": "amount",
+    "customer_cost": "customer_amount",
+    "currency": "currency",
+    "tags": "tags",
+    "reserved_at": "created_at",
+}
+# Line fields with a value of their own; every other field takes its default.
+_ESTIMATE_CONSTANTS = {"kind": UsageKind.CHARGE.value, "is_estimated": True}
+
+
+def _estimate_lines(source: sql.Statement, clock: sql.Statement) -> sql.Statement:
+    """Insert the estimate line of every reservation ``r`` of ``source`` (a FROM clause and its
+    parameters), booked at ``clock`` (an SQL expression and its parameters)."""
+    names, values, params = [], [], []
+    for field in sql.insert_fields(UsageRecord):
+        names.append(sql.quote(field.column))
+        if field.name in _ESTIMATE_FROM_RESERVATION:
+            values.append(f"r.{sql.column(Reservation, _ESTIMATE_FROM_RESERVATION[field.name])}")
+        elif field.name == "created_at":
+            values.append(clock[0])
+            params.extend(clock[1])
+        else:
+            value = _ESTIMATE_CONSTANTS.get(field.name, field.get_default())
+            values.append("%s")
+            params.append(field.get_db_prep_save(value, connection))
+    text = (
+        f"INSERT INTO {sql.table(UsageRecord)} ({', '.join(names)})"  # noqa: S608
+        f" SELECT {', '.join(values)} FROM {source[0]}"
+    )
+    return text, [*params, *source[1]]
+
+
+def _batch_statement(clock: sql.Statement, size: int, *, charge: bool) -> sql.Statement:
+    """PostgreSQL: one sweep batch as one statement, returning the ids it expired. ``due`` locks
+    the overdue holds; the other clauses write from those locked rows (one snapshot: each writes
+    rows no other clause touches); ``locked`` takes the counters in pk order last."""
+    res, hold, counter = Reservation, ReservationHold, Counter
+    expires = sql.column(res, "expires_at")
+    unit = sql.column(hold, "unit")
+    customer = BudgetUnit.CUSTOMER_PRICE.value
+    reserved, spent = sql.column(counter, "reserved"), sql.column(counter, "spent")
+    clauses: list[sql.Statement] = [
+        (
+            f"due AS (SELECT r.* FROM {sql.table(res)} r"  # noqa: S608
+            f" WHERE r.{sql.column(res, 'state')} = %s AND r.{expires} <= {clock[0]}"
+            f" ORDER BY r.{expires} LIMIT %s FOR UPDATE OF r SKIP LOCKED)",
+            [ReservationState.HELD.value, *clock[1], size],
+        ),
+        (
+            f"expired AS (UPDATE {sql.table(res)} t SET {sql.column(res, 'state')} = %s,"  # noqa: S608
+            f" {sql.column(res, 'settled_at')} = {clock[0]} FROM due WHERE t.id = due.id"
+            f" RETURNING t.id)",
+            [ReservationState.EXPIRED.value, *clock[1]],
+        ),
+    ]
+    if charge:
+        lines, lines_params = _estimate_lines(("due r", []), clock)
+        rows, rows_params = outbox.estimate_rows(("due r", []), clock)
+        clauses += [(f"lines AS ({lines})", lines_params), (f"billed AS ({rows})", rows_params)]
+    clauses += [
+        (
+            f"moved AS (SELECT h.{sql.column(hold, 'counter')} AS id,"  # noqa: S608
+            f" SUM(CASE WHEN h.{unit} = '{customer}' THEN r.{sql.column(res, 'customer_amount')}"
+            f" ELSE r.{sql.column(res, 'amount')} END) AS amount"
+            f" FROM {sql.table(hold)} h JOIN due r ON h.{sql.column(hold, 'reservation')} = r.id"
+            f" GROUP BY h.{sql.column(hold, 'counter')})",
+            [],
+        ),
+        (
+            f"locked AS (SELECT c.id, m.amount FROM {sql.table(counter)} c"  # noqa: S608
+            f" JOIN moved m ON m.id = c.id ORDER BY c.id FOR UPDATE OF c)",
+            [],
+        ),
+        (
+            f"counted AS (UPDATE {sql.table(counter)} t"  # noqa: S608
+            f" SET {reserved} = t.{reserved} - l.amount,"
+            f" {spent} = t.{spent} + {'l.amount' if charge else '0'}"
+            f" FROM locked l WHERE t.id = l.id)",
+            [],
+        ),
+    ]
+    text = "WITH " + ", ".join(c[0] for c in clauses) + " SELECT id FROM expired"  # noqa: S608
+    return text, [p for c in clauses for p in c[1]]
+
+
 @functools.cache
-def _expired_states_sql(count: int) -> str:
-    """Parameters: the EXPIRED state, the settle time, ``count`` reservation ids."""
+def _due_sql(*, db_clock: bool) -> str:
+    """Elsewhere than PostgreSQL (the transaction holds the write lock): a batch of overdue
+    holds, the clock first. Parameters: the HELD state, the instant unless ``db_clock``, the
+    batch size."""
+    clock = sql.clock_sql() if db_clock else "%s"
+    expires = sql.column(Reservation, "expires_at")
     return (
-        f"UPDATE {sql.table(Reservation)} SET {sql.column(Reservation, 'state')} = %s,"  # noqa: S608
-        f" {sql.column(Reservation, 'settled_at')} = %s"
-        f" WHERE {sql.quote('id')} IN {_in_list(count)}"
+        f"SELECT {sql.clock_sql()}, {sql.columns(Reservation, 'r')}"  # noqa: S608
+        f" FROM {sql.table(Reservation)} r"
+        f" WHERE r.{sql.column(Reservation, 'state')} = %s AND r.{expires} <= {clock}"
+        f" ORDER BY r.{expires} LIMIT %s"
     )
 
 
@@ -618,48 +720,6 @@ def _batch_holds_sql(count: int) -> str:
         f"SELECT {sql.column(hold, 'reservation')}, {sql.column(hold, 'counter')},"  # noqa: S608
         f" {sql.column(hold, 'unit')} FROM {sql.table(hold)}"
         f" WHERE {sql.column(hold, 'reservation')} IN {_in_list(count)}"
-    )
-
-
-def _add_to_counters(
-    changes: dict[int, tuple[Decimal, Decimal]], writes: list[sql.Statement]
-) -> None:
-    """Add ``(reserved, spent)`` to each counter (by pk), after ``writes``: the counters locked
-    last, in pk order. On PostgreSQL the writes, the locks and the additions are one statement
-    (exact numeric arithmetic); elsewhere Decimal arithmetic here (SQLite's is floating point)."""
-    order = sorted(changes)
-    if connection.vendor == "postgresql":
-        if not order:
-            sql.run(writes)
-            return
-        params = [v for pk in order for v in (pk, *changes[pk])]
-        sql.run([*writes, (_add_to_counters_sql(len(order)), params)])
-        return
-    counters = (
-        [sql.row_to(Counter, row) for row in sql.fetch(_counters_by_pk_sql(len(order)), order)]
-        if order
-        else []
-    )
-    for counter in counters:
-        reserved, spent = changes[counter.pk]
-        counter.reserved += reserved
-        counter.spent += spent
-    Counter.objects.write(counters, ["reserved", "spent"], transition_writes=writes)
-
-
-@functools.cache
-def _add_to_counters_sql(count: int) -> str:
-    """PostgreSQL: lock ``count`` counters in pk order, then add to each its change. Parameters:
-    per counter, its pk, the change of reserved and of spent."""
-    reserved, spent = sql.column(Counter, "reserved"), sql.column(Counter, "spent")
-    values = ", ".join(["(%s::bigint, %s::numeric, %s::numeric)"] * count)
-    return (
-        f"UPDATE {sql.table(Counter)} AS t"  # noqa: S608
-        f" SET {reserved} = t.{reserved} + l.dr, {spent} = t.{spent} + l.ds"
-        f" FROM (SELECT c.id, d.dr, d.ds FROM {sql.table(Counter)} c"
-        f" JOIN (VALUES {values}) AS d(id, dr, ds) ON d.id = c.id"
-        f" ORDER BY c.id FOR UPDATE OF c) l"
-        f" WHERE t.id = l.id"
     )
 
 

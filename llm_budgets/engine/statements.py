@@ -195,6 +195,11 @@ def _insert_fields(model: type[Model]) -> tuple[Field[Any, Any], ...]:
     return tuple(f for f in _fields(model) if not isinstance(f, AutoFieldMixin))
 
 
+def insert_fields(model: type[Model]) -> tuple[Field[Any, Any], ...]:
+    """The fields an insert of ``model`` writes (every concrete one but an auto primary key)."""
+    return _insert_fields(model)
+
+
 @cache
 def _insert_sql(model: type[Model], rows: int) -> str:
     fields = _insert_fields(model)
