@@ -3,7 +3,7 @@ sweep of many overdue holds take, with admissions running beside it?
 
 Usage (from the repository root)::
 
-    python bench/scale.py [--ledger 1000,100000,1000000] [--users 100,100000] [--holds 10000] [--batch-size 500]
+    python bench/scale.py [--ledger 1000,100000,1000000] [--users 100,100000] [--holds 10000] [--batch-size 2000]
                           [--database-url postgres://postgres@127.0.0.1:5432/llm_budgets_scale_bench]
 
 The database is DROPPED and recreated (its name must contain ``bench``). Rows are bulk-copied in
@@ -129,7 +129,7 @@ def main() -> None:
     parser.add_argument("--users", default="100,100000")
     parser.add_argument("--holds", type=int, default=10000)
     parser.add_argument("--cycles", type=int, default=100)
-    parser.add_argument("--batch-size", type=int, default=500, help="the sweep's batch size")
+    parser.add_argument("--batch-size", type=int, default=2000, help="the sweep's batch size")
     args = parser.parse_args()
 
     _recreate(args.database_url)
