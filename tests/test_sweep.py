@@ -215,3 +215,21 @@ def test_a_batch_writes_the_same_estimate_line_as_expiring_one_hold() -> None:
     assert first["tags"] == {"project": "alpha"}
     assert first["run_id"] is not None
     assert first["is_estimated"] is True
+
+
+@pytest.mark.django_db
+def test_a_batch_never_sends_more_parameters_than_the_database_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # SQLite's statements name a batch's ids as parameters: the batch is cut to what the
+    # database accepts (Django's max_query_params), whatever batch_size says.
+    if connection.features.max_query_params is None:
+        pytest.skip("PostgreSQL names no ids in a batch's statement")
+    monkeypatch.setattr(connection.features, "max_query_params", 5)
+    seed(limit="10000", window="lifetime")
+    ids = _overdue(7)
+    with CaptureQueriesContext(connection) as queries:
+        assert reservations_sweep(batch_size=100) == 7
+    assert _states(ids) == [ReservationState.EXPIRED] * 7
+    # Batches of 3 (5 parameters less the state and the time): 3, 3, then 1.
+    assert len([q for q in queries.captured_queries if "LIMIT 3" in q["sql"]]) == 3

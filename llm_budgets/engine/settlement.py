@@ -538,6 +538,8 @@ def reservations_sweep(*, now: datetime | None = None, batch_size: int = SWEEP_B
     ahead cannot expire someone else's hold early (docs/control.md). ``now`` names the instant
     instead (tests, replaying a sweep); the jobs and the command never pass it."""
     size = max(1, min(int(batch_size), SWEEP_BATCH_MAX))
+    if connection.features.max_query_params:  # SQLite: a batch's ids are parameters
+        size = min(size, connection.features.max_query_params - 2)
     expired = 0
     while True:
         with ledger_guard("sweep"):
