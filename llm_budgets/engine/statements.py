@@ -6,7 +6,8 @@ under the same budgets waits for the counter locks. The ORM compiles each query 
 which costs about ten times the CPU of sending it and reading the answer (docs/performance.md).
 These helpers keep what matters of the ORM, each field's own preparation of parameters and
 conversion of results, so values stay exact and the same on PostgreSQL and SQLite, and skip
-the compilation. Only the admission and settlement path uses them; everything else uses the ORM.
+the compilation. Only the admission and settlement path, and the REST API's per-request reads
+(authentication, throttle, the commit's tenant check), use them; everything else uses the ORM.
 
 Rows are written without model ``save()``, so without Django's model signals (the app connects
 none; hosts have ``llm_budgets.signals``).
