@@ -3,7 +3,8 @@ sweep of many overdue holds take, with admissions running beside it?
 
 Usage (from the repository root)::
 
-    python bench/scale.py [--ledger 1000,100000,1000000] [--users 100,100000] [--holds 10000] [--batch-size 2000]
+    python bench/scale.py [--ledger 1000,100000,1000000] [--users 100,100000] [--holds 10000]
+                          [--batch-size 2000]
                           [--database-url postgres://postgres@127.0.0.1:5432/llm_budgets_scale_bench]
 
 The database is DROPPED and recreated (its name must contain ``bench``). Rows are bulk-copied in
