@@ -35,6 +35,7 @@ from load import (  # noqa: E402
     RESERVE_BODY,
     _django,
     _recreate,
+    price_set,
 )
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/llm_budgets_rest_bench"
@@ -49,7 +50,6 @@ def main() -> None:
 
     _recreate(args.database_url)
     _django(args.database_url)
-    from datetime import UTC, datetime
     from decimal import Decimal
 
     from rest_framework.test import APIClient
@@ -57,13 +57,7 @@ def main() -> None:
     from llm_budgets import budgets
     from llm_budgets.api.keys import api_key_create
 
-    budgets.set_price(
-        provider=PROVIDER,
-        model=MODEL,
-        input_per_mtok=Decimal("2.50"),
-        output_per_mtok=Decimal("10.00"),
-        effective_from=datetime(2020, 1, 1, tzinfo=UTC),
-    )
+    price_set()
     budgets.ensure_tenant("t0", name="T0")
     budgets.set_limit(tenant="t0", amount=Decimal("100000000"), window="month")
     _, key = api_key_create(tenant="t0", name="overhead")

@@ -28,7 +28,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from load import INPUT_TOKENS, MAX_OUTPUT_TOKENS, MODEL, PROVIDER, _django, _recreate  # noqa: E402
+from load import (  # noqa: E402
+    INPUT_TOKENS,
+    MAX_OUTPUT_TOKENS,
+    MODEL,
+    PROVIDER,
+    _django,
+    _recreate,
+    price_set,
+)
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/llm_budgets_scale_bench"
 
@@ -135,7 +143,6 @@ def main() -> None:
 
     _recreate(args.database_url)
     _django(args.database_url)
-    from datetime import UTC, datetime
     from decimal import Decimal
 
     from django.db import connection
@@ -145,13 +152,7 @@ def main() -> None:
     from llm_budgets.engine.admission import reservation_create
     from llm_budgets.models import Counter, EndUser, Reservation, ReservationHold, UsageRecord
 
-    budgets.set_price(
-        provider=PROVIDER,
-        model=MODEL,
-        input_per_mtok=Decimal("2.50"),
-        output_per_mtok=Decimal("10.00"),
-        effective_from=datetime(2020, 1, 1, tzinfo=UTC),
-    )
+    price_set()
     budgets.set_limit(amount=Decimal("100000000"), window="month")
     budgets.ensure_tenant("t0", name="T0")
     budgets.set_limit(tenant="t0", amount=Decimal("100000000"), window="month")

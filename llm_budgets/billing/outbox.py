@@ -39,25 +39,29 @@ from llm_budgets.money import ZERO
 STRIPE_WINDOW = timedelta(days=35)
 
 
+def _settlement_columns() -> str:
+    """The columns a settlement's outbox row is inserted with (the row names its line by
+    reservation and kind)."""
+    fields = (
+        "reservation",
+        "kind",
+        "tenant",
+        "customer_id",
+        "event_name",
+        "amount",
+        "currency",
+        "occurred_at",
+    )
+    return ", ".join(sql.column(BillingLine, f) for f in fields)
+
+
 @functools.cache
 def _settlement_sql() -> str:
     """Insert the outbox row of a settlement's ledger line if its tenant is linked: the row names
     the line by (reservation, kind), unique for charge and true-up lines (the line itself is
     inserted by another clause of the same statement on PostgreSQL, so it cannot be read here)."""
     line, link = BillingLine, StripeCustomerLink
-    names = ", ".join(
-        sql.column(line, f)
-        for f in (
-            "reservation",
-            "kind",
-            "tenant",
-            "customer_id",
-            "event_name",
-            "amount",
-            "currency",
-            "occurred_at",
-        )
-    )
+    names = _settlement_columns()
     amount = "CAST(%s AS NUMERIC)" if connection.vendor == "postgresql" else "%s"
     return (
         f"INSERT INTO {sql.table(line)} ({names})"  # noqa: S608
@@ -98,19 +102,7 @@ def estimate_rows(source: sql.Statement, clock: sql.Statement) -> sql.Statement:
     held customer amount as its line does, at ``clock`` (an SQL expression and its parameters).
     Set-based, from the reservation rows, so the batch's lines need not be read back."""
     line, link = BillingLine, StripeCustomerLink
-    names = ", ".join(
-        sql.column(line, f)
-        for f in (
-            "reservation",
-            "kind",
-            "tenant",
-            "customer_id",
-            "event_name",
-            "amount",
-            "currency",
-            "occurred_at",
-        )
-    )
+    names = _settlement_columns()
     tenant = sql.column(Reservation, "tenant")
     text = (
         f"INSERT INTO {sql.table(line)} ({names})"  # noqa: S608

@@ -235,31 +235,6 @@ def _result(reservation: Reservation) -> CommitResult:
     )
 
 
-def _record(
-    reservation: Reservation,
-    *,
-    kind: str,
-    cost: Amounts,
-    estimated: bool,
-    now: datetime,
-    overage: Decimal = ZERO,
-    usage: Usage | None = None,
-    priced: tuple[int | None, str] | None = None,
-) -> sql.Statement:
-    """The statement inserting a ledger line for the reservation (the caller runs it)."""
-    line = _line(
-        reservation,
-        kind=kind,
-        cost=cost,
-        estimated=estimated,
-        now=now,
-        overage=overage,
-        usage=usage,
-        priced=priced,
-    )
-    return sql.inserting([line])
-
-
 def _line(
     reservation: Reservation,
     *,
@@ -271,7 +246,7 @@ def _line(
     usage: Usage | None = None,
     priced: tuple[int | None, str] | None = None,
 ) -> UsageRecord:
-    """A new, unsaved ledger line for the reservation."""
+    """A new, unsaved ledger line for the reservation (insert it with ``sql.inserting``)."""
     price_id, basis = priced or (reservation.price_id, reservation.pricing_basis)
     return UsageRecord(
         reservation=reservation,
@@ -377,7 +352,7 @@ def reservation_commit(
                 # call any more, so all of its cost lands beyond what admission checked, and
                 # all of it is recorded as overage (invariant 1: the only excess allowed).
                 overage = provider_cost
-        line = _record(
+        line = _line(
             reservation,
             kind=kind,
             cost=charge,
@@ -395,7 +370,7 @@ def reservation_commit(
             reservation,
             reserved=-unhold,
             spent=charge,
-            transition_writes=[line, *billed, committed],
+            transition_writes=[sql.inserting([line]), *billed, committed],
         )
         # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
         return CommitResult(
@@ -432,7 +407,7 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
                 reservation, reserved=-_held(reservation), spent=NONE, transition_writes=[released]
             )
         elif estimate is not None:
-            refund = _record(
+            refund = _line(
                 reservation,
                 kind=UsageKind.TRUE_UP,
                 cost=-_charged(estimate),
@@ -449,7 +424,7 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
                 reservation,
                 reserved=NONE,
                 spent=-_charged(estimate),
-                transition_writes=[refund, *billed, released],
+                transition_writes=[sql.inserting([refund]), *billed, released],
             )
         else:
             sql.run([released])
@@ -485,7 +460,7 @@ def _charge_held_as_estimated(
 ) -> None:
     """Move the whole hold to spent as an *estimated* charge (expiry, uncertain reconcile): its
     ledger line, the line's outbox row and ``state_write`` go with the counter update."""
-    estimate = _record(
+    estimate = _line(
         reservation, kind=UsageKind.CHARGE, cost=_held(reservation), estimated=True, now=now
     )
     billed = outbox.settlement_statements(
@@ -495,7 +470,7 @@ def _charge_held_as_estimated(
         reservation,
         reserved=-_held(reservation),
         spent=_held(reservation),
-        transition_writes=[estimate, *billed, state_write],
+        transition_writes=[sql.inserting([estimate]), *billed, state_write],
     )
 
 
