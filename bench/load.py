@@ -84,12 +84,11 @@ def _recreate(database_url: str) -> None:
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
 
 
-def _seed(args: argparse.Namespace) -> list[tuple[str, str]]:
-    """Tenants with keys: (external id, key). Every fourth tenant has a small cap (six calls)."""
+def price_set() -> None:
+    """The benches' one price: 2.50 input and 10.00 output per million tokens, since 2020."""
     from datetime import UTC, datetime
 
     from llm_budgets import budgets
-    from llm_budgets.api.keys import api_key_create
 
     budgets.set_price(
         provider=PROVIDER,
@@ -98,6 +97,14 @@ def _seed(args: argparse.Namespace) -> list[tuple[str, str]]:
         output_per_mtok=Decimal("10.00"),
         effective_from=datetime(2020, 1, 1, tzinfo=UTC),
     )
+
+
+def _seed(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """Tenants with keys: (external id, key). Every fourth tenant has a small cap (six calls)."""
+    from llm_budgets import budgets
+    from llm_budgets.api.keys import api_key_create
+
+    price_set()
     budgets.set_limit(amount=Decimal("1000000"), window="month")  # global
     tenants = []
     for i in range(args.tenants):

@@ -4,6 +4,7 @@ sweep of many overdue holds take, with admissions running beside it?
 Usage (from the repository root)::
 
     python bench/scale.py [--ledger 1000,100000,1000000] [--users 100,100000] [--holds 10000]
+                          [--batch-size 2000]
                           [--database-url postgres://postgres@127.0.0.1:5432/llm_budgets_scale_bench]
 
 The database is DROPPED and recreated (its name must contain ``bench``). Rows are bulk-copied in
@@ -27,7 +28,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
-from load import INPUT_TOKENS, MAX_OUTPUT_TOKENS, MODEL, PROVIDER, _django, _recreate  # noqa: E402
+from load import (  # noqa: E402
+    INPUT_TOKENS,
+    MAX_OUTPUT_TOKENS,
+    MODEL,
+    PROVIDER,
+    _django,
+    _recreate,
+    price_set,
+)
 
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/llm_budgets_scale_bench"
 
@@ -129,11 +138,11 @@ def main() -> None:
     parser.add_argument("--users", default="100,100000")
     parser.add_argument("--holds", type=int, default=10000)
     parser.add_argument("--cycles", type=int, default=100)
+    parser.add_argument("--batch-size", type=int, default=2000, help="the sweep's batch size")
     args = parser.parse_args()
 
     _recreate(args.database_url)
     _django(args.database_url)
-    from datetime import UTC, datetime
     from decimal import Decimal
 
     from django.db import connection
@@ -143,13 +152,7 @@ def main() -> None:
     from llm_budgets.engine.admission import reservation_create
     from llm_budgets.models import Counter, EndUser, Reservation, ReservationHold, UsageRecord
 
-    budgets.set_price(
-        provider=PROVIDER,
-        model=MODEL,
-        input_per_mtok=Decimal("2.50"),
-        output_per_mtok=Decimal("10.00"),
-        effective_from=datetime(2020, 1, 1, tzinfo=UTC),
-    )
+    price_set()
     budgets.set_limit(amount=Decimal("100000000"), window="month")
     budgets.ensure_tenant("t0", name="T0")
     budgets.set_limit(tenant="t0", amount=Decimal("100000000"), window="month")
@@ -265,13 +268,14 @@ def main() -> None:
     thread = threading.Thread(target=admit)
     thread.start()
     started = time.perf_counter()
-    expired = budgets.sweep()
+    expired = budgets.sweep(batch_size=args.batch_size)
     seconds = time.perf_counter() - started
     done.set()
     thread.join(60)
     print(
         f"  sweep: {expired} holds expired in {seconds:.1f} s "
-        f"({seconds / max(expired, 1) * 1000:.2f} ms each)"
+        f"({seconds / max(expired, 1) * 1000:.2f} ms each, batches of {args.batch_size}, "
+        f"load {os.getloadavg()[0]:.1f})"
     )
     _report("admissions beside the sweep", beside)
     print(

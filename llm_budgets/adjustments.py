@@ -237,7 +237,8 @@ def _spend_reset(
         before: dict[str, str] = {}
         for counter in counters:
             before[str(counter.pk)] = str(counter.spent)
-            # The line carries the amount in its counter's unit only (it counts nowhere else).
+            # The line carries the amount in its counter's unit only (it counts nowhere else):
+            # zero in the other unit, which both columns need (neither is nullable).
             field = "customer_cost" if counter.budget.unit == BudgetUnit.CUSTOMER_PRICE else "cost"
             lines.append(
                 UsageRecord.objects.create(
@@ -246,7 +247,7 @@ def _spend_reset(
                     tenant=tenant,
                     end_user=end_user,
                     run_id=counter.run_id,
-                    **{field: -counter.spent},
+                    **{"cost": ZERO, "customer_cost": ZERO, field: -counter.spent},
                     currency=counter.budget.currency,
                     reserved_at=counter.period_start,  # the period the reset lands in
                     created_at=now,

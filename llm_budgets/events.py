@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any, TypeVar, cast
 
@@ -207,6 +207,14 @@ def observed_expiry(function: F) -> F:
         return expired
 
     return cast(F, wrapper)
+
+
+def holds_expired(reservation_ids: Sequence[object]) -> None:
+    """The holds a sweep batch expired (after its transaction committed): one line each and the
+    metric, as ``observed_expiry`` does for one."""
+    metrics.expiry_observe(len(reservation_ids))
+    for reservation_id in reservation_ids:
+        event_log("hold.expired", reservation_id=reservation_id)
 
 
 def observed_sweep(function: F) -> F:

@@ -11,7 +11,8 @@ Two kinds:
   gunicorn or Celery with several processes set ``PROMETHEUS_MULTIPROC_DIR`` (prometheus_client's
   multiprocess mode) so every process's counts are summed.
 - **Read from the ledger at scrape time** (holds outstanding and their age, uncertain holds, sweep
-  lag, kill switches open, warning emails by state, refusals recorded in the last five minutes):
+  lag, kill switches open, warning emails by state, refusals recorded in the last five minutes,
+  the Stripe outbox's backlog and its deliveries pending or parked):
   a few indexed aggregate queries per scrape, nothing on the admission path, and correct across
   every process and machine because they read the database.
 
@@ -91,9 +92,9 @@ def settlement_observe(action: str, result: str) -> None:
         SETTLEMENTS.labels(action, result).inc()
 
 
-def expiry_observe() -> None:
-    if ENABLED:
-        EXPIRED.inc()
+def expiry_observe(count: int = 1) -> None:
+    if ENABLED and count:
+        EXPIRED.inc(count)
 
 
 def sweep_observe(seconds: float) -> None:
@@ -195,6 +196,57 @@ class LedgerCollector:
         ):
             recent.add_metric([str(kind)], int(n))
         yield recent
+        yield from _stripe_outbox(now)
+
+
+def _stripe_outbox(now: Any) -> Iterator[Any]:
+    """The Stripe outbox's backlog (lines not yet built into a delivery: the partial index on
+    undelivered lines) and the deliveries due or parked, by state, with the oldest's age."""
+    from django.db.models import Count, Min
+
+    from llm_budgets.models import BillingLine, MeterDelivery, MeterDeliveryState
+
+    # Watched: due to be sent, and refused by Stripe until a person retries. Sent, empty and
+    # too-old deliveries only accumulate (the admin counts them).
+    watched = (MeterDeliveryState.PENDING.value, MeterDeliveryState.PARKED.value)
+    backlog = BillingLine.objects.filter(delivery__isnull=True).aggregate(
+        n=Count("pk"), oldest=Min("occurred_at")
+    )
+    yield GaugeMetricFamily(
+        "llm_budgets_stripe_outbox_lines",
+        "Outbox rows (ledger lines of linked tenants) not yet built into a Stripe delivery.",
+        value=int(backlog["n"] or 0),
+    )
+    oldest = backlog["oldest"]
+    yield GaugeMetricFamily(
+        "llm_budgets_stripe_outbox_oldest_age_seconds",
+        "Age of the oldest outbox row not yet built into a delivery (0: none). Rows wait for "
+        "their UTC hour to close, so up to about 3,700 s is normal.",
+        value=(now - oldest).total_seconds() if oldest else 0.0,
+    )
+    deliveries = GaugeMetricFamily(
+        "llm_budgets_stripe_deliveries",
+        "Stripe meter deliveries by state: pending (due to be sent or retried), parked "
+        "(refused by Stripe; a person retries it once fixed).",
+        labels=["state"],
+    )
+    ages = GaugeMetricFamily(
+        "llm_budgets_stripe_deliveries_oldest_age_seconds",
+        "Age of the oldest delivery in each watched state (0: none).",
+        labels=["state"],
+    )
+    found = {
+        str(row["state"]): (int(row["n"]), row["oldest"])
+        for row in MeterDelivery.objects.filter(state__in=watched)
+        .values("state")
+        .annotate(n=Count("pk"), oldest=Min("created_at"))
+    }
+    for state in watched:
+        count, first = found.get(state, (0, None))
+        deliveries.add_metric([state], count)
+        ages.add_metric([state], (now - first).total_seconds() if first else 0.0)
+    yield deliveries
+    yield ages
 
 
 def trip_observe(scope_kind: str, automatic: bool) -> None:

@@ -142,7 +142,9 @@ def from_anthropic(usage: object) -> Usage:
 
 
 def from_openai(usage: object) -> Usage:
-    """Translate OpenAI's ``usage`` (Chat Completions or Responses API, dict or SDK object)."""
+    """Translate OpenAI's ``usage`` (Chat Completions or Responses API, dict or SDK object),
+    where input counts cache reads (``cached_tokens``) and, where reported, cache writes
+    (``cache_write_tokens``; its 30-minute/12-hour split is priced at the one cache-write rate)."""
     responses_api = _get(usage, "input_tokens") is not None
     if responses_api:
         input_tokens = _int(usage, "input_tokens")
@@ -158,5 +160,6 @@ def from_openai(usage: object) -> Usage:
         input_tokens=input_tokens,
         output_tokens=output_tokens,
         cached_input_tokens=_int(input_details, "cached_tokens"),
+        cache_write_tokens=_int(input_details, "cache_write_tokens"),
         reasoning_tokens=_int(output_details, "reasoning_tokens"),
     )

@@ -146,3 +146,21 @@ def test_resetting_an_end_user_resets_its_share_of_each_end_user_budgets_only() 
     assert Counter.objects.get(budget__scope="tenant").spent == Decimal(60)
     reserve_30(end_user="u-1").release()  # u-1 has its room back
     assert counters_drift() == []
+
+
+def test_resetting_an_end_user_on_a_budget_at_customer_price_writes_a_valid_line() -> None:
+    # Regression: the adjustment line carried only customer_cost, leaving cost NULL
+    # (IntegrityError). It counts at customer price only: cost 0, customer_cost -spent.
+    seed(limit="1000")
+    budgets.set_limit(
+        tenant="acme", end_user="u-1", amount=Decimal("50"), window="month", unit="customer_price"
+    )
+    reserve_30(end_user="u-1").commit(input_tokens=0, output_tokens=1000)
+    (line,) = end_user_spend_reset(end_user=EndUser.objects.get(), reason="goodwill")
+    assert (line.kind, line.cost, line.customer_cost) == (
+        UsageKind.ADJUSTMENT,
+        Decimal(0),
+        Decimal(-30),
+    )
+    assert Counter.objects.get(budget__scope="end_user").spent == 0
+    assert counters_drift() == []

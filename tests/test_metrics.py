@@ -134,3 +134,55 @@ def test_a_switch_past_its_auto_clear_time_is_not_counted_open(
         samples = scrape()
     assert value(samples, "llm_budgets_kill_switches_open", scope_kind="tenant") == 1
     assert value(samples, "llm_budgets_kill_switches_open", scope_kind="provider") == 0
+
+
+def test_the_stripe_outbox_backlog_and_parked_deliveries_are_read_at_scrape_time() -> None:
+    from llm_budgets.billing.outbox import linked_cache_clear
+    from llm_budgets.models import MeterDelivery, MeterDeliveryState, Tenant
+
+    seed(limit="1000")
+    samples = scrape()
+    assert value(samples, "llm_budgets_stripe_outbox_lines") == 0
+    assert value(samples, "llm_budgets_stripe_outbox_oldest_age_seconds") == 0
+    assert value(samples, "llm_budgets_stripe_deliveries", state="parked") == 0
+
+    budgets.link_stripe_customer(tenant="acme", customer_id="cus_metrics")
+    linked_cache_clear()
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    with time_machine.travel(an_hour_ago, tick=False):
+        reserve_30().commit(input_tokens=0, output_tokens=100)
+    reserve_30().commit(input_tokens=0, output_tokens=100)
+    tenant = Tenant.objects.get(external_id="acme")
+    for index, (state, age) in enumerate(
+        [
+            (MeterDeliveryState.PARKED, timedelta(hours=5)),
+            (MeterDeliveryState.PARKED, timedelta(hours=1)),
+            (MeterDeliveryState.PENDING, timedelta(minutes=2)),
+            (MeterDeliveryState.SENT, timedelta(days=3)),
+        ]
+    ):
+        moment = timezone.now() - age
+        MeterDelivery.objects.create(
+            tenant=tenant,
+            customer_id="cus_metrics",
+            event_name="llm_usage",
+            hour=moment.replace(minute=0, second=0, microsecond=0),
+            timestamp=moment,
+            identifier=f"id-{index}",
+            amount=1,
+            units=1_000_000,
+            currency="USD",
+            state=state,
+            next_attempt_at=moment,
+            created_at=moment,
+        )
+    samples = scrape()
+    assert value(samples, "llm_budgets_stripe_outbox_lines") == 2
+    assert 3500 <= value(samples, "llm_budgets_stripe_outbox_oldest_age_seconds") < 3700
+    assert value(samples, "llm_budgets_stripe_deliveries", state="parked") == 2
+    assert value(samples, "llm_budgets_stripe_deliveries", state="pending") == 1
+    assert value(samples, "llm_budgets_stripe_deliveries", state="sent") == 0  # not watched
+    parked_age = value(samples, "llm_budgets_stripe_deliveries_oldest_age_seconds", state="parked")
+    assert 5 * 3600 - 60 < parked_age < 5 * 3600 + 60
+    # Bounded labels: no customer id, tenant or event name in the text.
+    assert not re.search(r"cus_metrics|acme|llm_usage\b", metrics.metrics_text().decode())

@@ -64,6 +64,31 @@ def test_openai_usage_already_counts_cached_tokens_in_input() -> None:
     assert from_openai(responses) == expected
 
 
+def test_openai_usage_counts_cache_writes_where_reported() -> None:
+    # Regression: ``cache_write_tokens`` (in prompt/input token details, next to cached_tokens)
+    # was ignored, so writes were priced as plain input. They are part of input already; the
+    # 30-minute/12-hour split has no 1-hour rate of ours: every write is priced as a write.
+    details = {
+        "cached_tokens": 6_000,
+        "cache_write_tokens": 2_000,
+        "cache_write_tokens_details": {"ttl_30m_tokens": 1_500, "ttl_12h_tokens": 500},
+    }
+    chat = {"prompt_tokens": 10_000, "completion_tokens": 300, "prompt_tokens_details": details}
+    responses = {"input_tokens": 10_000, "output_tokens": 300, "input_tokens_details": details}
+    expected = Usage(10_000, 300, cached_input_tokens=6_000, cache_write_tokens=2_000)
+    assert from_openai(chat) == expected
+    assert from_openai(responses) == expected
+    # The SDK's objects read the same as the dicts (a None where the API left the field out).
+    from openai.types import CompletionUsage
+    from openai.types.responses import ResponseUsage
+
+    assert from_openai(CompletionUsage.model_validate(chat | {"total_tokens": 10_300})) == expected
+    sdk = ResponseUsage.model_validate(
+        responses | {"total_tokens": 10_300, "output_tokens_details": {"reasoning_tokens": 0}}
+    )
+    assert from_openai(sdk) == expected
+
+
 @pytest.mark.parametrize(
     ("counts", "field"),
     [

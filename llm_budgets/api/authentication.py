@@ -25,6 +25,7 @@ from rest_framework.request import Request
 
 from llm_budgets.api import throttling
 from llm_budgets.conf import conf
+from llm_budgets.engine import statements as sql
 from llm_budgets.engine.boundary import ledger_guard
 from llm_budgets.models import ApiKey, Tenant
 
@@ -46,12 +47,34 @@ def _key_with_prefix(prefix: str) -> ApiKey | None:
     cached = _keys.get(prefix) if ttl > 0 else None
     if cached is not None and cached[0] > now:
         return cached[1]
-    api_key = ApiKey.objects.select_related("tenant").filter(prefix=prefix).first()
+    api_key = _key_row(prefix)
     if ttl > 0:
         if len(_keys) >= _MAX_CACHED:
             _keys.clear()
         _keys[prefix] = (now + ttl, api_key)
     return api_key
+
+
+def _key_row(prefix: str) -> ApiKey | None:
+    """The key with this prefix and its tenant: one statement by the unique prefix, without the
+    ORM's compilation (``llm_budgets.engine.statements``): it runs on every request."""
+    rows = sql.fetch(_key_row_sql(), [prefix])
+    if not rows:
+        return None
+    api_key = sql.row_to(ApiKey, rows[0])
+    tenant_id = rows[0][sql.width(ApiKey)]
+    api_key.tenant = None if tenant_id is None else sql.row_to(Tenant, rows[0], sql.width(ApiKey))
+    return api_key
+
+
+@functools.cache
+def _key_row_sql() -> str:
+    return (
+        f"SELECT {sql.columns(ApiKey, 'k')}, {sql.columns(Tenant, 't')}"  # noqa: S608
+        f" FROM {sql.table(ApiKey)} k"
+        f" LEFT JOIN {sql.table(Tenant)} t ON t.id = k.{sql.column(ApiKey, 'tenant')}"
+        f" WHERE k.{sql.column(ApiKey, 'prefix')} = %s"
+    )
 
 
 def _forget_keys(**kwargs: Any) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from uuid import UUID
 
 from rest_framework.request import Request
 
 from llm_budgets import tenants, validation
+from llm_budgets.engine import statements as sql
 from llm_budgets.engine.boundary import ledger_guard
 from llm_budgets.exceptions import InvalidUsage, ReservationNotFound, UnknownTenant
 from llm_budgets.models import ApiKey, Reservation, Tenant
@@ -52,15 +54,23 @@ def reservation_id_for(request: Request, reservation_id: str) -> UUID:
         rid = UUID(reservation_id)
     except ValueError:
         raise ReservationNotFound(reservation_id) from None
-    key = api_key_of(request)
-    reservations = Reservation.objects.filter(pk=rid)
-    if key.tenant_id is not None:
-        reservations = reservations.filter(tenant_id=key.tenant_id)
+    tenant_id = api_key_of(request).tenant_id
     with ledger_guard("read"):
-        found = reservations.values_list("pk", flat=True).first()
-    if found is None:
+        found = sql.fetch(
+            _reservation_id_sql(tenant_scoped=tenant_id is not None),
+            [sql.param(Reservation, "id", rid), *([] if tenant_id is None else [tenant_id])],
+        )
+    if not found:
         raise ReservationNotFound(rid)
-    return found
+    return rid
+
+
+@functools.cache
+def _reservation_id_sql(*, tenant_scoped: bool) -> str:
+    """The reservation's id if it exists (and is the tenant's): one statement, no ORM
+    compilation (``llm_budgets.engine.statements``), as it runs before every commit."""
+    scoped = f" AND {sql.column(Reservation, 'tenant')} = %s" if tenant_scoped else ""
+    return f"SELECT id FROM {sql.table(Reservation)} WHERE id = %s{scoped}"  # noqa: S608
 
 
 def reservation_for(request: Request, reservation_id: str) -> Reservation:

@@ -64,7 +64,13 @@ def counter_hit(key: str, *, duration: int, now: float | None = None) -> int:
 def counter_hits(key: str, *, duration: int, now: float | None = None) -> int:
     """Hits of ``key`` in the current window, without counting one."""
     start = _window(duration, time.time() if now is None else now)
-    row = RateCounter.objects.filter(key=key, window_start=start).values_list("hits").first()
+    table = connection.ops.quote_name(RateCounter._meta.db_table)
+    with connection.cursor() as cursor:  # every request: one statement, no ORM compilation
+        cursor.execute(
+            f'SELECT hits FROM {table} WHERE "key" = %s AND window_start = %s',  # noqa: S608
+            [key, start],
+        )
+        row = cursor.fetchone()
     return 0 if row is None else int(row[0])
 
 

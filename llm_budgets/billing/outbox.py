@@ -39,25 +39,29 @@ from llm_budgets.money import ZERO
 STRIPE_WINDOW = timedelta(days=35)
 
 
+def _settlement_columns() -> str:
+    """The columns a settlement's outbox row is inserted with (the row names its line by
+    reservation and kind)."""
+    fields = (
+        "reservation",
+        "kind",
+        "tenant",
+        "customer_id",
+        "event_name",
+        "amount",
+        "currency",
+        "occurred_at",
+    )
+    return ", ".join(sql.column(BillingLine, f) for f in fields)
+
+
 @functools.cache
 def _settlement_sql() -> str:
     """Insert the outbox row of a settlement's ledger line if its tenant is linked: the row names
     the line by (reservation, kind), unique for charge and true-up lines (the line itself is
     inserted by another clause of the same statement on PostgreSQL, so it cannot be read here)."""
     line, link = BillingLine, StripeCustomerLink
-    names = ", ".join(
-        sql.column(line, f)
-        for f in (
-            "reservation",
-            "kind",
-            "tenant",
-            "customer_id",
-            "event_name",
-            "amount",
-            "currency",
-            "occurred_at",
-        )
-    )
+    names = _settlement_columns()
     amount = "CAST(%s AS NUMERIC)" if connection.vendor == "postgresql" else "%s"
     return (
         f"INSERT INTO {sql.table(line)} ({names})"  # noqa: S608
@@ -90,6 +94,29 @@ def settlement_statements(
         reservation.tenant_id,
     ]
     return [(_settlement_sql(), params)]
+
+
+def estimate_rows(source: sql.Statement, clock: sql.Statement) -> sql.Statement:
+    """Insert the outbox rows of a sweep batch's estimate lines: one per reservation ``r`` of
+    ``source`` (a FROM clause and its parameters) whose tenant's link is active, billing the
+    held customer amount as its line does, at ``clock`` (an SQL expression and its parameters).
+    Set-based, from the reservation rows, so the batch's lines need not be read back."""
+    line, link = BillingLine, StripeCustomerLink
+    names = _settlement_columns()
+    tenant = sql.column(Reservation, "tenant")
+    text = (
+        f"INSERT INTO {sql.table(line)} ({names})"  # noqa: S608
+        f" SELECT r.id, %s, r.{tenant}, l.{sql.column(link, 'customer_id')},"
+        f" COALESCE(m.{sql.column(StripePlanMeter, 'event_name')}, %s),"
+        f" r.{sql.column(Reservation, 'customer_amount')}, r.{sql.column(Reservation, 'currency')},"
+        f" {clock[0]} FROM {source[0]}"
+        f" JOIN {sql.table(link)} l ON l.{sql.column(link, 'tenant')} = r.{tenant}"
+        f" AND l.{sql.column(link, 'unlinked_at')} IS NULL"
+        f" JOIN {sql.table(Tenant)} t ON t.id = r.{tenant}"
+        f" LEFT JOIN {sql.table(StripePlanMeter)} m"
+        f" ON m.{sql.column(StripePlanMeter, 'plan')} = t.{sql.column(Tenant, 'plan')}"
+    )
+    return text, [UsageKind.CHARGE.value, conf.STRIPE_METER_EVENT_NAME, *clock[1], *source[1]]
 
 
 # The ids of linked tenants, per process, re-read at most every LINKED_TTL seconds (one small

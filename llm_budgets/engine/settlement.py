@@ -27,7 +27,12 @@ from llm_budgets.costs import actual_cost, customer_charge
 from llm_budgets.engine import dbclock
 from llm_budgets.engine import statements as sql
 from llm_budgets.engine.boundary import bound_sqlite_wait, ledger_guard, lock_timeout_statement
-from llm_budgets.events import observed_expiry, observed_settlement, observed_sweep
+from llm_budgets.events import (
+    holds_expired,
+    observed_expiry,
+    observed_settlement,
+    observed_sweep,
+)
 from llm_budgets.exceptions import (
     InvalidUsage,
     ReservationNotFound,
@@ -231,7 +236,7 @@ def _result(reservation: Reservation) -> CommitResult:
     )
 
 
-def _record(
+def _line(
     reservation: Reservation,
     *,
     kind: str,
@@ -241,10 +246,10 @@ def _record(
     overage: Decimal = ZERO,
     usage: Usage | None = None,
     priced: tuple[int | None, str] | None = None,
-) -> sql.Statement:
-    """The statement inserting a ledger line for the reservation (the caller runs it)."""
+) -> UsageRecord:
+    """A new, unsaved ledger line for the reservation (insert it with ``sql.inserting``)."""
     price_id, basis = priced or (reservation.price_id, reservation.pricing_basis)
-    record = UsageRecord(
+    return UsageRecord(
         reservation=reservation,
         kind=kind,
         tenant_id=reservation.tenant_id,
@@ -264,7 +269,6 @@ def _record(
         tags=reservation.tags,
         **(usage.as_fields() if usage else {}),
     )
-    return sql.inserting([record])
 
 
 def _settled(reservation: Reservation, state: str, now: datetime) -> sql.Statement:
@@ -344,7 +348,12 @@ def reservation_commit(
             estimate = reservation.usage_records.filter(kind=UsageKind.CHARGE).first()
             if estimate is not None:
                 kind, charge = UsageKind.TRUE_UP, cost - _charged(estimate)
-        line = _record(
+            else:
+                # Dropped at expiry (policy "release"): nothing is held or charged for this
+                # call any more, so all of its cost lands beyond what admission checked, and
+                # all of it is recorded as overage (invariant 1: the only excess allowed).
+                overage = provider_cost
+        line = _line(
             reservation,
             kind=kind,
             cost=charge,
@@ -362,7 +371,7 @@ def reservation_commit(
             reservation,
             reserved=-unhold,
             spent=charge,
-            transition_writes=[line, *billed, committed],
+            transition_writes=[sql.inserting([line]), *billed, committed],
         )
         # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
         return CommitResult(
@@ -399,7 +408,7 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
                 reservation, reserved=-_held(reservation), spent=NONE, transition_writes=[released]
             )
         elif estimate is not None:
-            refund = _record(
+            refund = _line(
                 reservation,
                 kind=UsageKind.TRUE_UP,
                 cost=-_charged(estimate),
@@ -416,7 +425,7 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
                 reservation,
                 reserved=NONE,
                 spent=-_charged(estimate),
-                transition_writes=[refund, *billed, released],
+                transition_writes=[sql.inserting([refund]), *billed, released],
             )
         else:
             sql.run([released])
@@ -454,7 +463,7 @@ def _charge_held_as_estimated(
 ) -> None:
     """Move the whole hold to spent as an *estimated* charge (expiry, uncertain reconcile): its
     ledger line, the line's outbox row and ``state_write`` go with the counter update."""
-    estimate = _record(
+    estimate = _line(
         reservation, kind=UsageKind.CHARGE, cost=_held(reservation), estimated=True, now=now
     )
     billed = outbox.settlement_statements(
@@ -464,7 +473,7 @@ def _charge_held_as_estimated(
         reservation,
         reserved=-_held(reservation),
         spent=_held(reservation),
-        transition_writes=[estimate, *billed, state_write],
+        transition_writes=[sql.inserting([estimate]), *billed, state_write],
     )
 
 
@@ -488,17 +497,223 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
         return True
 
 
+# The most holds one sweep transaction expires (its counters wait for it at most that long).
+SWEEP_BATCH_MAX = 5000
+
+
+# Holds per sweep transaction by default: 10^5 overdue holds took 37 s in batches of 500 and
+# 21 s in batches of 2,000 on a loaded 2-core machine (docs/performance.md), mostly commits; an
+# admission under the same budgets waits for one batch at most (a few hundred ms there).
+SWEEP_BATCH = 2000
+
+
 @observed_sweep
-def reservations_sweep(*, now: datetime | None = None, batch_size: int = 500) -> int:
-    """Expire every overdue hold, in batches, one transaction each. Returns how many expired."""
-    now = now or timezone.now()
-    return _in_batches(
-        Reservation.objects.filter(state=ReservationState.HELD, expires_at__lte=now).order_by(
-            "expires_at"
+def reservations_sweep(*, now: datetime | None = None, batch_size: int = SWEEP_BATCH) -> int:
+    """Expire every overdue hold, a batch at a time, one short transaction per batch
+    (:func:`_expire_batch`). Returns how many expired.
+
+    "Overdue" is read on the database's clock, never this process's: a sweeper whose clock runs
+    ahead cannot expire someone else's hold early (docs/control.md). ``now`` names the instant
+    instead (tests, replaying a sweep); the jobs and the command never pass it."""
+    size = max(1, min(int(batch_size), SWEEP_BATCH_MAX))
+    if connection.features.max_query_params:  # SQLite: a batch's ids are parameters
+        size = min(size, connection.features.max_query_params - 2)
+    expired = 0
+    while True:
+        with ledger_guard("sweep"):
+            bound_sqlite_wait()
+            with transaction.atomic():
+                batch = _expire_batch(now, size)
+        holds_expired(batch)  # after the commit: the log lines and the metric
+        expired += len(batch)
+        if len(batch) < size:
+            return expired
+
+
+def _expire_batch(now: datetime | None, size: int) -> list[object]:
+    """Expire up to ``size`` overdue holds in the caller's transaction; returns their ids.
+
+    The holds are locked first, oldest due first, skipping any that a commit, release or another
+    sweeper holds (``SKIP LOCKED``: that transition wins, and a later batch or sweep sees its
+    result). Then, each as one set-based write for the whole batch: the reservations' state, the
+    estimate lines (``EXPIRED_HOLD_POLICY="charge"``) with their outbox rows, and last the
+    counters, each once with the batch's total for it, locked in pk order as admission locks
+    them. On PostgreSQL all of it is one statement built from the locked rows (exact numeric
+    arithmetic, one round trip): an admission under the same budgets waits one batch at most."""
+    charge = conf.EXPIRED_HOLD_POLICY == "charge"
+    clock = ("CURRENT_TIMESTAMP", []) if now is None else ("%s", _at(now))
+    if connection.vendor == "postgresql":
+        text, params = _batch_statement(clock, size, charge=charge)
+        return [row[0] for row in sql.fetch(text, params, first=lock_timeout_statement())]
+    rows = sql.fetch(_due_sql(db_clock=now is None), [ReservationState.HELD.value, *clock[1], size])
+    if not rows:
+        return []
+    clock = ("%s", _at(now or sql.clock_value(rows[0][0])))
+    reservations = [sql.row_to(Reservation, row, 1) for row in rows]
+    ids = [_pk(r.pk) for r in reservations]
+    picked = f"SELECT * FROM {sql.table(Reservation)} WHERE id IN {_in_list(len(ids))}"  # noqa: S608
+    these = (f"({picked}) r", ids)
+    writes = [
+        (
+            f"UPDATE {sql.table(Reservation)} SET {sql.column(Reservation, 'state')} = %s,"  # noqa: S608
+            f" {sql.column(Reservation, 'settled_at')} = %s WHERE id IN {_in_list(len(ids))}",
+            [ReservationState.EXPIRED.value, *clock[1], *ids],
+        )
+    ]
+    if charge:
+        writes += [_estimate_lines(these, clock), outbox.estimate_rows(these, clock)]
+    held = {r.pk: _held(r) for r in reservations}
+    released: dict[int, Decimal] = {}  # per counter, what the batch held on it, in its unit
+    for rid, counter_id, unit in sql.fetch(_batch_holds_sql(len(ids)), ids):
+        amount = held[_reservation_id(rid)].for_unit(unit)
+        released[counter_id] = released.get(counter_id, ZERO) + amount
+    counters = [
+        sql.row_to(Counter, row)
+        for row in sql.fetch(_counters_by_pk_sql(len(released)), sorted(released))
+    ]
+    for counter in counters:
+        counter.reserved -= released[counter.pk]
+        counter.spent += released[counter.pk] if charge else ZERO
+    Counter.objects.write(counters, ["reserved", "spent"], transition_writes=writes)
+    return [r.pk for r in reservations]
+
+
+def _at(now: datetime) -> list[object]:
+    return [sql.param(Reservation, "expires_at", now)]
+
+
+def _in_list(count: int) -> str:
+    return "(" + ", ".join(["%s"] * count) + ")"
+
+
+# How an estimate line's columns come from its reservation ``r`` (the rest take their default):
+# the SQL form of ``_line(r, kind=CHARGE, cost=_held(r), estimated=True, now=...)``, for a whole
+# batch at once. ``tests/test_sweep.py`` checks that both write the same line.
+_ESTIMATE_FROM_RESERVATION = {
+    "reservation": "id",
+    "tenant": "tenant",
+    "end_user": "end_user",
+    "run": "run",
+    "provider": "provider",
+    "model": "model",
+    "price": "price",
+    "pricing_basis": "pricing_basis",
+    "cost": "amount",
+    "customer_cost": "customer_amount",
+    "currency": "currency",
+    "tags": "tags",
+    "reserved_at": "created_at",
+}
+# Line fields with a value of their own; every other field takes its default.
+_ESTIMATE_CONSTANTS = {"kind": UsageKind.CHARGE.value, "is_estimated": True}
+
+
+def _estimate_lines(source: sql.Statement, clock: sql.Statement) -> sql.Statement:
+    """Insert the estimate line of every reservation ``r`` of ``source`` (a FROM clause and its
+    parameters), booked at ``clock`` (an SQL expression and its parameters)."""
+    names, values, params = [], [], []
+    for field in sql.insert_fields(UsageRecord):
+        names.append(sql.quote(field.column))
+        if field.name in _ESTIMATE_FROM_RESERVATION:
+            values.append(f"r.{sql.column(Reservation, _ESTIMATE_FROM_RESERVATION[field.name])}")
+        elif field.name == "created_at":
+            values.append(clock[0])
+            params.extend(clock[1])
+        else:
+            value = _ESTIMATE_CONSTANTS.get(field.name, field.get_default())
+            values.append("%s")
+            params.append(field.get_db_prep_save(value, connection))
+    text = (
+        f"INSERT INTO {sql.table(UsageRecord)} ({', '.join(names)})"  # noqa: S608
+        f" SELECT {', '.join(values)} FROM {source[0]}"
+    )
+    return text, [*params, *source[1]]
+
+
+def _batch_statement(clock: sql.Statement, size: int, *, charge: bool) -> sql.Statement:
+    """PostgreSQL: one sweep batch as one statement, returning the ids it expired. ``due`` locks
+    the overdue holds; the other clauses write from those locked rows (one snapshot: each writes
+    rows no other clause touches); ``locked`` takes the counters in pk order last."""
+    res, hold, counter = Reservation, ReservationHold, Counter
+    expires = sql.column(res, "expires_at")
+    unit = sql.column(hold, "unit")
+    customer = BudgetUnit.CUSTOMER_PRICE.value
+    reserved, spent = sql.column(counter, "reserved"), sql.column(counter, "spent")
+    clauses: list[sql.Statement] = [
+        (
+            f"due AS (SELECT r.* FROM {sql.table(res)} r"  # noqa: S608
+            f" WHERE r.{sql.column(res, 'state')} = %s AND r.{expires} <= {clock[0]}"
+            f" ORDER BY r.{expires} LIMIT %s FOR UPDATE OF r SKIP LOCKED)",
+            [ReservationState.HELD.value, *clock[1], size],
         ),
-        lambda rid: reservation_expire(rid, now=now),
-        action="sweep",
-        batch_size=batch_size,
+        (
+            f"expired AS (UPDATE {sql.table(res)} t SET {sql.column(res, 'state')} = %s,"  # noqa: S608
+            f" {sql.column(res, 'settled_at')} = {clock[0]} FROM due WHERE t.id = due.id"
+            f" RETURNING t.id)",
+            [ReservationState.EXPIRED.value, *clock[1]],
+        ),
+    ]
+    if charge:
+        lines, lines_params = _estimate_lines(("due r", []), clock)
+        rows, rows_params = outbox.estimate_rows(("due r", []), clock)
+        clauses += [(f"lines AS ({lines})", lines_params), (f"billed AS ({rows})", rows_params)]
+    clauses += [
+        (
+            f"moved AS (SELECT h.{sql.column(hold, 'counter')} AS id,"  # noqa: S608
+            f" SUM(CASE WHEN h.{unit} = '{customer}' THEN r.{sql.column(res, 'customer_amount')}"
+            f" ELSE r.{sql.column(res, 'amount')} END) AS amount"
+            f" FROM {sql.table(hold)} h JOIN due r ON h.{sql.column(hold, 'reservation')} = r.id"
+            f" GROUP BY h.{sql.column(hold, 'counter')})",
+            [],
+        ),
+        (
+            f"locked AS (SELECT c.id, m.amount FROM {sql.table(counter)} c"  # noqa: S608
+            f" JOIN moved m ON m.id = c.id ORDER BY c.id FOR UPDATE OF c)",
+            [],
+        ),
+        (
+            f"counted AS (UPDATE {sql.table(counter)} t"  # noqa: S608
+            f" SET {reserved} = t.{reserved} - l.amount,"
+            f" {spent} = t.{spent} + {'l.amount' if charge else '0'}"
+            f" FROM locked l WHERE t.id = l.id)",
+            [],
+        ),
+    ]
+    text = "WITH " + ", ".join(c[0] for c in clauses) + " SELECT id FROM expired"  # noqa: S608
+    return text, [p for c in clauses for p in c[1]]
+
+
+@functools.cache
+def _due_sql(*, db_clock: bool) -> str:
+    """Elsewhere than PostgreSQL (the transaction holds the write lock): a batch of overdue
+    holds, the clock first. Parameters: the HELD state, the instant unless ``db_clock``, the
+    batch size."""
+    clock = sql.clock_sql() if db_clock else "%s"
+    expires = sql.column(Reservation, "expires_at")
+    return (
+        f"SELECT {sql.clock_sql()}, {sql.columns(Reservation, 'r')}"  # noqa: S608
+        f" FROM {sql.table(Reservation)} r"
+        f" WHERE r.{sql.column(Reservation, 'state')} = %s AND r.{expires} <= {clock}"
+        f" ORDER BY r.{expires} LIMIT %s"
+    )
+
+
+@functools.cache
+def _batch_holds_sql(count: int) -> str:
+    """Each hold of ``count`` reservations: reservation id, counter id, unit (nothing locked)."""
+    hold = ReservationHold
+    return (
+        f"SELECT {sql.column(hold, 'reservation')}, {sql.column(hold, 'counter')},"  # noqa: S608
+        f" {sql.column(hold, 'unit')} FROM {sql.table(hold)}"
+        f" WHERE {sql.column(hold, 'reservation')} IN {_in_list(count)}"
+    )
+
+
+@functools.cache
+def _counters_by_pk_sql(count: int) -> str:
+    return (
+        f"SELECT {sql.columns(Counter, 'c')} FROM {sql.table(Counter)} c"  # noqa: S608
+        f" WHERE c.id IN {_in_list(count)} ORDER BY c.id{sql.lock_clause(of=('c',))}"
     )
 
 

@@ -6,7 +6,8 @@ under the same budgets waits for the counter locks. The ORM compiles each query 
 which costs about ten times the CPU of sending it and reading the answer (docs/performance.md).
 These helpers keep what matters of the ORM, each field's own preparation of parameters and
 conversion of results, so values stay exact and the same on PostgreSQL and SQLite, and skip
-the compilation. Only the admission and settlement path uses them; everything else uses the ORM.
+the compilation. Only the admission and settlement path, and the REST API's per-request reads
+(authentication, throttle, the commit's tenant check), use them; everything else uses the ORM.
 
 Rows are written without model ``save()``, so without Django's model signals (the app connects
 none; hosts have ``llm_budgets.signals``).
@@ -15,6 +16,7 @@ none; hosts have ``llm_budgets.signals``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from functools import cache
 from typing import Any, TypeVar, cast
 
@@ -100,14 +102,32 @@ def param(model: type[Model], name: str, value: object) -> object:
     return _field(model, name).get_db_prep_value(value, _db())
 
 
-def lock_clause(*, of: Sequence[str] = ()) -> str:
-    """``FOR UPDATE`` (of the given table aliases) where the database locks rows; empty on
-    SQLite, where the transaction holds the database write lock from BEGIN."""
+def lock_clause(*, of: Sequence[str] = (), skip_locked: bool = False) -> str:
+    """``FOR UPDATE`` (of the given table aliases; ``SKIP LOCKED`` rows another transaction
+    holds, with ``skip_locked``) where the database locks rows; empty on SQLite, where the
+    transaction holds the database write lock from BEGIN."""
     db = _db()
     if not db.features.has_select_for_update:
         return ""
     of_aliases = tuple(of) if db.features.has_select_for_update_of else ()
-    return " " + db.ops.for_update_sql(of=of_aliases)
+    skip = skip_locked and db.features.has_select_for_update_skip_locked
+    return " " + db.ops.for_update_sql(of=of_aliases, skip_locked=skip)
+
+
+def clock_sql() -> str:
+    """The database's clock as an SQL expression, comparable with a stored datetime column:
+    PostgreSQL's ``now()`` (the transaction's start), SQLite's UTC time as the text Django
+    stores datetimes in. Read it back with :func:`clock_value`."""
+    if _db().vendor == "sqlite":
+        return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+    return "CURRENT_TIMESTAMP"
+
+
+def clock_value(value: Any) -> datetime:
+    """A value of :func:`clock_sql` as an aware datetime."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    return datetime.fromisoformat(str(value)).replace(tzinfo=UTC)
 
 
 def _cursor() -> CursorWrapper:
@@ -192,6 +212,11 @@ def execute(sql: str, params: Sequence[Any]) -> None:
 @cache
 def _insert_fields(model: type[Model]) -> tuple[Field[Any, Any], ...]:
     return tuple(f for f in _fields(model) if not isinstance(f, AutoFieldMixin))
+
+
+def insert_fields(model: type[Model]) -> tuple[Field[Any, Any], ...]:
+    """The fields an insert of ``model`` writes (every concrete one but an auto primary key)."""
+    return _insert_fields(model)
 
 
 @cache

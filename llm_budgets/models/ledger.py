@@ -87,7 +87,10 @@ class Reservation(models.Model):
         default=dict, blank=True, help_text="The caller's string tags, copied onto ledger lines."
     )
     created_at = models.DateTimeField()
-    expires_at = models.DateTimeField(db_index=True)
+    # No index of its own: every query on it also filters on state, which ``llmb_reservation_due``
+    # (state, expires_at) serves. An index on expires_at alone let PostgreSQL walk the expired
+    # rows (still live, still in that index) on every sweep batch: quadratic in a big sweep.
+    expires_at = models.DateTimeField()
     settled_at = models.DateTimeField(null=True, blank=True)
     uncertain_at = models.DateTimeField(
         null=True, blank=True, help_text="When the call's outcome was marked unknown."
