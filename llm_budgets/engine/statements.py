@@ -100,14 +100,16 @@ def param(model: type[Model], name: str, value: object) -> object:
     return _field(model, name).get_db_prep_value(value, _db())
 
 
-def lock_clause(*, of: Sequence[str] = ()) -> str:
+def lock_clause(*, of: Sequence[str] = (), skip_locked: bool = False) -> str:
     """``FOR UPDATE`` (of the given table aliases) where the database locks rows; empty on
-    SQLite, where the transaction holds the database write lock from BEGIN."""
+    SQLite, where the transaction holds the database write lock from BEGIN. ``skip_locked``:
+    rows another transaction has locked are left out instead of waited for."""
     db = _db()
     if not db.features.has_select_for_update:
         return ""
     of_aliases = tuple(of) if db.features.has_select_for_update_of else ()
-    return " " + db.ops.for_update_sql(of=of_aliases)
+    skip = skip_locked and db.features.has_select_for_update_skip_locked
+    return " " + db.ops.for_update_sql(of=of_aliases, skip_locked=skip)
 
 
 def _cursor() -> CursorWrapper:
