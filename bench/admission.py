@@ -331,10 +331,10 @@ def _written_by_app(url: str, target: Target) -> Fixed:
 # --- the two paths --------------------------------------------------------------------------
 
 
-def _app_cycle(target: Target) -> uuid.UUID:
+def _reserve(target: Target) -> Any:
     from llm_budgets import budgets
 
-    hold = budgets.reserve(
+    return budgets.reserve(
         tenant=target.tenant,
         end_user=target.end_user,
         provider=PROVIDER,
@@ -342,6 +342,10 @@ def _app_cycle(target: Target) -> uuid.UUID:
         input_tokens=INPUT_TOKENS,
         max_output_tokens=MAX_OUTPUT_TOKENS,
     )
+
+
+def _app_cycle(target: Target) -> uuid.UUID:
+    hold = _reserve(target)
     hold.commit(input_tokens=USED_INPUT_TOKENS, output_tokens=USED_OUTPUT_TOKENS)
     return hold.id
 
@@ -349,18 +353,10 @@ def _app_cycle(target: Target) -> uuid.UUID:
 def _near_cycle(target: Target) -> bool:
     """near-limit: reserve, then release at once; returns whether the call was admitted. A
     refusal made while the whole cap had room for the call raises ``EarlyRefusal``."""
-    from llm_budgets import budgets
     from llm_budgets.exceptions import BudgetExceeded
 
     try:
-        hold = budgets.reserve(
-            tenant=target.tenant,
-            end_user=target.end_user,
-            provider=PROVIDER,
-            model=MODEL,
-            input_tokens=INPUT_TOKENS,
-            max_output_tokens=MAX_OUTPUT_TOKENS,
-        )
+        hold = _reserve(target)
     except BudgetExceeded as exc:
         if exc.remaining >= exc.requested:
             raise EarlyRefusal(f"refused with {exc.remaining} left for {exc.requested}") from exc

@@ -105,7 +105,7 @@ def budget_set_limit(
             .first()
         )
         before = None if budget is None else {"limit": str(budget.limit)}
-        shape = {"hot": hot, "stripes": stripes}
+        shape: dict[str, object] = {"hot": hot, "stripes": stripes}
         if budget is None:
             budget = Budget.objects.create(
                 window=window,
@@ -129,7 +129,7 @@ def budget_set_limit(
         after: dict[str, object] = {"limit": str(limit)}
         if before is not None:
             was = {"hot": budget.hot, "stripes": budget.stripes}
-            if budget_set_hot(budget, **shape):
+            if budget_set_hot(budget, hot=hot, stripes=stripes):
                 before.update(was)  # type: ignore[arg-type]
                 after.update(hot=budget.hot, stripes=budget.stripes)
         elif budget.hot:
