@@ -10,6 +10,9 @@ from decimal import Decimal
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.test import Client
+from django.urls import reverse
+from django.utils.html import strip_tags
 
 from llm_budgets import budgets
 from llm_budgets.budget_raises import budget_raise_grant
@@ -23,7 +26,7 @@ from llm_budgets.selectors import budget_statuses
 from llm_budgets.tenants import tenant_get
 from tests.api import BASE, client_for, new_key
 from tests.concurrency import overspent_counters
-from tests.factories import FAKE_MODEL, FAKE_PROVIDER, price_fake
+from tests.factories import FAKE_MODEL, FAKE_PROVIDER, price_fake, reserve_30
 
 pytestmark = pytest.mark.django_db
 
@@ -301,3 +304,23 @@ def test_the_rest_api_sets_and_shows_hot() -> None:
     assert (response.json()["hot"], response.json()["stripes"]) == (True, 4)
     budget = Budget.objects.get(tenant__external_id="acme", window="day")
     assert (budget.hot, budget.stripes) == (True, 4)
+
+
+def test_the_admin_toggles_hot_and_shows_the_cap_as_one_number(admin_client: Client) -> None:
+    budget = _hot_cap("100", stripes=4)
+    for _ in range(4):
+        reserve_30(max_output_tokens=100)  # 3 each: 12 held, on several stripes
+    url = reverse("admin:llm_budgets_budget_change", args=[budget.pk])
+    page = strip_tags(admin_client.get(url).content.decode())
+    assert "reserved 12.00" in page  # the stripes summed, not one stripe's part
+
+    response = admin_client.post(
+        url, {"limit": "100", "stripes": "2", "reason": "calmer now", "_save": "1"}
+    )
+
+    assert response.status_code == 302, response.content.decode()[:2000]
+    budget.refresh_from_db()
+    assert (budget.hot, budget.stripes) == (False, 2)  # an unticked box: not hot
+    assert all(c.split_for is None for c in _stripes(budget))
+    event = AuditEvent.objects.filter(action="budget.change_limit").latest("pk")
+    assert (event.actor, event.reason, event.after["hot"]) == ("admin", "calmer now", False)
