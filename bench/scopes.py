@@ -15,9 +15,10 @@ month budgets; the tenant also has an each-run lifetime budget and a budget for 
 - ``run``: ``run=...`` (one run per worker, seen before),
 - ``run+tag``: both.
 
-For each kind it counts, on one call, the statements reserve sends and the counter rows it
-holds (one per budget that applies), then runs ``--cycles`` cycles per worker in forked worker
-processes and prints cycles/s and p50/p99 latency. Numbers: ``docs/performance.md``.
+For each kind it counts, on one call, the statements reserve sends, the round trips they take
+and the counter rows it holds (one per budget that applies), then runs ``--cycles`` cycles per
+worker in forked worker processes and prints cycles/s and p50/p99 latency.
+Numbers: ``docs/performance.md``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests.queries.round_trips
 
 from admission import DEFAULT_URL, recreate_database, setup_django, vacuum
 
@@ -82,16 +84,15 @@ def seed() -> None:
     )
 
 
-def statements_and_rows(kind: str) -> tuple[int, int]:
-    """Statements one reserve sends (savepoints and the lock bound aside) and rows it holds."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
+def statements_and_rows(kind: str) -> tuple[int, int, int]:
+    """Statements one reserve sends and the round trips they take (savepoints and BEGIN/COMMIT
+    aside; statements psycopg pipelines together are one round trip), and rows it holds."""
     from llm_budgets import budgets
+    from tests.queries import round_trips
 
     _call(kind, 0)  # the run, end user and counters exist
     scopes = {k: (v.format(worker=0) if isinstance(v, str) else v) for k, v in KINDS[kind].items()}
-    with CaptureQueriesContext(connection) as queries:
+    with round_trips() as trips:
         hold = budgets.reserve(
             tenant="acme",
             end_user="u-1",
@@ -102,14 +103,10 @@ def statements_and_rows(kind: str) -> tuple[int, int]:
             **scopes,
         )
     hold.release()
-    # The lock-wait bound rides with the first locking statement (``statements.fetch``'s
-    # ``first``): captured as its own entry, sometimes without its text; not a round trip.
-    own = [
-        q["sql"]
-        for q in queries.captured_queries
-        if q["sql"] and "SAVEPOINT" not in q["sql"] and not q["sql"].startswith("SELECT set_config")
-    ]
-    return len(own), hold.reservation.holds.count()
+    # The lock-wait bound (a set_config) rides with the first locking statement: counted in
+    # its round trip, not as a statement of its own.
+    statements = [sql for trip in trips for sql in trip if not sql.startswith("SELECT set_config")]
+    return len(statements), len(trips), hold.reservation.holds.count()
 
 
 def _worker(kind: str, worker: int, cycles: int, barrier: Any, out: Any) -> None:
@@ -158,10 +155,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     recreate_database(args.database_url)
     setup_django(args.database_url, 5)
     seed()
-    print(f"{'kind':<8} {'statements':>10} {'rows held':>9}")
+    print(f"{'kind':<8} {'statements':>10} {'round trips':>11} {'rows held':>9}")
     for kind in KINDS:
-        count, rows = statements_and_rows(kind)
-        print(f"{kind:<8} {count:>10} {rows:>9}")
+        count, trips, rows = statements_and_rows(kind)
+        print(f"{kind:<8} {count:>10} {trips:>11} {rows:>9}")
     print(f"\n{'kind':<8} {'workers':>7} {'cycles/s':>9} {'p50 ms':>8} {'p99 ms':>8}")
     for workers in [int(w) for w in args.workers.split(",")]:
         for kind in KINDS:

@@ -225,6 +225,31 @@ class RunClosed(BudgetError):
         )
 
 
+class IdempotencyKeyReused(BudgetError):
+    """The idempotency key was already used for a different request in this tenant: a retry
+    must repeat the request it retries. Nothing was held."""
+
+    code = "idempotency_key_reused"
+    wire = (
+        Wire("idempotency_key", help="The key, used before for another request."),
+        Wire("reservation_id", help="The reservation the key belongs to."),
+        Wire("differs", help="The request's fields that differ from that reservation's."),
+    )
+
+    def __init__(self, *, idempotency_key: str, reservation_id: str, differs: str) -> None:
+        self.idempotency_key = idempotency_key
+        self.reservation_id = reservation_id
+        self.differs = differs
+        super().__init__(
+            f"Idempotency key {idempotency_key!r} was already used for reservation "
+            f"{reservation_id}, a different request ({differs} differ). A retry must repeat its "
+            "request exactly; use a new key for a new request.",
+            idempotency_key=idempotency_key,
+            reservation_id=reservation_id,
+            differs=differs,
+        )
+
+
 class ReservationNotFound(BudgetError, LookupError):
     """No reservation has that id."""
 

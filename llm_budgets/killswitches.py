@@ -236,12 +236,12 @@ def switch_open_q(now: datetime) -> Q:
     return Q(cleared_at__isnull=True) & (Q(auto_clear_at__isnull=True) | Q(auto_clear_at__gt=now))
 
 
-def switch_open_sql(alias: str) -> str:
-    """SQL condition on kill switch ``alias``: open at the time given as its one parameter
-    (prepared with ``switch_open_param``)."""
+def switch_open_sql(alias: str, at: str = "%s") -> str:
+    """SQL condition on kill switch ``alias``: open at the time ``at``, an SQL expression (by
+    default its one parameter, prepared with ``switch_open_param``)."""
     cleared = f"{alias}.{sql.column(KillSwitch, 'cleared_at')}"
     auto_clear = f"{alias}.{sql.column(KillSwitch, 'auto_clear_at')}"
-    return f"{cleared} IS NULL AND ({auto_clear} IS NULL OR {auto_clear} > %s)"
+    return f"{cleared} IS NULL AND ({auto_clear} IS NULL OR {auto_clear} > {at})"
 
 
 def switch_open_param(now: datetime) -> object:

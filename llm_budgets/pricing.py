@@ -47,10 +47,11 @@ def _started_not_ended_q(at: datetime) -> Q:
     return Q(effective_from__lte=at) & (Q(effective_to__isnull=True) | Q(effective_to__gt=at))
 
 
-def _started_not_ended_sql(alias: str) -> str:
-    """SQL form of ``_started_not_ended_q``; two parameters: the time, twice."""
+def _started_not_ended_sql(alias: str, at: str = "%s") -> str:
+    """SQL form of ``_started_not_ended_q``; ``at``: the time, an SQL expression used twice
+    (by default a parameter, given twice)."""
     starts, ends = sql.column(Price, "effective_from"), sql.column(Price, "effective_to")
-    return f"{alias}.{starts} <= %s AND ({alias}.{ends} IS NULL OR {alias}.{ends} > %s)"
+    return f"{alias}.{starts} <= {at} AND ({alias}.{ends} IS NULL OR {alias}.{ends} > {at})"
 
 
 def _newest_first_sql(alias: str) -> str:
@@ -114,14 +115,15 @@ def _exact_version(provider: str | None, model: str, at: datetime) -> Price | No
 
 
 @functools.cache
-def version_in_effect_sql(columns: str = "*") -> str:
+def version_in_effect_sql(columns: str = "*", at: str = "%s") -> str:
     """``price_in_effect`` for a given provider, selecting ``columns`` of version ``v`` (``*``:
-    all, for ``statements.row_to``). Parameters: provider, model, the time twice."""
+    all, for ``statements.row_to``). Parameters: provider, model, the time twice (unless ``at``,
+    the time's SQL expression, is not a parameter)."""
     selected = sql.columns(Price, "v") if columns == "*" else f"v.{sql.quote(columns)}"
     return (
         f"SELECT {selected} FROM {sql.table(Price)} v"  # noqa: S608
         f" WHERE v.{sql.column(Price, 'provider')} = %s AND v.{sql.column(Price, 'model')} = %s"
-        f" AND {_started_not_ended_sql('v')}"
+        f" AND {_started_not_ended_sql('v', at)}"
         f" ORDER BY {_newest_first_sql('v')} LIMIT 1"
     )
 

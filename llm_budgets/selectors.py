@@ -10,6 +10,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from llm_budgets.engine import dbclock
 from llm_budgets.engine import statements as sql
 from llm_budgets.engine.counters import (
     CounterKey,
@@ -226,26 +227,30 @@ def _budget_order() -> str:
     return ", ".join(f"b.{sql.column(Budget, str(f))}" for f in fields)
 
 
-def _budget_columns() -> str:
-    """A budget's columns (alias ``b``) and the sum of its raises active at a time (two
-    parameters: the time, twice)."""
+def _budget_columns(at: str = "%s") -> str:
+    """A budget's columns (alias ``b``) and the sum of its raises active at the time ``at``, an
+    SQL expression (by default a parameter: then two, the time twice)."""
     raised = (
         f"SELECT SUM(r.{sql.column(BudgetRaise, 'amount')}) FROM {sql.table(BudgetRaise)} r"  # noqa: S608
         f" WHERE r.{sql.column(BudgetRaise, 'budget')} = b.id"
-        f" AND r.{sql.column(BudgetRaise, 'starts_at')} <= %s"
-        f" AND r.{sql.column(BudgetRaise, 'ends_at')} > %s"
+        f" AND r.{sql.column(BudgetRaise, 'starts_at')} <= {at}"
+        f" AND r.{sql.column(BudgetRaise, 'ends_at')} > {at}"
     )
     return f"{sql.columns(Budget, 'b')}, ({raised})"
 
 
 def _budgets_applying(
-    tenant_id: str, end_user_id: str | None, shape: tuple[bool, bool, int] = (False, False, 0)
+    tenant_id: str,
+    end_user_id: str | None,
+    shape: tuple[bool, bool, int] = (False, False, 0),
+    run_id: str = "%s",
 ) -> str:
     """The condition on budget ``b`` for a tenant's (and end user's) request; the ids are SQL
     expressions (a placeholder or a joined column). ``shape`` (``CallScopes.shape``): whether the
     call names a run and an API key, and how many tags; their ids and names are placeholders,
     after the end user's, in the order of ``CallScopes.params``, preceded by ``tenant_id`` once
-    more if any."""
+    more if any. ``run_id``: the run's id as an SQL expression (a joined column, or by default
+    a placeholder, the first of ``CallScopes.params``)."""
     scope, tenant = f"b.{sql.column(Budget, 'scope')}", f"b.{sql.column(Budget, 'tenant')}"
     tenant_scopes = f"'{Scope.TENANT.value}'"
     end_user = ""
@@ -259,7 +264,9 @@ def _budgets_applying(
     named = []
     if with_run:
         tenant_scopes += f", '{Scope.RUN_DEFAULT.value}'"
-        named.append(f"(b.{sql.column(Budget, 'run')} = %s AND {scope} = '{Scope.RUN.value}')")
+        named.append(
+            f"(b.{sql.column(Budget, 'run')} = {run_id} AND {scope} = '{Scope.RUN.value}')"
+        )
     if with_key:
         tenant_scopes += f", '{Scope.API_KEY_DEFAULT.value}'"
         named.append(
@@ -289,6 +296,11 @@ class AdmissionContext:
     # Whether any kill switch is open at all; when none is, admission skips reading which
     # switches cover the call (a trip committed after this read is missed either way).
     any_switch_open: bool
+    # The time everything above was read at: the one given, else the database's clock.
+    at: datetime
+    # The run the call names, read with its tenant (None if it names none, or one not seen yet:
+    # then ``applicable`` is empty and the caller reads it again once the run exists).
+    run: Run | None = None
 
 
 def admission_context(
@@ -297,45 +309,93 @@ def admission_context(
     end_user: str,
     provider: str,
     model: str,
-    at: datetime,
+    at: datetime | None,
     scopes: CallScopes = NO_SCOPES,
+    run: str | None = None,
 ) -> AdmissionContext | None:
-    """The end user with its tenant and plan, the price version in effect at ``at``, and the
-    budgets that apply (with those of the run, key and tags in ``scopes``), in one statement;
-    None if the end user has not been seen yet (the caller then reads them one by one, creating
-    the end user)."""
-    when = sql.param(BudgetRaise, "starts_at", at)
-    params = [when, when, when, provider, model, when, when, *scopes.params, tenant, end_user]
-    rows = sql.fetch(_admission_context_sql(scopes.shape), params)
+    """The end user with its tenant and plan, the price version in effect at ``at``, the run
+    named ``run`` (its external id) and the budgets that apply (with those of the run and of the
+    key and tags in ``scopes``, which names no run), in one statement; None if the end user has
+    not been seen yet (the caller then reads them one by one, creating the end user).
+
+    ``at`` None: the time is the database's clock, read in the same statement
+    (``engine.dbclock``) and returned as ``AdmissionContext.at``."""
+    assert scopes.run is None, "the run is read here: pass its id as run="
+    shape = (run is not None, scopes.api_key is not None, len(scopes.tags))
+    time = [] if at is None else [sql.param(BudgetRaise, "starts_at", at)]
+    params = [
+        *time,
+        *time,
+        *time,
+        provider,
+        model,
+        *time,
+        *time,
+        *([run] if run is not None else []),
+        *scopes.params,
+        tenant,
+        end_user,
+    ]
+    rows = sql.fetch(_admission_context_sql(shape, at is None), params)
     if not rows:
         return None
     first = rows[0]
     user = end_user_from_row(first)
     at_price = end_user_row_width()
-    at_budget = at_price + sql.width(Price)
+    at_run = at_price + sql.width(Price)
+    at_budget = at_run + (sql.width(Run) if run is not None else 0)
     price = None if first[at_price] is None else sql.row_to(Price, first, at_price)
-    with_budget = [row for row in rows if row[at_budget] is not None]
+    when = at if at is not None else dbclock.from_value(first[-1])
+    any_switch_open = bool(first[-1] if at is not None else first[-2])
+    run_obj = None
+    if run is not None and first[at_run] is not None:
+        run_obj = sql.row_to(Run, first, at_run)
+        run_obj.tenant = user.tenant
+    applicable = []
+    if run is None or run_obj is not None:
+        with_budget = [row for row in rows if row[at_budget] is not None]
+        read = CallScopes(run=run_obj, api_key=scopes.api_key, tags=scopes.tags)
+        applicable = _applicable(with_budget, at_budget, user.tenant, user, when, read)
     return AdmissionContext(
         tenant=user.tenant,
         end_user=user,
         price=price,
-        applicable=_applicable(with_budget, at_budget, user.tenant, user, at, scopes),
-        any_switch_open=bool(first[-1]),
+        applicable=applicable,
+        any_switch_open=any_switch_open,
+        at=when,
+        run=run_obj,
     )
 
 
 @functools.cache
-def _admission_context_sql(shape: tuple[bool, bool, int] = (False, False, 0)) -> str:
+def _admission_context_sql(
+    shape: tuple[bool, bool, int] = (False, False, 0), database_clock: bool = False
+) -> str:
     """One row per applicable budget (one with NULL budget columns if none), each carrying the
-    end user, tenant, plan and price version, and last whether any kill switch is open.
-    Parameters: the time three times (raises, switches), provider, model, the time twice
-    (price), ``CallScopes.params`` of this ``shape``, tenant and end user external ids."""
-    switch_open = f"EXISTS (SELECT 1 FROM {sql.table(KillSwitch)} k WHERE {switch_open_sql('k')})"  # noqa: S608
+    end user, tenant, plan, price version and (if ``shape`` names a run) the run, then whether
+    any kill switch is open and, with ``database_clock``, the database's time. Parameters: the
+    time three times (raises, switches), provider, model, the time twice (price), the run's
+    external id if named, ``CallScopes.params`` of this ``shape`` without a run, tenant and end
+    user external ids; with ``database_clock`` every time is the database's (no parameter)."""
+    at = dbclock.now_sql() if database_clock else "%s"
+    switch_open = (
+        f"EXISTS (SELECT 1 FROM {sql.table(KillSwitch)} k WHERE {switch_open_sql('k', at)})"  # noqa: S608
+    )
+    with_run = shape[0]
+    run_columns = f" {sql.columns(Run, 'rn')}," if with_run else ""
+    run_join = (
+        f" LEFT JOIN {sql.table(Run)} rn ON rn.{sql.column(Run, 'tenant')} = t.id"
+        f" AND rn.{sql.column(Run, 'external_id')} = %s"
+        if with_run
+        else ""
+    )
+    clock = f", {at}" if database_clock else ""
     return (
-        f"SELECT {end_user_columns_sql()}, {sql.columns(Price, 'v')},"
-        f" {_budget_columns()}, {switch_open} {end_user_from_sql()}"
-        f" LEFT JOIN {sql.table(Price)} v ON v.id = ({version_in_effect_sql('id')})"
-        f" LEFT JOIN {sql.table(Budget)} b ON {_budgets_applying('t.id', 'u.id', shape)}"
+        f"SELECT {end_user_columns_sql()}, {sql.columns(Price, 'v')},{run_columns}"
+        f" {_budget_columns(at)}, {switch_open}{clock} {end_user_from_sql()}"
+        f" LEFT JOIN {sql.table(Price)} v ON v.id = ({version_in_effect_sql('id', at)})"
+        f"{run_join}"
+        f" LEFT JOIN {sql.table(Budget)} b ON {_budgets_applying('t.id', 'u.id', shape, 'rn.id')}"
         f" {end_user_where_sql()} ORDER BY {_budget_order()}"
     )
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from django.db import connection
@@ -62,3 +63,13 @@ def _forget_linked_tenants() -> None:
     from llm_budgets.billing.outbox import linked_cache_clear
 
     linked_cache_clear()
+
+
+@pytest.fixture
+def application_clock() -> Iterator[None]:
+    """Admission reads this process's clock, so ``time_machine`` moves it (the app reads the
+    database's clock: ``llm_budgets.engine.dbclock``). For tests that travel in time."""
+    from llm_budgets.engine.dbclock import following_application_clock
+
+    with following_application_clock():
+        yield

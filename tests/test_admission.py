@@ -12,6 +12,7 @@ from llm_budgets import budgets
 from llm_budgets.engine.admission import NoApplicableBudget, reservation_create
 from llm_budgets.exceptions import (
     BudgetExceeded,
+    IdempotencyKeyReused,
     InvalidUsage,
     OutputCeilingRequired,
     UnknownPrice,
@@ -24,9 +25,11 @@ from llm_budgets.models import (
     Plan,
     Reservation,
     ReservationState,
+    Run,
     Scope,
     UsageRecord,
 )
+from llm_budgets.reconcile import counters_drift
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, price_fake, reserve_30, seed
 
 pytestmark = pytest.mark.django_db
@@ -257,6 +260,65 @@ def test_idempotency_keys_are_per_tenant() -> None:
     seed()
     seed(tenant="globex")
     assert reserve_30(idempotency_key="k").id != reserve_30(tenant="globex", idempotency_key="k").id
+
+
+@pytest.mark.parametrize(
+    ("first", "retry", "differs"),
+    [
+        ({}, {"end_user": "u-new"}, "end_user"),  # an end user not seen yet
+        ({"end_user": "u-1"}, {"end_user": "u-2"}, "end_user"),
+        ({"end_user": "u-1"}, {"end_user": None}, "end_user"),
+        ({}, {"model": "another-model"}, "model"),
+        ({}, {"input_tokens": 5}, "input_tokens"),
+        ({}, {"max_output_tokens": 999}, "max_output_tokens"),
+        ({}, {"tags": {"project": "alpha"}}, "tags"),
+        ({}, {"run": "run-1"}, "run"),
+        ({}, {"provider": "other", "input_tokens": 5}, "provider, input_tokens"),
+    ],
+)
+def test_an_idempotency_key_reused_for_another_request_is_refused(
+    first: dict[str, object], retry: dict[str, object], differs: str
+) -> None:
+    """The key belongs to the first request: a different one with it is refused, naming what
+    differs, and holds nothing (it used to get the first reservation back, silently)."""
+    seed()
+    budgets.ensure_tenant("acme")
+    if first.get("end_user") == "u-1":
+        reserve_30(end_user="u-2").release()  # u-2 is known
+    held = reserve_30(idempotency_key="call-1", **first)
+    call = {**first, **retry}
+    model = call.pop("model", FAKE_MODEL)
+    input_tokens = call.pop("input_tokens", 0)
+    with pytest.raises(IdempotencyKeyReused) as refused:
+        budgets.reserve(
+            tenant="acme",
+            model=model,
+            input_tokens=input_tokens,
+            max_output_tokens=call.pop("max_output_tokens", 1000),
+            provider=call.pop("provider", FAKE_PROVIDER),
+            idempotency_key="call-1",
+            **call,  # type: ignore[arg-type]
+        )
+    assert refused.value.differs == differs
+    assert refused.value.reservation_id == str(held.id)
+    assert "'call-1' was already used" in str(refused.value)
+    assert f"({differs} differ)" in str(refused.value)
+    assert Reservation.objects.filter(state="held").count() == 1
+    assert not EndUser.objects.filter(external_id="u-new").exists()
+    assert not Run.objects.exists()  # a run's first sight creates it only for a call admitted
+    assert counters_drift() == []
+
+
+def test_a_retry_that_asks_the_same_gets_the_reservation() -> None:
+    """What is not part of the request is not compared: a provider left out the second time,
+    the TTL."""
+    seed()
+    held = reserve_30(end_user="u-1", tags={"project": "alpha"}, idempotency_key="call-2")
+    again = reserve_30(
+        end_user="u-1", tags={"project": "alpha"}, idempotency_key="call-2", provider=None, ttl=60
+    )
+    assert again.id == held.id
+    assert Reservation.objects.count() == 1
 
 
 def test_the_price_version_is_stamped_and_a_new_price_changes_no_record() -> None:

@@ -7,12 +7,15 @@ from decimal import Decimal
 from typing import Any
 from unittest import mock
 
+import httpx
 import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
 from llm_budgets import budgets
+from llm_budgets.client import error_from_response
 from llm_budgets.engine import admission
+from llm_budgets.exceptions import IdempotencyKeyReused
 from llm_budgets.models import ApiKey, Counter, IdempotencyRecord, Reservation
 from tests.api import BASE, client_for, new_key, reserve_body
 from tests.concurrency import run_threads
@@ -68,20 +71,32 @@ def test_keys_are_per_api_key() -> None:
     seed()
     one, two = client_for(new_key("acme")), client_for(new_key("acme"))
     first = post(one, "reservations", reserve_body(), key="same")
+    # The stored responses are per API key, but the reservation's own key is per tenant
+    # (docs/api.md): through another API key, a different request with that key is refused by
+    # admission itself, naming what differs; the same request gets the tenant's reservation.
     other = post(two, "reservations", reserve_body(input_tokens=7), key="same")
-    assert first.status_code == other.status_code == 201
-    # The stored responses are per API key: the second is not a replay of the first, nor a 409
-    # for another body. The reservation's own key is per tenant (docs/api.md): the second
-    # request gets the tenant's reservation with that key, and nothing is held twice.
+    assert other.status_code == 409, other.json()
+    error = other.json()["error"]
+    assert (error["code"], error["differs"]) == ("idempotency_key_reused", "input_tokens")
+    assert error["reservation_id"] == first.json()["id"]
     assert "Idempotent-Replayed" not in other
-    assert other.json()["id"] == first.json()["id"]
+    # The HTTP client rebuilds the in-process exception from that body.
+    rebuilt = error_from_response(
+        httpx.Response(409, json=other.json(), request=httpx.Request("POST", "http://api.test"))
+    )
+    assert isinstance(rebuilt, IdempotencyKeyReused)
+    assert (rebuilt.differs, rebuilt.reservation_id) == ("input_tokens", first.json()["id"])
+    same = post(two, "reservations", reserve_body(), key="same")
+    assert first.status_code == same.status_code == 201
+    assert "Idempotent-Replayed" not in same
+    assert same.json()["id"] == first.json()["id"]
     assert Reservation.objects.count() == 1
     assert Counter.objects.get().reserved == Decimal(30)
     assert IdempotencyRecord.objects.filter(key="same").count() == 2
     # Each API key replays its own stored response.
-    replay = post(two, "reservations", reserve_body(input_tokens=7), key="same")
+    replay = post(two, "reservations", reserve_body(), key="same")
     assert replay["Idempotent-Replayed"] == "true"
-    assert post(two, "reservations", reserve_body(), key="same").status_code == 409
+    assert post(two, "reservations", reserve_body(input_tokens=7), key="same").status_code == 409
 
 
 @pytest.mark.django_db

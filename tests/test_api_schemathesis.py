@@ -27,12 +27,15 @@ from schemathesis.generation import GenerationMode
 from tests.api import BASE, client_for, new_key, reserve_body
 from tests.factories import seed
 
-# Per operation and mode: 3 modes x 14 operations x up to 40 cases; counted below (>= 1,000 in
-# all). Bounded so CI stays around two minutes.
-EXAMPLES = 40
-MIN_CASES_PER_MODE = 340
+# Two sizes. "full": per operation and mode, 3 modes x 14 operations x up to 40 cases, counted
+# below (>= 1,000 in all), plus 15 stateful scenarios; it takes minutes, so it runs in the slow
+# fault leg (`make test-faults`, on PostgreSQL). "smoke": the same checks at a fifth of the size in
+# every leg, so a schema/server disagreement still fails the fast suite on both databases.
+SIZES = [
+    pytest.param(8, 60, 4, id="smoke"),
+    pytest.param(40, 340, 15, id="full", marks=pytest.mark.faults),
+]
 STATEFUL_STEPS = 25
-STATEFUL_SCENARIOS = 15
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -41,13 +44,13 @@ CHECKS = [
 ]
 
 
-def fuzz(strategy: Any, headers: dict[str, str], checks: list[Any]) -> int:
+def fuzz(strategy: Any, headers: dict[str, str], checks: list[Any], examples: int) -> int:
     """Run the cases; returns how many were sent."""
     sent = 0
 
     @given(case=strategy)
     @settings(
-        max_examples=EXAMPLES,
+        max_examples=examples,
         deadline=None,
         database=None,
         derandomize=True,
@@ -101,6 +104,7 @@ def known_good_cases(operations: dict[str, Any], reservation_id: str) -> list[An
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("examples", "min_cases", "scenarios"), SIZES)
 @pytest.mark.parametrize(
     ("key_kind", "mode", "real_paths"),
     [
@@ -111,7 +115,13 @@ def known_good_cases(operations: dict[str, Any], reservation_id: str) -> list[An
     ],
 )
 def test_the_api_honours_its_schema(
-    live_server: Any, key_kind: str, mode: GenerationMode, real_paths: bool
+    live_server: Any,
+    key_kind: str,
+    mode: GenerationMode,
+    real_paths: bool,
+    examples: int,
+    min_cases: int,
+    scenarios: int,
 ) -> None:
     seed(limit="1000")
     key = new_key(None if key_kind == "operator" else "acme")
@@ -140,14 +150,20 @@ def test_the_api_honours_its_schema(
             names = {p.name for p in operation.iter_parameters() if p.location == "path"}
             fixed = {k: v for k, v in real.items() if k in names} if real_paths else None
             cases += fuzz(
-                operation.as_strategy(generation_mode=mode, path_parameters=fixed), headers, CHECKS
+                operation.as_strategy(generation_mode=mode, path_parameters=fixed),
+                headers,
+                CHECKS,
+                examples,
             )
-    record(f"{key_kind}-{mode.value}", cases)
-    assert cases >= MIN_CASES_PER_MODE, cases
+    record(f"{key_kind}-{mode.value}-{examples}", cases)
+    assert cases >= min_cases, cases
 
 
 @pytest.mark.django_db(transaction=True)
-def test_stateful_links_hold_the_schema(live_server: Any) -> None:
+@pytest.mark.parametrize(("examples", "min_cases", "scenarios"), SIZES)
+def test_stateful_links_hold_the_schema(
+    live_server: Any, examples: int, min_cases: int, scenarios: int
+) -> None:
     """Follow the links: create a reservation, then act on it by its id, as a client would."""
     seed(limit="100000")
     key = new_key("acme")
@@ -174,7 +190,7 @@ def test_stateful_links_hold_the_schema(live_server: Any) -> None:
     with override_settings(LLM_BUDGETS={"API_THROTTLE_RATE": None}):
         Workflow.run(
             settings=settings(
-                max_examples=STATEFUL_SCENARIOS,
+                max_examples=scenarios,
                 stateful_step_count=STATEFUL_STEPS,
                 deadline=None,
                 database=None,
@@ -182,7 +198,7 @@ def test_stateful_links_hold_the_schema(live_server: Any) -> None:
                 suppress_health_check=list(HealthCheck),
             )
         )
-    record("stateful steps", len(steps))
+    record(f"stateful steps-{scenarios}", len(steps))
     assert not [step for step in steps if step[1] >= 500]
     followed = {label for label, _ in steps if "{reservation_id}" in label}
     assert followed, steps[:50]

@@ -21,6 +21,9 @@ from llm_budgets.tenants import _schedule_calendar_change
 from llm_budgets.windows import period_for, tenant_period
 from tests.factories import reserve_30, seed
 
+# Moves time with time_machine: admission follows this process's clock (conftest).
+pytestmark = pytest.mark.usefixtures("application_clock")
+
 
 def utc(*args: int) -> datetime:
     return datetime(*args, tzinfo=UTC)

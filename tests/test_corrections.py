@@ -19,7 +19,8 @@ from llm_budgets.models import AuditEvent, Budget, Counter, EndUser, UsageKind, 
 from llm_budgets.reconcile import counters_drift
 from tests.factories import reserve_30, seed
 
-pytestmark = pytest.mark.django_db
+# Moves time with time_machine: admission follows this process's clock (conftest).
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("application_clock")]
 
 
 def _tenant_budget() -> Budget:

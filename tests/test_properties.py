@@ -39,7 +39,12 @@ from llm_budgets.engine.settlement import (
     reservation_release,
     reservations_sweep,
 )
-from llm_budgets.exceptions import BudgetExceeded, ReservationStateError, RunClosed
+from llm_budgets.exceptions import (
+    BudgetExceeded,
+    IdempotencyKeyReused,
+    ReservationStateError,
+    RunClosed,
+)
 from llm_budgets.models import Budget, Counter, Reservation, ReservationState, Tenant
 from llm_budgets.reconcile import allowances_excess, counters_drift
 from llm_budgets.runs import run_close
@@ -109,6 +114,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.expires: dict[UUID, datetime] = {}
         self.results: dict[UUID, CommitResult] = {}
         self.keys: dict[tuple[str, str], UUID] = {}
+        # What the first call with each key asked for: another request with it is refused.
+        self.asked: dict[tuple[str, str], tuple[object, ...]] = {}
         self.changed = True
         budgets.set_price(
             provider=PROVIDER,
@@ -183,20 +190,29 @@ class LedgerMachine(RuleBasedStateMachine):
             event("reserve refused: its run was closed")
             assert _counters() == before
             return multiple()
+        call = {
+            "tenant": tenant,
+            "end_user": end_user,
+            "provider": PROVIDER,
+            "model": MODEL,
+            "input_tokens": input_tokens,
+            "max_output_tokens": max_output_tokens,
+            "idempotency_key": key,
+            "ttl": ttl,
+            "run": run,
+            "tags": tags,
+            "now": self.now,
+        }
+        asked = (end_user, input_tokens, max_output_tokens, run, tags or {})
+        if key is not None and self.asked.get((tenant, key), asked) != asked:
+            # The key belongs to another request: refused, nothing held.
+            with pytest.raises(IdempotencyKeyReused):
+                reservation_create(**call)  # type: ignore[arg-type]
+            event("reserve refused: its idempotency key was used for another request")
+            assert _counters() == before
+            return multiple()
         try:
-            reservation = reservation_create(
-                tenant=tenant,
-                end_user=end_user,
-                provider=PROVIDER,
-                model=MODEL,
-                input_tokens=input_tokens,
-                max_output_tokens=max_output_tokens,
-                idempotency_key=key,
-                ttl=ttl,
-                run=run,
-                tags=tags,
-                now=self.now,
-            )
+            reservation = reservation_create(**call)  # type: ignore[arg-type]
         except BudgetExceeded as exc:
             event(f"reserve refused by a {exc.scope.split()[0]} budget")
             self._assert_justified(exc, before, caller, key, run, tags)
@@ -209,6 +225,7 @@ class LedgerMachine(RuleBasedStateMachine):
             return multiple()
         if key is not None:
             self.keys[(tenant, key)] = reservation.pk
+            self.asked[(tenant, key)] = asked
         extra = (run is not None) + (project == "alpha") if tenant == "t1" else 0
         assert reservation.holds.count() == CALLERS[caller] + extra
         self.states[reservation.pk] = HELD

@@ -26,6 +26,9 @@ from tests.concurrency import run_threads
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed
 from tests.queries import reads
 
+# Moves time with time_machine: admission follows this process's clock (conftest).
+pytestmark = pytest.mark.usefixtures("application_clock")
+
 
 def utc(*args: int) -> datetime:
     return datetime(*args, tzinfo=UTC)

@@ -12,9 +12,9 @@ from django.test.utils import CaptureQueriesContext
 
 from llm_budgets import budgets
 from llm_budgets.engine import statements as sql
-from llm_budgets.models import Counter, EndUser, Price, Reservation, Tenant, UsageRecord
+from llm_budgets.models import Counter, EndUser, Price, Reservation, Run, Tenant, UsageRecord
 from llm_budgets.reconcile import counters_drift
-from tests.queries import reads
+from tests.queries import reads, round_trips
 
 pytestmark = pytest.mark.django_db
 
@@ -145,9 +145,10 @@ def test_prepared_statements_on_postgresql(acme: None, on_postgres: bool) -> Non
     assert counters_drift() == []
 
 
-def _reserve_statements(**scopes: object) -> list[str]:
-    with CaptureQueriesContext(connection) as queries:
-        budgets.reserve(
+def _reserve_trips(**scopes: object) -> tuple[list[list[str]], int]:
+    """The round trips of one reserve, and how many counter rows it holds."""
+    with round_trips() as trips:
+        hold = budgets.reserve(
             tenant="acme",
             end_user="u-1",
             provider="openai",
@@ -156,25 +157,40 @@ def _reserve_statements(**scopes: object) -> list[str]:
             max_output_tokens=10,
             **scopes,  # type: ignore[arg-type]
         )
-    return [
-        q["sql"]
-        for q in queries.captured_queries
-        if "SAVEPOINT" not in (q["sql"] or "")
-        and not (q["sql"] or "").startswith("SELECT set_config")
-    ]
+    hold.release()
+    return trips, hold.reservation.holds.count()
 
 
-def test_a_tag_costs_no_statement_and_a_run_two(acme: None) -> None:
-    """Issue #16's cost: a call naming a tag runs as many statements as one naming none (the
-    tag's budgets join admission's one read); a run adds its lookup before the transaction and
-    its share-locked close check inside it. Each locks one more counter row."""
+def test_a_run_and_a_tag_cost_no_round_trip(acme: None, on_postgres: bool) -> None:
+    """Issue #16's cost: a call naming no run and no tag, a run, a tag or both pays the same
+    round trips (PostgreSQL): the run and the tag's budgets join admission's one context read,
+    and the run's close is read in the round trip that locks the counters, right after it. Each
+    locks one more counter row, and the run no row of its own. On SQLite (no network) the
+    close read is one more statement."""
     budgets.set_limit(tenant="acme", run="*", amount=Decimal("50"), window="lifetime")
     budgets.set_limit(tenant="acme", tag=("project", "alpha"), amount=Decimal("50"), window="month")
     _call(run="r-1", tags={"project": "alpha"})  # creates the run and every counter
-    plain = _reserve_statements()
-    tagged = _reserve_statements(tags={"project": "alpha"})
-    both = _reserve_statements(tags={"project": "alpha"}, run="r-1")
-    assert len(tagged) == len(plain), "\n".join(tagged)
-    assert len(both) == len(plain) + 2, "\n".join(both)
-    holds = [r.holds.count() for r in Reservation.objects.order_by("created_at")][-3:]
-    assert holds == [3, 4, 5]  # global, tenant, end user; + tag; + run
+    (plain, plain_rows), (tagged, tagged_rows), (run, run_rows), (both, both_rows) = (
+        _reserve_trips(**scopes)
+        for scopes in (
+            {},
+            {"tags": {"project": "alpha"}},
+            {"run": "r-1"},
+            {"tags": {"project": "alpha"}, "run": "r-1"},
+        )
+    )
+    shown = "\n\n".join(" | ".join(trip) for trip in both)
+    # The context read, the lock bound with the counters' lock (and the close read), the write
+    # (on SQLite each write is its own statement).
+    assert len(plain) == (3 if on_postgres else 5), plain
+    assert len(tagged) == len(plain), tagged
+    assert len(run) == len(both) == len(plain) + (0 if on_postgres else 1), shown
+    statements = [sum(len(trip) for trip in kind) for kind in (plain, tagged, run, both)]
+    assert statements == [statements[0]] * 2 + [statements[0] + 1] * 2  # the close read
+    assert not any(reads(sql, Run) for trip in plain + tagged for sql in trip)
+    run_reads = [sql for trip in both for sql in trip if reads(sql, Run)]
+    assert len(run_reads) == 2, run_reads  # joined into the context read, and the close read
+    # Global, tenant, end user; + tag, or + run; + both.
+    assert [plain_rows, tagged_rows, run_rows, both_rows] == [3, 4, 4, 5]
+    locks = [sql for trip in both for sql in trip if "FOR UPDATE" in sql or "FOR SHARE" in sql]
+    assert len(locks) == (1 if on_postgres else 0), locks  # the counters' lock, nothing else

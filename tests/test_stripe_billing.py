@@ -33,7 +33,8 @@ from tests.factories import reserve_30, seed
 from tests.fakes.stripe_server import StripeServer
 from tests.stripe_support import fake_stripe, ledger_units, odd_price, set_up
 
-pytestmark = pytest.mark.django_db
+# Moves time with time_machine: admission follows this process's clock (conftest).
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("application_clock")]
 __all__ = ["fake_stripe"]
 
 H = datetime(2026, 11, 20, 10, 0, tzinfo=UTC)

@@ -14,13 +14,12 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db import IntegrityError, connection, transaction
-from django.utils import timezone
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.degradation import Rung, effect_at, ladder_parse, substitutes, used_percent
+from llm_budgets.engine import dbclock, stripes
 from llm_budgets.engine import statements as sql
-from llm_budgets.engine import stripes
 from llm_budgets.engine.boundary import (
     bound_lock_wait,
     bound_sqlite_wait,
@@ -30,7 +29,7 @@ from llm_budgets.engine.boundary import (
 from llm_budgets.engine.counters import (
     Bucket,
     CounterKey,
-    counters_locked,
+    counters_locked_then,
     rolling_buckets,
     rows_by_key,
     stripes_picked,
@@ -38,6 +37,7 @@ from llm_budgets.engine.counters import (
 from llm_budgets.events import observed_admission
 from llm_budgets.exceptions import (
     BudgetExceeded,
+    IdempotencyKeyReused,
     InvalidUsage,
     KillSwitchActive,
     LedgerUnavailable,
@@ -172,8 +172,10 @@ def reservation_create(
 
     Raises ``InvalidUsage`` (bad arguments), ``UnknownTenant``, ``OutputCeilingRequired``,
     ``UnknownPrice``, ``NoApplicableBudget``, ``KillSwitchActive``, ``BudgetExceeded`` or
-    ``LedgerUnavailable`` (or ``RunClosed``: the run named was closed); in each case no hold is
-    taken. ``run`` (a run id, created on first sight) brings in the run's budgets and tags those
+    ``LedgerUnavailable`` (or ``RunClosed``: the run named was closed; or
+    ``IdempotencyKeyReused``: the key belongs to a different request); in each case no hold is
+    taken. A retry with the key of an earlier call that asks the same gets that reservation.
+    ``run`` (a run id, created on first sight) brings in the run's budgets and tags those
     of each tag named (``set_limit(tag=(key, value))``). With ``allow_degrade=True`` the plan's
     degradation ladder may grant a cheaper model or a lower output ceiling (see
     :mod:`llm_budgets.degradation`); the reservation says what was granted. ``api_key``: the
@@ -195,34 +197,66 @@ def reservation_create(
         messages=messages,
         prompt=prompt,
     )
-    now = now or timezone.now()
+    given = dbclock.given_or_none(now)
     with ledger_guard("admission"):
-        # A call naming a run reads (or creates) it first: one more statement, none otherwise.
-        run_obj = None if run_id is None else _run(request.tenant, run_id)
-        scopes = CallScopes(run=run_obj, api_key=api_key, tags=tuple(sorted(tag_map.items())))
+        scopes = CallScopes(api_key=api_key, tags=tuple(sorted(tag_map.items())))
         # The common call, a known end user and a named provider: one statement reads all that
-        # is needed before the transaction. Otherwise one read at a time.
+        # is needed before the transaction (the run it names, the database's clock included).
+        # Otherwise one read at a time.
         context = None
         user_obj: EndUser | None
+        run_obj: Run | None = None
         if request.end_user is not None and request.provider is not None:
             context = admission_context(
                 tenant=request.tenant,
                 end_user=request.end_user,
                 provider=request.provider,
                 model=request.model,
-                at=now,
+                at=given,
                 scopes=scopes,
+                run=run_id,
             )
-            if context is not None:
-                tenant_obj, user_obj = context.tenant, context.end_user
-            else:  # the end user's first call: it is created below, once the call is valid
-                tenant_obj, user_obj = tenant_get(request.tenant), None
+        if context is not None:
+            now = context.at
+            tenant_obj, user_obj, run_obj = context.tenant, context.end_user, context.run
         else:
-            tenant_obj, user_obj = tenant_with_end_user(request.tenant, request.end_user)
+            now = given or dbclock.database_now()
+            if request.end_user is not None and request.provider is not None:
+                # The end user's first call: it is created below, once the call is valid.
+                tenant_obj, user_obj = tenant_get(request.tenant), None
+            else:
+                tenant_obj, user_obj = tenant_with_end_user(request.tenant, request.end_user)
+        if run_id is not None and run_obj is None and context is None:
+            run_obj = Run.objects.filter(tenant=tenant_obj, external_id=run_id).first()
+        # A run not seen yet is created once the key is checked; its budgets are then read on
+        # their own.
+        run_unseen = run_id is not None and run_obj is None
+        if run_obj is not None:
+            run_obj.tenant = tenant_obj
+            # Checked again inside the hold's transaction, once the run's counter is locked.
+            run_refuse_if_closed(run_obj)
+        asked = None
         if request.idempotency_key is not None:
-            existing = _reservation_with_key(tenant_obj.pk, request.idempotency_key)
+            asked = _Asked(
+                key=request.idempotency_key,
+                end_user_id=user_obj.pk if user_obj is not None else None,
+                unseen=(request.end_user is not None and user_obj is None, run_unseen),
+                run_id=run_obj.pk if run_obj is not None else None,
+                provider=request.provider,
+                model=request.model,
+                input_tokens=request.input_tokens,
+                max_output_tokens=request.max_output_tokens,
+                tags=tag_map,
+            )
+            existing = _reservation_with_key(tenant_obj.pk, asked.key)
             if existing is not None:
-                return existing
+                return asked.replay(existing)
+        if run_id is not None:
+            if run_obj is None:
+                run_obj = run_ensure(tenant_obj, run_id)
+                run_obj.tenant = tenant_obj
+                run_refuse_if_closed(run_obj)  # created (and closed) by another call meanwhile
+            scopes = replace(scopes, run=run_obj)
         tool_calls = tool_calls_validate(max_tool_calls, field="max_tool_calls")
         estimate = request_estimate(
             tenant_obj,
@@ -237,7 +271,7 @@ def reservation_create(
         )
         if request.end_user is not None and user_obj is None:
             user_obj = end_user_ensure(tenant_obj, request.end_user)
-        if context is not None:
+        if context is not None and not run_unseen:
             applicable = context.applicable
         else:
             applicable = applicable_budgets(tenant_obj, user_obj, now, scopes)
@@ -275,37 +309,67 @@ def reservation_create(
                 reservation,
                 applicable,
                 degrade,
-                request.idempotency_key,
+                asked,
                 api_key.pk if api_key is not None else None,
                 switches_open=context.any_switch_open if context is not None else True,
             )
         except (BudgetExceeded, KillSwitchActive) as refusal:
-            if request.idempotency_key is not None:
+            if asked is not None:
                 # The reservation is inserted after the checks: a concurrent request with the
                 # same key may have been admitted first, and its hold be what refused this one.
                 # It committed before this transaction could lock the counters, so it is there.
-                first = _reservation_with_key(tenant_obj.pk, request.idempotency_key)
+                first = _reservation_with_key(tenant_obj.pk, asked.key)
                 if first is not None:
-                    return first
+                    return asked.replay(first)
             refusal_record(refusal, reservation=reservation, now=now)
             raise
 
 
-def _run(tenant: str, run_id: str) -> Run:
-    """The run a call names, with its tenant, created on first sight; ``RunClosed`` if it was
-    closed (checked again under a share lock inside the hold's transaction)."""
-    found = Run.objects.select_related("tenant").filter(
-        tenant__external_id=tenant, external_id=run_id
-    )
-    run = next(iter(found), None)
-    if run is None:
-        run = run_ensure(tenant_get(tenant), run_id)
-    run_refuse_if_closed(run)
-    return run
-
-
 def _reservation_with_key(tenant_id: int, idempotency_key: str) -> Reservation | None:
     return Reservation.objects.filter(tenant_id=tenant_id, idempotency_key=idempotency_key).first()
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What a call with an idempotency key asked for, which a retry with that key must ask
+    again: the same end user, run, provider (if named), model, token counts and tags. Not
+    compared: the amount (a price change between the call and its retry moves it; the tokens
+    and model it is priced from are compared), the TTL and ``allow_degrade``."""
+
+    key: str
+    end_user_id: int | None
+    # Whether it names an end user, a run, not seen yet: no reservation can have them.
+    unseen: tuple[bool, bool]
+    run_id: int | None
+    provider: str | None
+    model: str
+    input_tokens: int
+    max_output_tokens: int | None
+    tags: dict[str, str]
+
+    def replay(self, existing: Reservation) -> Reservation:
+        """``existing``, the reservation the key belongs to, if this call asks for the same;
+        else ``IdempotencyKeyReused`` naming what differs."""
+        same = {
+            "end_user": existing.end_user_id == self.end_user_id and not self.unseen[0],
+            "run": existing.run_id == self.run_id and not self.unseen[1],
+            "provider": self.provider is None or existing.provider == self.provider,
+            "model": (existing.requested_model or existing.model) == self.model,
+            "input_tokens": existing.input_tokens == self.input_tokens,
+            # A degraded hold may carry a lower ceiling than was asked.
+            "max_output_tokens": self.max_output_tokens is None
+            or existing.degraded
+            or existing.max_output_tokens == self.max_output_tokens,
+            "tags": existing.tags == self.tags,
+        }
+        differs = [name for name, equal in same.items() if not equal]
+        if differs:
+            raise IdempotencyKeyReused(
+                idempotency_key=self.key,
+                reservation_id=str(existing.pk),
+                differs=", ".join(differs),
+            )
+        return existing
 
 
 @dataclass(frozen=True)
@@ -321,7 +385,7 @@ def _admit(
     reservation: Reservation,
     applicable: list[ApplicableBudget],
     degrade: _Degrade | None,
-    idempotency_key: str | None,
+    asked: _Asked | None,
     api_key_id: str | None = None,
     *,
     switches_open: bool = True,
@@ -336,7 +400,7 @@ def _admit(
       a row that cannot be created, mean a budget was removed meanwhile: the call is refused
       (``LedgerUnavailable``, retry).
     - the insert of a reservation whose idempotency key a concurrent request took first: that
-      request's reservation is returned.
+      request's reservation is returned (``IdempotencyKeyReused`` if it asked for another).
 
     Any other ``IntegrityError`` is a fault and propagates (``ledger_guard`` logs it).
     """
@@ -369,10 +433,10 @@ def _admit(
                     raise
                 break
         except IntegrityError as exc:
-            if idempotency_key is not None:
-                won = _reservation_with_key(reservation.tenant_id, idempotency_key)
+            if asked is not None:
+                won = _reservation_with_key(reservation.tenant_id, asked.key)
                 if won is not None:
-                    return won
+                    return asked.replay(won)
             if not _references_gone(exc):
                 raise
             break
@@ -444,12 +508,21 @@ def _hold(
         )
         _lock_budgets(rolling_ids)
         first = None if bound_first else lock_timeout_statement()
-        rows = rows_by_key(counters_locked(locked, first=first)) if locked else {}
+        # The run's close is read once every counter it has is locked: with the counters'
+        # lock (one round trip), or after the stripes are picked on the fast path.
+        run_read = _run_closed_read(reservation.run)
+        counters, run_rows = (
+            counters_locked_then(locked, first=first, then=None if fast else run_read)
+            if locked
+            else ([], [])
+        )
+        rows = rows_by_key(counters)
         if any(not _complete(rows.get(a.counter_key), a) for a in locked):
             raise _MissingCounters
         picked = _stripes_picked(reservation, fast, first=first if not locked else None)
-        if reservation.run is not None:
-            _refuse_if_run_closed(reservation.run)
+        if fast and run_read is not None:
+            run_rows = sql.fetch(*run_read)
+        _refuse_if_run_closed(reservation.run, run_rows)
         windows = rolling_buckets(applicable) if rolling_ids else {}
         used = _used(rows, windows)
         if degrade is not None and _degrade(
@@ -493,13 +566,21 @@ def _stripes_picked(
     return picked
 
 
-def _refuse_if_run_closed(run: Run) -> None:
-    """Read the run's close once the counters are locked. ``runs.run_close`` locks the run's
+def _run_closed_read(run: Run | None) -> sql.Statement | None:
+    """The read of the run's close, sent right after the counters' lock statement (same round
+    trip where psycopg pipelines): it starts once the counters are held, so it sees a close
+    committed while they were awaited. No row is locked for it."""
+    if run is None:
+        return None
+    return _run_closed_sql(), [run.pk]
+
+
+def _refuse_if_run_closed(run: Run | None, rows: list[tuple[object, ...]]) -> None:
+    """Refuse if ``_run_closed_read`` found the run closed. ``runs.run_close`` locks the run's
     counters before it commits, so a close either committed before this transaction got them
-    (read here: refused) or waits for this hold to commit (admitted before the close). No row
-    is locked for it: a run call locks only its run counter more than a call without one."""
-    rows = sql.fetch(_run_closed_sql(), [run.pk])
-    if rows:
+    (read here: refused) or waits for this hold to commit (admitted before the close). A run
+    call locks only its run counter more than a call without one."""
+    if run is not None and rows:
         locked = sql.row_to(Run, rows[0])
         locked.tenant = run.tenant
         run_refuse_if_closed(locked)

@@ -138,10 +138,24 @@ def counters_locked(
     canonical lock order) and return them; a missing row is simply absent.
     One statement without the ORM's compilation (see ``llm_budgets.engine.statements``), sent with
     ``first`` if given (``statements.fetch``)."""
+    return counters_locked_then(applicable, first=first)[0]
+
+
+def counters_locked_then(
+    applicable: Sequence[ApplicableBudget],
+    *,
+    first: sql.Statement | None = None,
+    then: sql.Statement | None = None,
+) -> tuple[list[Counter], list[tuple[Any, ...]]]:
+    """:func:`counters_locked`, followed by ``then`` (a read that must see what was committed
+    while the locks were awaited) in the same round trip (``statements.fetch_then``); its rows
+    come second."""
     keys = [item.counter_key for item in applicable]
     params = [param for key in keys for param in _key_params(key)]
-    rows = sql.fetch(_counters_locked_sql(tuple(_nulls(k) for k in keys)), params, first=first)
-    return [sql.row_to(Counter, row) for row in rows]
+    rows, then_rows = sql.fetch_then(
+        _counters_locked_sql(tuple(_nulls(k) for k in keys)), params, first=first, then=then
+    )
+    return [sql.row_to(Counter, row) for row in rows], then_rows
 
 
 @functools.cache

@@ -24,6 +24,7 @@ from llm_budgets import validation
 from llm_budgets.billing import outbox
 from llm_budgets.conf import conf
 from llm_budgets.costs import actual_cost, customer_charge
+from llm_budgets.engine import dbclock
 from llm_budgets.engine import statements as sql
 from llm_budgets.engine.boundary import bound_sqlite_wait, ledger_guard, lock_timeout_statement
 from llm_budgets.events import observed_expiry, observed_settlement, observed_sweep
@@ -428,11 +429,13 @@ def reservation_extend(
 ) -> Reservation:
     """Push a held reservation's ``expires_at`` to ``now + ttl_seconds`` (never earlier than it
     already is), for a call that runs longer than planned. Only a HELD reservation can be
-    extended, including one past its expiry that the sweep has not reached yet."""
+    extended, including one past its expiry that the sweep has not reached yet. ``now``
+    defaults to the database's clock, as admission's does (``engine.dbclock``): a process whose
+    clock is off cannot push a hold's expiry off by its skew."""
     rid = _reservation_id(reservation_id)
     ttl = validation.ttl_seconds("ttl_seconds", ttl_seconds)
-    now = now or timezone.now()
     with _locked(rid, "extend") as reservation:
+        now = dbclock.now_for(now)
         if reservation.state != ReservationState.HELD:
             raise ReservationStateError(
                 f"Reservation {rid} is {reservation.state}, so it cannot be extended: only a "

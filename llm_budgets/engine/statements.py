@@ -143,19 +143,37 @@ def fetch(
     """The rows of ``sql``. ``first``: a statement to run before it, whose result is not needed
     (e.g. a ``set_config``); both go in one round trip where psycopg can pipeline them, and
     each is still its own statement, so the first takes full effect before the second starts."""
-    with _cursor() as cursor:
+    return fetch_then(sql, params, first=first)[0]
+
+
+def fetch_then(
+    sql: str,
+    params: Sequence[Any],
+    *,
+    first: Statement | None = None,
+    then: Statement | None = None,
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The rows of ``sql`` and of ``then``, a statement run after it (``[]`` without one), as
+    :func:`fetch` runs ``first``: in the same round trip where psycopg can pipeline them, each
+    its own statement. On PostgreSQL each statement reads a snapshot of its own, taken when it
+    starts: ``then`` sees what was committed while ``sql`` waited for its locks."""
+    with _cursor() as cursor, _cursor() as after:
         db = _db()
-        if first is None:
-            cursor.execute(sql, params)
-        elif _pipelines(db.vendor):
+        if (first is not None or then is not None) and _pipelines(db.vendor):
             # Errors surface when the pipeline syncs, on leaving the block: translate them too.
             with db.wrap_database_errors, db.connection.pipeline():
-                cursor.execute(*first)
+                if first is not None:
+                    cursor.execute(*first)
                 cursor.execute(sql, params)
+                if then is not None:
+                    after.execute(*then)
         else:
-            cursor.execute(*first)
+            if first is not None:
+                cursor.execute(*first)
             cursor.execute(sql, params)
-        return cursor.fetchall()
+            if then is not None:
+                after.execute(*then)
+        return cursor.fetchall(), after.fetchall() if then is not None else []
 
 
 @cache
