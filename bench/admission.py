@@ -3,7 +3,9 @@
 Usage (from the repository root)::
 
     python bench/admission.py [--duration 5] [--workers 1,8,32] [--scenarios hot,spread]
+                              [--repeat 5] [--floor-only-global]
                               [--database-url postgres://postgres@127.0.0.1:5432/llm_budgets_bench]
+    python bench/admission.py --scenarios hot,spread,near-limit --workers 8,32 --repeat 5
 
 The database named by ``--database-url`` is DROPPED and recreated, then migrated and seeded, so
 every run starts from the same state; its name must contain ``bench``.
@@ -11,9 +13,20 @@ every run starts from the same state; its name must contain ``bench``.
 Scenarios (every call is under three month budgets: global, tenant, end user; limits are high
 enough never to refuse):
 
-- ``hot``: one tenant, one end user: every call locks the same three counter rows.
+- ``hot``: one tenant, one end user: every call locks the same three counter rows. For the app
+  the three budgets are hot (issue #15, docs/design/hot-caps.md): each counter is split into
+  8 stripes and a call locks one stripe of each with room, skipping busy ones.
 - ``spread``: 100 tenants x 100 end users, each call for one picked at random; the global counter
-  is still shared by every call.
+  is still shared by every call. For the app the global budget is hot.
+- ``near-limit``: like ``hot``, but the tenant's cap has room for only ``NEAR_CALLS`` holds at
+  once, and each cycle reserves then releases: every worker fights for those few holds, so
+  admissions take the exact path (every stripe locked). App only (no floor): it reports
+  admissions and refusals per second, refusals made while the whole cap still had room for the
+  call (*early*; must be 0) and samples, taken throughout by a separate connection, in which a
+  cap's stripes summed past its limit (*overspend*; must be 0).
+
+The floor keeps locking each budget's single row (stripe 0 of each counter), as an unstriped
+admission would.
 
 Paths, each run by N worker *processes* (forked: threads would measure the GIL, not the
 database), released together by a barrier after a short warm-up, for ``--duration`` seconds:
@@ -22,8 +35,10 @@ database), released together by a barrier after a short warm-up, for ``--duratio
 - ``floor``: the same logical work in two hand-written psycopg transactions, with everything
   that does not change (counter ids, limits, price, amounts) known in advance. See ``_floor_cycle``.
 
-Prints one row per (scenario, workers, path): cycles/s, p50 and p99 cycle latency, and the app's
-throughput as a fraction of the floor's. Method and results: ``docs/performance.md``.
+Prints one row per (scenario, workers, path): cycles/s, p50 and p99 cycle latency, whole-machine
+CPU per cycle (busy time from ``/proc/stat`` around the cell, divided by its cycles: it includes
+PostgreSQL and anything else the machine runs), and the app's throughput as a fraction of the
+floor's. Method and results: ``docs/performance.md``.
 """
 
 from __future__ import annotations
@@ -61,9 +76,13 @@ INPUT_PER_MTOK, OUTPUT_PER_MTOK = Decimal("2.50"), Decimal("10.00")
 INPUT_TOKENS, MAX_OUTPUT_TOKENS = 1200, 500
 USED_INPUT_TOKENS, USED_OUTPUT_TOKENS = 1100, 320
 HIGH_LIMIT = Decimal("1000000000")  # never refuses
-SHAPES = {"hot": (1, 1), "spread": (100, 100)}  # scenario: (tenants, end users per tenant)
+# scenario: (tenants, end users per tenant)
+SHAPES = {"hot": (1, 1), "spread": (100, 100), "near-limit": (1, 1)}
+STRIPES = 8  # per hot budget
+NEAR_CALLS = 4  # near-limit: holds the tenant's cap has room for at once
 WARMUP_CYCLES = 5
 PATHS = ("floor", "app")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 CounterKey = tuple[int, int | None, datetime]  # budget, end user of a "*" budget, period start
 
@@ -122,6 +141,8 @@ class WorkerResult:
     latencies: list[float]  # seconds per reserve+commit cycle
     errors: int
     first_error: str
+    refused: int = 0  # near-limit: cycles refused (BudgetExceeded)
+    early: int = 0  # near-limit: refusals while the whole cap had room for the call
 
 
 @dataclass(frozen=True)
@@ -135,6 +156,11 @@ class Cell:
     errors: int
     first_error: str
     round: int = 0  # which repetition of the (floor, app) pair (``--repeat``)
+    cpu_ms_per_cycle: float = float("nan")  # whole machine, /proc/stat
+    refused_per_s: float = 0.0
+    early: int = 0
+    overspend: int = 0  # invariant samples with a cap's stripes past its limit
+    samples: int = 0
 
 
 # --- database -------------------------------------------------------------------------------
@@ -191,7 +217,7 @@ def seed(url: str, scenarios: Sequence[str]) -> tuple[Fixed, dict[str, list[Targ
         output_per_mtok=OUTPUT_PER_MTOK,
         effective_from=now - timedelta(days=1),
     )
-    budgets.set_limit(amount=HIGH_LIMIT, window=Window.MONTH)
+    budgets.set_limit(amount=HIGH_LIMIT, window=Window.MONTH, hot=True, stripes=STRIPES)
     calls: dict[str, list[tuple[str, str, int, int, list[CounterKey]]]] = {}
     for scenario in scenarios:
         tenant_count, user_count = SHAPES[scenario]
@@ -204,6 +230,8 @@ def seed(url: str, scenarios: Sequence[str]) -> tuple[Fixed, dict[str, list[Targ
                     end_user=end_user,
                     amount=HIGH_LIMIT,
                     window=Window.MONTH,
+                    hot=scenario != "spread",  # spread: only the shared global cap is hot
+                    stripes=STRIPES,
                 )
             users = EndUser.objects.bulk_create(
                 EndUser(tenant=tenant, external_id=f"u{u:03d}") for u in range(user_count)
@@ -218,18 +246,24 @@ def seed(url: str, scenarios: Sequence[str]) -> tuple[Fixed, dict[str, list[Targ
                 calls[scenario].append(
                     (tenant.external_id, user.external_id, tenant.pk, user.pk, keys)
                 )
+    from llm_budgets.models import Budget
+
+    stripes = dict(Budget.objects.filter(hot=True).values_list("pk", "stripes"))
     Counter.objects.bulk_create(
         (
-            Counter(budget_id=budget, end_user_id=user, period_start=start)
+            Counter(budget_id=budget, end_user_id=user, period_start=start, stripe=stripe)
             for scenario_calls in calls.values()
             for *_, keys in scenario_calls
             for budget, user, start in keys
+            for stripe in range(stripes.get(budget, 1))
         ),
         ignore_conflicts=True,
     )
+    _split(url)
+    # The floor locks each budget's one row: stripe 0 of a hot budget's counter.
     counter_ids: dict[CounterKey, int] = {
         (budget, user, start): pk
-        for budget, user, start, pk in Counter.objects.values_list(
+        for budget, user, start, pk in Counter.objects.filter(stripe=0).values_list(
             "budget_id", "end_user_id", "period_start", "pk"
         )
     }
@@ -241,6 +275,31 @@ def seed(url: str, scenarios: Sequence[str]) -> tuple[Fixed, dict[str, list[Targ
         for scenario, scenario_calls in calls.items()
     }
     return _written_by_app(url, targets[scenarios[0]][0]), targets
+
+
+def _split(url: str) -> None:
+    """Split every hot budget's empty stripes evenly, as the first admission under each would
+    (``engine.stripes.resplit``): no measured call pays for a first sight."""
+    from llm_budgets.models import Budget, Counter
+
+    counter, budget = Counter._meta.db_table, Budget._meta.db_table
+    share = 'trunc(b."limit" / b.stripes, 10)'
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            f'UPDATE {counter} c SET split_for = b."limit", allowance = {share}'
+            f' + CASE WHEN c.stripe = 0 THEN b."limit" - {share} * b.stripes ELSE 0 END'
+            f" FROM {budget} b WHERE b.id = c.budget_id AND b.hot"
+        )
+
+
+def near_limit(fixed: Fixed, targets: list[Target]) -> None:
+    """Bring the near-limit tenant's cap down to room for ``NEAR_CALLS`` holds and a half (the
+    first call under it takes the exact path and splits its stripes for that limit)."""
+    from llm_budgets import budgets
+    from llm_budgets.models import Window
+
+    limit = fixed.amount * NEAR_CALLS + fixed.amount / 2
+    budgets.set_limit(tenant=targets[0].tenant, amount=limit, window=Window.MONTH)
 
 
 def _written_by_app(url: str, target: Target) -> Fixed:
@@ -272,10 +331,10 @@ def _written_by_app(url: str, target: Target) -> Fixed:
 # --- the two paths --------------------------------------------------------------------------
 
 
-def _app_cycle(target: Target) -> uuid.UUID:
+def _reserve(target: Target) -> Any:
     from llm_budgets import budgets
 
-    hold = budgets.reserve(
+    return budgets.reserve(
         tenant=target.tenant,
         end_user=target.end_user,
         provider=PROVIDER,
@@ -283,8 +342,31 @@ def _app_cycle(target: Target) -> uuid.UUID:
         input_tokens=INPUT_TOKENS,
         max_output_tokens=MAX_OUTPUT_TOKENS,
     )
+
+
+def _app_cycle(target: Target) -> uuid.UUID:
+    hold = _reserve(target)
     hold.commit(input_tokens=USED_INPUT_TOKENS, output_tokens=USED_OUTPUT_TOKENS)
     return hold.id
+
+
+def _near_cycle(target: Target) -> bool:
+    """near-limit: reserve, then release at once; returns whether the call was admitted. A
+    refusal made while the whole cap had room for the call raises ``EarlyRefusal``."""
+    from llm_budgets.exceptions import BudgetExceeded
+
+    try:
+        hold = _reserve(target)
+    except BudgetExceeded as exc:
+        if exc.remaining >= exc.requested:
+            raise EarlyRefusal(f"refused with {exc.remaining} left for {exc.requested}") from exc
+        return False
+    hold.release()
+    return True
+
+
+class EarlyRefusal(Exception):
+    """near-limit: a refusal while the cap as a whole had room (guarantee 2 broken)."""
 
 
 def _floor_cycle(conn: psycopg.Connection[Any], fixed: Fixed, target: Target) -> None:
@@ -366,11 +448,13 @@ def _worker(
     floor_conn: psycopg.Connection[Any] | None = None
     cycle: Callable[[Target], object] = _app_cycle
     latencies: list[float] = []
-    errors, first_error, cycles = 0, "", 0
+    errors, first_error, cycles, refused, early = 0, "", 0, 0, 0
     try:
         if path == "floor":
             floor_conn = psycopg.connect(url, autocommit=True)
             cycle = functools.partial(_floor_cycle, floor_conn, fixed)
+        elif path == "near":
+            cycle = _near_cycle
         for _ in range(WARMUP_CYCLES):
             cycle(rng.choice(targets))
         barrier.wait(120)
@@ -380,15 +464,23 @@ def _worker(
         while now < deadline:
             target = rng.choice(targets)
             try:
-                cycle(target)
+                admitted = cycle(target)
+            except EarlyRefusal as exc:
+                early += 1
+                first_error = first_error or f"early refusal: {exc}"
             except Exception as exc:
                 errors += 1
                 first_error = first_error or f"{type(exc).__name__}: {exc}"
             else:
                 cycles += 1
+                refused += admitted is False
                 latencies.append(time.perf_counter() - now)
             now = time.perf_counter()
-        queue.put(WorkerResult(cycles, now - started, latencies, errors, first_error))
+        queue.put(
+            WorkerResult(
+                cycles, now - started, latencies, errors, first_error, refused=refused, early=early
+            )
+        )
     except BaseException as exc:
         queue.put(WorkerResult(0, 0.0, [], 1, f"{type(exc).__name__}: {exc}"))
         barrier.abort()
@@ -420,12 +512,18 @@ def run_cell(
         )
         for i in range(workers)
     ]
+    busy_before = _busy_seconds()
+    sampler = _Sampler(url) if path == "near" else None
     for process in processes:
         process.start()
     results: list[WorkerResult] = [queue.get(timeout=duration + 300) for _ in processes]
+    busy = _busy_seconds() - busy_before
+    if sampler is not None:
+        sampler.stop()
     for process in processes:
         process.join(60)
     latencies = sorted(x for r in results for x in r.latencies)
+    cycles = sum(r.cycles for r in results)
     return Cell(
         scenario=scenario,
         workers=workers,
@@ -436,7 +534,55 @@ def run_cell(
         p99_ms=_percentile(latencies, 99) * 1000,
         errors=sum(r.errors for r in results),
         first_error=next((r.first_error for r in results if r.first_error), ""),
+        # Includes the warm-up cycles' time: a slight overestimate, the same for both paths.
+        cpu_ms_per_cycle=busy / cycles * 1000 if cycles else float("nan"),
+        refused_per_s=sum(r.refused / r.elapsed for r in results if r.elapsed > 0),
+        early=sum(r.early for r in results),
+        overspend=sampler.overspent if sampler else 0,
+        samples=sampler.samples if sampler else 0,
     )
+
+
+def _busy_seconds() -> float:
+    """Busy CPU time of the whole machine so far (all cores): ``/proc/stat``'s first line
+    without idle and iowait."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / CLOCK_TICKS
+
+
+class _Sampler:
+    """The invariant checker: on its own connection, samples every cap's stripes summed
+    (one statement, one snapshot) against its limit until stopped; counts samples in which
+    some cap's spent + reserved passed its limit (no call runs over here, so no overage)."""
+
+    def __init__(self, url: str) -> None:
+        import threading
+
+        from llm_budgets.models import Budget, Counter
+
+        counter, budget = Counter._meta.db_table, Budget._meta.db_table
+        self.sql = (
+            f"SELECT count(*) FROM (SELECT 1 FROM {counter} c JOIN {budget} b ON b.id = c.budget_id"
+            ' GROUP BY c.budget_id, c.end_user_id, c.period_start, b."limit"'
+            ' HAVING sum(c.spent + c.reserved) > b."limit") over_limit'
+        )
+        self.url, self.samples, self.overspent = url, 0, 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self.done.is_set():
+                row = conn.execute(self.sql).fetchone()
+                self.samples += 1
+                self.overspent += bool(row and row[0])
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(30)
 
 
 def _percentile(sorted_values: list[float], pct: float) -> float:
@@ -474,8 +620,8 @@ def print_table(cells: list[Cell]) -> None:
     """One row per cell; an app cell's ratio is to the floor cell run just before it."""
     floor = {(c.scenario, c.workers, c.round): c.cycles_per_s for c in cells if c.path == "floor"}
     header = (
-        f"{'scenario':<8} {'workers':>7} {'path':<5} {'cycles/s':>9} {'p50 ms':>8} "
-        f"{'p99 ms':>8} {'app/floor':>9}"
+        f"{'scenario':<10} {'workers':>7} {'path':<5} {'cycles/s':>9} {'p50 ms':>8} "
+        f"{'p99 ms':>8} {'CPU ms/c':>8} {'app/floor':>9}"
     )
     print(header)
     print("-" * len(header))
@@ -483,9 +629,14 @@ def print_table(cells: list[Cell]) -> None:
         base = floor.get((c.scenario, c.workers, c.round))
         ratio = f"{c.cycles_per_s / base:.2f}" if c.path == "app" and base else ""
         line = (
-            f"{c.scenario:<8} {c.workers:>7} {c.path:<5} {c.cycles_per_s:>9.0f} "
-            f"{c.p50_ms:>8.2f} {c.p99_ms:>8.2f} {ratio:>9}"
+            f"{c.scenario:<10} {c.workers:>7} {c.path:<5} {c.cycles_per_s:>9.0f} "
+            f"{c.p50_ms:>8.2f} {c.p99_ms:>8.2f} {c.cpu_ms_per_cycle:>8.2f} {ratio:>9}"
         )
+        if c.path == "near":
+            line += (
+                f"  (refused {c.refused_per_s:.0f}/s; early refusals {c.early}; "
+                f"overspend {c.overspend} of {c.samples} samples)"
+            )
         if c.errors:
             line += f"  ({c.errors} errors, e.g. {c.first_error})"
         print(line)
@@ -499,17 +650,49 @@ def print_ratios(cells: list[Cell]) -> None:
         if c.path == "app" and floor.get((c.scenario, c.workers, c.round)):
             base = floor[(c.scenario, c.workers, c.round)]
             ratios.setdefault((c.scenario, c.workers), []).append(c.cycles_per_s / base)
-    print(f"\n{'scenario':<8} {'workers':>7} {'median':>7}  app/floor in each round")
+    print(f"\n{'scenario':<10} {'workers':>7} {'median':>7}  app/floor in each round")
     for (scenario, workers), values in ratios.items():
         each = " ".join(f"{v:.2f}" for v in values)
-        print(f"{scenario:<8} {workers:>7} {statistics.median(values):>7.2f}  {each}")
+        print(f"{scenario:<10} {workers:>7} {statistics.median(values):>7.2f}  {each}")
+    cpu: dict[tuple[str, int, str], list[float]] = {}
+    for c in cells:
+        cpu.setdefault((c.scenario, c.workers, c.path), []).append(c.cpu_ms_per_cycle)
+    print(
+        f"\n{'scenario':<10} {'workers':>7} {'path':<5} {'median CPU ms per cycle (machine)':>34}"
+    )
+    for (scenario, workers, path), values in cpu.items():
+        print(f"{scenario:<10} {workers:>7} {path:<5} {statistics.median(values):>34.2f}")
+
+
+def print_near_limit(cells: list[Cell]) -> None:
+    """near-limit: throughput, and the two counts that must be zero."""
+    near = [c for c in cells if c.path == "near"]
+    if not near:
+        return
+    print(
+        f"\n{'near-limit':<10} {'workers':>7} {'admitted/s':>10} {'refused/s':>9} early overspend"
+    )
+    by_workers: dict[int, list[Cell]] = {}
+    for c in near:
+        by_workers.setdefault(c.workers, []).append(c)
+    for workers, runs in by_workers.items():
+        admitted = statistics.median(c.cycles_per_s - c.refused_per_s for c in runs)
+        refused = statistics.median(c.refused_per_s for c in runs)
+        early, over = sum(c.early for c in runs), sum(c.overspend for c in runs)
+        samples = sum(c.samples for c in runs)
+        print(
+            f"{'':<10} {workers:>7} {admitted:>10.0f} {refused:>9.0f} {early:>5} "
+            f"{over:>9} (of {samples} samples)"
+        )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per cell")
     parser.add_argument("--workers", default="1,8,32", help="comma-separated worker counts")
-    parser.add_argument("--scenarios", default="hot,spread", help="hot, spread or both")
+    parser.add_argument(
+        "--scenarios", default="hot,spread", help="comma-separated: hot, spread, near-limit"
+    )
     parser.add_argument(
         "--database-url",
         default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL),
@@ -534,7 +717,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.workers = [int(w) for w in args.workers.split(",")]
     args.scenarios = [s.strip() for s in args.scenarios.split(",")]
-    if unknown := set(args.scenarios) - {"hot", "spread"}:
+    if unknown := set(args.scenarios) - set(SHAPES):
         parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
     if any(w < 1 for w in args.workers) or args.duration <= 0 or args.repeat < 1:
         parser.error("workers, duration and repeat must be positive")
@@ -547,6 +730,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     recreate_database(url)
     setup_django(url, args.app_prepare_threshold)
     fixed, targets = seed(url, args.scenarios)
+    if "near-limit" in targets:
+        near_limit(fixed, targets["near-limit"])
     for line in describe_machine(url):
         print(line)
     print(f"app connection: prepare_threshold {args.app_prepare_threshold}")
@@ -559,7 +744,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for scenario in args.scenarios:
         for workers in args.workers:
             for round_ in range(args.repeat):
-                for path in PATHS:
+                for path in ("near",) if scenario == "near-limit" else PATHS:
                     vacuum(url)
                     cell = run_cell(
                         scenario=scenario,
@@ -579,6 +764,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     print_table(cells)
     if args.repeat > 1:
         print_ratios(cells)
+    print_near_limit(cells)
     print(f"\nload average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -264,11 +264,14 @@ def set_limit(
     api_key: str | None = None,
     run: str | None = None,
     tag: tuple[str, str] | None = None,
+    hot: bool | None = None,
+    stripes: int | None = None,
 ) -> Budget:
     """Create or change a budget: global (no tenant), a tenant, each of its end users (``"*"``),
     or one end user; with a tenant, an API key (its prefix, or ``"*"`` for each key), a run
     (``"*"`` for each run) or a tag (``("project", "alpha")``). ``unit``: ``provider_cost``
-    (default) or ``customer_price``."""
+    (default) or ``customer_price``. ``hot=True``: split its counter into ``stripes`` (default
+    8) so admissions under it do not all lock one row (docs/limits.md, "Hot caps")."""
     return limits.budget_set_limit(
         amount=amount,
         window=window,
@@ -280,6 +283,8 @@ def set_limit(
         api_key=api_key,
         run=run,
         tag=tag,
+        hot=hot,
+        stripes=stripes,
     )
 
 

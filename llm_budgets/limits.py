@@ -7,8 +7,10 @@ from django.db.models import Q
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
+from llm_budgets.engine.stripes import stripes_forget
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import ApiKey, AuditEvent, Budget, BudgetUnit, Scope, Tenant
+from llm_budgets.models.budgets import MAX_STRIPES
 from llm_budgets.runs import run_ensure, run_validate
 from llm_budgets.tags import tags_validate
 from llm_budgets.tenants import end_user_ensure, tenant_get
@@ -30,6 +32,8 @@ def budget_set_limit(
     api_key: str | None = None,
     run: str | None = None,
     tag: object = None,
+    hot: object = None,
+    stripes: object = None,
 ) -> Budget:
     """Create or change the budget for a scope and window.
 
@@ -44,7 +48,20 @@ def budget_set_limit(
     the tenant's keys on a counter of its own), ``run`` (a run id, or ``"*"`` for each run:
     usually ``window="lifetime"``, which ends when the run is closed) or ``tag`` (a
     ``(key, value)`` pair such as ``("project", "alpha")``: every call tagged so).
+
+    ``hot=True`` splits the budget's counter into ``stripes`` rows (default 8, at most 64) so
+    admissions under it do not all lock one row (docs/design/hot-caps.md); ``hot=False`` joins
+    them again; None leaves it as it is (a new budget is not hot).
     """
+    if hot is not None and not isinstance(hot, bool):
+        raise InvalidUsage(f"hot must be True or False, got {hot!r}.", field="hot")
+    if stripes is not None and (
+        not isinstance(stripes, int) or isinstance(stripes, bool) or not 1 <= stripes <= MAX_STRIPES
+    ):
+        raise InvalidUsage(
+            f"stripes must be a whole number from 1 to {MAX_STRIPES}, got {stripes!r}.",
+            field="stripes",
+        )
     if unit is not None and unit not in BudgetUnit.values:
         raise InvalidUsage(
             f"unit must be one of {', '.join(BudgetUnit.values)}, got {unit!r}.", field="unit"
@@ -88,6 +105,7 @@ def budget_set_limit(
             .first()
         )
         before = None if budget is None else {"limit": str(budget.limit)}
+        shape: dict[str, object] = {"hot": hot, "stripes": stripes}
         if budget is None:
             budget = Budget.objects.create(
                 window=window,
@@ -95,6 +113,7 @@ def budget_set_limit(
                 currency=conf.CURRENCY,
                 unit=unit or BudgetUnit.PROVIDER_COST,
                 **lookup,
+                **{k: v for k, v in shape.items() if v is not None},
             )
         elif unit is not None and unit != budget.unit:
             raise InvalidUsage(
@@ -105,18 +124,42 @@ def budget_set_limit(
         elif budget.limit != limit:
             budget.limit = limit
             budget.save(update_fields=["limit", "updated_at"])
-        else:
+        elif all(v is None or getattr(budget, k) == v for k, v in shape.items()):
             return budget
+        after: dict[str, object] = {"limit": str(limit)}
+        if before is not None:
+            was = {"hot": budget.hot, "stripes": budget.stripes}
+            if budget_set_hot(budget, hot=hot, stripes=stripes):
+                before.update(was)  # type: ignore[arg-type]
+                after.update(hot=budget.hot, stripes=budget.stripes)
+        elif budget.hot:
+            after.update(hot=True, stripes=budget.stripes)
         AuditEvent.objects.create(
             action="budget.create" if before is None else "budget.change_limit",
             actor=actor,
             tenant=budget.tenant,
             target=f"budget {budget.pk}: {budget.scope_label} {window}",
             before=before,
-            after={"limit": str(limit)},
+            after=after,
             reason=reason,
         )
     return budget
+
+
+def budget_set_hot(budget: Budget, *, hot: bool | None, stripes: int | None = None) -> bool:
+    """Mark a budget (locked by the caller) hot or not, or change how many stripes it has;
+    returns whether anything changed. Every split of its counters is forgotten, so the next
+    admission under it takes the exact path and splits them again for the new shape (or, not
+    hot, checks their sum): allowances split for the old shape never admit on their own."""
+    changes = {"hot": hot, "stripes": stripes}
+    changed = [k for k, v in changes.items() if v is not None and getattr(budget, k) != v]
+    if not changed:
+        return False
+    for name in changed:
+        setattr(budget, name, changes[name])
+    budget.save(update_fields=[*changed, "updated_at"])
+    stripes_forget(budget)
+    return True
 
 
 def _scope_lookup(

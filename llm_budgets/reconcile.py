@@ -1,5 +1,6 @@
 """Conservation check: a counter's ``spent`` is the sum of its ledger lines and its ``reserved``
-the sum of its live holds. Reports drift; fixes nothing by itself."""
+the sum of its live holds; and a hot budget's stripes keep the allowance invariant
+(``engine.stripes``). Reports drift; fixes nothing by itself."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from decimal import Decimal
 
 from django.db.models import Case, F, Sum, When
 
+from llm_budgets.engine.counters import CounterKey, rows_by_key
+from llm_budgets.engine.stripes import allowance_excess
 from llm_budgets.models import LIVE_STATES, BudgetUnit, Counter, ReservationHold, UsageRecord
 from llm_budgets.money import ZERO, round_charge
 
@@ -85,3 +88,30 @@ def counters_drift() -> list[Drift]:
             if stored != expected:
                 drift.append(Drift(counter.pk, counter.budget_id, field, stored, expected))
     return drift
+
+
+@dataclass(frozen=True)
+class AllowanceExcess:
+    budget_id: int
+    key: CounterKey
+    excess: Decimal
+
+    def __str__(self) -> str:
+        return (
+            f"budget {self.budget_id}, counter {tuple(self.key)}: its stripes may admit "
+            f"{self.excess} more than the cap's room (allowance invariant broken)"
+        )
+
+
+def allowances_excess() -> list[AllowanceExcess]:
+    """Every striped counter whose stripes may together admit more than their cap has left,
+    net of recorded overage (:func:`llm_budgets.engine.stripes.allowance_excess`)."""
+    split = (
+        Counter.objects.filter(budget__counters__split_for__isnull=False).distinct().order_by("pk")
+    )
+    found = []
+    for key, rows in rows_by_key(list(split)).items():
+        excess = allowance_excess(rows)
+        if excess > 0:
+            found.append(AllowanceExcess(key.budget_id, key, excess))
+    return found

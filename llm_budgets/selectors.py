@@ -12,7 +12,12 @@ from typing import Any
 
 from llm_budgets.engine import dbclock
 from llm_budgets.engine import statements as sql
-from llm_budgets.engine.counters import CounterKey, counters_matching, rolling_buckets
+from llm_budgets.engine.counters import (
+    CounterKey,
+    counter_totals,
+    counters_matching,
+    rolling_buckets,
+)
 from llm_budgets.killswitches import switch_open_sql
 from llm_budgets.models import (
     SHARED_BY,
@@ -410,7 +415,8 @@ def statuses_for(applicable: Sequence[ApplicableBudget]) -> list[BudgetStatus]:
     dropped out (None if nothing is)."""
     rolling = rolling_buckets(applicable)
     calendar = [a for a in applicable if a.counter_key not in rolling]
-    counters = {CounterKey.of(c): c for c in Counter.objects.filter(counters_matching(calendar))}
+    # A hot budget's stripes sum to its one number (engine.stripes).
+    totals = counter_totals(list(Counter.objects.filter(counters_matching(calendar))))
     statuses = []
     for item in applicable:
         budget = item.budget
@@ -424,9 +430,7 @@ def statuses_for(applicable: Sequence[ApplicableBudget]) -> list[BudgetStatus]:
             used = [b.start for b in buckets if b.spent or b.reserved]
             resets_at = window.leaves_at(used[-1]) if used else None
         else:
-            counter = counters.get(item.counter_key)
-            spent = counter.spent if counter else Decimal(0)
-            reserved = counter.reserved if counter else Decimal(0)
+            spent, reserved = totals.get(item.counter_key, (ZERO, ZERO))
         statuses.append(
             BudgetStatus(
                 budget_id=budget.pk,

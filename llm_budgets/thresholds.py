@@ -109,10 +109,16 @@ def _candidates(now: datetime, lowest: int) -> list[ApplicableBudget]:
     a candidate; ``statuses_for`` then reads each candidate's window (one query for all)."""
     recent = Q(period_start__gte=now - _LONGEST_PERIOD) | Q(period_start=LIFETIME_START)
     live = Counter.objects.filter(budget__limit__gt=0, period_start__lte=now)
+    # A hot budget's stripe holds a part of its use: any stripe with use makes it a candidate
+    # (``statuses_for`` sums the stripes).
     calendar = (
         live.exclude(budget__window__startswith=ROLLING_PREFIX)
         .filter(recent)
-        .filter(spent__gte=F("budget__limit") * lowest / 100 - F("reserved"))
+        .filter(
+            Q(spent__gte=F("budget__limit") * lowest / 100 - F("reserved"))
+            | Q(budget__hot=True, spent__gt=0)
+            | Q(budget__hot=True, reserved__gt=0)
+        )
     )
     rolling = live.filter(
         budget__window__startswith=ROLLING_PREFIX,

@@ -14,6 +14,7 @@ from django.db import connections, transaction
 from django.db.models import Sum
 from django.test import override_settings
 
+from llm_budgets.engine.counters import rows_by_key
 from llm_budgets.models import Counter, UsageRecord
 from llm_budgets.money import ZERO, round_charge
 
@@ -93,19 +94,26 @@ def patient_lock_waits(seconds: float = 30) -> Iterator[None]:
 
 def overspent_counters() -> list[str]:
     """Counters past their limit by more than the overage recorded on their ledger lines
-    (invariant 1: admission never overspends; only committed calls that ran over may)."""
+    (invariant 1: admission never overspends; only committed calls that ran over may). A hot
+    budget's counter is the sum of its stripes, with the overage recorded on any of them."""
     overage = {
         row["reservation__holds__counter"]: round_charge(row["total"] or ZERO)
         for row in UsageRecord.objects.filter(reservation__holds__isnull=False)
         .values("reservation__holds__counter")
         .annotate(total=Sum("overage"))
     }
-    return [
-        f"counter {c.pk} ({c.budget}): spent {c.spent} + reserved {c.reserved} > limit "
-        f"{c.budget.limit} + overage {overage.get(c.pk, ZERO)}"
-        for c in Counter.objects.select_related("budget").order_by("pk")
-        if c.spent + c.reserved > c.budget.limit + overage.get(c.pk, ZERO)
-    ]
+    rows = list(Counter.objects.select_related("budget").order_by("pk"))
+    over = []
+    for key, stripes in rows_by_key(rows).items():
+        budget = stripes[0].budget
+        used = sum((c.spent + c.reserved for c in stripes), ZERO)
+        ran_over = sum((overage.get(c.pk, ZERO) for c in stripes), ZERO)
+        if used > budget.limit + ran_over:
+            over.append(
+                f"counter {[c.pk for c in stripes]} ({budget}, {tuple(key)}): spent + reserved "
+                f"{used} > limit {budget.limit} + overage {ran_over}"
+            )
+    return over
 
 
 class RowLocker:

@@ -45,8 +45,8 @@ from llm_budgets.exceptions import (
     ReservationStateError,
     RunClosed,
 )
-from llm_budgets.models import Counter, Reservation, ReservationState, Tenant
-from llm_budgets.reconcile import counters_drift
+from llm_budgets.models import Budget, Counter, Reservation, ReservationState, Tenant
+from llm_budgets.reconcile import allowances_excess, counters_drift
 from llm_budgets.runs import run_close
 from llm_budgets.selectors import budget_statuses, scopes_for_read
 from tests.concurrency import overspent_counters
@@ -101,6 +101,7 @@ def _counters() -> list[tuple[int, Decimal, Decimal]]:
 
 class LedgerMachine(RuleBasedStateMachine):
     holds = Bundle("holds")
+    stripes: int | None = None  # hot budgets, split into this many stripes (issue #15)
 
     def __init__(self) -> None:
         super().__init__()
@@ -133,6 +134,9 @@ class LedgerMachine(RuleBasedStateMachine):
         self.closed: set[tuple[str, str]] = set()
         budgets.ensure_tenant("t2")
         budgets.set_limit(tenant="t2", amount=Decimal(70), window="month")
+        if self.stripes is not None:
+            # Issue #15: every budget hot, its counter split into this many stripes.
+            Budget.objects.update(hot=True, stripes=self.stripes)
 
     def teardown(self) -> None:
         if self._settings is not None:
@@ -324,6 +328,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.changed = False
         assert counters_drift() == []
         assert overspent_counters() == []
+        assert allowances_excess() == []
         assert dict(Reservation.objects.values_list("pk", "state")) == self.states
 
 
@@ -331,4 +336,21 @@ def test_random_ledger_histories_keep_the_invariants() -> None:
     run_state_machine_as_test(
         LedgerMachine,
         settings=settings(max_examples=25, stateful_step_count=40, deadline=None, database=None),
+    )
+
+
+@pytest.mark.parametrize("stripes", [1, 2, 8])
+def test_random_ledger_histories_keep_the_invariants_on_hot_caps(stripes: int) -> None:
+    """Issue #15: the same histories with every budget hot (the rolling ones aside, none here):
+    refusals are still justified by the whole cap's numbers (``_assert_justified`` reads the
+    summed status), the stripes of each cap never pass its limit together, and their
+    allowances never promise more than the cap has left."""
+
+    class HotLedgerMachine(LedgerMachine):
+        pass
+
+    HotLedgerMachine.stripes = stripes
+    run_state_machine_as_test(
+        HotLedgerMachine,
+        settings=settings(max_examples=20, stateful_step_count=40, deadline=None, database=None),
     )

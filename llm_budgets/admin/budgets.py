@@ -9,7 +9,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
-from django.db.models import Model
+from django.db.models import Model, Sum
 from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -31,7 +31,7 @@ from llm_budgets.admin.selectors import active_raises, budget_list_statuses
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.limits import ALL_END_USERS, api_key_of, budget_set_limit, tag_pair
 from llm_budgets.models import Budget, Counter, Scope
-from llm_budgets.money import display
+from llm_budgets.money import display, round_charge
 from llm_budgets.runs import run_validate
 
 # Which owner each scope needs: (tenant, end user). The rest name an API key, a run or a tag of
@@ -72,7 +72,17 @@ class BudgetForm(forms.ModelForm):
 
     class Meta:
         model = Budget
-        fields = ["scope", "tenant", "end_user", "tag_key", "tag_value", "window", "limit"]
+        fields = [
+            "scope",
+            "tenant",
+            "end_user",
+            "tag_key",
+            "tag_value",
+            "window",
+            "limit",
+            "hot",
+            "stripes",
+        ]
         help_texts = {
             "tag_key": "For “Tag”: the tag's name, e.g. project.",
             "tag_value": "For “Tag”: its value, e.g. alpha: every call tagged project=alpha.",
@@ -83,8 +93,14 @@ class BudgetForm(forms.ModelForm):
         if "limit" not in self.fields:
             return  # the read-only view
         self.fields["limit"].validators.append(MinValueValidator(0))
+        if "stripes" in self.fields:
+            self.fields["stripes"].required = False  # blank: as it is (8 for a new budget)
         if self.instance.pk is not None:
             self.initial["limit"] = display(self.instance.limit)  # 45.00, not 45.0000000000
+
+    def clean_stripes(self) -> int:
+        stripes = self.cleaned_data.get("stripes")
+        return self.instance.stripes if stripes is None else stripes
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -187,8 +203,18 @@ class BudgetAdmin(PageAnnotationMixin, admin.ModelAdmin):
 
     def get_fields(self, request: HttpRequest, obj: Model | None = None) -> list[Any]:
         if obj is None:
-            return ["scope", "tenant", "end_user", *_NAMED_FIELDS, "window", "limit", "reason"]
-        return [*self.fixed_on_change, "limit", "reason", *self.shown_on_change]
+            return [
+                "scope",
+                "tenant",
+                "end_user",
+                *_NAMED_FIELDS,
+                "window",
+                "limit",
+                "hot",
+                "stripes",
+                "reason",
+            ]
+        return [*self.fixed_on_change, "limit", "hot", "stripes", "reason", *self.shown_on_change]
 
     shown_on_change = ["currency", "this_period", "counts_from", "recent_periods"]
 
@@ -277,6 +303,8 @@ class BudgetAdmin(PageAnnotationMixin, admin.ModelAdmin):
             tenant=obj.tenant.external_id if obj.tenant else None,
             end_user=_end_user_argument(obj),
             **_named_scope_arguments(obj, form.cleaned_data if not change else {}),
+            hot=obj.hot,
+            stripes=obj.stripes,
             actor=actor(request),
             reason=form.cleaned_data.get("reason", ""),
         )
@@ -307,7 +335,12 @@ class BudgetAdmin(PageAnnotationMixin, admin.ModelAdmin):
 
     @admin.display(description="Recent periods")
     def recent_periods(self, obj: Budget) -> str:
-        counters = obj.counters.select_related("end_user").order_by("-period_start")[:5]
+        # A hot budget's stripes summed: one line per period (and end user of a "*" budget).
+        counters = list(
+            obj.counters.values("period_start", "end_user__external_id")
+            .annotate(spent=Sum("spent"), reserved=Sum("reserved"))
+            .order_by("-period_start", "end_user__external_id")[:5]
+        )
         if not counters:
             return "No request has used this budget yet."
         return format_html_join(
@@ -315,10 +348,10 @@ class BudgetAdmin(PageAnnotationMixin, admin.ModelAdmin):
             "<div>from {}: spent {}, reserved {}{}</div>",
             (
                 (
-                    when_text(c.period_start, tenant_zone(obj)),
-                    money_text(c.spent, obj.currency),
-                    money_text(c.reserved, obj.currency),
-                    f" (end user {c.end_user.external_id})" if c.end_user else "",
+                    when_text(c["period_start"], tenant_zone(obj)),
+                    money_text(round_charge(Decimal(str(c["spent"]))), obj.currency),
+                    money_text(round_charge(Decimal(str(c["reserved"]))), obj.currency),
+                    f" (end user {who})" if (who := c["end_user__external_id"]) else "",
                 )
                 for c in counters
             ),
@@ -368,6 +401,7 @@ class CounterAdmin(ReadOnlyAdmin):
         "end_user_label",
         "window",
         "period_when",
+        "stripe_text",
         "spent_text",
         "reserved_text",
     ]
@@ -383,6 +417,7 @@ class CounterAdmin(ReadOnlyAdmin):
         "budget",
         "end_user_label",
         "period_when",
+        "stripe_text",
         "spent_text",
         "reserved_text",
     )
@@ -401,6 +436,14 @@ class CounterAdmin(ReadOnlyAdmin):
     @admin.display(description="Window", ordering="budget__window")
     def window(self, obj: Counter) -> str:
         return obj.budget.window
+
+    @admin.display(description="Stripe", ordering="stripe")
+    def stripe_text(self, obj: Counter) -> str:
+        """A hot budget's counter is split into stripes; its budget's page shows their sum."""
+        if obj.allowance is None:
+            return "-" if not obj.stripe else str(obj.stripe)
+        allowance = money_text(obj.allowance, obj.budget.currency)
+        return f"{obj.stripe} (may admit up to {allowance} alone)"
 
     @admin.display(description="Spent", ordering="spent")
     def spent_text(self, obj: Counter) -> str:

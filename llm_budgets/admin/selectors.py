@@ -20,10 +20,12 @@ from django.db.models import (
     ExpressionWrapper,
     F,
     IntegerField,
+    Min,
     OuterRef,
     Q,
     QuerySet,
     Subquery,
+    Sum,
 )
 from django.db.models.functions import Coalesce
 
@@ -31,6 +33,7 @@ from llm_budgets.killswitches import kill_switches_in_state
 from llm_budgets.models import (
     LIVE_STATES,
     SHARED_BY,
+    ApiKey,
     AuditEvent,
     Budget,
     BudgetRaise,
@@ -125,15 +128,26 @@ def scoped_budgets(
             current |= Q(budget_id=budget.pk, period_start=period.start)
     applicable = applicable[:rows]
     if shared:
-        shares = (
+        # One row per share, summed over a hot budget's stripes.
+        shares = list(
             Counter.objects.filter(current)
-            .select_related("run", "api_key")
-            .order_by((F("spent") + F("reserved")).desc(), "pk")[:rows]
+            .values("budget_id", "run_id", "api_key_id")
+            .annotate(used=Sum(F("spent") + F("reserved")), first=Min("pk"))
+            .order_by("-used", "first")[:rows]
         )
-        for counter in shares:
-            budget, period = shared[counter.budget_id]
+        runs = Run.objects.in_bulk({s["run_id"] for s in shares if s["run_id"] is not None})
+        keys = ApiKey.objects.in_bulk(
+            {s["api_key_id"] for s in shares if s["api_key_id"] is not None}
+        )
+        for share in shares:
+            budget, period = shared[share["budget_id"]]
             applicable.append(
-                ApplicableBudget(budget, period, run=counter.run, api_key=counter.api_key)
+                ApplicableBudget(
+                    budget,
+                    period,
+                    run=runs.get(share["run_id"]),
+                    api_key=keys.get(share["api_key_id"]),
+                )
             )
     if not applicable:
         return []

@@ -20,6 +20,7 @@ from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.exceptions import BudgetError, BudgetExceeded, InvalidUsage, Wire
 from llm_budgets.models import Budget, Price, Reservation, Window
+from llm_budgets.models.budgets import MAX_STRIPES
 from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 
 # Identifiers as the schema states them: non-empty, no white space at either end. The server also
@@ -365,6 +366,8 @@ class BudgetSerializer(serializers.ModelSerializer[Budget]):
             "window",
             "limit",
             "currency",
+            "hot",
+            "stripes",
             "updated_at",
         ]
         read_only_fields = fields
@@ -390,6 +393,17 @@ class SetLimitRequestSerializer(StrictSerializer):
     )
     window = serializers.ChoiceField(choices=Window.choices)
     amount = MoneyField()
+    hot = serializers.BooleanField(
+        required=False,
+        help_text="Split the budget's counter into stripes so admissions under it do not all "
+        "lock one row (docs/limits.md, Hot caps). Omit to leave it as it is.",
+    )
+    stripes = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_STRIPES,
+        help_text="How many stripes a hot budget's counter is split into (default 8).",
+    )
     reason = serializers.CharField(required=False, default="", allow_blank=True, max_length=1000)
     idempotency_key = idempotency_key_field()
 

@@ -467,6 +467,8 @@ class BudgetListView(ApiView, generics.ListAPIView[Budget]):
                 api_key=data.get("api_key"),
                 run=data.get("run"),
                 tag=tuple(data["tag"]) if "tag" in data else None,
+                hot=data.get("hot"),
+                stripes=data.get("stripes"),
                 actor=f"api key {key.prefix} ({key.name})",
                 reason=data["reason"],
             )

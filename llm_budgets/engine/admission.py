@@ -18,7 +18,7 @@ from django.db import IntegrityError, connection, transaction
 from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.degradation import Rung, effect_at, ladder_parse, substitutes, used_percent
-from llm_budgets.engine import dbclock
+from llm_budgets.engine import dbclock, stripes
 from llm_budgets.engine import statements as sql
 from llm_budgets.engine.boundary import (
     bound_lock_wait,
@@ -31,6 +31,8 @@ from llm_budgets.engine.counters import (
     CounterKey,
     counters_locked_then,
     rolling_buckets,
+    rows_by_key,
+    stripes_picked,
 )
 from llm_budgets.events import observed_admission
 from llm_budgets.exceptions import (
@@ -138,6 +140,12 @@ def _validate(
 class _MissingCounters(Exception):
     """Leaves the locking transaction so missing counters are created without holding locks.
     Private to ``_admit``, which always handles it."""
+
+
+class _Escalate(Exception):
+    """Leaves the fast path's transaction (releasing the stripes it took) when a hot budget
+    has no stripe free with room: ``_admit`` then takes the exact path. Never escalate while
+    holding a stripe: waiting for the other stripes while holding one is how deadlocks start."""
 
 
 @observed_admission
@@ -384,26 +392,41 @@ def _admit(
 ) -> Reservation:
     """Run the locking transaction (``_hold``), settling the two races it cannot settle inside:
 
-    - a counter row is missing (the first call of a period): the rows are created outside any
-      transaction (a concurrent creator's row is as good: conflicts are ignored), then the
-      transaction runs once more. Rows still missing then, or a row that cannot be created,
-      mean a budget was removed meanwhile: the call is refused (``LedgerUnavailable``, retry).
+    - a hot budget has no stripe free with room (``_Escalate``): the transaction runs again on
+      the exact path, every stripe locked and the whole cap's numbers decided on.
+    - a counter row is missing (the first call of a period, or of a hot budget's stripe): the
+      rows are created outside any transaction (a concurrent creator's row is as good:
+      conflicts are ignored), then the transaction runs once more. Rows still missing then, or
+      a row that cannot be created, mean a budget was removed meanwhile: the call is refused
+      (``LedgerUnavailable``, retry).
     - the insert of a reservation whose idempotency key a concurrent request took first: that
       request's reservation is returned (``IdempotencyKeyReused`` if it asked for another).
 
     Any other ``IntegrityError`` is a fault and propagates (``ledger_guard`` logs it).
     """
-    for attempt in range(2):
+    exact = created = False
+    # At most: the fast path, the exact path, missing stripes created, the exact path again.
+    for attempt in range(4):
         try:
             # A retry follows counters created outside any transaction: read switches afresh.
             open_ = switches_open or attempt > 0
-            return _hold(reservation, applicable, degrade, api_key_id, switches_open=open_)
+            return _hold(
+                reservation, applicable, degrade, api_key_id, switches_open=open_, exact=exact
+            )
+        except _Escalate:
+            exact = True
         except _MissingCounters:
-            if attempt > 0:
+            if created:
                 break
+            created = True
             try:
                 Counter.objects.bulk_create(
-                    [a.counter_key.counter() for a in applicable], ignore_conflicts=True
+                    [
+                        a.counter_key.counter(stripe)
+                        for a in applicable
+                        for stripe in stripes.stripe_numbers(a)
+                    ],
+                    ignore_conflicts=True,
                 )
             except IntegrityError as exc:
                 if not _references_gone(exc):
@@ -442,11 +465,20 @@ def _hold(
     api_key_id: str | None = None,
     *,
     switches_open: bool = True,
+    exact: bool = False,
 ) -> Reservation:
     """The one transaction, in named steps: bound lock waits; refuse if a kill switch covers the
     request (``switches_open``: whether any may, as read just before); lock the rolling budgets,
     then the counters, in pk order; read what each budget has used; apply the degradation ladder;
     refuse if any budget cannot take the amount; hold on all.
+
+    Hot budgets (``engine.stripes``). On the fast path (not ``exact``) each takes one of its
+    stripes with room, skipping busy ones, after every other counter is locked (so no wait
+    happens while a stripe is held); a hot budget with none raises ``_Escalate``, which rolls
+    the transaction back. On the exact path every stripe is locked with the other counters in
+    pk order (the canonical order), the cap is decided on its whole sum, and its allowances
+    are split again for its current effective limit. A call that may degrade takes the exact
+    path (the ladder reads the whole cap's use).
 
     A rolling budget is checked against the sum of its window's buckets, and the hold lands on
     the current bucket. Its buckets move with time, so admissions to it serialise on the budget
@@ -455,6 +487,10 @@ def _hold(
     """
     by_key = {a.counter_key: a for a in applicable}
     rolling_ids = sorted(a.budget.pk for a in applicable if rolling_window(a.budget.window))
+    fast = (
+        [] if exact or degrade is not None else [a for a in applicable if stripes.striped(a.budget)]
+    )
+    locked = [a for a in applicable if a not in fast]
     # Built before the counters are locked, which then stay locked for the checks, one write
     # and the commit. A degraded request is built again.
     insert_reservation = sql.inserting([reservation])
@@ -471,16 +507,24 @@ def _hold(
             else {}
         )
         _lock_budgets(rolling_ids)
-        counters, run_rows = counters_locked_then(
-            applicable,
-            first=None if bound_first else lock_timeout_statement(),
-            then=_run_closed_read(reservation.run),
+        first = None if bound_first else lock_timeout_statement()
+        # The run's close is read once every counter it has is locked: with the counters'
+        # lock (one round trip), or after the stripes are picked on the fast path.
+        run_read = _run_closed_read(reservation.run)
+        counters, run_rows = (
+            counters_locked_then(locked, first=first, then=None if fast else run_read)
+            if locked
+            else ([], [])
         )
-        if len(counters) < len(by_key):
+        rows = rows_by_key(counters)
+        if any(not _complete(rows.get(a.counter_key), a) for a in locked):
             raise _MissingCounters
+        picked = _stripes_picked(reservation, fast, first=first if not locked else None)
+        if fast and run_read is not None:
+            run_rows = sql.fetch(*run_read)
         _refuse_if_run_closed(reservation.run, run_rows)
         windows = rolling_buckets(applicable) if rolling_ids else {}
-        used = _used(counters, windows)
+        used = _used(rows, windows)
         if degrade is not None and _degrade(
             reservation,
             degrade,
@@ -489,8 +533,37 @@ def _hold(
         ):
             insert_reservation = sql.inserting([reservation])
         _refuse_if_exceeding(reservation, by_key, used, windows)
-        _take_holds(reservation, counters, by_key, insert_reservation)
+        _take_holds(reservation, rows, picked, by_key, insert_reservation)
     return reservation
+
+
+def _complete(rows: list[Counter] | None, item: ApplicableBudget) -> bool:
+    """Whether every row of a budget's key exists: one, or each stripe of a striped one."""
+    if not rows:
+        return False
+    return {c.stripe for c in rows} >= set(stripes.stripe_numbers(item))
+
+
+def _stripes_picked(
+    reservation: Reservation, fast: list[ApplicableBudget], *, first: sql.Statement | None
+) -> list[Counter]:
+    """The fast path: one stripe with room of each hot budget, locked, or ``_Escalate``. The
+    room is checked again here in exact ``Decimal`` (SQLite compares decimals as floats)."""
+    if not fast:
+        return []
+    amounts = {a.counter_key: reservation.amount_for(a.budget.unit) for a in fast}
+    picked = stripes_picked([(a, amounts[a.counter_key]) for a in fast], first=first)
+    by_key = {CounterKey.of(c): c for c in picked}
+    for item in fast:
+        stripe = by_key.get(item.counter_key)
+        if (
+            stripe is None
+            or stripe.allowance is None
+            or stripe.split_for != item.limit
+            or stripes.used(stripe) + amounts[item.counter_key] > stripe.allowance
+        ):
+            raise _Escalate
+    return picked
 
 
 def _run_closed_read(run: Run | None) -> sql.Statement | None:
@@ -534,15 +607,15 @@ def _lock_budgets(rolling_ids: list[int]) -> None:
 
 
 def _used(
-    counters: list[Counter], windows: dict[CounterKey, list[Bucket]]
+    rows: dict[CounterKey, list[Counter]], windows: dict[CounterKey, list[Bucket]]
 ) -> dict[CounterKey, Decimal]:
-    """Spent plus reserved of each locked counter, or of its rolling window's buckets."""
+    """Spent plus reserved of each locked key (summed over its stripes), or of its rolling
+    window's buckets."""
     used = {}
-    for counter in counters:
-        key = CounterKey.of(counter)
+    for key, counters in rows.items():
         buckets = windows.get(key)
         if buckets is None:
-            used[key] = counter.spent + counter.reserved
+            used[key] = sum((stripes.used(c) for c in counters), ZERO)
         else:
             used[key] = sum((b.spent + b.reserved for b in buckets), ZERO)
     return used
@@ -569,21 +642,43 @@ def _refuse_if_exceeding(
 
 def _take_holds(
     reservation: Reservation,
-    counters: list[Counter],
+    rows: dict[CounterKey, list[Counter]],
+    picked: list[Counter],
     by_key: dict[CounterKey, ApplicableBudget],
     insert_reservation: sql.Statement,
 ) -> None:
-    """Hold the amount on every locked counter, each in its budget's unit (provider cost or
+    """Hold the amount on one row of every budget, each in its budget's unit (provider cost or
     customer price), with exact Decimal arithmetic on the locked rows (SQL arithmetic is
-    floating point on SQLite). The reservation, its holds and the counters go in one round trip
-    (one statement on PostgreSQL); the counters stay locked for that and the commit."""
+    floating point on SQLite): on the stripe the fast path picked, else on the lowest row of
+    the key, whose stripes (all locked) are then split again for the budget's effective limit
+    (a hot budget) or forgotten (one no longer hot). The reservation, its holds and the
+    counters go in one round trip (one statement on PostgreSQL); the counters stay locked for
+    that and the commit."""
     holds = []
-    for counter in counters:
+    written = list(picked)
+    split = False
+    for key, counters in rows.items():
+        counter = stripes.target(counters)
+        unit = by_key[key].budget.unit
+        counter.reserved += reservation.amount_for(unit)
+        holds.append(ReservationHold(reservation=reservation, counter=counter, unit=unit))
+        budget = by_key[key].budget
+        if stripes.striped(budget):
+            stripes.resplit(counters, by_key[key].limit, budget.stripes)
+            written += counters
+            split = True
+        elif stripes.unsplit(counters):
+            written += counters
+            split = True
+        else:
+            written.append(counter)
+    for counter in picked:
         unit = by_key[CounterKey.of(counter)].budget.unit
         counter.reserved += reservation.amount_for(unit)
         holds.append(ReservationHold(reservation=reservation, counter=counter, unit=unit))
+    fields = ["reserved", "allowance", "split_for"] if split else ["reserved"]
     Counter.objects.write(
-        counters, ["reserved"], transition_writes=[insert_reservation, sql.inserting(holds)]
+        written, fields, transition_writes=[insert_reservation, sql.inserting(holds)]
     )
 
 

@@ -25,6 +25,7 @@ from django.db.models import Q
 
 from llm_budgets.engine import statements as sql
 from llm_budgets.models import Counter
+from llm_budgets.money import ZERO
 from llm_budgets.windows import rolling_window
 
 if TYPE_CHECKING:
@@ -52,10 +53,12 @@ class CounterKey(NamedTuple):
         """The key without its period: every bucket of a rolling budget shares it."""
         return tuple(self[:-1])
 
-    def counter(self) -> Counter:
-        """A new, unsaved counter row for this key."""
+    def counter(self, stripe: int = 0) -> Counter:
+        """A new, unsaved counter row for this key (one stripe of it, for a hot budget)."""
         ids = {f"{d}_id": v for d, v in zip(DIMENSIONS, self[1:-1], strict=True)}
-        return Counter(budget_id=self.budget_id, period_start=self.period_start, **ids)
+        return Counter(
+            budget_id=self.budget_id, period_start=self.period_start, stripe=stripe, **ids
+        )
 
 
 # The dimensions that split a budget's counter, in ``CounterKey`` order (between the budget and
@@ -110,11 +113,29 @@ def _key_params(key: CounterKey) -> list[object]:
     return [key.budget_id, *dimensions, sql.param(Counter, "period_start", key.period_start)]
 
 
+def rows_by_key(counters: Sequence[Counter]) -> dict[CounterKey, list[Counter]]:
+    """Counter rows grouped by key: a hot budget's key has a row per stripe, others one."""
+    grouped: dict[CounterKey, list[Counter]] = {}
+    for counter in counters:
+        grouped.setdefault(CounterKey.of(counter), []).append(counter)
+    return grouped
+
+
+def counter_totals(counters: Sequence[Counter]) -> dict[CounterKey, tuple[Decimal, Decimal]]:
+    """``(spent, reserved)`` of each key, summed over its stripes in exact ``Decimal``: the
+    cap as one number, whatever it is split into."""
+    totals: dict[CounterKey, tuple[Decimal, Decimal]] = {}
+    for key, rows in rows_by_key(counters).items():
+        totals[key] = (sum((c.spent for c in rows), ZERO), sum((c.reserved for c in rows), ZERO))
+    return totals
+
+
 def counters_locked(
     applicable: Sequence[ApplicableBudget], *, first: sql.Statement | None = None
 ) -> list[Counter]:
-    """Lock exactly the counter rows of ``applicable`` (``FOR UPDATE``, in primary-key order, so
-    concurrent admissions cannot deadlock) and return them; a missing row is simply absent.
+    """Lock exactly the counter rows of ``applicable``, every stripe of a hot budget's
+    (``FOR UPDATE``, in primary-key order, so concurrent admissions cannot deadlock: the
+    canonical lock order) and return them; a missing row is simply absent.
     One statement without the ORM's compilation (see ``llm_budgets.engine.statements``), sent with
     ``first`` if given (``statements.fetch``)."""
     return counters_locked_then(applicable, first=first)[0]
@@ -144,6 +165,40 @@ def _counters_locked_sql(shapes: tuple[tuple[bool, ...], ...]) -> str:
         f"SELECT {sql.columns(Counter, 'c')} FROM {sql.table(Counter)} c"  # noqa: S608
         f" WHERE {match or 'FALSE'} ORDER BY c.id{sql.lock_clause()}"
     )
+
+
+def stripes_picked(
+    picks: Sequence[tuple[ApplicableBudget, Decimal]], *, first: sql.Statement | None = None
+) -> list[Counter]:
+    """For each ``(hot budget, amount)``: lock one of its stripes that can take ``amount`` within
+    its allowance, split for the budget's current effective limit, skipping stripes another
+    transaction holds (``FOR UPDATE SKIP LOCKED``: never waits, so it cannot deadlock). A
+    budget none of whose stripes qualifies is simply absent from the result. One statement."""
+    params: list[object] = []
+    for item, amount in picks:
+        params += [
+            *_key_params(item.counter_key),
+            sql.param(Counter, "split_for", item.limit),
+            sql.param(Counter, "allowance", amount),
+        ]
+    shapes = tuple(_nulls(item.counter_key) for item, _ in picks)
+    rows = sql.fetch(_stripes_picked_sql(shapes), params, first=first)
+    return [sql.row_to(Counter, row) for row in rows]
+
+
+@functools.cache
+def _stripes_picked_sql(shapes: tuple[tuple[bool, ...], ...]) -> str:
+    spent, reserved = sql.column(Counter, "spent"), sql.column(Counter, "reserved")
+    allowance, split_for = sql.column(Counter, "allowance"), sql.column(Counter, "split_for")
+    picks = [
+        f"p{i} AS (SELECT {sql.columns(Counter, 'c')} FROM {sql.table(Counter)} c"  # noqa: S608
+        f" WHERE {_key_condition(nulls, 'c')} AND c.{split_for} = %s"
+        f" AND c.{spent} + c.{reserved} + %s <= c.{allowance}"
+        f" ORDER BY random() LIMIT 1{sql.lock_clause(skip_locked=True)})"
+        for i, nulls in enumerate(shapes)
+    ]
+    union = " UNION ALL ".join(f"SELECT * FROM p{i}" for i in range(len(shapes)))  # noqa: S608
+    return f"WITH {', '.join(picks)} {union}"
 
 
 @dataclass(frozen=True)

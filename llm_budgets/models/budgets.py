@@ -61,6 +61,12 @@ def validate_window(value: str) -> None:
         raise ValidationError(f"Write {value!r} as {canonical!r}.")
 
 
+# A hot budget's counter is split into this many stripes unless set otherwise; at most
+# ``MAX_STRIPES`` (the exact path locks them all).
+DEFAULT_STRIPES = 8
+MAX_STRIPES = 64
+
+
 class Run(models.Model):
     """One agent run (or any unit of work the host names) inside a tenant, keyed by the host's
     id. Created on first sight, race-free; closed once (``runs.run_close``), after which its
@@ -122,6 +128,15 @@ class Budget(models.Model):
     unit = models.CharField(
         max_length=20, choices=BudgetUnit.choices, default=BudgetUnit.PROVIDER_COST
     )
+    hot = models.BooleanField(
+        default=False,
+        help_text="Split this budget's counter into stripes, so admissions under it do not all "
+        "lock one row (docs/design/hot-caps.md). Rolling windows ignore it.",
+    )
+    stripes = models.PositiveSmallIntegerField(
+        default=DEFAULT_STRIPES,
+        help_text=f"How many stripes a hot budget's counter is split into (1 to {MAX_STRIPES}).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -130,6 +145,10 @@ class Budget(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=Q(limit__gte=0), name="llmb_budget_limit_non_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(stripes__gte=1, stripes__lte=MAX_STRIPES),
+                name="llmb_budget_stripes_in_range",
             ),
             models.CheckConstraint(
                 condition=(
@@ -301,6 +320,25 @@ class Counter(models.Model):
     period_start = models.DateTimeField()
     spent = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0)
     reserved = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, default=0)
+    # A hot budget's counter is split into stripes 0..K-1 (Budget.stripes), each a row with its
+    # own allowance; the cap is the sum over them (engine.stripes). Others have stripe 0 only.
+    stripe = models.PositiveSmallIntegerField(default=0)
+    allowance = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="What this stripe may admit up to on its own (spent + reserved); empty when "
+        "the counter is not split.",
+    )
+    split_for = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="The effective limit the allowances were split for: a stripe admits on its "
+        "own only while the budget's effective limit is still this.",
+    )
 
     objects = CounterQuerySet.as_manager()
 
@@ -308,22 +346,22 @@ class Counter(models.Model):
         ordering = ["budget_id", "-period_start"]
         constraints = [
             models.UniqueConstraint(
-                fields=["budget", "period_start"],
+                fields=["budget", "period_start", "stripe"],
                 condition=Q(end_user__isnull=True, run__isnull=True, api_key__isnull=True),
                 name="llmb_counter_one_per_period",
             ),
             models.UniqueConstraint(
-                fields=["budget", "run", "period_start"],
+                fields=["budget", "run", "period_start", "stripe"],
                 condition=Q(run__isnull=False),
                 name="llmb_counter_one_per_run_period",
             ),
             models.UniqueConstraint(
-                fields=["budget", "api_key", "period_start"],
+                fields=["budget", "api_key", "period_start", "stripe"],
                 condition=Q(api_key__isnull=False),
                 name="llmb_counter_one_per_api_key_period",
             ),
             models.UniqueConstraint(
-                fields=["budget", "end_user", "period_start"],
+                fields=["budget", "end_user", "period_start", "stripe"],
                 condition=Q(end_user__isnull=False),
                 name="llmb_counter_one_per_end_user_period",
             ),
@@ -350,4 +388,5 @@ class Counter(models.Model):
             whose = f" for run {self.run.external_id}"  # type: ignore[union-attr]
         if self.api_key_id:
             whose = f" for API key {self.api_key.prefix}"  # type: ignore[union-attr]
-        return f"{self.budget}{whose} from {self.period_start:%Y-%m-%d %H:%M}"
+        stripe = f" (stripe {self.stripe})" if self.allowance is not None else ""
+        return f"{self.budget}{whose} from {self.period_start:%Y-%m-%d %H:%M}{stripe}"

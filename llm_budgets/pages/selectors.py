@@ -14,7 +14,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.core.paginator import Page, Paginator
-from django.db.models import Count, F, Q, QuerySet, Sum
+from django.db.models import F, Q, QuerySet, Sum
 from django.utils.translation import gettext as _
 
 from llm_budgets.admin.selectors import ScopedSubject, tenant_overview
@@ -176,25 +176,27 @@ def _with_users(line: BudgetLine) -> BudgetLine:
     status = line.status
     if not line.each_end_user or status.window not in (Window.MONTH, Window.DAY, Window.HOUR):
         return line
-    used = F("spent") + F("reserved")
     lowest = min(line.thresholds) if line.thresholds else None
-    warned = Q(used__gte=status.limit * lowest / 100) if lowest is not None else Q(pk__in=[])
-    counts = (
+    warn_at = status.limit * lowest / 100 if lowest is not None else None
+    # Each user's use, summed over its stripes when the budget is hot (engine.stripes); only
+    # users at the lowest threshold or above come back.
+    floor = warn_at if warn_at is not None else status.limit
+    per_user = (
         Counter.objects.filter(
             budget_id=status.budget_id,
             period_start=status.period_start,
             end_user__isnull=False,
         )
-        .annotate(used=used)
-        .aggregate(
-            at_limit=Count("pk", filter=Q(used__gte=status.limit)),
-            warned=Count("pk", filter=warned),
-        )
+        .values("end_user_id")
+        .annotate(used=Sum(F("spent") + F("reserved")))
+        .filter(used__gte=floor)
+        .values_list("used", flat=True)
     )
-    state = EXCEEDED if counts["at_limit"] else WARNING if counts["warned"] else OK
-    return replace(
-        line, users_at_limit=counts["at_limit"], users_warned=counts["warned"], state=state
-    )
+    used = [round_charge(Decimal(str(u))) for u in per_user]
+    at_limit = sum(1 for u in used if u >= status.limit)
+    warned = sum(1 for u in used if warn_at is not None and u >= warn_at)
+    state = EXCEEDED if at_limit else WARNING if warned else OK
+    return replace(line, users_at_limit=at_limit, users_warned=warned, state=state)
 
 
 def open_kill_switches(viewer: Viewer, at: datetime) -> list[KillSwitch]:
