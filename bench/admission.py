@@ -78,7 +78,7 @@ USED_INPUT_TOKENS, USED_OUTPUT_TOKENS = 1100, 320
 HIGH_LIMIT = Decimal("1000000000")  # never refuses
 # scenario: (tenants, end users per tenant)
 SHAPES = {"hot": (1, 1), "spread": (100, 100), "near-limit": (1, 1)}
-STRIPES = 8  # per hot budget
+STRIPES = 8  # per hot budget: the library's default; --stripes sets another
 NEAR_CALLS = 4  # near-limit: holds the tenant's cap has room for at once
 WARMUP_CYCLES = 5
 PATHS = ("floor", "app")
@@ -199,7 +199,9 @@ def vacuum(url: str) -> None:
         conn.execute("VACUUM ANALYZE")
 
 
-def seed(url: str, scenarios: Sequence[str]) -> tuple[Fixed, dict[str, list[Target]]]:
+def seed(
+    url: str, scenarios: Sequence[str], stripes: int = STRIPES
+) -> tuple[Fixed, dict[str, list[Target]]]:
     """A price, a global cap, tenants each with a cap and an each-end-user ("*") cap, their end
     users, and every counter of the current period: created up front, as admission would at each
     end user's first call, so that no measured call pays for a first sight."""
@@ -217,7 +219,7 @@ def seed(url: str, scenarios: Sequence[str]) -> tuple[Fixed, dict[str, list[Targ
         output_per_mtok=OUTPUT_PER_MTOK,
         effective_from=now - timedelta(days=1),
     )
-    budgets.set_limit(amount=HIGH_LIMIT, window=Window.MONTH, hot=True, stripes=STRIPES)
+    budgets.set_limit(amount=HIGH_LIMIT, window=Window.MONTH, hot=True, stripes=stripes)
     calls: dict[str, list[tuple[str, str, int, int, list[CounterKey]]]] = {}
     for scenario in scenarios:
         tenant_count, user_count = SHAPES[scenario]
@@ -231,7 +233,7 @@ def seed(url: str, scenarios: Sequence[str]) -> tuple[Fixed, dict[str, list[Targ
                     amount=HIGH_LIMIT,
                     window=Window.MONTH,
                     hot=scenario != "spread",  # spread: only the shared global cap is hot
-                    stripes=STRIPES,
+                    stripes=stripes,
                 )
             users = EndUser.objects.bulk_create(
                 EndUser(tenant=tenant, external_id=f"u{u:03d}") for u in range(user_count)
@@ -707,6 +709,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "ratio: this machine's speed drifts by tens of percent within minutes",
     )
     parser.add_argument(
+        "--stripes",
+        type=int,
+        default=STRIPES,
+        help="stripes per hot budget (default %(default)s); when every stripe of a budget is "
+        "busy a call takes the exact path, so more workers than stripes means more escalations",
+    )
+    parser.add_argument(
         "--app-prepare-threshold",
         type=lambda v: None if v.lower() == "none" else int(v),
         default=5,
@@ -719,8 +728,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.scenarios = [s.strip() for s in args.scenarios.split(",")]
     if unknown := set(args.scenarios) - set(SHAPES):
         parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
-    if any(w < 1 for w in args.workers) or args.duration <= 0 or args.repeat < 1:
-        parser.error("workers, duration and repeat must be positive")
+    if (
+        any(w < 1 for w in args.workers)
+        or args.duration <= 0
+        or args.repeat < 1
+        or args.stripes < 1
+    ):
+        parser.error("workers, duration, repeat and stripes must be positive")
     return args
 
 
@@ -729,12 +743,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     url: str = args.database_url
     recreate_database(url)
     setup_django(url, args.app_prepare_threshold)
-    fixed, targets = seed(url, args.scenarios)
+    fixed, targets = seed(url, args.scenarios, args.stripes)
     if "near-limit" in targets:
         near_limit(fixed, targets["near-limit"])
     for line in describe_machine(url):
         print(line)
-    print(f"app connection: prepare_threshold {args.app_prepare_threshold}")
+    print(
+        f"app connection: prepare_threshold {args.app_prepare_threshold}; "
+        f"{args.stripes} stripes per hot budget"
+    )
     print(
         f"cells: {args.duration:g} s each after {WARMUP_CYCLES} warm-up cycles per worker; "
         f"hold {fixed.amount} USD, commit {fixed.cost} USD"
