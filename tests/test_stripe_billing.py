@@ -15,7 +15,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.adjustments import end_user_spend_reset, usage_void
+from llm_budgets.adjustments import (
+    budget_spend_reset,
+    end_user_spend_reset,
+    run_spend_reset,
+    usage_void,
+)
 from llm_budgets.billing.delivery import billing_push, delivery_retry
 from llm_budgets.billing.reconciliation import billing_reconcile
 from llm_budgets.billing.selectors import billed_in_period, billing_status
@@ -23,10 +28,12 @@ from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
     AuditEvent,
     BillingLine,
+    Budget,
     DeliveryKind,
     EndUser,
     MeterDelivery,
     MeterDeliveryState,
+    Scope,
     StripeMeter,
     UsageRecord,
 )
@@ -562,3 +569,38 @@ def test_the_tenant_pages_show_billed_so_far_to_an_admin_only(fake_stripe: Strip
 
     assert "Billed so far" in overview(MembershipRole.ADMIN)
     assert "Billed so far" not in overview(MembershipRole.MEMBER, end_user="u-1")
+
+
+def test_runs_and_tags_are_billed_to_their_tenant_once(fake_stripe: StripeServer) -> None:
+    """Issue 16 item 3: calls naming a run and tags bill as any call does, to the tenant's
+    customer, once: charges, an expiry charge with a late true-up and a void of a run's call
+    reach Stripe; a run or tag budget's spend reset moves a limit, not money; closing a run
+    changes nothing already billed."""
+    with at(H + timedelta(minutes=1)):
+        cid = set_up(fake_stripe)
+        budgets.set_limit(tenant="acme", run="*", amount=500, window="lifetime")
+        budgets.set_limit(tenant="acme", tag=("project", "alpha"), amount=500, window="month")
+        tagged = {"project": "alpha"}
+        use(1000, run="run-1", tags=tagged)  # 30
+        use(500, run="run-1")  # 15
+        use(200, tags=tagged)  # 6
+        late = reserve_30(run="run-2", tags=tagged)
+    with at(H + timedelta(minutes=10)):
+        assert budgets.sweep(now=timezone.now()) == 1  # charged 30 as an estimate
+        late.commit(input_tokens=0, output_tokens=100)  # trued down to 3
+        voided = UsageRecord.objects.get(reservation__run__external_id="run-1", cost=15)
+        usage_void(record_id=voided.pk, reason="refund")
+        run_spend_reset(tenant="acme", run="run-1", reason="goodwill")
+        tag_budget = Budget.objects.get(scope=Scope.TAG)
+        budget_spend_reset(budget=tag_budget, reason="goodwill")
+        budgets.close_run(tenant="acme", run="run-1")
+    # The void credits its 15; each reset (the run's counter, the tag's) is recorded in the
+    # outbox and bills nothing.
+    adjustments = BillingLine.objects.filter(kind="adjustment")
+    assert sorted(line.amount for line in adjustments) == [-15, 0, 0]
+    with at(H + timedelta(hours=1, minutes=1)):
+        result = billing_push()
+        assert result.sent == 1
+        assert billing_push().sent == 0  # nothing twice
+    # 30 + 6 + 3 billed; the voided 15 never left (netted out before sending).
+    assert sent_units(fake_stripe, cid) == ledger_units() == 39_000_000
