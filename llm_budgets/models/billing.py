@@ -59,6 +59,7 @@ class StripePlanMeter(models.Model):
 
     class Meta:
         verbose_name = "Stripe meter of a plan"
+        verbose_name_plural = "Stripe meters of plans"
 
     def __str__(self) -> str:
         return f"{self.plan_id}: {self.event_name}"
