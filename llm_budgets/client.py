@@ -78,7 +78,6 @@ API_ERROR_CODES: dict[str, str] = {
     "not_acceptable": "the server cannot answer in the Accept header's type",
     "unsupported_media_type": "the body's content type is not JSON",
     # 409: idempotency
-    "idempotency_key_reused": "the Idempotency-Key was used with another request",
     "idempotency_in_progress": "the first request with this Idempotency-Key is still running",
     # 413, 429
     "request_too_large": "the body is larger than the server's DATA_UPLOAD_MAX_MEMORY_SIZE",
