@@ -108,16 +108,20 @@ class _Pair:
             self.proxy.count("stall at message")
             trigger.fired.set()
             self.stalled = True
+            # What the client sends meanwhile (a pipelined Sync, the next statement) is held
+            # too, in order; reading it (not peeking) is what lets its end be seen behind it.
+            held = [chunk]
             while self.stalled and not self.closed.is_set():
                 ready, _, _ = select.select([self.client], [], [], 0.05)
                 if ready:
-                    if not self.client.recv(65536, socket.MSG_PEEK):
+                    more = self.client.recv(65536)
+                    if not more:
                         self.close(rst=False)  # the client died: PostgreSQL sees it go
                         return True
-                    time.sleep(0.01)
+                    held.append(more)
             if self.closed.is_set():
                 return True
-            dst.sendall(chunk)
+            dst.sendall(b"".join(held))
             return False
         self.proxy.count("cut before" if trigger.before else "cut after")
         trigger.fired.set()  # first: the client may see the failure as soon as the cut happens
