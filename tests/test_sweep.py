@@ -225,7 +225,10 @@ def test_a_batch_never_sends_more_parameters_than_the_database_takes(
     # database accepts (Django's max_query_params), whatever batch_size says.
     if connection.features.max_query_params is None:
         pytest.skip("PostgreSQL names no ids in a batch's statement")
-    monkeypatch.setattr(connection.features, "max_query_params", 5)
+    # A class attribute in place of the feature (a read-only property on Django 6.1, a plain or
+    # cached value before): the instance's cached value, if any, is set aside too.
+    monkeypatch.delitem(connection.features.__dict__, "max_query_params", raising=False)
+    monkeypatch.setattr(type(connection.features), "max_query_params", 5)
     seed(limit="10000", window="lifetime")
     ids = _overdue(7)
     with CaptureQueriesContext(connection) as queries:
