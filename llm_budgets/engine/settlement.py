@@ -541,14 +541,14 @@ def _expire_batch(now: datetime | None, size: int) -> list[object]:
     them. On PostgreSQL all of it is one statement built from the locked rows (exact numeric
     arithmetic, one round trip): an admission under the same budgets waits one batch at most."""
     charge = conf.EXPIRED_HOLD_POLICY == "charge"
-    clock = ("CURRENT_TIMESTAMP", []) if now is None else ("%s", _at(now))
+    clock = (dbclock.now_sql(), []) if now is None else ("%s", _at(now))
     if connection.vendor == "postgresql":
         text, params = _batch_statement(clock, size, charge=charge)
         return [row[0] for row in sql.fetch(text, params, first=lock_timeout_statement())]
     rows = sql.fetch(_due_sql(db_clock=now is None), [ReservationState.HELD.value, *clock[1], size])
     if not rows:
         return []
-    clock = ("%s", _at(now or sql.clock_value(rows[0][0])))
+    clock = ("%s", _at(now or dbclock.from_value(rows[0][0])))
     reservations = [sql.row_to(Reservation, row, 1) for row in rows]
     ids = [_pk(r.pk) for r in reservations]
     picked = f"SELECT * FROM {sql.table(Reservation)} WHERE id IN {_in_list(len(ids))}"  # noqa: S608
@@ -688,10 +688,10 @@ def _due_sql(*, db_clock: bool) -> str:
     """Elsewhere than PostgreSQL (the transaction holds the write lock): a batch of overdue
     holds, the clock first. Parameters: the HELD state, the instant unless ``db_clock``, the
     batch size."""
-    clock = sql.clock_sql() if db_clock else "%s"
+    clock = dbclock.now_sql() if db_clock else "%s"
     expires = sql.column(Reservation, "expires_at")
     return (
-        f"SELECT {sql.clock_sql()}, {sql.columns(Reservation, 'r')}"  # noqa: S608
+        f"SELECT {dbclock.now_sql()}, {sql.columns(Reservation, 'r')}"  # noqa: S608
         f" FROM {sql.table(Reservation)} r"
         f" WHERE r.{sql.column(Reservation, 'state')} = %s AND r.{expires} <= {clock}"
         f" ORDER BY r.{expires} LIMIT %s"

@@ -16,7 +16,6 @@ none; hosts have ``llm_budgets.signals``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from functools import cache
 from typing import Any, TypeVar, cast
 
@@ -112,22 +111,6 @@ def lock_clause(*, of: Sequence[str] = (), skip_locked: bool = False) -> str:
     of_aliases = tuple(of) if db.features.has_select_for_update_of else ()
     skip = skip_locked and db.features.has_select_for_update_skip_locked
     return " " + db.ops.for_update_sql(of=of_aliases, skip_locked=skip)
-
-
-def clock_sql() -> str:
-    """The database's clock as an SQL expression, comparable with a stored datetime column:
-    PostgreSQL's ``now()`` (the transaction's start), SQLite's UTC time as the text Django
-    stores datetimes in. Read it back with :func:`clock_value`."""
-    if _db().vendor == "sqlite":
-        return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
-    return "CURRENT_TIMESTAMP"
-
-
-def clock_value(value: Any) -> datetime:
-    """A value of :func:`clock_sql` as an aware datetime."""
-    if isinstance(value, datetime):
-        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-    return datetime.fromisoformat(str(value)).replace(tzinfo=UTC)
 
 
 def _cursor() -> CursorWrapper:
