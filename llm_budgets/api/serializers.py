@@ -6,7 +6,9 @@ as everywhere in this app. Serializers check shapes only; the services check mea
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping
 from decimal import Decimal
@@ -112,11 +114,32 @@ def money_out(**kwargs: Any) -> serializers.DecimalField:
     )
 
 
+def _fresh(field: serializers.Field) -> serializers.Field:
+    """A copy of an unbound declared field, as DRF's ``copy.deepcopy`` makes one per serializer
+    instance, without re-running ``__init__`` (most of a request serializer's cost: validators
+    built again, kwargs deep-copied). What a field may change after ``__init__`` is copied: its
+    validators list, its binding (done by the serializer), its child (re-parented to the copy); the
+    rest (error messages, help text, kwargs) is only read."""
+    if isinstance(field, serializers.BaseSerializer):
+        return copy.deepcopy(field)
+    new = copy.copy(field)
+    if "_validators" in field.__dict__:
+        new._validators = list(field._validators)
+    child = field.__dict__.get("child")
+    if child is not None:
+        new.child = _fresh(child)
+        new.child.parent = new  # bound by the field's __init__ (field_name ""): only re-parent
+    return new
+
+
 class StrictSerializer(serializers.Serializer):
     """Refuses fields it does not know, so a typo is an error, not a silent default."""
 
     # Fields clients may expect from the spec that are not supported yet: the message says why.
     not_yet: dict[str, str] = {}
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        return {name: _fresh(field) for name, field in self._declared_fields.items()}
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, Mapping):
@@ -672,3 +695,16 @@ class BudgetExceededDetailSerializer(ErrorDetailSerializer):
 
 class BudgetExceededSerializer(serializers.Serializer):
     error = BudgetExceededDetailSerializer()
+
+
+@functools.cache
+def _template(serializer_class: type[serializers.Serializer]) -> serializers.Serializer:
+    return serializer_class()
+
+
+def represent(serializer_class: type[serializers.Serializer], instance: Any) -> dict[str, Any]:
+    """``serializer_class(instance).data``, from one instance of the serializer per class: a
+    ModelSerializer builds its fields from the model on every instance, which costs more than
+    the rendering. For read-only output serializers without context (no request-dependent
+    fields); rendering changes no state of the serializer or its fields."""
+    return dict(_template(serializer_class).to_representation(instance))
