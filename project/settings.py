@@ -1,7 +1,8 @@
 """Settings for the llm_budgets demo and development project.
 
 Everything that differs between machines comes from the environment (django-environ):
-``DATABASE_URL`` (default: a SQLite file under ``var/``), ``SECRET_KEY``, ``DEBUG``,
+``DATABASE_URL`` (default: a SQLite file under ``var/``), ``CONN_MAX_AGE`` (seconds a database
+connection is kept; default 0, a new one per request), ``SECRET_KEY``, ``DEBUG``,
 ``CELERY_BROKER_URL``, ``ALLOWED_HOSTS``.
 """
 
@@ -81,6 +82,10 @@ WSGI_APPLICATION = "project.wsgi.application"
 DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'db.sqlite3'}"),
 }
+# Connecting to PostgreSQL costs more than a whole API request (docs/performance.md): keep the
+# connection for CONN_MAX_AGE seconds, checked before reuse (docs/operations.md).
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # SQLite has no row locks; admission is serialised by taking the database write lock at
     # BEGIN (IMMEDIATE) and waiting a bounded time for it (seconds) instead of failing at once.
