@@ -5,6 +5,7 @@ one serializer per class. Each trim keeps the behaviour it replaced: these tests
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 from unittest import mock
 
@@ -200,3 +201,29 @@ def test_responses_render_as_the_serializer_does() -> None:
     expected = dict(s.ReservationSerializer(reservation).data)
     assert s.represent(s.ReservationSerializer, reservation) == expected
     assert created.json() == client.get(f"{BASE}reservations/{reservation.pk}").json()
+
+
+def test_validating_with_the_threads_fields_keeps_each_result_to_its_serializer() -> None:
+    bad = s.validating(s.ReserveRequestSerializer, reserve_body(model=12, input_tokens=-1))
+    good = s.validating(s.ReserveRequestSerializer, reserve_body(tags={"a": "b"}))
+    assert not bad.is_valid()
+    assert good.is_valid(), good.errors
+    assert set(bad.errors) == {"model", "input_tokens"}
+    assert good.validated_data["tags"] == {"a": "b"}
+    for body in BODIES:  # the same answers as DRF's own per-instance copies
+        ours, theirs = s.validating(s.ReserveRequestSerializer, body), DeepCopied(data=body)
+        assert ours.is_valid() == theirs.is_valid()
+        assert ours.errors == theirs.errors
+
+
+def test_each_thread_validates_with_fields_of_its_own() -> None:
+    here = s.validating(s.CommitRequestSerializer, {}).fields
+    there: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: there.append(s.validating(s.CommitRequestSerializer, {}).fields)
+    )
+    thread.start()
+    thread.join()
+    assert s.validating(s.CommitRequestSerializer, {}).fields is here
+    assert there[0] is not here
+    assert not set(map(id, here.values())) & set(map(id, there[0].values()))

@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import functools
 import json
+import threading
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
@@ -708,3 +709,21 @@ def represent(serializer_class: type[serializers.Serializer], instance: Any) -> 
     the rendering. For read-only output serializers without context (no request-dependent
     fields); rendering changes no state of the serializer or its fields."""
     return dict(_template(serializer_class).to_representation(instance))
+
+
+_bound_fields = threading.local()
+
+
+def validating(serializer_class: type[serializers.Serializer], data: Any) -> serializers.Serializer:
+    """``serializer_class(data=data)`` whose fields are this thread's bound copy, built once
+    per class and thread: binding fields costs more than validating a small body. Validation
+    stores its results on the serializer, never on its fields (DRF's fields keep no state from
+    a call; ours neither), and a thread validates one body at a time. Only for serializers
+    built from ``data`` alone: the fields' root is a template without context or ``partial``."""
+    cache = _bound_fields.__dict__.setdefault("by_class", {})
+    fields = cache.get(serializer_class)
+    if fields is None:
+        fields = cache[serializer_class] = serializer_class().fields
+    serializer = serializer_class(data=data)
+    serializer.__dict__["fields"] = fields  # what the ``fields`` cached_property would hold
+    return serializer

@@ -114,7 +114,7 @@ class ApiView(APIView):
     def valid(
         self, serializer_class: type[Serializer], request: Request, *, query: bool = False
     ) -> dict[str, Any]:
-        serializer = serializer_class(data=request.query_params if query else request.data)
+        serializer = s.validating(serializer_class, request.query_params if query else request.data)
         serializer.is_valid(raise_exception=True)
         return dict(serializer.validated_data)
 
