@@ -227,3 +227,25 @@ def test_each_thread_validates_with_fields_of_its_own() -> None:
     assert s.validating(s.CommitRequestSerializer, {}).fields is here
     assert there[0] is not here
     assert not set(map(id, here.values())) & set(map(id, there[0].values()))
+
+
+@override_settings(LLM_BUDGETS={"API_THROTTLE_RATE": "100/minute"})
+def test_a_view_without_the_key_throttle_counts_nothing() -> None:
+    from rest_framework.response import Response
+    from rest_framework.test import APIRequestFactory
+
+    from llm_budgets.api.views import ApiView
+
+    class Unthrottled(ApiView):
+        throttle_classes: list[Any] = []
+
+        def get(self, request: Any) -> Response:
+            return Response({})
+
+    seed()
+    key = new_key("acme")
+    request = APIRequestFactory().get("/x", HTTP_AUTHORIZATION=f"Api-Key {key}")
+    assert Unthrottled.as_view()(request).status_code == 200
+    assert key_hits(key) == 0
+    assert status(key) == 200
+    assert key_hits(key) == 1

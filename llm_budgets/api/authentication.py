@@ -126,7 +126,7 @@ def auth_read(request: Request, prefix: str, raw: str) -> AuthRead:
         failures = (throttling.auth_failure_key(request), throttling.window_now(duration), limit)
     hit = None
     hashed = ApiKey.objects.key_generator.preferred_hasher.encode(raw, "")
-    if throttle_rate is not None and connection.vendor == "postgresql":
+    if throttle_rate is not None and connection.vendor == "postgresql" and _throttled(request):
         _limit, duration = throttling.parse_rate(throttle_rate)
         hit = (throttling.key_counter(prefix), throttling.window_now(duration))
     reservation = _prefetched_reservation(request)
@@ -166,6 +166,12 @@ def auth_read(request: Request, prefix: str, raw: str) -> AuthRead:
         key_hits=key_hits,
         reservation=None if reservation is None else (reservation[0], row[2] is not None),
     )
+
+
+def _throttled(request: Request) -> bool:
+    """Whether the view counts requests with the per-key throttle (else nothing is counted)."""
+    view = (getattr(request, "parser_context", None) or {}).get("view")
+    return throttling.ApiKeyRateThrottle in getattr(view, "throttle_classes", ())
 
 
 def _prefetched_reservation(request: Request) -> tuple[str, UUID] | None:
