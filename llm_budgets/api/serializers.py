@@ -124,12 +124,13 @@ def _fresh(field: serializers.Field) -> serializers.Field:
     if isinstance(field, serializers.BaseSerializer):
         return copy.deepcopy(field)
     new = copy.copy(field)
-    if "_validators" in field.__dict__:
-        new._validators = list(field._validators)
-    child = field.__dict__.get("child")
+    state = new.__dict__  # DRF's attributes, undeclared for the type checker
+    if "_validators" in state:
+        state["_validators"] = list(state["_validators"])
+    child = state.get("child")
     if child is not None:
-        new.child = _fresh(child)
-        new.child.parent = new  # bound by the field's __init__ (field_name ""): only re-parent
+        state["child"] = _fresh(child)
+        state["child"].parent = new  # bound by the field's __init__ (field_name ""): re-parent
     return new
 
 
