@@ -31,7 +31,7 @@ class Consumer(CeleryConsumer):
     def on_connection_error_after_connected(self, exc: Exception) -> None:
         connection = self.connection
         if connection is not None:
-            connection.close = _closing_leniently(connection.close)  # type: ignore[method-assign]
+            connection.close = _closing_leniently(connection.close)
         super().on_connection_error_after_connected(exc)
 
 

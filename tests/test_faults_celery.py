@@ -195,10 +195,10 @@ def test_redis_down_or_stalled_never_widens_spending_and_the_worker_recovers_by_
 
             def down_at_an_ack() -> None:
                 """Redis goes down (every connection reset, new ones refused) as the worker
-                acknowledges a task it ran: it loses the connection holding an unacknowledged
-                message, the instant a CI run once hit by chance and the worker exited on
-                (docs/reliability.md, "Redis")."""
-                ack = proxy.cut_when_client_sends(b"ZREM", before=True, outage=True)
+                acknowledges a task it ran (the ack reaches Redis, its answer does not): the
+                worker loses the connection holding an unacknowledged message, the instant a CI
+                run once hit by chance and the worker exited on (docs/reliability.md)."""
+                ack = proxy.cut_when_client_sends(b"ZREM", before=False, outage=True)
                 ran = reserve_30_at(timezone.now() - timedelta(minutes=5), ttl=1)
                 celery.send("llm_budgets.sweep_expired_holds", broker)
                 assert ack.wait(BOUND), celery.log("worker")
