@@ -155,8 +155,8 @@ else:  # pragma: no cover
     CELERY_BEAT_SCHEDULE = BEAT_SCHEDULE
 CELERY_TIMEZONE = TIME_ZONE
 # A worker keeps reconnecting to the broker however long it is away (Celery's default gives up
-# after 100 attempts, about 50 minutes, and the worker exits), and survives the loss of a
-# connection that held an unacknowledged message (project/worker.py; docs/reliability.md).
+# after 100 attempts, about 45 minutes), and survives the loss of a connection that held an
+# unacknowledged message (project/worker.py; docs/reliability.md, "Bugs the suite found").
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_WORKER_CONSUMER = "project.worker:Consumer"
