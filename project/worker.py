@@ -19,13 +19,14 @@ class Consumer(CeleryConsumer):
     """Celery's consumer, except that closing the lost broker connection cannot kill the worker.
 
     Celery 5.7 with kombu 5.7 on Redis: when the connection is lost while the worker holds an
-    unacknowledged message (a late-acked task whose ack failed) and a BRPOP is in flight,
-    ``Connection.collect()`` leaves the task channel open (closing it re-raises the BRPOP's
-    connection error, and the transport then stops at the next channel that fails to close) and
-    detaches the transport. The ``close()`` Celery calls next closes that channel, whose requeue
-    of the unacknowledged message needs the detached transport: an ``AttributeError``, which
-    Celery calls unrecoverable, and the worker exits. Nothing is lost by skipping the requeue: the
-    message is still in Redis's unacked set and is delivered again after the visibility timeout.
+    unacknowledged message (a late-acked task whose ack failed), ``Connection.collect()`` can
+    leave the task channel open (likely: its close re-raises a pending BRPOP's connection error,
+    and the transport stops at the next channel that fails to close) while it detaches the
+    transport. The ``close()`` Celery calls next closes that channel, whose requeue of the
+    unacknowledged message needs the detached transport: an ``AttributeError``, which Celery
+    calls unrecoverable, and the worker exits (docs/reliability.md). Skipping the requeue loses
+    nothing: unless its ack reached Redis, the message is still in Redis's unacked set and is
+    delivered again after the visibility timeout.
     """
 
     def on_connection_error_after_connected(self, exc: Exception) -> None:
