@@ -161,10 +161,11 @@ else:  # pragma: no cover
 CELERY_TIMEZONE = TIME_ZONE
 # A worker keeps reconnecting to the broker however long it is away (Celery's default gives up
 # after 100 attempts, about 45 minutes), and survives the loss of a connection that held an
-# unacknowledged message (project/worker.py; docs/reliability.md, "Bugs the suite found").
+# unacknowledged message (llm_budgets/celery_worker.py; docs/reliability.md, "Bugs the suite
+# found").
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_CONNECTION_MAX_RETRIES = None
-CELERY_WORKER_CONSUMER = "project.worker:Consumer"
+CELERY_WORKER_CONSUMER = "llm_budgets.celery_worker:Consumer"
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     # The llm_budgets tasks acknowledge late (llm_budgets/tasks.py): with Redis, the task of a
     # worker killed mid-run is delivered again once this many seconds have passed since it was

@@ -176,7 +176,8 @@ def test_redis_down_or_stalled_never_widens_spending_and_the_worker_recovers_by_
     tmp_path: Path,
 ) -> None:
     """The worker runs the project's settings (project/settings.py: socket timeouts, health
-    checks, endless reconnection, project.worker.Consumer), the producer its transport options."""
+    checks, endless reconnection, llm_budgets.celery_worker.Consumer), the producer its transport
+    options."""
     _on_postgres()
     import kombu.exceptions
     import redis.exceptions

@@ -1,7 +1,8 @@
-"""The Celery worker's consumer (``CELERY_WORKER_CONSUMER = "project.worker:Consumer"``).
+"""The Celery worker's consumer, for hosts on Redis: in the Celery settings,
+``CELERY_WORKER_CONSUMER = "llm_budgets.celery_worker:Consumer"`` (docs/operations.md).
 
-A module of its own so that only the worker imports it: web processes load the Celery app
-(project/celery.py) but never Celery's worker machinery.
+A module of its own so that only the worker imports it: web processes load the host's Celery app
+but never Celery's worker machinery. Needs the ``celery`` extra.
 """
 
 from __future__ import annotations
