@@ -237,12 +237,6 @@ def _places(caplog: Any, bodies: list[str], errors: list[str]) -> dict[str, str]
     }
 
 
-@pytest.mark.skipif(
-    django.VERSION >= (6, 1),
-    reason="on Django 6.1 a page it reads queries the 'replica' alias, which this test's "
-    "transaction does not cover (found at the end of session 4, not yet understood); the "
-    "Django 5.2 legs run it",
-)
 def test_no_stripe_key_or_webhook_secret_in_logs_errors_history_or_audit(
     caplog: Any, settings: Any
 ) -> None:
@@ -305,7 +299,9 @@ def test_no_stripe_key_or_webhook_secret_in_logs_errors_history_or_audit(
     assert AuditEvent.objects.filter(action="stripe.unlink").exists()
     # A secret in the wrong setting (each the other's shape): the checks do not echo it.
     settings.LLM_BUDGETS = {"STRIPE_API_KEY": webhook_secret, "STRIPE_WEBHOOK_SECRET": stripe_key}
-    found = checks.run_checks()
+    # No database checks: Django 6.1 runs the model checks against every alias when none is
+    # named, and the 'replica' alias is outside this test's transaction.
+    found = checks.run_checks(databases=[])
     assert {"llm_budgets.E070", "llm_budgets.E073"} <= {m.id for m in found}, found
     errors = [f"{m.msg} {m.hint}" for m in found]
 
