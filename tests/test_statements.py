@@ -194,3 +194,85 @@ def test_a_run_and_a_tag_cost_no_round_trip(acme: None, on_postgres: bool) -> No
     assert [plain_rows, tagged_rows, run_rows, both_rows] == [3, 4, 4, 5]
     locks = [sql for trip in both for sql in trip if "FOR UPDATE" in sql or "FOR SHARE" in sql]
     assert len(locks) == (1 if on_postgres else 0), locks  # the counters' lock, nothing else
+
+
+def test_a_spread_call_locks_its_counters_and_picks_its_stripe_in_one_round_trip(
+    acme: None, on_postgres: bool
+) -> None:
+    """Only the global cap is hot (the bench's spread shape): the lock of the other counters and
+    the stripe pick are two statements, the pick after the lock (no wait while a stripe is held),
+    in one round trip on PostgreSQL."""
+    budgets.set_limit(amount=Decimal("5000"), window="month", hot=True, stripes=4)
+    _call()  # creates the counters; the first call under the hot cap splits its stripes
+    trips, rows = _reserve_trips()
+    locking = [
+        (i, sql) for i, trip in enumerate(trips) for sql in trip if "FOR UPDATE" in sql
+    ]
+    if on_postgres:
+        assert len(trips) == 3, trips  # context; lock bound, counters' lock, pick; write
+        assert [i for i, _ in locking] == [1, 1], locking
+        assert "SKIP LOCKED" in locking[1][1] and "SKIP LOCKED" not in locking[0][1]
+    assert rows == 3
+    assert counters_drift() == []
+
+
+def _outside(text: str, params: list[object]) -> list[tuple[object, ...]]:
+    """Rows read on a connection of their own: what is committed, whatever this one holds."""
+    import psycopg
+
+    settings = connection.settings_dict
+    with psycopg.connect(
+        host=settings["HOST"],
+        port=settings["PORT"] or 5432,
+        user=settings["USER"],
+        password=settings["PASSWORD"],
+        dbname=settings["NAME"],
+        autocommit=True,
+    ) as other:
+        return other.execute(text, params).fetchall()
+
+
+def _tenant_row(external_id: str) -> sql.Statement:
+    return sql.inserting([Tenant(external_id=external_id, name=external_id)])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_committing_commits_the_engines_own_transaction_with_its_last_write(
+    on_postgres: bool,
+) -> None:
+    """Committed before the block's exit (the COMMIT went with the write); nested in a caller's
+    transaction it only writes, and the caller's block decides."""
+    from django.db import transaction
+
+    if not on_postgres:
+        pytest.skip("the commit rides a psycopg pipeline: PostgreSQL only")
+    table = sql.table(Tenant)
+    seen = f"SELECT count(*) FROM {table} WHERE external_id = %s"  # noqa: S608
+    with transaction.atomic():
+        sql.run_committing([_tenant_row("own")])
+        assert _outside(seen, ["own"]) == [(1,)]
+    with transaction.atomic(), transaction.atomic():
+        sql.run_committing([_tenant_row("nested")])
+        assert _outside(seen, ["nested"]) == [(0,)]
+    assert _outside(seen, ["nested"]) == [(1,)]
+    with transaction.atomic():
+        sql.run_committing([_tenant_row("a"), _tenant_row("b")])  # one statement, one commit
+    assert Tenant.objects.filter(external_id__in=["a", "b"]).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_committing_a_commit_that_fails_raises_and_writes_nothing(on_postgres: bool) -> None:
+    """A foreign key is checked at COMMIT (Django's are deferred): the violation surfaces from
+    the write's round trip, nothing is written, and the connection works afterwards."""
+    from django.db import IntegrityError, transaction
+
+    if not on_postgres:
+        pytest.skip("the commit rides a psycopg pipeline: PostgreSQL only")
+    orphan = sql.inserting([EndUser(tenant_id=987654321, external_id="orphan")])
+    with pytest.raises(IntegrityError), transaction.atomic():
+        sql.run_committing([_tenant_row("with-orphan"), orphan])
+    assert not Tenant.objects.filter(external_id="with-orphan").exists()
+    assert not EndUser.objects.filter(external_id="orphan").exists()
+    with transaction.atomic():
+        sql.run_committing([_tenant_row("after")])
+    assert Tenant.objects.filter(external_id="after").exists()
