@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import admission as bench  # noqa: E402
-import psycopg  # noqa: E402
+import admission as bench
+import psycopg
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -78,7 +78,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument(
         "--database-url",
-        default=os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/lb_cycle_bench"),
+        default=os.environ.get(
+            "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/lb_cycle_bench"
+        ),
     )
     args = parser.parse_args()
     bench.recreate_database(args.database_url)
@@ -109,7 +111,9 @@ def main() -> None:
             hold = bench._reserve(target)
         with connection.execute_wrapper(commit_count):
             _Counter.active = commit_count
-            hold.commit(input_tokens=bench.USED_INPUT_TOKENS, output_tokens=bench.USED_OUTPUT_TOKENS)
+            hold.commit(
+                input_tokens=bench.USED_INPUT_TOKENS, output_tokens=bench.USED_OUTPUT_TOKENS
+            )
     if profiler:
         profiler.disable()
     client = time.process_time() - client0
@@ -117,8 +121,10 @@ def main() -> None:
     wall = time.perf_counter() - wall0
     n = args.cycles
     print(f"{args.scenario}, {args.stripes} stripes, {n} cycles, one process")
-    print(f"client CPU {client / n * 1000:.3f} ms/cycle, backend CPU {server / n * 1000:.3f} ms/cycle"
-          f" (tick {1000 / TICKS:.0f} ms), wall {wall / n * 1000:.3f} ms/cycle")
+    print(
+        f"client CPU {client / n * 1000:.3f} ms/cycle, backend CPU {server / n * 1000:.3f} ms/cycle"
+        f" (tick {1000 / TICKS:.0f} ms), wall {wall / n * 1000:.3f} ms/cycle"
+    )
     for name, c in (("reserve", reserve_count), ("commit", commit_count)):
         print(f"{name}: {c.statements / n:.2f} statements, {c.trips / n:.2f} round trips")
     print(f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}")

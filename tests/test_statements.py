@@ -205,13 +205,12 @@ def test_a_spread_call_locks_its_counters_and_picks_its_stripe_in_one_round_trip
     budgets.set_limit(amount=Decimal("5000"), window="month", hot=True, stripes=4)
     _call()  # creates the counters; the first call under the hot cap splits its stripes
     trips, rows = _reserve_trips()
-    locking = [
-        (i, sql) for i, trip in enumerate(trips) for sql in trip if "FOR UPDATE" in sql
-    ]
+    locking = [(i, sql) for i, trip in enumerate(trips) for sql in trip if "FOR UPDATE" in sql]
     if on_postgres:
         assert len(trips) == 3, trips  # context; lock bound, counters' lock, pick; write
         assert [i for i, _ in locking] == [1, 1], locking
-        assert "SKIP LOCKED" in locking[1][1] and "SKIP LOCKED" not in locking[0][1]
+        assert "SKIP LOCKED" in locking[1][1]
+        assert "SKIP LOCKED" not in locking[0][1]
     assert rows == 3
     assert counters_drift() == []
 
@@ -247,7 +246,7 @@ def test_run_committing_commits_the_engines_own_transaction_with_its_last_write(
     if not on_postgres:
         pytest.skip("the commit rides a psycopg pipeline: PostgreSQL only")
     table = sql.table(Tenant)
-    seen = f"SELECT count(*) FROM {table} WHERE external_id = %s"  # noqa: S608
+    seen = f"SELECT count(*) FROM {table} WHERE external_id = %s"
     with transaction.atomic():
         sql.run_committing([_tenant_row("own")])
         assert _outside(seen, ["own"]) == [(1,)]
