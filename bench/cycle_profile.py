@@ -130,6 +130,7 @@ def main() -> None:
     print(f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     del budgets
     if profiler:
+        profiler.dump_stats("/tmp/cycle.prof")
         pstats.Stats(profiler).sort_stats(args.sort).print_stats(args.top)
 
 

@@ -12,7 +12,17 @@ from django.test.utils import CaptureQueriesContext
 
 from llm_budgets import budgets
 from llm_budgets.engine import statements as sql
-from llm_budgets.models import Counter, EndUser, Price, Reservation, Run, Tenant, UsageRecord
+from llm_budgets.models import (
+    Counter,
+    EndUser,
+    KillSwitch,
+    Plan,
+    Price,
+    Reservation,
+    Run,
+    Tenant,
+    UsageRecord,
+)
 from llm_budgets.reconcile import counters_drift
 from tests.queries import reads, round_trips
 
@@ -275,3 +285,32 @@ def test_run_committing_a_commit_that_fails_raises_and_writes_nothing(on_postgre
     with transaction.atomic():
         sql.run_committing([_tenant_row("after")])
     assert Tenant.objects.filter(external_id="after").exists()
+
+
+def test_an_open_switch_elsewhere_costs_the_call_no_extra_round_trip_for_the_bound(
+    acme: None, on_postgres: bool
+) -> None:
+    """Some switch is open (another tenant's), so the call reads which switches cover it: that
+    read is the transaction's first statement and goes with the bound on lock waits."""
+    budgets.ensure_tenant("other")
+    budgets.trip(tenant="other", reason="runaway agent")
+    _call()
+    trips, _ = _reserve_trips()
+    switch_reads = [trip for trip in trips if any(reads(sql, KillSwitch) for sql in trip)]
+    bound = [trip for trip in trips if any(sql.startswith("SELECT set_config") for sql in trip)]
+    if on_postgres:
+        # The context read (which sees that a switch is open), the bound with the switch read,
+        # the counters' lock, the write.
+        assert len(trips) == 4, trips
+        assert bound == switch_reads[-1:], trips
+        assert len(bound[0]) == 2, bound
+
+
+def test_a_call_without_an_end_user_reads_its_tenant_in_one_statement(acme: None) -> None:
+    with CaptureQueriesContext(connection) as queries:
+        budgets.reserve(
+            tenant="acme", provider="openai", model="gpt-4o", input_tokens=10, max_output_tokens=10
+        )
+    tenant_reads = [q["sql"] for q in queries.captured_queries if reads(q["sql"], Tenant)]
+    assert len(tenant_reads) == 1, tenant_reads
+    assert reads(tenant_reads[0], Plan)

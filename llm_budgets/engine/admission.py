@@ -67,7 +67,7 @@ from llm_budgets.selectors import (
     applicable_budgets,
 )
 from llm_budgets.tags import tags_validate
-from llm_budgets.tenants import end_user_ensure, tenant_get, tenant_with_end_user
+from llm_budgets.tenants import end_user_ensure, tenant_with_end_user, tenant_with_plan
 from llm_budgets.usage import tool_calls_validate
 from llm_budgets.windows import rolling_window
 
@@ -224,7 +224,7 @@ def reservation_create(
             now = given or dbclock.database_now()
             if request.end_user is not None and request.provider is not None:
                 # The end user's first call: it is created below, once the call is valid.
-                tenant_obj, user_obj = tenant_get(request.tenant), None
+                tenant_obj, user_obj = tenant_with_plan(request.tenant), None
             else:
                 tenant_obj, user_obj = tenant_with_end_user(request.tenant, request.end_user)
         if run_id is not None and run_obj is None and context is None:
@@ -497,22 +497,24 @@ def _hold(
     insert_reservation = sql.inserting([reservation])
     bound_sqlite_wait()
     with transaction.atomic():
-        # The bound on lock waits comes first: alone, or with the counters' lock when nothing
-        # else is read or locked before them (one round trip).
-        bound_first = switches_open or bool(rolling_ids)
-        if bound_first:
-            bound_lock_wait()
+        # The bound on lock waits comes first, in the round trip of the transaction's first
+        # statement: the kill switch read, the rolling budgets' lock (alone) or the counters'.
+        bound = lock_timeout_statement()
         blocked_substitutes = (
-            _refuse_if_switched(reservation, degrade.ladder if degrade else [], api_key_id)
+            _refuse_if_switched(
+                reservation, degrade.ladder if degrade else [], api_key_id, first=bound
+            )
             if switches_open
             else {}
         )
+        if rolling_ids and not switches_open:
+            bound_lock_wait()
         _lock_budgets(rolling_ids)
         # One round trip (where psycopg pipelines), each its own statement, in this order: the
         # bound on lock waits (unless sent above); the counters' lock; the fast path's stripe
         # pick, which starts only once those counters are held (no wait while a stripe is
         # held); the read of the run's close, once every counter it has is locked.
-        batch = [] if bound_first else [lock_timeout_statement()]
+        batch = [] if switches_open or rolling_ids else [bound]
         if locked:
             batch.append(counters_locking(locked))
         amounts = {a.counter_key: reservation.amount_for(a.budget.unit) for a in fast}
@@ -687,10 +689,15 @@ def _take_holds(
 
 
 def _refuse_if_switched(
-    reservation: Reservation, ladder: list[Rung], api_key_id: str | None = None
+    reservation: Reservation,
+    ladder: list[Rung],
+    api_key_id: str | None = None,
+    *,
+    first: sql.Statement | None = None,
 ) -> dict[str, KillSwitch]:
-    """One query for every open switch that covers the request; raise for the first that covers
-    the model asked for. Returns the switches that only block a ladder substitute, by model."""
+    """One query for every open switch that covers the request (sent with ``first``); raise for
+    the first that covers the model asked for. Returns the switches that only block a ladder
+    substitute, by model."""
     requested = reservation.model
     # A switch on the priced model also covers the other spellings of its name.
     priced = {reservation.price.model} if reservation.price is not None else set()
@@ -702,6 +709,7 @@ def _refuse_if_switched(
         now=reservation.created_at,
         api_key_id=api_key_id,
         run_id=reservation.run_id,
+        first=first,
     )
     blocked: dict[str, KillSwitch] = {}
     for switch in switches:
