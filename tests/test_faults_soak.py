@@ -85,7 +85,9 @@ def soak_worker(index: int, proxy_port: int, ops: int) -> dict[str, int]:
     rng = random.Random(1000 + index)
     tally: Tally[str] = Tally()
     open_holds: list[Any] = []
-    keys: list[str] = []
+    # Each admitted key's request and reservation: a retry repeats the request exactly, as a
+    # client retrying after a lost answer does, and must get the same reservation back.
+    sent: dict[str, tuple[dict[str, Any], Any]] = {}
     started = time.monotonic()
     progress = VAR / f"faults-soak-progress-{index}.json"
     for n in range(ops):
@@ -100,21 +102,29 @@ def soak_worker(index: int, proxy_port: int, ops: int) -> dict[str, int]:
             tally[f"{op} skipped (no open hold)"] += 1
             continue
         try:
-            if op in ("reserve", "retry"):
-                key = rng.choice(keys) if op == "retry" and keys else f"p{index}-{n}"
-                hold = budgets.reserve(
-                    tenant="acme",
-                    end_user=rng.choice(END_USERS),
-                    provider="fake",
-                    model="m30",
-                    input_tokens=0,
-                    max_output_tokens=rng.randint(1, 1000),
-                    ttl=rng.randint(1, 60),
-                    idempotency_key=key,
-                )
-                keys.append(key)
-                if op == "reserve":
-                    open_holds.append(hold.id)
+            if op == "retry" and sent:
+                key = rng.choice(sorted(sent))
+                request, first = sent[key]
+                if rng.random() < 0.1:  # the key reused for another request: never admitted
+                    op = "retry (changed)"
+                    request = {**request, "max_output_tokens": request["max_output_tokens"] + 1}
+                hold = budgets.reserve(**request, idempotency_key=key)
+                if hold.id != first:
+                    tally["retry answered another reservation"] += 1
+            elif op in ("reserve", "retry"):
+                op, key = "reserve", f"p{index}-{n}"
+                request = {
+                    "tenant": "acme",
+                    "end_user": rng.choice(END_USERS),
+                    "provider": "fake",
+                    "model": "m30",
+                    "input_tokens": 0,
+                    "max_output_tokens": rng.randint(1, 1000),
+                    "ttl": rng.randint(1, 60),
+                }
+                hold = budgets.reserve(**request, idempotency_key=key)
+                sent[key] = (request, hold.id)
+                open_holds.append(hold.id)
             elif op == "commit" and open_holds:
                 hold_id = open_holds.pop(rng.randrange(len(open_holds)))
                 # under and over the hold (overage is recorded, never refused)
@@ -228,6 +238,11 @@ def test_soak(tmp_path: Path) -> None:
     assert checks["overspend checks"] >= 1
     # A soak that only refused would prove little: admission kept admitting throughout.
     assert tally["reserve ok"] >= ops // 20, tally
+    # Retries repeat their request: they are answered with the first reservation, never a second
+    # hold; a key reused for a different request is refused, never admitted.
+    assert tally["retry ok"] > 0, tally
+    assert tally["retry answered another reservation"] == 0, tally
+    assert tally["retry (changed) ok"] == 0, tally
     (VAR / "faults-soak.json").write_text(
         json.dumps(
             {
