@@ -59,13 +59,13 @@ class _Counter:
     def patch_commit(cls) -> None:
         commit = psycopg.Connection.commit
 
-        def counted(conn: psycopg.Connection) -> None:  # type: ignore[type-arg]
+        def counted(conn: psycopg.Connection) -> None:
             idle = conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
             if cls.active is not None and not idle and conn._pipeline is None:
                 cls.active.trips += 1
             commit(conn)
 
-        psycopg.Connection.commit = counted  # type: ignore[method-assign]
+        psycopg.Connection.commit = counted  # type: ignore[method-assign,assignment]
 
 
 def main() -> None:
