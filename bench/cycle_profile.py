@@ -73,6 +73,7 @@ def main() -> None:
     parser.add_argument("--scenario", default="hot", choices=["hot", "spread"])
     parser.add_argument("--cycles", type=int, default=2000)
     parser.add_argument("--stripes", type=int, default=32)
+    parser.add_argument("--path", default="app", choices=["app", "floor"])
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--sort", default="tottime")
     parser.add_argument("--top", type=int, default=40)
@@ -85,7 +86,10 @@ def main() -> None:
     args = parser.parse_args()
     bench.recreate_database(args.database_url)
     bench.setup_django(args.database_url, 5)
-    _, targets = bench.seed(args.database_url, [args.scenario], args.stripes)
+    fixed, targets = bench.seed(args.database_url, [args.scenario], args.stripes)
+    if args.path == "floor":
+        _floor(args, fixed, targets[args.scenario])
+        return
     from django.db import connection
 
     from llm_budgets import budgets
@@ -132,6 +136,26 @@ def main() -> None:
     if profiler:
         profiler.dump_stats("/tmp/cycle.prof")
         pstats.Stats(profiler).sort_stats(args.sort).print_stats(args.top)
+
+
+def _floor(args: argparse.Namespace, fixed: bench.Fixed, pool: list[bench.Target]) -> None:
+    """The hand-written floor's cycle (``bench/admission.py``), measured the same way."""
+    rng = random.Random(1)
+    with psycopg.connect(args.database_url, autocommit=True) as conn:
+        for _ in range(50):
+            bench._floor_cycle(conn, fixed, rng.choice(pool))
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        picked = [rng.choice(pool) for _ in range(args.cycles)]
+        server0, client0 = _backend_cpu(backend), time.process_time()
+        for target in picked:
+            bench._floor_cycle(conn, fixed, target)
+        client, server = time.process_time() - client0, _backend_cpu(backend) - server0
+    n = args.cycles
+    print(f"floor, {args.scenario}, {n} cycles, one process")
+    print(
+        f"client CPU {client / n * 1000:.3f} ms/cycle, backend CPU {server / n * 1000:.3f} ms/cycle"
+    )
+    print(f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
