@@ -176,20 +176,14 @@ def _counters_locked_sql(shapes: tuple[tuple[bool, ...], ...]) -> str:
     )
 
 
-def stripes_picked(
-    picks: Sequence[tuple[ApplicableBudget, Decimal]], *, first: sql.Statement | None = None
-) -> list[Counter]:
+def stripes_picking(picks: Sequence[tuple[ApplicableBudget, Decimal]]) -> sql.Statement:
     """For each ``(hot budget, amount)``: lock one of its stripes that can take ``amount`` within
     its allowance, split for the budget's current effective limit, skipping stripes another
-    transaction holds (``FOR UPDATE SKIP LOCKED``: never waits, so it cannot deadlock). A
-    budget none of whose stripes qualifies is simply absent from the result. One statement."""
-    return counters_from(sql.fetch(*stripes_picking(picks), first=first))
-
-
-def stripes_picking(picks: Sequence[tuple[ApplicableBudget, Decimal]]) -> sql.Statement:
-    """The statement :func:`stripes_picked` runs (its rows: :func:`counters_from`). Sent after
-    another locking statement in one round trip (``statements.fetch_each``), it starts only once
-    that one holds its locks: no wait happens while a stripe is held."""
+    transaction holds (``FOR UPDATE SKIP LOCKED``: never waits, so it cannot deadlock). One
+    statement; its rows (:func:`counters_from`) lack any budget none of whose stripes
+    qualifies. Sent after another locking statement in one round trip
+    (``statements.fetch_each``), it starts only once that one holds its locks: no wait happens
+    while a stripe is held."""
     params: list[object] = []
     for item, amount in picks:
         params += [
