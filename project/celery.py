@@ -5,6 +5,9 @@ every installed app's ``tasks`` module (``llm_budgets.tasks``). Run a worker and
 
     celery -A project worker -l INFO
     celery -A project beat -l INFO -S django_celery_beat.schedulers:DatabaseScheduler
+
+The worker runs :class:`llm_budgets.celery_worker.Consumer` (``CELERY_WORKER_CONSUMER``),
+Celery's own made to survive a lost Redis connection (docs/reliability.md, "Redis").
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Settings for the llm_budgets demo and development project.
 
 Everything that differs between machines comes from the environment (django-environ):
-``DATABASE_URL`` (default: a SQLite file under ``var/``), ``SECRET_KEY``, ``DEBUG``,
+``DATABASE_URL`` (default: a SQLite file under ``var/``), ``CONN_MAX_AGE`` (seconds a database
+connection is kept; default 0, a new one per request), ``SECRET_KEY``, ``DEBUG``,
 ``CELERY_BROKER_URL``, ``ALLOWED_HOSTS``.
 """
 
@@ -81,6 +82,10 @@ WSGI_APPLICATION = "project.wsgi.application"
 DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'db.sqlite3'}"),
 }
+# Connecting to PostgreSQL costs more than a whole API request (docs/performance.md): keep the
+# connection for CONN_MAX_AGE seconds, checked before reuse (docs/operations.md).
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # SQLite has no row locks; admission is serialised by taking the database write lock at
     # BEGIN (IMMEDIATE) and waiting a bounded time for it (seconds) instead of failing at once.
@@ -154,12 +159,27 @@ if HAS_CELERY_BEAT_DB:
 else:  # pragma: no cover
     CELERY_BEAT_SCHEDULE = BEAT_SCHEDULE
 CELERY_TIMEZONE = TIME_ZONE
+# A worker keeps reconnecting to the broker however long it is away (Celery's default gives up
+# after 100 attempts, about 45 minutes), and survives the loss of a connection that held an
+# unacknowledged message (llm_budgets/celery_worker.py; docs/reliability.md, "Bugs the suite
+# found").
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# The llm_budgets tasks acknowledge late (llm_budgets/tasks.py): with Redis, the task of a worker
-# killed mid-run is delivered again once this many seconds have passed since it was taken (Redis's
-# own default is an hour). Keep it longer than the longest job runs.
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_WORKER_CONSUMER = "llm_budgets.celery_worker:Consumer"
 CELERY_BROKER_TRANSPORT_OPTIONS = {
-    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600)
+    # The llm_budgets tasks acknowledge late (llm_budgets/tasks.py): with Redis, the task of a
+    # worker killed mid-run is delivered again once this many seconds have passed since it was
+    # taken (Redis's own default is an hour). Keep it longer than the longest job runs.
+    "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600),
+    # A connection whose peer went silent (a partition, a NAT or failover that forgets it) is
+    # never closed by TCP in useful time: without a socket timeout a command on it (an ack, a
+    # publish, the worker's periodic upkeep) waits forever, the worker's event loop with it.
+    "socket_timeout": 10,
+    "socket_connect_timeout": 5,
+    "socket_keepalive": True,
+    # kombu drops a BRPOP whose reply is this much overdue (BRPOP itself waits 1 s), and pings
+    # idle connections before use: a silent consumer connection is replaced within ~21 s.
+    "health_check_interval": 10,
 }
 
 LOGGING = {

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ from typing import Any
 from tests.services import REDIS_URL, subprocess_database_url
 
 ROOT = Path(__file__).resolve().parent.parent
+SEND_BOUND = 60.0  # seconds: a bound on one publish (two socket timeouts and a reconnect fit)
 
 
 class CeleryProcesses:
@@ -68,18 +70,39 @@ class CeleryProcesses:
         process.wait(30)
 
     def send(self, task: str, broker_url: str | None = None) -> None:
-        """Publish ``task`` to the queue, as beat would (a producer of our own)."""
+        """Publish ``task`` to the queue, as beat would (a producer of our own, with the
+        project's transport options: its socket timeouts bound a publish into a silent Redis)."""
         from celery import Celery
+        from django.conf import settings
 
         # Not the current app: tasks the test process runs afterwards keep the project's broker.
         sender = Celery(
             "sender", broker=broker_url or self.env["CELERY_BROKER_URL"], set_as_current=False
         )
-        sender.conf.broker_transport_options = {"max_retries": 1}
-        try:
-            sender.send_task(task, queue=self.queue, retry=False)
-        finally:
-            sender.close()
+        sender.conf.broker_transport_options = {
+            **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+            "max_retries": 1,  # fail fast: the test expects the error
+        }
+        outcome: list[BaseException | None] = []
+
+        def publish() -> None:
+            try:
+                sender.send_task(task, queue=self.queue, retry=False)
+                outcome.append(None)
+            except BaseException as exc:  # handed to the caller below
+                outcome.append(exc)
+            finally:
+                sender.close()
+
+        # In a thread with a deadline: a publish that hangs (no socket timeout) fails the test
+        # instead of blocking it forever.
+        thread = threading.Thread(target=publish, daemon=True)
+        thread.start()
+        thread.join(SEND_BOUND)
+        if not outcome:
+            raise AssertionError(f"the publish of {task} hung for {SEND_BOUND}s")
+        if outcome[0] is not None:
+            raise outcome[0]
 
     def log(self, name: str) -> str:
         path = self.tmp_path / f"{name}.log"

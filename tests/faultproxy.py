@@ -17,7 +17,10 @@ One-shot triggers on the bytes a client sends, for faults at an exact point of a
   (``b""``: the nth chunk of any kind, i.e. every statement boundary in turn) is never
   forwarded and the connection is reset (lost *before* the server saw it, e.g. ``b"COMMIT"``);
 - ``cut_when_client_sends(pattern, before=False)``: the chunk is forwarded, the server's answer
-  is thrown away and the connection is reset (lost *after* the server acted on it).
+  is thrown away and the connection is reset (lost *after* the server acted on it);
+- ``cut_when_client_sends(pattern, before=..., outage=True)``: the server goes down at that
+  chunk (before it or right after it is forwarded): every open connection is reset and new ones
+  are refused until ``heal()``, in the proxy's own thread, before the client can use another.
 
 ``counts`` records how many times each fault was applied, for docs/reliability.md.
 """
@@ -41,6 +44,7 @@ class _Trigger:
     pattern: bytes
     before: bool
     nth: int = 1  # fire on the nth chunk containing pattern (b"" matches every chunk)
+    outage: bool = False  # the cut also resets every connection and refuses new ones
     stall: bool = False  # instead of cutting: hold the chunk and everything after it
     seen: int = 0
     fired: threading.Event = field(default_factory=threading.Event)
@@ -125,6 +129,12 @@ class _Pair:
             return False
         self.proxy.count("cut before" if trigger.before else "cut after")
         trigger.fired.set()  # first: the client may see the failure as soon as the cut happens
+        if trigger.outage:
+            if not trigger.before:
+                dst.sendall(chunk)
+            self.proxy.refuse()
+            self.proxy.reset()  # this connection included
+            return True
         if trigger.before:
             self.close(rst=True)
             return True
@@ -240,10 +250,11 @@ class FaultProxy:
         self.count("drop")
 
     def cut_when_client_sends(
-        self, pattern: bytes, *, before: bool, nth: int = 1
+        self, pattern: bytes, *, before: bool, nth: int = 1, outage: bool = False
     ) -> threading.Event:
-        """Cut at the ``nth`` client chunk containing ``pattern``; the event is set once cut."""
-        trigger = _Trigger(pattern, before, nth)
+        """Cut at the ``nth`` client chunk containing ``pattern``; the event is set once cut.
+        ``outage``: the server goes down there (every connection reset, new ones refused)."""
+        trigger = _Trigger(pattern, before, nth, outage=outage)
         with self.lock:
             self.triggers.append(trigger)
         return trigger.fired

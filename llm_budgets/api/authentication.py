@@ -2,7 +2,8 @@
 
 Strict: the scheme is written exactly ``Api-Key``, one space, then the key, nothing else. Every
 attempt that does not authenticate counts against its source (``throttling.auth_blocked_for``);
-a source over ``API_AUTH_FAILURE_RATE`` is refused with 429 before its key is looked at. An
+a source over ``API_AUTH_FAILURE_RATE`` is refused with 429 before its key's secret is checked
+(the key row is read by the same statement as the source's count: ``auth_read``). An
 unknown prefix costs the same hash comparison as a known one, so timing does not tell which
 prefixes exist; the comparison itself is constant-time (the key generator's ``verify``).
 Revocation and expiry are read from the database on every request, effective on the next one,
@@ -11,12 +12,15 @@ unless the host opts into ``API_KEY_CACHE_SECONDS`` (each process then keeps key
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import time
 from typing import Any
+from uuid import UUID
 
 from django.contrib.auth.models import AnonymousUser
+from django.db import connection
 from django.db.models.signals import post_delete, post_save
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
@@ -27,7 +31,7 @@ from llm_budgets.api import throttling
 from llm_budgets.conf import conf
 from llm_budgets.engine import statements as sql
 from llm_budgets.engine.boundary import ledger_guard
-from llm_budgets.models import ApiKey, Tenant
+from llm_budgets.models import ApiKey, RateCounter, Reservation, Tenant
 
 KEYWORD = "Api-Key"
 _HEADER = re.compile(rf"{KEYWORD} ([A-Za-z0-9]{{1,64}})\.([A-Za-z0-9]{{1,128}})")
@@ -77,6 +81,154 @@ def _key_row_sql() -> str:
     )
 
 
+def _cached(prefix: str) -> bool:
+    """Whether API_KEY_CACHE_SECONDS is on and this prefix's row is cached (then only the
+    source's failures are read, and the throttle counts the hit itself)."""
+    if conf.API_KEY_CACHE_SECONDS <= 0:
+        return False
+    cached = _keys.get(prefix)
+    return cached is not None and cached[0] > _clock()
+
+
+def _cache_key(prefix: str, api_key: ApiKey | None) -> ApiKey | None:
+    ttl = conf.API_KEY_CACHE_SECONDS
+    if ttl > 0:
+        if len(_keys) >= _MAX_CACHED:
+            _keys.clear()
+        _keys[prefix] = (_clock() + ttl, api_key)
+    return api_key
+
+
+@dataclasses.dataclass(frozen=True)
+class AuthRead:
+    api_key: ApiKey | None
+    failures: int | None  # this source's failed attempts in the window (None: not counted)
+    key_hits: tuple[str, int, int] | None  # (counter key, window start, hits) if counted here
+    reservation: tuple[str, bool] | None  # (the URL's reservation id, visible to the key)
+
+
+def auth_read(request: Request, prefix: str, raw: str) -> AuthRead:
+    """Everything authentication and the per-request checks read, in one statement:
+
+    - the key with this prefix and its tenant;
+    - this source's failed attempts in the current window (``API_AUTH_FAILURE_RATE``);
+    - on PostgreSQL, the key's hit for ``API_THROTTLE_RATE``, counted by a data-modifying
+      ``WITH`` only if the stored hash equals the presented key's (so a wrong secret never uses
+      up a key's quota) and the source is not blocked: the upsert ``counter_hit`` runs;
+    - with a view that names one (``prefetch_reservation``), whether the reservation in the
+      URL exists and the key may see it (a read: nothing is locked or changed).
+    """
+    failure_rate = conf.API_AUTH_FAILURE_RATE
+    throttle_rate = conf.API_THROTTLE_RATE
+    failures = None
+    if failure_rate is not None:
+        limit, duration = throttling.parse_rate(failure_rate)
+        failures = (throttling.auth_failure_key(request), throttling.window_now(duration), limit)
+    hit = None
+    hashed = ApiKey.objects.key_generator.preferred_hasher.encode(raw, "")
+    if throttle_rate is not None and connection.vendor == "postgresql" and _throttled(request):
+        _limit, duration = throttling.parse_rate(throttle_rate)
+        hit = (throttling.key_counter(prefix), throttling.window_now(duration))
+    reservation = _prefetched_reservation(request)
+    params: list[Any] = []
+    if hit is not None:
+        params += [*hit, prefix, hashed]
+        if failures is not None:
+            params += list(failures)
+    if failures is not None:
+        params += list(failures[:2])
+    if reservation is not None:
+        params.append(sql.param(Reservation, "id", reservation[1]))
+    params.append(prefix)
+    text = _auth_sql(
+        failures=failures is not None,
+        hit=hit is not None,
+        reservation=reservation is not None,
+        # Its own transaction (autocommit): the counter's commit need not wait for the WAL
+        # flush. Never inside a host's transaction (ATOMIC_REQUESTS), which may hold ledger rows.
+        async_commit=hit is not None and connection.get_autocommit(),
+    )
+    row = sql.fetch(text, params)[0]
+    extra = 3
+    key_hits = None
+    if hit is not None and row[1] is not None:
+        key_hits = (*hit, int(row[1]))
+        if key_hits[2] == 1:  # a new window: forget old ones, as counter_hit does
+            throttling.forget_old_windows(*hit)
+    api_key = None
+    if row[extra] is not None:  # the key's primary key: a row was found
+        api_key = sql.row_to(ApiKey, row, extra)
+        tenant_at = extra + sql.width(ApiKey)
+        api_key.tenant = None if row[tenant_at] is None else sql.row_to(Tenant, row, tenant_at)
+    return AuthRead(
+        api_key=api_key,
+        failures=None if failures is None else int(row[0] or 0),
+        key_hits=key_hits,
+        reservation=None if reservation is None else (reservation[0], row[2] is not None),
+    )
+
+
+def _throttled(request: Request) -> bool:
+    """Whether the view counts requests with the per-key throttle (else nothing is counted)."""
+    view = (getattr(request, "parser_context", None) or {}).get("view")
+    return throttling.ApiKeyRateThrottle in getattr(view, "throttle_classes", ())
+
+
+def _prefetched_reservation(request: Request) -> tuple[str, UUID] | None:
+    context = getattr(request, "parser_context", None) or {}
+    name = getattr(context.get("view"), "prefetch_reservation", None)
+    value = (context.get("kwargs") or {}).get(name) if name else None
+    if not isinstance(value, str):
+        return None
+    try:
+        return value, UUID(value)
+    except ValueError:
+        return None  # the view answers 404 itself
+
+
+@functools.cache
+def _auth_sql(*, failures: bool, hit: bool, reservation: bool, async_commit: bool) -> str:
+    counters = sql.table(RateCounter)
+    key_table = sql.table(ApiKey)
+    prefix, hashed = sql.column(ApiKey, "prefix"), sql.column(ApiKey, "hashed_key")
+    unblocked = (
+        f' AND NOT EXISTS (SELECT 1 FROM {counters} WHERE "key" = %s AND window_start = %s'  # noqa: S608
+        " AND hits >= %s)"
+        if failures
+        else ""
+    )
+    with_hit = (
+        f'WITH hit AS (INSERT INTO {counters} ("key", window_start, hits)'  # noqa: S608
+        f" SELECT %s, %s, 1 FROM {key_table} WHERE {prefix} = %s AND {hashed} = %s{unblocked}"
+        f' ON CONFLICT ("key", window_start) DO UPDATE SET hits = {counters}.hits + 1'
+        " RETURNING hits) "
+        if hit
+        else ""
+    )
+    failures_col = (
+        f'(SELECT hits FROM {counters} WHERE "key" = %s AND window_start = %s)'  # noqa: S608
+        if failures
+        else "NULL"
+    )
+    tenant_col = f"k.{sql.column(ApiKey, 'tenant')}"
+    # A throttle hit lost to a crash of PostgreSQL in the last moment before it (at most three
+    # wal_writer_delay) is harmless; waiting for the WAL flush on every request is not.
+    one = "SELECT set_config('synchronous_commit', 'off', true)" if async_commit else "SELECT 1"
+    reservation_col = (
+        f"(SELECT r.id FROM {sql.table(Reservation)} r WHERE r.id = %s"  # noqa: S608
+        f" AND k.{sql.column(ApiKey, 'id')} IS NOT NULL"
+        f" AND ({tenant_col} IS NULL OR r.{sql.column(Reservation, 'tenant')} = {tenant_col}))"
+        if reservation
+        else "NULL"
+    )
+    return (
+        f"{with_hit}SELECT {failures_col}, {'(SELECT hits FROM hit)' if hit else 'NULL'},"  # noqa: S608
+        f" {reservation_col}, {sql.columns(ApiKey, 'k')}, {sql.columns(Tenant, 't')}"
+        f" FROM ({one}) one LEFT JOIN {key_table} k ON k.{prefix} = %s"
+        f" LEFT JOIN {sql.table(Tenant)} t ON t.id = {tenant_col}"
+    )
+
+
 def _forget_keys(**kwargs: Any) -> None:
     _keys.clear()
 
@@ -99,21 +251,43 @@ class ApiKeyAuthentication(BaseAuthentication):
         header = request._request.META.get("HTTP_AUTHORIZATION")
         if header is None:
             return None  # NotAuthenticated (401) follows from the permission check.
-        wait = throttling.auth_blocked_for(request)
+        match = _HEADER.fullmatch(header)
+        try:
+            if match is None or _cached(match[1]):
+                self._refuse_if_blocked(request, throttling.auth_failures_counted(request))
+                return AnonymousUser(), self._key(match, _key_with_prefix)
+            return AnonymousUser(), self._key_in_one_read(request, match)
+        except exceptions.AuthenticationFailed:
+            throttling.auth_failure_record(request)
+            raise
+
+    def _key_in_one_read(self, request: Request, match: re.Match[str]) -> ApiKey:
+        """One statement reads the key, this source's failed attempts, the tenant's view of a
+        reservation the URL names, and (PostgreSQL) counts the key's hit for its throttle if
+        the secret's hash matches; each result is only acted on in the order a statement each
+        would have been: the source's block first, then the secret (constant-time), then the
+        rest."""
+        raw = match.group(0).removeprefix(f"{KEYWORD} ")
+        with ledger_guard("authentication"):
+            found = auth_read(request, match[1], raw)
+        self._refuse_if_blocked(request, found.failures)
+        api_key = self._key(match, lambda prefix: _cache_key(prefix, found.api_key))
+        if found.key_hits is not None:
+            request._llmb_key_hits = found.key_hits  # type: ignore[attr-defined]
+        request._llmb_reservation = found.reservation  # type: ignore[attr-defined]
+        return api_key
+
+    @staticmethod
+    def _refuse_if_blocked(request: Request, failures: int | None) -> None:
+        wait = throttling.auth_wait(failures)
         if wait is not None:
             raise exceptions.Throttled(
                 wait,
                 detail=f"Too many failed API key attempts from this address; retry in {wait} "
                 "seconds.",
             )
-        try:
-            return AnonymousUser(), self._key(header)
-        except exceptions.AuthenticationFailed:
-            throttling.auth_failure_record(request)
-            raise
 
-    def _key(self, header: str) -> ApiKey:
-        match = _HEADER.fullmatch(header)
+    def _key(self, match: re.Match[str] | None, key_with_prefix: Any) -> ApiKey:
         if match is None:
             raise exceptions.AuthenticationFailed(
                 f"Malformed Authorization header: send exactly '{KEYWORD} <prefix>.<secret>' "
@@ -122,7 +296,7 @@ class ApiKeyAuthentication(BaseAuthentication):
             )
         raw = match.group(0).removeprefix(f"{KEYWORD} ")
         with ledger_guard("authentication"):
-            api_key = _key_with_prefix(match[1])
+            api_key = key_with_prefix(match[1])
         if api_key is None:
             ApiKey.objects.key_generator.verify(raw, _decoy_hash())
             raise exceptions.AuthenticationFailed("Invalid API key.", code="invalid_api_key")

@@ -54,6 +54,12 @@ def reservation_id_for(request: Request, reservation_id: str) -> UUID:
         rid = UUID(reservation_id)
     except ValueError:
         raise ReservationNotFound(reservation_id) from None
+    prefetched = getattr(request, "_llmb_reservation", None)
+    if prefetched is not None and prefetched[0] == reservation_id:
+        # Read with the key by authentication (``auth_read``), scoped the same way.
+        if not prefetched[1]:
+            raise ReservationNotFound(rid)
+        return rid
     tenant_id = api_key_of(request).tenant_id
     with ledger_guard("read"):
         found = sql.fetch(

@@ -6,8 +6,11 @@ as everywhere in this app. Serializers check shapes only; the services check mea
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import json
+import threading
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
@@ -112,11 +115,33 @@ def money_out(**kwargs: Any) -> serializers.DecimalField:
     )
 
 
+def _fresh(field: serializers.Field) -> serializers.Field:
+    """A copy of an unbound declared field, as DRF's ``copy.deepcopy`` makes one per serializer
+    instance, without re-running ``__init__`` (most of a request serializer's cost: validators
+    built again, kwargs deep-copied). What a field may change after ``__init__`` is copied: its
+    validators list, its binding (done by the serializer), its child (re-parented to the copy); the
+    rest (error messages, help text, kwargs) is only read."""
+    if isinstance(field, serializers.BaseSerializer):
+        return copy.deepcopy(field)
+    new = copy.copy(field)
+    state = new.__dict__  # DRF's attributes, undeclared for the type checker
+    if "_validators" in state:
+        state["_validators"] = list(state["_validators"])
+    child = state.get("child")
+    if child is not None:
+        state["child"] = _fresh(child)
+        state["child"].parent = new  # bound by the field's __init__ (field_name ""): re-parent
+    return new
+
+
 class StrictSerializer(serializers.Serializer):
     """Refuses fields it does not know, so a typo is an error, not a silent default."""
 
     # Fields clients may expect from the spec that are not supported yet: the message says why.
     not_yet: dict[str, str] = {}
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        return {name: _fresh(field) for name, field in self._declared_fields.items()}
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, Mapping):
@@ -672,3 +697,34 @@ class BudgetExceededDetailSerializer(ErrorDetailSerializer):
 
 class BudgetExceededSerializer(serializers.Serializer):
     error = BudgetExceededDetailSerializer()
+
+
+@functools.cache
+def _template(serializer_class: type[serializers.Serializer]) -> serializers.Serializer:
+    return serializer_class()
+
+
+def represent(serializer_class: type[serializers.Serializer], instance: Any) -> dict[str, Any]:
+    """``serializer_class(instance).data``, from one instance of the serializer per class: a
+    ModelSerializer builds its fields from the model on every instance, which costs more than
+    the rendering. For read-only output serializers without context (no request-dependent
+    fields); rendering changes no state of the serializer or its fields."""
+    return dict(_template(serializer_class).to_representation(instance))
+
+
+_bound_fields = threading.local()
+
+
+def validating(serializer_class: type[serializers.Serializer], data: Any) -> serializers.Serializer:
+    """``serializer_class(data=data)`` whose fields are this thread's bound copy, built once
+    per class and thread: binding fields costs more than validating a small body. Validation
+    stores its results on the serializer, never on its fields (DRF's fields keep no state from
+    a call; ours neither), and a thread validates one body at a time. Only for serializers
+    built from ``data`` alone: the fields' root is a template without context or ``partial``."""
+    cache = _bound_fields.__dict__.setdefault("by_class", {})
+    fields = cache.get(serializer_class)
+    if fields is None:
+        fields = cache[serializer_class] = serializer_class().fields
+    serializer = serializer_class(data=data)
+    serializer.__dict__["fields"] = fields  # what the ``fields`` cached_property would hold
+    return serializer

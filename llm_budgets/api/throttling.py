@@ -39,6 +39,11 @@ def _window(duration: int, now: float) -> int:
     return int(now // duration) * duration
 
 
+def window_now(duration: int) -> int:
+    """The start of the current window of this duration."""
+    return _window(duration, time.time())
+
+
 def counter_hit(key: str, *, duration: int, now: float | None = None) -> int:
     """Count one hit of ``key`` in the current window; returns the window's hits so far. One
     statement (an upsert), so concurrent processes never lose a hit."""
@@ -52,13 +57,20 @@ def counter_hit(key: str, *, duration: int, now: float | None = None) -> int:
         )
         cursor.execute(upsert, [key, start])
         hits = int(cursor.fetchone()[0])
-        if hits == 1:  # a new window: forget this key's old ones, and anyone's older than a day
-            cursor.execute(
-                f'DELETE FROM {table} WHERE ("key" = %s AND window_start < %s) '  # noqa: S608
-                "OR window_start < %s",
-                [key, start, start - STALE_AFTER],
-            )
+    if hits == 1:
+        forget_old_windows(key, start)
     return hits
+
+
+def forget_old_windows(key: str, start: int) -> None:
+    """On a new window of ``key``: delete its old ones, and anyone's older than STALE_AFTER."""
+    table = connection.ops.quote_name(RateCounter._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'DELETE FROM {table} WHERE ("key" = %s AND window_start < %s) '  # noqa: S608
+            "OR window_start < %s",
+            [key, start, start - STALE_AFTER],
+        )
 
 
 def counter_hits(key: str, *, duration: int, now: float | None = None) -> int:
@@ -94,14 +106,31 @@ def auth_failure_key(request: Request) -> str:
 
 def auth_blocked_for(request: Request) -> int | None:
     """Seconds until this source may try again, or None if it may try now."""
+    return auth_wait(auth_failures_counted(request))
+
+
+def auth_failures_counted(request: Request) -> int | None:
+    """This source's failed attempts in the current window (None: API_AUTH_FAILURE_RATE off)."""
     rate = conf.API_AUTH_FAILURE_RATE
     if rate is None:
         return None
-    limit, duration = parse_rate(rate)
+    _limit, duration = parse_rate(rate)
     with ledger_guard("authentication"):
-        if counter_hits(auth_failure_key(request), duration=duration) < limit:
-            return None
-    return seconds_left(duration)
+        return counter_hits(auth_failure_key(request), duration=duration)
+
+
+def auth_wait(failures: int | None) -> int | None:
+    """Seconds until a source with this many failures may try again, or None if it may now."""
+    rate = conf.API_AUTH_FAILURE_RATE
+    if rate is None or failures is None:
+        return None
+    limit, duration = parse_rate(rate)
+    return None if failures < limit else seconds_left(duration)
+
+
+def key_counter(prefix: str) -> str:
+    """The counter of the per-key throttle."""
+    return f"api-key:{prefix}"
 
 
 def auth_failure_record(request: Request) -> None:
@@ -124,8 +153,12 @@ class ApiKeyRateThrottle(BaseThrottle):
         if rate is None or not isinstance(request.auth, ApiKey):
             return True  # unauthenticated requests are refused before throttling matters
         limit, duration = parse_rate(rate)
-        with ledger_guard("throttle"):
-            hits = counter_hit(f"api-key:{request.auth.prefix}", duration=duration)
+        counted = getattr(request, "_llmb_key_hits", None)
+        if counted is not None and counted[0] == key_counter(request.auth.prefix):
+            hits = counted[2]  # authentication counted it, in its one statement
+        else:
+            with ledger_guard("throttle"):
+                hits = counter_hit(key_counter(request.auth.prefix), duration=duration)
         if hits <= limit:
             return True
         self.wait_seconds = seconds_left(duration)

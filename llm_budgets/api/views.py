@@ -114,7 +114,7 @@ class ApiView(APIView):
     def valid(
         self, serializer_class: type[Serializer], request: Request, *, query: bool = False
     ) -> dict[str, Any]:
-        serializer = serializer_class(data=request.query_params if query else request.data)
+        serializer = s.validating(serializer_class, request.query_params if query else request.data)
         serializer.is_valid(raise_exception=True)
         return dict(serializer.validated_data)
 
@@ -158,7 +158,9 @@ class ReservationCreateView(ApiView):
             allow_degrade=data["allow_degrade"],
             api_key=api_key_of(request),
         )
-        return Response(s.ReservationSerializer(reservation).data, status=status.HTTP_201_CREATED)
+        return Response(
+            s.represent(s.ReservationSerializer, reservation), status=status.HTTP_201_CREATED
+        )
 
 
 class ReservationDetailView(ApiView):
@@ -168,10 +170,15 @@ class ReservationDetailView(ApiView):
         responses={200: s.ReservationSerializer, **errors(404)},
     )
     def get(self, request: Request, reservation_id: str) -> Response:
-        return Response(s.ReservationSerializer(reservation_for(request, reservation_id)).data)
+        return Response(
+            s.represent(s.ReservationSerializer, reservation_for(request, reservation_id))
+        )
 
 
 class ReservationCommitView(ApiView):
+    # Authentication's one statement also reads whether the key may see this reservation.
+    prefetch_reservation = "reservation_id"
+
     @api_schema(
         operation_id="reservations_commit",
         summary="Commit actual usage (repeating returns the first result)",
@@ -185,7 +192,7 @@ class ReservationCommitView(ApiView):
         rid = reservation_id_for(request, reservation_id)
         data.pop("idempotency_key", None)
         result = settlement.reservation_commit(rid, **data)
-        return Response(s.CommitResultSerializer(result).data)
+        return Response(s.represent(s.CommitResultSerializer, result))
 
 
 class _ReservationActionView(ApiView):
@@ -205,7 +212,7 @@ class _ReservationActionView(ApiView):
             reservation = Reservation.objects.select_related("tenant", "end_user").get(
                 pk=reservation.pk
             )
-        return Response(s.ReservationSerializer(reservation).data)
+        return Response(s.represent(s.ReservationSerializer, reservation))
 
 
 class ReservationReleaseView(_ReservationActionView):
