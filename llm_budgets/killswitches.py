@@ -280,10 +280,12 @@ def kill_switches_covering(
     now: datetime,
     api_key_id: str | None = None,
     run_id: int | None = None,
+    first: sql.Statement | None = None,
 ) -> list[KillSwitch]:
     """Every open switch whose scope covers a request, in one indexed query (uncleared rows
     only). ``models``: every model the request might be served as. ``api_key_id``: the REST API
-    key the request came through, if any (a switch on a key covers only calls through it)."""
+    key the request came through, if any (a switch on a key covers only calls through it).
+    ``first``: a statement sent ahead of it in the same round trip (``statements.fetch``)."""
     # Every admission asks this: one statement without the ORM's compilation (see
     # ``engine.statements``). A None id compares unknown in SQL: only unscoped rows match.
     model_list = sorted(set(models))
@@ -296,7 +298,7 @@ def kill_switches_covering(
         api_key_id,
         run_id,
     ]
-    rows = sql.fetch(_covering_sql(len(model_list)), params)
+    rows = sql.fetch(_covering_sql(len(model_list)), params, first=first)
     return [sql.row_to(KillSwitch, row) for row in rows]
 
 

@@ -26,6 +26,30 @@ def tenant_get(external_id: str) -> Tenant:
         raise UnknownTenant(external_id) from None
 
 
+def tenant_with_plan(external_id: str) -> Tenant:
+    """:func:`tenant_get` for admission: the tenant and its plan in one statement without the
+    ORM's compilation (``engine.statements``), always on the primary, as admission's other
+    reads are. ``UnknownTenant`` if there is none."""
+    external_id = validation.identifier("tenant", external_id)
+    rows = sql.fetch(_tenant_with_plan_sql(), [external_id])
+    if not rows:
+        raise UnknownTenant(external_id)
+    tenant = sql.row_to(Tenant, rows[0])
+    at = sql.width(Tenant)
+    tenant.plan = None if rows[0][at] is None else sql.row_to(Plan, rows[0], at)
+    return tenant
+
+
+@functools.cache
+def _tenant_with_plan_sql() -> str:
+    return (
+        f"SELECT {sql.columns(Tenant, 't')}, {sql.columns(Plan, 'p')}"  # noqa: S608
+        f" FROM {sql.table(Tenant)} t"
+        f" LEFT JOIN {sql.table(Plan)} p ON p.id = t.{sql.column(Tenant, 'plan')}"
+        f" WHERE t.{sql.column(Tenant, 'external_id')} = %s"
+    )
+
+
 def tenant_ensure(
     external_id: str,
     *,
@@ -133,7 +157,7 @@ def tenant_with_end_user(tenant: str, end_user: str | None) -> tuple[Tenant, End
         if rows:
             user = end_user_from_row(rows[0])
             return user.tenant, user
-    return tenant_get(tenant), None
+    return tenant_with_plan(tenant), None
 
 
 # An end user by external ids with its tenant and the tenant's plan, in one statement without

@@ -146,14 +146,11 @@ def test_a_fault_in_admission_sql_surfaces_and_holds_nothing(
     seed(limit="100")
     reserve_30().release()
 
-    def broken(
-        applicable: object, *, first: sql.Statement | None = None, then: object = None
-    ) -> tuple[list[Counter], list[object]]:
-        sql.fetch("SELECT no_such_column FROM llm_budgets_counter", [], first=first)
-        raise AssertionError("unreachable")
+    def broken(applicable: object) -> sql.Statement:
+        return "SELECT no_such_column FROM llm_budgets_counter", []
 
     with (
-        mock.patch.object(admission, "counters_locked_then", broken),
+        mock.patch.object(admission, "counters_locking", broken),
         caplog.at_level(logging.ERROR, logger="llm_budgets"),
         pytest.raises(DatabaseError) as excinfo,
     ):
@@ -194,13 +191,11 @@ def test_counters_that_stay_missing_are_refused_as_retryable() -> None:
     """Counters created, then gone again before the retry locks them: refused, not leaked."""
     seed(limit="100")
 
-    def nothing_locked(
-        applicable: object, *, first: object = None, then: object = None
-    ) -> tuple[list[Counter], list[object]]:
-        return [], []
+    def nothing_locked(applicable: object) -> sql.Statement:
+        return "SELECT 1 WHERE 1 = 0", []  # no row: every counter missing
 
     with (
-        mock.patch.object(admission, "counters_locked_then", nothing_locked),
+        mock.patch.object(admission, "counters_locking", nothing_locked),
         pytest.raises(LedgerUnavailable),
     ):
         reserve_30()

@@ -12,7 +12,17 @@ from django.test.utils import CaptureQueriesContext
 
 from llm_budgets import budgets
 from llm_budgets.engine import statements as sql
-from llm_budgets.models import Counter, EndUser, Price, Reservation, Run, Tenant, UsageRecord
+from llm_budgets.models import (
+    Counter,
+    EndUser,
+    KillSwitch,
+    Plan,
+    Price,
+    Reservation,
+    Run,
+    Tenant,
+    UsageRecord,
+)
 from llm_budgets.reconcile import counters_drift
 from tests.queries import reads, round_trips
 
@@ -194,3 +204,113 @@ def test_a_run_and_a_tag_cost_no_round_trip(acme: None, on_postgres: bool) -> No
     assert [plain_rows, tagged_rows, run_rows, both_rows] == [3, 4, 4, 5]
     locks = [sql for trip in both for sql in trip if "FOR UPDATE" in sql or "FOR SHARE" in sql]
     assert len(locks) == (1 if on_postgres else 0), locks  # the counters' lock, nothing else
+
+
+def test_a_spread_call_locks_its_counters_and_picks_its_stripe_in_one_round_trip(
+    acme: None, on_postgres: bool
+) -> None:
+    """Only the global cap is hot (the bench's spread shape): the lock of the other counters and
+    the stripe pick are two statements, the pick after the lock (no wait while a stripe is held),
+    in one round trip on PostgreSQL."""
+    budgets.set_limit(amount=Decimal("5000"), window="month", hot=True, stripes=4)
+    _call()  # creates the counters; the first call under the hot cap splits its stripes
+    trips, rows = _reserve_trips()
+    locking = [(i, sql) for i, trip in enumerate(trips) for sql in trip if "FOR UPDATE" in sql]
+    if on_postgres:
+        assert len(trips) == 3, trips  # context; lock bound, counters' lock, pick; write
+        assert [i for i, _ in locking] == [1, 1], locking
+        assert "SKIP LOCKED" in locking[1][1]
+        assert "SKIP LOCKED" not in locking[0][1]
+    assert rows == 3
+    assert counters_drift() == []
+
+
+def _outside(text: str, params: list[object]) -> list[tuple[object, ...]]:
+    """Rows read on a connection of their own: what is committed, whatever this one holds."""
+    import psycopg
+
+    settings = connection.settings_dict
+    with psycopg.connect(
+        host=settings["HOST"],
+        port=settings["PORT"] or 5432,
+        user=settings["USER"],
+        password=settings["PASSWORD"],
+        dbname=settings["NAME"],
+        autocommit=True,
+    ) as other:
+        return other.execute(text, params).fetchall()
+
+
+def _tenant_row(external_id: str) -> sql.Statement:
+    return sql.inserting([Tenant(external_id=external_id, name=external_id)])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_committing_commits_the_engines_own_transaction_with_its_last_write(
+    on_postgres: bool,
+) -> None:
+    """Committed before the block's exit (the COMMIT went with the write); nested in a caller's
+    transaction it only writes, and the caller's block decides."""
+    from django.db import transaction
+
+    if not on_postgres:
+        pytest.skip("the commit rides a psycopg pipeline: PostgreSQL only")
+    table = sql.table(Tenant)
+    seen = f"SELECT count(*) FROM {table} WHERE external_id = %s"
+    with transaction.atomic():
+        sql.run_committing([_tenant_row("own")])
+        assert _outside(seen, ["own"]) == [(1,)]
+    with transaction.atomic(), transaction.atomic():
+        sql.run_committing([_tenant_row("nested")])
+        assert _outside(seen, ["nested"]) == [(0,)]
+    assert _outside(seen, ["nested"]) == [(1,)]
+    with transaction.atomic():
+        sql.run_committing([_tenant_row("a"), _tenant_row("b")])  # one statement, one commit
+    assert Tenant.objects.filter(external_id__in=["a", "b"]).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_committing_a_commit_that_fails_raises_and_writes_nothing(on_postgres: bool) -> None:
+    """A foreign key is checked at COMMIT (Django's are deferred): the violation surfaces from
+    the write's round trip, nothing is written, and the connection works afterwards."""
+    from django.db import IntegrityError, transaction
+
+    if not on_postgres:
+        pytest.skip("the commit rides a psycopg pipeline: PostgreSQL only")
+    orphan = sql.inserting([EndUser(tenant_id=987654321, external_id="orphan")])
+    with pytest.raises(IntegrityError), transaction.atomic():
+        sql.run_committing([_tenant_row("with-orphan"), orphan])
+    assert not Tenant.objects.filter(external_id="with-orphan").exists()
+    assert not EndUser.objects.filter(external_id="orphan").exists()
+    with transaction.atomic():
+        sql.run_committing([_tenant_row("after")])
+    assert Tenant.objects.filter(external_id="after").exists()
+
+
+def test_an_open_switch_elsewhere_costs_the_call_no_extra_round_trip_for_the_bound(
+    acme: None, on_postgres: bool
+) -> None:
+    """Some switch is open (another tenant's), so the call reads which switches cover it: that
+    read is the transaction's first statement and goes with the bound on lock waits."""
+    budgets.ensure_tenant("other")
+    budgets.trip(tenant="other", reason="runaway agent")
+    _call()
+    trips, _ = _reserve_trips()
+    switch_reads = [trip for trip in trips if any(reads(sql, KillSwitch) for sql in trip)]
+    bound = [trip for trip in trips if any(sql.startswith("SELECT set_config") for sql in trip)]
+    if on_postgres:
+        # The context read (which sees that a switch is open), the bound with the switch read,
+        # the counters' lock, the write.
+        assert len(trips) == 4, trips
+        assert bound == switch_reads[-1:], trips
+        assert len(bound[0]) == 2, bound
+
+
+def test_a_call_without_an_end_user_reads_its_tenant_in_one_statement(acme: None) -> None:
+    with CaptureQueriesContext(connection) as queries:
+        budgets.reserve(
+            tenant="acme", provider="openai", model="gpt-4o", input_tokens=10, max_output_tokens=10
+        )
+    tenant_reads = [q["sql"] for q in queries.captured_queries if reads(q["sql"], Tenant)]
+    assert len(tenant_reads) == 1, tenant_reads
+    assert reads(tenant_reads[0], Plan)

@@ -29,10 +29,11 @@ from llm_budgets.engine.boundary import (
 from llm_budgets.engine.counters import (
     Bucket,
     CounterKey,
-    counters_locked_then,
+    counters_from,
+    counters_locking,
     rolling_buckets,
     rows_by_key,
-    stripes_picked,
+    stripes_picking,
 )
 from llm_budgets.events import observed_admission
 from llm_budgets.exceptions import (
@@ -66,7 +67,7 @@ from llm_budgets.selectors import (
     applicable_budgets,
 )
 from llm_budgets.tags import tags_validate
-from llm_budgets.tenants import end_user_ensure, tenant_get, tenant_with_end_user
+from llm_budgets.tenants import end_user_ensure, tenant_with_end_user, tenant_with_plan
 from llm_budgets.usage import tool_calls_validate
 from llm_budgets.windows import rolling_window
 
@@ -223,7 +224,7 @@ def reservation_create(
             now = given or dbclock.database_now()
             if request.end_user is not None and request.provider is not None:
                 # The end user's first call: it is created below, once the call is valid.
-                tenant_obj, user_obj = tenant_get(request.tenant), None
+                tenant_obj, user_obj = tenant_with_plan(request.tenant), None
             else:
                 tenant_obj, user_obj = tenant_with_end_user(request.tenant, request.end_user)
         if run_id is not None and run_obj is None and context is None:
@@ -496,32 +497,39 @@ def _hold(
     insert_reservation = sql.inserting([reservation])
     bound_sqlite_wait()
     with transaction.atomic():
-        # The bound on lock waits comes first: alone, or with the counters' lock when nothing
-        # else is read or locked before them (one round trip).
-        bound_first = switches_open or bool(rolling_ids)
-        if bound_first:
-            bound_lock_wait()
+        # The bound on lock waits comes first, in the round trip of the transaction's first
+        # statement: the kill switch read, the rolling budgets' lock (alone) or the counters'.
+        bound = lock_timeout_statement()
         blocked_substitutes = (
-            _refuse_if_switched(reservation, degrade.ladder if degrade else [], api_key_id)
+            _refuse_if_switched(
+                reservation, degrade.ladder if degrade else [], api_key_id, first=bound
+            )
             if switches_open
             else {}
         )
+        if rolling_ids and not switches_open:
+            bound_lock_wait()
         _lock_budgets(rolling_ids)
-        first = None if bound_first else lock_timeout_statement()
-        # The run's close is read once every counter it has is locked: with the counters'
-        # lock (one round trip), or after the stripes are picked on the fast path.
+        # One round trip (where psycopg pipelines), each its own statement, in this order: the
+        # bound on lock waits (unless sent above); the counters' lock; the fast path's stripe
+        # pick, which starts only once those counters are held (no wait while a stripe is
+        # held); the read of the run's close, once every counter it has is locked.
+        batch = [] if switches_open or rolling_ids else [bound]
+        if locked:
+            batch.append(counters_locking(locked))
+        amounts = {a.counter_key: reservation.amount_for(a.budget.unit) for a in fast}
+        if fast:
+            batch.append(stripes_picking([(a, amounts[a.counter_key]) for a in fast]))
         run_read = _run_closed_read(reservation.run)
-        counters, run_rows = (
-            counters_locked_then(locked, first=first, then=None if fast else run_read)
-            if locked
-            else ([], [])
-        )
-        rows = rows_by_key(counters)
+        if run_read is not None:
+            batch.append(run_read)
+        results = sql.fetch_each([s for s in batch if s is not None])
+        run_rows = results.pop() if run_read is not None else []
+        picked_rows = results.pop() if fast else []
+        rows = rows_by_key(counters_from(results.pop()) if locked else [])
         if any(not _complete(rows.get(a.counter_key), a) for a in locked):
             raise _MissingCounters
-        picked = _stripes_picked(reservation, fast, first=first if not locked else None)
-        if fast and run_read is not None:
-            run_rows = sql.fetch(*run_read)
+        picked = _stripes_picked(fast, amounts, counters_from(picked_rows))
         _refuse_if_run_closed(reservation.run, run_rows)
         windows = rolling_buckets(applicable) if rolling_ids else {}
         used = _used(rows, windows)
@@ -545,14 +553,11 @@ def _complete(rows: list[Counter] | None, item: ApplicableBudget) -> bool:
 
 
 def _stripes_picked(
-    reservation: Reservation, fast: list[ApplicableBudget], *, first: sql.Statement | None
+    fast: list[ApplicableBudget], amounts: dict[CounterKey, Decimal], picked: list[Counter]
 ) -> list[Counter]:
-    """The fast path: one stripe with room of each hot budget, locked, or ``_Escalate``. The
-    room is checked again here in exact ``Decimal`` (SQLite compares decimals as floats)."""
-    if not fast:
-        return []
-    amounts = {a.counter_key: reservation.amount_for(a.budget.unit) for a in fast}
-    picked = stripes_picked([(a, amounts[a.counter_key]) for a in fast], first=first)
+    """The fast path: the stripes ``stripes_picking`` locked, one with room of each hot budget,
+    or ``_Escalate``. The room is checked again here in exact ``Decimal`` (SQLite compares
+    decimals as floats)."""
     by_key = {CounterKey.of(c): c for c in picked}
     for item in fast:
         stripe = by_key.get(item.counter_key)
@@ -677,16 +682,22 @@ def _take_holds(
         counter.reserved += reservation.amount_for(unit)
         holds.append(ReservationHold(reservation=reservation, counter=counter, unit=unit))
     fields = ["reserved", "allowance", "split_for"] if split else ["reserved"]
+    # The transaction's last statement: committed with it where that saves a round trip.
     Counter.objects.write(
-        written, fields, transition_writes=[insert_reservation, sql.inserting(holds)]
+        written, fields, transition_writes=[insert_reservation, sql.inserting(holds)], commit=True
     )
 
 
 def _refuse_if_switched(
-    reservation: Reservation, ladder: list[Rung], api_key_id: str | None = None
+    reservation: Reservation,
+    ladder: list[Rung],
+    api_key_id: str | None = None,
+    *,
+    first: sql.Statement | None = None,
 ) -> dict[str, KillSwitch]:
-    """One query for every open switch that covers the request; raise for the first that covers
-    the model asked for. Returns the switches that only block a ladder substitute, by model."""
+    """One query for every open switch that covers the request (sent with ``first``); raise for
+    the first that covers the model asked for. Returns the switches that only block a ladder
+    substitute, by model."""
     requested = reservation.model
     # A switch on the priced model also covers the other spellings of its name.
     priced = {reservation.price.model} if reservation.price is not None else set()
@@ -698,6 +709,7 @@ def _refuse_if_switched(
         now=reservation.created_at,
         api_key_id=api_key_id,
         run_id=reservation.run_id,
+        first=first,
     )
     blocked: dict[str, KillSwitch] = {}
     for switch in switches:

@@ -150,12 +150,21 @@ def counters_locked_then(
     """:func:`counters_locked`, followed by ``then`` (a read that must see what was committed
     while the locks were awaited) in the same round trip (``statements.fetch_then``); its rows
     come second."""
+    rows, then_rows = sql.fetch_then(*counters_locking(applicable), first=first, then=then)
+    return counters_from(rows), then_rows
+
+
+def counters_locking(applicable: Sequence[ApplicableBudget]) -> sql.Statement:
+    """The statement :func:`counters_locked` runs (its rows: :func:`counters_from`), to send
+    with others in one round trip (``statements.fetch_each``)."""
     keys = [item.counter_key for item in applicable]
     params = [param for key in keys for param in _key_params(key)]
-    rows, then_rows = sql.fetch_then(
-        _counters_locked_sql(tuple(_nulls(k) for k in keys)), params, first=first, then=then
-    )
-    return [sql.row_to(Counter, row) for row in rows], then_rows
+    return _counters_locked_sql(tuple(_nulls(k) for k in keys)), params
+
+
+def counters_from(rows: Sequence[Sequence[Any]]) -> list[Counter]:
+    """Counters from the rows of :func:`counters_locking` or :func:`stripes_picking`."""
+    return [sql.row_to(Counter, row) for row in rows]
 
 
 @functools.cache
@@ -167,13 +176,14 @@ def _counters_locked_sql(shapes: tuple[tuple[bool, ...], ...]) -> str:
     )
 
 
-def stripes_picked(
-    picks: Sequence[tuple[ApplicableBudget, Decimal]], *, first: sql.Statement | None = None
-) -> list[Counter]:
+def stripes_picking(picks: Sequence[tuple[ApplicableBudget, Decimal]]) -> sql.Statement:
     """For each ``(hot budget, amount)``: lock one of its stripes that can take ``amount`` within
     its allowance, split for the budget's current effective limit, skipping stripes another
-    transaction holds (``FOR UPDATE SKIP LOCKED``: never waits, so it cannot deadlock). A
-    budget none of whose stripes qualifies is simply absent from the result. One statement."""
+    transaction holds (``FOR UPDATE SKIP LOCKED``: never waits, so it cannot deadlock). One
+    statement; its rows (:func:`counters_from`) lack any budget none of whose stripes
+    qualifies. Sent after another locking statement in one round trip
+    (``statements.fetch_each``), it starts only once that one holds its locks: no wait happens
+    while a stripe is held."""
     params: list[object] = []
     for item, amount in picks:
         params += [
@@ -182,8 +192,7 @@ def stripes_picked(
             sql.param(Counter, "allowance", amount),
         ]
     shapes = tuple(_nulls(item.counter_key) for item, _ in picks)
-    rows = sql.fetch(_stripes_picked_sql(shapes), params, first=first)
-    return [sql.row_to(Counter, row) for row in rows]
+    return _stripes_picked_sql(shapes), params
 
 
 @functools.cache

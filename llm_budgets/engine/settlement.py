@@ -153,6 +153,7 @@ def _move(
     reserved: Amounts,
     spent: Amounts,
     transition_writes: Sequence[sql.Statement] = (),
+    last: bool = False,
 ) -> None:
     """Add ``reserved`` and ``spent`` (either may be negative) to every counter of the hold, each
     in the unit its hold was taken in (provider cost or customer price), together with the
@@ -161,7 +162,8 @@ def _move(
     The counters are locked last, in pk order as admission locks them, and only for this write
     and the commit: everything else is computed before. On PostgreSQL the writes, the locks and
     the additions are one statement (numeric arithmetic is exact there). Elsewhere the sums are
-    Decimal arithmetic here: SQLite's is floating point.
+    Decimal arithmetic here: SQLite's is floating point. ``last``: the transaction's last
+    writes, committed in the same round trip where they can be (``statements.run_committing``).
     """
     if connection.vendor == "postgresql":
         params = [
@@ -171,7 +173,8 @@ def _move(
             spent.provider,
             _pk(reservation.pk),
         ]
-        sql.run([*transition_writes, (_add_to_held_counters_sql(), params)])
+        writes = [*transition_writes, (_add_to_held_counters_sql(), params)]
+        (sql.run_committing if last else sql.run)(writes)
         return
     counters = []
     for row in sql.fetch(_held_counters_sql(), [_pk(reservation.pk)]):
@@ -179,7 +182,9 @@ def _move(
         counter.reserved += reserved.for_unit(unit)
         counter.spent += spent.for_unit(unit)
         counters.append(counter)
-    Counter.objects.write(counters, ["reserved", "spent"], transition_writes=transition_writes)
+    Counter.objects.write(
+        counters, ["reserved", "spent"], transition_writes=transition_writes, commit=last
+    )
 
 
 def _held_from() -> str:
@@ -372,6 +377,7 @@ def reservation_commit(
             reserved=-unhold,
             spent=charge,
             transition_writes=[sql.inserting([line]), *billed, committed],
+            last=True,
         )
         # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
         return CommitResult(
@@ -405,7 +411,11 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
         released = _settled(reservation, ReservationState.RELEASED, now)
         if was_live:
             _move(
-                reservation, reserved=-_held(reservation), spent=NONE, transition_writes=[released]
+                reservation,
+                reserved=-_held(reservation),
+                spent=NONE,
+                transition_writes=[released],
+                last=True,
             )
         elif estimate is not None:
             refund = _line(
@@ -769,7 +779,11 @@ def reservation_settle_uncertain(reservation_id: object, *, now: datetime | None
         else:
             released = _settled(reservation, ReservationState.RELEASED, now)
             _move(
-                reservation, reserved=-_held(reservation), spent=NONE, transition_writes=[released]
+                reservation,
+                reserved=-_held(reservation),
+                spent=NONE,
+                transition_writes=[released],
+                last=True,
             )
         return True
 

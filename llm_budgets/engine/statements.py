@@ -249,3 +249,54 @@ def run(statements: Sequence[Statement]) -> None:
     *first, (last, last_params) = statements
     clauses = ", ".join(f"w{i} AS ({text})" for i, (text, _) in enumerate(first))
     execute(f"WITH {clauses} {last}", [*(p for _, ps in first for p in ps), *last_params])
+
+
+def fetch_each(statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
+    """The rows of each statement, run in order: in one round trip where psycopg can pipeline
+    them, each still its own statement (a later one starts only once the one before it has
+    finished, its locks taken, and reads a snapshot of its own)."""
+    db = _db()
+    if len(statements) < 2 or not _pipelines(db.vendor):
+        return [fetch(text, params) for text, params in statements]
+    cursors = [_cursor() for _ in statements]
+    try:
+        # Errors surface when the pipeline syncs, on leaving the block: translate them too.
+        with db.wrap_database_errors, db.connection.pipeline():
+            for cursor, (text, params) in zip(cursors, statements, strict=True):
+                cursor.execute(text, params)
+        return [cursor.fetchall() for cursor in cursors]
+    finally:
+        for cursor in cursors:
+            cursor.close()
+
+
+def run_committing(statements: Sequence[Statement]) -> None:
+    """:func:`run` as the last writes of the transaction, committing it in the same round trip
+    where psycopg pipelines (the COMMIT queued behind the writes). Only when the innermost
+    ``atomic()`` block is also the outermost (the caller's own transaction, not nested in a host's
+    or a test's): otherwise just :func:`run`, and the block's exit commits as usual. The caller
+    runs nothing more in the block (it would start a new transaction); the block's exit then
+    finds the transaction committed and has nothing to send. A failed write or COMMIT raises here,
+    and nothing is committed."""
+    db = _db()
+    if not statements or not _pipelines(db.vendor) or not _own_transaction(db):
+        run(statements)
+        return
+    *first, (last, last_params) = statements
+    clauses = ", ".join(f"w{i} AS ({text})" for i, (text, _) in enumerate(first))
+    text = f"WITH {clauses} {last}" if first else last
+    params = [*(p for _, ps in first for p in ps), *last_params]
+    with _cursor() as cursor, db.wrap_database_errors, db.connection.pipeline():
+        cursor.execute(text, params)
+        db.connection.commit()
+
+
+def _own_transaction(db: BaseDatabaseWrapper) -> bool:
+    """Whether one ``atomic()`` block is open, the outermost, with nothing marked to roll back."""
+    return (
+        db.in_atomic_block
+        and len(db.atomic_blocks) == 1
+        and not db.savepoint_ids
+        and db.commit_on_exit
+        and not db.needs_rollback
+    )

@@ -257,10 +257,13 @@ class CounterQuerySet(models.QuerySet["Counter"]):
         fields: Sequence[str],
         *,
         transition_writes: Sequence[sql.Statement] = (),
+        commit: bool = False,
     ) -> None:
         """Store new values of counters the caller has locked, together with the other writes
         of the same transition (``transition_writes``: its reservation, holds, ledger line or
-        state), which run first (SQLite) or in the same statement (PostgreSQL).
+        state), which run first (SQLite) or in the same statement (PostgreSQL). ``commit``: the
+        transaction's last writes, committed in the same round trip where they can be
+        (``statements.run_committing``).
 
         On PostgreSQL an ``UPDATE ... FROM (VALUES ...)``, sent with ``transition_writes`` as one
         statement
@@ -282,7 +285,7 @@ class CounterQuerySet(models.QuerySet["Counter"]):
             f"AS v(id, {', '.join(columns)}) WHERE {table}.id = v.id"
         )
         params = [value for c in counters for value in (c.pk, *(getattr(c, f) for f in fields))]
-        sql.run([*transition_writes, (text, params)])
+        (sql.run_committing if commit else sql.run)([*transition_writes, (text, params)])
 
 
 class Counter(models.Model):

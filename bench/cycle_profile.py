@@ -1,0 +1,162 @@
+"""CPU and statements per app cycle (reserve + commit), one process, on PostgreSQL.
+
+Usage (from the repository root)::
+
+    python bench/cycle_profile.py [--scenario hot|spread] [--cycles 2000] [--stripes 32]
+                                  [--profile] [--database-url postgres://.../lb_cycle_bench]
+
+Seeds as ``bench/admission.py`` does (the database is DROPPED and recreated; its name must say
+``bench``), then runs the app's cycle alone and prints, per cycle: the client's CPU
+(``process_time``), the PostgreSQL backend's CPU (from ``/proc/<backend pid>/stat``: the server
+must run on this machine), statements and round trips (a pipelined batch counts once) for
+reserve and for commit. CPU, not wall time: it holds on a shared machine. With ``--profile``,
+the client's top functions (cProfile, cumulative).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import admission as bench
+import psycopg
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _backend_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+
+
+class _Counter:
+    """Counts statements and round trips: a psycopg pipeline sends its batch in one; a COMMIT
+    sent on its own (not queued in a pipeline) is one more."""
+
+    active: _Counter | None = None
+
+    def __init__(self) -> None:
+        self.statements = 0
+        self.trips = 0
+        self._pipeline: object = None
+
+    def __call__(self, execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+        self.statements += 1
+        pipeline = getattr(context["connection"].connection, "_pipeline", None)
+        if pipeline is None or pipeline is not self._pipeline:
+            self.trips += 1
+        self._pipeline = pipeline
+        return execute(sql, params, many, context)
+
+    @classmethod
+    def patch_commit(cls) -> None:
+        commit = psycopg.Connection.commit
+
+        def counted(conn: psycopg.Connection) -> None:
+            idle = conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            if cls.active is not None and not idle and conn._pipeline is None:
+                cls.active.trips += 1
+            commit(conn)
+
+        psycopg.Connection.commit = counted  # type: ignore[method-assign,assignment]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scenario", default="hot", choices=["hot", "spread"])
+    parser.add_argument("--cycles", type=int, default=2000)
+    parser.add_argument("--stripes", type=int, default=32)
+    parser.add_argument("--path", default="app", choices=["app", "floor"])
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--sort", default="tottime")
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get(
+            "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/lb_cycle_bench"
+        ),
+    )
+    args = parser.parse_args()
+    bench.recreate_database(args.database_url)
+    bench.setup_django(args.database_url, 5)
+    fixed, targets = bench.seed(args.database_url, [args.scenario], args.stripes)
+    if args.path == "floor":
+        _floor(args, fixed, targets[args.scenario])
+        return
+    from django.db import connection
+
+    from llm_budgets import budgets
+
+    rng = random.Random(1)
+    pool = targets[args.scenario]
+    for _ in range(50):  # warm: prepared statements, caches
+        bench._app_cycle(rng.choice(pool))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = cursor.fetchone()[0]
+
+    reserve_count, commit_count = _Counter(), _Counter()
+    picked = [rng.choice(pool) for _ in range(args.cycles)]
+    profiler = cProfile.Profile(time.process_time) if args.profile else None
+    server0, client0, wall0 = _backend_cpu(backend), time.process_time(), time.perf_counter()
+    if profiler:
+        profiler.enable()
+    _Counter.patch_commit()
+    for target in picked:
+        with connection.execute_wrapper(reserve_count):
+            _Counter.active = reserve_count
+            hold = bench._reserve(target)
+        with connection.execute_wrapper(commit_count):
+            _Counter.active = commit_count
+            hold.commit(
+                input_tokens=bench.USED_INPUT_TOKENS, output_tokens=bench.USED_OUTPUT_TOKENS
+            )
+    if profiler:
+        profiler.disable()
+    client = time.process_time() - client0
+    server = _backend_cpu(backend) - server0
+    wall = time.perf_counter() - wall0
+    n = args.cycles
+    print(f"{args.scenario}, {args.stripes} stripes, {n} cycles, one process")
+    print(
+        f"client CPU {client / n * 1000:.3f} ms/cycle, backend CPU {server / n * 1000:.3f} ms/cycle"
+        f" (tick {1000 / TICKS:.0f} ms), wall {wall / n * 1000:.3f} ms/cycle"
+    )
+    for name, c in (("reserve", reserve_count), ("commit", commit_count)):
+        print(f"{name}: {c.statements / n:.2f} statements, {c.trips / n:.2f} round trips")
+    print(f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    del budgets
+    if profiler:
+        profiler.dump_stats("/tmp/cycle.prof")
+        pstats.Stats(profiler).sort_stats(args.sort).print_stats(args.top)
+
+
+def _floor(args: argparse.Namespace, fixed: bench.Fixed, pool: list[bench.Target]) -> None:
+    """The hand-written floor's cycle (``bench/admission.py``), measured the same way."""
+    rng = random.Random(1)
+    with psycopg.connect(args.database_url, autocommit=True) as conn:
+        for _ in range(50):
+            bench._floor_cycle(conn, fixed, rng.choice(pool))
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+        picked = [rng.choice(pool) for _ in range(args.cycles)]
+        server0, client0 = _backend_cpu(backend), time.process_time()
+        for target in picked:
+            bench._floor_cycle(conn, fixed, target)
+        client, server = time.process_time() - client0, _backend_cpu(backend) - server0
+    n = args.cycles
+    print(f"floor, {args.scenario}, {n} cycles, one process")
+    print(
+        f"client CPU {client / n * 1000:.3f} ms/cycle, backend CPU {server / n * 1000:.3f} ms/cycle"
+    )
+    print(f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
