@@ -13,7 +13,6 @@ import subprocess
 import sys
 from typing import Any
 
-import django
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth import get_user_model
