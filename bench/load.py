@@ -195,8 +195,10 @@ def _client(
                 key,
                 json={**body, "idempotency_key": idem},
             )
-            same = again.status_code == 201 and replay.json().get("id") == again.json().get("id")
-            retries_ok, retries_bad = retries_ok + same, retries_bad + (not same)
+            # A first attempt refused at the limit (429) is not a retry pair: nothing was held.
+            if again.status_code == 201:
+                same = replay.status_code in (200, 201) and replay.json()["id"] == again.json()["id"]
+                retries_ok, retries_bad = retries_ok + same, retries_bad + (not same)
             if again.status_code == 201:
                 call(
                     "commit",
