@@ -197,7 +197,9 @@ def _client(
             )
             # A first attempt refused at the limit (429) is not a retry pair: nothing was held.
             if again.status_code == 201:
-                same = replay.status_code in (200, 201) and replay.json()["id"] == again.json()["id"]
+                same = (
+                    replay.status_code in (200, 201) and replay.json()["id"] == again.json()["id"]
+                )
                 retries_ok, retries_bad = retries_ok + same, retries_bad + (not same)
             if again.status_code == 201:
                 call(
