@@ -3,7 +3,7 @@ invariant checker sampling every counter while they run.
 
 Usage (from the repository root)::
 
-    python bench/load.py [--clients 8] [--workers 2] [--duration 20] [--port 8107]
+    python bench/load.py [--clients 8] [--workers 2] [--duration 20] [--port 8107] [--hot]
                          [--database-url postgres://postgres@127.0.0.1:5432/llm_budgets_bench]
 
 The database is DROPPED and recreated (its name must contain ``bench``), migrated and seeded:
@@ -105,14 +105,15 @@ def _seed(args: argparse.Namespace) -> list[tuple[str, str]]:
     from llm_budgets.api.keys import api_key_create
 
     price_set()
-    budgets.set_limit(amount=Decimal("1000000"), window="month")  # global
+    hot = True if args.hot else None  # hot caps (docs/design/hot-caps.md): striped counters
+    budgets.set_limit(amount=Decimal("1000000"), window="month", hot=hot)  # global
     tenants = []
     for i in range(args.tenants):
         external = f"t{i:03d}"
         budgets.ensure_tenant(external, name=f"Tenant {i}")
         # A small cap on every fourth tenant: refusals at the limit.
         limit = Decimal("0.05") if i % 4 == 0 else Decimal("100000")
-        budgets.set_limit(tenant=external, amount=limit, window="month")
+        budgets.set_limit(tenant=external, amount=limit, window="month", hot=hot)
         budgets.set_limit(tenant=external, end_user="*", amount=Decimal("50000"), window="month")
         _, key = api_key_create(tenant=external, name="load")
         tenants.append((external, key))
@@ -231,11 +232,15 @@ def _checker(args: argparse.Namespace, stop: Any, queue: Any) -> None:
 
     c, b = Counter._meta.db_table, Budget._meta.db_table
     h, u = ReservationHold._meta.db_table, UsageRecord._meta.db_table
+    # One row per logical counter: a hot budget's stripes are summed (each stripe alone may sit
+    # far below the limit while their sum is past it).
     query = (
-        f'SELECT c.id, c.spent, c.reserved, b."limit", COALESCE(o.overage, 0) FROM {c} c '
+        f'SELECT MIN(c.id), SUM(c.spent), SUM(c.reserved), b."limit", '
+        f"COALESCE(SUM(o.overage), 0) FROM {c} c "
         f"JOIN {b} b ON b.id = c.budget_id LEFT JOIN (SELECT h.counter_id, SUM(u.overage) AS "
         f"overage FROM {h} h JOIN {u} u ON u.reservation_id = h.reservation_id "
-        f"GROUP BY h.counter_id) o ON o.counter_id = c.id"
+        f"GROUP BY h.counter_id) o ON o.counter_id = c.id "
+        f'GROUP BY c.budget_id, c.end_user_id, c.run_id, c.api_key_id, c.period_start, b."limit"'
     )
     samples = violations = sweeps = expired = 0
     examples: list[str] = []
@@ -325,6 +330,12 @@ def main() -> None:
     parser.add_argument("--end-users", type=int, default=50)
     parser.add_argument("--overhead-rounds", type=int, default=40)
     parser.add_argument("--access-log", action="store_true")
+    parser.add_argument(
+        "--hot",
+        action="store_true",
+        help="mark the global and every tenant cap hot (the small caps then refuse at the limit "
+        "through the exact path)",
+    )
     args = parser.parse_args()
 
     _recreate(args.database_url)
