@@ -1,7 +1,8 @@
 """Admission and settlement under real concurrency (issue items D3, D9, D11 and invariant 3):
 threads released together by a barrier, each on its own database connection, on PostgreSQL and
 on SQLite. After every race the ledger must conserve (``counters_drift() == []``) and no counter
-may be past its limit."""
+may be past its limit. Every test runs twice: with each budget's counter one row, and with every
+budget hot (issue #15: its counter split into stripes, docs/design/hot-caps.md)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from django.utils import timezone
 
-from llm_budgets import budgets
+from llm_budgets import budgets, limits
 from llm_budgets.engine.settlement import CommitResult, reservations_sweep
 from llm_budgets.exceptions import BudgetExceeded, ReservationStateError
 from llm_budgets.models import (
+    Budget,
     Counter,
     EndUser,
     Refusal,
@@ -37,6 +41,37 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.concurrency]
 def patient() -> Iterator[None]:
     with patient_lock_waits():
         yield
+
+
+@pytest.fixture(autouse=True, params=["one row", "hot"])
+def caps(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``hot``: every budget the test sets is hot, split into 4 stripes (fewer than the racing
+    threads, so calls find every stripe busy and take the exact path too)."""
+    if request.param == "one row":
+        yield
+        return
+    set_limit = limits.budget_set_limit
+
+    def hot_set_limit(**kwargs: Any) -> Any:
+        kwargs["hot"], kwargs["stripes"] = True, 4
+        return set_limit(**kwargs)
+
+    monkeypatch.setattr(limits, "budget_set_limit", hot_set_limit)
+    yield
+    # The race really ran on split counters.
+    assert not Budget.objects.filter(hot=False).exists()
+    assert Counter.objects.filter(stripe__gt=0).exists()
+
+
+def _counter(**where: Any) -> SimpleNamespace:
+    """The one counter matching ``where``: spent and reserved, a hot cap's stripes summed."""
+    rows = list(Counter.objects.filter(**where))
+    keys = {(c.budget_id, c.end_user_id, c.run_id, c.api_key_id, c.period_start) for c in rows}
+    assert len(keys) == 1, rows
+    return SimpleNamespace(
+        spent=sum((c.spent for c in rows), Decimal(0)),
+        reserved=sum((c.reserved for c in rows), Decimal(0)),
+    )
 
 
 class ProviderFailed(Exception):
@@ -78,7 +113,7 @@ def test_first_requests_of_a_new_end_user_respect_its_default_limit() -> None:
 
     assert len(_admitted(results)) == 3, results
     assert EndUser.objects.filter(tenant__external_id="acme", external_id="new-user").count() == 1
-    assert Counter.objects.get().reserved == Decimal(90)
+    assert _counter().reserved == Decimal(90)
     _assert_ledger_consistent()
 
 
@@ -111,7 +146,7 @@ def test_many_tenants_and_users_never_pass_any_cap() -> None:
     assert ReservationHold.objects.count() == 30
     for hold in admitted:
         assert hold.reservation.holds.count() == 3
-    assert Counter.objects.get(budget__scope="global").reserved == Decimal(300)
+    assert _counter(budget__scope="global").reserved == Decimal(300)
     _assert_ledger_consistent()
 
 
@@ -150,8 +185,8 @@ def test_churn_under_shared_caps_never_shows_a_counter_past_its_limit() -> None:
     assert not [r for r in results if isinstance(r, BaseException)], results
     assert over == []
     total = sum(r for r in results[:workers] if isinstance(r, Decimal))
-    assert Counter.objects.get(budget__scope="global").spent == total
-    assert Counter.objects.get(budget__scope="global").reserved == 0
+    assert _counter(budget__scope="global").spent == total
+    assert _counter(budget__scope="global").reserved == 0
     _assert_ledger_consistent()
 
 
@@ -166,7 +201,7 @@ def test_concurrent_commits_of_one_hold_charge_once() -> None:
     assert len(set(results)) == 1, results
     line = UsageRecord.objects.get()
     assert line.cost == results[0].cost
-    counter = Counter.objects.get()
+    counter = _counter()
     assert (counter.spent, counter.reserved) == (line.cost, Decimal(0))
     assert Reservation.objects.get().state == ReservationState.COMMITTED
     _assert_ledger_consistent()
@@ -205,7 +240,7 @@ def test_commit_release_and_sweep_racing_end_each_hold_in_one_state() -> None:
             assert cost == 0
     # Every hold the sweeps report expired went through EXPIRED exactly once.
     assert swept == UsageRecord.objects.filter(kind=UsageKind.CHARGE, is_estimated=True).count()
-    counter = Counter.objects.get()
+    counter = _counter()
     assert counter.reserved == 0
     _assert_ledger_consistent()
 
@@ -219,7 +254,7 @@ def test_concurrent_requests_with_one_idempotency_key_reserve_once() -> None:
     assert all(isinstance(r, budgets.Hold) for r in results), results
     assert len({r.id for r in results}) == 1  # type: ignore[union-attr]
     assert Reservation.objects.count() == 1
-    assert Counter.objects.get().reserved == Decimal(30)
+    assert _counter().reserved == Decimal(30)
     _assert_ledger_consistent()
 
 
@@ -233,7 +268,7 @@ def test_one_idempotency_key_near_the_limit_is_never_refused_for_its_own_hold() 
     assert all(isinstance(r, budgets.Hold) for r in results), results
     assert len({r.id for r in results}) == 1  # type: ignore[union-attr]
     assert Refusal.objects.count() == 0
-    assert Counter.objects.get().reserved == Decimal(30)
+    assert _counter().reserved == Decimal(30)
     _assert_ledger_consistent()
 
 
@@ -249,7 +284,7 @@ def test_admitted_calls_that_fail_leave_nothing_spent() -> None:
 
     assert all(isinstance(r, ProviderFailed) for r in results), results
     assert set(Reservation.objects.values_list("state", flat=True)) == {ReservationState.RELEASED}
-    counter = Counter.objects.get()
+    counter = _counter()
     assert (counter.spent, counter.reserved) == (Decimal(0), Decimal(0))
     assert not UsageRecord.objects.exists()
     # The whole budget is available again.
