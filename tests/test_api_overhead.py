@@ -249,3 +249,20 @@ def test_a_view_without_the_key_throttle_counts_nothing() -> None:
     assert key_hits(key) == 0
     assert status(key) == 200
     assert key_hits(key) == 1
+
+
+@override_settings(LLM_BUDGETS={"API_THROTTLE_RATE": "2/minute"})
+def test_a_hosts_own_hasher_is_never_asked_for_an_unsalted_hash_and_the_throttle_still_counts() -> (
+    None
+):
+    """Only the default unsalted SHA-512 can be recomputed in SQL; any other hasher (a host's
+    salted one) is left to verify the key, and the hit is counted in a statement of its own."""
+    seed()
+    key = new_key("acme")
+    generator = ApiKey.objects.key_generator
+    default = generator.preferred_hasher
+    own = mock.Mock(wraps=default, algorithm=default.algorithm)  # not a Sha512ApiKeyHasher
+    with mock.patch.object(generator, "preferred_hasher", own):
+        assert [status(key) for _ in range(3)] == [200, 200, 429]
+    own.encode.assert_not_called()
+    assert key_hits(key) == 3

@@ -4,6 +4,7 @@ them, the statement count of a call, and prepared statements on PostgreSQL."""
 from __future__ import annotations
 
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -267,6 +268,36 @@ def test_run_committing_commits_the_engines_own_transaction_with_its_last_write(
     with transaction.atomic():
         sql.run_committing([_tenant_row("a"), _tenant_row("b")])  # one statement, one commit
     assert Tenant.objects.filter(external_id__in=["a", "b"]).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_committing_sends_the_write_and_the_commit_in_one_round_trip(
+    on_postgres: bool, tmp_path: Path
+) -> None:
+    """What goes over the wire, read from libpq's trace of the connection: from the last write
+    to the block's exit, one Sync (the write and COMMIT go together, the client waits for the
+    server once, and the exit sends nothing). ``connection.commit()`` inside the pipeline sent a
+    Sync of its own, then leaving the pipeline another: two round trips."""
+    from django.db import transaction
+
+    if not on_postgres:
+        pytest.skip("the commit rides a psycopg pipeline: PostgreSQL only")
+    trace = tmp_path / "libpq.trace"
+    with trace.open("w") as sink:
+        connection.ensure_connection()
+        pgconn = connection.connection.pgconn
+        try:
+            with transaction.atomic():
+                Tenant.objects.exists()  # the transaction's first statement (BEGIN goes with it)
+                pgconn.trace(sink.fileno())
+                sql.run_committing([_tenant_row("traced")])
+        finally:
+            pgconn.untrace()
+    sent = [line.split("\t") for line in trace.read_text().splitlines()]
+    syncs = [fields for fields in sent if len(fields) > 3 and fields[1:4:2] == ["F", "Sync"]]
+    assert len(syncs) == 1, trace.read_text()
+    seen = f"SELECT count(*) FROM {sql.table(Tenant)} WHERE external_id = %s"
+    assert _outside(seen, ["traced"]) == [(1,)]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -26,6 +26,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication
 from rest_framework.request import Request
+from rest_framework_api_key.crypto import Sha512ApiKeyHasher
 
 from llm_budgets.api import throttling
 from llm_budgets.conf import conf
@@ -125,14 +126,22 @@ def auth_read(request: Request, prefix: str, raw: str) -> AuthRead:
         limit, duration = throttling.parse_rate(failure_rate)
         failures = (throttling.auth_failure_key(request), throttling.window_now(duration), limit)
     hit = None
-    hashed = ApiKey.objects.key_generator.preferred_hasher.encode(raw, "")
-    if throttle_rate is not None and connection.vendor == "postgresql" and _throttled(request):
+    hasher = ApiKey.objects.key_generator.preferred_hasher
+    # The hit is counted in SQL only where the stored hash can be recomputed there: the default
+    # unsalted SHA-512. A host's salted hasher counts it after the secret check, in its own
+    # statement (as SQLite does).
+    if (
+        throttle_rate is not None
+        and connection.vendor == "postgresql"
+        and isinstance(hasher, Sha512ApiKeyHasher)
+        and _throttled(request)
+    ):
         _limit, duration = throttling.parse_rate(throttle_rate)
         hit = (throttling.key_counter(prefix), throttling.window_now(duration))
     reservation = _prefetched_reservation(request)
     params: list[Any] = []
     if hit is not None:
-        params += [*hit, prefix, hashed]
+        params += [*hit, prefix, hasher.encode(raw, "")]
         if failures is not None:
             params += list(failures)
     if failures is not None:

@@ -288,7 +288,9 @@ def run_committing(statements: Sequence[Statement]) -> None:
     params = [*(p for _, ps in first for p in ps), *last_params]
     with _cursor() as cursor, db.wrap_database_errors, db.connection.pipeline():
         cursor.execute(text, params)
-        db.connection.commit()
+        # COMMIT as a statement of the batch, not ``connection.commit()``: that sends a Sync of
+        # its own, and leaving the pipeline another, two round trips where one will do.
+        cursor.execute("COMMIT")
 
 
 def _own_transaction(db: BaseDatabaseWrapper) -> bool:
