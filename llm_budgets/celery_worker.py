@@ -33,15 +33,19 @@ class Consumer(CeleryConsumer):
     def on_connection_error_after_connected(self, exc: Exception) -> None:
         connection = self.connection
         if connection is not None:
-            connection.close = _closing_leniently(connection.close)
+            connection.close = _closing_leniently(connection, connection.close)
         super().on_connection_error_after_connected(exc)
 
 
-def _closing_leniently(close: Callable[[], Any]) -> Callable[[], Any]:
+def _closing_leniently(connection: Any, close: Callable[[], Any]) -> Callable[[], Any]:
     def close_leniently() -> Any:
         try:
             return close()
-        except AttributeError:  # the detached transport (see Consumer); only this is forgiven
+        except AttributeError:
+            # Only the detached transport's error is forgiven (see Consumer): with a transport
+            # still attached, an AttributeError is some other bug, and Celery decides.
+            if getattr(connection, "_transport", None) is not None:
+                raise
             logger.warning(
                 "Closing the lost broker connection failed; its unacknowledged messages stay in "
                 "Redis and are delivered again after the visibility timeout",
