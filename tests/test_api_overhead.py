@@ -266,3 +266,27 @@ def test_a_hosts_own_hasher_is_never_asked_for_an_unsalted_hash_and_the_throttle
         assert [status(key) for _ in range(3)] == [200, 200, 429]
     own.encode.assert_not_called()
     assert key_hits(key) == 3
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
+
+
+def test_request_fields_have_no_mutable_default_to_share() -> None:
+    """``_fresh`` copies a declared field shallowly (DRF deep-copies it): a mutable default or
+    initial (a list, a dict) would be one object shared by every request and thread."""
+    from decimal import Decimal
+
+    immutable = (type(None), bool, int, float, str, Decimal, tuple, frozenset)
+    shared = []
+    for serializer in _subclasses(s.StrictSerializer):
+        for name, field in serializer._declared_fields.items():
+            for attribute in ("default", "initial"):
+                value = getattr(field, attribute, drf.empty)
+                if value is drf.empty or callable(value) or isinstance(value, immutable):
+                    continue
+                if value is getattr(type(field), attribute, None):
+                    continue  # DRF's own class-level value (ListField.initial): shared in DRF too
+                shared.append(f"{serializer.__name__}.{name}.{attribute} = {value!r}")
+    assert _subclasses(s.StrictSerializer), "no request serializer found"
+    assert shared == []
