@@ -204,9 +204,13 @@ def _reserve_then_commit_in_child(ready: Any, go: Any, ttl: int) -> None:
 
 
 def test_a_worker_killed_inside_a_commit_leaves_its_holds_to_the_sweep() -> None:
-    """SIGKILL of a Python-API worker inside commit's transaction (waiting on a counter lock):
-    the database rolls its transaction back, the two holds stay held until their TTL, and the
-    sweep then settles both; nothing charged twice."""
+    """SIGKILL of a Python-API worker inside commit's transaction (its write waiting on a
+    counter lock). The commit's write and its COMMIT go to the server in one batch
+    (``statements.run_committing``), so the server, which has the whole batch, finishes the
+    commit once the lock is free: the usage the worker reported is charged, once. (Had the
+    worker died before the batch reached the server, the transaction would roll back and the
+    hold stay held for the sweep; both end settled, charged once.) The other hold stays held
+    until its TTL and the sweep settles it."""
     if connection.vendor != "postgresql":
         pytest.skip("row locks: PostgreSQL")
     seed(limit="1000")
@@ -228,18 +232,46 @@ def test_a_worker_killed_inside_a_commit_leaves_its_holds_to_the_sweep() -> None
             while time.monotonic() < deadline and not _waiting_on_a_lock():
                 time.sleep(0.05)
             assert _waiting_on_a_lock(), "the child never reached the counter lock"
+            backend = _lock_waiter()
             os.kill(child.pid, 9)
             child.join(30)
     finally:
         if child.is_alive():
             child.kill()
     TALLY["worker SIGKILL inside commit"] += 1
-    assert Reservation.objects.get(pk=hold_id).state == ReservationState.HELD
-    assert not UsageRecord.objects.exists()
+    # The lock is free: the server runs what it had. Wait (bounded) until the killed worker's
+    # backend has ended (its transaction committed or rolled back), then read the outcome.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _backend_alive(backend):
+        time.sleep(0.05)
+    assert not _backend_alive(backend), "the killed worker's backend never ended"
+    state = Reservation.objects.get(pk=hold_id).state
+    assert state in (ReservationState.COMMITTED, ReservationState.HELD), state
+    committed = state == ReservationState.COMMITTED
+    TALLY[f"worker SIGKILL inside commit: {'committed' if committed else 'rolled back'}"] += 1
+    assert UsageRecord.objects.count() == int(committed)
     invariants()
-    assert sweep_after_ttl(ttl) == 2
+    assert sweep_after_ttl(ttl) == 2 - committed
     assert UsageRecord.objects.filter(reservation_id=hold_id).count() == 1  # charged once
+    assert UsageRecord.objects.count() == 2
     invariants()
+
+
+def _lock_waiter() -> int:
+    """The process id of the one backend waiting on a lock in this database."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock'"
+        )
+        (pid,) = cursor.fetchall()
+        return int(pid[0])
+
+
+def _backend_alive(pid: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+        return bool(cursor.fetchone()[0])
 
 
 def _waiting_on_a_lock() -> bool:
