@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -345,3 +346,47 @@ def test_a_call_without_an_end_user_reads_its_tenant_in_one_statement(acme: None
     tenant_reads = [q["sql"] for q in queries.captured_queries if reads(q["sql"], Tenant)]
     assert len(tenant_reads) == 1, tenant_reads
     assert reads(tenant_reads[0], Plan)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_nothing_runs_in_the_engines_transaction_after_its_commit(
+    acme: None, on_postgres: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``run_committing`` commits before the engine's ``atomic()`` block exits, so the block
+    must run nothing more: a statement there would start a second transaction, no longer atomic
+    with the first, which the block's exit would then commit. Watched over reserve, commit,
+    release and settling an uncertain hold: every statement between a COMMIT and the outermost
+    block's exit is a failure."""
+    from django.db import transaction
+
+    if not on_postgres:
+        pytest.skip("the commit rides a psycopg pipeline: PostgreSQL only")
+    state = {"committed": False, "commits": 0}
+    late: list[str] = []
+    exit_block = transaction.Atomic.__exit__
+
+    def exiting(self: transaction.Atomic, *exc: object) -> None:
+        if len(connection.atomic_blocks) == 1:  # the outermost block: its transaction ends
+            state["committed"] = False
+        exit_block(self, *exc)  # type: ignore[arg-type]
+
+    def watch(execute: Any, text: str, params: Any, many: bool, context: Any) -> Any:
+        if state["committed"]:
+            late.append(text)
+        result = execute(text, params, many, context)
+        if text == "COMMIT" and connection.in_atomic_block:
+            state["committed"], state["commits"] = True, state["commits"] + 1
+        return result
+
+    monkeypatch.setattr(transaction.Atomic, "__exit__", exiting)
+    with connection.execute_wrapper(watch):
+        call = {"provider": "openai", "model": "gpt-4o", "input_tokens": 100}
+        budgets.reserve(tenant="acme", end_user="u1", **call, max_output_tokens=100).commit(
+            input_tokens=100, output_tokens=50
+        )
+        budgets.reserve(tenant="acme", end_user="u1", **call, max_output_tokens=100).release()
+        uncertain = budgets.reserve(tenant="acme", end_user="u1", **call, max_output_tokens=100)
+        uncertain.mark_uncertain()
+        uncertain.commit(input_tokens=100, output_tokens=10)
+    assert late == []
+    assert state["commits"] >= 5  # each reserve, commit and release committed in its batch
