@@ -21,7 +21,7 @@ def reads(sql: str | None, model: type[Model]) -> bool:
 @contextmanager
 def round_trips() -> Iterator[list[list[str]]]:
     """The statements sent inside the block, grouped by round trip: statements psycopg sends in
-    one pipeline (``statements.fetch_then``) form one group, any other statement its own.
+    one pipeline (``statements.fetch_each``) form one group, any other statement its own.
     Savepoints (the test's transaction stands in for BEGIN and COMMIT) are left out."""
     trips: list[list[str]] = []
     last: list[object] = [None]

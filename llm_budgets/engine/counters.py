@@ -138,20 +138,7 @@ def counters_locked(
     canonical lock order) and return them; a missing row is simply absent.
     One statement without the ORM's compilation (see ``llm_budgets.engine.statements``), sent with
     ``first`` if given (``statements.fetch``)."""
-    return counters_locked_then(applicable, first=first)[0]
-
-
-def counters_locked_then(
-    applicable: Sequence[ApplicableBudget],
-    *,
-    first: sql.Statement | None = None,
-    then: sql.Statement | None = None,
-) -> tuple[list[Counter], list[tuple[Any, ...]]]:
-    """:func:`counters_locked`, followed by ``then`` (a read that must see what was committed
-    while the locks were awaited) in the same round trip (``statements.fetch_then``); its rows
-    come second."""
-    rows, then_rows = sql.fetch_then(*counters_locking(applicable), first=first, then=then)
-    return counters_from(rows), then_rows
+    return counters_from(sql.fetch(*counters_locking(applicable), first=first))
 
 
 def counters_locking(applicable: Sequence[ApplicableBudget]) -> sql.Statement:

@@ -96,6 +96,12 @@ def row_to(model: type[M], row: Sequence[Any], offset: int = 0) -> M:
     return model.from_db(db.alias, (), values)  # every field: the names are not read
 
 
+def row_to_or_none(model: type[M], row: Sequence[Any], offset: int = 0) -> M | None:
+    """:func:`row_to`, or None where a ``LEFT JOIN`` found no row (its primary key, the first
+    column, is NULL)."""
+    return None if row[offset] is None else row_to(model, row, offset)
+
+
 def param(model: type[Model], name: str, value: object) -> object:
     """``value`` prepared as the ORM prepares it to compare with field ``name``."""
     return _field(model, name).get_db_prep_value(value, _db())
@@ -142,39 +148,14 @@ def fetch(
     sql: str, params: Sequence[Any], *, first: Statement | None = None
 ) -> list[tuple[Any, ...]]:
     """The rows of ``sql``. ``first``: a statement to run before it, whose result is not needed
-    (e.g. a ``set_config``); both go in one round trip where psycopg can pipeline them, and
-    each is still its own statement, so the first takes full effect before the second starts."""
-    return fetch_then(sql, params, first=first)[0]
-
-
-def fetch_then(
-    sql: str,
-    params: Sequence[Any],
-    *,
-    first: Statement | None = None,
-    then: Statement | None = None,
-) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """The rows of ``sql`` and of ``then``, a statement run after it (``[]`` without one), as
-    :func:`fetch` runs ``first``: in the same round trip where psycopg can pipeline them, each
-    its own statement. On PostgreSQL each statement reads a snapshot of its own, taken when it
-    starts: ``then`` sees what was committed while ``sql`` waited for its locks."""
-    with _cursor() as cursor, _cursor() as after:
-        db = _db()
-        if (first is not None or then is not None) and _pipelines(db.vendor):
-            # Errors surface when the pipeline syncs, on leaving the block: translate them too.
-            with db.wrap_database_errors, db.connection.pipeline():
-                if first is not None:
-                    cursor.execute(*first)
-                cursor.execute(sql, params)
-                if then is not None:
-                    after.execute(*then)
-        else:
-            if first is not None:
-                cursor.execute(*first)
-            cursor.execute(sql, params)
-            if then is not None:
-                after.execute(*then)
-        return cursor.fetchall(), after.fetchall() if then is not None else []
+    (e.g. a ``set_config``); both go in one round trip where psycopg can pipeline them
+    (:func:`fetch_each`), and each is still its own statement, so the first takes full effect
+    before the second starts."""
+    if first is not None:
+        return fetch_each([first, (sql, list(params))])[1]
+    with _cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
 
 
 @cache
@@ -246,9 +227,17 @@ def run(statements: Sequence[Statement]) -> None:
         for text, params in statements:
             execute(text, params)
         return
+    execute(*_joined(statements))
+
+
+def _joined(statements: Sequence[Statement]) -> Statement:
+    """One statement of writes (PostgreSQL): all but the last as data-modifying ``WITH`` clauses
+    of the last."""
     *first, (last, last_params) = statements
+    if not first:
+        return last, last_params
     clauses = ", ".join(f"w{i} AS ({text})" for i, (text, _) in enumerate(first))
-    execute(f"WITH {clauses} {last}", [*(p for _, ps in first for p in ps), *last_params])
+    return f"WITH {clauses} {last}", [*(p for _, ps in first for p in ps), *last_params]
 
 
 def fetch_each(statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
@@ -264,7 +253,7 @@ def fetch_each(statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:
         with db.wrap_database_errors, db.connection.pipeline():
             for cursor, (text, params) in zip(cursors, statements, strict=True):
                 cursor.execute(text, params)
-        return [cursor.fetchall() for cursor in cursors]
+        return [cursor.fetchall() if cursor.description else [] for cursor in cursors]
     finally:
         for cursor in cursors:
             cursor.close()
@@ -282,12 +271,8 @@ def run_committing(statements: Sequence[Statement]) -> None:
     if not statements or not _pipelines(db.vendor) or not _own_transaction(db):
         run(statements)
         return
-    *first, (last, last_params) = statements
-    clauses = ", ".join(f"w{i} AS ({text})" for i, (text, _) in enumerate(first))
-    text = f"WITH {clauses} {last}" if first else last
-    params = [*(p for _, ps in first for p in ps), *last_params]
     with _cursor() as cursor, db.wrap_database_errors, db.connection.pipeline():
-        cursor.execute(text, params)
+        cursor.execute(*_joined(statements))
         # COMMIT as a statement of the batch, not ``connection.commit()``: that sends a Sync of
         # its own, and leaving the pipeline another, two round trips where one will do.
         cursor.execute("COMMIT")
