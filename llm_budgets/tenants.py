@@ -35,8 +35,7 @@ def tenant_with_plan(external_id: str) -> Tenant:
     if not rows:
         raise UnknownTenant(external_id)
     tenant = sql.row_to(Tenant, rows[0])
-    at = sql.width(Tenant)
-    tenant.plan = None if rows[0][at] is None else sql.row_to(Plan, rows[0], at)
+    tenant.plan = sql.row_to_or_none(Plan, rows[0], sql.width(Tenant))
     return tenant
 
 
@@ -194,8 +193,7 @@ def end_user_from_row(row: Sequence[object]) -> EndUser:
     """The end user at the start of ``row``, with its tenant and plan attached (no queries)."""
     user = sql.row_to(EndUser, row)
     user.tenant = sql.row_to(Tenant, row, sql.width(EndUser))
-    at = sql.width(EndUser) + sql.width(Tenant)
-    user.tenant.plan = None if row[at] is None else sql.row_to(Plan, row, at)
+    user.tenant.plan = sql.row_to_or_none(Plan, row, sql.width(EndUser) + sql.width(Tenant))
     return user
 
 

@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import re
 import time
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
@@ -46,57 +47,31 @@ tenant clears it in this process; elsewhere a change is seen within API_KEY_CACH
 _MAX_CACHED = 10_000  # a flood of made-up prefixes empties the cache rather than filling memory
 
 
-def _key_with_prefix(prefix: str) -> ApiKey | None:
-    ttl = conf.API_KEY_CACHE_SECONDS
-    now = _clock()
-    cached = _keys.get(prefix) if ttl > 0 else None
-    if cached is not None and cached[0] > now:
-        return cached[1]
-    api_key = _key_row(prefix)
-    if ttl > 0:
-        if len(_keys) >= _MAX_CACHED:
-            _keys.clear()
-        _keys[prefix] = (now + ttl, api_key)
-    return api_key
-
-
-def _key_row(prefix: str) -> ApiKey | None:
-    """The key with this prefix and its tenant: one statement by the unique prefix, without the
-    ORM's compilation (``llm_budgets.engine.statements``): it runs on every request."""
-    rows = sql.fetch(_key_row_sql(), [prefix])
-    if not rows:
-        return None
-    api_key = sql.row_to(ApiKey, rows[0])
-    tenant_id = rows[0][sql.width(ApiKey)]
-    api_key.tenant = None if tenant_id is None else sql.row_to(Tenant, rows[0], sql.width(ApiKey))
-    return api_key
-
-
-@functools.cache
-def _key_row_sql() -> str:
-    return (
-        f"SELECT {sql.columns(ApiKey, 'k')}, {sql.columns(Tenant, 't')}"  # noqa: S608
-        f" FROM {sql.table(ApiKey)} k"
-        f" LEFT JOIN {sql.table(Tenant)} t ON t.id = k.{sql.column(ApiKey, 'tenant')}"
-        f" WHERE k.{sql.column(ApiKey, 'prefix')} = %s"
-    )
-
-
-def _cached(prefix: str) -> bool:
-    """Whether API_KEY_CACHE_SECONDS is on and this prefix's row is cached (then only the
-    source's failures are read, and the throttle counts the hit itself)."""
+def _from_cache(prefix: str) -> tuple[ApiKey | None] | None:
+    """With API_KEY_CACHE_SECONDS on, this prefix's cached row until its deadline, as a 1-tuple
+    (its key, or None: no such prefix); None if it is not cached (then authentication reads it
+    with the source's failures: ``auth_read``)."""
     if conf.API_KEY_CACHE_SECONDS <= 0:
-        return False
+        return None
     cached = _keys.get(prefix)
-    return cached is not None and cached[0] > _clock()
+    return (cached[1],) if cached is not None and cached[0] > _clock() else None
 
 
-def _cache_key(prefix: str, api_key: ApiKey | None) -> ApiKey | None:
+def _to_cache(prefix: str, api_key: ApiKey | None) -> ApiKey | None:
     ttl = conf.API_KEY_CACHE_SECONDS
     if ttl > 0:
         if len(_keys) >= _MAX_CACHED:
             _keys.clear()
         _keys[prefix] = (_clock() + ttl, api_key)
+    return api_key
+
+
+def _key_from_row(row: Sequence[Any], at: int) -> ApiKey | None:
+    """The key at ``row[at:]`` with its tenant after it (None for an operator key), or None where
+    no key has the prefix."""
+    api_key = sql.row_to_or_none(ApiKey, row, at)
+    if api_key is not None:
+        api_key.tenant = sql.row_to_or_none(Tenant, row, at + sql.width(ApiKey))
     return api_key
 
 
@@ -158,19 +133,13 @@ def auth_read(request: Request, prefix: str, raw: str) -> AuthRead:
         async_commit=hit is not None and connection.get_autocommit(),
     )
     row = sql.fetch(text, params)[0]
-    extra = 3
     key_hits = None
     if hit is not None and row[1] is not None:
         key_hits = (*hit, int(row[1]))
         if key_hits[2] == 1:  # a new window: forget old ones, as counter_hit does
             throttling.forget_old_windows(*hit)
-    api_key = None
-    if row[extra] is not None:  # the key's primary key: a row was found
-        api_key = sql.row_to(ApiKey, row, extra)
-        tenant_at = extra + sql.width(ApiKey)
-        api_key.tenant = None if row[tenant_at] is None else sql.row_to(Tenant, row, tenant_at)
     return AuthRead(
-        api_key=api_key,
+        api_key=_key_from_row(row, 3),  # after the failures, the hit and the reservation
         failures=None if failures is None else int(row[0] or 0),
         key_hits=key_hits,
         reservation=None if reservation is None else (reservation[0], row[2] is not None),
@@ -262,9 +231,10 @@ class ApiKeyAuthentication(BaseAuthentication):
             return None  # NotAuthenticated (401) follows from the permission check.
         match = _HEADER.fullmatch(header)
         try:
-            if match is None or _cached(match[1]):
+            cached = None if match is None else _from_cache(match[1])
+            if match is None or cached is not None:
                 self._refuse_if_blocked(request, throttling.auth_failures_counted(request))
-                return AnonymousUser(), self._key(match, _key_with_prefix)
+                return AnonymousUser(), self._key(match, None if cached is None else cached[0])
             return AnonymousUser(), self._key_in_one_read(request, match)
         except exceptions.AuthenticationFailed:
             throttling.auth_failure_record(request)
@@ -280,7 +250,7 @@ class ApiKeyAuthentication(BaseAuthentication):
         with ledger_guard("authentication"):
             found = auth_read(request, match[1], raw)
         self._refuse_if_blocked(request, found.failures)
-        api_key = self._key(match, lambda prefix: _cache_key(prefix, found.api_key))
+        api_key = self._key(match, _to_cache(match[1], found.api_key))
         if found.key_hits is not None:
             request._llmb_key_hits = found.key_hits  # type: ignore[attr-defined]
         request._llmb_reservation = found.reservation  # type: ignore[attr-defined]
@@ -296,7 +266,9 @@ class ApiKeyAuthentication(BaseAuthentication):
                 "seconds.",
             )
 
-    def _key(self, match: re.Match[str] | None, key_with_prefix: Any) -> ApiKey:
+    def _key(self, match: re.Match[str] | None, api_key: ApiKey | None) -> ApiKey:
+        """The key the header names, found (``api_key``: None if no key has its prefix), if
+        its secret is right and it is neither revoked nor expired."""
         if match is None:
             raise exceptions.AuthenticationFailed(
                 f"Malformed Authorization header: send exactly '{KEYWORD} <prefix>.<secret>' "
@@ -304,8 +276,6 @@ class ApiKeyAuthentication(BaseAuthentication):
                 code="malformed_api_key",
             )
         raw = match.group(0).removeprefix(f"{KEYWORD} ")
-        with ledger_guard("authentication"):
-            api_key = key_with_prefix(match[1])
         if api_key is None:
             ApiKey.objects.key_generator.verify(raw, _decoy_hash())
             raise exceptions.AuthenticationFailed("Invalid API key.", code="invalid_api_key")
