@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 DEMO_DB := sqlite:///$(CURDIR)/var/demo.sqlite3
 
-.PHONY: install demo test test-faults test-pgbouncer bench-load bench-pages lint format typecheck migrations-check schema-check compose-check check bench clean
+.PHONY: install demo test test-faults test-pgbouncer bench-load bench-pages bench-smoke lint format typecheck migrations-check schema-check compose-check check bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,9 @@ bench-load: install
 ## The tenant pages' server time with 10^6 ledger lines and 10^4 end users (docs/performance.md).
 bench-pages: install
 	$(PY) bench/pages.py
+## Every bench at a tiny size, so none rots unnoticed (CI; PostgreSQL).
+bench-smoke: install
+	$(PY) bench/smoke.py
 
 clean:
 	rm -rf $(VENV) .venv313 .venv-tools var build *.egg-info

@@ -180,15 +180,15 @@ def _counters() -> None:
         for period in (previous, current):
             cur.execute(
                 "INSERT INTO llm_budgets_counter (budget_id, end_user_id, period_start, spent,"
-                " reserved) SELECT %s, NULL, %s, coalesce(sum(cost), 0), 0"
+                " reserved, stripe) SELECT %s, NULL, %s, coalesce(sum(cost), 0), 0, 0"
                 " FROM llm_budgets_usagerecord WHERE tenant_id = %s"
                 " AND reserved_at >= %s AND reserved_at < %s",
                 [month.pk, period.start, tenant.pk, period.start, period.end],
             )
         cur.execute(
             "INSERT INTO llm_budgets_counter (budget_id, end_user_id, period_start, spent,"
-            " reserved) SELECT %s, end_user_id,"
-            " date_trunc('day', reserved_at AT TIME ZONE %s) AT TIME ZONE %s, sum(cost), 0"
+            " reserved, stripe) SELECT %s, end_user_id,"
+            " date_trunc('day', reserved_at AT TIME ZONE %s) AT TIME ZONE %s, sum(cost), 0, 0"
             " FROM llm_budgets_usagerecord WHERE tenant_id = %s GROUP BY 2, 3",
             [each.pk, tenant.timezone, tenant.timezone, tenant.pk],
         )
