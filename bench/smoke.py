@@ -23,17 +23,19 @@ DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/llm_budgets_smoke_bench"
 
 # bench file -> its tiny arguments (besides --database-url).
 RUNS: dict[str, list[str]] = {
-    "admission.py": ["--duration", "0.5", "--workers", "1,2", "--scenarios", "hot,spread"]
-    + ["--repeat", "1"],
-    "cycle_profile.py": ["--cycles", "20", "--stripes", "4"],
-    "guard.py": ["--calls", "10"],
-    "load.py": ["--clients", "2", "--workers", "1", "--duration", "3", "--tenants", "2"]
-    + ["--end-users", "3", "--overhead-rounds", "3", "--port", "8197"],
-    "pages.py": ["--lines", "200", "--end-users", "20", "--days", "3", "--rounds", "2"],
-    "rest_overhead.py": ["--cycles", "10"],
-    "scale.py": ["--ledger", "100", "--users", "10", "--holds", "50", "--batch-size", "20"],
-    "scopes.py": ["--cycles", "20", "--workers", "1,2"],
-    "stripe_outbox.py": ["--cycles", "20", "--rounds", "1"],
+    name: line.split()
+    for name, line in {
+        "admission.py": "--duration 0.5 --workers 1,2 --scenarios hot,spread --repeat 1",
+        "cycle_profile.py": "--cycles 20 --stripes 4",
+        "guard.py": "--calls 10",
+        "load.py": "--clients 2 --workers 1 --duration 3 --tenants 2 --end-users 3"
+        " --overhead-rounds 3 --port 8197",
+        "pages.py": "--lines 200 --end-users 20 --days 3 --rounds 2",
+        "rest_overhead.py": "--cycles 10",
+        "scale.py": "--ledger 100 --users 10 --holds 50 --batch-size 20",
+        "scopes.py": "--cycles 20 --workers 1,2",
+        "stripe_outbox.py": "--cycles 20 --rounds 1",
+    }.items()
 }
 # Modules in bench/ that are not benches of their own.
 NOT_BENCHES = {"smoke.py", "load_settings.py"}
