@@ -38,6 +38,7 @@ CHECK_IDS: dict[str, str] = {
     "READ_REPLICA": "llm_budgets.E062",
     "API_KEY_CACHE_SECONDS": "llm_budgets.E063",
     "TENANT_RESOLVER": "llm_budgets.E064",
+    "END_USER_ID": "llm_budgets.E065",
     "STRIPE_API_KEY": "llm_budgets.E070",
     "STRIPE_API_BASE": "llm_budgets.E071",
     "STRIPE_METER_EVENT_NAME": "llm_budgets.E072",

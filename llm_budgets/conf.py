@@ -80,6 +80,11 @@ DEFAULTS: dict[str, Any] = {
     # Tenant pages (docs/pages.md): dotted path to a callable (request) -> tenant external id or
     # None (no access). The default reads the Membership model, managed in the admin.
     "TENANT_RESOLVER": "llm_budgets.pages.access.membership_tenant",
+    # Who a host user is in the ledger (docs/pages.md, "Who an end user is"): dotted path to a
+    # callable (user) -> end user external id, used by the pages (a member's own usage) and the
+    # Django integration helper (what a guarded call records). The default, the primary key as a
+    # string, puts no personal data (an email, a name) into ledger lines, exports and logs.
+    "END_USER_ID": "llm_budgets.host_users.user_pk",
     # Stripe metered billing (docs/billing.md). Nothing is sent without an API key.
     "STRIPE_API_KEY": None,
     # Where the Stripe client sends requests; tests point it at a fake server on 127.0.0.1.
@@ -291,7 +296,8 @@ def _dotted_callable(key: str, value: Any) -> str:
     """A dotted path to a callable, e.g. ``TENANT_RESOLVER``; the path is returned."""
     from django.utils.module_loading import import_string
 
-    hint = f"Got {value!r}; e.g. 'myproject.tenancy.usage_tenant' (see docs/pages.md)."
+    example = DEFAULTS[key]
+    hint = f"Got {value!r}; e.g. {example!r} (see docs/pages.md)."
     try:
         found = import_string(value) if isinstance(value, str) else None
     except ImportError as exc:
@@ -370,6 +376,7 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "HEALTH_SWEEP_MAX_LAG_SECONDS": _positive_int,
     "API_KEY_CACHE_SECONDS": _api_key_cache_seconds,
     "TENANT_RESOLVER": _dotted_callable,
+    "END_USER_ID": _dotted_callable,
     "STRIPE_API_KEY": _stripe_key,
     "STRIPE_API_BASE": _stripe_base,
     "STRIPE_METER_EVENT_NAME": _meter_event_name,
@@ -485,6 +492,10 @@ class Settings:
     @property
     def TENANT_RESOLVER(self) -> str:
         return str(self._get("TENANT_RESOLVER"))
+
+    @property
+    def END_USER_ID(self) -> str:
+        return str(self._get("END_USER_ID"))
 
     @property
     def TOKEN_ESTIMATE_SAFETY_MARGIN(self) -> Decimal:
