@@ -6,10 +6,11 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from llm_budgets.billing import checks as billing_checks  # noqa: F401 (registers W070)
-from llm_budgets.conf import DEFAULTS, SettingError, setting_read
+from llm_budgets.conf import DEFAULTS, SettingError, conf, setting_read
+from llm_budgets.schedule import STRIPE_TASKS, TASKS
 
 # The check id of each key; the check itself is the key's reader in ``llm_budgets.conf``, the same
 # code that gives the app the value.
@@ -192,5 +193,102 @@ def check_replica_router(**kwargs: Any) -> list[CheckMessage]:
             hint="Add 'llm_budgets.routers.ReplicaRouter' to DATABASE_ROUTERS, or no read goes "
             "to the replica.",
             id="llm_budgets.W063",
+        )
+    ]
+
+
+DATABASE_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+
+
+def _beat_uses_database() -> bool:
+    scheduler = getattr(settings, "CELERY_BEAT_SCHEDULER", None)
+    name = scheduler if isinstance(scheduler, str) else getattr(scheduler, "__qualname__", "")
+    return "DatabaseScheduler" in str(name)
+
+
+def beat_schedule_tasks() -> set[str]:
+    """llm_budgets' tasks in the host's ``CELERY_BEAT_SCHEDULE`` setting."""
+    schedule = getattr(settings, "CELERY_BEAT_SCHEDULE", None) or {}
+    entries = schedule.values() if isinstance(schedule, dict) else []
+    return {str(e.get("task")) for e in entries if isinstance(e, dict)} & TASKS
+
+
+def _expected_tasks() -> set[str]:
+    return set(TASKS) if conf.STRIPE_API_KEY else set(TASKS - STRIPE_TASKS)
+
+
+@register(Tags.compatibility)
+def check_schedule(**kwargs: Any) -> list[CheckMessage]:
+    """One way to schedule the jobs per scheduler (docs/operations.md, "Wiring the schedule"):
+    warn when the ready dict is merged under django-celery-beat's DatabaseScheduler (which
+    rewrites its rows from it at every beat start), or when Celery is configured and no job is
+    scheduled. Reads the Django settings of Celery's ``CELERY`` namespace; the rows of a
+    DatabaseScheduler are read from the default database when it answers."""
+    merged = beat_schedule_tasks()
+    if _beat_uses_database():
+        if merged:
+            return [
+                Warning(
+                    "llm_budgets' jobs are in CELERY_BEAT_SCHEDULE while beat uses "
+                    "django-celery-beat's DatabaseScheduler, which rewrites their periodic tasks "
+                    "from CELERY_BEAT_SCHEDULE at every beat start (admin edits are reverted, "
+                    "the expiries llm_budgets_install_schedule sets are lost).",
+                    hint="Remove llm_budgets.schedule.BEAT_SCHEDULE from CELERY_BEAT_SCHEDULE and "
+                    "run manage.py llm_budgets_install_schedule once (docs/operations.md).",
+                    id="llm_budgets.W080",
+                )
+            ]
+        return _periodic_tasks_missing()
+    celery = any(
+        hasattr(settings, name)
+        for name in ("CELERY_BROKER_URL", "CELERY_BEAT_SCHEDULER", "CELERY_BEAT_SCHEDULE")
+    )
+    missing = sorted(_expected_tasks() - merged)
+    if not celery or not missing:
+        return []
+    return [
+        Warning(
+            f"Celery is configured but CELERY_BEAT_SCHEDULE lacks llm_budgets' job(s) "
+            f"{', '.join(missing)}: overdue holds stay reserved and warnings are not sent.",
+            hint="Merge llm_budgets.schedule.BEAT_SCHEDULE into CELERY_BEAT_SCHEDULE; with "
+            "django-celery-beat set CELERY_BEAT_SCHEDULER to its DatabaseScheduler and run "
+            "manage.py llm_budgets_install_schedule; with cron, run the llm_budgets_* commands "
+            "and silence llm_budgets.W081 (docs/operations.md).",
+            id="llm_budgets.W081",
+        )
+    ]
+
+
+def _periodic_tasks_missing() -> list[CheckMessage]:
+    from django.apps import apps
+
+    if not apps.is_installed("django_celery_beat"):
+        return [
+            Warning(
+                "CELERY_BEAT_SCHEDULER is django-celery-beat's DatabaseScheduler but "
+                "django_celery_beat is not in INSTALLED_APPS.",
+                hint="Add 'django_celery_beat' to INSTALLED_APPS, migrate, and run manage.py "
+                "llm_budgets_install_schedule.",
+                id="llm_budgets.W083",
+            )
+        ]
+    from django_celery_beat.models import PeriodicTask
+
+    try:
+        installed = set(
+            PeriodicTask.objects.filter(task__in=TASKS, enabled=True).values_list("task", flat=True)
+        )
+    except DatabaseError:
+        return []  # not migrated yet, or no database here: /health names jobs that never run
+    missing = sorted(_expected_tasks() - installed)
+    if not missing:
+        return []
+    return [
+        Warning(
+            f"Beat uses django-celery-beat's DatabaseScheduler and no enabled periodic task runs "
+            f"llm_budgets' job(s) {', '.join(missing)}.",
+            hint="Run manage.py llm_budgets_install_schedule (it leaves existing rows alone), "
+            "or enable the rows in the admin (Periodic tasks).",
+            id="llm_budgets.W082",
         )
     ]
