@@ -41,6 +41,8 @@ CHECK_IDS: dict[str, str] = {
     "API_KEY_CACHE_SECONDS": "llm_budgets.E063",
     "TENANT_RESOLVER": "llm_budgets.E064",
     "END_USER_ID": "llm_budgets.E065",
+    "API_DOCS_ACCESS": "llm_budgets.E066",
+    "API_DOCS_IN_HOST_SCHEMA": "llm_budgets.E067",
     "STRIPE_API_KEY": "llm_budgets.E070",
     "STRIPE_API_BASE": "llm_budgets.E071",
     "STRIPE_METER_EVENT_NAME": "llm_budgets.E072",
