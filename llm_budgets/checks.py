@@ -6,7 +6,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
-from django.db import DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from llm_budgets.billing import checks as billing_checks  # noqa: F401 (registers W070)
 from llm_budgets.conf import DEFAULTS, SettingError, conf, setting_read
@@ -82,11 +82,13 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
     return errors
 
 
-@register(Tags.database)
+@register(Tags.compatibility)
 def check_row_locking(**kwargs: Any) -> list[CheckMessage]:
-    """Warn when admission cannot be serialised: no row locks and no write lock at BEGIN."""
+    """Warn when admission cannot be serialised: no row locks and no write lock at BEGIN. Read
+    from the settings (no connection is opened), so plain ``manage.py check`` shows it, not
+    only ``check --database`` or ``migrate``; without ``--database`` the app's own alias."""
     messages: list[CheckMessage] = []
-    for alias in kwargs.get("databases") or []:
+    for alias in kwargs.get("databases") or [DEFAULT_DB_ALIAS]:
         connection = connections[alias]
         if connection.features.has_select_for_update:
             continue
@@ -99,7 +101,9 @@ def check_row_locking(**kwargs: Any) -> list[CheckMessage]:
                 "admissions may overspend a budget.",
                 hint=(
                     "Use PostgreSQL in production. On SQLite set "
-                    "OPTIONS={'transaction_mode': 'IMMEDIATE', 'timeout': 5}."
+                    "OPTIONS={'transaction_mode': 'IMMEDIATE', 'timeout': 5}: without it "
+                    "concurrent admissions also fail with 'database is locked' "
+                    "(LedgerUnavailable) instead of waiting their turn."
                 ),
                 id="llm_budgets.W001",
             )
@@ -295,3 +299,35 @@ def _periodic_tasks_missing() -> list[CheckMessage]:
             id="llm_budgets.W082",
         )
     ]
+
+
+@register(Tags.compatibility)
+def check_docs_apps(**kwargs: Any) -> list[CheckMessage]:
+    """The API's schema and Swagger page need drf-spectacular and its sidecar installed as apps:
+    without the first they are a 500, without the second a blank page."""
+    from django.apps import apps
+
+    if conf.API_DOCS_ACCESS == "off":
+        return []
+    messages: list[CheckMessage] = []
+    if not apps.is_installed("drf_spectacular"):
+        messages.append(
+            Error(
+                "'drf_spectacular' is not in INSTALLED_APPS: the API's schema and Swagger page "
+                "answer 500.",
+                hint="Add 'drf_spectacular' (and 'drf_spectacular_sidecar') to INSTALLED_APPS, "
+                "or set LLM_BUDGETS['API_DOCS_ACCESS'] = 'off'.",
+                id="llm_budgets.E068",
+            )
+        )
+    if not apps.is_installed("drf_spectacular_sidecar"):
+        messages.append(
+            Warning(
+                "'drf_spectacular_sidecar' is not in INSTALLED_APPS: the API's Swagger page is "
+                "blank (its assets are served from that package, never a CDN).",
+                hint="Add 'drf_spectacular_sidecar' to INSTALLED_APPS (with "
+                "django.contrib.staticfiles), or set LLM_BUDGETS['API_DOCS_ACCESS'] = 'off'.",
+                id="llm_budgets.W069",
+            )
+        )
+    return messages

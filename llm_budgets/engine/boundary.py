@@ -67,13 +67,36 @@ def ledger_guard(action: str) -> Iterator[None]:
                 action,
             )
             raise
-        logger.error("llm_budgets: ledger unavailable during %s: %s", action, exc, exc_info=True)
+        fix = _sqlite_lock_fix(exc)
+        logger.error(
+            "llm_budgets: ledger unavailable during %s: %s%s", action, exc, fix, exc_info=True
+        )
         raise LedgerUnavailable(
             f"The budget ledger could not be read or written during {action} "
             f"({type(exc).__name__}: {str(exc).strip() or 'no detail'}). The call was refused; "
-            "retry shortly.",
+            f"retry shortly.{fix}",
             retry_after=max(1, int(conf.LOCK_TIMEOUT_SECONDS)),
         ) from exc
+
+
+def _sqlite_lock_fix(exc: DatabaseError) -> str:
+    """What to change when SQLite said "database is locked" because it was not told to take its
+    write lock at BEGIN: a deferred transaction that later needs to write fails at once, without
+    waiting for the busy timeout, so concurrent calls are refused instead of queued."""
+    if connection.vendor != "sqlite":
+        return ""
+    code = getattr(exc.__cause__, "sqlite_errorcode", None)
+    if not (isinstance(code, int) and code & 0xFF in (5, 6)):  # SQLITE_BUSY, SQLITE_LOCKED
+        return ""
+    mode = (connection.settings_dict.get("OPTIONS") or {}).get("transaction_mode")
+    if str(mode).upper() == "IMMEDIATE":
+        return ""
+    return (
+        " Cause: SQLite is not set to take its write lock at BEGIN, so concurrent calls fail "
+        "with 'database is locked' instead of waiting their turn. Fix: DATABASES['default']"
+        "['OPTIONS'] = {'transaction_mode': 'IMMEDIATE', 'timeout': 5} (check "
+        "llm_budgets.W001), or PostgreSQL."
+    )
 
 
 def bound_sqlite_wait() -> None:
