@@ -95,15 +95,26 @@ def check_row_locking(**kwargs: Any) -> list[CheckMessage]:
         mode = (connection.settings_dict.get("OPTIONS") or {}).get("transaction_mode")
         if connection.vendor == "sqlite" and str(mode).upper() == "IMMEDIATE":
             continue
+        if connection.vendor == "sqlite":
+            # The ledger's own transactions BEGIN IMMEDIATE whatever the setting
+            # (boundary.ledger_transaction); every other write still begins deferred.
+            message = (
+                f"Database {alias!r} (sqlite) does not take its write lock at BEGIN: "
+                "llm_budgets' admissions and settlements do it themselves, but other writes "
+                "(budgets, tenants, the admin's, the host's) can fail with 'database is locked' "
+                "under concurrency instead of waiting their turn."
+            )
+        else:
+            message = (
+                f"Database {alias!r} ({connection.vendor}) cannot lock rows, so concurrent "
+                "admissions may overspend a budget."
+            )
         messages.append(
             Warning(
-                f"Database {alias!r} ({connection.vendor}) cannot lock rows, so concurrent "
-                "admissions may overspend a budget.",
+                message,
                 hint=(
                     "Use PostgreSQL in production. On SQLite set "
-                    "OPTIONS={'transaction_mode': 'IMMEDIATE', 'timeout': 5}: without it "
-                    "concurrent admissions also fail with 'database is locked' "
-                    "(LedgerUnavailable) instead of waiting their turn."
+                    "OPTIONS={'transaction_mode': 'IMMEDIATE', 'timeout': 5}."
                 ),
                 id="llm_budgets.W001",
             )

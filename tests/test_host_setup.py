@@ -20,11 +20,13 @@ from django.db import OperationalError, connections
 from django.test import override_settings
 from django.utils import timezone
 
+from llm_budgets import budgets
 from llm_budgets.checks import check_docs_apps, check_row_locking
 from llm_budgets.engine.boundary import ledger_guard
-from llm_budgets.exceptions import LedgerUnavailable
+from llm_budgets.exceptions import BudgetExceeded, LedgerUnavailable
 from llm_budgets.models import AuditEvent, Membership, StripeCustomerLink, Tenant
-from tests.factories import seed
+from tests.concurrency import run_threads
+from tests.factories import reserve_30, seed
 from tests.servers import ROOT
 
 
@@ -153,3 +155,24 @@ def test_the_membership_command_adds_changes_and_removes() -> None:
         call_command("llm_budgets_membership", "add", "bob", "acme")
     with pytest.raises(CommandError, match="beta"):
         call_command("llm_budgets_membership", "add", "ada", "beta")
+
+
+@pytest.mark.skipif(
+    connections["default"].vendor != "sqlite", reason="SQLite's write lock at BEGIN"
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_race_on_sqlite_without_immediate_is_refused_on_the_budget_not_the_lock() -> None:
+    """10 calls of 30 at once under a limit of 100, SQLite left in its default (DEFERRED)
+    transaction mode: 3 admitted, 7 BudgetExceeded; none refused as 'database is locked'."""
+    seed(limit="100")
+    options = connections.settings["default"].setdefault("OPTIONS", {})
+    saved = dict(options)
+    options.pop("transaction_mode", None)  # each thread's new connection reads this
+    try:
+        results = run_threads(10, lambda _: reserve_30())
+    finally:
+        options.clear()
+        options.update(saved)
+    unexpected = [r for r in results if not isinstance(r, budgets.Hold | BudgetExceeded)]
+    assert not unexpected, unexpected
+    assert sum(isinstance(r, budgets.Hold) for r in results) == 3

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
 from llm_budgets.conf import conf
 from llm_budgets.engine import statements as sql
@@ -104,6 +104,32 @@ def bound_sqlite_wait() -> None:
     if connection.vendor == "sqlite" and not connection.in_atomic_block:
         with connection.cursor() as cursor:
             cursor.execute(f"PRAGMA busy_timeout = {int(conf.LOCK_TIMEOUT_SECONDS * 1000)}")
+
+
+@contextmanager
+def ledger_transaction() -> Iterator[None]:
+    """``transaction.atomic()`` for a ledger write (admission, settlement, the sweep), its lock
+    waits bounded by ``LOCK_TIMEOUT_SECONDS``.
+
+    On SQLite its BEGIN takes the write lock (``BEGIN IMMEDIATE``) whatever the host's
+    ``transaction_mode``: a deferred transaction that reads and then writes fails at once with
+    "database is locked" when another writer is ahead (SQLite does not wait there, to avoid a
+    deadlock), so concurrent calls were refused as ``LedgerUnavailable`` instead of queueing for
+    the busy timeout and being admitted or refused on the budget. Only this transaction's BEGIN
+    changes; the host's own transactions keep their mode."""
+    bound_sqlite_wait()
+    mode = getattr(connection, "transaction_mode", "IMMEDIATE")
+    if connection.vendor != "sqlite" or connection.in_atomic_block or mode == "IMMEDIATE":
+        with transaction.atomic():
+            yield
+        return
+    connection.transaction_mode = "IMMEDIATE"
+    try:
+        with transaction.atomic():
+            connection.transaction_mode = mode  # BEGIN has been sent
+            yield
+    finally:
+        connection.transaction_mode = mode
 
 
 def lock_timeout_statement() -> sql.Statement | None:
