@@ -18,9 +18,10 @@ class LlmBudgetsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def import_models(self) -> None:
+        from django.apps import apps
         from django.core.exceptions import ImproperlyConfigured
 
-        missing = [name for name in REQUIRED_APPS if not self.apps.is_installed(name)]
+        missing = [name for name in REQUIRED_APPS if not apps.is_installed(name)]
         if missing:
             raise ImproperlyConfigured(
                 f"llm_budgets needs {', '.join(map(repr, missing))} in INSTALLED_APPS (add those "

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.http import HttpRequest
@@ -27,5 +25,5 @@ class MembershipAdmin(admin.ModelAdmin):
     readonly_fields = ["created_at"]
     list_select_related = ["user", "tenant"]
 
-    def get_search_fields(self, request: HttpRequest) -> Sequence[str]:
+    def get_search_fields(self, request: HttpRequest) -> list[str]:
         return membership_search_fields(get_user_model())

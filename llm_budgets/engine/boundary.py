@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
@@ -118,18 +119,19 @@ def ledger_transaction() -> Iterator[None]:
     the busy timeout and being admitted or refused on the budget. Only this transaction's BEGIN
     changes; the host's own transactions keep their mode."""
     bound_sqlite_wait()
-    mode = getattr(connection, "transaction_mode", "IMMEDIATE")
+    wrapper: Any = connection  # the SQLite wrapper's transaction_mode (Django >= 5.1)
+    mode = getattr(wrapper, "transaction_mode", "IMMEDIATE")
     if connection.vendor != "sqlite" or connection.in_atomic_block or mode == "IMMEDIATE":
         with transaction.atomic():
             yield
         return
-    connection.transaction_mode = "IMMEDIATE"
+    wrapper.transaction_mode = "IMMEDIATE"
     try:
         with transaction.atomic():
-            connection.transaction_mode = mode  # BEGIN has been sent
+            wrapper.transaction_mode = mode  # BEGIN has been sent
             yield
     finally:
-        connection.transaction_mode = mode
+        wrapper.transaction_mode = mode
 
 
 def lock_timeout_statement() -> sql.Statement | None:

@@ -27,6 +27,12 @@ def _extends(template: Any) -> ExtendsNode | None:
     return nodes[0] if nodes else None
 
 
+def _parent_name(extends: ExtendsNode) -> object:
+    """What ``{% extends %}`` names: a string, or (a variable) whatever it resolves to."""
+    name: Any = extends.parent_name
+    return name.resolve(Context())
+
+
 def _chain_blocks(template: Any) -> tuple[set[str], list[str]]:
     """Every block name defined along ``template``'s inheritance chain, and the chain's names."""
     blocks: set[str] = set()
@@ -39,7 +45,7 @@ def _chain_blocks(template: Any) -> tuple[set[str], list[str]]:
         extends = _extends(template)
         if extends is None:
             break
-        parent = extends.parent_name.resolve(Context())
+        parent = _parent_name(extends)
         if not isinstance(parent, str):
             break  # a variable or a Template object: cannot follow it without a request
         template = _compiled(parent)
@@ -67,7 +73,7 @@ def check_pages_base(**kwargs: Any) -> list[CheckMessage]:
     extends = _extends(template)
     try:
         if extends is not None:
-            parent_name = extends.parent_name.resolve(Context())
+            parent_name = _parent_name(extends)
             parent = _compiled(parent_name) if isinstance(parent_name, str) else None
             if parent is not None:
                 available, chain = _chain_blocks(parent)

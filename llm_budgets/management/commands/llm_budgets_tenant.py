@@ -45,7 +45,7 @@ class Command(BaseCommand):
                 )
         except BudgetError as exc:
             raise CommandError(str(exc)) from exc
-        plan = tenant.plan.name if tenant.plan_id else "-"
+        plan = tenant.plan.name if tenant.plan is not None else "-"
         self.stdout.write(
             f"tenant {tenant.external_id}: name {tenant.name!r}, timezone {tenant.timezone}, "
             f"billing day {tenant.billing_day}, plan {plan}"
