@@ -52,6 +52,14 @@ def _chain_blocks(template: Any) -> tuple[set[str], list[str]]:
     return blocks, names
 
 
+def _unloadable(what: str, exc: Exception) -> Error:
+    return Error(
+        f"{what} cannot be loaded: {exc}.",
+        hint="Fix the host's override (docs/pages.md, 'Template contract').",
+        id="llm_budgets.E086",
+    )
+
+
 @register(Tags.templates)
 def check_pages_base(**kwargs: Any) -> list[CheckMessage]:
     """``llm_budgets.W085`` (a filled block its parent lacks) and ``llm_budgets.E086`` (no
@@ -59,13 +67,7 @@ def check_pages_base(**kwargs: Any) -> list[CheckMessage]:
     try:
         template = _compiled(BASE)
     except (TemplateDoesNotExist, TemplateSyntaxError) as exc:
-        return [
-            Error(
-                f"The usage pages' base template {BASE} cannot be loaded: {exc}.",
-                hint="Fix the host's override of it (docs/pages.md, 'Template contract').",
-                id="llm_budgets.E086",
-            )
-        ]
+        return [_unloadable(f"The usage pages' base template {BASE}", exc)]
     if template is None or Path(str(template.origin.name)).resolve() == OWN_BASE:
         return []
     where = str(template.origin.name)
@@ -91,13 +93,7 @@ def check_pages_base(**kwargs: Any) -> list[CheckMessage]:
                     )
         blocks, _ = _chain_blocks(template)
     except (TemplateDoesNotExist, TemplateSyntaxError) as exc:
-        return [
-            Error(
-                f"{where} extends a template that cannot be loaded: {exc}.",
-                hint="docs/pages.md, 'Template contract'.",
-                id="llm_budgets.E086",
-            )
-        ]
+        return [_unloadable(f"A template {where} extends", exc)]
     if "content" not in blocks:
         messages.append(
             Error(
