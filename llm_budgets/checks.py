@@ -9,7 +9,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from llm_budgets.billing import checks as billing_checks  # noqa: F401 (registers W070)
-from llm_budgets.conf import DEFAULTS, SettingError, conf, setting_read
+from llm_budgets.conf import DEFAULTS, SettingError, setting_read
 from llm_budgets.pages import checks as pages_checks  # noqa: F401 (registers W085, E086)
 from llm_budgets.schedule import STRIPE_TASKS, TASKS
 
@@ -52,6 +52,21 @@ CHECK_IDS: dict[str, str] = {
     "STRIPE_RETRY_BASE_SECONDS": "llm_budgets.E076",
     "STRIPE_RECONCILE_DAYS": "llm_budgets.E077",
 }
+
+
+def setting_or(key: str, fallback: Any) -> Any:
+    """A setting's value for another check, or ``fallback`` when it is unusable (its own check,
+    in ``check_settings``, reports that): one bad setting must not crash every check."""
+    try:
+        return setting_read(key)
+    except SettingError:
+        return fallback
+
+
+def reads_default_database(databases: list[str] | None) -> bool:
+    """Whether a check may read the app's (default) database: in plain ``check`` (None) when it
+    answers, and under ``--database`` only when that names it."""
+    return databases is None or DEFAULT_DB_ALIAS in databases
 
 
 @register(Tags.compatibility)
@@ -232,7 +247,7 @@ def beat_schedule_tasks() -> set[str]:
 
 
 def _expected_tasks() -> set[str]:
-    return set(TASKS) if conf.STRIPE_API_KEY else set(TASKS - STRIPE_TASKS)
+    return set(TASKS) if setting_or("STRIPE_API_KEY", None) else set(TASKS - STRIPE_TASKS)
 
 
 @register(Tags.compatibility)
@@ -256,7 +271,7 @@ def check_schedule(**kwargs: Any) -> list[CheckMessage]:
                     id="llm_budgets.W080",
                 )
             ]
-        return _periodic_tasks_missing()
+        return _periodic_tasks_missing(kwargs.get("databases"))
     celery = any(
         hasattr(settings, name)
         for name in ("CELERY_BROKER_URL", "CELERY_BEAT_SCHEDULER", "CELERY_BEAT_SCHEDULE")
@@ -277,7 +292,7 @@ def check_schedule(**kwargs: Any) -> list[CheckMessage]:
     ]
 
 
-def _periodic_tasks_missing() -> list[CheckMessage]:
+def _periodic_tasks_missing(databases: list[str] | None) -> list[CheckMessage]:
     from django.apps import apps
 
     if not apps.is_installed("django_celery_beat"):
@@ -292,6 +307,8 @@ def _periodic_tasks_missing() -> list[CheckMessage]:
         ]
     from django_celery_beat.models import PeriodicTask
 
+    if not reads_default_database(databases):
+        return []
     try:
         installed = set(
             PeriodicTask.objects.filter(task__in=TASKS, enabled=True).values_list("task", flat=True)
@@ -318,7 +335,7 @@ def check_docs_apps(**kwargs: Any) -> list[CheckMessage]:
     without the first they are a 500, without the second a blank page."""
     from django.apps import apps
 
-    if conf.API_DOCS_ACCESS == "off":
+    if setting_or("API_DOCS_ACCESS", "staff") == "off":
         return []
     messages: list[CheckMessage] = []
     if not apps.is_installed("drf_spectacular"):

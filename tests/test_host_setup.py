@@ -176,3 +176,12 @@ def test_a_race_on_sqlite_without_immediate_is_refused_on_the_budget_not_the_loc
     unexpected = [r for r in results if not isinstance(r, budgets.Hold | BudgetExceeded)]
     assert not unexpected, unexpected
     assert sum(isinstance(r, budgets.Hold) for r in results) == 3
+
+
+@pytest.mark.django_db
+def test_a_bad_setting_is_reported_once_and_crashes_no_other_check() -> None:
+    bad = {"STRIPE_API_KEY": "whsec_wrong_place", "API_DOCS_ACCESS": "everyone"}
+    with override_settings(LLM_BUDGETS=bad):
+        ids = [message.id for message in run_checks()]
+    assert "llm_budgets.E070" in ids
+    assert "llm_budgets.E066" in ids
