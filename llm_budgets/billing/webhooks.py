@@ -198,19 +198,25 @@ def _link(customer: str) -> StripeCustomerLink | None:
     )
 
 
-def _invoice(link: StripeCustomerLink, invoice_id: str) -> StripeInvoice:
-    return StripeInvoice.objects.get_or_create(tenant_id=link.tenant_id, invoice_id=invoice_id)[0]
+def _invoice_of(event: dict[str, Any]) -> tuple[StripeCustomerLink, StripeInvoice] | None:
+    """The invoice event's customer link (locked) and the invoice's record, created on first
+    sight; None if the customer is linked to no tenant."""
+    invoice = _object(event)
+    link = _link(invoice["customer"])
+    if link is None:
+        return None
+    record = StripeInvoice.objects.get_or_create(tenant_id=link.tenant_id, invoice_id=invoice["id"])
+    return link, record[0]
 
 
 def _payment_failed(event: dict[str, Any], row: StripeWebhookEvent, now: datetime) -> str:
-    invoice = _object(event)
-    invoice_id = invoice["id"]
-    link = _link(invoice["customer"])
-    if link is None:
-        return "no linked tenant"
     if conf.STRIPE_ON_PAYMENT_FAILED != "trip":
         return "payment failed: ignored (STRIPE_ON_PAYMENT_FAILED='ignore')"
-    record = _invoice(link, invoice_id)
+    found = _invoice_of(event)
+    if found is None:
+        return "no linked tenant"
+    link, record = found
+    invoice_id = record.invoice_id
     if record.settled_at is not None:
         return f"invoice {invoice_id} was already {record.settled_as}: a late failure, ignored"
     if record.payment_failed_at is None:
@@ -256,12 +262,11 @@ def _settled(
     once no invoice whose failure it waits on is left unsettled."""
 
     def handle(event: dict[str, Any], row: StripeWebhookEvent, now: datetime) -> str:
-        invoice = _object(event)
-        invoice_id = invoice["id"]
-        link = _link(invoice["customer"])
-        if link is None:
+        found = _invoice_of(event)
+        if found is None:
             return "no linked tenant"
-        record = _invoice(link, invoice_id)
+        link, record = found
+        invoice_id = record.invoice_id
         if record.settled_at is None:
             record.settled_at, record.settled_as, record.settled_event = now, how, event["id"]
             record.save(update_fields=["settled_at", "settled_as", "settled_event"])
