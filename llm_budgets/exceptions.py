@@ -56,6 +56,7 @@ class BudgetExceeded(BudgetError):
     """Admitting the request would take a budget past its limit."""
 
     code = "budget_exceeded"
+    shared = False  # rebuilt by the HTTP client without __init__: not on the wire
     wire = (
         Wire("budget_id", "int", ("budget", "id"), "The budget that refused.", nullable=True),
         Wire("scope", "str", ("budget", "scope"), "Whose budget, e.g. tenant acme."),
