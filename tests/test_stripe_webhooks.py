@@ -363,3 +363,34 @@ def test_the_tenant_admin_page_names_the_invoices_the_switch_waits_on(
     tenant = StripeCustomerLink.objects.get().tenant
     page = admin_client.get(reverse("admin:llm_budgets_tenant_change", args=[tenant.pk]))
     assert "payment failed for invoice(s) in_b;" in page.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_carries_a_stopped_links_failed_invoice() -> None:
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+    from django.utils import timezone
+
+    before = [("llm_budgets", "0023_stripe_meters_of_plans_plural")]
+    after = [("llm_budgets", "0024_stripe_invoices_the_payment_switch_waits_on")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps
+    tenant = old.get_model("llm_budgets", "Tenant").objects.create(external_id="acme", name="A")
+    switch = old.get_model("llm_budgets", "KillSwitch").objects.create(
+        scope_key="tenant:acme", tenant=tenant, reason="r", tripped_at=timezone.now()
+    )
+    old.get_model("llm_budgets", "StripeCustomerLink").objects.create(
+        tenant=tenant,
+        customer_id="cus_1",
+        linked_at=timezone.now(),
+        payment_switch=switch,
+        payment_failed_invoice="in_9",
+    )
+    executor = MigrationExecutor(connection)
+    executor.migrate(after)
+    new = executor.loader.project_state(after).apps
+    [invoice] = new.get_model("llm_budgets", "StripeInvoice").objects.all()
+    assert (invoice.invoice_id, invoice.settled_at) == ("in_9", None)
+    assert invoice.payment_failed_at == switch.tripped_at
+    MigrationExecutor(connection).migrate(executor.loader.graph.leaf_nodes())
