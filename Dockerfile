@@ -10,4 +10,6 @@ COPY project ./project
 COPY demo ./demo
 COPY templates ./templates
 EXPOSE 8000
-CMD ["gunicorn", "project.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "3"]
+# Threaded workers and a deadline on request bodies, so slow clients cannot stall the API
+# (project/gunicorn.conf.py; WEB_CONCURRENCY, GUNICORN_THREADS, REQUEST_BODY_TIMEOUT).
+CMD ["gunicorn", "-c", "project/gunicorn.conf.py", "project.wsgi:application"]

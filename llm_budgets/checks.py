@@ -24,6 +24,7 @@ CHECK_IDS: dict[str, str] = {
     "MAX_TTL_SECONDS": "llm_budgets.E008",
     "API_THROTTLE_RATE": "llm_budgets.E009",
     "API_AUTH_FAILURE_RATE": "llm_budgets.E090",
+    "TRUSTED_PROXIES": "llm_budgets.E091",
     "UNCERTAIN_SETTLE_RULE": "llm_budgets.E020",
     "UNCERTAIN_MAX_AGE_SECONDS": "llm_budgets.E021",
     "WARNING_THRESHOLDS": "llm_budgets.E022",
@@ -359,3 +360,24 @@ def check_docs_apps(**kwargs: Any) -> list[CheckMessage]:
             )
         )
     return messages
+
+
+@register(Tags.security)
+def check_forwarded_for(**kwargs: Any) -> list[CheckMessage]:
+    """DRF's ``NUM_PROXIES`` no longer picks the address llm_budgets throttles by: a host that set
+    it for that must say so in ``TRUSTED_PROXIES``, or every client shares the proxy's address."""
+    drf = getattr(settings, "REST_FRAMEWORK", None)
+    if not isinstance(drf, dict) or drf.get("NUM_PROXIES") is None:
+        return []
+    user = getattr(settings, "LLM_BUDGETS", None)
+    if isinstance(user, dict) and "TRUSTED_PROXIES" in user:
+        return []
+    return [
+        Warning(
+            "REST_FRAMEWORK['NUM_PROXIES'] is set but LLM_BUDGETS['TRUSTED_PROXIES'] is not: the "
+            "API's failed-attempt throttle counts by REMOTE_ADDR, the nearest proxy's address.",
+            hint="Set LLM_BUDGETS['TRUSTED_PROXIES'] to the number of proxies in front of the "
+            "app that append to X-Forwarded-For (0 to keep REMOTE_ADDR); see docs/settings.md.",
+            id="llm_budgets.W091",
+        )
+    ]

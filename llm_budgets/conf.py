@@ -43,10 +43,15 @@ DEFAULTS: dict[str, Any] = {
     # no database read; 0: read it on every request. A key revoked or changed in another process
     # is seen within this long (in the same process at once).
     "API_KEY_CACHE_SECONDS": 0,
-    # Failed API-key authentications per source address (REMOTE_ADDR; the X-Forwarded-For entry
-    # DRF's NUM_PROXIES points at, when set) before that source is refused with 429 until the
-    # window ends, or None for no limit. Counted in the database, across processes.
+    # Failed API-key authentications per source address (``TRUSTED_PROXIES``) before that source
+    # is refused with 429 until the window ends, or None for no limit; a known key that is
+    # revoked or expired counts against itself instead, at the same rate. Counted in the
+    # database, across processes.
     "API_AUTH_FAILURE_RATE": "20/minute",
+    # How many reverse proxies in front of the app append to X-Forwarded-For. 0: none, the
+    # source address is REMOTE_ADDR and X-Forwarded-For (client-controlled) is ignored; n: the
+    # n-th entry from its right, the address the farthest of them saw.
+    "TRUSTED_PROXIES": 0,
     # Jobs (docs/operations.md). An UNCERTAIN reservation (outcome unknown) older than
     # UNCERTAIN_MAX_AGE_SECONDS is settled by rule: "charge" its hold as estimated spend, or
     # "release" it.
@@ -305,6 +310,17 @@ def _api_key_cache_seconds(key: str, value: Any) -> int:
     )
 
 
+def _trusted_proxies(key: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 16:
+        return value
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['TRUSTED_PROXIES'] must be a whole number from 0 to 16.",
+        f"Got {value!r}: how many proxies in front of the app append to X-Forwarded-For "
+        "(0: none; the header is then ignored, since a client can forge it).",
+    )
+
+
 def _dotted_callable(key: str, value: Any) -> str:
     """A dotted path to a callable, e.g. ``TENANT_RESOLVER``; the path is returned."""
     from django.utils.module_loading import import_string
@@ -388,6 +404,7 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "READ_REPLICA": _read_replica,
     "HEALTH_SWEEP_MAX_LAG_SECONDS": _positive_int,
     "API_KEY_CACHE_SECONDS": _api_key_cache_seconds,
+    "TRUSTED_PROXIES": _trusted_proxies,
     "TENANT_RESOLVER": _dotted_callable,
     "API_DOCS_ACCESS": _choice(*API_DOCS_ACCESSES),
     "API_DOCS_IN_HOST_SCHEMA": _bool,
@@ -489,6 +506,10 @@ class Settings:
     @property
     def API_KEY_CACHE_SECONDS(self) -> int:
         return int(self._get("API_KEY_CACHE_SECONDS"))
+
+    @property
+    def TRUSTED_PROXIES(self) -> int:
+        return int(self._get("TRUSTED_PROXIES"))
 
     @property
     def POOLER(self) -> str | None:

@@ -56,12 +56,20 @@ class BudgetExceeded(BudgetError):
     """Admitting the request would take a budget past its limit."""
 
     code = "budget_exceeded"
+    shared = False  # rebuilt by the HTTP client without __init__: not on the wire
     wire = (
         Wire("budget_id", "int", ("budget", "id"), "The budget that refused.", nullable=True),
         Wire("scope", "str", ("budget", "scope"), "Whose budget, e.g. tenant acme."),
         Wire("window", "str", ("budget", "window")),
-        Wire("limit", "money", ("budget", "limit"), "Its limit, raises included."),
-        Wire("remaining", "money", ("budget", "remaining")),
+        Wire(
+            "limit",
+            "money",
+            ("budget", "limit"),
+            "Its limit, raises included; null for a tenant's key refused by the installation-wide "
+            "budget (other tenants' spend).",
+            nullable=True,
+        ),
+        Wire("remaining", "money", ("budget", "remaining"), nullable=True),
         Wire("currency", "str", ("budget", "currency")),
         Wire("resets_at", "time", ("budget", "resets_at"), "When it has room.", nullable=True),
         Wire("requested", "money", (), "What the request needed."),
@@ -82,9 +90,12 @@ class BudgetExceeded(BudgetError):
         budget_id: int | None = None,
         tenant: str | None = None,
         end_user: str | None = None,
+        shared: bool = False,
     ) -> None:
         self.scope = scope
         self.window = window
+        # The budget counts every tenant's spend: a tenant's key gets ``without_figures``.
+        self.shared = shared
         self.limit = limit
         self.remaining = remaining
         self.requested = requested
@@ -109,6 +120,25 @@ class BudgetExceeded(BudgetError):
             requested=requested,
             resets_at=resets_at,
         )
+
+    def without_figures(self, resets_at: datetime | None) -> dict[str, Any]:
+        """What a tenant's key is told of a refusal by a budget every tenant shares: that it
+        refused, what the request needed and when to retry (``resets_at``, a bound that says
+        nothing of other tenants' spend), never the budget's limit, what remains or its id.
+        The attributes to replace, for the REST body."""
+        when = f"resets at {resets_at.isoformat()}" if resets_at else "never resets (lifetime)"
+        if resets_at and self.window.startswith("rolling:"):
+            when = f"has room again by {resets_at.isoformat()} at the latest"
+        return {
+            "message": (
+                f"Budget exceeded: the installation-wide {self.window} budget cannot admit this "
+                f"request now; it needs {display(self.requested)} {self.currency}. It {when}."
+            ),
+            "limit": None,
+            "remaining": None,
+            "budget_id": None,
+            "resets_at": resets_at,
+        }
 
     @property
     def retry_after(self) -> int | None:

@@ -5,7 +5,7 @@ holding anything."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -20,7 +20,12 @@ from llm_budgets.model_names import ModelMatch
 from llm_budgets.models import ApiKey, BudgetUnit, EndUser, Price, PricingBasis, Tenant
 from llm_budgets.money import round_hold
 from llm_budgets.pricing import output_ceiling, price_match, pricing_for_request
-from llm_budgets.selectors import BudgetStatus, budget_statuses, scopes_for_read
+from llm_budgets.selectors import (
+    BudgetStatus,
+    budget_statuses,
+    scopes_for_read,
+    shared_by_tenants,
+)
 from llm_budgets.tenants import tenant_get
 from llm_budgets.tokens import count_input_tokens
 from llm_budgets.usage import tool_calls_validate
@@ -126,11 +131,24 @@ class Quote:
     currency: str
     # Which rule of llm_budgets.model_names found the price (None: the unknown-model policy).
     model_match: ModelMatch | None = None
+    # Whether each budget ``for_tenant`` left out of ``budgets`` would fit.
+    withheld_fits: tuple[bool, ...] = ()
 
     @property
     def admissible(self) -> bool:
         """Whether ``reserve`` would admit the request now (budgets can move meanwhile)."""
-        return bool(self.budgets) and all(draw.fits for draw in self.budgets)
+        fits = [draw.fits for draw in self.budgets] + list(self.withheld_fits)
+        return bool(fits) and all(fits)
+
+    def for_tenant(self) -> Quote:
+        """The quote as a tenant's key may see it: budgets every tenant shares are left out
+        (their figures are other tenants' spend), yet still decide ``admissible``."""
+        shared = [draw for draw in self.budgets if shared_by_tenants(draw.status.scope)]
+        return replace(
+            self,
+            budgets=[draw for draw in self.budgets if draw not in shared],
+            withheld_fits=self.withheld_fits + tuple(draw.fits for draw in shared),
+        )
 
 
 def quote(

@@ -400,6 +400,18 @@ def _admission_context_sql(
     )
 
 
+def shared_by_tenants(scope: str) -> bool:
+    """Whether a budget of this scope counts every tenant's spend (the installation-wide cap).
+    Its figures are shared state: a tenant's key or page may learn that it refused or would
+    refuse a call, never its limit, spent, reserved or remaining (DESIGN.md section 3.6)."""
+    return scope == Scope.GLOBAL
+
+
+def tenant_visible(statuses: Sequence[BudgetStatus]) -> list[BudgetStatus]:
+    """The statuses a tenant may see: every one but those of budgets all tenants share."""
+    return [s for s in statuses if not shared_by_tenants(s.scope)]
+
+
 def budget_statuses(
     tenant: Tenant, end_user: EndUser | None, at: datetime, scopes: CallScopes = NO_SCOPES
 ) -> list[BudgetStatus]:

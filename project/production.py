@@ -15,7 +15,7 @@ import os
 os.environ.setdefault("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
 
 from project.settings import *  # noqa: F403
-from project.settings import env
+from project.settings import LLM_BUDGETS, env
 
 DEBUG = False
 SECRET_KEY = env("SECRET_KEY")  # required: no default in production
@@ -33,9 +33,13 @@ SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
-# The REST API counts failed API-key attempts per source: with a proxy in front, tell DRF how
-# many, so the client's address (not the proxy's) is the source.
-REST_FRAMEWORK = {"NUM_PROXIES": env.int("NUM_PROXIES", default=1)}
-
-# The API's schema and Swagger page for the host's staff only (the demo's are public).
-LLM_BUDGETS = {**LLM_BUDGETS, "API_DOCS_ACCESS": "staff"}  # noqa: F405
+# The REST API counts failed API-key attempts per client address. X-Forwarded-For is believed
+# only as far as proxies the deployment declares: TRUSTED_PROXIES=1 behind one proxy that appends
+# to it (nginx's $proxy_add_x_forwarded_for). Default none: with nothing in front, the header is
+# the client's own word (a forged one would escape the throttle or frame another address).
+# The API's schema and Swagger page are for the host's staff only (the demo's are public).
+LLM_BUDGETS = {
+    **LLM_BUDGETS,
+    "TRUSTED_PROXIES": env.int("TRUSTED_PROXIES", default=0),
+    "API_DOCS_ACCESS": "staff",
+}

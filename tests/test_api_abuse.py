@@ -4,13 +4,16 @@ of unknown prefixes, revocation effective on the next request."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import httpx
 import pytest
+import time_machine
 from django.test import override_settings
+from django.utils import timezone
 
 from llm_budgets.api.keys import api_key_revoke
 from llm_budgets.models import ApiKey
@@ -62,6 +65,68 @@ def test_a_forged_forwarded_for_header_does_not_make_a_new_source() -> None:
         for i in range(5)
     ]
     assert codes == [401, 401, 401, 429, 429]
+
+
+@pytest.mark.parametrize("refused", ["revoked", "expired"])
+def test_a_revoked_or_expired_key_is_throttled_on_its_own(refused: str) -> None:
+    """20 refusals of one revoked (or expired) key behind a shared egress address: that key gets
+    429, every other key from the address keeps working (issue 22 item 5)."""
+    seed()
+    bad, good = new_key("acme", name="old service"), new_key("acme", name="other service")
+    bad_key = ApiKey.objects.get(prefix=bad.split(".")[0])
+    if refused == "revoked":
+        api_key_revoke(bad_key, actor="test")
+    else:
+        ApiKey.objects.filter(pk=bad_key.pk).update(expiry_date=timezone.now())
+    # One throttle window throughout (the counters' clock stands still; no minute boundary).
+    with time_machine.travel(timezone.now() + timedelta(seconds=1), tick=False):
+        codes = [attempt(f"Api-Key {bad}").status_code for _ in range(22)]
+        assert codes == [401] * 20 + [429] * 2
+        assert attempt(f"Api-Key {bad}").json()["error"]["code"] == "throttled"
+        assert attempt(f"Api-Key {good}").status_code == 200
+        # Guessing from that address is still counted per source, from zero.
+        assert [attempt(WRONG).status_code for _ in range(21)] == [401] * 20 + [429]
+        assert attempt(f"Api-Key {good}").status_code == 429
+
+
+@pytest.mark.parametrize(
+    ("trusted", "forwarded", "source"),
+    [
+        (0, "1.2.3.4", "10.0.0.9"),  # no proxy trusted: the header is the client's word
+        (1, "1.2.3.4", "1.2.3.4"),
+        (1, "6.6.6.6, 1.2.3.4", "1.2.3.4"),  # a forged entry left of the proxy's is ignored
+        (2, "6.6.6.6, 1.2.3.4, 172.16.0.1", "1.2.3.4"),
+        (2, "1.2.3.4", "10.0.0.9"),  # fewer entries than proxies: not through them all
+        (1, None, "10.0.0.9"),
+    ],
+)
+def test_the_source_address_follows_trusted_proxies(
+    trusted: int, forwarded: str | None, source: str
+) -> None:
+    from rest_framework.test import APIRequestFactory
+
+    from llm_budgets.api.throttling import source_of
+
+    extra = {} if forwarded is None else {"HTTP_X_FORWARDED_FOR": forwarded}
+    request = APIRequestFactory().get("/", REMOTE_ADDR="10.0.0.9", **extra)
+    with override_settings(LLM_BUDGETS={"TRUSTED_PROXIES": trusted}):
+        assert source_of(request) == source
+
+
+@override_settings(LLM_BUDGETS={"API_AUTH_FAILURE_RATE": "3/minute", "TRUSTED_PROXIES": 1})
+def test_behind_one_proxy_each_client_is_its_own_source() -> None:
+    seed()
+    good = new_key("acme")
+
+    def through_proxy(header: str, client: str) -> int:
+        forwarded = {"HTTP_X_FORWARDED_FOR": f"9.9.9.9, {client}"}  # 9.9.9.9: forged
+        api = client_for(None)
+        api.credentials(HTTP_AUTHORIZATION=header)
+        return api.get(status_path(), REMOTE_ADDR="10.0.0.1", **forwarded).status_code
+
+    assert [through_proxy(WRONG, "1.1.1.1") for _ in range(4)] == [401, 401, 401, 429]
+    assert through_proxy(f"Api-Key {good}", "1.1.1.1") == 429
+    assert through_proxy(f"Api-Key {good}", "2.2.2.2") == 200  # same proxy, another client
 
 
 @pytest.mark.parametrize(

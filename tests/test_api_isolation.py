@@ -130,3 +130,101 @@ def test_an_operator_key_reaches_every_tenant(two_tenants: tuple[Any, str]) -> N
     operator = client_for(new_key(None))
     assert operator.get(f"{BASE}reservations/{beta_hold}").status_code == 200
     assert operator.get(f"{BASE}tenants/beta/status").status_code == 200
+
+
+# One tenant learns nothing about another through the installation-wide budget (issue 22 item 3).
+
+BIG = {"max_output_tokens": 100_000}  # holds 3000: more than the global cap's 1000
+
+
+def _alpha_sees(alpha: Any, alpha_hold: str) -> dict[str, Any]:
+    """Every read a tenant key makes, and a refusal by the global cap: status and body."""
+    request = {"provider": "fake", "model": "m30", "input_tokens": 0, "max_output_tokens": 1000}
+    answers = {
+        "status": alpha.get(f"{BASE}tenants/alpha/status"),
+        "status_end_user": alpha.get(f"{BASE}tenants/alpha/status", {"end_user": "u-1"}),
+        "quote": alpha.get(f"{BASE}quote", request),
+        "quote_refused": alpha.get(f"{BASE}quote", {**request, **BIG}),
+        "usage": alpha.get(f"{BASE}tenants/alpha/usage"),
+        "reservation": alpha.get(f"{BASE}reservations/{alpha_hold}"),
+        "refusal": alpha.post(f"{BASE}reservations", reserve_body(**BIG), format="json"),
+    }
+    return {name: (r.status_code, r.json()) for name, r in answers.items()}
+
+
+@pytest.fixture
+def global_cap() -> tuple[Any, str, Any]:
+    """alpha (cap 5000) and beta (cap 100) under a global cap of 1000; alpha holds 30."""
+    seed(tenant="alpha", limit="5000")
+    seed(tenant="beta", limit="100")
+    budgets.set_limit(amount=Decimal(1000), window="month")
+    alpha = client_for(new_key("alpha"))
+    hold = alpha.post(f"{BASE}reservations", reserve_body(), format="json").json()["id"]
+    return alpha, hold, client_for(new_key("beta"))
+
+
+def test_another_tenants_activity_changes_nothing_a_tenant_key_reads(
+    global_cap: tuple[Any, str, Any],
+) -> None:
+    alpha, alpha_hold, beta = global_cap
+    before = _alpha_sees(alpha, alpha_hold)
+    assert before["refusal"][0] == 429, before["refusal"]
+    assert before["quote_refused"][1]["admissible"] is False  # that it would refuse: yes
+    assert before["quote"][1]["admissible"] is True
+    # beta spends 7, holds 30 more, and is refused by its own cap.
+    held = beta.post(f"{BASE}reservations", reserve_body(), format="json").json()["id"]
+    commit = {"input_tokens": 0, "output_tokens": 233}
+    assert beta.post(f"{BASE}reservations/{held}/commit", commit, format="json").status_code == 200
+    assert beta.post(f"{BASE}reservations", reserve_body(), format="json").status_code == 201
+    assert beta.post(f"{BASE}reservations", reserve_body(**BIG), format="json").status_code == 429
+    assert _alpha_sees(alpha, alpha_hold) == before
+
+
+def test_a_tenant_key_never_sees_the_global_caps_figures(
+    global_cap: tuple[Any, str, Any],
+) -> None:
+    alpha, _, _ = global_cap
+    scopes = {b["scope"] for b in alpha.get(f"{BASE}tenants/alpha/status").json()["budgets"]}
+    assert scopes == {"tenant"}
+    quoted = alpha.get(
+        f"{BASE}quote", {"provider": "fake", "model": "m30", "input_tokens": 0, **BIG}
+    ).json()
+    assert [d["budget"]["scope"] for d in quoted["budgets"]] == ["tenant"]
+    assert quoted["budgets"][0]["fits"] is True
+    assert quoted["admissible"] is False
+    refused = alpha.post(f"{BASE}reservations", reserve_body(**BIG), format="json")
+    error = refused.json()["error"]
+    assert error["budget"]["scope"] == "global"
+    assert error["budget"]["limit"] is error["budget"]["remaining"] is error["budget"]["id"] is None
+    assert "1000" not in error["message"]
+    assert "970" not in error["message"]
+    assert int(refused["Retry-After"]) >= 1
+
+
+def test_an_operator_key_still_sees_the_global_caps_figures(
+    global_cap: tuple[Any, str, Any],
+) -> None:
+    operator = client_for(new_key(None))
+    status = operator.get(f"{BASE}tenants/alpha/status").json()["budgets"]
+    shared = next(b for b in status if b["scope"] == "global")
+    assert (shared["limit"], shared["reserved"]) == ("1000", "30")
+    refused = operator.post(
+        f"{BASE}reservations", reserve_body(tenant="alpha", **BIG), format="json"
+    ).json()["error"]
+    assert (refused["budget"]["limit"], refused["budget"]["remaining"]) == ("1000", "970")
+
+
+def test_a_rolling_global_refusal_tells_a_tenant_only_a_bound() -> None:
+    seed(tenant="alpha", limit="5000")
+    seed(tenant="beta", limit="5000")
+    budgets.set_limit(amount=Decimal(100), window="rolling:1h")
+    beta = client_for(new_key("beta"))
+    assert beta.post(f"{BASE}reservations", reserve_body(), format="json").status_code == 201
+    refused = client_for(new_key("alpha")).post(
+        f"{BASE}reservations", reserve_body(max_output_tokens=3000), format="json"
+    )
+    assert refused.status_code == 429
+    error = refused.json()["error"]
+    assert error["budget"]["limit"] is error["budget"]["remaining"] is None
+    assert "70" not in error["message"]
+    assert 3600 <= int(refused["Retry-After"]) <= 3600 + 3600

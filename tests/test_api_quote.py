@@ -78,9 +78,18 @@ def test_quote_itemises_the_worst_case_and_holds_nothing(acme: Any) -> None:
     assert draws[("tenant acme", "month")]["fits"] is True
     assert draws[("tenant acme", "month")]["would_hold"] == "0.03475"
     assert draws[("end user acme/*", "day")]["fits"] is False  # 0.03475 > 0.01
-    assert draws[("global", "month")]["would_hold"] == "0.0434375"  # customer price
-    assert draws[("global", "month")]["budget"]["unit"] == "customer_price"
+    assert ("global", "month") not in draws  # every tenant's spend: not a tenant key's to see
     assert body["admissible"] is False
+    operator = quote(
+        client_for(new_key(None)),
+        tenant="acme",
+        model="claude-x",
+        input_tokens=1000,
+        max_output_tokens=2000,
+    ).json()
+    shared = next(d for d in operator["budgets"] if d["budget"]["scope"] == "global")
+    assert shared["would_hold"] == "0.0434375"  # customer price
+    assert shared["budget"]["unit"] == "customer_price"
 
 
 def test_quote_counts_messages_and_prompts(acme: Any) -> None:
@@ -108,7 +117,7 @@ def test_quote_with_tool_calls_and_without_an_end_user(acme: Any) -> None:
     tool = {"dimension": "tool:web_search", "quantity": 2, "rate": "0.01", "amount": "0.02"}
     assert tool in body["items"], body["items"]
     assert body["end_user"] is None
-    assert {d["budget"]["scope"] for d in body["budgets"]} == {"tenant", "global"}
+    assert {d["budget"]["scope"] for d in body["budgets"]} == {"tenant"}  # global: not shown
     assert body["admissible"] is True
 
 

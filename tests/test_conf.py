@@ -49,6 +49,9 @@ def test_the_settings_must_be_a_dict() -> None:
         ({"CURRENCY": "usd"}, "llm_budgets.E006"),
         ({"MAX_TOKENS_PER_CALL": -1}, "llm_budgets.E007"),
         ({"MAX_TTL_SECONDS": 60}, "llm_budgets.E008"),  # below the default TTL of 120
+        ({"TRUSTED_PROXIES": -1}, "llm_budgets.E091"),
+        ({"TRUSTED_PROXIES": "1"}, "llm_budgets.E091"),
+        ({"TRUSTED_PROXIES": True}, "llm_budgets.E091"),
     ],
 )
 def test_each_bad_value_has_its_own_check(settings: dict[str, Any], expected: str) -> None:
@@ -166,3 +169,21 @@ def test_a_router_sending_the_apps_models_elsewhere_is_refused() -> None:
     assert messages
     assert {m.id for m in messages} == {"llm_budgets.E050"}
     assert any("llm_budgets.Counter" in m.msg for m in messages)
+
+
+def test_trusted_proxies_default_to_none_and_are_re_read() -> None:
+    with override_settings(LLM_BUDGETS={}):
+        assert conf.TRUSTED_PROXIES == 0
+    with override_settings(LLM_BUDGETS={"TRUSTED_PROXIES": 2}):
+        assert conf.TRUSTED_PROXIES == 2
+
+
+def test_drf_num_proxies_alone_gets_a_warning() -> None:
+    from llm_budgets.checks import check_forwarded_for
+
+    with override_settings(REST_FRAMEWORK={"NUM_PROXIES": 1}, LLM_BUDGETS={}):
+        assert [w.id for w in check_forwarded_for()] == ["llm_budgets.W091"]
+    with override_settings(REST_FRAMEWORK={"NUM_PROXIES": 1}, LLM_BUDGETS={"TRUSTED_PROXIES": 1}):
+        assert check_forwarded_for() == []
+    with override_settings(REST_FRAMEWORK={}, LLM_BUDGETS={}):
+        assert check_forwarded_for() == []

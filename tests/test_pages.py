@@ -312,6 +312,17 @@ def test_refusals_say_what_was_asked_what_was_left_and_when_it_resets(folks: Peo
     assert "bob-acme" not in body(client_for(folks.beta_admin).get("/usage/refusals/"))
 
 
+def test_a_refusal_by_the_global_cap_shows_no_figure_of_it(folks: People) -> None:
+    # A new global cap counts from now: all 20 of it left, less than the call's 30.
+    budgets.set_limit(amount=Decimal(20), window="month")
+    with pytest.raises(BudgetExceeded) as refused:
+        reserve_30(tenant="acme", end_user="carol-acme")
+    assert refused.value.remaining == 20  # in process (the host's code): the figures
+    text = body(client_for(folks.acme_admin).get("/usage/refusals/"))
+    assert "needed up to 30.00 USD, but the service's overall limit could not admit it" in text
+    assert "20.00 USD" not in text
+
+
 def test_open_kill_switches_show_with_their_reason(folks: People) -> None:
     budgets.trip(tenant="acme", reason="Paused while we review unusual traffic")
     budgets.trip(tenant="beta", reason="beta's own business")

@@ -57,6 +57,15 @@ def test_the_production_settings_example_passes_check_deploy() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no issues" in done.stdout
+    # X-Forwarded-For is believed only behind proxies the deployment declares: none by default.
+    read = [sys.executable, "manage.py", "shell", "-c", "from llm_budgets.conf import conf; "
+            "print(conf.TRUSTED_PROXIES)"]  # fmt: skip
+    for declared, trusted in ((None, "0"), ("1", "1")):
+        extra = {} if declared is None else {"TRUSTED_PROXIES": declared}
+        shown = subprocess.run(
+            read, cwd=ROOT, env={**env, **extra}, capture_output=True, text=True, timeout=120
+        )
+        assert shown.stdout.split()[-1:] == [trusted], shown.stdout + shown.stderr
 
 
 def _logged_in(**fields: object) -> tuple[Client, Any]:

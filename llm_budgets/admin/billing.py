@@ -22,7 +22,7 @@ from llm_budgets.admin.base import (
 )
 from llm_budgets.billing.delivery import delivery_retry
 from llm_budgets.billing.links import stripe_customer_link, stripe_customer_unlink
-from llm_budgets.billing.selectors import billing_status
+from llm_budgets.billing.selectors import billing_status, unpaid_invoices
 from llm_budgets.conf import conf
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
@@ -33,6 +33,7 @@ from llm_budgets.models import (
     ReconciliationDifference,
     ReconciliationRun,
     StripeCustomerLink,
+    StripeInvoice,
     StripeMeter,
     StripePlanMeter,
     StripeWebhookEvent,
@@ -66,7 +67,7 @@ class StripeCustomerLinkAdmin(admin.ModelAdmin):
         "unlinked_at",
         "unlink_reason",
         "payment_switch",
-        "payment_failed_invoice",
+        "unpaid_invoices",
     ]
     actions = ["unlink"]
 
@@ -78,6 +79,10 @@ class StripeCustomerLinkAdmin(admin.ModelAdmin):
     @admin.display(boolean=True, description="Active")
     def active(self, obj: StripeCustomerLink) -> bool:
         return obj.active
+
+    @admin.display(description="Unpaid invoices the payment switch waits on")
+    def unpaid_invoices(self, obj: StripeCustomerLink) -> str:
+        return ", ".join(unpaid_invoices(obj.tenant_id)) or "-"
 
     def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False  # unlink instead: audited, and what is owed stays owed
@@ -229,6 +234,15 @@ class StripeWebhookEventAdmin(ReadOnlyAdmin):
     search_fields = ["id", "type"]
 
 
+@admin.register(StripeInvoice)
+class StripeInvoiceAdmin(ReadOnlyAdmin):
+    """Invoices a payment webhook named: unpaid ones hold the tenant's payment switch open."""
+
+    list_display = ["invoice_id", "tenant", "payment_failed_at", "settled_at", "settled_as"]
+    list_filter = ["settled_as"]
+    search_fields = ["invoice_id", "tenant__external_id"]
+
+
 @admin.register(MeterErrorReport)
 class MeterErrorReportAdmin(ReadOnlyAdmin):
     list_display = ["created_at", "code", "identifier", "delivery", "message"]
@@ -252,6 +266,7 @@ def billing_context(tenant: Tenant) -> dict[str, Any]:
     link = status.link
     return {
         "billing_link": link,
+        "billing_unpaid_invoices": ", ".join(status.unpaid_invoices),
         "billing_link_url": (
             reverse("admin:llm_budgets_stripecustomerlink_change", args=[link.pk])
             if link

@@ -1,7 +1,8 @@
 """``Authorization: Api-Key <prefix>.<secret>`` (the djangorestframework-api-key convention).
 
 Strict: the scheme is written exactly ``Api-Key``, one space, then the key, nothing else. Every
-attempt that does not authenticate counts against its source (``throttling.auth_blocked_for``);
+attempt that does not authenticate counts against its source (``throttling.auth_blocked_for``),
+but a revoked or expired key with its right secret counts against that key (``_KEY_REFUSALS``);
 a source over ``API_AUTH_FAILURE_RATE`` is refused with 429 before its key's secret is checked
 (the key row is read by the same statement as the source's count: ``auth_read``). An
 unknown prefix costs the same hash comparison as a known one, so timing does not tell which
@@ -216,6 +217,10 @@ for _model in (ApiKey, Tenant):
     post_delete.connect(_forget_keys, sender=_model, dispatch_uid=f"llmb_forget_keys_d{_model}")
 
 
+# Refusals of a known key with its right secret: counted per key, not per source.
+_KEY_REFUSALS = ("api_key_revoked", "api_key_expired")
+
+
 @functools.cache
 def _decoy_hash() -> str:
     """A hash to compare against when the prefix is unknown (same cost as a real check)."""
@@ -236,8 +241,17 @@ class ApiKeyAuthentication(BaseAuthentication):
                 self._refuse_if_blocked(request, throttling.auth_failures_counted(request))
                 return AnonymousUser(), self._key(match, None if cached is None else cached[0])
             return AnonymousUser(), self._key_in_one_read(request, match)
-        except exceptions.AuthenticationFailed:
-            throttling.auth_failure_record(request)
+        except exceptions.AuthenticationFailed as failed:
+            if match is not None and failed.get_codes() in _KEY_REFUSALS:
+                wait = throttling.key_failure_record(match[1])
+                if wait is not None:
+                    raise exceptions.Throttled(
+                        wait,
+                        detail=f"Too many attempts with API key {match[1]}, which is revoked or "
+                        f"expired; retry in {wait} seconds (with a valid key: now).",
+                    ) from None
+            else:
+                throttling.auth_failure_record(request)
             raise
 
     def _key_in_one_read(self, request: Request, match: re.Match[str]) -> ApiKey:

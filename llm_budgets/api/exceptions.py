@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
+from django.utils import timezone
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.utils.encoders import JSONEncoder
 
-from llm_budgets.exceptions import BudgetError, Wire
+from llm_budgets.exceptions import BudgetError, BudgetExceeded, Wire
+from llm_budgets.models import ApiKey
+from llm_budgets.windows import rolling_window
 
 STATUS_BY_CODE: dict[str, int] = {
     "budget_exceeded": status.HTTP_429_TOO_MANY_REQUESTS,
@@ -77,11 +81,13 @@ def _encoded(wire: Wire, value: Any) -> Any:
     return value
 
 
-def budget_error_body(exc: BudgetError) -> dict[str, Any]:
-    """The error body, laid out by the class's ``wire`` (``llm_budgets.exceptions.Wire``)."""
-    error: dict[str, Any] = {"code": exc.code, "message": exc.message}
+def budget_error_body(exc: BudgetError, replaced: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The error body, laid out by the class's ``wire`` (``llm_budgets.exceptions.Wire``);
+    ``replaced``: attributes (and ``message``) to send instead of the exception's own."""
+    replaced = replaced or {}
+    error: dict[str, Any] = {"code": exc.code, "message": replaced.get("message", exc.message)}
     for wire in type(exc).wire:
-        value = _encoded(wire, getattr(exc, wire.attr, None))
+        value = _encoded(wire, replaced.get(wire.attr, getattr(exc, wire.attr, None)))
         *parents, name = wire.where
         if not parents and value is None:
             continue
@@ -100,12 +106,39 @@ def budget_error_body(exc: BudgetError) -> dict[str, Any]:
     return _plain(error)
 
 
-def _budget_error_response(exc: BudgetError) -> Response:
+def _budget_error_response(exc: BudgetError, request: Any) -> Response:
     headers = {}
     retry_after = getattr(exc, "retry_after", None)
+    replaced = None
+    if isinstance(exc, BudgetExceeded) and exc.shared and _tenant_key(request):
+        replaced = exc.without_figures(_shared_resets_at(exc))
+        retry_after = _seconds_until(replaced["resets_at"])
     if isinstance(retry_after, int):
         headers["Retry-After"] = str(retry_after)
-    return Response({"error": budget_error_body(exc)}, status=status_for(exc), headers=headers)
+    body = budget_error_body(exc, replaced)
+    return Response({"error": body}, status=status_for(exc), headers=headers)
+
+
+def _tenant_key(request: Any) -> bool:
+    auth = getattr(request, "auth", None)
+    return isinstance(auth, ApiKey) and not auth.is_operator
+
+
+def _shared_resets_at(exc: BudgetExceeded) -> datetime | None:
+    """When a refusal by the installation-wide budget can be retried, as a tenant may know it:
+    a calendar window's end (a date, nobody's spend); for a rolling window, the latest time
+    everything it counts now has left it (the engine's own figure follows other tenants'
+    spend)."""
+    window = rolling_window(exc.window)
+    if window is None:
+        return exc.resets_at
+    return timezone.now() + window.duration + window.bucket
+
+
+def _seconds_until(when: datetime | None) -> int | None:
+    if when is None:
+        return None
+    return max(1, math.ceil((when - timezone.now()).total_seconds()))
 
 
 def _field_errors(detail: Any, prefix: str = "") -> dict[str, list[str]]:
@@ -129,7 +162,7 @@ def _field_errors(detail: Any, prefix: str = "") -> dict[str, list[str]]:
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF exception handler for the llm_budgets views (set per view, not project-wide)."""
     if isinstance(exc, BudgetError):
-        return _budget_error_response(exc)
+        return _budget_error_response(exc, context.get("request"))
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):

@@ -2,9 +2,11 @@
 the same number (Django's default cache is per process unless the host shares one):
 
 - per API key, at ``LLM_BUDGETS["API_THROTTLE_RATE"]`` (a DRF throttle class);
-- failed authentications per source, at ``LLM_BUDGETS["API_AUTH_FAILURE_RATE"]``: once a source
-  has failed that often in the window, every attempt from it is refused (429 with Retry-After)
-  before its key is even looked at, until the window ends.
+- failed authentications per source (``source_of``), at ``LLM_BUDGETS["API_AUTH_FAILURE_RATE"]``:
+  once a source has failed that often in the window, every attempt from it is refused (429 with
+  Retry-After) before its key is even looked at, until the window ends;
+- a known key presented with its right secret but revoked or expired counts against that key
+  instead (``key_failure_record``), at the same rate: 429 for that key alone.
 
 Fixed windows (``RateCounter`` rows), one upsert per counted request; a burst of up to twice the
 rate can straddle a window boundary. Old windows are deleted as new ones start.
@@ -17,7 +19,6 @@ from typing import Any
 
 from django.db import connection
 from rest_framework.request import Request
-from rest_framework.settings import api_settings
 from rest_framework.throttling import BaseThrottle
 
 from llm_budgets.conf import conf
@@ -92,12 +93,19 @@ def seconds_left(duration: int, now: float | None = None) -> int:
 
 
 def source_of(request: Request) -> str:
-    """The client's address: REMOTE_ADDR, or the X-Forwarded-For entry DRF's ``NUM_PROXIES``
-    designates when the host has set it (an unconfigured X-Forwarded-For is client-controlled
-    and would let an attacker pick a fresh source per request)."""
-    if api_settings.NUM_PROXIES is not None:
-        return BaseThrottle().get_ident(request)
-    return str(request.META.get("REMOTE_ADDR") or "unknown")
+    """The client's address: ``REMOTE_ADDR``, or with ``TRUSTED_PROXIES`` n > 0 the n-th
+    X-Forwarded-For entry from the right, the one the farthest trusted proxy wrote. Entries
+    left of it are the client's own words and never believed; a header with fewer than n
+    entries did not come through every proxy, and counts as ``REMOTE_ADDR``."""
+    remote = str(request.META.get("REMOTE_ADDR") or "unknown")
+    trusted = conf.TRUSTED_PROXIES
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR")
+    if trusted == 0 or not forwarded:
+        return remote
+    entries = [entry.strip() for entry in str(forwarded).split(",")]
+    if len(entries) < trusted:
+        return remote
+    return entries[-trusted] or remote
 
 
 def auth_failure_key(request: Request) -> str:
@@ -140,6 +148,20 @@ def auth_failure_record(request: Request) -> None:
     _limit, duration = parse_rate(rate)
     with ledger_guard("authentication"):
         counter_hit(auth_failure_key(request), duration=duration)
+
+
+def key_failure_record(prefix: str) -> int | None:
+    """A known key, its secret right, refused as revoked or expired: counted against the key, not
+    its source, so one misconfigured service cannot lock every key behind a shared address out.
+    Returns the seconds until the key may try again once it is over ``API_AUTH_FAILURE_RATE``,
+    else None."""
+    rate = conf.API_AUTH_FAILURE_RATE
+    if rate is None:
+        return None
+    limit, duration = parse_rate(rate)
+    with ledger_guard("authentication"):
+        hits = counter_hit(f"refused-key:{prefix}", duration=duration)
+    return seconds_left(duration) if hits > limit else None
 
 
 class ApiKeyRateThrottle(BaseThrottle):

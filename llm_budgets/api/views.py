@@ -297,6 +297,8 @@ class TenantStatusView(ApiView):
                 tenant, run=query_id(request, "run"), tags=_query_tags(request)
             )
             statuses = selectors.budget_statuses(tenant, end_user, timezone.now(), scopes)
+        if not api_key_of(request).is_operator:
+            statuses = selectors.tenant_visible(statuses)
         body = {"tenant": tenant.external_id, "end_user": end_user_id, "budgets": statuses}
         return Response(s.TenantStatusSerializer(body).data)
 
@@ -357,6 +359,8 @@ class QuoteView(ApiView):
             tags=data.get("tags"),
             api_key=api_key_of(request),
         )
+        if not api_key_of(request).is_operator:
+            quote = quote.for_tenant()
         body = {"tenant": tenant.external_id, "end_user": data.get("end_user"), **vars(quote)}
         return Response(s.QuoteSerializer({**body, "admissible": quote.admissible}).data)
 

@@ -14,6 +14,7 @@ from llm_budgets.models import (
     MeterDeliveryState,
     ReconciliationRun,
     StripeCustomerLink,
+    StripeInvoice,
     Tenant,
 )
 from llm_budgets.money import MILLION, ZERO
@@ -40,6 +41,17 @@ def billed_in_period(tenant: Tenant, start: datetime, end: datetime) -> Decimal:
     return Decimal(units or 0) / MILLION
 
 
+def unpaid_invoices(tenant_id: int) -> list[str]:
+    """The invoices whose failed payment the tenant's payment switch waits on (oldest first)."""
+    return list(
+        StripeInvoice.objects.filter(
+            tenant_id=tenant_id, payment_failed_at__isnull=False, settled_at__isnull=True
+        )
+        .order_by("payment_failed_at", "invoice_id")
+        .values_list("invoice_id", flat=True)
+    )
+
+
 @dataclass(frozen=True)
 class BillingStatus:
     link: StripeCustomerLink | None
@@ -47,6 +59,7 @@ class BillingStatus:
     unbuilt_lines: int
     by_state: dict[str, tuple[int, Decimal]]  # delivery state -> (count, units / 1e6)
     last_reconciliation: ReconciliationRun | None
+    unpaid_invoices: list[str]  # what the tenant's payment switch waits on
 
 
 def billing_status(tenant: Tenant) -> BillingStatus:
@@ -67,4 +80,6 @@ def billing_status(tenant: Tenant) -> BillingStatus:
         unbuilt_lines=unbuilt["lines"] or 0,
         by_state=states,
         last_reconciliation=ReconciliationRun.objects.order_by("-started_at").first(),
+        # Only a stopped tenant has any to show (no query otherwise).
+        unpaid_invoices=unpaid_invoices(tenant.pk) if link and link.payment_switch_id else [],
     )

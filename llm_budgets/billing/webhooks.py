@@ -4,7 +4,15 @@ The view (:mod:`llm_budgets.billing.views`) refuses a request whose signature do
 before anything is stored. :func:`webhook_receive` stores the event by its id (Stripe retries a
 delivery until it gets a 2xx, so the same id may arrive many times), processes it once in a
 transaction, and on failure stores the error and raises, so the view answers 500 and Stripe
-retries.
+retries. A signed event whose shape is not a Stripe event's (a field of the wrong type, an id
+longer than any Stripe writes, JSON nested deeper than :data:`MAX_DEPTH`) is refused with
+:class:`WebhookPayloadError` (400, logged) before anything is stored.
+
+The payment switch (``STRIPE_ON_PAYMENT_FAILED="trip"``): a failed invoice trips the tenant's
+switch, and it clears only once every invoice whose failure it waits on is settled: paid or
+voided (``StripeInvoice``). Stripe does not order deliveries, so a paid invoice is remembered and
+its late failure trips nothing; "marked uncollectible" settles nothing (the debt stands, and a
+person decides).
 """
 
 from __future__ import annotations
@@ -15,17 +23,20 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from llm_budgets.billing.links import stripe_customer_unlink
+from llm_budgets.billing.selectors import unpaid_invoices
 from llm_budgets.conf import conf
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.killswitches import kill_switch_clear, kill_switch_trip, switch_scope
 from llm_budgets.models import (
+    InvoiceSettlement,
     MeterDelivery,
     MeterErrorReport,
     StripeCustomerLink,
+    StripeInvoice,
     StripeWebhookEvent,
 )
 
@@ -39,8 +50,20 @@ class WebhookSignatureError(InvalidUsage):
     """The request is not signed by Stripe with the configured secret: nothing was stored."""
 
 
+class WebhookPayloadError(InvalidUsage):
+    """Signed, but not the shape of a Stripe event this app reads: nothing was stored."""
+
+
+# Stripe's ids are far shorter; the columns that keep them hold 255 characters.
+MAX_ID_LENGTH = 255
+# Stripe's events nest a few levels; deeper JSON is refused before it is decoded (the decoder
+# would recurse once per level).
+MAX_DEPTH = 64
+
+
 def webhook_verify(*, payload: bytes, signature: str | None) -> dict[str, Any]:
-    """The event if ``payload`` is signed with ``STRIPE_WEBHOOK_SECRET`` (and fresh)."""
+    """The event if ``payload`` is signed with ``STRIPE_WEBHOOK_SECRET`` (and fresh), and has the
+    shape of a Stripe event (else ``WebhookPayloadError``)."""
     import stripe
 
     secret = conf.STRIPE_WEBHOOK_SECRET
@@ -52,14 +75,77 @@ def webhook_verify(*, payload: bytes, signature: str | None) -> dict[str, Any]:
         raise WebhookSignatureError("Missing Stripe-Signature header.", field="signature")
     try:
         stripe.WebhookSignature.verify_header(payload.decode(), signature, secret, 300)
-        event = json.loads(payload)
     except (stripe.SignatureVerificationError, ValueError, UnicodeDecodeError) as exc:
         raise WebhookSignatureError(
             f"Invalid signature or payload: {exc}", field="signature"
         ) from None
-    if not isinstance(event, dict) or not isinstance(event.get("id"), str) or not event.get("type"):
-        raise WebhookSignatureError("The payload is not a Stripe event.", field="payload")
+    if _depth(payload) > MAX_DEPTH:
+        raise WebhookPayloadError(
+            f"The payload nests deeper than {MAX_DEPTH} levels: not a Stripe event.",
+            field="payload",
+        )
+    try:
+        event = json.loads(payload)
+    except ValueError as exc:
+        raise WebhookPayloadError(f"The payload is not JSON: {exc}", field="payload") from None
+    if not isinstance(event, dict):
+        raise WebhookPayloadError("The payload is not a Stripe event.", field="payload")
+    _text(event, "id", where="event")
+    _text(event, "type", where="event")
+    data = event.get("data")
+    if data is not None and not isinstance(data, dict):
+        raise WebhookPayloadError("The event's data is not an object.", field="data")
+    obj = (data or {}).get("object")
+    if obj is not None and not isinstance(obj, dict):
+        raise WebhookPayloadError("The event's data.object is not an object.", field="data.object")
+    if event["type"] in _INVOICE_EVENTS:
+        _text(obj or {}, "id", where="data.object")
+        _text(obj or {}, "customer", where="data.object")
+    elif event["type"] == "customer.deleted":
+        _text(obj or {}, "id", where="data.object")
     return event
+
+
+def _text(obj: dict[str, Any], key: str, *, where: str) -> str:
+    """``obj[key]``, a non-empty string of at most MAX_ID_LENGTH characters."""
+    value = obj.get(key)
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_LENGTH:
+        shown = type(value).__name__ if not isinstance(value, str) else f"{len(value)} characters"
+        raise WebhookPayloadError(
+            f"{where}.{key} must be a string of 1 to {MAX_ID_LENGTH} characters; got {shown}.",
+            field=f"{where}.{key}",
+        )
+    return value
+
+
+def _depth(payload: bytes) -> int:
+    """How deep the JSON text nests (brackets outside strings), without decoding it."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in payload:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
+    return deepest
+
+
+def error_text(exc: Exception) -> str:
+    """What is stored and answered for a processing failure: a database's own message (which may
+    quote SQL or values) stays in the log."""
+    if isinstance(exc, DatabaseError):
+        return f"{type(exc).__name__} (database error; details in the log)"
+    return f"{type(exc).__name__}: {exc}"[:1000]
 
 
 def webhook_receive(
@@ -89,19 +175,21 @@ def webhook_receive(
             return locked
     except Exception as exc:
         StripeWebhookEvent.objects.filter(pk=row.pk).update(
-            error=f"{type(exc).__name__}: {exc}", attempts=row.attempts + 1
+            error=error_text(exc), attempts=row.attempts + 1
         )
         logger.exception("Stripe webhook %s (%s) failed", event["id"], event["type"])
         raise
+
+
+# The events whose data.object is an invoice naming its customer (checked by webhook_verify).
+_INVOICE_EVENTS = ("invoice.payment_failed", "invoice.paid", "invoice.voided")
 
 
 def _object(event: dict[str, Any]) -> dict[str, Any]:
     return dict((event.get("data") or {}).get("object") or {})
 
 
-def _link(customer: object) -> StripeCustomerLink | None:
-    if not isinstance(customer, str):
-        return None
+def _link(customer: str) -> StripeCustomerLink | None:
     return (
         StripeCustomerLink.objects.select_for_update()
         .filter(customer_id=customer, unlinked_at__isnull=True)
@@ -110,20 +198,41 @@ def _link(customer: object) -> StripeCustomerLink | None:
     )
 
 
-def _payment_failed(event: dict[str, Any], row: StripeWebhookEvent, now: datetime) -> str:
+def _invoice_of(event: dict[str, Any]) -> tuple[StripeCustomerLink, StripeInvoice] | None:
+    """The invoice event's customer link (locked) and the invoice's record, created on first
+    sight; None if the customer is linked to no tenant."""
     invoice = _object(event)
-    link = _link(invoice.get("customer"))
+    link = _link(invoice["customer"])
     if link is None:
-        return "no linked tenant"
+        return None
+    record = StripeInvoice.objects.get_or_create(tenant_id=link.tenant_id, invoice_id=invoice["id"])
+    return link, record[0]
+
+
+def _payment_failed(event: dict[str, Any], row: StripeWebhookEvent, now: datetime) -> str:
     if conf.STRIPE_ON_PAYMENT_FAILED != "trip":
         return "payment failed: ignored (STRIPE_ON_PAYMENT_FAILED='ignore')"
-    if link.payment_switch_id is not None:
-        return f"tenant already stopped by kill switch {link.payment_switch_id}"
+    found = _invoice_of(event)
+    if found is None:
+        return "no linked tenant"
+    link, record = found
+    invoice_id = record.invoice_id
+    if record.settled_at is not None:
+        return f"invoice {invoice_id} was already {record.settled_as}: a late failure, ignored"
+    if record.payment_failed_at is None:
+        record.payment_failed_at, record.failed_event = now, event["id"]
+        record.save(update_fields=["payment_failed_at", "failed_event"])
+    ours = link.payment_switch
+    if ours is not None and ours.cleared_at is None:
+        return f"invoice {invoice_id} added to those kill switch {ours.pk} waits on"
+    if ours is not None:
+        # A person cleared our switch: the invoices it waited on were forgiven then.
+        _forgive(link, ours.cleared_by, now, but=invoice_id)
     scope = switch_scope(tenant=link.tenant.external_id)
     assert scope is not None
     switch = kill_switch_trip(
         scope=scope,
-        reason=f"Stripe invoice {invoice.get('id')} payment failed (event {event['id']})",
+        reason=f"Stripe invoice {invoice_id} payment failed (event {event['id']})",
         actor=ACTOR,
         automatic=True,
         detector=DETECTOR,
@@ -132,33 +241,62 @@ def _payment_failed(event: dict[str, Any], row: StripeWebhookEvent, now: datetim
     if switch.detector != DETECTOR:
         return f"tenant already stopped by kill switch {switch.pk} (not ours: left alone)"
     link.payment_switch = switch
-    link.payment_failed_invoice = str(invoice.get("id") or "")
-    link.save(update_fields=["payment_switch", "payment_failed_invoice"])
+    link.save(update_fields=["payment_switch"])
     return f"tripped kill switch {switch.pk}"
 
 
-def _paid(event: dict[str, Any], row: StripeWebhookEvent, now: datetime) -> str:
-    invoice = _object(event)
-    link = _link(invoice.get("customer"))
-    if link is None or link.payment_switch is None:
-        return "nothing to clear"
-    switch = link.payment_switch
-    link.payment_switch = None
-    link.payment_failed_invoice = ""
-    link.save(update_fields=["payment_switch", "payment_failed_invoice"])
-    if switch.cleared_at is not None:
-        return f"kill switch {switch.pk} was already cleared"
-    kill_switch_clear(
-        switch_id=switch.pk,
-        reason=f"Stripe invoice {invoice.get('id')} paid (event {event['id']})",
-        actor=ACTOR,
-        now=now,
+def _forgive(link: StripeCustomerLink, cleared_by: str, now: datetime, *, but: str) -> None:
+    StripeInvoice.objects.filter(
+        tenant_id=link.tenant_id, payment_failed_at__isnull=False, settled_at__isnull=True
+    ).exclude(invoice_id=but).update(
+        settled_at=now,
+        settled_as=InvoiceSettlement.FORGIVEN,
+        settled_event=f"switch cleared by {cleared_by}"[:255],
     )
-    return f"cleared kill switch {switch.pk}"
+
+
+def _settled(
+    how: InvoiceSettlement,
+) -> Callable[[dict[str, Any], StripeWebhookEvent, datetime], str]:
+    """The handler of an event that settles an invoice (paid, voided): the payment switch clears
+    once no invoice whose failure it waits on is left unsettled."""
+
+    def handle(event: dict[str, Any], row: StripeWebhookEvent, now: datetime) -> str:
+        found = _invoice_of(event)
+        if found is None:
+            return "no linked tenant"
+        link, record = found
+        invoice_id = record.invoice_id
+        if record.settled_at is None:
+            record.settled_at, record.settled_as, record.settled_event = now, how, event["id"]
+            record.save(update_fields=["settled_at", "settled_as", "settled_event"])
+        switch = link.payment_switch
+        if switch is None:
+            return f"invoice {invoice_id} {how.value}; nothing to clear"
+        if switch.cleared_at is not None:
+            return f"invoice {invoice_id} {how.value}; kill switch {switch.pk} was already cleared"
+        unpaid = unpaid_invoices(link.tenant_id)
+        if unpaid:
+            return (
+                f"invoice {invoice_id} {how.value}; kill switch {switch.pk} still waits on "
+                + ", ".join(unpaid)
+            )[:255]
+        link.payment_switch = None
+        link.save(update_fields=["payment_switch"])
+        kill_switch_clear(
+            switch_id=switch.pk,
+            reason=f"Stripe invoice {invoice_id} {how.value} (event {event['id']}): no failed "
+            "invoice left unpaid",
+            actor=ACTOR,
+            now=now,
+        )
+        return f"cleared kill switch {switch.pk}"
+
+    return handle
 
 
 def _customer_deleted(event: dict[str, Any], row: StripeWebhookEvent, now: datetime) -> str:
-    link = _link(_object(event).get("id"))
+    link = _link(_object(event)["id"])
     if link is None:
         return "no linked tenant"
     stripe_customer_unlink(
@@ -181,10 +319,10 @@ def _meter_error(event: dict[str, Any], row: StripeWebhookEvent, now: datetime) 
         fetched = stripe_client().v2.core.events.retrieve(event["id"])
         data = fetched.to_dict().get("data") or {}
     recorded = 0
-    for error_type in (data.get("reason") or {}).get("error_types") or []:
-        code = str(error_type.get("code") or "")
-        for sample in error_type.get("sample_errors") or []:
-            identifier = str(((sample.get("request") or {}).get("identifier")) or "")
+    for error_type in _dicts(_dict(_dict(data).get("reason")).get("error_types")):
+        code = str(error_type.get("code") or "")[:100]
+        for sample in _dicts(error_type.get("sample_errors")):
+            identifier = str(_dict(sample.get("request")).get("identifier") or "")[:100]
             MeterErrorReport.objects.create(
                 delivery=MeterDelivery.objects.filter(identifier=identifier).first(),
                 identifier=identifier,
@@ -197,9 +335,19 @@ def _meter_error(event: dict[str, Any], row: StripeWebhookEvent, now: datetime) 
     return f"recorded {recorded} meter error(s)"
 
 
+def _dict(value: object) -> dict[str, Any]:
+    """A part of a report that should be an object: anything else reads as empty."""
+    return value if isinstance(value, dict) else {}
+
+
+def _dicts(value: object) -> list[dict[str, Any]]:
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
 HANDLERS: dict[str, Callable[[dict[str, Any], StripeWebhookEvent, datetime], str]] = {
     "invoice.payment_failed": _payment_failed,
-    "invoice.paid": _paid,
+    "invoice.paid": _settled(InvoiceSettlement.PAID),
+    "invoice.voided": _settled(InvoiceSettlement.VOIDED),
     "customer.deleted": _customer_deleted,
     "v1.billing.meter.error_report_triggered": _meter_error,
     "v1.billing.meter.no_meter_found": _meter_error,

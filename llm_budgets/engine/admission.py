@@ -65,6 +65,7 @@ from llm_budgets.selectors import (
     CallScopes,
     admission_context,
     applicable_budgets,
+    shared_by_tenants,
 )
 from llm_budgets.tags import tags_validate
 from llm_budgets.tenants import end_user_ensure, tenant_with_end_user, tenant_with_plan
@@ -806,4 +807,5 @@ def _exceeded(
         budget_id=budget.pk,
         tenant=reservation.tenant.external_id,
         end_user=reservation.end_user.external_id if reservation.end_user else None,
+        shared=shared_by_tenants(budget.scope),
     )

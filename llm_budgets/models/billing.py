@@ -30,11 +30,11 @@ class StripeCustomerLink(models.Model):
     # done since the link was made (billing.outbox, "catch-up").
     caught_up_at = models.DateTimeField(null=True, blank=True)
     unlink_reason = models.CharField(max_length=255, blank=True)
-    # The tenant kill switch this app tripped on a failed payment, cleared by the next paid invoice.
+    # The tenant kill switch this app tripped on a failed payment: cleared once every invoice
+    # whose failure it waits on is settled (``StripeInvoice``, docs/billing.md).
     payment_switch = models.ForeignKey(
         KillSwitch, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
-    payment_failed_invoice = models.CharField(max_length=255, blank=True)
 
     class Meta:
         ordering = ["tenant_id"]
@@ -47,6 +47,38 @@ class StripeCustomerLink(models.Model):
     @property
     def active(self) -> bool:
         return self.unlinked_at is None
+
+
+class InvoiceSettlement(models.TextChoices):
+    PAID = "paid", "paid"
+    VOIDED = "voided", "voided"
+    FORGIVEN = "forgiven", "switch cleared by a person"
+
+
+class StripeInvoice(models.Model):
+    """An invoice of a linked customer that a payment webhook named. ``payment_failed_at`` set and
+    ``settled_at`` empty: unpaid, and the tenant's payment switch waits on it. A settled invoice
+    stays, so that a failure Stripe delivers after its payment trips nothing."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    invoice_id = models.CharField(max_length=255)
+    payment_failed_at = models.DateTimeField(null=True, blank=True)
+    failed_event = models.CharField(max_length=255, blank=True)
+    settled_at = models.DateTimeField(null=True, blank=True)
+    settled_as = models.CharField(max_length=16, choices=InvoiceSettlement.choices, blank=True)
+    settled_event = models.CharField(max_length=255, blank=True)
+
+    class Meta:
+        ordering = ["tenant_id", "invoice_id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "invoice_id"], name="llmb_stripe_invoice_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        state = self.settled_as or ("payment failed" if self.payment_failed_at else "seen")
+        return f"{self.invoice_id} of {self.tenant_id} ({state})"
 
 
 class StripePlanMeter(models.Model):

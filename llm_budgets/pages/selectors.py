@@ -36,7 +36,12 @@ from llm_budgets.models import (
 )
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pages.access import Viewer
-from llm_budgets.selectors import BudgetStatus, budget_statuses
+from llm_budgets.selectors import (
+    BudgetStatus,
+    budget_statuses,
+    shared_by_tenants,
+    tenant_visible,
+)
 from llm_budgets.thresholds import budget_thresholds
 from llm_budgets.windows import Period, tenant_period
 
@@ -113,8 +118,7 @@ _SCOPE_ORDER = {Scope.TENANT: 0, Scope.END_USER: 1, Scope.END_USER_DEFAULT: 2}
 
 
 def _visible(statuses: list[BudgetStatus]) -> list[BudgetStatus]:
-    # A global budget counts every tenant's spend: never shown to one tenant.
-    shown = [s for s in statuses if s.scope != Scope.GLOBAL]
+    shown = tenant_visible(statuses)
     return sorted(shown, key=lambda s: _SCOPE_ORDER.get(Scope(s.scope), 3))
 
 
@@ -426,6 +430,8 @@ class RefusalLine:
     budget_label: str
     window: str
     resets_at: datetime | None  # when the budget's period that refused it ended or ends
+    # Refused by the budget every tenant shares: what was left of it is not theirs to see.
+    shared: bool = False
 
 
 def refusals(viewer: Viewer, *, page: int) -> Page[RefusalLine]:
@@ -459,6 +465,7 @@ def _refusal_line(refusal: Refusal, tenant: Tenant) -> RefusalLine:
         budget_label=label,
         window=window,
         resets_at=resets_at,
+        shared=budget is not None and shared_by_tenants(budget.scope),
     )
 
 
