@@ -64,6 +64,7 @@ def test_a_message_is_charged_anthropic_usage_with_cache_and_tools(fake: FakeAnt
 
 
 def test_server_web_search_is_held_at_max_uses(fake: FakeAnthropic) -> None:
+    budgets.set_limit(tenant="acme", amount=Decimal("1000000"), window="month")
     client = _client(fake.base_url)
     search = {"type": "web_search_20250305", "name": "web_search"}
     with pytest.raises(InvalidUsage, match="max_uses"):

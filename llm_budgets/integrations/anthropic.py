@@ -18,6 +18,9 @@ writes, with the 5-minute / 1-hour split, ``output_tokens``, server tool use), t
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from types import TracebackType
 from typing import Any
 
@@ -26,17 +29,21 @@ from asgiref.sync import sync_to_async
 
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.integrations.guarding import (
+    NEUTRAL_PARAMETERS,
     SWITCH_CHECK_SECONDS,
     Call,
     GuardOptions,
+    NotGuarded,
+    Parameters,
     SdkErrors,
     as_text_message,
     given,
     json_text,
     refuse_priced_extra_body,
+    retry_delay,
     text_of,
 )
-from llm_budgets.integrations.proxy import ClientProxy
+from llm_budgets.integrations.proxy import ClientProxy, unclassified, without_sdk_retries
 from llm_budgets.integrations.streams import (
     AsyncStreamGuard,
     Sdk,
@@ -82,27 +89,24 @@ def guard(
         ttl=ttl,
         switch_check_seconds=switch_check_seconds,
     )
-    return GuardedAnthropic(client, options)
+    return GuardedAnthropic(
+        *without_sdk_retries(client, options, {"max_retries": client.max_retries})
+    )
+
+
+_RAW = frozenset({"with_raw_response", "with_streaming_response"})
 
 
 class _Proxy(ClientProxy):
     _sdk = "anthropic"
-    _refused = frozenset(
-        {
-            "completions",
-            "beta",
-            "with_raw_response",
-            "with_streaming_response",
-            "messages.batches",
-            "messages.parse",
-            "messages.with_raw_response",
-            "messages.with_streaming_response",
-        }
-    )
+    _refused = _RAW
     _instead = _INSTEAD
 
 
 class _Messages(_Proxy):
+    _free = frozenset({"count_tokens"})
+    _refused = _RAW | {"batches", "parse"}
+
     def create(self, **kwargs: Any) -> Any:
         call = _messages_call(self._options, kwargs)
         if self.is_async:
@@ -120,11 +124,58 @@ class GuardedAnthropic(_Proxy):
     """An ``Anthropic`` / ``AsyncAnthropic`` client whose priced calls go through the guard."""
 
     _children = {"messages": _Messages}
+    # Client configuration, model lists and file uploads bill nothing.
+    _free = frozenset(
+        {
+            "api_key",
+            "auth_token",
+            "credentials",
+            "base_url",
+            "timeout",
+            "max_retries",
+            "auth_headers",
+            "custom_auth",
+            "default_headers",
+            "default_query",
+            "platform_headers",
+            "qs",
+            "user_agent",
+            "webhook_key",
+            "open_telemetry",
+            "middleware",
+            "close",
+            "is_closed",
+            "models",
+            "files",
+        }
+    )
+    # Middleware sees and may send requests the guard does not; raw HTTP likewise.
+    _refused = _RAW | {
+        "completions",
+        "beta",
+        "skills",
+        "user_profiles",
+        "organization",
+        "with_middleware",
+        "post",
+        "get",
+        "put",
+        "patch",
+        "delete",
+        "request",
+        "get_api_list",
+    }
 
     def with_options(self, **kwargs: Any) -> GuardedAnthropic:
-        return GuardedAnthropic(self._target.with_options(**kwargs), self._options)
+        return GuardedAnthropic(*without_sdk_retries(self._target, self._options, kwargs))
 
     copy = with_options
+
+
+SDK_CLASSES: dict[str, tuple[type, ...]] = {
+    "": (anthropic.Anthropic, anthropic.AsyncAnthropic),
+    "messages": (anthropic.resources.Messages, anthropic.resources.AsyncMessages),
+}
 
 
 class GuardedStream(SyncStreamGuard, anthropic.Stream):
@@ -141,6 +192,7 @@ SDK = Sdk(
     guarded_stream=GuardedStream,
     async_guarded_stream=AsyncGuardedStream,
     usage=lambda message: _usage(getattr(message, "usage", None)),
+    note=lambda call, message: _note_tier(call, getattr(message, "usage", None)),
 )
 
 
@@ -162,17 +214,25 @@ class GuardedStreamManager(_StreamManager):
     gives the SDK's ``MessageStream`` reading a guarded raw stream, settles on ``__exit__``."""
 
     def __enter__(self) -> Any:
-        call = self._call
-        call.admit()
-        try:
-            self._manager = self._method(**_send(call, self._kwargs))
-            stream = self._manager.__enter__()
-        except BaseException as exc:
-            call.failed(exc)
-            raise
-        # MessageStream reads ``_raw_stream`` lazily, on its first event.
-        stream._raw_stream = GuardedStream(stream._raw_stream, call=call, observe=_observe)
-        return stream
+        attempt = 0
+        while True:
+            call = self._call
+            call.admit()
+            try:
+                self._manager = self._method(**_send(call, self._kwargs))
+                stream = self._manager.__enter__()
+            except BaseException as exc:
+                call.failed(exc)
+                delay = retry_delay(exc, attempt=attempt, call=call)
+                if delay is None:
+                    raise
+                time.sleep(delay)
+                attempt, self._call = attempt + 1, call.fresh()
+                continue
+            call.streamed = True
+            # MessageStream reads ``_raw_stream`` lazily, on its first event.
+            stream._raw_stream = GuardedStream(stream._raw_stream, call=call, observe=_observe)
+            return stream
 
     def __exit__(
         self,
@@ -188,16 +248,24 @@ class AsyncGuardedStreamManager(_StreamManager):
     """The ``AsyncAnthropic`` form of :class:`GuardedStreamManager` (``async with``)."""
 
     async def __aenter__(self) -> Any:
-        call = self._call
-        await sync_to_async(call.admit)()
-        try:
-            self._manager = self._method(**_send(call, self._kwargs))
-            stream = await self._manager.__aenter__()
-        except BaseException as exc:
-            await sync_to_async(call.failed)(exc)
-            raise
-        stream._raw_stream = AsyncGuardedStream(stream._raw_stream, call=call, observe=_observe)
-        return stream
+        attempt = 0
+        while True:
+            call = self._call
+            await sync_to_async(call.admit)()
+            try:
+                self._manager = self._method(**_send(call, self._kwargs))
+                stream = await self._manager.__aenter__()
+            except BaseException as exc:
+                await sync_to_async(call.failed)(exc)
+                delay = retry_delay(exc, attempt=attempt, call=call)
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
+                attempt, self._call = attempt + 1, call.fresh()
+                continue
+            call.streamed = True
+            stream._raw_stream = AsyncGuardedStream(stream._raw_stream, call=call, observe=_observe)
+            return stream
 
     async def __aexit__(
         self,
@@ -213,17 +281,57 @@ def _usage(usage: object) -> Usage | None:
     return None if usage is None else from_anthropic(usage)
 
 
-def _server_tools(tools: object) -> dict[str, int] | None:
-    """The web search / web fetch calls a request may make: each tool's ``max_uses``, required
-    (without it the fees are unbounded and the call is refused, before anything is sent)."""
+def _note_tier(call: Call, usage: object) -> None:
+    """Usage that reports a tier the price table does not price (Priority Tier capacity used
+    under ``service_tier="auto"``): the call is left uncertain rather than charged standard."""
+    tier = _as_dict(usage).get("service_tier")
+    if isinstance(tier, str) and tier not in {"standard", "batch"}:
+        call.state["unpriced"] = f"at service tier {tier!r}"
+
+
+# Search content (results, fetched pages) is billed as input of the same call. Held per use:
+# web fetch up to the tool's max_content_tokens; web search up to this bound, which is the
+# guard's own (Anthropic publishes none): a call whose results exceed it is billed past its hold.
+SEARCH_CONTENT_TOKENS_PER_USE = 20_000
+# Anthropic's tool-use system prompt, added to the input of any call with tools: tokens for
+# tool_choice auto/none and any/tool, per model (its published table); newer models 346 / 313.
+TOOL_PROMPT_TOKENS = {
+    "claude-3-opus": (530, 281),
+    "claude-3-sonnet": (159, 235),
+    "claude-3-haiku": (264, 340),
+}
+TOOL_PROMPT_TOKENS_DEFAULT = (346, 313)
+
+
+def tool_prompt_tokens(model: str, tool_choice: object) -> int:
+    auto, forced = next(
+        (row for prefix, row in TOOL_PROMPT_TOKENS.items() if model.startswith(prefix)),
+        TOOL_PROMPT_TOKENS_DEFAULT,
+    )
+    kind = tool_choice.get("type") if isinstance(tool_choice, dict) else None
+    return forced if kind in {"any", "tool"} else auto
+
+
+def _server_tools(tools: object) -> tuple[dict[str, int] | None, int]:
+    """The web search / web fetch calls a request may make (each tool's ``max_uses``,
+    required: without it the fees are unbounded and the call is refused, before anything is
+    sent), and the search content they may bring as input. Other server tools are refused."""
     if not isinstance(tools, list | tuple):
-        return None
+        return None, 0
     held: dict[str, int] = {}
+    content = 0
     for tool in tools:
-        kind = str(tool.get("type", "")) if isinstance(tool, dict) else ""
+        kind = str(tool.get("type", "") or "custom") if isinstance(tool, dict) else "custom"
+        if kind == "custom":
+            continue
         name = next((n for n in ("web_search", "web_fetch") if kind.startswith(n)), None)
         if name is None:
-            continue
+            raise NotGuarded(
+                f"anthropic tool {kind!r}",
+                instead="Only your own tools and web_search / web_fetch (with max_uses) are "
+                "priced: Anthropic-defined tools add system prompt tokens and code execution "
+                "bills container time.",
+            )
         uses = tool.get("max_uses")
         if isinstance(uses, bool) or not isinstance(uses, int) or uses < 1:
             raise InvalidUsage(
@@ -231,12 +339,69 @@ def _server_tools(tools: object) -> dict[str, int] | None:
                 "bound the worst case cannot be held.",
                 field="tools",
             )
+        per_use = SEARCH_CONTENT_TOKENS_PER_USE
+        if name == "web_fetch":
+            per_use = tool.get("max_content_tokens")
+            if isinstance(per_use, bool) or not isinstance(per_use, int) or per_use < 1:
+                raise InvalidUsage(
+                    f"the {kind} tool needs max_content_tokens: fetched content is billed as "
+                    "input, and without a bound it cannot be held.",
+                    field="tools",
+                )
         held[name] = held.get(name, 0) + uses
-    return held or None
+        content += uses * per_use
+    return held or None, content
+
+
+_FAST = "The price table has no rates for fast mode: send speed='standard' or none."
+MESSAGES_PARAMETERS = Parameters(
+    priced=frozenset(
+        {
+            "model",
+            "messages",
+            "max_tokens",
+            "system",
+            "tools",
+            "tool_choice",
+            "thinking",
+            "stream",
+            "service_tier",
+            "speed",
+            "inference_geo",
+            "output_format",
+            "output_config",
+            "extra_body",
+        }
+    ),
+    neutral=NEUTRAL_PARAMETERS | {"cache_control", "user_profile_id", "workspace_id"},
+    refused={
+        "container": "Code execution containers are billed by time the guard does not price.",
+        "diagnostics": "Not classified: the guard does not know what it costs.",
+    },
+)
+
+
+def _refuse_premium(kwargs: dict[str, Any]) -> None:
+    speed = kwargs.get("speed")
+    if given(speed) and speed != "standard":
+        raise NotGuarded(f"anthropic speed={speed!r}", instead=_FAST)
+    geo = kwargs.get("inference_geo")
+    if given(geo) and geo != "global":
+        raise NotGuarded(
+            f"anthropic inference_geo={geo!r}",
+            instead="Regional inference is billed above the price table's rates.",
+        )
+
+
+def _thinks(kwargs: dict[str, Any]) -> bool:
+    thinking = kwargs.get("thinking")
+    return isinstance(thinking, dict) and thinking.get("type") not in {None, "disabled"}
 
 
 def _messages_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
+    MESSAGES_PARAMETERS.check(kwargs, where="anthropic messages.create")
     refuse_priced_extra_body(kwargs)
+    _refuse_premium(kwargs)
     model = kwargs.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidUsage("model is required.", field="model")
@@ -251,8 +416,14 @@ def _messages_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
             raise InvalidUsage('each message needs a "role".', field="messages")
         text = text_of(message.get("content"), field_name="messages", text_types=_TEXT_PARTS)
         messages.append(as_text_message(str(message["role"]), text))
+    extra = 0
     if given(kwargs.get("tools")):
         messages.append(as_text_message("system", json_text(kwargs["tools"])))
+        extra += tool_prompt_tokens(model, kwargs.get("tool_choice"))
+    for name in ("output_format", "output_config"):
+        if given(kwargs.get(name)):
+            messages.append(as_text_message("system", json_text(kwargs[name])))
+    tool_calls, search_content = _server_tools(kwargs.get("tools"))
     ceiling = kwargs.get("max_tokens")
     return Call(
         options=options,
@@ -260,14 +431,33 @@ def _messages_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
         ceiling=ceiling if given(ceiling) else None,
         messages=messages,
         sdk_errors=ERRORS,
-        max_tool_calls=_server_tools(kwargs.get("tools")),
+        max_tool_calls=tool_calls,
+        extra_input_tokens=extra + search_content,
     )
+
+
+# Anthropic's smallest thinking budget.
+MIN_THINKING_BUDGET = 1024
 
 
 def _send(call: Call, kwargs: dict[str, Any]) -> dict[str, Any]:
     sent = dict(kwargs)
     sent["model"] = call.model_sent
     sent["max_tokens"] = call.ceiling_sent
+    call.reasons = _thinks(kwargs)
+    thinking = kwargs.get("thinking")
+    budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
+    if isinstance(thinking, dict) and isinstance(budget, int) and budget >= call.ceiling_sent:
+        # The ceiling held is below the one asked for (clamped or degraded): the thinking
+        # budget must stay below it, as Anthropic requires.
+        if call.ceiling_sent - 1 < MIN_THINKING_BUDGET:
+            raise InvalidUsage(
+                f"thinking.budget_tokens must stay below max_tokens, and the ceiling held is "
+                f"{call.ceiling_sent}: too small for the smallest thinking budget "
+                f"({MIN_THINKING_BUDGET}). Ask for less thinking or a larger limit.",
+                field="thinking",
+            )
+        sent["thinking"] = {**thinking, "budget_tokens": call.ceiling_sent - 1}
     return sent
 
 
@@ -301,3 +491,23 @@ def _observe(call: Call, event: Any) -> None:
         )
         call.state["usage"] = merged
         call.final_usage = from_anthropic(merged)
+
+
+# Checked against the installed SDK at import (see llm_budgets.integrations.openai).
+UNCLASSIFIED = unclassified(GuardedAnthropic, SDK_CLASSES)
+UNCLASSIFIED_PARAMETERS = {
+    where: missing
+    for where, method in (
+        ("messages.create", anthropic.resources.Messages.create),
+        ("messages.stream", anthropic.resources.Messages.stream),
+    )
+    if (missing := MESSAGES_PARAMETERS.unclassified(method))
+}
+if UNCLASSIFIED or UNCLASSIFIED_PARAMETERS:
+    logging.getLogger("llm_budgets").warning(
+        "llm_budgets: anthropic %s has attributes %s and parameters %s the guard does not "
+        "classify; they are refused (NotGuarded).",
+        anthropic.__version__,
+        UNCLASSIFIED,
+        UNCLASSIFIED_PARAMETERS,
+    )
