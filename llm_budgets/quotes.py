@@ -60,6 +60,13 @@ def input_token_count(
     return count_input_tokens(provider=provider, model=model, messages=messages, prompt=prompt)
 
 
+def service_tier_validate(value: object) -> str:
+    """A service tier name (``""`` or None: the standard tier)."""
+    if value is None or value == "":
+        return ""
+    return validation.identifier("service_tier", value, max_length=32)
+
+
 def request_estimate(
     tenant: Tenant,
     *,
@@ -71,6 +78,7 @@ def request_estimate(
     end: datetime,
     max_tool_calls: dict[str, int] | None = None,
     in_effect: Price | None = None,
+    service_tier: str = "",
 ) -> Estimate:
     """Price a request's worst case for ``tenant``. Raises ``UnknownPrice`` (per the plan's
     policy) or ``OutputCeilingRequired``. ``in_effect``: the model's price version in effect at
@@ -92,6 +100,7 @@ def request_estimate(
             start=start,
             end=end,
             tool_calls=max_tool_calls,
+            service_tier=service_tier,
         )
     amount = round_hold(sum((item.amount for item in items), Decimal(0)))
     markup = tenant_markup(tenant)
@@ -149,6 +158,7 @@ def quote(
     tags: object = None,
     api_key: ApiKey | None = None,
     now: datetime | None = None,
+    service_tier: object = None,
 ) -> Quote:
     """The itemised worst case, the price version and the budgets a request would draw on.
     Reads only: nothing is held or created. ``run``, ``tags`` and ``api_key``: the budgets of
@@ -182,6 +192,7 @@ def quote(
             start=now,
             end=now + timedelta(seconds=ttl_seconds),
             max_tool_calls=tool_calls_validate(max_tool_calls, field="max_tool_calls"),
+            service_tier=service_tier_validate(service_tier),
         )
         user_obj = None
         if end_user is not None:

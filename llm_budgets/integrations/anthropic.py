@@ -282,11 +282,11 @@ def _usage(usage: object) -> Usage | None:
 
 
 def _note_tier(call: Call, usage: object) -> None:
-    """Usage that reports a tier the price table does not price (Priority Tier capacity used
-    under ``service_tier="auto"``): the call is left uncertain rather than charged standard."""
-    tier = _as_dict(usage).get("service_tier")
-    if isinstance(tier, str) and tier not in {"standard", "batch"}:
-        call.state["unpriced"] = f"at service tier {tier!r}"
+    """Priority Tier capacity used under ``service_tier="auto"`` is not what was held."""
+    call.answered_at_tier(_as_dict(usage).get("service_tier"), standard=_STANDARD_TIERS)
+
+
+_STANDARD_TIERS = frozenset({"standard", "batch"})
 
 
 # Search content (results, fetched pages) is billed as input of the same call. Held per use:
@@ -353,7 +353,6 @@ def _server_tools(tools: object) -> tuple[dict[str, int] | None, int]:
     return held or None, content
 
 
-_FAST = "The price table has no rates for fast mode: send speed='standard' or none."
 MESSAGES_PARAMETERS = Parameters(
     priced=frozenset(
         {
@@ -381,16 +380,17 @@ MESSAGES_PARAMETERS = Parameters(
 )
 
 
-def _refuse_premium(kwargs: dict[str, Any]) -> None:
-    speed = kwargs.get("speed")
-    if given(speed) and speed != "standard":
-        raise NotGuarded(f"anthropic speed={speed!r}", instead=_FAST)
+def _service_tier(kwargs: dict[str, Any]) -> str:
+    """Fast mode is held and charged at the price's ``"fast"`` rates (refused without them);
+    regional inference (billed above the standard rates) is refused."""
     geo = kwargs.get("inference_geo")
     if given(geo) and geo != "global":
         raise NotGuarded(
             f"anthropic inference_geo={geo!r}",
             instead="Regional inference is billed above the price table's rates.",
         )
+    speed = kwargs.get("speed")
+    return str(speed) if given(speed) and speed != "standard" else ""
 
 
 def _thinks(kwargs: dict[str, Any]) -> bool:
@@ -401,7 +401,7 @@ def _thinks(kwargs: dict[str, Any]) -> bool:
 def _messages_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
     MESSAGES_PARAMETERS.check(kwargs, where="anthropic messages.create")
     refuse_priced_extra_body(kwargs)
-    _refuse_premium(kwargs)
+    tier = _service_tier(kwargs)
     model = kwargs.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidUsage("model is required.", field="model")
@@ -433,6 +433,7 @@ def _messages_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
         sdk_errors=ERRORS,
         max_tool_calls=tool_calls,
         extra_input_tokens=extra + search_content,
+        service_tier=tier,
     )
 
 

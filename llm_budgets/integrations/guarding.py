@@ -194,6 +194,8 @@ class Call:
     sdk_errors: SdkErrors
     # Server-side tool calls the request may make, held at their fees (e.g. {"web_search": 5}).
     max_tool_calls: dict[str, int] | None = None
+    # The premium tier the call is sent at, held and charged at its rates ("": standard).
+    service_tier: str = ""
     # Input the provider adds that the messages do not show (Anthropic's tool-use system prompt).
     extra_input_tokens: int = 0
     # Whether the model sent may think or reason unseen (set when the request is pinned): an
@@ -228,6 +230,7 @@ class Call:
             tags=dict(self.options.tags) if self.options.tags else None,
             ttl=self.options.ttl,
             max_tool_calls=self.max_tool_calls,
+            service_tier=self.service_tier or None,
         )
         self.counter = OutputCounter(
             provider=self.options.provider,
@@ -236,6 +239,14 @@ class Call:
         )
         self._last_check = time.monotonic()
         return self.hold
+
+    def answered_at_tier(self, tier: object, *, standard: frozenset[str]) -> None:
+        """The tier an answer says it was served at: one the hold did not price (a project or
+        organisation whose default is a premium tier) leaves the call uncertain rather than
+        charged at the wrong rates. ``standard``: the names of tiers billed at most the
+        standard rates."""
+        if isinstance(tier, str) and tier not in standard and tier != self.service_tier:
+            self.state["unpriced"] = f"at service tier {tier!r}"
 
     def fresh(self) -> Call:
         """The same request as a new, unadmitted call: the SDK's retry of it gets its own hold."""

@@ -321,14 +321,11 @@ def _model(kwargs: dict[str, Any]) -> str:
     return model
 
 
-# Service tiers billed at the standard rates (flex costs less): any other tier is refused, as
-# the price table has no rates for it; "auto" (the project's default) is settled by the tier
+# Service tiers billed at most the standard rates (flex costs less, and is held and charged as
+# standard). Any other tier is held and charged at the price's rates for it (``service_tiers``),
+# refused when the price has none; "auto" (the project's default) is checked against the tier
 # the answer reports.
 _STANDARD_TIERS = frozenset({"auto", "default", "flex"})
-_TIER = (
-    "The price table has no rates for this service tier, so the guard cannot hold or charge it: "
-    "send service_tier='default' (or 'flex'), or reserve yourself around the unguarded client."
-)
 _AUDIO = (
     "Audio tokens are billed at audio rates the price table does not have: reserve yourself "
     "around the unguarded client."
@@ -414,19 +411,19 @@ def _may_reason(model: str, kwargs: dict[str, Any]) -> bool:
     return not (name == "gpt-4" or name.startswith(_NON_REASONING))
 
 
-def _refuse_tier_and_audio(kwargs: dict[str, Any]) -> None:
-    tier = kwargs.get("service_tier")
-    if given(tier) and tier not in _STANDARD_TIERS:
-        raise NotGuarded(f"openai service_tier={tier!r}", instead=_TIER)
+def _service_tier(kwargs: dict[str, Any]) -> str:
+    """The premium tier to hold and charge at (``""``: standard); audio output refused."""
     modalities = kwargs.get("modalities")
     if given(modalities) and "audio" in list(modalities):
         raise NotGuarded("openai modalities=['audio']", instead=_AUDIO)
+    tier = kwargs.get("service_tier")
+    return str(tier) if given(tier) and tier not in _STANDARD_TIERS else ""
 
 
 def _chat_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
     CHAT_PARAMETERS.check(kwargs, where="openai chat.completions.create")
     refuse_priced_extra_body(kwargs)
-    _refuse_tier_and_audio(kwargs)
+    tier = _service_tier(kwargs)
     if given(kwargs.get("n")) and kwargs["n"] != 1:
         raise InvalidUsage(
             "n must be 1 through the guard: each choice can use the whole output ceiling, so "
@@ -458,6 +455,7 @@ def _chat_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
         ceiling=ceiling if given(ceiling) else None,
         messages=messages,
         sdk_errors=ERRORS,
+        service_tier=tier,
     )
 
 
@@ -501,11 +499,7 @@ def _observe_chat(call: Call, chunk: Any) -> bool:
 
 
 def _note_tier(call: Call, answer: object) -> None:
-    """An answer served at a tier the price table does not price (a project whose default is
-    priority or scale): the call is left uncertain rather than charged standard rates."""
-    tier = _field(answer, "service_tier")
-    if isinstance(tier, str) and tier not in _STANDARD_TIERS:
-        call.state["unpriced"] = f"at service tier {tier!r}"
+    call.answered_at_tier(_field(answer, "service_tier"), standard=_STANDARD_TIERS)
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -514,7 +508,7 @@ def _note_tier(call: Call, answer: object) -> None:
 def _responses_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
     RESPONSES_PARAMETERS.check(kwargs, where="openai responses.create")
     refuse_priced_extra_body(kwargs)
-    _refuse_tier_and_audio(kwargs)
+    tier = _service_tier(kwargs)
     messages = []
     if given(kwargs.get("instructions")):
         messages.append(as_text_message("system", str(kwargs["instructions"])))
@@ -544,6 +538,7 @@ def _responses_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
         messages=messages,
         sdk_errors=ERRORS,
         max_tool_calls=_server_tools(kwargs),
+        service_tier=tier,
     )
 
 
