@@ -414,7 +414,7 @@ def _may_reason(model: str, kwargs: dict[str, Any]) -> bool:
 def _service_tier(kwargs: dict[str, Any]) -> str:
     """The premium tier to hold and charge at (``""``: standard); audio output refused."""
     modalities = kwargs.get("modalities")
-    if given(modalities) and "audio" in list(modalities):
+    if isinstance(modalities, list | tuple) and "audio" in modalities:
         raise NotGuarded("openai modalities=['audio']", instead=_AUDIO)
     tier = kwargs.get("service_tier")
     return str(tier) if given(tier) and tier not in _STANDARD_TIERS else ""
