@@ -462,3 +462,30 @@ def test_the_sdks_retry_after_an_overload_runs_under_a_hold_of_its_own(
     assert states == ["released", "committed"]
     assert len(fake.requests) == 2
     assert_conserved()
+
+
+def test_a_stream_served_from_priority_capacity_is_left_uncertain(fake: FakeAnthropic) -> None:
+    fake.usage = {"input_tokens": 30, "output_tokens": 15, "service_tier": "priority"}
+    stream = _client(fake.base_url).messages.create(  # type: ignore[attr-defined]
+        model=CLAUDE, max_tokens=100, messages=MESSAGES, stream=True
+    )
+    list(stream)
+    assert only_reservation().state == "uncertain"
+    assert_conserved()
+
+
+def test_the_async_stream_helper_retries_under_a_hold_per_attempt(fake: FakeAnthropic) -> None:
+    fake.then(kind="status", status=529)
+    sdk = anthropic.AsyncAnthropic(base_url=fake.base_url, api_key="sk-test", max_retries=1)
+    client = guard(sdk, tenant="acme")
+
+    async def call() -> str:
+        async with client.messages.stream(
+            model=CLAUDE, max_tokens=100, messages=MESSAGES
+        ) as stream:
+            return "".join([text async for text in stream.text_stream])
+
+    assert async_to_sync(call)() == "Hello from the fake. " * 3
+    states = list(Reservation.objects.order_by("created_at").values_list("state", flat=True))
+    assert states == ["released", "committed"]
+    assert_conserved()

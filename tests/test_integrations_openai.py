@@ -922,3 +922,27 @@ def test_include_usage_false_is_honoured_and_true_still_shows_the_usage_chunk(
     )
     assert shown[-1].choices == []
     assert shown[-1].usage.completion_tokens == 12
+
+
+def test_the_async_client_retries_under_a_hold_per_attempt(fake: FakeOpenAI) -> None:
+    fake.then(kind="status", status=500)
+    sdk = openai.AsyncOpenAI(base_url=f"{fake.base_url}/v1", api_key="sk-test", max_retries=1)
+    client = guard(sdk, tenant="acme")
+
+    async def call() -> object:
+        return await client.chat.completions.create(  # type: ignore[attr-defined]
+            model=GPT, messages=MESSAGES, max_completion_tokens=100
+        )
+
+    async_to_sync(call)()
+    states = list(Reservation.objects.order_by("created_at").values_list("state", flat=True))
+    # A 500 may follow generation: that attempt stays counted while the retry is charged.
+    assert states == ["uncertain", "committed"]
+    assert_conserved()
+
+
+def test_with_options_max_retries_is_the_guards_and_the_sdk_sends_none(fake: FakeOpenAI) -> None:
+    client = _client(fake.base_url).with_options(max_retries=3)  # type: ignore[attr-defined]
+    assert client.max_retries == 0  # the SDK's own retries are off under the guard
+    assert client._options.max_retries == 3
+    assert client.copy()._options.max_retries == 3

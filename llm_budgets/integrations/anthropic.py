@@ -481,6 +481,7 @@ def _observe(call: Call, event: Any) -> None:
         start = _as_dict(getattr(getattr(event, "message", None), "usage", None))
         call.state["usage"] = start
         call.partial_usage = from_anthropic(start)
+        _note_tier(call, start)
     elif kind == "content_block_delta":
         delta = getattr(event, "delta", None)
         for name in ("text", "partial_json", "thinking"):
