@@ -489,3 +489,56 @@ def test_the_async_stream_helper_retries_under_a_hold_per_attempt(fake: FakeAnth
     states = list(Reservation.objects.order_by("created_at").values_list("state", flat=True))
     assert states == ["released", "committed"]
     assert_conserved()
+
+
+def _png(width: int, height: int) -> str:
+    """A real PNG of that size (one colour), base64."""
+    import base64
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    rows = b"".join(b"\x00" + b"\x00\x00\x00" * width for _ in range(height))
+    raw = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+    return base64.b64encode(raw).decode()
+
+
+def test_inline_images_are_held_by_anthropics_published_rule_tool_results_included(
+    fake: FakeAnthropic,
+) -> None:
+    image = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": _png(300, 200)},
+    }
+    tool_use = {"type": "tool_use", "id": "tu_1", "name": "fetch", "input": {}}
+    result = {"type": "tool_result", "tool_use_id": "tu_1", "content": [image]}
+    _client(fake.base_url).messages.create(  # type: ignore[attr-defined]
+        model=CLAUDE,
+        max_tokens=100,
+        messages=[
+            {"role": "user", "content": [image, {"type": "text", "text": "Say hello."}]},
+            {"role": "assistant", "content": [tool_use]},
+            {"role": "user", "content": [{**result, "content": []}]},
+        ],
+    )
+    _client(fake.base_url).messages.create(  # type: ignore[attr-defined]
+        model=CLAUDE,
+        max_tokens=100,
+        messages=[
+            {"role": "user", "content": [image, {"type": "text", "text": "Say hello."}]},
+            {"role": "assistant", "content": [tool_use]},
+            {"role": "user", "content": [result]},
+        ],
+    )
+    without, with_result = Reservation.objects.order_by("created_at")
+    # The first image is in both; the tool result's adds 300 x 200 / 750 = 80 tokens.
+    assert with_result.input_tokens == without.input_tokens + 80
+    assert fake.last.body["messages"][2]["content"][0]["content"][0]["type"] == "image"

@@ -43,6 +43,7 @@ from llm_budgets.integrations.guarding import (
     retry_delay,
     text_of,
 )
+from llm_budgets.integrations.images import anthropic_image_tokens
 from llm_budgets.integrations.proxy import ClientProxy, unclassified, without_sdk_retries
 from llm_budgets.integrations.streams import (
     AsyncStreamGuard,
@@ -411,12 +412,14 @@ def _messages_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
         messages.append(
             as_text_message("system", text_of(system, field_name="system", text_types=_TEXT_PARTS))
         )
+    extra = 0
     for message in kwargs.get("messages") or []:
         if not isinstance(message, dict) or "role" not in message:
             raise InvalidUsage('each message needs a "role".', field="messages")
-        text = text_of(message.get("content"), field_name="messages", text_types=_TEXT_PARTS)
+        content, image_tokens = _without_inline_images(message.get("content"))
+        extra += image_tokens
+        text = text_of(content, field_name="messages", text_types=_TEXT_PARTS)
         messages.append(as_text_message(str(message["role"]), text))
-    extra = 0
     if given(kwargs.get("tools")):
         messages.append(as_text_message("system", json_text(kwargs["tools"])))
         extra += tool_prompt_tokens(model, kwargs.get("tool_choice"))
@@ -435,6 +438,27 @@ def _messages_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
         extra_input_tokens=extra + search_content,
         service_tier=tier,
     )
+
+
+def _without_inline_images(content: object) -> tuple[object, int]:
+    """``content`` without the images sent inline (a tool result's too), and their tokens by
+    Anthropic's published rule; images by URL or file stay, and are refused when counted."""
+    if not isinstance(content, list | tuple):
+        return content, 0
+    kept: list[object] = []
+    tokens = 0
+    for block in content:
+        if isinstance(block, dict) and block.get("type") == "image":
+            counted = anthropic_image_tokens(block)
+            if counted is not None:
+                tokens += counted
+                continue
+        elif isinstance(block, dict) and block.get("type") == "tool_result":
+            inner, inner_tokens = _without_inline_images(block.get("content"))
+            block = {**block, "content": inner}
+            tokens += inner_tokens
+        kept.append(block)
+    return kept, tokens
 
 
 # Anthropic's smallest thinking budget.
