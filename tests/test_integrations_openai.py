@@ -23,7 +23,7 @@ from llm_budgets.exceptions import (
     OutputCeilingRequired,
     UnknownPrice,
 )
-from llm_budgets.integrations.guarding import NotGuarded
+from llm_budgets.integrations.guarding import SEARCH_CONTENT_TOKENS_PER_USE, NotGuarded, json_text
 from llm_budgets.integrations.openai import guard
 from llm_budgets.models import Plan, Reservation, UsageRecord
 from llm_budgets.tokens import count_input_tokens
@@ -141,6 +141,7 @@ def test_a_ledger_down_after_the_call_still_returns_the_answer_and_keeps_the_hol
 def test_responses_web_search_is_held_at_its_bound_and_charged_per_search(
     fake: FakeOpenAI,
 ) -> None:
+    budgets.set_limit(tenant="acme", amount=Decimal("1000000"), window="month")
     client = _client(fake.base_url)
     with pytest.raises(InvalidUsage, match="max_tool_calls"):
         client.responses.create(  # type: ignore[attr-defined]
@@ -785,6 +786,16 @@ def test_file_search_and_code_interpreter_fees_are_held_per_allowed_call_and_cha
         model=GPT, input="q", tools=tools, max_tool_calls=2, max_output_tokens=50
     )
     reservation = only_reservation()
+    # Two file searches' results held as input (the guard's bound), with the fees.
+    prompt = count_input_tokens(
+        provider="openai",
+        model=GPT,
+        messages=[
+            {"role": "user", "content": "q"},
+            {"role": "system", "content": json_text(tools)},
+        ],
+    )
+    assert reservation.input_tokens == prompt + 2 * SEARCH_CONTENT_TOKENS_PER_USE
     assert reservation.amount == reservation.input_tokens + 2 * 50 + 2 * 3 + 2 * 30
     line = charge_line(reservation)
     assert line.tool_calls == {"file_search": 1, "code_interpreter": 1}

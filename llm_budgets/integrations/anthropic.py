@@ -30,6 +30,7 @@ from asgiref.sync import sync_to_async
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.integrations.guarding import (
     NEUTRAL_PARAMETERS,
+    SEARCH_CONTENT_TOKENS_PER_USE,
     SWITCH_CHECK_SECONDS,
     Call,
     GuardOptions,
@@ -290,10 +291,6 @@ def _note_tier(call: Call, usage: object) -> None:
 _STANDARD_TIERS = frozenset({"standard", "batch"})
 
 
-# Search content (results, fetched pages) is billed as input of the same call. Held per use:
-# web fetch up to the tool's max_content_tokens; web search up to this bound, which is the
-# guard's own (Anthropic publishes none): a call whose results exceed it is billed past its hold.
-SEARCH_CONTENT_TOKENS_PER_USE = 20_000
 # Anthropic's tool-use system prompt, added to the input of any call with tools: tokens for
 # tool_choice auto/none and any/tool, per model (its published table); newer models 346 / 313.
 TOOL_PROMPT_TOKENS = {

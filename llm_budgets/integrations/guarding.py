@@ -141,6 +141,11 @@ def proves_nothing_billed(exc: BaseException, *, sdk_errors: SdkErrors) -> bool:
     return isinstance(exc, TypeError | BudgetError)
 
 
+# Search content (search results, retrieved file chunks) is billed as input of the same call.
+# Held per allowed search: this bound, the guard's own (the providers publish none; OpenAI bills
+# some models a fixed 8,000-token block): a call whose results exceed it is billed past its hold.
+SEARCH_CONTENT_TOKENS_PER_USE = 20_000
+
 _RETRIED_STATUSES = frozenset({408, 409, 429})
 INITIAL_RETRY_DELAY = 0.5
 MAX_RETRY_DELAY = 8.0

@@ -30,6 +30,7 @@ from openai.resources import responses as responses_resources
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.integrations.guarding import (
     NEUTRAL_PARAMETERS,
+    SEARCH_CONTENT_TOKENS_PER_USE,
     SWITCH_CHECK_SECONDS,
     Call,
     GuardOptions,
@@ -531,14 +532,20 @@ def _responses_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
         if given(kwargs.get(name)):
             messages.append(as_text_message("system", _schema_text(kwargs[name])))
     ceiling = kwargs.get("max_output_tokens")
+    tool_calls = _server_tools(kwargs)
     return Call(
         options=options,
         model=_model(kwargs),
         ceiling=ceiling if given(ceiling) else None,
         messages=messages,
         sdk_errors=ERRORS,
-        max_tool_calls=_server_tools(kwargs),
+        max_tool_calls=tool_calls,
         service_tier=tier,
+        extra_input_tokens=sum(
+            SEARCH_CONTENT_TOKENS_PER_USE * calls
+            for name, calls in (tool_calls or {}).items()
+            if name in _SEARCHES
+        ),
     )
 
 
@@ -552,6 +559,8 @@ SERVER_TOOLS = {
     "image_generation": "image_generation_call",
 }
 _CLIENT_TOOLS = frozenset({"function", "custom"})
+# The tools whose results are billed as input of the call (held per call).
+_SEARCHES = frozenset({"web_search", "file_search"})
 
 
 def _server_tools(kwargs: dict[str, Any]) -> dict[str, int] | None:
