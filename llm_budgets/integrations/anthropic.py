@@ -38,6 +38,7 @@ from llm_budgets.integrations.guarding import (
     Parameters,
     SdkErrors,
     as_text_message,
+    bound,
     given,
     json_text,
     refuse_priced_extra_body,
@@ -45,7 +46,14 @@ from llm_budgets.integrations.guarding import (
     text_of,
 )
 from llm_budgets.integrations.images import anthropic_image_tokens
-from llm_budgets.integrations.proxy import ClientProxy, unclassified, without_sdk_retries
+from llm_budgets.integrations.proxy import (
+    CLIENT_CONFIG,
+    RAW_HTTP,
+    RAW_RESPONSES,
+    ClientProxy,
+    unclassified,
+    without_sdk_retries,
+)
 from llm_budgets.integrations.streams import (
     AsyncStreamGuard,
     Sdk,
@@ -96,7 +104,7 @@ def guard(
     )
 
 
-_RAW = frozenset({"with_raw_response", "with_streaming_response"})
+_RAW = RAW_RESPONSES
 
 
 class _Proxy(ClientProxy):
@@ -127,45 +135,23 @@ class GuardedAnthropic(_Proxy):
 
     _children = {"messages": _Messages}
     # Client configuration, model lists and file uploads bill nothing.
-    _free = frozenset(
-        {
-            "api_key",
-            "auth_token",
-            "credentials",
-            "base_url",
-            "timeout",
-            "max_retries",
-            "auth_headers",
-            "custom_auth",
-            "default_headers",
-            "default_query",
-            "platform_headers",
-            "qs",
-            "user_agent",
-            "webhook_key",
-            "open_telemetry",
-            "middleware",
-            "close",
-            "is_closed",
-            "models",
-            "files",
-        }
-    )
+    _free = CLIENT_CONFIG | {
+        "auth_token",
+        "credentials",
+        "webhook_key",
+        "open_telemetry",
+        "middleware",
+        "models",
+        "files",
+    }
     # Middleware sees and may send requests the guard does not; raw HTTP likewise.
-    _refused = _RAW | {
+    _refused = RAW_HTTP | {
         "completions",
         "beta",
         "skills",
         "user_profiles",
         "organization",
         "with_middleware",
-        "post",
-        "get",
-        "put",
-        "patch",
-        "delete",
-        "request",
-        "get_api_list",
     }
 
     def with_options(self, **kwargs: Any) -> GuardedAnthropic:
@@ -330,22 +316,24 @@ def _server_tools(tools: object) -> tuple[dict[str, int] | None, int]:
                 "priced: Anthropic-defined tools add system prompt tokens and code execution "
                 "bills container time.",
             )
-        uses = tool.get("max_uses")
-        if isinstance(uses, bool) or not isinstance(uses, int) or uses < 1:
+        uses = bound(tool.get("max_uses"))
+        if uses is None:
             raise InvalidUsage(
                 f"the {kind} tool needs max_uses: each use is charged a fee, and without a "
                 "bound the worst case cannot be held.",
                 field="tools",
             )
-        per_use = SEARCH_CONTENT_TOKENS_PER_USE
-        if name == "web_fetch":
-            per_use = tool.get("max_content_tokens")
-            if isinstance(per_use, bool) or not isinstance(per_use, int) or per_use < 1:
-                raise InvalidUsage(
-                    f"the {kind} tool needs max_content_tokens: fetched content is billed as "
-                    "input, and without a bound it cannot be held.",
-                    field="tools",
-                )
+        per_use = (
+            bound(tool.get("max_content_tokens"))
+            if name == "web_fetch"
+            else SEARCH_CONTENT_TOKENS_PER_USE
+        )
+        if per_use is None:
+            raise InvalidUsage(
+                f"the {kind} tool needs max_content_tokens: fetched content is billed as "
+                "input, and without a bound it cannot be held.",
+                field="tools",
+            )
         held[name] = held.get(name, 0) + uses
         content += uses * per_use
     return held or None, content

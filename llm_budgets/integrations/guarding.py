@@ -565,6 +565,14 @@ def given(value: object) -> bool:
     return value is not None and type(value).__name__ not in {"Omit", "NotGiven"}
 
 
+def bound(value: object) -> int | None:
+    """A bound the caller gave (``max_uses``, ``max_tool_calls``...): a whole number, 1 or more;
+    None when it is missing or not one."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value
+
+
 SwitchCheck = Callable[[], KillSwitchActive | None]
 
 

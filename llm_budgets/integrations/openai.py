@@ -38,13 +38,21 @@ from llm_budgets.integrations.guarding import (
     Parameters,
     SdkErrors,
     as_text_message,
+    bound,
     given,
     json_text,
     refuse_media,
     refuse_priced_extra_body,
     text_of,
 )
-from llm_budgets.integrations.proxy import ClientProxy, unclassified, without_sdk_retries
+from llm_budgets.integrations.proxy import (
+    CLIENT_CONFIG,
+    RAW_HTTP,
+    RAW_RESPONSES,
+    ClientProxy,
+    unclassified,
+    without_sdk_retries,
+)
 from llm_budgets.integrations.streams import (
     AsyncStreamGuard,
     Sdk,
@@ -70,66 +78,45 @@ _INSTEAD = (
 )
 # Names that pass through: they bill nothing (client configuration, files, model lists, free
 # moderation, stored conversations and completions, webhooks' signature checks).
-_CLIENT_CONFIG = frozenset(
-    {
-        "api_key",
-        "admin_api_key",
-        "organization",
-        "project",
-        "webhook_secret",
-        "websocket_base_url",
-        "workload_identity",
-        "base_url",
-        "timeout",
-        "max_retries",
-        "auth_headers",
-        "custom_auth",
-        "default_headers",
-        "default_query",
-        "platform_headers",
-        "qs",
-        "user_agent",
-        "close",
-        "is_closed",
-    }
-)
+_CLIENT_CONFIG = CLIENT_CONFIG | {
+    "admin_api_key",
+    "organization",
+    "project",
+    "webhook_secret",
+    "websocket_base_url",
+    "workload_identity",
+}
 _FREE_RESOURCES = frozenset(
     {"files", "uploads", "models", "moderations", "conversations", "webhooks"}
 )
 # Refused on purpose: they cost money and the guard does not price them, or they send requests
 # the guard cannot see (raw HTTP, raw responses).
-_REFUSED_CLIENT = frozenset(
-    {
-        "completions",
-        "embeddings",
-        "images",
-        "audio",
-        "batches",
-        "fine_tuning",
-        "realtime",
-        "videos",
-        "beta",
-        "evals",
-        "live",
-        "vector_stores",
-        "containers",
-        "skills",
-        "admin",
-        "safety",
-        "decisions",
-        "content_provenance_checks",
-        "post",
-        "get",
-        "put",
-        "patch",
-        "delete",
-        "request",
-        "get_api_list",
-        "with_raw_response",
-        "with_streaming_response",
-    }
+_REFUSED_CLIENT = (
+    frozenset(
+        {
+            "completions",
+            "embeddings",
+            "images",
+            "audio",
+            "batches",
+            "fine_tuning",
+            "realtime",
+            "videos",
+            "beta",
+            "evals",
+            "live",
+            "vector_stores",
+            "containers",
+            "skills",
+            "admin",
+            "safety",
+            "decisions",
+            "content_provenance_checks",
+        }
+    )
+    | RAW_HTTP
 )
-_RAW = frozenset({"with_raw_response", "with_streaming_response"})
+_RAW = RAW_RESPONSES
 
 
 def guard(
@@ -579,14 +566,14 @@ def _server_tools(kwargs: dict[str, Any]) -> dict[str, int] | None:
                 instead="Only function tools and web_search, file_search, code_interpreter and "
                 "image_generation (with max_tool_calls) are priced.",
             )
-        bound = kwargs.get("max_tool_calls")
-        if not given(bound) or isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
+        calls = bound(kwargs.get("max_tool_calls"))
+        if calls is None:
             raise InvalidUsage(
                 f"a {name} tool needs max_tool_calls: each call is charged a fee, and "
                 "without a bound the worst case cannot be held.",
                 field="max_tool_calls",
             )
-        held[name] = bound
+        held[name] = calls
     return held or None
 
 

@@ -17,6 +17,28 @@ from typing import Any
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.integrations.guarding import GuardOptions, NotGuarded
 
+# What both SDKs' clients share (the same generator makes them): configuration that bills
+# nothing, and the raw HTTP and raw-response paths the guard cannot see through.
+CLIENT_CONFIG = frozenset(
+    {
+        "api_key",
+        "base_url",
+        "timeout",
+        "max_retries",
+        "auth_headers",
+        "custom_auth",
+        "default_headers",
+        "default_query",
+        "platform_headers",
+        "qs",
+        "user_agent",
+        "close",
+        "is_closed",
+    }
+)
+RAW_RESPONSES = frozenset({"with_raw_response", "with_streaming_response"})
+RAW_HTTP = RAW_RESPONSES | {"post", "get", "put", "patch", "delete", "request", "get_api_list"}
+
 
 class ClientProxy:
     """``_children``: attribute name -> proxy class for a resource with guarded calls.
