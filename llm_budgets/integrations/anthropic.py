@@ -13,7 +13,8 @@ were held, and settled from the usage Anthropic reports (``input_tokens`` plus c
 writes, with the 5-minute / 1-hour split, ``output_tokens``, server tool use), through
 :func:`llm_budgets.usage.from_anthropic`. In a stream the usage comes from ``message_start``
 (input) and ``message_delta`` (output). Calls that cost money but cannot be priced (batches,
-``parse``, beta, raw responses) raise ``NotGuarded``; everything else passes through.
+``parse``, beta, raw responses and raw HTTP, middleware) raise ``NotGuarded``; what bills nothing
+(models, files, ``count_tokens``) passes through; anything unclassified is refused.
 """
 
 from __future__ import annotations

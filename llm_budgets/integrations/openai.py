@@ -13,9 +13,13 @@ held, and settled from the response's usage (see :mod:`llm_budgets.integrations.
 every way a call can end). Streams ask for usage (``stream_options={"include_usage": True}``).
 ``parse`` (structured outputs) is guarded like ``create``. Calls that cost money but cannot be
 priced (embeddings, images, audio, the legacy completions, the ``stream`` helpers, raw
-responses, batches...) raise ``NotGuarded``; everything else
-(files, models, moderations...) passes through untouched. docs/integrations.md has an example of
+responses and raw HTTP, batches, background responses...) raise ``NotGuarded``; what bills
+nothing (files, models, moderations...) passes through untouched. docs/integrations.md has an example of
 every path.
+
+The client denies by default (:mod:`llm_budgets.integrations.proxy`): every attribute and every
+parameter of a guarded method is classified here, and anything else is refused. The SDK's own
+retries are made by the guard, one hold per attempt (``without_sdk_retries``).
 """
 
 from __future__ import annotations
