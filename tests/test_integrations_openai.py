@@ -656,6 +656,10 @@ def test_a_background_response_is_refused_before_sending(fake: FakeOpenAI) -> No
         )
     assert fake.requests == []
     assert Reservation.objects.count() == 0
+    _client(fake.base_url).responses.create(  # type: ignore[attr-defined]
+        model=GPT, input="a short task", max_output_tokens=100, background=False
+    )
+    assert only_reservation().state == "committed"
 
 
 @pytest.mark.parametrize(

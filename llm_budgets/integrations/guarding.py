@@ -589,7 +589,8 @@ class Parameters:
     def check(self, kwargs: Mapping[str, Any], *, where: str) -> None:
         """``NotGuarded`` for the first refused or unclassified parameter given."""
         for name, value in kwargs.items():
-            if not given(value) or name in self.priced or name in self.neutral:
+            # False turns a feature off (background=False): nothing to price.
+            if not given(value) or value is False or name in self.priced or name in self.neutral:
                 continue
             raise NotGuarded(
                 f"{where}({name}=...)",

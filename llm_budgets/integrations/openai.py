@@ -14,8 +14,8 @@ every way a call can end). Streams ask for usage (``stream_options={"include_usa
 ``parse`` (structured outputs) is guarded like ``create``. Calls that cost money but cannot be
 priced (embeddings, images, audio, the legacy completions, the ``stream`` helpers, raw
 responses and raw HTTP, batches, background responses...) raise ``NotGuarded``; what bills
-nothing (files, models, moderations...) passes through untouched. docs/integrations.md has an example of
-every path.
+nothing (files, models, moderations...) passes through untouched. docs/integrations.md has an
+example of every path.
 
 The client denies by default (:mod:`llm_budgets.integrations.proxy`): every attribute and every
 parameter of a guarded method is classified here, and anything else is refused. The SDK's own
