@@ -312,7 +312,6 @@ def reserve(
     allow_degrade: bool = False,
     tags: dict[str, str] | None = None,
     run: str | None = None,
-    service_tier: str | None = None,
 ) -> Hold:
     """Admit a call and hold its worst-case cost, or raise a ``BudgetError`` that says why.
 
@@ -321,8 +320,6 @@ def reserve(
     reservation and copied onto its ledger lines; the budgets of each tag apply.
     ``run`` (e.g. ``"run-42"``) names the agent run the call belongs to: its budgets (and the
     tenant's ``run="*"`` budget, on the run's own counter) apply, until ``close_run``.
-    ``service_tier`` (e.g. ``"priority"``): the call is held and charged at that tier's rates
-    (the price's ``service_tiers``); a tier the price does not list is refused (``UnknownPrice``).
 
     Give ``input_tokens`` (all input, cached included), or ``messages`` / ``prompt`` to have
     them counted offline (docs/pricing.md). ``provider`` may be left out when exactly one
@@ -345,7 +342,6 @@ def reserve(
             allow_degrade=allow_degrade,
             tags=tags,
             run=run,
-            service_tier=service_tier,
         )
     )
 
@@ -364,7 +360,6 @@ def quote(
     max_tool_calls: dict[str, int] | None = None,
     run: str | None = None,
     tags: dict[str, str] | None = None,
-    service_tier: str | None = None,
 ) -> Quote:
     """Explain a price without holding anything: the itemised worst case, the price version (or
     the unknown-model policy) and the budgets the request would draw on (with the run's and
@@ -382,7 +377,6 @@ def quote(
         max_tool_calls=max_tool_calls,
         run=run,
         tags=tags,
-        service_tier=service_tier,
     )
 
 

@@ -158,7 +158,6 @@ def quote(
     tags: object = None,
     api_key: ApiKey | None = None,
     now: datetime | None = None,
-    service_tier: object = None,
 ) -> Quote:
     """The itemised worst case, the price version and the budgets a request would draw on.
     Reads only: nothing is held or created. ``run``, ``tags`` and ``api_key``: the budgets of
@@ -192,7 +191,6 @@ def quote(
             start=now,
             end=now + timedelta(seconds=ttl_seconds),
             max_tool_calls=tool_calls_validate(max_tool_calls, field="max_tool_calls"),
-            service_tier=service_tier_validate(service_tier),
         )
         user_obj = None
         if end_user is not None:

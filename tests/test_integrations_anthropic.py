@@ -542,3 +542,13 @@ def test_inline_images_are_held_by_anthropics_published_rule_tool_results_includ
     # The first image is in both; the tool result's adds 300 x 200 / 750 = 80 tokens.
     assert with_result.input_tokens == without.input_tokens + 80
     assert fake.last.body["messages"][2]["content"][0]["content"][0]["type"] == "image"
+
+
+def test_count_tokens_passes_through_and_diagnostics_is_refused(fake: FakeAnthropic) -> None:
+    client = _client(fake.base_url)
+    assert client.messages.count_tokens == client.unguarded.messages.count_tokens  # type: ignore[attr-defined]
+    with pytest.raises(NotGuarded, match="diagnostics"):
+        client.messages.create(  # type: ignore[attr-defined]
+            model=CLAUDE, max_tokens=10, messages=MESSAGES, diagnostics={"x": 1}
+        )
+    assert fake.requests == []

@@ -961,3 +961,22 @@ def test_with_options_max_retries_is_the_guards_and_the_sdk_sends_none(fake: Fak
     assert client.max_retries == 0  # the SDK's own retries are off under the guard
     assert client._options.max_retries == 3
     assert client.copy()._options.max_retries == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"previous_response_id": "resp_1"},
+        {"conversation": "conv_1"},
+        {"prompt": {"id": "pmpt_1"}},
+        {"context_management": [{"type": "compaction"}]},
+    ],
+)
+def test_input_by_reference_and_second_model_runs_are_refused(
+    fake: FakeOpenAI, kwargs: dict[str, object]
+) -> None:
+    with pytest.raises(NotGuarded):
+        _client(fake.base_url).responses.create(  # type: ignore[attr-defined]
+            model=GPT, input="go on", max_output_tokens=10, **kwargs
+        )
+    assert fake.requests == []

@@ -37,6 +37,7 @@ from typing import Any
 from django.utils import timezone
 
 from llm_budgets import budgets
+from llm_budgets.engine import admission
 from llm_budgets.exceptions import BudgetError, InvalidUsage, KillSwitchActive
 from llm_budgets.killswitches import kill_switches_covering, refusal_for
 from llm_budgets.tokens import count_input_tokens
@@ -221,21 +222,25 @@ class Call:
 
     def admit(self) -> budgets.Hold:
         """Reserve, or raise the refusal; nothing has been sent yet."""
-        self.hold = budgets.reserve(
-            tenant=self.options.tenant,
-            end_user=self.options.end_user,
-            provider=self.options.provider,
-            model=self.model,
-            input_tokens=count_input_tokens(
-                provider=self.options.provider, model=self.model, messages=self.messages
+        # Through admission itself: the public reserve() takes no service tier yet (the REST API
+        # and its client would need it too); admission prices the tier and records it.
+        self.hold = budgets.Hold(
+            admission.reservation_create(
+                tenant=self.options.tenant,
+                end_user=self.options.end_user,
+                provider=self.options.provider,
+                model=self.model,
+                input_tokens=count_input_tokens(
+                    provider=self.options.provider, model=self.model, messages=self.messages
+                )
+                + self.extra_input_tokens,
+                max_output_tokens=self.ceiling,
+                allow_degrade=self.options.allow_degrade,
+                tags=dict(self.options.tags) if self.options.tags else None,
+                ttl=self.options.ttl,
+                max_tool_calls=self.max_tool_calls,
+                service_tier=self.service_tier or None,
             )
-            + self.extra_input_tokens,
-            max_output_tokens=self.ceiling,
-            allow_degrade=self.options.allow_degrade,
-            tags=dict(self.options.tags) if self.options.tags else None,
-            ttl=self.options.ttl,
-            max_tool_calls=self.max_tool_calls,
-            service_tier=self.service_tier or None,
         )
         self.counter = OutputCounter(
             provider=self.options.provider,
