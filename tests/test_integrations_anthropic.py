@@ -24,6 +24,7 @@ from tests.fakes.server import WAIT
 from tests.integrations import (
     CLAUDE,
     assert_conserved,
+    attribute_at,
     charge_line,
     only_reservation,
     seed_tenant,
@@ -262,12 +263,8 @@ def test_a_connection_lost_mid_stream_is_uncertain(fake: FakeAnthropic) -> None:
     "path", ["with_middleware", "post", "request", "beta", "messages.parse", "skills"]
 )
 def test_middleware_raw_http_and_unpriced_paths_are_refused(fake: FakeAnthropic, path: str) -> None:
-    target: object = _client(fake.base_url)
-    *parents, last = path.split(".")
-    for name in parents:
-        target = getattr(target, name)
     with pytest.raises(NotGuarded):
-        getattr(target, last)
+        attribute_at(_client(fake.base_url), path)
     assert fake.requests == []
 
 

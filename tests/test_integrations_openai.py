@@ -34,6 +34,7 @@ from tests.integrations import (
     GPT,
     GPT_MINI,
     assert_conserved,
+    attribute_at,
     charge_line,
     only_reservation,
     seed_tenant,
@@ -633,12 +634,8 @@ def test_breaking_out_of_a_responses_stream_closes_upstream(fake: FakeOpenAI) ->
     ],
 )
 def test_raw_http_and_unpriced_resources_are_refused(fake: FakeOpenAI, path: str) -> None:
-    target: object = _client(fake.base_url)
-    *parents, last = path.split(".")
-    for name in parents:
-        target = getattr(target, name)
     with pytest.raises(NotGuarded):
-        getattr(target, last)
+        attribute_at(_client(fake.base_url), path)
     assert fake.requests == []
 
 
