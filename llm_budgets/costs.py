@@ -27,6 +27,7 @@ from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
+from llm_budgets.exceptions import UnknownPrice
 from llm_budgets.models import Price
 from llm_budgets.money import MILLION, ZERO, round_charge, round_hold
 from llm_budgets.usage import Usage
@@ -94,8 +95,25 @@ def _spans_between(price: Price, start: datetime, end: datetime) -> set[int | No
     return {_span_at(price, moment) for moment in moments}
 
 
-def rates(price: Price, *, input_tokens: int, span: int | None = None) -> Rates:
-    """The rates for a request of ``input_tokens`` (which picks the tier) in ``span``."""
+def tier_rates(price: Price, service_tier: str) -> Mapping[str, str | None]:
+    """The rates a premium service tier replaces (none for the standard tier, ``""``);
+    ``UnknownPrice`` when the version does not price the tier (nothing widens spending)."""
+    if not service_tier:
+        return {}
+    listed = (price.service_tiers or {}).get(service_tier)
+    if listed is None:
+        raise UnknownPrice(
+            provider=price.provider, model=f"{price.model} at service tier {service_tier!r}"
+        )
+    return listed
+
+
+def rates(
+    price: Price, *, input_tokens: int, span: int | None = None, service_tier: str = ""
+) -> Rates:
+    """The rates for a request of ``input_tokens`` (which picks the tier) in ``span``, at
+    ``service_tier`` (whose rates replace the others: prompt-size tiers and daily spans do not
+    apply on top of a premium tier)."""
     result: Rates = {name: getattr(price, name) for name in TOKEN_RATES}
     if span is not None:
         overrides = price.daily_spans[span]["prices"]
@@ -104,7 +122,7 @@ def rates(price: Price, *, input_tokens: int, span: int | None = None) -> Rates:
         for tier in price.tiers or []:
             if input_tokens > tier["above_input_tokens"]:
                 overrides = tier["prices"]
-    for name, value in overrides.items():
+    for name, value in {**overrides, **tier_rates(price, service_tier)}.items():
         result[name] = None if value is None else Decimal(value)
     return result
 
@@ -125,9 +143,14 @@ def _fee_items(price: Price, tool_calls: Mapping[str, int]) -> list[Item]:
     return items
 
 
-def usage_items(price: Price, usage: Usage, *, at: datetime) -> list[Item]:
-    """Actual usage, itemised at the rates in effect at ``at``."""
-    rate = rates(price, input_tokens=usage.input_tokens, span=_span_at(price, at))
+def usage_items(price: Price, usage: Usage, *, at: datetime, service_tier: str = "") -> list[Item]:
+    """Actual usage, itemised at the rates in effect at ``at`` (at ``service_tier``)."""
+    rate = rates(
+        price,
+        input_tokens=usage.input_tokens,
+        span=_span_at(price, at),
+        service_tier=service_tier,
+    )
     items = []
     plain_input = usage.input_tokens
     writes = usage.cache_write_tokens
@@ -168,13 +191,14 @@ def worst_case_items(
     start: datetime,
     end: datetime,
     tool_calls: Mapping[str, int] | None = None,
+    service_tier: str = "",
 ) -> list[Item]:
     """The most a request can cost, itemised: every input token at the highest input-side rate,
     every output token at the higher of output and reasoning, in the dearest span that may apply
-    between ``start`` and ``end``."""
+    between ``start`` and ``end`` (at ``service_tier``)."""
     candidates = []
     for span in _spans_between(price, start, end):
-        rate = rates(price, input_tokens=input_tokens, span=span)
+        rate = rates(price, input_tokens=input_tokens, span=span, service_tier=service_tier)
         input_name = max(
             (n for n in INPUT_RATES if rate[n] is not None),
             key=lambda n: rate[n],  # type: ignore[arg-type,return-value]
@@ -203,6 +227,7 @@ def worst_case(
     start: datetime,
     end: datetime,
     tool_calls: Mapping[str, int] | None = None,
+    service_tier: str = "",
 ) -> Decimal:
     """The hold for a request: its worst case, rounded up."""
     return round_hold(
@@ -214,14 +239,15 @@ def worst_case(
                 start=start,
                 end=end,
                 tool_calls=tool_calls,
+                service_tier=service_tier,
             )
         )
     )
 
 
-def actual_cost(price: Price, usage: Usage, *, at: datetime) -> Decimal:
-    """What reported usage costs at ``price``, rounded half-even."""
-    return round_charge(total(usage_items(price, usage, at=at)))
+def actual_cost(price: Price, usage: Usage, *, at: datetime, service_tier: str = "") -> Decimal:
+    """What reported usage costs at ``price`` (at ``service_tier``), rounded half-even."""
+    return round_charge(total(usage_items(price, usage, at=at, service_tier=service_tier)))
 
 
 def markup_factor(markup_percent: Decimal) -> Decimal:

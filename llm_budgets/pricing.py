@@ -243,6 +243,7 @@ PRICE_FIELDS = (
     "per_request",
     "tool_fees",
     "tiers",
+    "service_tiers",
     "daily_spans",
     "max_output_tokens",
     "context_window",
@@ -310,6 +311,20 @@ def _tiers(value: object) -> list[dict[str, Any]]:
     return tiers
 
 
+def _service_tiers(value: object) -> dict[str, dict[str, str | None]]:
+    if not isinstance(value, Mapping):
+        raise InvalidUsage(
+            'service_tiers must map a tier name to its rates: {"priority": {...}}.',
+            field="service_tiers",
+        )
+    return {
+        validation.identifier("service_tiers", name, max_length=32): _rate_map(
+            "service_tiers.prices", prices, names=TOKEN_RATES
+        )
+        for name, prices in value.items()
+    }
+
+
 def _spans(value: object) -> list[dict[str, Any]]:
     if not isinstance(value, list | tuple):
         raise InvalidUsage("daily_spans must be a list.", field="daily_spans")
@@ -365,6 +380,7 @@ def price_values(**given: object) -> dict[str, Any]:
         if fee is not None
     }
     values["tiers"] = _tiers(given.get("tiers") or [])
+    values["service_tiers"] = _service_tiers(given.get("service_tiers") or {})
     values["daily_spans"] = _spans(given.get("daily_spans") or [])
     values["max_output_tokens"] = _optional_count(
         "max_output_tokens", given.get("max_output_tokens")

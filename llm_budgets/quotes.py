@@ -65,6 +65,13 @@ def input_token_count(
     return count_input_tokens(provider=provider, model=model, messages=messages, prompt=prompt)
 
 
+def service_tier_validate(value: object) -> str:
+    """A service tier name (``""`` or None: the standard tier)."""
+    if value is None or value == "":
+        return ""
+    return validation.identifier("service_tier", value, max_length=32)
+
+
 def request_estimate(
     tenant: Tenant,
     *,
@@ -76,6 +83,7 @@ def request_estimate(
     end: datetime,
     max_tool_calls: dict[str, int] | None = None,
     in_effect: Price | None = None,
+    service_tier: str = "",
 ) -> Estimate:
     """Price a request's worst case for ``tenant``. Raises ``UnknownPrice`` (per the plan's
     policy) or ``OutputCeilingRequired``. ``in_effect``: the model's price version in effect at
@@ -97,6 +105,7 @@ def request_estimate(
             start=start,
             end=end,
             tool_calls=max_tool_calls,
+            service_tier=service_tier,
         )
     amount = round_hold(sum((item.amount for item in items), Decimal(0)))
     markup = tenant_markup(tenant)

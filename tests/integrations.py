@@ -59,3 +59,10 @@ def assert_conserved() -> None:
         Decimal(0),
     )
     assert (counter.spent, counter.reserved) == (spent, live)
+
+
+def attribute_at(obj: object, path: str) -> object:
+    """``obj.a.b`` for ``path`` "a.b" (a guarded client's path)."""
+    for name in path.split("."):
+        obj = getattr(obj, name)
+    return obj

@@ -162,3 +162,23 @@ def test_customer_amounts_apply_the_markup_with_the_same_rules() -> None:
     assert customer_hold(Decimal("0.0000000003"), Decimal(50)) == Decimal("5E-10")  # 4.5 up
     assert customer_charge(Decimal("0.0000000003"), Decimal(50)) == Decimal("4E-10")  # to even
     assert customer_charge(Decimal(10), Decimal("-10")) == Decimal(9)
+
+
+def test_a_premium_service_tier_replaces_the_rates_and_an_unlisted_one_is_refused() -> None:
+    import pytest
+
+    from llm_budgets.exceptions import InvalidUsage, UnknownPrice
+    from llm_budgets.pricing import price_values
+
+    price = _price(service_tiers={"priority": {"input_per_mtok": "5.1", "output_per_mtok": "25.5"}})
+    usage = usage_validate(input_tokens=1000, output_tokens=200)
+    assert actual_cost(price, usage, at=T) == Decimal("0.006")
+    assert actual_cost(price, usage, at=T, service_tier="priority") == Decimal("0.0102")
+    held = worst_case(
+        price, input_tokens=1000, max_output_tokens=500, start=T, end=T, service_tier="priority"
+    )
+    assert held == Decimal("0.01785")  # 1000 x 5.1 + 500 x 25.5, per million
+    with pytest.raises(UnknownPrice, match="fast"):
+        actual_cost(price, usage, at=T, service_tier="fast")
+    with pytest.raises(InvalidUsage, match="service_tiers"):
+        price_values(input_per_mtok=1, output_per_mtok=1, service_tiers={"fast": {"speed": "6"}})

@@ -5,6 +5,7 @@ tools), ``messages.create`` and ``messages.stream()``, sync and async, and every
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from decimal import Decimal
 
 import anthropic
@@ -12,15 +13,18 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from llm_budgets import budgets
-from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, KillSwitchActive
+from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, KillSwitchActive, UnknownPrice
 from llm_budgets.integrations.anthropic import guard
-from llm_budgets.integrations.guarding import NotGuarded
+from llm_budgets.integrations.guarding import NotGuarded, json_text
 from llm_budgets.models import Reservation, UsageRecord
+from llm_budgets.tokens import count_input_tokens
+from tests.factories import PRICES_START
 from tests.fakes.anthropic_server import FakeAnthropic
 from tests.fakes.server import WAIT
 from tests.integrations import (
     CLAUDE,
     assert_conserved,
+    attribute_at,
     charge_line,
     only_reservation,
     seed_tenant,
@@ -64,6 +68,7 @@ def test_a_message_is_charged_anthropic_usage_with_cache_and_tools(fake: FakeAnt
 
 
 def test_server_web_search_is_held_at_max_uses(fake: FakeAnthropic) -> None:
+    budgets.set_limit(tenant="acme", amount=Decimal("1000000"), window="month")
     client = _client(fake.base_url)
     search = {"type": "web_search_20250305", "name": "web_search"}
     with pytest.raises(InvalidUsage, match="max_uses"):
@@ -249,3 +254,298 @@ def test_a_connection_lost_mid_stream_is_uncertain(fake: FakeAnthropic) -> None:
     assert only_reservation().state == "uncertain"
     assert tenant_counter().reserved == only_reservation().amount
     assert_conserved()
+
+
+# -- deny by default (issue 32) ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path", ["with_middleware", "post", "request", "beta", "messages.parse", "skills"]
+)
+def test_middleware_raw_http_and_unpriced_paths_are_refused(fake: FakeAnthropic, path: str) -> None:
+    with pytest.raises(NotGuarded):
+        attribute_at(_client(fake.base_url), path)
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/chart.png"}},
+        {"type": "document", "source": {"type": "url", "url": "https://example.com/a.pdf"}},
+    ],
+)
+def test_a_file_or_image_in_a_tool_result_is_refused_before_sending(
+    fake: FakeAnthropic, block: dict[str, object]
+) -> None:
+    messages = [
+        *MESSAGES,
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "tu_1", "name": "fetch", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "tu_1", "content": [block]}],
+        },
+    ]
+    with pytest.raises(InvalidUsage, match="tool result"):
+        _client(fake.base_url).messages.create(  # type: ignore[attr-defined]
+            model=CLAUDE, max_tokens=100, messages=messages, tools=[TOOL]
+        )
+    assert fake.requests == []
+
+
+TOOL = {"name": "fetch", "description": "Fetch a page.", "input_schema": {"type": "object"}}
+
+
+@pytest.mark.parametrize(("tool_choice", "added"), [(None, 346), ({"type": "any"}, 313)])
+def test_the_tool_use_system_prompt_is_held(
+    fake: FakeAnthropic, tool_choice: dict[str, str] | None, added: int
+) -> None:
+    extra = {"tool_choice": tool_choice} if tool_choice else {}
+    _client(fake.base_url).messages.create(  # type: ignore[attr-defined]
+        model=CLAUDE, max_tokens=100, messages=MESSAGES, tools=[TOOL], **extra
+    )
+    counted = count_input_tokens(
+        provider="anthropic",
+        model=CLAUDE,
+        messages=[
+            {"role": "user", "content": "Say hello."},
+            {"role": "system", "content": json_text([TOOL])},
+        ],
+    )
+    assert only_reservation().input_tokens == counted + added
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"tools": [{"type": "code_execution_20250825", "name": "code_execution"}]}, NotGuarded),
+        (
+            {"tools": [{"type": "web_fetch_20250910", "name": "web_fetch", "max_uses": 2}]},
+            InvalidUsage,
+        ),
+        ({"inference_geo": "us"}, NotGuarded),
+        ({"container": "cntr_1"}, NotGuarded),
+    ],
+)
+def test_unpriced_tools_and_premiums_are_refused_before_sending(
+    fake: FakeAnthropic, kwargs: dict[str, object], error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        _client(fake.base_url).messages.create(  # type: ignore[attr-defined]
+            model=CLAUDE, max_tokens=100, messages=MESSAGES, **kwargs
+        )
+    assert fake.requests == []
+
+
+def test_fast_mode_is_refused_without_its_price_and_charged_at_it_with_one(
+    fake: FakeAnthropic,
+) -> None:
+    client = _client(fake.base_url)
+    with pytest.raises(UnknownPrice, match="fast"):
+        client.messages.create(  # type: ignore[attr-defined]
+            model=CLAUDE, max_tokens=100, messages=MESSAGES, speed="fast"
+        )
+    assert fake.requests == []
+    budgets.set_price(
+        provider="anthropic",
+        model=CLAUDE,
+        input_per_mtok=Decimal(1000000),
+        output_per_mtok=Decimal(2000000),
+        service_tiers={"fast": {"input_per_mtok": "6000000", "output_per_mtok": "12000000"}},
+        effective_from=PRICES_START + timedelta(seconds=1),
+    )
+    fake.usage = {"input_tokens": 30, "output_tokens": 15}
+    client.messages.create(  # type: ignore[attr-defined]
+        model=CLAUDE, max_tokens=100, messages=MESSAGES, speed="fast"
+    )
+    assert fake.last.body["speed"] == "fast"
+    line = charge_line(only_reservation())
+    assert line.cost == 30 * 6 + 15 * 12  # six times the standard rates
+    assert_conserved()
+
+
+def test_priority_capacity_used_under_auto_is_left_uncertain(fake: FakeAnthropic) -> None:
+    fake.usage = {"input_tokens": 30, "output_tokens": 15, "service_tier": "priority"}
+    _client(fake.base_url).messages.create(  # type: ignore[attr-defined]
+        model=CLAUDE, max_tokens=100, messages=MESSAGES
+    )
+    assert only_reservation().state == "uncertain"
+    assert_conserved()
+
+
+# -- thinking ----------------------------------------------------------------------------------
+
+THINKING = {"type": "enabled", "budget_tokens": 2000}
+
+
+def test_leaving_a_thinking_stream_early_charges_the_held_ceiling(fake: FakeAnthropic) -> None:
+    fake.then(chunks=200, delay=0.02)
+    with _client(fake.base_url).messages.stream(  # type: ignore[attr-defined]
+        model=CLAUDE, max_tokens=4000, messages=MESSAGES, thinking=THINKING
+    ) as stream:
+        for _event in stream:
+            break
+    assert fake.last.client_closed.wait(WAIT)
+    # Claude streams a summary of its thinking and bills all of it: the ceiling, not the summary.
+    line = charge_line(only_reservation())
+    assert line.output_tokens == 4000
+    assert_conserved()
+
+
+def test_an_early_stop_is_charged_at_most_the_ceiling_it_was_sent_with(
+    fake: FakeAnthropic,
+) -> None:
+    fake.then(chunks=50, text="x" * 400)
+    stream = _client(fake.base_url).messages.create(  # type: ignore[attr-defined]
+        model=CLAUDE, max_tokens=20, messages=MESSAGES, stream=True
+    )
+    for received, _event in enumerate(stream):
+        if received == 4:
+            break
+    line = charge_line(only_reservation())
+    assert line.output_tokens == 20  # 1,200 bytes counted conservatively, capped at max_tokens
+    assert_conserved()
+
+
+def test_a_thinking_budget_stays_below_a_clamped_max_tokens(fake: FakeAnthropic) -> None:
+    budgets.set_price(
+        provider="anthropic",
+        model=CLAUDE,
+        input_per_mtok=Decimal(1000000),
+        output_per_mtok=Decimal(2000000),
+        max_output_tokens=3000,
+        effective_from=PRICES_START + timedelta(seconds=1),
+    )
+    _client(fake.base_url).messages.create(  # type: ignore[attr-defined]
+        model=CLAUDE,
+        max_tokens=8000,
+        messages=MESSAGES,
+        thinking={**THINKING, "budget_tokens": 6000},
+    )
+    sent = fake.last.body
+    assert sent["max_tokens"] == 3000
+    assert sent["thinking"]["budget_tokens"] == 2999
+
+
+def test_thinking_blocks_passed_back_are_accepted_and_counted(fake: FakeAnthropic) -> None:
+    thinking = {"type": "thinking", "thinking": "The user wants a page.", "signature": "sig"}
+    tool_use = {"type": "tool_use", "id": "tu_1", "name": "fetch", "input": {"url": "x"}}
+    result = {"type": "tool_result", "tool_use_id": "tu_1", "content": "<html>hi</html>"}
+    _client(fake.base_url).messages.create(  # type: ignore[attr-defined]
+        model=CLAUDE,
+        max_tokens=4000,
+        thinking=THINKING,
+        tools=[TOOL],
+        messages=[
+            *MESSAGES,
+            {"role": "assistant", "content": [thinking, tool_use]},
+            {"role": "user", "content": [result]},
+        ],
+    )
+    assert fake.last.body["messages"][1]["content"][0]["type"] == "thinking"
+    assert only_reservation().state == "committed"
+
+
+def test_the_sdks_retry_after_an_overload_runs_under_a_hold_of_its_own(
+    fake: FakeAnthropic,
+) -> None:
+    fake.then(kind="status", status=529)
+    sdk = anthropic.Anthropic(base_url=fake.base_url, api_key="sk-test", max_retries=1)
+    guard(sdk, tenant="acme").messages.create(model=CLAUDE, max_tokens=100, messages=MESSAGES)
+    states = list(Reservation.objects.order_by("created_at").values_list("state", flat=True))
+    assert states == ["released", "committed"]
+    assert len(fake.requests) == 2
+    assert_conserved()
+
+
+def test_a_stream_served_from_priority_capacity_is_left_uncertain(fake: FakeAnthropic) -> None:
+    fake.usage = {"input_tokens": 30, "output_tokens": 15, "service_tier": "priority"}
+    stream = _client(fake.base_url).messages.create(  # type: ignore[attr-defined]
+        model=CLAUDE, max_tokens=100, messages=MESSAGES, stream=True
+    )
+    list(stream)
+    assert only_reservation().state == "uncertain"
+    assert_conserved()
+
+
+def test_the_async_stream_helper_retries_under_a_hold_per_attempt(fake: FakeAnthropic) -> None:
+    fake.then(kind="status", status=529)
+    sdk = anthropic.AsyncAnthropic(base_url=fake.base_url, api_key="sk-test", max_retries=1)
+    client = guard(sdk, tenant="acme")
+
+    async def call() -> str:
+        async with client.messages.stream(
+            model=CLAUDE, max_tokens=100, messages=MESSAGES
+        ) as stream:
+            return "".join([text async for text in stream.text_stream])
+
+    assert async_to_sync(call)() == "Hello from the fake. " * 3
+    states = list(Reservation.objects.order_by("created_at").values_list("state", flat=True))
+    assert states == ["released", "committed"]
+    assert_conserved()
+
+
+def _png(width: int, height: int) -> str:
+    """A real PNG of that size (one colour), base64."""
+    import base64
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    rows = b"".join(b"\x00" + b"\x00\x00\x00" * width for _ in range(height))
+    raw = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+    return base64.b64encode(raw).decode()
+
+
+def test_inline_images_are_held_by_anthropics_published_rule_tool_results_included(
+    fake: FakeAnthropic,
+) -> None:
+    image = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": _png(300, 200)},
+    }
+    tool_use = {"type": "tool_use", "id": "tu_1", "name": "fetch", "input": {}}
+    result = {"type": "tool_result", "tool_use_id": "tu_1", "content": [image]}
+    _client(fake.base_url).messages.create(  # type: ignore[attr-defined]
+        model=CLAUDE,
+        max_tokens=100,
+        messages=[
+            {"role": "user", "content": [image, {"type": "text", "text": "Say hello."}]},
+            {"role": "assistant", "content": [tool_use]},
+            {"role": "user", "content": [{**result, "content": []}]},
+        ],
+    )
+    _client(fake.base_url).messages.create(  # type: ignore[attr-defined]
+        model=CLAUDE,
+        max_tokens=100,
+        messages=[
+            {"role": "user", "content": [image, {"type": "text", "text": "Say hello."}]},
+            {"role": "assistant", "content": [tool_use]},
+            {"role": "user", "content": [result]},
+        ],
+    )
+    without, with_result = Reservation.objects.order_by("created_at")
+    # The first image is in both; the tool result's adds 300 x 200 / 750 = 80 tokens.
+    assert with_result.input_tokens == without.input_tokens + 80
+    assert fake.last.body["messages"][2]["content"][0]["content"][0]["type"] == "image"
+
+
+def test_count_tokens_passes_through_and_diagnostics_is_refused(fake: FakeAnthropic) -> None:
+    client = _client(fake.base_url)
+    assert client.messages.count_tokens == client.unguarded.messages.count_tokens  # type: ignore[attr-defined]
+    with pytest.raises(NotGuarded, match="diagnostics"):
+        client.messages.create(  # type: ignore[attr-defined]
+            model=CLAUDE, max_tokens=10, messages=MESSAGES, diagnostics={"x": 1}
+        )
+    assert fake.requests == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from decimal import Decimal
 
 import openai
@@ -20,17 +21,20 @@ from llm_budgets.exceptions import (
     KillSwitchActive,
     LedgerUnavailable,
     OutputCeilingRequired,
+    UnknownPrice,
 )
-from llm_budgets.integrations.guarding import NotGuarded
+from llm_budgets.integrations.guarding import SEARCH_CONTENT_TOKENS_PER_USE, NotGuarded, json_text
 from llm_budgets.integrations.openai import guard
 from llm_budgets.models import Plan, Reservation, UsageRecord
 from llm_budgets.tokens import count_input_tokens
+from tests.factories import PRICES_START
 from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.server import WAIT
 from tests.integrations import (
     GPT,
     GPT_MINI,
     assert_conserved,
+    attribute_at,
     charge_line,
     only_reservation,
     seed_tenant,
@@ -138,6 +142,7 @@ def test_a_ledger_down_after_the_call_still_returns_the_answer_and_keeps_the_hol
 def test_responses_web_search_is_held_at_its_bound_and_charged_per_search(
     fake: FakeOpenAI,
 ) -> None:
+    budgets.set_limit(tenant="acme", amount=Decimal("1000000"), window="month")
     client = _client(fake.base_url)
     with pytest.raises(InvalidUsage, match="max_tool_calls"):
         client.responses.create(  # type: ignore[attr-defined]
@@ -608,3 +613,367 @@ def test_breaking_out_of_a_responses_stream_closes_upstream(fake: FakeOpenAI) ->
     line = charge_line(only_reservation())
     assert line.output_tokens == len(openai_tokens("Hello from the fake. "))
     assert_conserved()
+
+
+# -- deny by default (issue 32) ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "post",
+        "request",
+        "get",
+        "containers",
+        "vector_stores",
+        "responses.compact",
+        "responses.connect",
+        "responses.stream",
+        "chat.completions.stream",
+        "with_raw_response",
+    ],
+)
+def test_raw_http_and_unpriced_resources_are_refused(fake: FakeOpenAI, path: str) -> None:
+    with pytest.raises(NotGuarded):
+        attribute_at(_client(fake.base_url), path)
+    assert fake.requests == []
+
+
+def test_free_resources_and_configuration_pass_through(fake: FakeOpenAI) -> None:
+    client = _client(fake.base_url)
+    assert client.models is client.unguarded.models  # type: ignore[attr-defined]
+    assert client.responses.input_tokens is client.unguarded.responses.input_tokens  # type: ignore[attr-defined]
+    assert client.api_key == "sk-test"  # type: ignore[attr-defined]
+
+
+def test_a_background_response_is_refused_before_sending(fake: FakeOpenAI) -> None:
+    with pytest.raises(NotGuarded, match="background"):
+        _client(fake.base_url).responses.create(  # type: ignore[attr-defined]
+            model=GPT, input="a long task", max_output_tokens=100, background=True
+        )
+    assert fake.requests == []
+    assert Reservation.objects.count() == 0
+    _client(fake.base_url).responses.create(  # type: ignore[attr-defined]
+        model=GPT, input="a short task", max_output_tokens=100, background=False
+    )
+    assert only_reservation().state == "committed"
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "input_file", "file_url": "https://example.com/report.pdf"},
+        {"type": "input_image", "image_url": "https://example.com/chart.png"},
+    ],
+)
+def test_a_file_or_image_in_a_tool_result_is_refused_before_sending(
+    fake: FakeOpenAI, part: dict[str, str]
+) -> None:
+    tool_output = {"type": "function_call_output", "call_id": "call_1", "output": [part]}
+    with pytest.raises(InvalidUsage, match="tool result"):
+        _client(fake.base_url).responses.create(  # type: ignore[attr-defined]
+            model=GPT,
+            input=[{"role": "user", "content": "read it"}, tool_output],
+            max_output_tokens=100,
+        )
+    assert fake.requests == []
+
+
+def test_an_image_in_a_chat_tool_message_is_refused(fake: FakeOpenAI) -> None:
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/x.png"}}
+    with pytest.raises(InvalidUsage):
+        _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
+            model=GPT,
+            messages=[*MESSAGES, {"role": "tool", "tool_call_id": "c1", "content": [image]}],
+            max_completion_tokens=10,
+        )
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
+    ],
+)
+def test_audio_search_and_predicted_outputs_are_refused_before_sending(
+    fake: FakeOpenAI, kwargs: dict[str, object], match: str
+) -> None:
+    with pytest.raises(NotGuarded, match=match):
+        _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
+            model=GPT, messages=MESSAGES, max_completion_tokens=10, **kwargs
+        )
+    assert fake.requests == []
+
+
+# -- tiers -------------------------------------------------------------------------------------
+
+
+def test_priority_is_refused_when_the_price_has_no_rates_for_it(fake: FakeOpenAI) -> None:
+    with pytest.raises(UnknownPrice, match="priority"):
+        _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
+            model=GPT, messages=MESSAGES, max_completion_tokens=100, service_tier="priority"
+        )
+    assert fake.requests == []
+
+
+def test_priority_is_held_and_charged_at_the_price_tables_tier_rates(fake: FakeOpenAI) -> None:
+    budgets.set_price(
+        provider="openai",
+        model=GPT,
+        input_per_mtok=Decimal(1000000),
+        cached_input_per_mtok=Decimal(500000),
+        output_per_mtok=Decimal(2000000),
+        service_tiers={
+            "priority": {
+                "input_per_mtok": "1700000",
+                "cached_input_per_mtok": "850000",
+                "output_per_mtok": "3400000",
+            }
+        },
+        effective_from=PRICES_START + timedelta(seconds=1),
+    )
+    fake.service_tier = "priority"
+    _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
+        model=GPT, messages=MESSAGES, max_completion_tokens=100, service_tier="priority"
+    )
+    reservation = only_reservation()
+    assert reservation.service_tier == "priority"
+    assert reservation.amount == Decimal("1.7") * reservation.input_tokens + Decimal("3.4") * 100
+    line = charge_line(reservation)
+    # 15 uncached x 1.7 + 5 cached x 0.85 + 12 output x 3.4 (standard: 41.5)
+    assert line.cost == Decimal("70.55")
+    assert line.service_tier == "priority"
+    assert_conserved()
+
+
+def test_an_answer_served_at_an_unpriced_tier_is_left_uncertain(fake: FakeOpenAI) -> None:
+    fake.service_tier = "priority"  # the project's default tier, not asked for
+    _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
+        model=GPT, messages=MESSAGES, max_completion_tokens=100
+    )
+    reservation = only_reservation()
+    assert reservation.state == "uncertain"
+    assert tenant_counter().reserved == reservation.amount
+    assert_conserved()
+
+
+# -- server tools ------------------------------------------------------------------------------
+
+
+def test_file_search_and_code_interpreter_fees_are_held_per_allowed_call_and_charged_per_call(
+    fake: FakeOpenAI,
+) -> None:
+    budgets.set_price(
+        provider="openai",
+        model=GPT,
+        input_per_mtok=Decimal(1000000),
+        cached_input_per_mtok=Decimal(500000),
+        output_per_mtok=Decimal(2000000),
+        tool_fees={"file_search": "3", "code_interpreter": "30"},
+        effective_from=PRICES_START + timedelta(seconds=1),
+    )
+    tools = [
+        {"type": "file_search", "vector_store_ids": ["vs_1"]},
+        {"type": "code_interpreter", "container": {"type": "auto"}},
+    ]
+    client = _client(fake.base_url)
+    with pytest.raises(InvalidUsage, match="max_tool_calls"):
+        client.responses.create(model=GPT, input="q", tools=tools, max_output_tokens=50)  # type: ignore[attr-defined]
+    client.responses.create(  # type: ignore[attr-defined]
+        model=GPT, input="q", tools=tools, max_tool_calls=2, max_output_tokens=50
+    )
+    reservation = only_reservation()
+    # Two file searches' results held as input (the guard's bound), with the fees.
+    prompt = count_input_tokens(
+        provider="openai",
+        model=GPT,
+        messages=[
+            {"role": "user", "content": "q"},
+            {"role": "system", "content": json_text(tools)},
+        ],
+    )
+    assert reservation.input_tokens == prompt + 2 * SEARCH_CONTENT_TOKENS_PER_USE
+    assert reservation.amount == reservation.input_tokens + 2 * 50 + 2 * 3 + 2 * 30
+    line = charge_line(reservation)
+    assert line.tool_calls == {"file_search": 1, "code_interpreter": 1}
+    assert line.cost == Decimal("41.5") + 3 + 30
+    assert_conserved()
+
+
+def test_a_built_in_tool_the_guard_does_not_price_is_refused(fake: FakeOpenAI) -> None:
+    with pytest.raises(NotGuarded, match="mcp"):
+        _client(fake.base_url).responses.create(  # type: ignore[attr-defined]
+            model=GPT,
+            input="q",
+            tools=[{"type": "mcp", "server_label": "x", "server_url": "https://x"}],
+            max_tool_calls=1,
+            max_output_tokens=50,
+        )
+    assert fake.requests == []
+
+
+# -- charging what may have been billed --------------------------------------------------------
+
+REASONER = "o4-mini"
+
+
+def _price_reasoner() -> None:
+    budgets.set_price(
+        provider="openai",
+        model=REASONER,
+        input_per_mtok=Decimal(1000000),
+        output_per_mtok=Decimal(2000000),
+        effective_from=PRICES_START,
+    )
+
+
+def test_breaking_out_of_a_reasoning_models_stream_charges_the_held_ceiling(
+    fake: FakeOpenAI,
+) -> None:
+    _price_reasoner()
+    fake.then(chunks=200, delay=0.02)
+    stream = _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
+        model=REASONER, messages=MESSAGES, max_completion_tokens=1000, stream=True
+    )
+    for _chunk in stream:
+        break
+    assert fake.last.client_closed.wait(WAIT)
+    # Reasoning tokens are never streamed: the visible text says nothing of what was billed.
+    assert charge_line(only_reservation()).output_tokens == 1000
+    assert_conserved()
+
+
+@pytest.mark.parametrize(("model", "charged"), [(REASONER, 1000), (GPT, None)])
+def test_a_stream_without_final_usage_is_charged_the_ceiling_on_a_reasoning_model(
+    fake: FakeOpenAI, model: str, charged: int | None
+) -> None:
+    _price_reasoner()
+    fake.then(usage=False)
+    for _chunk in _client(fake.base_url).responses.create(  # type: ignore[attr-defined]
+        model=model, input="hi", max_output_tokens=1000, stream=True
+    ):
+        pass
+    line = charge_line(only_reservation())
+    expected = charged or 3 * len(openai_tokens("Hello from the fake. "))
+    assert line.output_tokens == expected
+    assert_conserved()
+
+
+def test_the_sdks_retry_after_a_timeout_runs_under_a_hold_of_its_own(fake: FakeOpenAI) -> None:
+    fake.then(kind="stall")
+    sdk = openai.OpenAI(
+        base_url=f"{fake.base_url}/v1",
+        api_key="sk-test",
+        max_retries=1,
+        timeout=openai.Timeout(0.3, connect=WAIT),
+    )
+    response = guard(sdk, tenant="acme").chat.completions.create(  # type: ignore[attr-defined]
+        model=GPT, messages=MESSAGES, max_completion_tokens=100
+    )
+    assert response.choices[0].message.content.startswith("Hello")
+    assert len(fake.requests) == 2
+    timed_out, answered = Reservation.objects.order_by("created_at")
+    # The timed-out attempt may have been billed: it stays counted. The retry is charged.
+    assert (timed_out.state, answered.state) == ("uncertain", "committed")
+    assert tenant_counter().reserved == timed_out.amount
+    assert_conserved()
+
+
+def test_a_retried_rate_limit_releases_the_first_attempt(fake: FakeOpenAI) -> None:
+    fake.then(kind="status", status=429)
+    sdk = openai.OpenAI(base_url=f"{fake.base_url}/v1", api_key="sk-test", max_retries=2)
+    guard(sdk, tenant="acme").chat.completions.create(  # type: ignore[attr-defined]
+        model=GPT, messages=MESSAGES, max_completion_tokens=100
+    )
+    states = list(Reservation.objects.order_by("created_at").values_list("state", flat=True))
+    assert states == ["released", "committed"]
+    assert len(fake.requests) == 2
+    assert_conserved()
+
+
+# -- what the caller sees ----------------------------------------------------------------------
+
+
+def test_the_usage_chunk_the_guard_asked_for_is_hidden_from_a_caller_who_did_not(
+    fake: FakeOpenAI,
+) -> None:
+    stream = _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
+        model=GPT, messages=MESSAGES, max_completion_tokens=100, stream=True
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)  # no IndexError
+    assert text == "Hello from the fake. " * 3
+    assert charge_line(only_reservation()).output_tokens == 12  # settled on the hidden usage
+
+
+def test_include_usage_false_is_honoured_and_true_still_shows_the_usage_chunk(
+    fake: FakeOpenAI,
+) -> None:
+    client = _client(fake.base_url)
+    hidden = list(
+        client.chat.completions.create(  # type: ignore[attr-defined]
+            model=GPT,
+            messages=MESSAGES,
+            max_completion_tokens=100,
+            stream=True,
+            stream_options={"include_usage": False},
+        )
+    )
+    assert all(chunk.choices for chunk in hidden)
+    shown = list(
+        client.chat.completions.create(  # type: ignore[attr-defined]
+            model=GPT,
+            messages=MESSAGES,
+            max_completion_tokens=100,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert shown[-1].choices == []
+    assert shown[-1].usage.completion_tokens == 12
+
+
+def test_the_async_client_retries_under_a_hold_per_attempt(fake: FakeOpenAI) -> None:
+    fake.then(kind="status", status=500)
+    sdk = openai.AsyncOpenAI(base_url=f"{fake.base_url}/v1", api_key="sk-test", max_retries=1)
+    client = guard(sdk, tenant="acme")
+
+    async def call() -> object:
+        return await client.chat.completions.create(  # type: ignore[attr-defined]
+            model=GPT, messages=MESSAGES, max_completion_tokens=100
+        )
+
+    async_to_sync(call)()
+    states = list(Reservation.objects.order_by("created_at").values_list("state", flat=True))
+    # A 500 may follow generation: that attempt stays counted while the retry is charged.
+    assert states == ["uncertain", "committed"]
+    assert_conserved()
+
+
+def test_with_options_max_retries_is_the_guards_and_the_sdk_sends_none(fake: FakeOpenAI) -> None:
+    client = _client(fake.base_url).with_options(max_retries=3)  # type: ignore[attr-defined]
+    assert client.max_retries == 0  # the SDK's own retries are off under the guard
+    assert client._options.max_retries == 3
+    assert client.copy()._options.max_retries == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"previous_response_id": "resp_1"},
+        {"conversation": "conv_1"},
+        {"prompt": {"id": "pmpt_1"}},
+        {"context_management": [{"type": "compaction"}]},
+    ],
+)
+def test_input_by_reference_and_second_model_runs_are_refused(
+    fake: FakeOpenAI, kwargs: dict[str, object]
+) -> None:
+    with pytest.raises(NotGuarded):
+        _client(fake.base_url).responses.create(  # type: ignore[attr-defined]
+            model=GPT, input="go on", max_output_tokens=10, **kwargs
+        )
+    assert fake.requests == []

@@ -57,7 +57,7 @@ from llm_budgets.models import (
     Run,
 )
 from llm_budgets.money import ZERO
-from llm_budgets.quotes import input_token_count, request_estimate
+from llm_budgets.quotes import input_token_count, request_estimate, service_tier_validate
 from llm_budgets.refusals import refusal_record
 from llm_budgets.runs import run_ensure, run_refuse_if_closed, run_validate
 from llm_budgets.selectors import (
@@ -169,6 +169,7 @@ def reservation_create(
     run: object = None,
     api_key: ApiKey | None = None,
     now: datetime | None = None,
+    service_tier: object = None,
 ) -> Reservation:
     """Admit a call: hold its worst-case cost on every budget that applies, or raise.
 
@@ -186,6 +187,7 @@ def reservation_create(
     if not isinstance(allow_degrade, bool):
         raise InvalidUsage("allow_degrade must be True or False.", field="allow_degrade")
     tag_map = tags_validate(tags)
+    tier = service_tier_validate(service_tier)
     run_id = None if run is None else run_validate(run)
     request = _validate(
         tenant=tenant,
@@ -270,6 +272,7 @@ def reservation_create(
             end=now + request.ttl,
             max_tool_calls=tool_calls,
             in_effect=context.price if context is not None else None,
+            service_tier=tier,
         )
         if request.end_user is not None and user_obj is None:
             user_obj = end_user_ensure(tenant_obj, request.end_user)
@@ -294,6 +297,7 @@ def reservation_create(
             model=request.model,
             price=estimate.price,
             pricing_basis=estimate.pricing_basis,
+            service_tier=tier,
             input_tokens=request.input_tokens,
             max_output_tokens=estimate.max_output_tokens,
             amount=estimate.amount,
@@ -305,7 +309,7 @@ def reservation_create(
             created_at=now,
             expires_at=now + request.ttl,
         )
-        degrade = _Degrade(ladder, request.ttl, tool_calls) if ladder else None
+        degrade = _Degrade(ladder, request.ttl, tool_calls, tier) if ladder else None
         try:
             return _admit(
                 reservation,
@@ -381,6 +385,7 @@ class _Degrade:
     ladder: list[Rung]
     ttl: timedelta
     max_tool_calls: dict[str, int] | None
+    service_tier: str = ""
 
 
 def _admit(
@@ -760,6 +765,7 @@ def _degrade(
         start=reservation.created_at,
         end=reservation.created_at + degrade.ttl,
         max_tool_calls=degrade.max_tool_calls,
+        service_tier=degrade.service_tier,
     )
     reservation.requested_model = reservation.model
     reservation.model = effect.model

@@ -270,6 +270,7 @@ def _line(
         reserved_at=reservation.created_at,
         created_at=now,
         tags=reservation.tags,
+        service_tier=reservation.service_tier,
         **(usage.as_fields() if usage else {}),
     )
 
@@ -298,7 +299,7 @@ def _actual(
         except UnknownPrice:
             return reservation.amount, None, basis
     at = min(max(now, reservation.created_at), reservation.expires_at)
-    return actual_cost(price, usage, at=at), price.pk, basis
+    return actual_cost(price, usage, at=at, service_tier=reservation.service_tier), price.pk, basis
 
 
 @observed_settlement("commit")

@@ -25,8 +25,10 @@ within about ``switch_check_seconds``, stalled stream or not.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
+import random
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -35,6 +37,7 @@ from typing import Any
 from django.utils import timezone
 
 from llm_budgets import budgets
+from llm_budgets.engine import admission
 from llm_budgets.exceptions import BudgetError, InvalidUsage, KillSwitchActive
 from llm_budgets.killswitches import kill_switches_covering, refusal_for
 from llm_budgets.tokens import count_input_tokens
@@ -73,6 +76,9 @@ class GuardOptions:
     provider: str = "openai"
     ttl: int | None = None
     switch_check_seconds: float = SWITCH_CHECK_SECONDS
+    # The SDK client's own retries, made by the guard (the client is sent max_retries=0): each
+    # attempt is one hold, so a timed-out attempt stays counted while the next one runs.
+    max_retries: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.allow_degrade, bool):
@@ -136,6 +142,44 @@ def proves_nothing_billed(exc: BaseException, *, sdk_errors: SdkErrors) -> bool:
     return isinstance(exc, TypeError | BudgetError)
 
 
+# Search content (search results, retrieved file chunks) is billed as input of the same call.
+# Held per allowed search: this bound, the guard's own (the providers publish none; OpenAI bills
+# some models a fixed 8,000-token block): a call whose results exceed it is billed past its hold.
+SEARCH_CONTENT_TOKENS_PER_USE = 20_000
+
+_RETRIED_STATUSES = frozenset({408, 409, 429})
+INITIAL_RETRY_DELAY = 0.5
+MAX_RETRY_DELAY = 8.0
+
+
+def retry_delay(exc: BaseException, *, attempt: int, call: Call) -> float | None:
+    """Seconds to wait before the SDK's retry of a failed attempt (``attempt`` from 0), or None
+    when it is not retried: the SDKs' own rule (timeouts, connection errors, 408, 409, 429 and
+    5xx; the ``x-should-retry`` and ``retry-after`` headers), made by the guard so that each
+    attempt is held and settled on its own."""
+    if attempt >= call.options.max_retries:
+        return None
+    errors = call.sdk_errors
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    if isinstance(exc, errors.status):
+        should = str(headers.get("x-should-retry", "")).lower()
+        status = getattr(exc, "status_code", 0)
+        if should == "false" or (
+            should != "true" and status not in _RETRIED_STATUSES and status < 500
+        ):
+            return None
+    elif not isinstance(exc, errors.timeout | errors.connection):
+        return None
+    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        try:
+            asked = float(headers.get(name, "")) / scale
+        except ValueError:
+            continue
+        if 0 < asked <= 60:
+            return asked
+    return min(INITIAL_RETRY_DELAY * 2**attempt, MAX_RETRY_DELAY) * (1 - 0.25 * random.random())  # noqa: S311
+
+
 @dataclass(frozen=True)
 class SdkErrors:
     """An SDK's exception classes, so this module never imports an SDK."""
@@ -156,6 +200,14 @@ class Call:
     sdk_errors: SdkErrors
     # Server-side tool calls the request may make, held at their fees (e.g. {"web_search": 5}).
     max_tool_calls: dict[str, int] | None = None
+    # The premium tier the call is sent at, held and charged at its rates ("": standard).
+    service_tier: str = ""
+    # Input the provider adds that the messages do not show (Anthropic's tool-use system prompt).
+    extra_input_tokens: int = 0
+    # Whether the model sent may think or reason unseen (set when the request is pinned): an
+    # answer whose usage is unknown is then charged the held ceiling, never the visible text.
+    reasons: bool = False
+    streamed: bool = False
     hold: budgets.Hold | None = None
     counter: OutputCounter | None = None
     # Usage the provider reported before the end of a stream (Anthropic's message_start).
@@ -170,17 +222,25 @@ class Call:
 
     def admit(self) -> budgets.Hold:
         """Reserve, or raise the refusal; nothing has been sent yet."""
-        self.hold = budgets.reserve(
-            tenant=self.options.tenant,
-            end_user=self.options.end_user,
-            provider=self.options.provider,
-            model=self.model,
-            messages=self.messages,
-            max_output_tokens=self.ceiling,
-            allow_degrade=self.options.allow_degrade,
-            tags=dict(self.options.tags) if self.options.tags else None,
-            ttl=self.options.ttl,
-            max_tool_calls=self.max_tool_calls,
+        # Through admission itself: the public reserve() takes no service tier yet (the REST API
+        # and its client would need it too); admission prices the tier and records it.
+        self.hold = budgets.Hold(
+            admission.reservation_create(
+                tenant=self.options.tenant,
+                end_user=self.options.end_user,
+                provider=self.options.provider,
+                model=self.model,
+                input_tokens=count_input_tokens(
+                    provider=self.options.provider, model=self.model, messages=self.messages
+                )
+                + self.extra_input_tokens,
+                max_output_tokens=self.ceiling,
+                allow_degrade=self.options.allow_degrade,
+                tags=dict(self.options.tags) if self.options.tags else None,
+                ttl=self.options.ttl,
+                max_tool_calls=self.max_tool_calls,
+                service_tier=self.service_tier or None,
+            )
         )
         self.counter = OutputCounter(
             provider=self.options.provider,
@@ -189,6 +249,28 @@ class Call:
         )
         self._last_check = time.monotonic()
         return self.hold
+
+    def answered_at_tier(self, tier: object, *, standard: frozenset[str]) -> None:
+        """The tier an answer says it was served at: one the hold did not price (a project or
+        organisation whose default is a premium tier) leaves the call uncertain rather than
+        charged at the wrong rates. ``standard``: the names of tiers billed at most the
+        standard rates."""
+        if isinstance(tier, str) and tier not in standard and tier != self.service_tier:
+            self.state["unpriced"] = f"at service tier {tier!r}"
+
+    def fresh(self) -> Call:
+        """The same request as a new, unadmitted call: the SDK's retry of it gets its own hold."""
+        return replace(
+            self,
+            hold=None,
+            counter=None,
+            partial_usage=None,
+            final_usage=None,
+            state={},
+            reasons=False,
+            streamed=False,
+            _settled=False,
+        )
 
     @property
     def model_sent(self) -> str:
@@ -214,6 +296,16 @@ class Call:
         if self._settled or self.hold is None:
             return
         self._settled = True
+        if self.state.get("unpriced"):
+            logger.warning(
+                "llm_budgets: reservation %s was answered %s, which its price does not cover; "
+                "its hold stays counted (uncertain).",
+                self.hold.id,
+                self.state["unpriced"],
+            )
+            with self._settling("mark uncertain"):
+                self.hold.mark_uncertain()
+            return
         with self._settling("commit"):
             self.hold.commit(usage=usage if usage is not None else self._counted_usage())
 
@@ -276,9 +368,16 @@ class Call:
             )
 
     def _counted_usage(self) -> Usage:
+        """Usage when the provider's own count is missing: the output counted from a stream's
+        deltas, or the held ceiling when more may have been billed than was seen (a model that
+        thinks or reasons unseen, or an answer that was not streamed). Never above the ceiling
+        the call was sent with."""
         assert self.hold is not None
         assert self.counter is not None
-        produced = self.counter.produced
+        if self.reasons or not self.streamed:
+            produced = self.hold.max_output_tokens
+        else:
+            produced = self.counter.produced
         if self.partial_usage is not None:
             return replace(
                 self.partial_usage, output_tokens=max(self.partial_usage.output_tokens, produced)
@@ -324,9 +423,81 @@ class Call:
         )
 
 
+# Content that is billed but cannot be counted offline before the call: an image or a file
+# (by URL its size is unknown; the guard applies no per-provider image rule), audio, an item
+# brought by reference. Refused wherever it appears, tool results included.
+MEDIA_TYPES = frozenset(
+    {
+        "image",
+        "image_url",
+        "input_image",
+        "document",
+        "file",
+        "input_file",
+        "input_audio",
+        "audio",
+        "container_upload",
+        "computer_call_output",
+        "computer_screenshot",
+        "image_generation_call",
+        "item_reference",
+    }
+)
+# Parts sent as structured data: counted as their JSON text (a fair bound), media refused inside.
+_JSON_PARTS = frozenset(
+    {
+        "tool_use",
+        "tool_result",
+        "server_tool_use",
+        "web_search_tool_result",
+        "web_fetch_tool_result",
+        "search_result",
+        "function_call",
+        "function_call_output",
+        "custom_tool_call",
+        "custom_tool_call_output",
+        "thinking",
+        "redacted_thinking",
+        "reasoning",
+    }
+)
+
+
+def media_in(value: object) -> str | None:
+    """The type of the first image, file or audio part anywhere inside ``value``, else None."""
+    if isinstance(value, Mapping):
+        kind = value.get("type")
+        if isinstance(kind, str) and kind in MEDIA_TYPES:
+            return kind
+        for item in value.values():
+            found = media_in(item)
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for item in value:
+            found = media_in(item)
+            if found:
+                return found
+    return None
+
+
+def refuse_media(value: object, *, field_name: str) -> None:
+    kind = media_in(value)
+    if kind is not None:
+        raise InvalidUsage(
+            f"{field_name} has a {kind!r} part (an image, file or audio, here or inside a tool "
+            "result): it is billed, and its tokens cannot be counted offline before the call, "
+            "so the guard cannot price it. Reserve with budgets.reserve(input_tokens=...) and "
+            "call the unguarded client.",
+            field=field_name,
+        )
+
+
 def text_of(content: object, *, field_name: str, text_types: frozenset[str]) -> str:
     """The text of a message's content: a string, or a list of text parts (types in
-    ``text_types``). Anything else cannot be counted offline: ``InvalidUsage`` says so."""
+    ``text_types``) and structured parts (tool calls and results, thinking blocks), counted as
+    their JSON. Images, files and audio anywhere inside (a tool result's too) cannot be counted
+    offline: ``InvalidUsage`` says so."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -337,7 +508,8 @@ def text_of(content: object, *, field_name: str, text_types: frozenset[str]) -> 
             kind = part.get("type") if isinstance(part, Mapping) else None
             if kind in text_types:
                 parts.append(str(part.get("text", "")))
-            elif kind in {"tool_use", "tool_result", "function_call", "function_call_output"}:
+            elif kind in _JSON_PARTS:
+                refuse_media(part, field_name=field_name)
                 parts.append(json.dumps(part, sort_keys=True, default=str))
             else:
                 raise InvalidUsage(
@@ -398,4 +570,71 @@ def given(value: object) -> bool:
     return value is not None and type(value).__name__ not in {"Omit", "NotGiven"}
 
 
+def bound(value: object) -> int | None:
+    """A bound the caller gave (``max_uses``, ``max_tool_calls``...): a whole number, 1 or more;
+    None when it is missing or not one."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value
+
+
 SwitchCheck = Callable[[], KillSwitchActive | None]
+
+
+@dataclass(frozen=True)
+class Parameters:
+    """A guarded method's parameters, each classified: ``priced`` (the guard prices or pins
+    it), ``neutral`` (no effect on what is billed), ``refused`` (name -> why). A parameter
+    given that is none of these, such as one a new SDK release adds, is refused."""
+
+    priced: frozenset[str]
+    neutral: frozenset[str]
+    refused: Mapping[str, str]
+
+    def check(self, kwargs: Mapping[str, Any], *, where: str) -> None:
+        """``NotGuarded`` for the first refused or unclassified parameter given."""
+        for name, value in kwargs.items():
+            # False turns a feature off (background=False): nothing to price.
+            if not given(value) or value is False or name in self.priced or name in self.neutral:
+                continue
+            raise NotGuarded(
+                f"{where}({name}=...)",
+                instead=self.refused.get(
+                    name, "The guard does not know what this parameter costs (not classified)."
+                ),
+            )
+
+    def unclassified(self, method: Callable[..., Any]) -> set[str]:
+        """The parameters of the installed SDK's ``method`` this classification misses."""
+        names = set(inspect.signature(method).parameters) - {"self", "kwargs"}
+        return names - self.priced - self.neutral - set(self.refused)
+
+
+# Parameters of every guarded method with no effect on what is billed.
+NEUTRAL_PARAMETERS = frozenset(
+    {
+        "extra_headers",
+        "extra_query",
+        "timeout",
+        "metadata",
+        "temperature",
+        "top_p",
+        "top_k",
+        "stop",
+        "stop_sequences",
+        "seed",
+        "user",
+        "safety_identifier",
+        "store",
+        "tool_choice",
+        "parallel_tool_calls",
+        "logprobs",
+        "top_logprobs",
+        "logit_bias",
+        "frequency_penalty",
+        "presence_penalty",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "verbosity",
+    }
+)

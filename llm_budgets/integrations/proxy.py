@@ -1,20 +1,53 @@
-"""The guarded client's shape: a proxy that passes everything through to the SDK's client except
-the calls it guards (defined by the SDK module's subclasses) and those it refuses (they cost money
-and cannot be priced: ``NotGuarded``)."""
+"""The guarded client's shape: a proxy that denies by default. Each attribute of the SDK's client
+(and of the resources with guarded calls) is classified once, by name:
+
+- guarded: a resource proxy (``_children``) or a method the proxy defines (``create``...);
+- free: passed through untouched, because it bills nothing (``files``, ``models``, config);
+- refused: raises ``NotGuarded`` before anything is sent (``_refused``).
+
+Anything not classified, such as a resource a new SDK release adds, is refused as well, and
+:func:`unclassified` names it so a test can fail until it is classified.
+"""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.integrations.guarding import GuardOptions, NotGuarded
+
+# What both SDKs' clients share (the same generator makes them): configuration that bills
+# nothing, and the raw HTTP and raw-response paths the guard cannot see through.
+CLIENT_CONFIG = frozenset(
+    {
+        "api_key",
+        "base_url",
+        "timeout",
+        "max_retries",
+        "auth_headers",
+        "custom_auth",
+        "default_headers",
+        "default_query",
+        "platform_headers",
+        "qs",
+        "user_agent",
+        "close",
+        "is_closed",
+    }
+)
+RAW_RESPONSES = frozenset({"with_raw_response", "with_streaming_response"})
+RAW_HTTP = RAW_RESPONSES | {"post", "get", "put", "patch", "delete", "request", "get_api_list"}
 
 
 class ClientProxy:
     """``_children``: attribute name -> proxy class for a resource with guarded calls.
-    ``_refused``: attribute paths from the client that raise ``NotGuarded``."""
+    ``_free``: names passed through (they bill nothing). ``_refused``: names refused on purpose
+    (everything else is refused too; the list says the refusal was decided, not missed)."""
 
     _sdk = ""
     _children: dict[str, type[ClientProxy]] = {}
+    _free: frozenset[str] = frozenset()
     _refused: frozenset[str] = frozenset()
     _instead = ""
 
@@ -27,13 +60,12 @@ class ClientProxy:
         if name.startswith("__"):
             raise AttributeError(name)
         path = f"{self._path}.{name}" if self._path else name
-        if path in self._refused:
-            raise NotGuarded(f"{self._sdk} client.{path}", instead=self._instead)
-        value = getattr(self._target, name)
         child = self._children.get(name)
         if child is not None:
-            return child(value, self._options, path)
-        return value
+            return child(getattr(self._target, name), self._options, path)
+        if name in self._free:
+            return getattr(self._target, name)
+        raise NotGuarded(f"{self._sdk} client.{path}", instead=self._instead)
 
     def __repr__(self) -> str:
         return f"<guarded {self._target!r} for tenant {self._options.tenant!r}>"
@@ -46,3 +78,54 @@ class ClientProxy:
     @property
     def is_async(self) -> bool:
         return "Async" in type(self._target).__name__
+
+    @classmethod
+    def guarded_names(cls) -> frozenset[str]:
+        """The resources and methods this proxy guards."""
+        own = {
+            name
+            for klass in cls.__mro__
+            if klass is not ClientProxy and issubclass(klass, ClientProxy)
+            for name in vars(klass)
+            if not name.startswith("_")
+        }
+        return frozenset(own | set(cls._children))
+
+    @classmethod
+    def classified(cls) -> frozenset[str]:
+        return cls.guarded_names() | cls._free | cls._refused
+
+
+def public_names(obj: object) -> set[str]:
+    return {name for name in dir(obj) if not name.startswith("_")}
+
+
+def unclassified(
+    proxy: type[ClientProxy], sdk_classes: dict[str, tuple[type, ...]]
+) -> dict[str, set[str]]:
+    """The public names of the SDK's classes that ``proxy`` does not classify, by path from the
+    client (``""``: the client; ``"chat.completions"``: that resource). Refused at run time; a
+    sign that the SDK grew something to look at."""
+    found: dict[str, set[str]] = {}
+    for path, classes in sdk_classes.items():
+        resource = proxy
+        for name in filter(None, path.split(".")):
+            resource = resource._children[name]
+        names: set[str] = set().union(*(public_names(klass) for klass in classes))
+        missing = names - resource.classified() - public_names(ClientProxy)
+        if missing:
+            found[path or "client"] = missing
+    return found
+
+
+def without_sdk_retries(
+    client: Any, options: GuardOptions, kwargs: dict[str, Any]
+) -> tuple[Any, GuardOptions]:
+    """``client.with_options(**kwargs)`` with the SDK's own retries turned off and handed to the
+    guard, which retries each attempt under a hold of its own (a timed-out attempt may have been
+    billed, so it stays counted while the retry runs)."""
+    kwargs = dict(kwargs)
+    retries = kwargs.pop("max_retries", options.max_retries)
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise InvalidUsage("max_retries must be a whole number, 0 or more.", field="max_retries")
+    return client.with_options(max_retries=0, **kwargs), replace(options, max_retries=retries)

@@ -39,12 +39,13 @@ from asgiref.sync import sync_to_async
 from django import db
 
 from llm_budgets.exceptions import KillSwitchActive
-from llm_budgets.integrations.guarding import Call
+from llm_budgets.integrations.guarding import Call, retry_delay
 from llm_budgets.usage import Usage
 
 logger = logging.getLogger("llm_budgets")
 
-Observe = Callable[[Call, Any], None]
+# Counts an event; returns False for an event the caller did not ask for (it is not passed on).
+Observe = Callable[[Call, Any], bool | None]
 # The shortest wait between two looks for a kill switch while an async stream is stalled.
 STALL_POLL_SECONDS = 0.05
 # The watchdog thread ends after this long without a stream to watch.
@@ -61,6 +62,8 @@ class Sdk:
     guarded_stream: type[SyncStreamGuard]
     async_guarded_stream: type[AsyncStreamGuard]
     usage: Callable[[object], Usage | None]
+    # Notes what an answer says of its own billing (e.g. the service tier it was served at).
+    note: Callable[[Call, object], None] = lambda call, answer: None
 
 
 Pin = Callable[[Call, dict[str, Any]], dict[str, Any]]
@@ -70,38 +73,67 @@ def send(
     sdk: Sdk, method: Any, call: Call, kwargs: dict[str, Any], pin: Pin, observe: Observe
 ) -> Any:
     """Admit, then call ``method`` with ``kwargs`` pinned to what was held (``pin``: the model
-    and ceiling granted), and settle its answer, or return its stream guarded."""
-    call.admit()
-    try:
-        result = method(**pin(call, kwargs))
-    except BaseException as exc:
-        answered = _answer_in(exc)
-        if answered is not None:
-            call.succeeded(sdk.usage(answered))
-        call.failed(exc)
-        raise
-    if isinstance(result, sdk.stream):
-        return sdk.guarded_stream(result, call=call, observe=observe)
-    call.succeeded(sdk.usage(result))
-    return result
+    and ceiling granted), and settle its answer, or return its stream guarded. A failed attempt
+    the SDK would retry is settled on its own and retried under a new hold (``retry_delay``)."""
+    attempt = 0
+    while True:
+        call.admit()
+        try:
+            result = method(**pin(call, kwargs))
+        except BaseException as exc:
+            _settle_failure(sdk, call, exc)
+            delay = retry_delay(exc, attempt=attempt, call=call)
+            if delay is None:
+                raise
+            time.sleep(delay)
+            attempt, call = attempt + 1, call.fresh()
+            continue
+        return _settle_answer(sdk, call, result, observe, sdk.stream, sdk.guarded_stream)
 
 
 async def asend(
     sdk: Sdk, method: Any, call: Call, kwargs: dict[str, Any], pin: Pin, observe: Observe
 ) -> Any:
     """``send`` for async clients (the ledger is reached through ``sync_to_async``)."""
-    await sync_to_async(call.admit)()
-    try:
-        result = await method(**pin(call, kwargs))
-    except BaseException as exc:
-        answered = _answer_in(exc)
-        if answered is not None:
-            await sync_to_async(call.succeeded)(sdk.usage(answered))
-        await sync_to_async(call.failed)(exc)
-        raise
-    if isinstance(result, sdk.async_stream):
-        return sdk.async_guarded_stream(result, call=call, observe=observe)
-    await sync_to_async(call.succeeded)(sdk.usage(result))
+    attempt = 0
+    while True:
+        await sync_to_async(call.admit)()
+        try:
+            result = await method(**pin(call, kwargs))
+        except BaseException as exc:
+            await sync_to_async(_settle_failure)(sdk, call, exc)
+            delay = retry_delay(exc, attempt=attempt, call=call)
+            if delay is None:
+                raise
+            await asyncio.sleep(delay)
+            attempt, call = attempt + 1, call.fresh()
+            continue
+        if isinstance(result, sdk.async_stream):
+            return _settle_answer(
+                sdk, call, result, observe, sdk.async_stream, sdk.async_guarded_stream
+            )
+        return await sync_to_async(_settle_answer)(
+            sdk, call, result, observe, sdk.async_stream, sdk.async_guarded_stream
+        )
+
+
+def _settle_failure(sdk: Sdk, call: Call, exc: BaseException) -> None:
+    answered = _answer_in(exc)
+    if answered is not None:
+        sdk.note(call, answered)
+        call.succeeded(sdk.usage(answered))
+    call.failed(exc)
+
+
+def _settle_answer(
+    sdk: Sdk, call: Call, result: Any, observe: Observe, stream: type, guarded: type
+) -> Any:
+    """A stream, returned guarded (settled as it ends); any other answer, settled now."""
+    if isinstance(result, stream):
+        call.streamed = True
+        return guarded(result, call=call, observe=observe)
+    sdk.note(call, result)
+    call.succeeded(sdk.usage(result))
     return result
 
 
@@ -201,11 +233,12 @@ class SyncStreamGuard(_StreamGuard):
                     break
                 finally:
                     WATCHDOG.done(self)
-                self._observe(call, event)
+                shown = self._observe(call, event) is not False
                 stopped_by = self._tripped or call.check_switches()
                 if stopped_by is not None:
                     break
-                yield event
+                if shown:
+                    yield event
         except GeneratorExit:
             self._inner.close()
             call.stopped()
@@ -275,10 +308,10 @@ class AsyncStreamGuard(_StreamGuard):
                 got, event, stopped_by = await self._next_or_switch(events)
                 if not got or stopped_by is not None:
                     break
-                self._observe(call, event)
+                shown = self._observe(call, event) is not False
                 if call.switch_check_due():
                     stopped_by = await sync_to_async(call.check_switches)(force=True)
-                if stopped_by is None:
+                if stopped_by is None and shown:
                     yield event
         except GeneratorExit:
             await self._inner.close()

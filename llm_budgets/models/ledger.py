@@ -86,6 +86,9 @@ class Reservation(models.Model):
     tags = models.JSONField(
         default=dict, blank=True, help_text="The caller's string tags, copied onto ledger lines."
     )
+    service_tier = models.CharField(
+        max_length=32, blank=True, default="", help_text="Empty: the standard tier."
+    )
     created_at = models.DateTimeField()
     # No index of its own: every query on it also filters on state, which ``llmb_reservation_due``
     # (state, expires_at) serves. An index on expires_at alone let PostgreSQL walk the expired
@@ -216,6 +219,9 @@ class UsageRecord(models.Model):
     reasoning_tokens = models.PositiveIntegerField(default=0)
     tool_calls = models.JSONField(default=dict, blank=True)
     tags = models.JSONField(default=dict, blank=True, help_text="The reservation's tags.")
+    service_tier = models.CharField(
+        max_length=32, blank=True, default="", help_text="The reservation's service tier."
+    )
     cost = models.DecimalField(
         max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, help_text="Provider cost."
     )

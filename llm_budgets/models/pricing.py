@@ -74,6 +74,13 @@ class Price(models.Model):
         help_text='Higher rates above a prompt size: [{"above_input_tokens": 200000, '
         '"prices": {"input_per_mtok": "6", ...}}], ascending.',
     )
+    service_tiers = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Rates of calls served at a premium tier: {"priority": {"input_per_mtok": '
+        '"4.25", "output_per_mtok": "17"}}; they replace the version\'s own. A call asking for a '
+        "tier not listed is refused.",
+    )
     daily_spans = models.JSONField(
         default=list,
         blank=True,

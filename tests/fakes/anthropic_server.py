@@ -1,6 +1,7 @@
 """Anthropic's Messages shapes, JSON and SSE: ``input_tokens`` without cache reads and writes,
 ``cache_creation`` split 5-minute / 1-hour, ``server_tool_use``; in a stream the input usage in
-``message_start`` and the cumulative output in ``message_delta``."""
+``message_start`` and the cumulative output in ``message_delta``. With ``thinking`` asked, a
+stream starts with a thinking block whose deltas summarise the thinking (billed in full)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,11 @@ class FakeAnthropic(FakeProvider):
     def answer_json(self, seen: Seen, behaviour: Behaviour) -> dict[str, Any]:
         return self._message(seen, [{"type": "text", "text": behaviour.text}], self.usage)
 
+    def _delta(self, seen: Seen, text: str) -> dict[str, Any]:
+        if seen.body.get("thinking"):
+            return {"type": "thinking_delta", "thinking": text}
+        return {"type": "text_delta", "text": text}
+
     def stream_events(self, seen: Seen, behaviour: Behaviour) -> Iterator[tuple[str, str]]:
         start_usage = {**self.usage, "output_tokens": 1}
         start_usage.pop("server_tool_use", None)
@@ -56,7 +62,11 @@ class FakeAnthropic(FakeProvider):
                 {
                     "type": "content_block_start",
                     "index": 0,
-                    "content_block": {"type": "text", "text": ""},
+                    "content_block": (
+                        {"type": "thinking", "thinking": "", "signature": ""}
+                        if seen.body.get("thinking")
+                        else {"type": "text", "text": ""}
+                    ),
                 }
             ),
         )
@@ -67,11 +77,13 @@ class FakeAnthropic(FakeProvider):
                     {
                         "type": "content_block_delta",
                         "index": 0,
-                        "delta": {"type": "text_delta", "text": behaviour.text},
+                        "delta": self._delta(seen, behaviour.text),
                     }
                 ),
             )
         yield "content_block_stop", json.dumps({"type": "content_block_stop", "index": 0})
+        if not behaviour.usage:
+            return
         yield (
             "message_delta",
             json.dumps(

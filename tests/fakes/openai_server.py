@@ -1,6 +1,9 @@
 """OpenAI's shapes: Chat Completions and Responses, JSON and SSE, with usage as OpenAI sends it
 (``prompt_tokens_details.cached_tokens``, ``completion_tokens_details.reasoning_tokens``; in a
-stream, a last chunk with ``choices: []`` and the usage, only when ``include_usage`` is asked)."""
+stream, a last chunk with ``choices: []`` and the usage, only when ``include_usage`` is asked),
+the ``service_tier`` the answer was served at when one is set, and an output item per built-in
+tool of a Responses request (the calls it made), as OpenAI reports them. A reasoning model
+streams no reasoning: its deltas are the visible answer only."""
 
 from __future__ import annotations
 
@@ -18,10 +21,29 @@ DEFAULT_USAGE = {
 }
 
 
+# The output item each built-in tool reports per call.
+TOOL_ITEMS: dict[str, dict[str, Any]] = {
+    "web_search": {
+        "type": "web_search_call",
+        "status": "completed",
+        "action": {"type": "search", "query": "fake"},
+    },
+    "file_search": {"type": "file_search_call", "status": "completed", "queries": ["fake"]},
+    "code_interpreter": {
+        "type": "code_interpreter_call",
+        "status": "completed",
+        "code": "print(1)",
+        "container_id": "cntr_fake",
+        "outputs": [],
+    },
+}
+
+
 class FakeOpenAI(FakeProvider):
     def __init__(self) -> None:
         super().__init__()
         self.usage = dict(DEFAULT_USAGE)
+        self.service_tier: str | None = None  # reported by every answer when set
 
     def error_json(self, status: int) -> dict[str, Any]:
         return {"error": {"message": f"fake {status}", "type": "fake_error", "code": None}}
@@ -48,16 +70,13 @@ class FakeOpenAI(FakeProvider):
 
     def _response(self, seen: Seen, text: str, usage: dict[str, Any] | None) -> dict[str, Any]:
         searched = [
-            {
-                "type": "web_search_call",
-                "id": "ws_fake",
-                "status": "completed",
-                "action": {"type": "search", "query": "fake"},
-            }
+            {**item, "id": f"{name}_fake"}
             for tool in seen.body.get("tools") or []
-            if str(tool.get("type", "")).startswith("web_search")
+            for name, item in TOOL_ITEMS.items()
+            if str(tool.get("type", "")).startswith(name)
         ]
         return {
+            **self._tier(),
             "id": "resp_fake",
             "object": "response",
             "created_at": 1,
@@ -79,10 +98,14 @@ class FakeOpenAI(FakeProvider):
             "usage": usage,
         }
 
+    def _tier(self) -> dict[str, Any]:
+        return {"service_tier": self.service_tier} if self.service_tier else {}
+
     def answer_json(self, seen: Seen, behaviour: Behaviour) -> dict[str, Any]:
         if seen.path.endswith("/responses"):
             return self._response(seen, behaviour.text, self.responses_usage())
         return {
+            **self._tier(),
             "id": "chatcmpl-fake",
             "object": "chat.completion",
             "created": 1,
@@ -122,7 +145,9 @@ class FakeOpenAI(FakeProvider):
                         "type": "response.completed",
                         "sequence_number": behaviour.chunks,
                         "response": self._response(
-                            seen, behaviour.text * behaviour.chunks, self.responses_usage()
+                            seen,
+                            behaviour.text * behaviour.chunks,
+                            self.responses_usage() if behaviour.usage else None,
                         ),
                     }
                 ),
@@ -147,7 +172,7 @@ class FakeOpenAI(FakeProvider):
                     }
                 ),
             )
-        if (seen.body.get("stream_options") or {}).get("include_usage"):
+        if behaviour.usage and (seen.body.get("stream_options") or {}).get("include_usage"):
             yield (
                 "",
                 json.dumps(

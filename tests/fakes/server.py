@@ -30,6 +30,7 @@ class Behaviour:
     text: str = "Hello from the fake. "
     finish_reason: str = "stop"
     stall_after: int | None = None  # stop sending after this many stream events, until unstall
+    usage: bool = True  # False: a stream ends without its final usage
 
 
 @dataclass
