@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("llm_budgets", "0023_stripe_meters_of_plans_plural"),
+        ("llm_budgets", "0026_stripe_invoices_the_payment_switch_waits_on"),
     ]
 
     operations = [
