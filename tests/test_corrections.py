@@ -4,8 +4,8 @@ expiring by themselves, compensating ledger entries only, conservation kept."""
 from __future__ import annotations
 
 from datetime import timedelta
-from uuid import UUID
 from decimal import Decimal
+from uuid import UUID
 
 import pytest
 import time_machine
@@ -170,8 +170,8 @@ def _expired_hold_then_reset(*, spent_since: int = 0) -> UUID:
     hold = reserve_30(end_user="u-1")
     reservations_sweep(now=hold.expires_at)
     end_user_spend_reset(end_user=EndUser.objects.get(), reason="goodwill")
-    if spent_since:
-        reserve_30(end_user="u-1").commit(input_tokens=0, output_tokens=spent_since * 100 // 3)  # 0.03 each
+    if spent_since:  # output costs 0.03 a token
+        reserve_30(end_user="u-1").commit(input_tokens=0, output_tokens=spent_since * 100 // 3)
     assert _spent()["end_user"] == spent_since
     return hold.id
 
