@@ -9,6 +9,7 @@ Usage is charged to the counters the hold was taken on: the period the reservati
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -28,6 +29,7 @@ from llm_budgets.engine import statements as sql
 from llm_budgets.engine.boundary import bound_sqlite_wait, ledger_guard, lock_timeout_statement
 from llm_budgets.engine.lines import NONE, Amounts
 from llm_budgets.events import (
+    event_log,
     holds_expired,
     observed_expiry,
     observed_settlement,
@@ -38,9 +40,11 @@ from llm_budgets.exceptions import (
     ReservationNotFound,
     ReservationStateError,
     UnknownPrice,
+    UsageExceedsHold,
 )
 from llm_budgets.models import (
     LIVE_STATES,
+    AuditEvent,
     BudgetUnit,
     Counter,
     Price,
@@ -54,7 +58,7 @@ from llm_budgets.models import (
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pricing import price_in_effect
 from llm_budgets.results import CommitResult as CommitResult  # its home until issue #10
-from llm_budgets.usage import Usage, usage_validate
+from llm_budgets.usage import Usage, usage_validate, usage_within_hold
 
 
 def _held(reservation: Reservation) -> Amounts:
@@ -294,6 +298,7 @@ def reservation_commit(
             tool_calls=tool_calls,
         )
     now = now or timezone.now()
+    beyond: UsageExceedsHold | None = None
     with _locked(rid, "commit") as reservation:
         if reservation.state == ReservationState.COMMITTED:
             return _result(reservation)
@@ -303,7 +308,9 @@ def reservation_commit(
                 "says the call produced nothing. Reserve again for a new call.",
                 state=reservation.state,
             )
+        beyond = _beyond_hold(reservation, usage)
         provider_cost, price_id, basis = _actual(reservation, usage, now)
+        audit = [] if beyond is None else [_recorded_beyond(reservation, beyond, provider_cost)]
         cost = Amounts(provider_cost, customer_charge(provider_cost, reservation.markup_percent))
         overage = max(ZERO, provider_cost - reservation.amount)
         kind, charge, unhold = UsageKind.CHARGE, cost, _held(reservation)
@@ -336,21 +343,79 @@ def reservation_commit(
             reservation,
             reserved=-unhold,
             spent=charge,
-            transition_writes=[sql.inserting([line]), *billed, committed],
+            transition_writes=[sql.inserting([line]), *billed, *audit, committed],
             last=True,
             now=now,
         )
-        # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
-        return CommitResult(
-            reservation_id=reservation.pk,
-            state=str(reservation.state),
-            cost=provider_cost,
-            reserved=reservation.amount,
-            overage=overage,
-            currency=reservation.currency,
-            customer_cost=cost.customer,
-            pricing_basis=basis,
+    if beyond is not None:  # after the commit: the ledger has it
+        event_log(
+            "settlement.beyond_hold",
+            level=logging.WARNING,
+            reason=beyond.code,
+            reservation_id=rid,
+            action="commit",
+            detail=beyond.message,
         )
+    # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
+    return CommitResult(
+        reservation_id=reservation.pk,
+        state=str(reservation.state),
+        cost=provider_cost,
+        reserved=reservation.amount,
+        overage=overage,
+        currency=reservation.currency,
+        customer_cost=cost.customer,
+        pricing_basis=basis,
+    )
+
+
+def _beyond_hold(reservation: Reservation, usage: Usage) -> UsageExceedsHold | None:
+    """Refuse usage the hold could not have produced (``usage.usage_within_hold``), unless the
+    host records it (``USAGE_BEYOND_HOLD="record"``): then the error, to record with the line."""
+    try:
+        usage_within_hold(
+            usage,
+            reservation_id=reservation.pk,
+            input_tokens=reservation.input_tokens,
+            max_output_tokens=reservation.max_output_tokens,
+            max_tool_calls=reservation.max_tool_calls,
+        )
+    except UsageExceedsHold as beyond:
+        # Cache counts beyond the input are malformed, not merely large: never recorded.
+        if conf.USAGE_BEYOND_HOLD != "record" or beyond.field == "cached_input_tokens":
+            raise
+        return beyond
+    return None
+
+
+def _recorded_beyond(
+    reservation: Reservation, beyond: UsageExceedsHold, provider_cost: Decimal
+) -> sql.Statement:
+    """Usage beyond the hold, recorded by the host's choice: bounded (at most
+    ``USAGE_BEYOND_HOLD_MAX_PERCENT`` above the hold, else refused as it would be by default),
+    charged as overage (the line's), and an audit row staff see beside the log event."""
+    percent = conf.USAGE_BEYOND_HOLD_MAX_PERCENT
+    bound = round_charge(reservation.amount * (100 + percent) / 100)
+    if provider_cost > bound:
+        raise UsageExceedsHold(
+            f"{beyond.message} Recording usage beyond a hold is allowed up to "
+            f"USAGE_BEYOND_HOLD_MAX_PERCENT ({percent}%) above it ({bound} "
+            f"{reservation.currency}); this usage costs {provider_cost}.",
+            field=beyond.field or "",
+            reservation_id=beyond.reservation_id,
+            reported=beyond.reported,
+            allowed=beyond.allowed,
+        )
+    event = AuditEvent(
+        action="usage.beyond_hold",
+        actor="llm_budgets",
+        tenant_id=reservation.tenant_id,
+        target=f"reservation {reservation.pk}",
+        before={"held": str(reservation.amount), "allowed": beyond.allowed},
+        after={"cost": str(provider_cost), beyond.field or "": beyond.reported},
+        reason=beyond.message,
+    )
+    return sql.inserting([event])
 
 
 @observed_settlement("release")
