@@ -106,6 +106,7 @@ def usage_void(
             before={"cost": str(line.cost)},
             after={
                 "adjustment_id": adjustment.pk,
+                "lines": [adjustment.pk, *(f.pk for f in floors)],
                 "cost": str(adjustment.cost),
                 # Counters a reset had already brought lower: stopped at zero (floor rule).
                 "floored": {str(f.counter_id): str(f.cost or f.customer_cost) for f in floors},

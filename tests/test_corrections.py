@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from llm_budgets import budgets
 from llm_budgets.adjustments import end_user_spend_reset, usage_void
+from llm_budgets.admin.selectors import adjustment_notes
 from llm_budgets.budget_raises import budget_raise_grant
 from llm_budgets.engine.settlement import (
     reservation_commit,
@@ -203,6 +204,12 @@ def test_a_late_settlement_after_a_spend_reset_settles(
     assert _spent() == {"tenant": tenant_spent, "end_user": Decimal(0)}
     assert _floors() == [("end_user", Decimal(30) - tenant_spent)]
     assert counters_drift() == []
+    # Staff see why: an audit row names the floor line (the support pages' note for it).
+    (floor,) = UsageRecord.objects.filter(counter__isnull=False, cost__gt=0)
+    audit = AuditEvent.objects.get(action="settlement.floor")
+    assert audit.after is not None
+    assert audit.after["lines"] == [floor.pk]
+    assert adjustment_notes([floor]) == {floor.pk: audit}
 
 
 def test_the_floor_stops_at_zero_even_with_spend_since_the_reset() -> None:

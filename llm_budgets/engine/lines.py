@@ -141,6 +141,14 @@ def counter_line(
     )
 
 
+# The audit row of floor lines a settlement writes, and what it says (``settlement._move``).
+FLOOR_ACTION = "settlement.floor"
+FLOOR_REASON = (
+    "A late settlement would have taken a counter that a correction (a spend reset or a void) "
+    "had already brought lower below zero: it stopped at zero (the floor rule)."
+)
+
+
 def floor_line(
     counter: Counter,
     unit: str,

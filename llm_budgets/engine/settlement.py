@@ -182,8 +182,27 @@ def _move(
         if floor is not None:
             floors.append(floor)
         counters.append(counter)
-    writes = [*transition_writes, sql.inserting(floors)] if floors else transition_writes
-    Counter.objects.write(counters, ["reserved", "spent"], transition_writes=writes, commit=last)
+    if not floors:
+        Counter.objects.write(
+            counters, ["reserved", "spent"], transition_writes=transition_writes, commit=last
+        )
+        return
+    # Rare: the floor lines and their audit row (which names them, for the support pages) are
+    # written after, in the same transaction, which the block's exit commits.
+    Counter.objects.write(counters, ["reserved", "spent"], transition_writes=transition_writes)
+    for floor in floors:
+        floor.save()
+    AuditEvent.objects.create(
+        action=lines.FLOOR_ACTION,
+        actor="llm_budgets",
+        tenant_id=reservation.tenant_id,
+        target=f"reservation {reservation.pk}",
+        after={
+            "lines": [floor.pk for floor in floors],
+            "floored": {str(f.counter_id): str(f.cost or f.customer_cost) for f in floors},
+        },
+        reason=lines.FLOOR_REASON,
+    )
 
 
 def _held_from() -> str:
