@@ -58,6 +58,14 @@ def usage_void(
             raise InvalidUsage(f"No charge line has id {record_id}.", field="record_id")
         if line.kind == UsageKind.ADJUSTMENT:
             raise InvalidUsage("An adjustment cannot be voided; add another.", field="record_id")
+        if line.cost < 0 or line.customer_cost < 0:
+            # A downward true-up gave money back: "voiding" it would charge again, past the
+            # limit its room may since have been admitted to, with no call behind it.
+            raise InvalidUsage(
+                f"Line {record_id} is a refund (a true-up down to the reported usage): a void "
+                "cancels a charge, so there is nothing to void here.",
+                field="record_id",
+            )
         # Lock the reservation first, as settlement does, so a late commit cannot interleave.
         reservation = Reservation.objects.select_for_update(of=("self",)).get(
             pk=line.reservation_id

@@ -222,6 +222,24 @@ def test_the_floor_stops_at_zero_even_with_spend_since_the_reset() -> None:
     assert counters_drift() == []
 
 
+def test_a_refund_line_cannot_be_voided() -> None:
+    """Issue 22: voiding a downward true-up would charge its amount again, past a limit whose
+    room other calls may have taken since (the state machine found it)."""
+    seed(limit="1000")
+    hold = reserve_30()
+    reservations_sweep(now=hold.expires_at)
+    reservation_commit(hold.id, input_tokens=0, output_tokens=100)  # 30 estimated, 3 true
+    refund = UsageRecord.objects.get(kind=UsageKind.TRUE_UP)
+    assert refund.cost == Decimal(-27)
+    with pytest.raises(InvalidUsage, match="refund") as refused:
+        usage_void(record_id=refund.pk, reason="x")
+    assert refused.value.field == "record_id"
+    assert Counter.objects.get().spent == Decimal(3)
+    usage_void(record_id=UsageRecord.objects.get(kind=UsageKind.CHARGE).pk, reason="refund")
+    assert Counter.objects.get().spent == Decimal(0)  # -27 from 3: the floor rule
+    assert counters_drift() == []
+
+
 def test_a_voids_reversal_carries_the_originals_tags_and_pricing_basis() -> None:
     """Issue 22 item 10: every line is built in one place; the reversal of a void used to drop
     the tags and the pricing basis, so totals by tag did not cancel."""

@@ -390,6 +390,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 reservation__state=COMMITTED,
                 kind__in=[UsageKind.CHARGE, UsageKind.TRUE_UP],
                 voided_by__isnull=True,
+                cost__gt=0,  # a refund (a true-up down) is not voided
             ).order_by("pk")
         )
         if voidable:
