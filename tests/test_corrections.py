@@ -222,6 +222,17 @@ def test_the_floor_stops_at_zero_even_with_spend_since_the_reset() -> None:
     assert counters_drift() == []
 
 
+def test_settling_again_after_a_void_still_returns_the_first_result() -> None:
+    """A retried commit gets the first commit's answer, whatever staff voided since (the
+    extended state machine found a void turning the replayed cost to 0)."""
+    seed(limit="1000")
+    hold = reserve_30()
+    first = reservation_commit(hold.id, input_tokens=0, output_tokens=100)
+    usage_void(record_id=UsageRecord.objects.get().pk, reason="provider refunded")
+    assert reservation_commit(hold.id, input_tokens=0, output_tokens=100) == first
+    assert first.cost == Decimal(3)
+
+
 def test_a_refund_line_cannot_be_voided() -> None:
     """Issue 22: voiding a downward true-up would charge its amount again, past a limit whose
     room other calls may have taken since (the state machine found it)."""

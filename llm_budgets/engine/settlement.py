@@ -242,10 +242,13 @@ def _add_to_held_counters_sql() -> str:
 
 
 def _result(reservation: Reservation) -> CommitResult:
-    totals = reservation.usage_records.aggregate(
+    """What the settlement charged: its charge and true-up lines. A staff correction since (a
+    void) is not part of it, so settling again still returns the first result."""
+    settled = reservation.usage_records.exclude(kind=UsageKind.ADJUSTMENT)
+    totals = settled.aggregate(
         cost=Sum("cost"), overage=Sum("overage"), customer_cost=Sum("customer_cost")
     )
-    last = reservation.usage_records.order_by("-created_at", "-pk").first()
+    last = settled.order_by("-created_at", "-pk").first()
     return CommitResult(
         reservation_id=reservation.pk,
         state=str(reservation.state),
