@@ -117,7 +117,7 @@ def usage_void(
                 "lines": [adjustment.pk, *(f.pk for f in floors)],
                 "cost": str(adjustment.cost),
                 # Counters a reset had already brought lower: stopped at zero (floor rule).
-                "floored": {str(f.counter_id): str(f.cost or f.customer_cost) for f in floors},
+                "floored": ledger_lines.floored(floors),
             },
             reason=why,
         )

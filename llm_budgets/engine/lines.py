@@ -149,6 +149,11 @@ FLOOR_REASON = (
 )
 
 
+def floored(floors: list[UsageRecord]) -> dict[str, str]:
+    """For an audit row: each floored counter's id and the amount its floor line records."""
+    return {str(f.counter_id): str(f.cost or f.customer_cost) for f in floors}
+
+
 def floor_line(
     counter: Counter,
     unit: str,

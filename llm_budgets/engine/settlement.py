@@ -199,7 +199,7 @@ def _move(
         target=f"reservation {reservation.pk}",
         after={
             "lines": [floor.pk for floor in floors],
-            "floored": {str(f.counter_id): str(f.cost or f.customer_cost) for f in floors},
+            "floored": lines.floored(floors),
         },
         reason=lines.FLOOR_REASON,
     )
