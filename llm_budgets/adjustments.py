@@ -2,8 +2,10 @@
 
 Nothing is edited or deleted: voiding a line adds its opposite on the same reservation (so it
 reaches every counter the reservation was charged to); resetting an end user's (a run's, a tag
-or API key budget's) period spend adds one line on each of its own counters. Conservation
-(``reconcile.counters_drift``) stays exact.
+or API key budget's) period spend adds one line on each of its own counters. A void that would
+take a counter a reset already brought lower below zero stops it at zero, with a line of that
+counter recording the difference (the floor rule, ``engine.lines.floor_line``). Conservation
+(``reconcile.counters_drift``) stays exact. Every line is built by ``engine.lines``.
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from llm_budgets.billing import outbox
+from llm_budgets.engine import lines as ledger_lines
 from llm_budgets.engine.counters import counters_matching
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
     ApiKey,
     AuditEvent,
     Budget,
-    BudgetUnit,
     Counter,
     EndUser,
     Reservation,
@@ -56,6 +58,14 @@ def usage_void(
             raise InvalidUsage(f"No charge line has id {record_id}.", field="record_id")
         if line.kind == UsageKind.ADJUSTMENT:
             raise InvalidUsage("An adjustment cannot be voided; add another.", field="record_id")
+        if line.cost < 0 or line.customer_cost < 0:
+            # A downward true-up gave money back: "voiding" it would charge again, past the
+            # limit its room may since have been admitted to, with no call behind it.
+            raise InvalidUsage(
+                f"Line {record_id} is a refund (a true-up down to the reported usage): a void "
+                "cancels a charge, so there is nothing to void here.",
+                field="record_id",
+            )
         # Lock the reservation first, as settlement does, so a late commit cannot interleave.
         reservation = Reservation.objects.select_for_update(of=("self",)).get(
             pk=line.reservation_id
@@ -74,31 +84,27 @@ def usage_void(
         counters = list(
             Counter.objects.select_for_update().filter(pk__in=list(units)).order_by("pk")
         )
-        # Exact Decimal arithmetic on the locked rows; each counter in its hold's unit.
+        adjustment = ledger_lines.reversal_line(line, now=now)
+        floors = []
+        # Exact Decimal arithmetic on the locked rows; each counter in its hold's unit. A counter
+        # a reset already brought lower stops at zero (the floor rule, ledger_lines.floor_line).
         for counter in counters:
             counter.spent -= line.cost_for(units[counter.pk])
-            if counter.spent < 0:
-                raise InvalidUsage(
-                    f"Voiding would take counter {counter.pk} below zero (it was reset since).",
-                    field="record_id",
-                )
+            floor = ledger_lines.floor_line(
+                counter,
+                units[counter.pk],
+                tenant_id=line.tenant_id,
+                end_user_id=line.end_user_id,
+                currency=line.currency,
+                reserved_at=line.reserved_at,
+                now=now,
+            )
+            if floor is not None:
+                floors.append(floor)
         Counter.objects.bulk_update(counters, ["spent"])
-        adjustment = UsageRecord.objects.create(
-            reservation=reservation,
-            kind=UsageKind.ADJUSTMENT,
-            voids=line,
-            tenant_id=line.tenant_id,
-            end_user_id=line.end_user_id,
-            run_id=line.run_id,
-            provider=line.provider,
-            model=line.model,
-            price_id=line.price_id,
-            cost=-line.cost,
-            customer_cost=-line.customer_cost,
-            currency=line.currency,
-            reserved_at=line.reserved_at,
-            created_at=now,
-        )
+        adjustment.save()
+        for floor in floors:
+            floor.save()
         outbox.line_add(adjustment)
         AuditEvent.objects.create(
             action="usage.void",
@@ -106,7 +112,13 @@ def usage_void(
             tenant_id=line.tenant_id,
             target=f"usage line {line.pk} ({line.kind}, reservation {reservation.pk})",
             before={"cost": str(line.cost)},
-            after={"adjustment_id": adjustment.pk, "cost": str(adjustment.cost)},
+            after={
+                "adjustment_id": adjustment.pk,
+                "lines": [adjustment.pk, *(f.pk for f in floors)],
+                "cost": str(adjustment.cost),
+                # Counters a reset had already brought lower: stopped at zero (floor rule).
+                "floored": ledger_lines.floored(floors),
+            },
             reason=why,
         )
     return adjustment
@@ -237,23 +249,20 @@ def _spend_reset(
         before: dict[str, str] = {}
         for counter in counters:
             before[str(counter.pk)] = str(counter.spent)
-            # The line carries the amount in its counter's unit only (it counts nowhere else):
-            # zero in the other unit, which both columns need (neither is nullable).
-            field = "customer_cost" if counter.budget.unit == BudgetUnit.CUSTOMER_PRICE else "cost"
             lines.append(
-                UsageRecord.objects.create(
-                    kind=UsageKind.ADJUSTMENT,
-                    counter=counter,
-                    tenant=tenant,
-                    end_user=end_user,
-                    run_id=counter.run_id,
-                    **{"cost": ZERO, "customer_cost": ZERO, field: -counter.spent},
+                ledger_lines.counter_line(
+                    counter,
+                    unit=counter.budget.unit,
+                    amount=-counter.spent,
+                    tenant_id=tenant.pk,
+                    end_user_id=end_user.pk if end_user is not None else None,
                     currency=counter.budget.currency,
                     reserved_at=counter.period_start,  # the period the reset lands in
-                    created_at=now,
+                    now=now,
                 )
             )
         for line in lines:
+            line.save()
             outbox.line_add(line)
         AuditEvent.objects.create(
             action=action,

@@ -19,6 +19,8 @@ CHECK_IDS: dict[str, str] = {
     "DEFAULT_TTL_SECONDS": "llm_budgets.E003",
     "LOCK_TIMEOUT_SECONDS": "llm_budgets.E004",
     "EXPIRED_HOLD_POLICY": "llm_budgets.E005",
+    "USAGE_BEYOND_HOLD": "llm_budgets.E010",
+    "USAGE_BEYOND_HOLD_MAX_PERCENT": "llm_budgets.E011",
     "CURRENCY": "llm_budgets.E006",
     "MAX_TOKENS_PER_CALL": "llm_budgets.E007",
     "MAX_TTL_SECONDS": "llm_budgets.E008",

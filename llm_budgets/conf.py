@@ -25,6 +25,12 @@ DEFAULTS: dict[str, Any] = {
     # What the sweep does with an overdue hold: "charge" its amount as estimated spend
     # (a timeout is no proof the provider stopped), or "release" it.
     "EXPIRED_HOLD_POLICY": "charge",
+    # A commit reporting usage its hold could not have produced (docs/limits.md, "Usage a hold
+    # admits") is refused ("refuse", UsageExceedsHold). "record": such usage is charged anyway,
+    # if it costs at most USAGE_BEYOND_HOLD_MAX_PERCENT more than the hold, as overage, with a
+    # WARNING event and an audit row staff see (for hosts that cannot state a call's input).
+    "USAGE_BEYOND_HOLD": "refuse",
+    "USAGE_BEYOND_HOLD_MAX_PERCENT": 100,
     # Currency of prices and limits (ISO 4217). One currency per installation for now.
     "CURRENCY": "USD",
     # Token counts above this are refused as absurd (InvalidUsage), per field and per call.
@@ -117,6 +123,7 @@ DEFAULTS: dict[str, Any] = {
 EXPIRED_HOLD_POLICIES = ("charge", "release")
 STRIPE_PAYMENT_FAILED_ACTIONS = ("ignore", "trip")
 UNCERTAIN_SETTLE_RULES = ("charge", "release")
+USAGE_BEYOND_HOLD_RULES = ("refuse", "record")
 WARNING_DELIVERIES = ("at_least_once", "at_most_once")
 POOLERS = (None, "session", "transaction")
 API_DOCS_ACCESSES = ("staff", "public", "off")
@@ -384,6 +391,8 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "DEFAULT_TTL_SECONDS": _default_ttl,
     "LOCK_TIMEOUT_SECONDS": _lock_timeout,
     "EXPIRED_HOLD_POLICY": _choice(*EXPIRED_HOLD_POLICIES),
+    "USAGE_BEYOND_HOLD": _choice(*USAGE_BEYOND_HOLD_RULES),
+    "USAGE_BEYOND_HOLD_MAX_PERCENT": _positive_int,
     "CURRENCY": _currency,
     "MAX_TOKENS_PER_CALL": _positive_int,
     "MAX_TTL_SECONDS": _max_ttl,
@@ -449,6 +458,14 @@ class Settings:
     @property
     def EXPIRED_HOLD_POLICY(self) -> str:
         return str(self._get("EXPIRED_HOLD_POLICY"))
+
+    @property
+    def USAGE_BEYOND_HOLD(self) -> str:
+        return str(self._get("USAGE_BEYOND_HOLD"))
+
+    @property
+    def USAGE_BEYOND_HOLD_MAX_PERCENT(self) -> int:
+        return int(self._get("USAGE_BEYOND_HOLD_MAX_PERCENT"))
 
     @property
     def CURRENCY(self) -> str:

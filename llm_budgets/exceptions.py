@@ -202,6 +202,29 @@ class InvalidUsage(BudgetError, ValueError):
         super().__init__(message, field=field)
 
 
+class UsageExceedsHold(InvalidUsage):
+    """A commit reports usage its hold could not have produced (more output than the ceiling the
+    call was sent with, and the like: ``llm_budgets.usage.usage_within_hold``). Nothing was
+    recorded; the hold stays open for a correct commit."""
+
+    code = "usage_exceeds_hold"
+    wire = (
+        *InvalidUsage.wire,
+        Wire("reservation_id", help="The hold the commit was for."),
+        Wire("reported", "int", help="What the commit reported in that field."),
+        Wire("allowed", "int", help="The most the hold admits in that field."),
+    )
+
+    def __init__(
+        self, message: str, *, field: str, reservation_id: str, reported: int, allowed: int
+    ) -> None:
+        self.reservation_id = reservation_id
+        self.reported = reported
+        self.allowed = allowed
+        super().__init__(message, field=field)
+        self.context.update(reservation_id=reservation_id, reported=reported, allowed=allowed)
+
+
 class UnknownTenant(InvalidUsage, LookupError):
     """No tenant has that external id."""
 

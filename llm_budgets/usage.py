@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llm_budgets import validation
-from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.exceptions import InvalidUsage, UsageExceedsHold
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,72 @@ def usage_validate(
             field="reasoning_tokens",
         )
     return Usage(**counts, tool_calls=tool_calls_validate(tool_calls))
+
+
+# The plausibility rule's tolerance on input (docs/limits.md, "Usage a hold admits"): a hold's
+# input count is an estimate (a count of the messages, or the caller's own), and a provider's
+# count adds what a client cannot see (tool definitions, its own framing). Reported input may
+# exceed the held count by this percentage plus this many tokens.
+INPUT_TOLERANCE_PERCENT = 10
+INPUT_TOLERANCE_TOKENS = 256
+
+
+def input_allowed(held_input_tokens: int) -> int:
+    """The most input a commit may report on a hold that counted ``held_input_tokens``."""
+    tolerance = held_input_tokens * INPUT_TOLERANCE_PERCENT // 100 + INPUT_TOLERANCE_TOKENS
+    return held_input_tokens + tolerance
+
+
+def usage_within_hold(
+    usage: Usage,
+    *,
+    reservation_id: object,
+    input_tokens: int,
+    max_output_tokens: int,
+    max_tool_calls: Mapping[str, int] | None,
+) -> None:
+    """The one plausibility rule for a commit: usage its hold could have produced. Output at
+    most the ceiling the call was sent with; input at most the held count plus the tolerance
+    (:func:`input_allowed`); each server-side tool's calls at most those held (not checked for
+    a hold that recorded none, ``None``: taken before they were recorded); cache reads and writes
+    within input and reasoning within output (:func:`usage_validate`). Raises
+    ``UsageExceedsHold`` naming the first field beyond it."""
+    checks = [
+        ("output_tokens", usage.output_tokens, max_output_tokens, "the output ceiling it held"),
+        (
+            "input_tokens",
+            usage.input_tokens,
+            input_allowed(input_tokens),
+            f"the {input_tokens} input tokens it held plus {INPUT_TOLERANCE_PERCENT}% and "
+            f"{INPUT_TOLERANCE_TOKENS} tokens",
+        ),
+    ]
+    checks.append(
+        (
+            "cached_input_tokens",
+            usage.cached_input_tokens + usage.cache_write_tokens,
+            usage.input_tokens,
+            "its input: cache reads and writes are part of it",
+        )
+    )
+    if max_tool_calls is not None:
+        checks += [
+            (f"tool_calls[{tool!r}]", calls, max_tool_calls.get(tool, 0), "the calls it held")
+            for tool, calls in sorted(usage.tool_calls.items())
+        ]
+    for name, reported, allowed, what in checks:
+        if reported > allowed:
+            raise UsageExceedsHold(
+                f"{name} {reported} is more than reservation {reservation_id} admits "
+                f"({allowed}: {what}), so the call could not have used it. Nothing was recorded "
+                "and the hold is still open: commit the usage the provider reported for this "
+                "call. To hold more, reserve with a higher max_output_tokens, input_tokens or "
+                "max_tool_calls.",
+                field=name,
+                reservation_id=str(reservation_id),
+                reported=reported,
+                allowed=allowed,
+            )
 
 
 def tool_calls_validate(value: object, *, field: str = "tool_calls") -> dict[str, int]:

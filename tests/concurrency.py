@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -92,10 +93,12 @@ def patient_lock_waits(seconds: float = 30) -> Iterator[None]:
         yield
 
 
-def overspent_counters() -> list[str]:
+def overspent_counters(limits: Mapping[int, Decimal] | None = None) -> list[str]:
     """Counters past their limit by more than the overage recorded on their ledger lines
     (invariant 1: admission never overspends; only committed calls that ran over may). A hot
-    budget's counter is the sum of its stripes, with the overage recorded on any of them."""
+    budget's counter is the sum of its stripes, with the overage recorded on any of them.
+    ``limits``: by budget id, the limit to hold it to instead of its own (e.g. the highest it
+    had, raises included, when staff changed it while its counters were in use)."""
     overage = {
         row["reservation__holds__counter"]: round_charge(row["total"] or ZERO)
         for row in UsageRecord.objects.filter(reservation__holds__isnull=False)
@@ -108,10 +111,11 @@ def overspent_counters() -> list[str]:
         budget = stripes[0].budget
         used = sum((c.spent + c.reserved for c in stripes), ZERO)
         ran_over = sum((overage.get(c.pk, ZERO) for c in stripes), ZERO)
-        if used > budget.limit + ran_over:
+        limit = (limits or {}).get(budget.pk, budget.limit)
+        if used > limit + ran_over:
             over.append(
                 f"counter {[c.pk for c in stripes]} ({budget}, {tuple(key)}): spent + reserved "
-                f"{used} > limit {budget.limit} + overage {ran_over}"
+                f"{used} > limit {limit} + overage {ran_over}"
             )
     return over
 

@@ -8,6 +8,7 @@ from decimal import Decimal
 
 import pytest
 from django.db import IntegrityError
+from django.test import override_settings
 
 from llm_budgets import budgets
 from llm_budgets.engine.admission import reservation_create
@@ -16,7 +17,13 @@ from llm_budgets.engine.settlement import (
     reservation_release,
     reservations_sweep,
 )
-from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, OutputCeilingRequired, UnknownPrice
+from llm_budgets.exceptions import (
+    BudgetExceeded,
+    InvalidUsage,
+    OutputCeilingRequired,
+    UnknownPrice,
+    UsageExceedsHold,
+)
 from llm_budgets.models import (
     AuditEvent,
     Counter,
@@ -287,7 +294,14 @@ def test_the_hold_covers_the_tool_calls_the_request_may_make() -> None:
     with pytest.raises(InvalidUsage) as info:
         _reserve(at=T0, max_tool_calls={"web_search": -1})
     assert info.value.field == "max_tool_calls['web_search']"
-    result = reservation_commit(
-        held.pk, input_tokens=0, output_tokens=0, tool_calls={"web_search": 4}, now=T0
-    )
+    # A fourth search is more than the hold admits (issue 22 item 2): refused unless recorded.
+    with pytest.raises(UsageExceedsHold) as beyond:
+        reservation_commit(
+            held.pk, input_tokens=0, output_tokens=0, tool_calls={"web_search": 4}, now=T0
+        )
+    assert (beyond.value.field, beyond.value.allowed) == ("tool_calls['web_search']", 3)
+    with override_settings(LLM_BUDGETS={"USAGE_BEYOND_HOLD": "record"}):
+        result = reservation_commit(
+            held.pk, input_tokens=0, output_tokens=0, tool_calls={"web_search": 4}, now=T0
+        )
     assert (result.cost, result.overage) == (Decimal("0.041"), Decimal("0.00999"))

@@ -1,7 +1,9 @@
 """Property-based test (issue item H): random sequences of reserve / commit / release / sweep /
 clock moves / run closes, over two tenants and their end users under global, tenant and
 end-user budgets, and (issue #16) t1's each-run budget and a tag budget, for calls naming a run,
-a tag, both or neither.
+a tag, both or neither. Issue 22: staff corrections interleave with them (spend resets of an end
+user, a run and a tag budget; voids; temporary raises; limit changes), and commits report usage
+beyond their hold too (refused, the hold left as it was).
 
 After every step the ledger conserves (each counter's spent is the sum of its ledger lines and
 its reserved the sum of its live holds), no counter is past its limit by more than the overage
@@ -32,6 +34,13 @@ from hypothesis.stateful import (
 )
 
 from llm_budgets import budgets
+from llm_budgets.adjustments import (
+    budget_spend_reset,
+    end_user_spend_reset,
+    run_spend_reset,
+    usage_void,
+)
+from llm_budgets.budget_raises import budget_raise_grant
 from llm_budgets.engine.admission import reservation_create
 from llm_budgets.engine.settlement import (
     CommitResult,
@@ -44,11 +53,23 @@ from llm_budgets.exceptions import (
     IdempotencyKeyReused,
     ReservationStateError,
     RunClosed,
+    UsageExceedsHold,
 )
-from llm_budgets.models import Budget, Counter, Reservation, ReservationState, Tenant
+from llm_budgets.models import (
+    Budget,
+    Counter,
+    EndUser,
+    Reservation,
+    ReservationState,
+    Scope,
+    Tenant,
+    UsageKind,
+    UsageRecord,
+)
 from llm_budgets.reconcile import allowances_excess, counters_drift
 from llm_budgets.runs import run_close
 from llm_budgets.selectors import budget_statuses, scopes_for_read
+from llm_budgets.usage import input_allowed
 from tests.concurrency import overspent_counters
 
 pytestmark = pytest.mark.django_db
@@ -113,6 +134,10 @@ class LedgerMachine(RuleBasedStateMachine):
         self.states: dict[UUID, str] = {}
         self.expires: dict[UUID, datetime] = {}
         self.results: dict[UUID, CommitResult] = {}
+        self.held: dict[UUID, tuple[int, int]] = {}  # input tokens, output ceiling
+        # Per budget, the most it could ever admit: its highest limit plus every raise granted.
+        self.ceilings: dict[int, Decimal] = {}
+        self.raised: dict[int, Decimal] = {}
         self.keys: dict[tuple[str, str], UUID] = {}
         # What the first call with each key asked for: another request with it is refused.
         self.asked: dict[tuple[str, str], tuple[object, ...]] = {}
@@ -230,6 +255,7 @@ class LedgerMachine(RuleBasedStateMachine):
         assert reservation.holds.count() == CALLERS[caller] + extra
         self.states[reservation.pk] = HELD
         self.expires[reservation.pk] = reservation.expires_at
+        self.held[reservation.pk] = (reservation.input_tokens, reservation.max_output_tokens)
         return reservation.pk
 
     def _assert_justified(
@@ -268,6 +294,19 @@ class LedgerMachine(RuleBasedStateMachine):
                 reservation_commit(
                     rid, input_tokens=input_tokens, output_tokens=output_tokens, now=self.now
                 )
+            assert _counters() == before
+            return
+        held_input, ceiling = self.held[rid]
+        if state != COMMITTED and (
+            output_tokens > ceiling or input_tokens > input_allowed(held_input)
+        ):
+            # Usage the hold could not have produced: refused, nothing written, still open.
+            before = _counters()
+            with pytest.raises(UsageExceedsHold):
+                reservation_commit(
+                    rid, input_tokens=input_tokens, output_tokens=output_tokens, now=self.now
+                )
+            event(f"commit of a {state} hold refused: usage beyond it")
             assert _counters() == before
             return
         result = reservation_commit(
@@ -321,13 +360,79 @@ class LedgerMachine(RuleBasedStateMachine):
     def advance_clock(self, step: timedelta) -> None:
         self.now += step
 
+    # Staff corrections (issue 22 item 1): each may come between a hold's expiry and its late
+    # commit or release, which must still settle (the floor rule: no counter below zero).
+
+    @rule(who=st.sampled_from(["u1", "u2", "vip"]))
+    def reset_end_user(self, who: str) -> None:
+        user = EndUser.objects.filter(tenant__external_id="t1", external_id=who).first()
+        if user is not None:
+            self.changed = True
+            event("end user spend reset")
+            end_user_spend_reset(end_user=user, reason="support", now=self.now)
+
+    @rule(run=st.sampled_from(["r1", "r2"]))
+    def reset_run(self, run: str) -> None:
+        self.changed = True
+        event("run spend reset")
+        run_spend_reset(tenant="t1", run=run, reason="support", now=self.now)
+
+    @rule()
+    def reset_tag_budget(self) -> None:
+        self.changed = True
+        event("tag budget spend reset")
+        budget_spend_reset(budget=Budget.objects.get(scope=Scope.TAG), reason="x", now=self.now)
+
+    @rule(pick=st.integers(0, 1000))
+    def void_a_line(self, pick: int) -> None:
+        voidable = list(
+            UsageRecord.objects.filter(
+                reservation__state=COMMITTED,
+                kind__in=[UsageKind.CHARGE, UsageKind.TRUE_UP],
+                voided_by__isnull=True,
+                cost__gt=0,  # a refund (a true-up down) is not voided
+            ).order_by("pk")
+        )
+        if voidable:
+            self.changed = True
+            event("a line voided")
+            usage_void(record_id=voidable[pick % len(voidable)].pk, reason="x", now=self.now)
+
+    @rule(
+        pick=st.integers(0, 1000), amount=st.sampled_from([5, 25]), hours=st.sampled_from([1, 30])
+    )
+    def grant_raise(self, pick: int, amount: int, hours: int) -> None:
+        every = list(Budget.objects.order_by("pk"))
+        budget = every[pick % len(every)]
+        self.changed = True
+        self.raised[budget.pk] = self.raised.get(budget.pk, Decimal(0)) + amount
+        budget_raise_grant(
+            budget=budget,
+            amount=Decimal(amount),
+            until=self.now + timedelta(hours=hours),
+            reason="launch",
+            now=self.now,
+        )
+
+    @rule(amount=st.sampled_from([10, 30, 60, 90]))
+    def change_t1_day_limit(self, amount: int) -> None:
+        budget = Budget.objects.get(scope=Scope.TENANT, tenant__external_id="t1")
+        self.ceilings[budget.pk] = max(self.ceilings.get(budget.pk, budget.limit), Decimal(amount))
+        self.changed = True
+        event("tenant limit changed")
+        budgets.set_limit(tenant="t1", amount=Decimal(amount), window="day", reason="x")
+
     # Checked after every step that wrote to the ledger (clock moves write nothing).
     @precondition(lambda self: self.changed)
     @invariant()
     def ledger_consistent(self) -> None:
         self.changed = False
         assert counters_drift() == []
-        assert overspent_counters() == []
+        limits = {
+            b.pk: max(self.ceilings.get(b.pk, b.limit), b.limit) + self.raised.get(b.pk, 0)
+            for b in Budget.objects.all()
+        }
+        assert overspent_counters(limits) == []
         assert allowances_excess() == []
         assert dict(Reservation.objects.values_list("pk", "state")) == self.states
 

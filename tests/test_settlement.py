@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from django.test import override_settings
@@ -16,9 +17,22 @@ from llm_budgets.engine.settlement import (
     reservation_release,
     reservations_sweep,
 )
-from llm_budgets.exceptions import InvalidUsage, ReservationNotFound, ReservationStateError
-from llm_budgets.models import Counter, ReservationState, UsageKind, UsageRecord
+from llm_budgets.exceptions import (
+    InvalidUsage,
+    ReservationNotFound,
+    ReservationStateError,
+    UsageExceedsHold,
+)
+from llm_budgets.models import (
+    AuditEvent,
+    Counter,
+    Reservation,
+    ReservationState,
+    UsageKind,
+    UsageRecord,
+)
 from llm_budgets.reconcile import counters_drift
+from tests.api import BASE, client_for, new_key
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed
 
 pytestmark = pytest.mark.django_db
@@ -44,15 +58,75 @@ def test_commit_replaces_the_hold_with_the_actual_cost() -> None:
     )
 
 
-def test_cost_above_the_hold_is_recorded_as_overage_and_spent_exceeds_only_by_it() -> None:
+@pytest.mark.parametrize(
+    ("usage", "field", "allowed"),
+    [
+        ({"input_tokens": 0, "output_tokens": 1001}, "output_tokens", 1000),
+        ({"input_tokens": 257, "output_tokens": 1}, "input_tokens", 256),
+        ({"input_tokens": 0, "output_tokens": 1, "tool_calls": {"web_search": 1}}, None, 0),
+    ],
+)
+def test_usage_the_hold_could_not_have_produced_is_refused_and_the_hold_stays_open(
+    usage: dict[str, Any], field: str | None, allowed: int
+) -> None:
+    """Issue 22 item 2: a commit used to accept any usage on any hold (60 output tokens on a
+    5-token ceiling put an end user past its budget). Now refused, nothing written; the hold
+    stays HELD and a correct commit settles it."""
+    seed(limit="30")
+    hold = reserve_30()  # 0 input tokens, a ceiling of 1000 output tokens, no tool calls
+    with pytest.raises(UsageExceedsHold) as beyond:
+        hold.commit(**usage)
+    assert beyond.value.code == "usage_exceeds_hold"
+    assert (beyond.value.field, beyond.value.allowed) == (
+        field or "tool_calls['web_search']",
+        allowed,
+    )
+    assert "hold is still open" in beyond.value.message
+    assert UsageRecord.objects.count() == 0
+    assert (_counter().spent, _counter().reserved) == (0, Decimal(30))
+    assert Reservation.objects.get().state == ReservationState.HELD
+    assert hold.commit(input_tokens=256, output_tokens=1000).cost == Decimal(30)
+    assert counters_drift() == []
+
+
+def test_usage_beyond_the_hold_is_a_422_over_rest_and_leaves_the_hold_open() -> None:
     seed(limit="30")
     hold = reserve_30()
-    result = hold.commit(input_tokens=0, output_tokens=1500)  # 45 against a hold of 30
+    client = client_for(new_key("acme"))
+    url = f"{BASE}reservations/{hold.id}/commit"
+    response = client.post(url, {"input_tokens": 0, "output_tokens": 60_000}, format="json")
+    assert response.status_code == 422, response.content
+    body = response.json()["error"]
+    assert (body["code"], body["field"], body["allowed"], body["reported"]) == (
+        "usage_exceeds_hold",
+        "output_tokens",
+        1000,
+        60_000,
+    )
+    ok = client.post(url, {"input_tokens": 0, "output_tokens": 10}, format="json")
+    assert ok.status_code == 200, ok.content
+
+
+def test_a_host_that_records_usage_beyond_the_hold_gets_it_bounded_as_overage_and_seen(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seed(limit="30")
+    with override_settings(LLM_BUDGETS={"USAGE_BEYOND_HOLD": "record"}):
+        refused = reserve_30()
+        with pytest.raises(UsageExceedsHold, match="USAGE_BEYOND_HOLD_MAX_PERCENT"):
+            refused.commit(input_tokens=0, output_tokens=2001)  # 60.03: over twice the hold
+        refused.release()
+        hold = reserve_30()
+        result = hold.commit(input_tokens=0, output_tokens=1500)  # 45 against a hold of 30
     assert (result.cost, result.overage) == (Decimal(45), Decimal(15))
     counter = _counter()
     line = UsageRecord.objects.get()
     assert line.overage == Decimal(15)
     assert counter.spent + counter.reserved - counter.budget.limit == line.overage
+    audit = AuditEvent.objects.get(action="usage.beyond_hold")
+    assert audit.after == {"cost": "45.0000000000", "output_tokens": 1500}
+    assert any(r.getMessage().startswith("settlement.beyond_hold") for r in caplog.records)
+    assert counters_drift() == []
 
 
 def test_settling_twice_returns_the_first_result_and_counts_once() -> None:

@@ -151,7 +151,11 @@ def test_both_shapes_charge_the_same_through_commit() -> None:
         ),
     ):
         hold = budgets.reserve(
-            tenant="acme", model="claude-x", input_tokens=10_000, max_output_tokens=1_000
+            tenant="acme",
+            model="claude-x",
+            input_tokens=10_000,
+            max_output_tokens=1_000,
+            max_tool_calls={"web_search": 2},  # a commit may report no more than it held
         )
         results.append(commit(hold).cost)
     # 2000*3 + 6000*0.3 + 1500*3.75 + 500*6 + 300*15 per million, plus 2 searches

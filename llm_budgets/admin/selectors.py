@@ -29,6 +29,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce
 
+from llm_budgets.engine.lines import FLOOR_ACTION
 from llm_budgets.killswitches import kill_switches_in_state
 from llm_budgets.models import (
     LIVE_STATES,
@@ -225,7 +226,13 @@ def adjustment_notes(lines: Sequence[UsageRecord]) -> dict[int, AuditEvent]:
         return {}
     since = min(line.created_at for line in adjustments) - timedelta(minutes=1)
     events = AuditEvent.objects.filter(
-        action__in=["usage.void", "end_user.reset_spend", "run.reset_spend", "budget.reset_spend"],
+        action__in=[
+            "usage.void",
+            "end_user.reset_spend",
+            "run.reset_spend",
+            "budget.reset_spend",
+            FLOOR_ACTION,
+        ],
         tenant_id__in={line.tenant_id for line in adjustments},
         created_at__gte=since,
     )

@@ -29,6 +29,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "unknown_price": status.HTTP_422_UNPROCESSABLE_ENTITY,
     "output_ceiling_required": status.HTTP_422_UNPROCESSABLE_ENTITY,
     "no_budget": status.HTTP_422_UNPROCESSABLE_ENTITY,
+    "usage_exceeds_hold": status.HTTP_422_UNPROCESSABLE_ENTITY,
     "unknown_tenant": status.HTTP_404_NOT_FOUND,
     "reservation_not_found": status.HTTP_404_NOT_FOUND,
     "reservation_state": status.HTTP_409_CONFLICT,

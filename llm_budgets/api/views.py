@@ -49,7 +49,8 @@ ERROR_TEXT = {
     403: "The key may not do this (operator key required), or a kill switch is active.",
     404: "No such object, or it belongs to another tenant.",
     409: "Conflicting state, or an Idempotency-Key reused for another request or still running.",
-    422: "Cannot be priced or capped: unknown price, missing output ceiling, or no budget.",
+    422: "Cannot be priced or capped (unknown price, missing output ceiling, no budget), or a "
+    "commit's usage beyond its hold (usage_exceeds_hold).",
     429: "A budget would be exceeded (`error.budget`), or the key is throttled. See Retry-After.",
     501: "Not available in this version.",
     503: "The ledger is unavailable; nothing was changed. See Retry-After.",
@@ -183,7 +184,7 @@ class ReservationCommitView(ApiView):
         summary="Commit actual usage (repeating returns the first result)",
         request=s.CommitRequestSerializer,
         parameters=[IDEMPOTENCY_HEADER],
-        responses={200: s.CommitResultSerializer, **errors(404, 409)},
+        responses={200: s.CommitResultSerializer, **errors(404, 409, 422)},
     )
     @idempotent
     def post(self, request: Request, reservation_id: str) -> Response:

@@ -300,6 +300,7 @@ def reservation_create(
             service_tier=tier,
             input_tokens=request.input_tokens,
             max_output_tokens=estimate.max_output_tokens,
+            max_tool_calls=tool_calls,
             amount=estimate.amount,
             markup_percent=estimate.markup_percent,
             customer_amount=estimate.customer_amount,

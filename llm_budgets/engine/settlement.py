@@ -9,9 +9,9 @@ Usage is charged to the counters the hold was taken on: the period the reservati
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from uuid import UUID
@@ -24,10 +24,16 @@ from llm_budgets import validation
 from llm_budgets.billing import outbox
 from llm_budgets.conf import conf
 from llm_budgets.costs import actual_cost, customer_charge
-from llm_budgets.engine import dbclock
+from llm_budgets.engine import dbclock, lines
 from llm_budgets.engine import statements as sql
-from llm_budgets.engine.boundary import ledger_guard, ledger_transaction, lock_timeout_statement
+from llm_budgets.engine.boundary import (
+    ledger_guard,
+    ledger_transaction,
+    lock_timeout_statement,
+)
+from llm_budgets.engine.lines import NONE, Amounts
 from llm_budgets.events import (
+    event_log,
     holds_expired,
     observed_expiry,
     observed_settlement,
@@ -38,9 +44,11 @@ from llm_budgets.exceptions import (
     ReservationNotFound,
     ReservationStateError,
     UnknownPrice,
+    UsageExceedsHold,
 )
 from llm_budgets.models import (
     LIVE_STATES,
+    AuditEvent,
     BudgetUnit,
     Counter,
     Price,
@@ -54,27 +62,7 @@ from llm_budgets.models import (
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pricing import price_in_effect
 from llm_budgets.results import CommitResult as CommitResult  # its home until issue #10
-from llm_budgets.usage import Usage, usage_validate
-
-
-@dataclass(frozen=True)
-class Amounts:
-    """An amount at provider cost and at customer price; each counter takes its budget's unit."""
-
-    provider: Decimal
-    customer: Decimal
-
-    def for_unit(self, unit: str) -> Decimal:
-        return self.customer if unit == BudgetUnit.CUSTOMER_PRICE else self.provider
-
-    def __neg__(self) -> Amounts:
-        return Amounts(-self.provider, -self.customer)
-
-    def __sub__(self, other: Amounts) -> Amounts:
-        return Amounts(self.provider - other.provider, self.customer - other.customer)
-
-
-NONE = Amounts(ZERO, ZERO)
+from llm_budgets.usage import Usage, usage_validate, usage_within_hold
 
 
 def _held(reservation: Reservation) -> Amounts:
@@ -152,6 +140,7 @@ def _move(
     spent: Amounts,
     transition_writes: Sequence[sql.Statement] = (),
     last: bool = False,
+    now: datetime | None = None,
 ) -> None:
     """Add ``reserved`` and ``spent`` (either may be negative) to every counter of the hold, each
     in the unit its hold was taken in (provider cost or customer price), together with the
@@ -159,11 +148,15 @@ def _move(
 
     The counters are locked last, in pk order as admission locks them, and only for this write
     and the commit: everything else is computed before. On PostgreSQL the writes, the locks and
-    the additions are one statement (numeric arithmetic is exact there). Elsewhere the sums are
-    Decimal arithmetic here: SQLite's is floating point. ``last``: the transaction's last
-    writes, committed in the same round trip where they can be (``statements.run_committing``).
+    the additions are one statement (numeric arithmetic is exact there). Elsewhere, and for a
+    movement that lowers ``spent`` (a late refund or true-up down, booked at ``now``), the sums
+    are Decimal arithmetic here on the locked rows (SQLite's is floating point), so the floor
+    rule can see each counter: none goes below zero (``lines.floor_line``). ``last``: the
+    transaction's last writes, committed in the same round trip where they can be
+    (``statements.run_committing``).
     """
-    if connection.vendor == "postgresql":
+    lowers = spent.provider < 0 or spent.customer < 0
+    if connection.vendor == "postgresql" and not lowers:
         params = [
             reserved.customer,
             reserved.provider,
@@ -174,14 +167,43 @@ def _move(
         writes = [*transition_writes, (_add_to_held_counters_sql(), params)]
         (sql.run_committing if last else sql.run)(writes)
         return
-    counters = []
+    counters, floors = [], []
     for row in sql.fetch(_held_counters_sql(), [_pk(reservation.pk)]):
         counter, unit = sql.row_to(Counter, row), row[-1]
         counter.reserved += reserved.for_unit(unit)
         counter.spent += spent.for_unit(unit)
+        floor = lines.floor_line(
+            counter,
+            unit,
+            tenant_id=reservation.tenant_id,
+            end_user_id=reservation.end_user_id,
+            currency=reservation.currency,
+            reserved_at=reservation.created_at,
+            now=now or timezone.now(),
+        )
+        if floor is not None:
+            floors.append(floor)
         counters.append(counter)
-    Counter.objects.write(
-        counters, ["reserved", "spent"], transition_writes=transition_writes, commit=last
+    if not floors:
+        Counter.objects.write(
+            counters, ["reserved", "spent"], transition_writes=transition_writes, commit=last
+        )
+        return
+    # Rare: the floor lines and their audit row (which names them, for the support pages) are
+    # written after, in the same transaction, which the block's exit commits.
+    Counter.objects.write(counters, ["reserved", "spent"], transition_writes=transition_writes)
+    for floor in floors:
+        floor.save()
+    AuditEvent.objects.create(
+        action=lines.FLOOR_ACTION,
+        actor="llm_budgets",
+        tenant_id=reservation.tenant_id,
+        target=f"reservation {reservation.pk}",
+        after={
+            "lines": [floor.pk for floor in floors],
+            "floored": lines.floored(floors),
+        },
+        reason=lines.FLOOR_REASON,
     )
 
 
@@ -222,10 +244,13 @@ def _add_to_held_counters_sql() -> str:
 
 
 def _result(reservation: Reservation) -> CommitResult:
-    totals = reservation.usage_records.aggregate(
+    """What the settlement charged: its charge and true-up lines. A staff correction since (a
+    void) is not part of it, so settling again still returns the first result."""
+    settled = reservation.usage_records.exclude(kind=UsageKind.ADJUSTMENT)
+    totals = settled.aggregate(
         cost=Sum("cost"), overage=Sum("overage"), customer_cost=Sum("customer_cost")
     )
-    last = reservation.usage_records.order_by("-created_at", "-pk").first()
+    last = settled.order_by("-created_at", "-pk").first()
     return CommitResult(
         reservation_id=reservation.pk,
         state=str(reservation.state),
@@ -236,42 +261,6 @@ def _result(reservation: Reservation) -> CommitResult:
         currency=reservation.currency,
         customer_cost=round_charge(totals["customer_cost"] or ZERO),
         pricing_basis=last.pricing_basis if last else reservation.pricing_basis,
-    )
-
-
-def _line(
-    reservation: Reservation,
-    *,
-    kind: str,
-    cost: Amounts,
-    estimated: bool,
-    now: datetime,
-    overage: Decimal = ZERO,
-    usage: Usage | None = None,
-    priced: tuple[int | None, str] | None = None,
-) -> UsageRecord:
-    """A new, unsaved ledger line for the reservation (insert it with ``sql.inserting``)."""
-    price_id, basis = priced or (reservation.price_id, reservation.pricing_basis)
-    return UsageRecord(
-        reservation=reservation,
-        kind=kind,
-        tenant_id=reservation.tenant_id,
-        end_user_id=reservation.end_user_id,
-        run_id=reservation.run_id,
-        provider=reservation.provider,
-        model=reservation.model,
-        price_id=price_id,
-        pricing_basis=basis,
-        cost=cost.provider,
-        customer_cost=cost.customer,
-        currency=reservation.currency,
-        is_estimated=estimated,
-        overage=overage,
-        reserved_at=reservation.created_at,
-        created_at=now,
-        tags=reservation.tags,
-        service_tier=reservation.service_tier,
-        **(usage.as_fields() if usage else {}),
     )
 
 
@@ -333,6 +322,7 @@ def reservation_commit(
             tool_calls=tool_calls,
         )
     now = now or timezone.now()
+    beyond: UsageExceedsHold | None = None
     with _locked(rid, "commit") as reservation:
         if reservation.state == ReservationState.COMMITTED:
             return _result(reservation)
@@ -342,7 +332,9 @@ def reservation_commit(
                 "says the call produced nothing. Reserve again for a new call.",
                 state=reservation.state,
             )
+        beyond = _beyond_hold(reservation, usage)
         provider_cost, price_id, basis = _actual(reservation, usage, now)
+        audit = [] if beyond is None else [_recorded_beyond(reservation, beyond, provider_cost)]
         cost = Amounts(provider_cost, customer_charge(provider_cost, reservation.markup_percent))
         overage = max(ZERO, provider_cost - reservation.amount)
         kind, charge, unhold = UsageKind.CHARGE, cost, _held(reservation)
@@ -357,7 +349,7 @@ def reservation_commit(
                 # call any more, so all of its cost lands beyond what admission checked, and
                 # all of it is recorded as overage (invariant 1: the only excess allowed).
                 overage = provider_cost
-        line = _line(
+        line = lines.reservation_line(
             reservation,
             kind=kind,
             cost=charge,
@@ -375,20 +367,79 @@ def reservation_commit(
             reservation,
             reserved=-unhold,
             spent=charge,
-            transition_writes=[sql.inserting([line]), *billed, committed],
+            transition_writes=[sql.inserting([line]), *billed, *audit, committed],
             last=True,
+            now=now,
         )
-        # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
-        return CommitResult(
+    if beyond is not None:  # after the commit: the ledger has it
+        event_log(
+            "settlement.beyond_hold",
+            level=logging.WARNING,
+            reason=beyond.code,
+            reservation_id=rid,
+            action="commit",
+            detail=beyond.message,
+        )
+    # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
+    return CommitResult(
+        reservation_id=reservation.pk,
+        state=str(reservation.state),
+        cost=provider_cost,
+        reserved=reservation.amount,
+        overage=overage,
+        currency=reservation.currency,
+        customer_cost=cost.customer,
+        pricing_basis=basis,
+    )
+
+
+def _beyond_hold(reservation: Reservation, usage: Usage) -> UsageExceedsHold | None:
+    """Refuse usage the hold could not have produced (``usage.usage_within_hold``), unless the
+    host records it (``USAGE_BEYOND_HOLD="record"``): then the error, to record with the line."""
+    try:
+        usage_within_hold(
+            usage,
             reservation_id=reservation.pk,
-            state=str(reservation.state),
-            cost=provider_cost,
-            reserved=reservation.amount,
-            overage=overage,
-            currency=reservation.currency,
-            customer_cost=cost.customer,
-            pricing_basis=basis,
+            input_tokens=reservation.input_tokens,
+            max_output_tokens=reservation.max_output_tokens,
+            max_tool_calls=reservation.max_tool_calls,
         )
+    except UsageExceedsHold as beyond:
+        # Cache counts beyond the input are malformed, not merely large: never recorded.
+        if conf.USAGE_BEYOND_HOLD != "record" or beyond.field == "cached_input_tokens":
+            raise
+        return beyond
+    return None
+
+
+def _recorded_beyond(
+    reservation: Reservation, beyond: UsageExceedsHold, provider_cost: Decimal
+) -> sql.Statement:
+    """Usage beyond the hold, recorded by the host's choice: bounded (at most
+    ``USAGE_BEYOND_HOLD_MAX_PERCENT`` above the hold, else refused as it would be by default),
+    charged as overage (the line's), and an audit row staff see beside the log event."""
+    percent = conf.USAGE_BEYOND_HOLD_MAX_PERCENT
+    bound = round_charge(reservation.amount * (100 + percent) / 100)
+    if provider_cost > bound:
+        raise UsageExceedsHold(
+            f"{beyond.message} Recording usage beyond a hold is allowed up to "
+            f"USAGE_BEYOND_HOLD_MAX_PERCENT ({percent}%) above it ({bound} "
+            f"{reservation.currency}); this usage costs {provider_cost}.",
+            field=beyond.field or "",
+            reservation_id=beyond.reservation_id,
+            reported=beyond.reported,
+            allowed=beyond.allowed,
+        )
+    event = AuditEvent(
+        action="usage.beyond_hold",
+        actor="llm_budgets",
+        tenant_id=reservation.tenant_id,
+        target=f"reservation {reservation.pk}",
+        before={"held": str(reservation.amount), "allowed": beyond.allowed},
+        after={"cost": str(provider_cost), beyond.field or "": beyond.reported},
+        reason=beyond.message,
+    )
+    return sql.inserting([event])
 
 
 @observed_settlement("release")
@@ -417,7 +468,7 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
                 last=True,
             )
         elif estimate is not None:
-            refund = _line(
+            refund = lines.reservation_line(
                 reservation,
                 kind=UsageKind.TRUE_UP,
                 cost=-_charged(estimate),
@@ -435,6 +486,7 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
                 reserved=NONE,
                 spent=-_charged(estimate),
                 transition_writes=[sql.inserting([refund]), *billed, released],
+                now=now,
             )
         else:
             sql.run([released])
@@ -472,7 +524,7 @@ def _charge_held_as_estimated(
 ) -> None:
     """Move the whole hold to spent as an *estimated* charge (expiry, uncertain reconcile): its
     ledger line, the line's outbox row and ``state_write`` go with the counter update."""
-    estimate = _line(
+    estimate = lines.reservation_line(
         reservation, kind=UsageKind.CHARGE, cost=_held(reservation), estimated=True, now=now
     )
     billed = outbox.settlement_statements(
@@ -594,22 +646,13 @@ def _in_list(count: int) -> str:
 
 
 # How an estimate line's columns come from its reservation ``r`` (the rest take their default):
-# the SQL form of ``_line(r, kind=CHARGE, cost=_held(r), estimated=True, now=...)``, for a whole
-# batch at once. ``tests/test_sweep.py`` checks that both write the same line.
+# the SQL form of ``lines.reservation_line(r, kind=CHARGE, cost=_held(r), estimated=True,
+# now=...)``, for a whole batch at once. ``tests/test_sweep.py`` checks that both write the same
+# line.
 _ESTIMATE_FROM_RESERVATION = {
-    "reservation": "id",
-    "tenant": "tenant",
-    "end_user": "end_user",
-    "run": "run",
-    "provider": "provider",
-    "model": "model",
-    "price": "price",
-    "pricing_basis": "pricing_basis",
+    **lines.IDENTITY,
     "cost": "amount",
     "customer_cost": "customer_amount",
-    "currency": "currency",
-    "tags": "tags",
-    "reserved_at": "created_at",
 }
 # Line fields with a value of their own; every other field takes its default.
 _ESTIMATE_CONSTANTS = {"kind": UsageKind.CHARGE.value, "is_estimated": True}
@@ -661,9 +704,12 @@ def _batch_statement(clock: sql.Statement, size: int, *, charge: bool) -> sql.St
         ),
     ]
     if charge:
-        lines, lines_params = _estimate_lines(("due r", []), clock)
+        estimates, estimates_params = _estimate_lines(("due r", []), clock)
         rows, rows_params = outbox.estimate_rows(("due r", []), clock)
-        clauses += [(f"lines AS ({lines})", lines_params), (f"billed AS ({rows})", rows_params)]
+        clauses += [
+            (f"lines AS ({estimates})", estimates_params),
+            (f"billed AS ({rows})", rows_params),
+        ]
     clauses += [
         (
             f"moved AS (SELECT h.{sql.column(hold, 'counter')} AS id,"  # noqa: S608

@@ -55,6 +55,12 @@ class Reservation(models.Model):
     )
     input_tokens = models.PositiveIntegerField()
     max_output_tokens = models.PositiveIntegerField()
+    max_tool_calls = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The server-side tool calls the hold priced ({name: calls}); NULL on holds "
+        "taken before it was recorded (their commits are not checked for tool calls).",
+    )
     amount = models.DecimalField(
         max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES, help_text="The hold at provider cost."
     )
