@@ -35,8 +35,9 @@ pytestmark = pytest.mark.django_db
 
 MESSAGES = [{"role": "user", "content": [{"type": "text", "text": "Say hello."}]}]
 # 30 uncached x 1 + 100 cache reads x 0.5 + 30 5-minute writes x 1.25 + 20 1-hour writes x 2
-# + 15 output x 2 + one web search (10)
-COST = Decimal(30 + 50 + Decimal("37.5") + 40 + 30 + 10)
+# + 15 output x 2; a request that declares the web search tool also pays one search (10).
+COST = Decimal(30 + 50 + Decimal("37.5") + 40 + 30)
+SEARCH_FEE = Decimal(10)
 
 
 @pytest.fixture
@@ -53,8 +54,9 @@ def _client(base_url: str, *, timeout: object = WAIT, **guard_kwargs: object) ->
 
 
 def test_a_message_is_charged_anthropic_usage_with_cache_and_tools(fake: FakeAnthropic) -> None:
+    search = {"type": "web_search_20250305", "name": "web_search", "max_uses": 1}
     message = _client(fake.base_url).messages.create(  # type: ignore[attr-defined]
-        model=CLAUDE, max_tokens=100, system="Be brief.", messages=MESSAGES
+        model=CLAUDE, max_tokens=100, system="Be brief.", messages=MESSAGES, tools=[search]
     )
     assert isinstance(message, anthropic.types.Message)
     assert fake.last.body["max_tokens"] == only_reservation().max_output_tokens == 100
@@ -62,8 +64,8 @@ def test_a_message_is_charged_anthropic_usage_with_cache_and_tools(fake: FakeAnt
     assert (line.input_tokens, line.cached_input_tokens, line.cache_write_tokens) == (180, 100, 50)
     assert (line.cache_write_1h_tokens, line.output_tokens) == (20, 15)
     assert line.tool_calls == {"web_search": 1}
-    assert line.cost == COST
-    assert (tenant_counter().spent, tenant_counter().reserved) == (COST, 0)
+    assert line.cost == COST + SEARCH_FEE
+    assert (tenant_counter().spent, tenant_counter().reserved) == (COST + SEARCH_FEE, 0)
     assert_conserved()
 
 

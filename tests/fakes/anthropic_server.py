@@ -26,6 +26,20 @@ class FakeAnthropic(FakeProvider):
         super().__init__()
         self.usage = json.loads(json.dumps(DEFAULT_USAGE))
 
+    def _usage(self, seen: Seen) -> dict[str, Any]:
+        """``self.usage`` as the provider would report it for this request: a server tool's
+        uses only where the request declared that tool."""
+        usage = json.loads(json.dumps(self.usage))
+        declared = {str(tool.get("type", "")) for tool in seen.body.get("tools") or []}
+        for name, key in (
+            ("web_search", "web_search_requests"),
+            ("web_fetch", "web_fetch_requests"),
+        ):
+            used = usage.get("server_tool_use") or {}
+            if key in used and not any(kind.startswith(name) for kind in declared):
+                used[key] = 0
+        return usage
+
     def error_json(self, status: int) -> dict[str, Any]:
         return {"type": "error", "error": {"type": "fake_error", "message": f"fake {status}"}}
 
@@ -42,7 +56,7 @@ class FakeAnthropic(FakeProvider):
         }
 
     def answer_json(self, seen: Seen, behaviour: Behaviour) -> dict[str, Any]:
-        return self._message(seen, [{"type": "text", "text": behaviour.text}], self.usage)
+        return self._message(seen, [{"type": "text", "text": behaviour.text}], self._usage(seen))
 
     def _delta(self, seen: Seen, text: str) -> dict[str, Any]:
         if seen.body.get("thinking"):
@@ -50,7 +64,8 @@ class FakeAnthropic(FakeProvider):
         return {"type": "text_delta", "text": text}
 
     def stream_events(self, seen: Seen, behaviour: Behaviour) -> Iterator[tuple[str, str]]:
-        start_usage = {**self.usage, "output_tokens": 1}
+        usage = self._usage(seen)
+        start_usage = {**usage, "output_tokens": 1}
         start_usage.pop("server_tool_use", None)
         yield (
             "message_start",
@@ -91,8 +106,8 @@ class FakeAnthropic(FakeProvider):
                     "type": "message_delta",
                     "delta": {"stop_reason": "end_turn", "stop_sequence": None},
                     "usage": {
-                        "output_tokens": self.usage["output_tokens"],
-                        "server_tool_use": self.usage.get("server_tool_use"),
+                        "output_tokens": usage["output_tokens"],
+                        "server_tool_use": usage.get("server_tool_use"),
                     },
                 }
             ),
