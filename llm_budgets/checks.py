@@ -21,6 +21,8 @@ CHECK_IDS: dict[str, str] = {
     "MAX_TOKENS_PER_CALL": "llm_budgets.E007",
     "MAX_TTL_SECONDS": "llm_budgets.E008",
     "API_THROTTLE_RATE": "llm_budgets.E009",
+    "NEW_END_USERS_PER_DAY": "llm_budgets.E010",
+    "NEW_RUNS_PER_DAY": "llm_budgets.E011",
     "API_AUTH_FAILURE_RATE": "llm_budgets.E090",
     "UNCERTAIN_SETTLE_RULE": "llm_budgets.E020",
     "UNCERTAIN_MAX_AGE_SECONDS": "llm_budgets.E021",

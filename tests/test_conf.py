@@ -49,6 +49,8 @@ def test_the_settings_must_be_a_dict() -> None:
         ({"CURRENCY": "usd"}, "llm_budgets.E006"),
         ({"MAX_TOKENS_PER_CALL": -1}, "llm_budgets.E007"),
         ({"MAX_TTL_SECONDS": 60}, "llm_budgets.E008"),  # below the default TTL of 120
+        ({"NEW_END_USERS_PER_DAY": 0}, "llm_budgets.E010"),
+        ({"NEW_RUNS_PER_DAY": "many"}, "llm_budgets.E011"),
     ],
 )
 def test_each_bad_value_has_its_own_check(settings: dict[str, Any], expected: str) -> None:
