@@ -163,3 +163,21 @@ def test_concurrent_first_calls_of_an_unknown_user_pass_its_default_budget(
     (mine,) = Counter.objects.filter(end_user=user)
     assert mine.reserved == Decimal(90)
     assert Reservation.objects.filter(end_user=user).count() == 3
+
+
+def _new_user_calls(index: int) -> str:
+    try:
+        reserve_30(end_user=f"newcomer-{index}").release()
+    except NewIdCapped:
+        return "capped"
+    return "admitted"
+
+
+@pytest.mark.concurrency
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_first_calls_of_new_users_stop_exactly_at_the_cap(patient: None) -> None:
+    seed(limit="100000")
+    with override_settings(LLM_BUDGETS={"NEW_END_USERS_PER_DAY": 5}):
+        results = run_threads(20, _new_user_calls)
+    assert (results.count("admitted"), results.count("capped")) == (5, 15), results
+    assert EndUser.objects.count() == 5

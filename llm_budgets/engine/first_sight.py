@@ -8,6 +8,10 @@ locks anything, calls :meth:`FirstSight.create`: insert ``ON CONFLICT DO NOTHING
 row back. Concurrent first calls of one end user all get the same row: the second insert waits
 for the first transaction, then finds its row (committed) or inserts its own (rolled back), so
 each admission locks the one counter of that user's default budget and none passes it.
+
+The cap is exact: a call that would create a row takes the tenant's turn for that kind first
+(an advisory lock on PostgreSQL, held to the end of its transaction), then counts. Only first
+calls of new ids wait for it; calls for ids seen before never take it.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ import math
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.db import connection
 from django.db.models import Min
 from django.utils import timezone
 
 from llm_budgets.conf import conf
+from llm_budgets.engine import statements as sql
 from llm_budgets.exceptions import NewIdCapped
 from llm_budgets.models import EndUser, Reservation, Run
 
@@ -63,21 +69,34 @@ class FirstSight:
 
 def _ensure(obj: EndUser | Run, cap: int | None, kind: str) -> None:
     model = type(obj)
-    found = model.objects.filter(tenant_id=obj.tenant_id, external_id=obj.external_id).first()
-    if found is None:
-        if cap is not None:
+    rows = model.objects.filter(tenant_id=obj.tenant_id, external_id=obj.external_id)
+    found = rows.first()
+    if found is None and cap is not None:
+        _one_creator_at_a_time(model, obj.tenant_id)
+        found = rows.first()  # created by the call that had the turn
+        if found is None:
             _refuse_if_capped(model, obj, cap, kind)
+    if found is None:
         model.objects.bulk_create(
             [model(tenant_id=obj.tenant_id, external_id=obj.external_id)], ignore_conflicts=True
         )
-        found = model.objects.get(tenant_id=obj.tenant_id, external_id=obj.external_id)
+        found = rows.get()
     obj.pk, obj.created_at = found.pk, found.created_at
+
+
+def _one_creator_at_a_time(model: type[EndUser | Run], tenant_id: int) -> None:
+    """Serialise the tenant's new rows of ``model`` until the transaction ends, so the cap is
+    counted exactly (PostgreSQL: a transaction-scoped advisory lock; SQLite's transactions
+    already take the database's write lock at BEGIN). Taken before any row lock, end users'
+    before runs': the lock order stays canonical."""
+    if connection.vendor == "postgresql":
+        key = f"llm_budgets.new_{model._meta.model_name}:{tenant_id}"
+        sql.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [key])
 
 
 def _refuse_if_capped(model: type[EndUser | Run], obj: EndUser | Run, cap: int, kind: str) -> None:
     """Count at most ``cap`` of the tenant's rows created in the period (index
-    ``llmb_enduser_tenant_new`` / ``llmb_run_tenant_new``). Concurrent first calls each count
-    the rows committed before them: a burst may pass the cap by the calls in flight at once."""
+    ``llmb_enduser_tenant_new`` / ``llmb_run_tenant_new``)."""
     since = timezone.now() - CAP_PERIOD
     recent = model.objects.filter(tenant_id=obj.tenant_id, created_at__gte=since)
     if recent.order_by()[:cap].count() < cap:
