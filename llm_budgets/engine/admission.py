@@ -260,7 +260,9 @@ def reservation_create(
             end_user=EndUser(tenant=tenant_obj, external_id=request.end_user)
             if request.end_user is not None and user_obj is None
             else None,
-            run=Run(tenant=tenant_obj, external_id=run_id) if run_unseen else None,
+            run=Run(tenant=tenant_obj, external_id=run_id)
+            if run_id is not None and run_unseen
+            else None,
         )
         if first_sight.run is not None:
             run_obj = first_sight.run

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.db import connection
 from django.db.models import Min
@@ -77,7 +78,8 @@ def _ensure(obj: EndUser | Run, cap: int | None, kind: str) -> None:
         if found is None:
             _refuse_if_capped(model, obj, cap, kind)
     if found is None:
-        model.objects.bulk_create(
+        manager: Any = model.objects  # EndUser's or Run's: the union has no common manager type
+        manager.bulk_create(
             [model(tenant_id=obj.tenant_id, external_id=obj.external_id)], ignore_conflicts=True
         )
         found = rows.get()
