@@ -4,10 +4,11 @@ new ones a tenant's calls bring in per 24 hours (``NEW_END_USERS_PER_DAY``, ``NE
 
 Admission builds the call with unsaved ``EndUser`` / ``Run`` objects (no id: their own budgets
 cannot exist yet, so only the ``"*"`` budgets apply) and, inside its transaction and before it
-locks anything, calls :meth:`FirstSight.create`: insert ``ON CONFLICT DO NOTHING`` and read the
-row back. Concurrent first calls of one end user all get the same row: the second insert waits
-for the first transaction, then finds its row (committed) or inserts its own (rolled back), so
-each admission locks the one counter of that user's default budget and none passes it.
+locks anything, calls :meth:`FirstSight.create`: the usual ``end_user_ensure`` / ``run_ensure``
+(insert ``ON CONFLICT DO NOTHING``, read the row back), now inside that transaction.
+Concurrent first calls of one end user all get the same row: the second insert waits for the
+first transaction, then finds its row (committed) or inserts its own (rolled back), so each
+admission locks the one counter of that user's default budget and none passes it.
 
 The cap is exact: a call that would create a row takes the tenant's turn for that kind first
 (an advisory lock on PostgreSQL, held to the end of its transaction), then counts. Only first
@@ -19,7 +20,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from django.db import connection
 from django.db.models import Min
@@ -29,6 +29,8 @@ from llm_budgets.conf import conf
 from llm_budgets.engine import statements as sql
 from llm_budgets.exceptions import NewIdCapped
 from llm_budgets.models import EndUser, Reservation, Run
+from llm_budgets.runs import run_ensure
+from llm_budgets.tenants import end_user_ensure
 
 # The cap's period: a rolling 24 hours, counted on the rows' creation times.
 CAP_PERIOD = timedelta(days=1)
@@ -49,13 +51,17 @@ class FirstSight:
         first call's is as good), their ids set on the objects the call and its budgets hold;
         ``NewIdCapped`` if one is new and its tenant is at the cap."""
         if self.end_user is not None:
-            _ensure(self.end_user, conf.NEW_END_USERS_PER_DAY, "end_user")
-            reservation.end_user = self.end_user  # the foreign key takes the id now known
+            user = self.end_user
+            _within_cap(user, conf.NEW_END_USERS_PER_DAY, "end_user")
+            user.pk = end_user_ensure(user.tenant, user.external_id).pk
+            reservation.end_user = user  # the foreign key takes the id now known
         if self.run is not None:
             # A run closed meanwhile (staff close a run by id, seen or not) is refused once the
             # counters are locked, as any closed run (``admission._refuse_if_run_closed``).
-            _ensure(self.run, conf.NEW_RUNS_PER_DAY, "run")
-            reservation.run = self.run
+            run = self.run
+            _within_cap(run, conf.NEW_RUNS_PER_DAY, "run")
+            run.pk = run_ensure(run.tenant, run.external_id).pk
+            reservation.run = run
 
     def forget(self, reservation: Reservation) -> None:
         """After the transaction rolled back: the rows it made are gone, and so are their ids
@@ -68,22 +74,18 @@ class FirstSight:
             reservation.run_id = None
 
 
-def _ensure(obj: EndUser | Run, cap: int | None, kind: str) -> None:
+def _within_cap(obj: EndUser | Run, cap: int | None, kind: str) -> None:
+    """``NewIdCapped`` if ``obj`` would be a new row and its tenant is at the cap; then the
+    tenant's turn for new rows of its kind is held to the transaction's end."""
+    if cap is None:
+        return
     model = type(obj)
     rows = model.objects.filter(tenant_id=obj.tenant_id, external_id=obj.external_id)
-    found = rows.first()
-    if found is None and cap is not None:
-        _one_creator_at_a_time(model, obj.tenant_id)
-        found = rows.first()  # created by the call that had the turn
-        if found is None:
-            _refuse_if_capped(model, obj, cap, kind)
-    if found is None:
-        manager: Any = model.objects  # EndUser's or Run's: the union has no common manager type
-        manager.bulk_create(
-            [model(tenant_id=obj.tenant_id, external_id=obj.external_id)], ignore_conflicts=True
-        )
-        found = rows.get()
-    obj.pk, obj.created_at = found.pk, found.created_at
+    if rows.exists():
+        return
+    _one_creator_at_a_time(model, obj.tenant_id)
+    if not rows.exists():  # not created by the call that had the turn before
+        _refuse_if_capped(model, obj, cap, kind)
 
 
 def _one_creator_at_a_time(model: type[EndUser | Run], tenant_id: int) -> None:
