@@ -485,10 +485,10 @@ def _hold(
 ) -> Reservation:
     """The one transaction, in named steps: bound lock waits; with ``create``, the call's new
     end user and run (``first_sight``) and every missing counter row, before anything is locked;
-    refuse if a kill switch covers the
-    request (``switches_open``: whether any may, as read just before); lock the rolling budgets,
-    then the counters, in pk order; read what each budget has used; apply the degradation ladder;
-    refuse if any budget cannot take the amount; hold on all.
+    refuse if a kill switch covers the request (``switches_open``: whether any may, as read just
+    before); lock the rolling budgets, then the counters, in pk order; read what each budget has
+    used; apply the degradation ladder; refuse if any budget cannot take the amount; hold on
+    all. A rolled back attempt forgets the ids of what it created (``FirstSight.forget``).
 
     Hot budgets (``engine.stripes``). On the fast path (not ``exact``) each takes one of its
     stripes with room, skipping busy ones, after every other counter is locked (so no wait
