@@ -138,7 +138,8 @@ def _velocity(
 ) -> Iterator[Finding]:
     group = ("tenant", "end_user") if per_end_user else ("tenant",)
     totals: dict[tuple[int, int | None], Decimal] = {}
-    lines = UsageRecord.objects.filter(tenant__in=tenants, created_at__gt=since)
+    # Spend only: a reset of one counter's spend must not hide a runaway.
+    lines = UsageRecord.objects.spend().filter(tenant__in=tenants, created_at__gt=since)
     held = Reservation.objects.filter(
         tenant__in=tenants, state=ReservationState.HELD, created_at__gt=since
     )

@@ -25,6 +25,8 @@ CHECK_IDS: dict[str, str] = {
     "MAX_TOKENS_PER_CALL": "llm_budgets.E007",
     "MAX_TTL_SECONDS": "llm_budgets.E008",
     "API_THROTTLE_RATE": "llm_budgets.E009",
+    "NEW_END_USERS_PER_DAY": "llm_budgets.E012",
+    "NEW_RUNS_PER_DAY": "llm_budgets.E013",
     "API_AUTH_FAILURE_RATE": "llm_budgets.E090",
     "TRUSTED_PROXIES": "llm_budgets.E091",
     "UNCERTAIN_SETTLE_RULE": "llm_budgets.E020",

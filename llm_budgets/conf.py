@@ -37,6 +37,11 @@ DEFAULTS: dict[str, Any] = {
     "MAX_TOKENS_PER_CALL": 10_000_000,
     # Longest TTL a caller may ask for, in seconds.
     "MAX_TTL_SECONDS": 24 * 60 * 60,
+    # New end users and new runs a tenant's calls may bring in per 24 hours (created by admitted
+    # calls only), or None for no cap: beyond it a call naming a new one is refused (NewIdCapped);
+    # calls for ones seen before still run.
+    "NEW_END_USERS_PER_DAY": 10_000,
+    "NEW_RUNS_PER_DAY": 100_000,
     # Addresses emailed when a kill switch is tripped or cleared. Empty: no email.
     "OPERATOR_EMAILS": [],
     # Multiplier (>= 1) on the conservative token bound used for prompts of models that tiktoken
@@ -142,6 +147,16 @@ def _positive_int(key: str, value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
     raise SettingError(key, f"LLM_BUDGETS[{key!r}] must be a positive integer.", f"Got {value!r}.")
+
+
+def _optional_cap(key: str, value: Any) -> int | None:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return value
+    raise SettingError(
+        key,
+        f"LLM_BUDGETS[{key!r}] must be a positive integer, or None for no cap.",
+        f"Got {value!r}. It bounds how many new ids a tenant's calls bring in per 24 hours.",
+    )
 
 
 def _default_ttl(key: str, value: Any) -> int:
@@ -396,6 +411,8 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "CURRENCY": _currency,
     "MAX_TOKENS_PER_CALL": _positive_int,
     "MAX_TTL_SECONDS": _max_ttl,
+    "NEW_END_USERS_PER_DAY": _optional_cap,
+    "NEW_RUNS_PER_DAY": _optional_cap,
     "OPERATOR_EMAILS": _email_list,
     "TOKEN_ESTIMATE_SAFETY_MARGIN": _safety_margin,
     "API_THROTTLE_RATE": _throttle_rate,
@@ -511,6 +528,16 @@ class Settings:
     @property
     def RETENTION_RELEASED_DAYS(self) -> int:
         return int(self._get("RETENTION_RELEASED_DAYS"))
+
+    @property
+    def NEW_END_USERS_PER_DAY(self) -> int | None:
+        value: int | None = self._get("NEW_END_USERS_PER_DAY")
+        return value
+
+    @property
+    def NEW_RUNS_PER_DAY(self) -> int | None:
+        value: int | None = self._get("NEW_RUNS_PER_DAY")
+        return value
 
     @property
     def RETENTION_REFUSALS_DAYS(self) -> int:

@@ -278,6 +278,41 @@ class RunClosed(BudgetError):
         )
 
 
+class NewIdCapped(BudgetError):
+    """The call names an end user or run the tenant has not used before, and the tenant's calls
+    already brought in as many new ones in the last 24 hours as ``NEW_END_USERS_PER_DAY`` /
+    ``NEW_RUNS_PER_DAY`` allow. Nothing was held or created; ids seen before still run."""
+
+    code = "new_id_capped"
+    wire = (
+        Wire("tenant", help="The request's tenant."),
+        Wire("kind", help="end_user or run: which kind of id was new."),
+        Wire("new_id", help="The new id the call named."),
+        Wire("cap", "int", help="New ids of that kind a tenant may bring in per 24 hours."),
+        Wire("retry_after", "int", help="Seconds until the oldest of them leaves the 24 hours."),
+    )
+
+    def __init__(self, *, tenant: str, kind: str, new_id: str, cap: int, retry_after: int) -> None:
+        self.tenant = tenant
+        self.kind = kind
+        self.new_id = new_id
+        self.cap = cap
+        self.retry_after = retry_after
+        setting = "NEW_END_USERS_PER_DAY" if kind == "end_user" else "NEW_RUNS_PER_DAY"
+        noun = "end users" if kind == "end_user" else "runs"
+        super().__init__(
+            f"Tenant {tenant} has brought in {cap} new {noun} in the last 24 hours, the most "
+            f"LLM_BUDGETS[{setting!r}] allows, and {kind.replace('_', ' ')} {new_id!r} is new: "
+            f"the call was refused and nothing was created. Calls for {noun} seen before still "
+            f"run; retry in {retry_after} seconds, or ask the operator to raise the cap.",
+            tenant=tenant,
+            kind=kind,
+            new_id=new_id,
+            cap=cap,
+            retry_after=retry_after,
+        )
+
+
 class IdempotencyKeyReused(BudgetError):
     """The idempotency key was already used for a different request in this tenant: a retry
     must repeat the request it retries. Nothing was held."""

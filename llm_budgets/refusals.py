@@ -19,14 +19,23 @@ logger = logging.getLogger("llm_budgets")
 
 
 def refusal_record(
-    refusal: BudgetExceeded | KillSwitchActive, *, reservation: Reservation, now: datetime
+    refusal: BudgetExceeded | KillSwitchActive,
+    *,
+    reservation: Reservation,
+    end_user: str | None = None,
+    run: str | None = None,
+    now: datetime,
 ) -> None:
-    """Write one row for ``refusal``; never raises."""
+    """Write one row for ``refusal``; never raises. ``end_user`` and ``run``: the ids the call
+    named, kept as asked (a refused call creates neither: the row names an end user by foreign
+    key only if it was seen before)."""
     try:
         row = Refusal(
             created_at=now,
             tenant_id=reservation.tenant_id,
             end_user_id=reservation.end_user_id,
+            end_user_external_id=end_user or "",
+            run_external_id=run or "",
             provider=reservation.provider,
             model=reservation.requested_model or reservation.model,
             requested=reservation.amount,

@@ -60,9 +60,9 @@ def daily_usage_rebuild(
         for day in _days(since, until):
             start, end = _day_bounds(day, zone)
             rows = (
-                UsageRecord.objects.filter(
-                    tenant__in=zone_tenants, reserved_at__gte=start, reserved_at__lt=end
-                )
+                # What the tenant spent (a reset of one counter is not: docs/pages.md).
+                UsageRecord.objects.spend()
+                .filter(tenant__in=zone_tenants, reserved_at__gte=start, reserved_at__lt=end)
                 .values("tenant_id", "end_user_id", "provider", "model", "currency")
                 # Annotation names differ from the fields they sum (Django resolves to the alias).
                 .annotate(

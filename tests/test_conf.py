@@ -52,6 +52,8 @@ def test_the_settings_must_be_a_dict() -> None:
         ({"TRUSTED_PROXIES": -1}, "llm_budgets.E091"),
         ({"TRUSTED_PROXIES": "1"}, "llm_budgets.E091"),
         ({"TRUSTED_PROXIES": True}, "llm_budgets.E091"),
+        ({"NEW_END_USERS_PER_DAY": 0}, "llm_budgets.E012"),
+        ({"NEW_RUNS_PER_DAY": "many"}, "llm_budgets.E013"),
     ],
 )
 def test_each_bad_value_has_its_own_check(settings: dict[str, Any], expected: str) -> None:

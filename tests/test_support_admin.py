@@ -542,6 +542,7 @@ def _refusals_at(tenant: Tenant, rows: list[tuple[str, int]]) -> None:
             created_at=now - timedelta(minutes=minutes),
             tenant=tenant,
             end_user=EndUser.objects.get_or_create(tenant=tenant, external_id=end_user)[0],
+            end_user_external_id=end_user,  # as admission records it (issue #22.9)
             provider="openai",
             model="gpt-4o",
             kind=RefusalKind.BUDGET,

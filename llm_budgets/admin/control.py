@@ -531,7 +531,7 @@ class RefusalAdmin(ReadOnlyAdmin):
     ]
     list_filter = [BurstFilter, "kind", ("tenant", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["tenant", "end_user__tenant", "budget__tenant", "kill_switch"]
-    search_fields = ["tenant__external_id", "end_user__external_id", "model", "detail"]
+    search_fields = ["tenant__external_id", "end_user_external_id", "model", "detail"]
     date_hierarchy = "created_at"
     fields = readonly_fields = (
         "created_when",
@@ -568,8 +568,11 @@ class RefusalAdmin(ReadOnlyAdmin):
         since = when_text(getattr(obj, "burst_since", None), tenant_zone(obj), seconds=True)
         return format_html('<span title="since {}">&times;{}</span>', since, total)
 
-    @admin.display(description="End user", ordering="end_user__external_id")
+    @admin.display(description="End user", ordering="end_user_external_id")
     def end_user_link(self, obj: Refusal) -> str:
+        # A refused call names an end user it did not create: its id as asked, unlinked.
+        if obj.end_user is None:
+            return obj.end_user_external_id or "-"
         return end_user_link(obj.end_user)
 
     @admin.display(description="Budget or switch", ordering="detail")

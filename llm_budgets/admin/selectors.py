@@ -275,7 +275,7 @@ def refusal_groups(refusals: Sequence[Refusal]) -> list[RefusalGroup]:
         if groups:
             last = groups[-1]
             same = (
-                last.first.end_user_id == refusal.end_user_id
+                last.first.end_user_external_id == refusal.end_user_external_id
                 and last.first.model == refusal.model
                 and last.first.kind == refusal.kind
                 and last.first.detail == refusal.detail
@@ -291,9 +291,9 @@ def _identical(ref: Callable[[str], Any]) -> QuerySet[Refusal]:
     """Refusals identical to the row ``ref`` points at (``OuterRef``, or an ``OuterRef`` of
     one): same tenant, end user (or none), model, kind and detail. The tenant's time index
     serves it (a refusal always has a tenant; one without one is never grouped)."""
-    return Refusal.objects.annotate(_user=Coalesce("end_user_id", 0)).filter(
+    return Refusal.objects.filter(
         tenant_id=ref("tenant_id"),
-        _user=Coalesce(ref("end_user_id"), 0),
+        end_user_external_id=ref("end_user_external_id"),
         model=ref("model"),
         kind=ref("kind"),
         detail=ref("detail"),
@@ -430,7 +430,10 @@ def end_user_overview(end_user: EndUser, at: datetime) -> EndUserOverview:
         open_reservation_count=held.count(),
         lines=list(lines[:RECENT_LINES]),
         refusals=list(
-            Refusal.objects.filter(end_user=end_user).select_related("end_user", "budget")[:rows]
+            # By the id asked: refusals from before the end user's first admitted call too.
+            Refusal.objects.filter(
+                tenant=tenant, end_user_external_id=end_user.external_id
+            ).select_related("end_user", "budget")[:rows]
         ),
         switches=switches,
         runs=end_user_runs(end_user, at),

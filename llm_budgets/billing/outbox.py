@@ -173,7 +173,7 @@ def _billable(record: UsageRecord, queued: frozenset[int] = frozenset()) -> Deci
     limit, not money: it bills nothing. A void of a line that was never queued for Stripe (booked
     before a link, more than 35 days back) bills nothing either: it would credit what was never
     billed (docs/billing.md, "Corrections"). ``queued``: lines being queued with this one."""
-    if record.kind == UsageKind.ADJUSTMENT and record.counter_id is not None:
+    if not record.is_spend:
         return ZERO
     if (
         record.voids_id is not None

@@ -35,6 +35,7 @@ from llm_budgets.engine.counters import (
     rows_by_key,
     stripes_picking,
 )
+from llm_budgets.engine.first_sight import FirstSight
 from llm_budgets.events import observed_admission
 from llm_budgets.exceptions import (
     BudgetExceeded,
@@ -59,7 +60,7 @@ from llm_budgets.models import (
 from llm_budgets.money import ZERO
 from llm_budgets.quotes import input_token_count, request_estimate, service_tier_validate
 from llm_budgets.refusals import refusal_record
-from llm_budgets.runs import run_ensure, run_refuse_if_closed, run_validate
+from llm_budgets.runs import run_refuse_if_closed, run_validate
 from llm_budgets.selectors import (
     ApplicableBudget,
     CallScopes,
@@ -68,7 +69,7 @@ from llm_budgets.selectors import (
     shared_by_tenants,
 )
 from llm_budgets.tags import tags_validate
-from llm_budgets.tenants import end_user_ensure, tenant_with_end_user, tenant_with_plan
+from llm_budgets.tenants import tenant_with_end_user, tenant_with_plan
 from llm_budgets.usage import tool_calls_validate
 from llm_budgets.windows import rolling_window
 
@@ -255,11 +256,20 @@ def reservation_create(
             existing = _reservation_with_key(tenant_obj.pk, asked.key)
             if existing is not None:
                 return asked.replay(existing)
-        if run_id is not None:
-            if run_obj is None:
-                run_obj = run_ensure(tenant_obj, run_id)
-                run_obj.tenant = tenant_obj
-                run_refuse_if_closed(run_obj)  # created (and closed) by another call meanwhile
+        # An end user or run not seen yet is created by the transaction that admits the call,
+        # never by a refused one (``engine.first_sight``); until then it has no id, so only the
+        # "*" budgets apply to it.
+        first_sight = FirstSight(
+            end_user=EndUser(tenant=tenant_obj, external_id=request.end_user)
+            if request.end_user is not None and user_obj is None
+            else None,
+            run=Run(tenant=tenant_obj, external_id=run_id)
+            if run_id is not None and run_unseen
+            else None,
+        )
+        if first_sight.run is not None:
+            run_obj = first_sight.run
+        if run_obj is not None:
             scopes = replace(scopes, run=run_obj)
         tool_calls = tool_calls_validate(max_tool_calls, field="max_tool_calls")
         estimate = request_estimate(
@@ -274,8 +284,8 @@ def reservation_create(
             in_effect=context.price if context is not None else None,
             service_tier=tier,
         )
-        if request.end_user is not None and user_obj is None:
-            user_obj = end_user_ensure(tenant_obj, request.end_user)
+        if first_sight.end_user is not None:
+            user_obj = first_sight.end_user
         if context is not None and not run_unseen:
             applicable = context.applicable
         else:
@@ -319,6 +329,7 @@ def reservation_create(
                 asked,
                 api_key.pk if api_key is not None else None,
                 switches_open=context.any_switch_open if context is not None else True,
+                first_sight=first_sight,
             )
         except (BudgetExceeded, KillSwitchActive) as refusal:
             if asked is not None:
@@ -328,7 +339,9 @@ def reservation_create(
                 first = _reservation_with_key(tenant_obj.pk, asked.key)
                 if first is not None:
                     return asked.replay(first)
-            refusal_record(refusal, reservation=reservation, now=now)
+            refusal_record(
+                refusal, reservation=reservation, end_user=request.end_user, run=run_id, now=now
+            )
             raise
 
 
@@ -397,14 +410,17 @@ def _admit(
     api_key_id: str | None = None,
     *,
     switches_open: bool = True,
+    first_sight: FirstSight | None = None,
 ) -> Reservation:
-    """Run the locking transaction (``_hold``), settling the two races it cannot settle inside:
+    """Run the locking transaction (``_hold``), settling the races it cannot settle inside:
 
     - a hot budget has no stripe free with room (``_Escalate``): the transaction runs again on
       the exact path, every stripe locked and the whole cap's numbers decided on.
     - a counter row is missing (the first call of a period, or of a hot budget's stripe): the
-      rows are created outside any transaction (a concurrent creator's row is as good:
-      conflicts are ignored), then the transaction runs once more. Rows still missing then, or
+      transaction runs once more, creating the rows first, before it locks anything (a
+      concurrent creator's row is as good: conflicts are ignored), so a refused call leaves no
+      counter behind. A call naming an end user or run not seen yet creates it (and its
+      counters) that way from the first attempt (``first_sight``). Rows still missing then, or
       a row that cannot be created, mean a budget was removed meanwhile: the call is refused
       (``LedgerUnavailable``, retry).
     - the insert of a reservation whose idempotency key a concurrent request took first: that
@@ -412,34 +428,31 @@ def _admit(
 
     Any other ``IntegrityError`` is a fault and propagates (``ledger_guard`` logs it).
     """
-    exact = created = False
+    exact = False
+    # Whether the transaction creates what is missing: the call's new end user or run, and
+    # the counters of every budget that applies.
+    create = bool(first_sight)
     # At most: the fast path, the exact path, missing stripes created, the exact path again.
     for attempt in range(4):
         try:
-            # A retry follows counters created outside any transaction: read switches afresh.
+            # A retry follows a rolled back attempt: read switches afresh.
             open_ = switches_open or attempt > 0
             return _hold(
-                reservation, applicable, degrade, api_key_id, switches_open=open_, exact=exact
+                reservation,
+                applicable,
+                degrade,
+                api_key_id,
+                switches_open=open_,
+                exact=exact,
+                create=create,
+                first_sight=first_sight,
             )
         except _Escalate:
             exact = True
         except _MissingCounters:
-            if created:
+            if create:
                 break
-            created = True
-            try:
-                Counter.objects.bulk_create(
-                    [
-                        a.counter_key.counter(stripe)
-                        for a in applicable
-                        for stripe in stripes.stripe_numbers(a)
-                    ],
-                    ignore_conflicts=True,
-                )
-            except IntegrityError as exc:
-                if not _references_gone(exc):
-                    raise
-                break
+            create = True
         except IntegrityError as exc:
             if asked is not None:
                 won = _reservation_with_key(reservation.tenant_id, asked.key)
@@ -474,11 +487,15 @@ def _hold(
     *,
     switches_open: bool = True,
     exact: bool = False,
+    create: bool = False,
+    first_sight: FirstSight | None = None,
 ) -> Reservation:
-    """The one transaction, in named steps: bound lock waits; refuse if a kill switch covers the
-    request (``switches_open``: whether any may, as read just before); lock the rolling budgets,
-    then the counters, in pk order; read what each budget has used; apply the degradation ladder;
-    refuse if any budget cannot take the amount; hold on all.
+    """The one transaction, in named steps: bound lock waits; with ``create``, the call's new
+    end user and run (``first_sight``) and every missing counter row, before anything is locked;
+    refuse if a kill switch covers the request (``switches_open``: whether any may, as read just
+    before); lock the rolling budgets, then the counters, in pk order; read what each budget has
+    used; apply the degradation ladder; refuse if any budget cannot take the amount; hold on
+    all. A rolled back attempt forgets the ids of what it created (``FirstSight.forget``).
 
     Hot budgets (``engine.stripes``). On the fast path (not ``exact``) each takes one of its
     stripes with room, skipping busy ones, after every other counter is locked (so no wait
@@ -501,54 +518,84 @@ def _hold(
     locked = [a for a in applicable if a not in fast]
     # Built before the counters are locked, which then stay locked for the checks, one write
     # and the commit. A degraded request is built again.
-    insert_reservation = sql.inserting([reservation])
-    with ledger_transaction():
-        # The bound on lock waits comes first, in the round trip of the transaction's first
-        # statement: the kill switch read, the rolling budgets' lock (alone) or the counters'.
-        bound = lock_timeout_statement()
-        blocked_substitutes = (
-            _refuse_if_switched(
-                reservation, degrade.ladder if degrade else [], api_key_id, first=bound
+    insert_reservation = None if create else sql.inserting([reservation])
+    try:
+        with ledger_transaction():
+            # The bound on lock waits comes first, in the round trip of the transaction's first
+            # statement: the kill switch read, the rolling budgets' lock (alone) or the
+            # counters'.
+            bound = lock_timeout_statement()
+            if insert_reservation is None:
+                # Creating waits for a concurrent creator of the same row: bounded too. Nothing
+                # is locked yet, so the lock order below is untouched.
+                bound_lock_wait()
+                bound = None
+                if first_sight:
+                    first_sight.create(reservation)
+                    by_key = {a.counter_key: a for a in applicable}  # now with their ids
+                _counters_create(applicable)
+                insert_reservation = sql.inserting([reservation])
+            blocked_substitutes = (
+                _refuse_if_switched(
+                    reservation, degrade.ladder if degrade else [], api_key_id, first=bound
+                )
+                if switches_open
+                else {}
             )
-            if switches_open
-            else {}
-        )
-        if rolling_ids and not switches_open:
-            bound_lock_wait()
-        _lock_budgets(rolling_ids)
-        # One round trip (where psycopg pipelines), each its own statement, in this order: the
-        # bound on lock waits (unless sent above); the counters' lock; the fast path's stripe
-        # pick, which starts only once those counters are held (no wait while a stripe is
-        # held); the read of the run's close, once every counter it has is locked.
-        batch = [] if switches_open or rolling_ids else [bound]
-        if locked:
-            batch.append(counters_locking(locked))
-        amounts = {a.counter_key: reservation.amount_for(a.budget.unit) for a in fast}
-        if fast:
-            batch.append(stripes_picking([(a, amounts[a.counter_key]) for a in fast]))
-        run_read = _run_closed_read(reservation.run)
-        if run_read is not None:
-            batch.append(run_read)
-        results = sql.fetch_each([s for s in batch if s is not None])
-        run_rows = results.pop() if run_read is not None else []
-        picked_rows = results.pop() if fast else []
-        rows = rows_by_key(counters_from(results.pop()) if locked else [])
-        if any(not _complete(rows.get(a.counter_key), a) for a in locked):
-            raise _MissingCounters
-        picked = _stripes_picked(fast, amounts, counters_from(picked_rows))
-        _refuse_if_run_closed(reservation.run, run_rows)
-        windows = rolling_buckets(applicable) if rolling_ids else {}
-        used = _used(rows, windows)
-        if degrade is not None and _degrade(
-            reservation,
-            degrade,
-            [(spent, by_key[key].limit) for key, spent in used.items()],
-            blocked_substitutes,
-        ):
-            insert_reservation = sql.inserting([reservation])
-        _refuse_if_exceeding(reservation, by_key, used, windows)
-        _take_holds(reservation, rows, picked, by_key, insert_reservation)
+            if rolling_ids and not switches_open:
+                bound_lock_wait()
+            _lock_budgets(rolling_ids)
+            # One round trip (where psycopg pipelines), each its own statement, in this order:
+            # the bound on lock waits (unless sent above); the counters' lock; the fast path's
+            # stripe pick, which starts only once those counters are held (no wait while a
+            # stripe is held); the read of the run's close, once every counter it has is locked.
+            batch = [] if switches_open or rolling_ids else [bound]
+            if locked:
+                batch.append(counters_locking(locked))
+            amounts = {a.counter_key: reservation.amount_for(a.budget.unit) for a in fast}
+            if fast:
+                batch.append(stripes_picking([(a, amounts[a.counter_key]) for a in fast]))
+            run_read = _run_closed_read(reservation.run)
+            if run_read is not None:
+                batch.append(run_read)
+            results = sql.fetch_each([s for s in batch if s is not None])
+            run_rows = results.pop() if run_read is not None else []
+            picked_rows = results.pop() if fast else []
+            rows = rows_by_key(counters_from(results.pop()) if locked else [])
+            if any(not _complete(rows.get(a.counter_key), a) for a in locked):
+                raise _MissingCounters
+            picked = _stripes_picked(fast, amounts, counters_from(picked_rows))
+            _refuse_if_run_closed(reservation.run, run_rows)
+            windows = rolling_buckets(applicable) if rolling_ids else {}
+            used = _used(rows, windows)
+            if degrade is not None and _degrade(
+                reservation,
+                degrade,
+                [(spent, by_key[key].limit) for key, spent in used.items()],
+                blocked_substitutes,
+            ):
+                insert_reservation = sql.inserting([reservation])
+            _refuse_if_exceeding(reservation, by_key, used, windows)
+            _take_holds(reservation, rows, picked, by_key, insert_reservation)
+    except BaseException:
+        if first_sight is not None:
+            first_sight.forget(reservation)  # rolled back: whatever it created is gone
+        raise
     return reservation
+
+
+def _counters_create(applicable: list[ApplicableBudget]) -> None:
+    """Every counter row of ``applicable`` (each stripe of a hot budget), in one statement, in
+    the order of their keys (concurrent creators insert in one order: no deadlock); rows that
+    exist are left alone."""
+    rows = [a.counter_key.counter(n) for a in applicable for n in stripes.stripe_numbers(a)]
+    rows.sort(key=_creation_order)
+    Counter.objects.bulk_create(rows, ignore_conflicts=True)
+
+
+def _creation_order(counter: Counter) -> tuple[object, ...]:
+    key = CounterKey.of(counter)
+    return (*((value is None, str(value or "")) for value in key), counter.stripe)
 
 
 def _complete(rows: list[Counter] | None, item: ApplicableBudget) -> bool:

@@ -85,6 +85,8 @@ class Run(models.Model):
                 fields=["tenant", "external_id"], name="llmb_run_unique_per_tenant"
             ),
         ]
+        # The cap on new runs per tenant and day counts by it (engine.first_sight).
+        indexes = [models.Index(fields=["tenant", "created_at"], name="llmb_run_tenant_new")]
 
     def __str__(self) -> str:
         return f"run {self.external_id} of {self.tenant.external_id}"

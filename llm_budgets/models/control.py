@@ -149,8 +149,15 @@ class Refusal(models.Model):
 
     created_at = models.DateTimeField(db_index=True)
     tenant = models.ForeignKey(Tenant, null=True, on_delete=models.CASCADE, related_name="refusals")
+    # Set only for an end user seen before the call: a refused call creates no end user.
     end_user = models.ForeignKey(
         EndUser, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    end_user_external_id = models.CharField(
+        max_length=255, blank=True, help_text="The end user the call named, as asked."
+    )
+    run_external_id = models.CharField(
+        max_length=255, blank=True, help_text="The run the call named, as asked."
     )
     provider = models.CharField(max_length=64, blank=True)
     model = models.CharField(max_length=128)
@@ -171,7 +178,14 @@ class Refusal(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["tenant", "-created_at"], name="llmb_refusal_tenant_time")]
+        indexes = [
+            models.Index(fields=["tenant", "-created_at"], name="llmb_refusal_tenant_time"),
+            # One end user's refusals (a member's page, staff's end user page), by the id asked.
+            models.Index(
+                fields=["tenant", "end_user_external_id", "-created_at"],
+                name="llmb_refusal_end_user_time",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M} {self.kind}: {self.detail}"

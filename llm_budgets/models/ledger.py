@@ -159,6 +159,17 @@ class UsageKind(models.TextChoices):
     ADJUSTMENT = "adjustment", "Compensating adjustment by staff"
 
 
+class UsageRecordQuerySet(models.QuerySet["UsageRecord"]):
+    def spend(self) -> UsageRecordQuerySet:
+        """The lines that are what a tenant spent: charges, true-ups and voids (a void gives
+        money back, and bills as a credit). Not a reset of one counter's spend (``counter``
+        set): it gives a budget its allowance back and moves no money, so it counts on that
+        counter alone (conservation), never in a total of spend. The one definition every
+        tenant-facing total (rollups, pages, usage API, export) and billing use
+        (docs/reliability.md, "One figure for what a tenant spent")."""
+        return self.filter(counter__isnull=True)
+
+
 class UsageRecord(models.Model):
     """An immutable ledger line. A counter's ``spent`` is the sum of the lines of its reservations.
 
@@ -254,6 +265,8 @@ class UsageRecord(models.Model):
     )
     created_at = models.DateTimeField()
 
+    objects = UsageRecordQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at"]
         permissions = [
@@ -295,6 +308,11 @@ class UsageRecord(models.Model):
     def __str__(self) -> str:
         target = self.reservation_id or f"counter {self.counter_id}"
         return f"{self.kind} {self.cost} {self.currency} for {target}"
+
+    @property
+    def is_spend(self) -> bool:
+        """Whether the line is spend (``UsageRecordQuerySet.spend``): not a counter's reset."""
+        return self.counter_id is None
 
     def cost_for(self, unit: str) -> Decimal:
         """The line's amount in a budget's unit: provider cost, or customer price."""

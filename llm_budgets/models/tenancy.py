@@ -213,6 +213,8 @@ class EndUser(models.Model):
                 fields=["tenant", "external_id"], name="llmb_enduser_unique_per_tenant"
             ),
         ]
+        # The cap on new end users per tenant and day counts by it (engine.first_sight).
+        indexes = [models.Index(fields=["tenant", "created_at"], name="llmb_enduser_tenant_new")]
 
     def __str__(self) -> str:
         return f"{self.tenant.external_id}/{self.external_id}"

@@ -437,10 +437,11 @@ class RefusalLine:
 def refusals(viewer: Viewer, *, page: int) -> Page[RefusalLine]:
     """Recent refusals, newest first, one page."""
     rows = Refusal.objects.filter(tenant=viewer.tenant).select_related(
-        "budget", "budget__end_user", "end_user", "kill_switch"
+        "budget", "budget__end_user", "kill_switch"
     )
     if viewer.end_user is not None:
-        rows = rows.filter(end_user__external_id=viewer.end_user)
+        # By the id the call named: a refused call creates no end user (issue #22.9).
+        rows = rows.filter(end_user_external_id=viewer.end_user)
     paginator = Paginator(rows.order_by("-created_at", "-id"), PAGE_ROWS)
     current = paginator.get_page(page)
     lines = [_refusal_line(r, viewer.tenant) for r in current.object_list]
@@ -461,7 +462,7 @@ def _refusal_line(refusal: Refusal, tenant: Tenant) -> RefusalLine:
         resets_at = period.end
     return RefusalLine(
         refusal=refusal,
-        end_user=refusal.end_user.external_id if refusal.end_user else None,
+        end_user=refusal.end_user_external_id or None,
         budget_label=label,
         window=window,
         resets_at=resets_at,

@@ -8,20 +8,20 @@ from collections.abc import Callable
 from datetime import date
 from decimal import Decimal
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import (
     HttpRequest,
     HttpResponse,
-    HttpResponseBadRequest,
     HttpResponseBase,
     StreamingHttpResponse,
 )
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.cache import patch_cache_control
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET
 
@@ -39,6 +39,19 @@ from llm_budgets.pages.access import (
 View = Callable[..., HttpResponseBase]
 
 
+def private(view: Callable[..., HttpResponseBase]) -> View:
+    """A page of one tenant's figures: never kept by a shared cache, nor by the browser for its
+    back button after logout (``Cache-Control: private, no-store``)."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        response = view(request, *args, **kwargs)
+        patch_cache_control(response, private=True, no_store=True)
+        return response
+
+    return wrapper
+
+
 def tenant_page(view: Callable[..., HttpResponseBase]) -> View:
     """Resolve the viewer first: anonymous visitors go to the login page, anyone without a
     tenant gets 403 (``PermissionDenied``)."""
@@ -53,11 +66,11 @@ def tenant_page(view: Callable[..., HttpResponseBase]) -> View:
             return _tenant_picker(request, request.path)
         return view(request, viewer, *args, **kwargs)
 
-    return require_GET(wrapper)
+    return require_GET(private(wrapper))
 
 
 def _context(request: HttpRequest, viewer: Viewer, section: str, **extra: Any) -> dict[str, Any]:
-    tenant_query = f"?tenant={viewer.tenant.external_id}" if viewer.staff else ""
+    tenant_query = "?" + urlencode({"tenant": viewer.tenant.external_id}) if viewer.staff else ""
     return {
         "viewer": viewer,
         "tenant": viewer.tenant,
@@ -71,6 +84,7 @@ def _context(request: HttpRequest, viewer: Viewer, section: str, **extra: Any) -
 
 
 @require_GET
+@private
 def tenants(request: HttpRequest) -> HttpResponseBase:
     """Support staff choose which tenant's pages to open (``?tenant=`` on every page)."""
     if not request.user.is_authenticated:
@@ -201,6 +215,12 @@ def refusals(request: HttpRequest, viewer: Viewer) -> HttpResponse:
     )
 
 
+def _bad_request(request: HttpRequest, viewer: Viewer, message: str) -> HttpResponse:
+    """The pages' own error page (status 400), saying what to change."""
+    context = _context(request, viewer, "overview", message=message)
+    return render(request, "llm_budgets/pages/error.html", context, status=400)
+
+
 def _day(request: HttpRequest, name: str) -> date | None:
     value = request.GET.get(name)
     if not value:
@@ -216,21 +236,23 @@ def export_csv(request: HttpRequest, viewer: Viewer) -> HttpResponseBase:
         start = _day(request, "start") or first
         end = _day(request, "end") or last
     except ValueError:
-        return HttpResponseBadRequest(
+        return _bad_request(
+            request,
+            viewer,
             _(
-                "start and end must be dates written YYYY-MM-DD, "
+                "The first and last day must be dates written YYYY-MM-DD, "
                 "e.g. ?start=2026-11-01&end=2026-11-30."
             ),
-            content_type="text/plain; charset=utf-8",
         )
     if end < start:
-        return HttpResponseBadRequest(
+        return _bad_request(
+            request,
+            viewer,
             _(
-                "end (%(end)s) is before start (%(start)s): "
+                "The last day (%(end)s) is before the first (%(start)s): "
                 "give the first and last day of the range."
             )
             % {"start": start.isoformat(), "end": end.isoformat()},
-            content_type="text/plain; charset=utf-8",
         )
     response = StreamingHttpResponse(
         export.csv_lines(export.ledger_rows(viewer, start, end)),
