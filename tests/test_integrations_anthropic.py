@@ -16,8 +16,8 @@ from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, KillSwitchActiv
 from llm_budgets.integrations.anthropic import guard
 from llm_budgets.integrations.guarding import NotGuarded
 from llm_budgets.models import Reservation, UsageRecord
-from tests.fakes.anthropic_server import FakeAnthropic
-from tests.fakes.server import WAIT
+from llm_budgets.testing.fakes.anthropic_server import FakeAnthropic
+from llm_budgets.testing.fakes.server import WAIT
 from tests.integrations import (
     CLAUDE,
     assert_conserved,

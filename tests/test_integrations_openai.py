@@ -24,9 +24,9 @@ from llm_budgets.exceptions import (
 from llm_budgets.integrations.guarding import NotGuarded
 from llm_budgets.integrations.openai import guard
 from llm_budgets.models import Plan, Reservation, UsageRecord
+from llm_budgets.testing.fakes.openai_server import FakeOpenAI
+from llm_budgets.testing.fakes.server import WAIT
 from llm_budgets.tokens import count_input_tokens
-from tests.fakes.openai_server import FakeOpenAI
-from tests.fakes.server import WAIT
 from tests.integrations import (
     GPT,
     GPT_MINI,
