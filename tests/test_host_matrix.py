@@ -74,6 +74,17 @@ FINDINGS: dict[tuple[str, str], str] = {
         "host finding: /health names only the sweep, not every overdue job"
     ),
     **{
+        ("other_blocks", check): (
+            "host finding: the restyle recipe needs the pages' pieces as includes (template "
+            "contract)"
+        )
+        for check in (
+            "test_pages_for_tenant_admin_member_and_support",
+            "test_pages_wear_the_hosts_layout_with_their_stylesheet",
+            "test_the_support_picker_renders_in_the_hosts_layout",
+        )
+    },
+    **{
         (name, "test_one_identity_for_end_users"): (
             "host finding: pages match members by get_username(), the Django helper by pk"
         )

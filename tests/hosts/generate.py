@@ -197,7 +197,7 @@ def write(root: Path, host: Host) -> Path:
         path = base / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    for name in ("test_host.py", f"test_{host.name}.py"):
+    for name in ("conftest.py", "test_host.py", f"test_{host.name}.py"):
         if (INSIDE / name).exists():
             shutil.copy(INSIDE / name, base / "tests" / name)
     return base

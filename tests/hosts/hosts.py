@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tests.hosts.docs import convention
 from tests.hosts.generate import Host
 
 ACCOUNTS_MODELS = '''\
@@ -103,27 +104,7 @@ EMAIL_LOGIN = Host(
 
 # Strict DRF defaults (cookiecutter-django's and stricter) and the host's own drf-spectacular
 # schema and docs, admin-only; every request in a transaction.
-STRICT_DRF_SETTINGS = """\
-DATABASES["default"]["ATOMIC_REQUESTS"] = True
-REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
-    "DEFAULT_THROTTLE_CLASSES": [
-        "rest_framework.throttling.AnonRateThrottle",
-        "rest_framework.throttling.UserRateThrottle",
-    ],
-    "DEFAULT_THROTTLE_RATES": {"anon": "3/minute", "user": "100/minute"},
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
-    "PAGE_SIZE": 10,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-}
-SPECTACULAR_SETTINGS = {
-    "TITLE": "Host API",
-    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAdminUser"],
-}
-"""
+STRICT_DRF_SETTINGS = convention("hostproj/settings.py: strict DRF")
 
 HOST_API = """\
 from rest_framework.response import Response
@@ -167,12 +148,7 @@ app.autodiscover_tasks()
 CELERY_BEAT = Host(
     name="celery_beat",
     apps=["django_celery_beat"],
-    settings="""\
-CELERY_BROKER_URL = "memory://"
-CELERY_TASK_ALWAYS_EAGER = True
-CELERY_TIMEZONE = TIME_ZONE
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
-""",
+    settings=convention("hostproj/settings.py: celery beat"),
     files={
         "hostproj/celery.py": CELERY_APP,
         "hostproj/__init__.py": 'from hostproj.celery import app as celery_app\n\n__all__ = ["celery_app"]\n',
@@ -189,20 +165,8 @@ HOST_BASE = """\
 {% block javascript %}{% endblock %}</body></html>
 """
 
-# The restyle recipe of docs/pages.md, for this base.
-PAGES_BASE = """\
-{% extends "base.html" %}
-{% load i18n static %}
-{% block head_title %}{% block title %}{% translate "LLM usage" %}{% endblock %}{% endblock %}
-{% block css %}{{ block.super }}<link rel="stylesheet" href="{% static 'llm_budgets/pages.css' %}">{% endblock %}
-{% block page %}
-<div class="lb-pages">
-  {% block header %}<h1>{% translate "LLM usage" %} {{ tenant.name }}</h1>{% endblock %}
-  {% block nav %}{% include "llm_budgets/pages/_nav.html" %}{% endblock %}
-  <main id="lb-main" class="lb-main">{% block content %}{% endblock %}</main>
-</div>
-{% endblock %}
-"""
+# The restyle recipe of docs/adopting.md (docs/pages.md), for this base.
+PAGES_BASE = convention("templates/llm_budgets/pages/base.html")
 
 OTHER_BLOCKS = Host(
     name="other_blocks",
@@ -230,43 +194,11 @@ class Domain(DomainMixin):
     pass
 """
 
-CUSTOMERS_APPS = '''\
-from django.apps import AppConfig
-from django.db.models.signals import post_save
+CUSTOMERS_APPS = convention("customers/apps.py")
 
-
-def tenant_for_client(sender, instance, **kwargs):
-    """Each host tenant (its schema) has the llm_budgets tenant of the same id."""
-    from django_tenants.utils import get_public_schema_name
-
-    from llm_budgets import budgets
-
-    if instance.schema_name != get_public_schema_name():
-        budgets.ensure_tenant(instance.schema_name, name=instance.name)
-
-
-class CustomersConfig(AppConfig):
-    name = "customers"
-    default_auto_field = "django.db.models.BigAutoField"
-
-    def ready(self):
-        post_save.connect(tenant_for_client, sender="customers.Client")
-'''
-
-TENANTS_TENANCY = '''\
-from django_tenants.utils import get_public_schema_name
-
-from llm_budgets.models import Membership
-
-
-def host_tenant(request):
-    """The llm_budgets tenant of a request: the host tenant its domain names, for a user who
-    is a member of it (users are shared across schemas; membership says who may see what)."""
-    schema = getattr(getattr(request, "tenant", None), "schema_name", get_public_schema_name())
-    if schema == get_public_schema_name() or not request.user.is_authenticated:
-        return None
-    return schema if Membership.objects.filter(user=request.user, tenant__external_id=schema).exists() else None
-
+TENANTS_TENANCY = (
+    convention("shop/tenancy.py")
+    + """
 
 def create_host_tenant(external_id, name):
     from customers.models import Client, Domain
@@ -275,8 +207,10 @@ def create_host_tenant(external_id, name):
     connection.set_schema_to_public()  # tenants are created from the public schema
     client = Client.objects.create(schema_name=external_id, name=name)
     Domain.objects.create(domain=f"{external_id}.localhost", tenant=client, is_primary=True)
-'''
+"""
+)
 
+# The host's database (the suite's server, a database of its own), then the recipe.
 DJANGO_TENANTS_SETTINGS = """\
 import os
 
@@ -291,15 +225,7 @@ DATABASES = {
         "TEST": {"NAME": os.environ["HOST_PG_TEST_NAME"]},
     }
 }
-DATABASE_ROUTERS = ["django_tenants.routers.TenantSyncRouter"]
-TENANT_MODEL = "customers.Client"
-TENANT_DOMAIN_MODEL = "customers.Domain"
-SHOW_PUBLIC_IF_NO_TENANT_FOUND = True
-SHARED_APPS = ["django_tenants", "customers", *INSTALLED_APPS]
-TENANT_APPS = ["django.contrib.contenttypes"]
-INSTALLED_APPS = SHARED_APPS
-LLM_BUDGETS["TENANT_RESOLVER"] = "shop.tenancy.host_tenant"
-"""
+""" + convention("hostproj/settings.py: django-tenants")
 
 CUSTOMERS_MIGRATION = """\
 import django.db.models.deletion
@@ -354,3 +280,15 @@ DJANGO_TENANTS = Host(
         "shop/tenancy.py": TENANTS_TENANCY,
     },
 )
+
+# The conventions blocks of docs/adopting.md these hosts are built from (tests/test_adopting.py
+# checks that none is left out); the shell block is the celery host's schedule install.
+DOC_LABELS = {
+    "hostproj/settings.py: strict DRF",
+    "hostproj/settings.py: celery beat",
+    "templates/llm_budgets/pages/base.html",
+    "hostproj/settings.py: django-tenants",
+    "customers/apps.py",
+    "shop/tenancy.py",
+}
+DOC_COMMANDS = {"python manage.py llm_budgets_install_schedule"}

@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 from django.test import Client
-from tests.test_host import client_for, make_user
-from tests.test_host import people as people  # the fixture
 
 from llm_budgets.models import Membership, Tenant
+from tests.conftest import client_for, make_user
 
 
 @pytest.mark.django_db

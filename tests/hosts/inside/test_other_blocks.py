@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 from django.urls import reverse
-from tests.test_host import client_for
-from tests.test_host import people as people  # the fixture
+
+from tests.conftest import client_for
 
 
 @pytest.mark.django_db

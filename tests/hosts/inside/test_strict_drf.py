@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 from django.test import Client
-from tests.test_host import client_for, make_user
+
+from tests.conftest import client_for, make_user
 
 
 def test_every_request_runs_in_a_transaction() -> None:
