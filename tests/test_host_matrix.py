@@ -64,6 +64,9 @@ FINDINGS: dict[tuple[str, str], str] = {
     ("strict_drf", "test_the_hosts_schema_lists_only_the_hosts_paths"): (
         "host finding: llm_budgets' endpoints appear in the host's own schema"
     ),
+    ("strict_drf", "test_the_apps_own_docs_are_for_staff_like_the_hosts"): (
+        "host finding: llm_budgets' schema and Swagger page answer anyone"
+    ),
     ("celery_beat", "test_check_notices_the_dict_merged_under_the_database_scheduler"): (
         "host finding: no check notices BEAT_SCHEDULE merged under the DatabaseScheduler"
     ),

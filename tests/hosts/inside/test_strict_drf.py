@@ -26,3 +26,11 @@ def test_the_hosts_schema_lists_only_the_hosts_paths() -> None:
     response = client_for(make_user("root", superuser=True)).get("/api/schema/?format=json")
     assert response.status_code == 200
     assert sorted(response.json()["paths"]) == ["/api/me/", "/api/ping/"]
+
+
+@pytest.mark.django_db
+def test_the_apps_own_docs_are_for_staff_like_the_hosts() -> None:
+    staff = client_for(make_user("reader", is_staff=True))
+    for url in ("/api/llm-budgets/v1/schema/", "/api/llm-budgets/v1/docs/"):
+        assert Client().get(url).status_code == 403, url
+        assert staff.get(url).status_code == 200, url
