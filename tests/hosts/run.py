@@ -13,7 +13,8 @@ from pathlib import Path
 from tests.hosts.generate import Host, write
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout whose llm_budgets is under test
-TIMEOUT = 300
+# Generous: the hosts run side by side, and on a busy two-core machine each takes minutes.
+TIMEOUT = 1200
 
 
 @dataclass

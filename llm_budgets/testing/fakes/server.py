@@ -82,8 +82,8 @@ class FakeProvider:
 
     @property
     def base_url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        port = self.server.server_address[1]
+        return f"http://127.0.0.1:{port}"  # the address it is bound to
 
     def then(self, **kwargs: Any) -> FakeProvider:
         self.behaviours.append(Behaviour(**kwargs))

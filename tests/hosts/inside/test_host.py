@@ -31,6 +31,7 @@ def test_llm_budgets_is_the_checkouts() -> None:
     assert llm_budgets.__file__.startswith(os.environ["LLMB_EXPECTED_ROOT"]), llm_budgets.__file__
 
 
+@pytest.mark.django_db  # some checks read the database (e.g. Stripe links without a key)
 def test_check_passes() -> None:
     out = io.StringIO()
     call_command("check", stdout=out, stderr=out)  # raises SystemCheckError on any error
