@@ -96,7 +96,6 @@ def settings_text(host: Host) -> str:
         TIME_ZONE = "UTC"
         STATIC_URL = "static/"
         LOGIN_URL = "/accounts/login/"
-        EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
         HOST_CASE = {host.name!r}
         LLM_BUDGETS = {{"DEFAULT_TTL_SECONDS": 120, "LOCK_TIMEOUT_SECONDS": 3}}
         """
