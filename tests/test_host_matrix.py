@@ -64,6 +64,12 @@ FINDINGS: dict[tuple[str, str], str] = {
     ("strict_drf", "test_the_hosts_schema_lists_only_the_hosts_paths"): (
         "host finding: llm_budgets' endpoints appear in the host's own schema"
     ),
+    ("email_login", "test_check_names_a_missing_api_key_app"): (
+        "host finding: a missing rest_framework_api_key is a traceback about another app's model"
+    ),
+    ("email_login", "test_check_names_missing_schema_apps"): (
+        "host finding: a missing drf_spectacular is a 500, a missing sidecar a blank page"
+    ),
     ("strict_drf", "test_the_apps_own_docs_are_for_staff_like_the_hosts"): (
         "host finding: llm_budgets' schema and Swagger page answer anyone"
     ),
