@@ -141,12 +141,12 @@ def _postgres_env() -> dict[str, str]:
 class Matrix:
     """Every host that can run here, started together; each waited for when first asked."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, wanted: set[str]) -> None:
         self.root = root
         self.running: dict[str, subprocess.Popen[str]] = {}
         self.done: dict[str, Run] = {}
         for name, host in HOSTS.items():
-            if EXCLUDED.get(name, (False, ""))[0]:
+            if EXCLUDED.get(name, (False, ""))[0] or name not in wanted:
                 continue
             env = _postgres_env() if name == "django_tenants" else None
             self.running[name] = start(host, root, env)
@@ -163,8 +163,16 @@ class Matrix:
 
 
 @pytest.fixture(scope="module")
-def matrix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Matrix]:
-    runs = Matrix(tmp_path_factory.mktemp("hosts"))
+def matrix(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Matrix]:
+    # Only the hosts of the selected cases (e.g. `-k email_login`) are started.
+    wanted = {
+        item.callspec.params["host"]
+        for item in request.session.items
+        if isinstance(item, pytest.Function) and item.originalname == "test_host"
+    }
+    runs = Matrix(tmp_path_factory.mktemp("hosts"), wanted)
     yield runs
     runs.stop()
 
