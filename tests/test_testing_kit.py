@@ -15,6 +15,12 @@ from llm_budgets import budgets
 from llm_budgets.models import Budget, Price, Tenant
 from llm_budgets.testing import PRICES, application_clock, setup_budgets
 
+# The kit's pytest fixtures, as a host's conftest gets them with
+# pytest_plugins = ["llm_budgets.testing.pytest"] (here imported into this module).
+from llm_budgets.testing.pytest import llmb_fake_anthropic as llmb_fake_anthropic
+from llm_budgets.testing.pytest import llmb_fake_openai as llmb_fake_openai
+from llm_budgets.testing.pytest import llmb_fake_stripe as llmb_fake_stripe
+
 
 def test_the_app_never_imports_the_kit_and_the_kit_imports_no_pytest() -> None:
     code = (
@@ -64,3 +70,30 @@ def test_application_clock_lets_time_machine_move_admission() -> None:
     assert (followed.expires_at.year, followed.expires_at.month) == (2031, 3)
     for hold in (moved, followed):
         budgets.release(hold.id)
+
+
+def test_fake_stripe_fixture_points_the_apps_client_at_it(llmb_fake_stripe) -> None:
+    from llm_budgets.billing.client import stripe_client
+
+    customer = llmb_fake_stripe.add_customer(name="Acme")
+    assert stripe_client().v1.customers.retrieve(customer).id == customer
+
+
+def test_fake_provider_fixtures_point_the_sdk_clients_at_them(
+    llmb_fake_openai, llmb_fake_anthropic
+) -> None:
+    import anthropic
+    import openai
+
+    reply = openai.OpenAI(max_retries=0).chat.completions.create(
+        model="gpt-4o", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert reply.choices[0].message.content == "Hello from the fake. "
+    message = anthropic.Anthropic(max_retries=0).messages.create(
+        model="claude-sonnet-4-20250514",
+        max_tokens=10,
+        messages=[{"role": "user", "content": "hi"}],
+    )
+    assert message.usage.input_tokens == 30
+    assert llmb_fake_openai.last.path == "/v1/chat/completions"
+    assert llmb_fake_anthropic.last.path == "/v1/messages"
