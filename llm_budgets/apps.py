@@ -2,11 +2,32 @@ from __future__ import annotations
 
 from django.apps import AppConfig
 
+# Apps llm_budgets' models and API import: without them loading fails with a traceback about
+# another app's model, so say which is missing before that (the rest are system checks).
+REQUIRED_APPS = (
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "rest_framework",
+    "rest_framework_api_key",
+)
+
 
 class LlmBudgetsConfig(AppConfig):
     name = "llm_budgets"
     verbose_name = "LLM budgets"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def import_models(self) -> None:
+        from django.apps import apps
+        from django.core.exceptions import ImproperlyConfigured
+
+        missing = [name for name in REQUIRED_APPS if not apps.is_installed(name)]
+        if missing:
+            raise ImproperlyConfigured(
+                f"llm_budgets needs {', '.join(map(repr, missing))} in INSTALLED_APPS (add those "
+                "you lack; see the README, 'Adding it to your project')."
+            )
+        super().import_models()
 
     def ready(self) -> None:
         from django.db.models.signals import post_migrate

@@ -6,10 +6,12 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from llm_budgets.billing import checks as billing_checks  # noqa: F401 (registers W070)
 from llm_budgets.conf import DEFAULTS, SettingError, setting_read
+from llm_budgets.pages import checks as pages_checks  # noqa: F401 (registers W085, E086)
+from llm_budgets.schedule import STRIPE_TASKS, TASKS
 
 # The check id of each key; the check itself is the key's reader in ``llm_budgets.conf``, the same
 # code that gives the app the value.
@@ -38,6 +40,9 @@ CHECK_IDS: dict[str, str] = {
     "READ_REPLICA": "llm_budgets.E062",
     "API_KEY_CACHE_SECONDS": "llm_budgets.E063",
     "TENANT_RESOLVER": "llm_budgets.E064",
+    "END_USER_ID": "llm_budgets.E065",
+    "API_DOCS_ACCESS": "llm_budgets.E066",
+    "API_DOCS_IN_HOST_SCHEMA": "llm_budgets.E067",
     "STRIPE_API_KEY": "llm_budgets.E070",
     "STRIPE_API_BASE": "llm_budgets.E071",
     "STRIPE_METER_EVENT_NAME": "llm_budgets.E072",
@@ -47,6 +52,21 @@ CHECK_IDS: dict[str, str] = {
     "STRIPE_RETRY_BASE_SECONDS": "llm_budgets.E076",
     "STRIPE_RECONCILE_DAYS": "llm_budgets.E077",
 }
+
+
+def setting_or(key: str, fallback: Any) -> Any:
+    """A setting's value for another check, or ``fallback`` when it is unusable (its own check,
+    in ``check_settings``, reports that): one bad setting must not crash every check."""
+    try:
+        return setting_read(key)
+    except SettingError:
+        return fallback
+
+
+def reads_default_database(databases: list[str] | None) -> bool:
+    """Whether a check may read the app's (default) database: in plain ``check`` (None) when it
+    answers, and under ``--database`` only when that names it."""
+    return databases is None or DEFAULT_DB_ALIAS in databases
 
 
 @register(Tags.compatibility)
@@ -77,21 +97,36 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
     return errors
 
 
-@register(Tags.database)
+@register(Tags.compatibility)
 def check_row_locking(**kwargs: Any) -> list[CheckMessage]:
-    """Warn when admission cannot be serialised: no row locks and no write lock at BEGIN."""
+    """Warn when admission cannot be serialised: no row locks and no write lock at BEGIN. Read
+    from the settings (no connection is opened), so plain ``manage.py check`` shows it, not
+    only ``check --database`` or ``migrate``; without ``--database`` the app's own alias."""
     messages: list[CheckMessage] = []
-    for alias in kwargs.get("databases") or []:
+    for alias in kwargs.get("databases") or [DEFAULT_DB_ALIAS]:
         connection = connections[alias]
         if connection.features.has_select_for_update:
             continue
         mode = (connection.settings_dict.get("OPTIONS") or {}).get("transaction_mode")
         if connection.vendor == "sqlite" and str(mode).upper() == "IMMEDIATE":
             continue
+        if connection.vendor == "sqlite":
+            # The ledger's own transactions BEGIN IMMEDIATE whatever the setting
+            # (boundary.ledger_transaction); every other write still begins deferred.
+            message = (
+                f"Database {alias!r} (sqlite) does not take its write lock at BEGIN: "
+                "llm_budgets' admissions and settlements do it themselves, but other writes "
+                "(budgets, tenants, the admin's, the host's) can fail with 'database is locked' "
+                "under concurrency instead of waiting their turn."
+            )
+        else:
+            message = (
+                f"Database {alias!r} ({connection.vendor}) cannot lock rows, so concurrent "
+                "admissions may overspend a budget."
+            )
         messages.append(
             Warning(
-                f"Database {alias!r} ({connection.vendor}) cannot lock rows, so concurrent "
-                "admissions may overspend a budget.",
+                message,
                 hint=(
                     "Use PostgreSQL in production. On SQLite set "
                     "OPTIONS={'transaction_mode': 'IMMEDIATE', 'timeout': 5}."
@@ -193,3 +228,134 @@ def check_replica_router(**kwargs: Any) -> list[CheckMessage]:
             id="llm_budgets.W063",
         )
     ]
+
+
+DATABASE_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+
+
+def _beat_uses_database() -> bool:
+    scheduler = getattr(settings, "CELERY_BEAT_SCHEDULER", None)
+    name = scheduler if isinstance(scheduler, str) else getattr(scheduler, "__qualname__", "")
+    return "DatabaseScheduler" in str(name)
+
+
+def beat_schedule_tasks() -> set[str]:
+    """llm_budgets' tasks in the host's ``CELERY_BEAT_SCHEDULE`` setting."""
+    schedule = getattr(settings, "CELERY_BEAT_SCHEDULE", None) or {}
+    entries = schedule.values() if isinstance(schedule, dict) else []
+    return {str(e.get("task")) for e in entries if isinstance(e, dict)} & TASKS
+
+
+def _expected_tasks() -> set[str]:
+    return set(TASKS) if setting_or("STRIPE_API_KEY", None) else set(TASKS - STRIPE_TASKS)
+
+
+@register(Tags.compatibility)
+def check_schedule(**kwargs: Any) -> list[CheckMessage]:
+    """One way to schedule the jobs per scheduler (docs/operations.md, "Wiring the schedule"):
+    warn when the ready dict is merged under django-celery-beat's DatabaseScheduler (which
+    rewrites its rows from it at every beat start), or when Celery is configured and no job is
+    scheduled. Reads the Django settings of Celery's ``CELERY`` namespace; the rows of a
+    DatabaseScheduler are read from the default database when it answers."""
+    merged = beat_schedule_tasks()
+    if _beat_uses_database():
+        if merged:
+            return [
+                Warning(
+                    "llm_budgets' jobs are in CELERY_BEAT_SCHEDULE while beat uses "
+                    "django-celery-beat's DatabaseScheduler, which rewrites their periodic tasks "
+                    "from CELERY_BEAT_SCHEDULE at every beat start (admin edits are reverted, "
+                    "the expiries llm_budgets_install_schedule sets are lost).",
+                    hint="Remove llm_budgets.schedule.BEAT_SCHEDULE from CELERY_BEAT_SCHEDULE and "
+                    "run manage.py llm_budgets_install_schedule once (docs/operations.md).",
+                    id="llm_budgets.W080",
+                )
+            ]
+        return _periodic_tasks_missing(kwargs.get("databases"))
+    celery = any(
+        hasattr(settings, name)
+        for name in ("CELERY_BROKER_URL", "CELERY_BEAT_SCHEDULER", "CELERY_BEAT_SCHEDULE")
+    )
+    missing = sorted(_expected_tasks() - merged)
+    if not celery or not missing:
+        return []
+    return [
+        Warning(
+            f"Celery is configured but CELERY_BEAT_SCHEDULE lacks llm_budgets' job(s) "
+            f"{', '.join(missing)}: overdue holds stay reserved and warnings are not sent.",
+            hint="Merge llm_budgets.schedule.BEAT_SCHEDULE into CELERY_BEAT_SCHEDULE; with "
+            "django-celery-beat set CELERY_BEAT_SCHEDULER to its DatabaseScheduler and run "
+            "manage.py llm_budgets_install_schedule; with cron, run the llm_budgets_* commands "
+            "and silence llm_budgets.W081 (docs/operations.md).",
+            id="llm_budgets.W081",
+        )
+    ]
+
+
+def _periodic_tasks_missing(databases: list[str] | None) -> list[CheckMessage]:
+    from django.apps import apps
+
+    if not apps.is_installed("django_celery_beat"):
+        return [
+            Warning(
+                "CELERY_BEAT_SCHEDULER is django-celery-beat's DatabaseScheduler but "
+                "django_celery_beat is not in INSTALLED_APPS.",
+                hint="Add 'django_celery_beat' to INSTALLED_APPS, migrate, and run manage.py "
+                "llm_budgets_install_schedule.",
+                id="llm_budgets.W083",
+            )
+        ]
+    from django_celery_beat.models import PeriodicTask
+
+    if not reads_default_database(databases):
+        return []
+    try:
+        installed = set(
+            PeriodicTask.objects.filter(task__in=TASKS, enabled=True).values_list("task", flat=True)
+        )
+    except DatabaseError:
+        return []  # not migrated yet, or no database here: /health names jobs that never run
+    missing = sorted(_expected_tasks() - installed)
+    if not missing:
+        return []
+    return [
+        Warning(
+            f"Beat uses django-celery-beat's DatabaseScheduler and no enabled periodic task runs "
+            f"llm_budgets' job(s) {', '.join(missing)}.",
+            hint="Run manage.py llm_budgets_install_schedule (it leaves existing rows alone), "
+            "or enable the rows in the admin (Periodic tasks).",
+            id="llm_budgets.W082",
+        )
+    ]
+
+
+@register(Tags.compatibility)
+def check_docs_apps(**kwargs: Any) -> list[CheckMessage]:
+    """The API's schema and Swagger page need drf-spectacular and its sidecar installed as apps:
+    without the first they are a 500, without the second a blank page."""
+    from django.apps import apps
+
+    if setting_or("API_DOCS_ACCESS", "staff") == "off":
+        return []
+    messages: list[CheckMessage] = []
+    if not apps.is_installed("drf_spectacular"):
+        messages.append(
+            Error(
+                "'drf_spectacular' is not in INSTALLED_APPS: the API's schema and Swagger page "
+                "answer 500.",
+                hint="Add 'drf_spectacular' (and 'drf_spectacular_sidecar') to INSTALLED_APPS, "
+                "or set LLM_BUDGETS['API_DOCS_ACCESS'] = 'off'.",
+                id="llm_budgets.E068",
+            )
+        )
+    if not apps.is_installed("drf_spectacular_sidecar"):
+        messages.append(
+            Warning(
+                "'drf_spectacular_sidecar' is not in INSTALLED_APPS: the API's Swagger page is "
+                "blank (its assets are served from that package, never a CDN).",
+                hint="Add 'drf_spectacular_sidecar' to INSTALLED_APPS (with "
+                "django.contrib.staticfiles), or set LLM_BUDGETS['API_DOCS_ACCESS'] = 'off'.",
+                id="llm_budgets.W069",
+            )
+        )
+    return messages

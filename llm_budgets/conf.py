@@ -77,9 +77,20 @@ DEFAULTS: dict[str, Any] = {
     # Health endpoint (docs/operations.md): a hold overdue by more than this many seconds means
     # the expiry sweep is not keeping up, and the health check fails.
     "HEALTH_SWEEP_MAX_LAG_SECONDS": 300,
+    # Who may read the API's own schema and Swagger page (docs/api.md): "staff" (active staff
+    # users logged in to the host, e.g. through the admin), "public" (anyone) or "off" (404).
+    "API_DOCS_ACCESS": "staff",
+    # Whether the API's endpoints also appear in a schema the host generates (its own
+    # drf-spectacular view or `manage.py spectacular`). Off: only the app's own schema has them.
+    "API_DOCS_IN_HOST_SCHEMA": False,
     # Tenant pages (docs/pages.md): dotted path to a callable (request) -> tenant external id or
     # None (no access). The default reads the Membership model, managed in the admin.
     "TENANT_RESOLVER": "llm_budgets.pages.access.membership_tenant",
+    # Who a host user is in the ledger (docs/pages.md, "Who an end user is"): dotted path to a
+    # callable (user) -> end user external id, used by the pages (a member's own usage) and the
+    # Django integration helper (what a guarded call records). The default, the primary key as a
+    # string, puts no personal data (an email, a name) into ledger lines, exports and logs.
+    "END_USER_ID": "llm_budgets.host_users.user_pk",
     # Stripe metered billing (docs/billing.md). Nothing is sent without an API key.
     "STRIPE_API_KEY": None,
     # Where the Stripe client sends requests; tests point it at a fake server on 127.0.0.1.
@@ -103,6 +114,7 @@ STRIPE_PAYMENT_FAILED_ACTIONS = ("ignore", "trip")
 UNCERTAIN_SETTLE_RULES = ("charge", "release")
 WARNING_DELIVERIES = ("at_least_once", "at_most_once")
 POOLERS = (None, "session", "transaction")
+API_DOCS_ACCESSES = ("staff", "public", "off")
 
 
 class SettingError(ValueError):
@@ -169,6 +181,12 @@ def _choice(*allowed: str) -> Callable[[str, Any], str]:
         )
 
     return read
+
+
+def _bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise SettingError(key, f"LLM_BUDGETS[{key!r}] must be True or False.", f"Got {value!r}.")
 
 
 def _currency(key: str, value: Any) -> str:
@@ -291,7 +309,8 @@ def _dotted_callable(key: str, value: Any) -> str:
     """A dotted path to a callable, e.g. ``TENANT_RESOLVER``; the path is returned."""
     from django.utils.module_loading import import_string
 
-    hint = f"Got {value!r}; e.g. 'myproject.tenancy.usage_tenant' (see docs/pages.md)."
+    example = DEFAULTS[key]
+    hint = f"Got {value!r}; e.g. {example!r} (see docs/pages.md)."
     try:
         found = import_string(value) if isinstance(value, str) else None
     except ImportError as exc:
@@ -370,6 +389,9 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "HEALTH_SWEEP_MAX_LAG_SECONDS": _positive_int,
     "API_KEY_CACHE_SECONDS": _api_key_cache_seconds,
     "TENANT_RESOLVER": _dotted_callable,
+    "API_DOCS_ACCESS": _choice(*API_DOCS_ACCESSES),
+    "API_DOCS_IN_HOST_SCHEMA": _bool,
+    "END_USER_ID": _dotted_callable,
     "STRIPE_API_KEY": _stripe_key,
     "STRIPE_API_BASE": _stripe_base,
     "STRIPE_METER_EVENT_NAME": _meter_event_name,
@@ -485,6 +507,18 @@ class Settings:
     @property
     def TENANT_RESOLVER(self) -> str:
         return str(self._get("TENANT_RESOLVER"))
+
+    @property
+    def API_DOCS_ACCESS(self) -> str:
+        return str(self._get("API_DOCS_ACCESS"))
+
+    @property
+    def API_DOCS_IN_HOST_SCHEMA(self) -> bool:
+        return bool(self._get("API_DOCS_IN_HOST_SCHEMA"))
+
+    @property
+    def END_USER_ID(self) -> str:
+        return str(self._get("END_USER_ID"))
 
     @property
     def TOKEN_ESTIMATE_SAFETY_MARGIN(self) -> Decimal:

@@ -10,6 +10,11 @@ Three checks, each cheap and none tenant-specific:
 - ``sweep``: no held reservation is overdue by more than ``HEALTH_SWEEP_MAX_LAG_SECONDS``. An
   overdue hold still counts against its budgets until the sweep expires it, so a sweep that has
   stopped shows as lag, whenever it last ran (with nothing overdue there is nothing to sweep).
+- ``jobs``: every scheduled job (``schedule.JOBS``; the Stripe jobs only with a Stripe key) has
+  finished, as a task or a command, within twice its default interval plus
+  ``HEALTH_SWEEP_MAX_LAG_SECONDS``; a job never recorded counts from when the app was installed
+  (its first migration). The detail names every overdue job: a schedule that lost some jobs (a
+  scheduler that never got them, cron lines left out) shows here.
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from typing import Any
 
 from django.db import DatabaseError, connection, transaction
 from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.recorder import MigrationRecorder
 from django.utils import timezone
 
 from llm_budgets.conf import conf
-from llm_budgets.models import Counter, Reservation, ReservationState
+from llm_budgets.models import Counter, JobRun, Reservation, ReservationState
+from llm_budgets.schedule import JOBS, STRIPE_TASKS
 
 
 @dataclass(frozen=True)
@@ -59,9 +66,9 @@ def health_check(*, now: datetime | None = None) -> HealthReport:
     if not database.reachable:
         skipped = "not checked: the database is unavailable"
         return HealthReport(
-            [database, Check("migrations", False, skipped), Check("sweep", False, skipped)]
+            [database, *(Check(name, False, skipped) for name in ("migrations", "sweep", "jobs"))]
         )
-    return HealthReport([database, _migrations(), _sweep(now)])
+    return HealthReport([database, _migrations(), _sweep(now), _jobs(now)])
 
 
 def _database() -> Check:
@@ -131,3 +138,48 @@ def _sweep(now: datetime) -> Check:
             values,
         )
     return Check("sweep", True, "keeping up", values)
+
+
+_installed_at: datetime | None = None
+
+
+def _app_installed_at() -> datetime | None:
+    """When llm_budgets' first migration was applied (remembered per process)."""
+    global _installed_at
+    if _installed_at is None:
+        _installed_at = (
+            MigrationRecorder(connection)
+            .migration_qs.filter(app="llm_budgets")
+            .order_by("applied")
+            .values_list("applied", flat=True)
+            .first()
+        )
+    return _installed_at
+
+
+def _jobs(now: datetime) -> Check:
+    slack = conf.HEALTH_SWEEP_MAX_LAG_SECONDS
+    try:
+        finished = dict(JobRun.objects.values_list("task", "finished_at"))
+        installed = _app_installed_at()
+    except DatabaseError as exc:
+        return Check("jobs", False, f"could not be read ({type(exc).__name__})")
+    overdue: dict[str, float] = {}
+    for task, seconds in sorted(JOBS.values()):
+        if task in STRIPE_TASKS and not conf.STRIPE_API_KEY:
+            continue  # nothing to deliver or compare without Stripe
+        last = finished.get(task, installed)
+        age = 0.0 if last is None else (now - last).total_seconds()
+        if age > 2 * seconds + slack:
+            overdue[task] = round(age, 1)
+    values: dict[str, Any] = {"overdue_seconds": overdue}
+    if overdue:
+        names = ", ".join(f"{task} ({age:.0f} s)" for task, age in overdue.items())
+        return Check(
+            "jobs",
+            False,
+            f"overdue: {names}; is beat (or cron) running them? See docs/operations.md, "
+            "'Wiring the schedule'.",
+            values,
+        )
+    return Check("jobs", True, "every job ran in time", values)

@@ -1,11 +1,16 @@
-"""The default beat schedule, as plain data a host merges into its Celery configuration::
+"""The default beat schedule. One path per scheduler (docs/operations.md, "Wiring the schedule"):
+
+- Celery's static beat: merge the ready dict into the Celery configuration::
 
     from llm_budgets.schedule import BEAT_SCHEDULE
     CELERY_BEAT_SCHEDULE = {**BEAT_SCHEDULE, **your_own}
 
+- django-celery-beat's DatabaseScheduler: ``manage.py llm_budgets_install_schedule`` writes the
+  same entries as editable rows (``periodic_tasks_install``). Never merge the dict as well: that
+  scheduler rewrites its rows from ``CELERY_BEAT_SCHEDULE`` at every beat start.
+
 Each entry expires after one interval, so a backlog built while workers were down collapses to the
-next run instead of piling up. With django-celery-beat, ``periodic_tasks_install`` writes the same
-entries as editable rows (``manage.py llm_budgets_install_schedule``).
+next run instead of piling up.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ JOBS: dict[str, tuple[str, int]] = {
     "llm_budgets: stripe usage delivery": ("llm_budgets.stripe_push", 60),
     "llm_budgets: stripe reconciliation": ("llm_budgets.stripe_reconcile", 24 * 60 * 60),
 }
+
+# Jobs with nothing to do without a Stripe key (health does not expect them to run).
+STRIPE_TASKS = frozenset({"llm_budgets.stripe_push", "llm_budgets.stripe_reconcile"})
+TASKS = frozenset(task for task, _ in JOBS.values())
 
 BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     name: {"task": task, "schedule": float(seconds), "options": {"expires": float(seconds)}}

@@ -12,6 +12,7 @@ from django.db import transaction
 
 from llm_budgets import anomalies, retention, rollups, thresholds
 from llm_budgets.engine import settlement
+from llm_budgets.job_runs import job_recorded
 
 # Every job is idempotent (a sweep, a scan or a push run twice changes nothing the first did not),
 # so each is acknowledged only once it has finished: a worker killed mid-task (SIGKILL, OOM, a
@@ -21,16 +22,19 @@ JOB = {"ignore_result": True, "acks_late": True, "reject_on_worker_lost": True}
 
 
 @shared_task(name="llm_budgets.sweep_expired_holds", **JOB)
+@job_recorded("llm_budgets.sweep_expired_holds")
 def sweep_expired_holds() -> int:
     return settlement.reservations_sweep()
 
 
 @shared_task(name="llm_budgets.reconcile_uncertain", **JOB)
+@job_recorded("llm_budgets.reconcile_uncertain")
 def reconcile_uncertain() -> int:
     return settlement.reservations_reconcile()
 
 
 @shared_task(name="llm_budgets.scan_thresholds", **JOB)
+@job_recorded("llm_budgets.scan_thresholds")
 def scan_thresholds() -> int:
     """Record new crossings, then enqueue one email task for each crossing that is due (new ones
     and any left behind by a crashed sender), once the rows are committed."""
@@ -53,22 +57,26 @@ def send_threshold_warning(crossing_id: int) -> str:
 
 
 @shared_task(name="llm_budgets.detect_anomalies", **JOB)
+@job_recorded("llm_budgets.detect_anomalies")
 def detect_anomalies() -> int:
     """Automatic kill switches: spend velocity, runaway loops, failure storms (per plan)."""
     return len(anomalies.anomalies_detect())
 
 
 @shared_task(name="llm_budgets.rollup_daily_usage", **JOB)
+@job_recorded("llm_budgets.rollup_daily_usage")
 def rollup_daily_usage() -> int:
     return rollups.daily_usage_refresh()
 
 
 @shared_task(name="llm_budgets.purge_retention", **JOB)
+@job_recorded("llm_budgets.purge_retention")
 def purge_retention() -> int:
     return retention.reservations_purge() + retention.refusals_purge()
 
 
 @shared_task(name="llm_budgets.stripe_push", **JOB)
+@job_recorded("llm_budgets.stripe_push")
 def stripe_push() -> int:
     """Deliver pending usage to Stripe (nothing without STRIPE_API_KEY: usage waits)."""
     from llm_budgets.billing.client import StripeNotConfigured
@@ -81,6 +89,7 @@ def stripe_push() -> int:
 
 
 @shared_task(name="llm_budgets.stripe_reconcile", **JOB)
+@job_recorded("llm_budgets.stripe_reconcile")
 def stripe_reconcile() -> int:
     """Compare delivered usage with Stripe's summaries; returns the number of differences."""
     from llm_budgets.billing.reconciliation import billing_reconcile

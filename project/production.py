@@ -36,3 +36,6 @@ SECURE_REFERRER_POLICY = "same-origin"
 # The REST API counts failed API-key attempts per source: with a proxy in front, tell DRF how
 # many, so the client's address (not the proxy's) is the source.
 REST_FRAMEWORK = {"NUM_PROXIES": env.int("NUM_PROXIES", default=1)}
+
+# The API's schema and Swagger page for the host's staff only (the demo's are public).
+LLM_BUDGETS = {**LLM_BUDGETS, "API_DOCS_ACCESS": "staff"}  # noqa: F405

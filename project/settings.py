@@ -201,6 +201,9 @@ LLM_BUDGETS = {
     "STRIPE_API_KEY": env("STRIPE_API_KEY", default=None),
     "STRIPE_API_BASE": env("STRIPE_API_BASE", default="https://api.stripe.com"),
     "STRIPE_WEBHOOK_SECRET": env("STRIPE_WEBHOOK_SECRET", default=None),
+    # The demo's Swagger page and API clients read the schema without logging in; a host's
+    # default is "staff" (docs/api.md).
+    "API_DOCS_ACCESS": env("LLMB_API_DOCS_ACCESS", default="public"),
 }
 
 # drf-spectacular, for `manage.py spectacular` (the API's own schema view sets its title itself).

@@ -13,12 +13,21 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from llm_budgets import budgets, health
+from llm_budgets.job_runs import job_finished
+from llm_budgets.schedule import TASKS
 from tests.api import BASE
 from tests.factories import reserve_30, reserve_30_at, seed
 
 pytestmark = pytest.mark.django_db
 
 URL = f"{BASE}health"
+
+
+@pytest.fixture(autouse=True)
+def jobs_ran() -> None:
+    """Every job has just finished (the ``jobs`` check: tests/test_host_schedule.py)."""
+    for task in TASKS:
+        job_finished(task)
 
 
 def get() -> tuple[int, dict]:
@@ -33,7 +42,7 @@ def test_a_healthy_installation_answers_200_without_a_key() -> None:
     assert status == 200
     assert body["status"] == "ok"
     assert body["failing"] == []
-    assert set(body["checks"]) == {"database", "migrations", "sweep"}
+    assert set(body["checks"]) == {"database", "migrations", "sweep", "jobs"}
     assert all(check["ok"] for check in body["checks"].values())
     assert body["checks"]["database"]["values"]["bound_seconds"] == 3
 
@@ -52,6 +61,7 @@ def test_nothing_tenant_specific_is_in_it() -> None:
         "lag_seconds",
         "max_lag_seconds",
         "unapplied",
+        "overdue_seconds",
     }
 
 
@@ -96,7 +106,7 @@ def test_a_database_that_fails_fails_every_check_that_needs_it() -> None:
     ):
         status, body = get()
     assert status == 503
-    assert body["failing"] == ["database", "migrations", "sweep"]
+    assert body["failing"] == ["database", "migrations", "sweep", "jobs"]
     assert "could not be read within 3 s" in body["checks"]["database"]["detail"]
 
 

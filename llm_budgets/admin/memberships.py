@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.http import HttpRequest
 
+from llm_budgets.host_users import user_lookup_fields
 from llm_budgets.models import Membership
+
+
+def membership_search_fields(user_model: type) -> list[str]:
+    """Search by the user's identifying fields (whatever the host's user model calls them), the
+    tenant and the end user: a fixed ``user__username`` is a 500 on an email-login model."""
+    users = [f"user__{name}" for name in user_lookup_fields(user_model)]
+    return [*users, "tenant__external_id", "end_user_external_id"]
 
 
 @admin.register(Membership)
 class MembershipAdmin(admin.ModelAdmin):
     list_display = ["user", "tenant", "role", "end_user_external_id", "created_at"]
     list_filter = ["role"]
-    search_fields = ["user__username", "tenant__external_id", "end_user_external_id"]
     raw_id_fields = ["user", "tenant"]
     readonly_fields = ["created_at"]
     list_select_related = ["user", "tenant"]
+
+    def get_search_fields(self, request: HttpRequest) -> list[str]:
+        return membership_search_fields(get_user_model())

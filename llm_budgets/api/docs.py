@@ -1,20 +1,23 @@
 """The OpenAPI schema of this API alone, and a Swagger UI served from the installed
-drf-spectacular-sidecar package (never a CDN), whatever the host's SPECTACULAR_SETTINGS say."""
+drf-spectacular-sidecar package (never a CDN), whatever the host's SPECTACULAR_SETTINGS say.
+Who may read them follows ``LLM_BUDGETS["API_DOCS_ACCESS"]`` (docs/api.md)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse
 from django.urls import include, path
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView, _get_sidecar_url
-from rest_framework.permissions import AllowAny
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 import llm_budgets
-from llm_budgets.api.schema import api_schema
+from llm_budgets.api.schema import api_schema, own_schema
+from llm_budgets.conf import conf
 
 SCHEMA_PATH = "schema/"
 
@@ -70,6 +73,24 @@ def add_links(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     return result
 
 
+class DocsAccess(BasePermission):
+    """``API_DOCS_ACCESS``: "public", "staff" (an active staff user of the host's session, as
+    its admin logs in) or "off" (404, as if not mounted)."""
+
+    message = (
+        "The API docs are for staff: log in to the admin first (LLM_BUDGETS['API_DOCS_ACCESS'])."
+    )
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        access = conf.API_DOCS_ACCESS
+        if access == "off":
+            raise Http404
+        if access == "public":
+            return True
+        user = request.user  # the host's session (SessionAuthentication), as its admin logs in
+        return bool(user.is_active and getattr(user, "is_staff", False))
+
+
 _SCHEMAS: dict[tuple[str, str | None, str], tuple[bytes, str, str]] = {}
 """Rendered schemas by (mount prefix, version, media type): the schema depends only on the code,
 so each process builds and renders it once (about 50-300 ms, docs/performance.md), not per
@@ -77,10 +98,11 @@ request."""
 
 
 class SchemaView(SpectacularAPIView):
-    """``GET schema/``: OpenAPI 3 (YAML; ``?format=json`` for JSON). Public: it holds no data."""
+    """``GET schema/``: OpenAPI 3 (YAML; ``?format=json`` for JSON). No data, but the operator
+    endpoints it describes are the host's business: ``DocsAccess`` decides who reads it."""
 
-    authentication_classes: list[Any] = []
-    permission_classes = [AllowAny]
+    authentication_classes = [SessionAuthentication]
+    permission_classes = [DocsAccess]
     custom_settings = SCHEMA_SETTINGS
     schema = AutoSchema()
 
@@ -96,7 +118,8 @@ class SchemaView(SpectacularAPIView):
         media_type = str(request.accepted_media_type)
         key = (prefix, version, media_type)
         if key not in _SCHEMAS:
-            response = super().get(request, *args, **kwargs)
+            with own_schema():
+                response = super().get(request, *args, **kwargs)
             renderer = request.accepted_renderer
             body = renderer.render(response.data, media_type, self.get_renderer_context())
             body = body.encode() if isinstance(body, str) else body
@@ -109,8 +132,8 @@ class SchemaView(SpectacularAPIView):
 
 
 class SwaggerView(SpectacularSwaggerView):
-    authentication_classes: list[Any] = []
-    permission_classes = [AllowAny]
+    authentication_classes = [SessionAuthentication]
+    permission_classes = [DocsAccess]
     url_name = "llm_budgets_api:schema"
     title = "llm_budgets API"
     schema = AutoSchema()

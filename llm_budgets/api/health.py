@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
@@ -14,7 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from llm_budgets.api.schema import api_schema
+from llm_budgets.api.schema import AppAutoSchema, api_schema
 from llm_budgets.health import health_check
 
 
@@ -39,7 +38,7 @@ class HealthView(APIView):
     permission_classes = [AllowAny]
     throttle_classes: list[Any] = []
     renderer_classes = [JSONRenderer]
-    schema = AutoSchema()
+    schema = AppAutoSchema()
 
     @api_schema(
         operation_id="health_retrieve",

@@ -9,7 +9,6 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.utils import timezone
-from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import generics, status
@@ -28,7 +27,7 @@ from llm_budgets.api.exceptions import HttpError, exception_handler
 from llm_budgets.api.idempotency import HEADER, idempotent, key_of
 from llm_budgets.api.parsers import BoundedJSONParser
 from llm_budgets.api.permissions import HasApiKey, IsOperatorKey
-from llm_budgets.api.schema import api_schema
+from llm_budgets.api.schema import AppAutoSchema, api_schema
 from llm_budgets.api.scoping import (
     api_key_of,
     query_id,
@@ -84,7 +83,7 @@ class ApiView(APIView):
     throttle_classes = [ApiKeyRateThrottle]
     parser_classes = [BoundedJSONParser]
     renderer_classes = [JSONRenderer]
-    schema = AutoSchema()
+    schema = AppAutoSchema()
     # The query parameters a GET understands; any other is a 400 naming it (a parameter that was
     # silently ignored, such as ?tenant= with a tenant key, would look like it had been obeyed).
     query_parameters: frozenset[str] = frozenset()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
@@ -22,8 +22,8 @@ from llm_budgets.engine import dbclock, stripes
 from llm_budgets.engine import statements as sql
 from llm_budgets.engine.boundary import (
     bound_lock_wait,
-    bound_sqlite_wait,
     ledger_guard,
+    ledger_transaction,
     lock_timeout_statement,
 )
 from llm_budgets.engine.counters import (
@@ -495,8 +495,7 @@ def _hold(
     # Built before the counters are locked, which then stay locked for the checks, one write
     # and the commit. A degraded request is built again.
     insert_reservation = sql.inserting([reservation])
-    bound_sqlite_wait()
-    with transaction.atomic():
+    with ledger_transaction():
         # The bound on lock waits comes first, in the round trip of the transaction's first
         # statement: the kill switch read, the rolling budgets' lock (alone) or the counters'.
         bound = lock_timeout_statement()

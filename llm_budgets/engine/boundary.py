@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
 from llm_budgets.conf import conf
 from llm_budgets.engine import statements as sql
@@ -67,13 +68,36 @@ def ledger_guard(action: str) -> Iterator[None]:
                 action,
             )
             raise
-        logger.error("llm_budgets: ledger unavailable during %s: %s", action, exc, exc_info=True)
+        fix = _sqlite_lock_fix(exc)
+        logger.error(
+            "llm_budgets: ledger unavailable during %s: %s%s", action, exc, fix, exc_info=True
+        )
         raise LedgerUnavailable(
             f"The budget ledger could not be read or written during {action} "
             f"({type(exc).__name__}: {str(exc).strip() or 'no detail'}). The call was refused; "
-            "retry shortly.",
+            f"retry shortly.{fix}",
             retry_after=max(1, int(conf.LOCK_TIMEOUT_SECONDS)),
         ) from exc
+
+
+def _sqlite_lock_fix(exc: DatabaseError) -> str:
+    """What to change when SQLite said "database is locked" because it was not told to take its
+    write lock at BEGIN: a deferred transaction that later needs to write fails at once, without
+    waiting for the busy timeout, so concurrent calls are refused instead of queued."""
+    if connection.vendor != "sqlite":
+        return ""
+    code = getattr(exc.__cause__, "sqlite_errorcode", None)
+    if not (isinstance(code, int) and code & 0xFF in (5, 6)):  # SQLITE_BUSY, SQLITE_LOCKED
+        return ""
+    mode = (connection.settings_dict.get("OPTIONS") or {}).get("transaction_mode")
+    if str(mode).upper() == "IMMEDIATE":
+        return ""
+    return (
+        " Cause: SQLite is not set to take its write lock at BEGIN, so concurrent calls fail "
+        "with 'database is locked' instead of waiting their turn. Fix: DATABASES['default']"
+        "['OPTIONS'] = {'transaction_mode': 'IMMEDIATE', 'timeout': 5} (check "
+        "llm_budgets.W001), or PostgreSQL."
+    )
 
 
 def bound_sqlite_wait() -> None:
@@ -81,6 +105,33 @@ def bound_sqlite_wait() -> None:
     if connection.vendor == "sqlite" and not connection.in_atomic_block:
         with connection.cursor() as cursor:
             cursor.execute(f"PRAGMA busy_timeout = {int(conf.LOCK_TIMEOUT_SECONDS * 1000)}")
+
+
+@contextmanager
+def ledger_transaction() -> Iterator[None]:
+    """``transaction.atomic()`` for a ledger write (admission, settlement, the sweep), its lock
+    waits bounded by ``LOCK_TIMEOUT_SECONDS``.
+
+    On SQLite its BEGIN takes the write lock (``BEGIN IMMEDIATE``) whatever the host's
+    ``transaction_mode``: a deferred transaction that reads and then writes fails at once with
+    "database is locked" when another writer is ahead (SQLite does not wait there, to avoid a
+    deadlock), so concurrent calls were refused as ``LedgerUnavailable`` instead of queueing for
+    the busy timeout and being admitted or refused on the budget. Only this transaction's BEGIN
+    changes; the host's own transactions keep their mode."""
+    bound_sqlite_wait()
+    wrapper: Any = connection  # the SQLite wrapper's transaction_mode (Django >= 5.1)
+    mode = getattr(wrapper, "transaction_mode", "IMMEDIATE")
+    if connection.vendor != "sqlite" or connection.in_atomic_block or mode == "IMMEDIATE":
+        with transaction.atomic():
+            yield
+        return
+    wrapper.transaction_mode = "IMMEDIATE"
+    try:
+        with transaction.atomic():
+            wrapper.transaction_mode = mode  # BEGIN has been sent
+            yield
+    finally:
+        wrapper.transaction_mode = mode
 
 
 def lock_timeout_statement() -> sql.Statement | None:

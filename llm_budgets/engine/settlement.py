@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from uuid import UUID
 
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
@@ -26,7 +26,7 @@ from llm_budgets.conf import conf
 from llm_budgets.costs import actual_cost, customer_charge
 from llm_budgets.engine import dbclock
 from llm_budgets.engine import statements as sql
-from llm_budgets.engine.boundary import bound_sqlite_wait, ledger_guard, lock_timeout_statement
+from llm_budgets.engine.boundary import ledger_guard, ledger_transaction, lock_timeout_statement
 from llm_budgets.events import (
     holds_expired,
     observed_expiry,
@@ -112,10 +112,8 @@ def _locked(reservation_id: UUID, action: str) -> Iterator[Reservation]:
     """One settlement transition: a bounded lock wait, one transaction, and the reservation row
     locked before anything else, so each reservation ends in exactly one terminal state however
     many processes try. A database failure becomes ``LedgerUnavailable`` (fail closed)."""
-    with ledger_guard(action):
-        bound_sqlite_wait()
-        with transaction.atomic():
-            yield _lock_reservation(reservation_id)
+    with ledger_guard(action), ledger_transaction():
+        yield _lock_reservation(reservation_id)
 
 
 def _lock_reservation(reservation_id: UUID) -> Reservation:
@@ -530,10 +528,8 @@ def reservations_sweep(*, now: datetime | None = None, batch_size: int = SWEEP_B
         size = min(size, connection.features.max_query_params - 2)
     expired = 0
     while True:
-        with ledger_guard("sweep"):
-            bound_sqlite_wait()
-            with transaction.atomic():
-                batch = _expire_batch(now, size)
+        with ledger_guard("sweep"), ledger_transaction():
+            batch = _expire_batch(now, size)
         holds_expired(batch)  # after the commit: the log lines and the metric
         expired += len(batch)
         if len(batch) < size:

@@ -1,11 +1,12 @@
-"""Streaming a guarded completion to the host's own user, from a Django view.
+"""Guarded calls from a Django view: who the end user is, and streaming to them.
 
 .. code-block:: python
 
-    from llm_budgets.integrations.django import stream_response
+    from llm_budgets.integrations.django import request_end_user, stream_response
 
     def chat(request):
-        client = guard(openai.OpenAI(), tenant=request.tenant_id, end_user=str(request.user.pk))
+        end_user = request_end_user(request)  # LLM_BUDGETS["END_USER_ID"], as the pages
+        client = guard(openai.OpenAI(), tenant=request.tenant_id, end_user=end_user)
         stream = client.chat.completions.create(model="gpt-4o", messages=[...],
                                                 max_completion_tokens=500, stream=True)
         return stream_response(stream)
@@ -21,7 +22,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from django.http import StreamingHttpResponse
+from django.http import HttpRequest, StreamingHttpResponse
+
+from llm_budgets.host_users import end_user_id
+
+
+def request_end_user(request: HttpRequest) -> str | None:
+    """The end user a request's calls are recorded under: the logged-in user mapped by
+    ``LLM_BUDGETS["END_USER_ID"]`` (the same rule the usage pages match a member by), or None
+    for an anonymous visitor (the call then counts against the tenant only)."""
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return None
+    return end_user_id(user)
 
 
 def chunk_text(chunk: Any) -> str:

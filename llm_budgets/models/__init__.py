@@ -34,6 +34,7 @@ from llm_budgets.models.ledger import (
 from llm_budgets.models.memberships import Membership, MembershipRole
 from llm_budgets.models.pricing import ModelAlias, Price, PriceSource, PricingBasis
 from llm_budgets.models.rollups import DailyUsage, TenantDailyUsage
+from llm_budgets.models.schedule import JobRun
 from llm_budgets.models.tenancy import EndUser, Plan, Tenant, UnknownModelPolicy
 from llm_budgets.models.thresholds import DeliveryState, ThresholdCrossing
 
@@ -52,6 +53,7 @@ __all__ = [
     "DeliveryState",
     "EndUser",
     "IdempotencyRecord",
+    "JobRun",
     "KillSwitch",
     "Membership",
     "MembershipRole",

@@ -18,7 +18,8 @@ class Membership(models.Model):
     """A host user's access to one tenant's usage pages (the default ``TENANT_RESOLVER``).
 
     A member sees the end user whose external id is ``end_user_external_id``, or, when that is
-    blank, the user's username (``get_username()``): the rule documented in docs/pages.md.
+    blank, the one the ``END_USER_ID`` setting maps the user to (by default the user's primary
+    key): the rule documented in docs/pages.md.
     """
 
     user = models.ForeignKey(
@@ -31,7 +32,10 @@ class Membership(models.Model):
     end_user_external_id = models.CharField(
         max_length=255,
         blank=True,
-        help_text=_("A member's end user in the ledger. Blank: the user's username."),
+        help_text=_(
+            "A member's end user in the ledger. Blank: the one LLM_BUDGETS['END_USER_ID'] "
+            "maps the user to (by default the user's id)."
+        ),
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -47,4 +51,6 @@ class Membership(models.Model):
     @property
     def end_user_key(self) -> str:
         """The external id of the end user a member sees (the documented matching rule)."""
-        return self.end_user_external_id or self.user.get_username()
+        from llm_budgets.host_users import end_user_id
+
+        return self.end_user_external_id or end_user_id(self.user)

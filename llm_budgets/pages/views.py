@@ -61,6 +61,7 @@ def _context(request: HttpRequest, viewer: Viewer, section: str, **extra: Any) -
     return {
         "viewer": viewer,
         "tenant": viewer.tenant,
+        "tenant_name": viewer.tenant.name or viewer.tenant.external_id,
         "section": section,
         "currency": selectors.currency(),
         "tenant_query": tenant_query,
@@ -84,6 +85,14 @@ def _tenant_picker(request: HttpRequest, target: str) -> HttpResponse:
     query = request.GET.get("q", "").strip()
     page = selectors.tenants_to_pick(query, page=_page_number(request))
     context = {
+        # Every key the other pages' frame reads, empty: a host base that shows the header or
+        # the footer outside their blocks still renders here (docs/pages.md, template contract).
+        "viewer": None,
+        "tenant": None,
+        "tenant_name": "",
+        "tenant_query": "",
+        "tenant_timezone": "",
+        "currency": selectors.currency(),
         "section": "tenants",
         "page": page,
         "query": query,

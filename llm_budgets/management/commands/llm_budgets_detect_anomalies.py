@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from llm_budgets.anomalies import anomalies_detect
+from llm_budgets.job_runs import job_recorded
 
 
 class Command(BaseCommand):
@@ -13,6 +14,7 @@ class Command(BaseCommand):
         "plan's thresholds. Run every minute (cron or Celery beat)."
     )
 
+    @job_recorded("llm_budgets.detect_anomalies")
     def handle(self, *args: Any, **options: Any) -> None:
         tripped = anomalies_detect()
         for switch in tripped:

@@ -4,6 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from llm_budgets.job_runs import job_recorded
 from llm_budgets.retention import refusals_purge, reservations_purge
 
 
@@ -14,6 +15,7 @@ class Command(BaseCommand):
         "they refer to, are never deleted."
     )
 
+    @job_recorded("llm_budgets.purge_retention")
     def handle(self, *args: Any, **options: Any) -> None:
         purged = reservations_purge()
         refusals = refusals_purge()

@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from llm_budgets.engine.settlement import reservations_reconcile
+from llm_budgets.job_runs import job_recorded
 
 
 class Command(BaseCommand):
@@ -13,6 +14,7 @@ class Command(BaseCommand):
         "UNCERTAIN_SETTLE_RULE (charge the hold as estimated, or release it)."
     )
 
+    @job_recorded("llm_budgets.reconcile_uncertain")
     def handle(self, *args: Any, **options: Any) -> None:
         settled = reservations_reconcile()
         self.stdout.write(f"Settled {settled} uncertain reservation(s).")

@@ -5,6 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from llm_budgets.job_runs import job_recorded
 from llm_budgets.rollups import daily_usage_rebuild, daily_usage_rebuild_all, daily_usage_refresh
 
 
@@ -19,6 +20,7 @@ class Command(BaseCommand):
         parser.add_argument("--until", type=date.fromisoformat, help="Last day (YYYY-MM-DD).")
         parser.add_argument("--all", action="store_true", help="Every day of the ledger.")
 
+    @job_recorded("llm_budgets.rollup_daily_usage")
     def handle(self, *args: Any, **options: Any) -> None:
         since, until = options["since"], options["until"]
         if options["all"]:

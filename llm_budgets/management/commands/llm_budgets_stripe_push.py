@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from llm_budgets.billing.client import StripeNotConfigured
 from llm_budgets.billing.delivery import billing_push
+from llm_budgets.job_runs import job_recorded
 
 
 class Command(BaseCommand):
@@ -14,6 +15,7 @@ class Command(BaseCommand):
         "and send what is due. Safe to run twice or in several processes at once."
     )
 
+    @job_recorded("llm_budgets.stripe_push")
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             result = billing_push()

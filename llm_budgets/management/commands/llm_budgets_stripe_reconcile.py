@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from llm_budgets.billing.reconciliation import billing_reconcile
+from llm_budgets.job_runs import job_recorded
 
 
 class Command(BaseCommand):
@@ -19,6 +20,7 @@ class Command(BaseCommand):
             "--customer", action="append", help="Only this Stripe customer id (repeatable)."
         )
 
+    @job_recorded("llm_budgets.stripe_reconcile")
     def handle(self, *args: Any, **options: Any) -> None:
         run = billing_reconcile(days=options["days"], customer_ids=options["customer"])
         if run.error:

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
+import importlib.util
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from llm_budgets.price_sync import SyncReport, prices_sync
 
@@ -44,6 +45,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if importlib.util.find_spec("genai_prices") is None:
+            raise CommandError(
+                "genai-prices is not installed: install the [prices] extra "
+                "(pip install 'llm-budgets[prices]'), or add prices in the admin or with "
+                "budgets.set_price() instead."
+            )
         report = prices_sync(
             provider=options["provider"],
             model=options["model"],

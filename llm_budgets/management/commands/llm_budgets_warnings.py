@@ -4,6 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from llm_budgets.job_runs import job_recorded
 from llm_budgets.thresholds import threshold_warning_send, thresholds_due, thresholds_scan
 
 
@@ -13,6 +14,7 @@ class Command(BaseCommand):
         "due (once per budget, period and threshold)."
     )
 
+    @job_recorded("llm_budgets.scan_thresholds")
     def handle(self, *args: Any, **options: Any) -> None:
         created = thresholds_scan()
         states = [threshold_warning_send(crossing_id) for crossing_id in thresholds_due()]
