@@ -16,8 +16,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 from tests.hosts import hosts
 from tests.hosts.docs import blocks
 from tests.hosts.run import ROOT
@@ -103,10 +101,6 @@ def _shell_line(line: str, project: Path, env: dict[str, str]) -> None:
         _run(line, project, env)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="host finding: no command creates a tenant or a membership; no request_end_user",
-)
 def test_adopting_md_start_to_finish(tmp_path: Path) -> None:
     project = tmp_path / "existing"
     project.mkdir()

@@ -57,49 +57,7 @@ EXCLUDED: dict[str, tuple[bool, str]] = {
 }
 
 # Findings of issue 23 that the matrix shows; strict xfail until the fix is merged.
-FINDINGS: dict[tuple[str, str], str] = {
-    ("email_login", "test_every_admin_changelist_answers_a_search"): (
-        "host finding: the membership admin searches user__username"
-    ),
-    ("strict_drf", "test_the_hosts_schema_lists_only_the_hosts_paths"): (
-        "host finding: llm_budgets' endpoints appear in the host's own schema"
-    ),
-    ("email_login", "test_check_names_a_missing_api_key_app"): (
-        "host finding: a missing rest_framework_api_key is a traceback about another app's model"
-    ),
-    ("email_login", "test_check_names_missing_schema_apps"): (
-        "host finding: a missing drf_spectacular is a 500, a missing sidecar a blank page"
-    ),
-    ("strict_drf", "test_the_apps_own_docs_are_for_staff_like_the_hosts"): (
-        "host finding: llm_budgets' schema and Swagger page answer anyone"
-    ),
-    ("celery_beat", "test_check_notices_the_dict_merged_under_the_database_scheduler"): (
-        "host finding: no check notices BEAT_SCHEDULE merged under the DatabaseScheduler"
-    ),
-    ("celery_beat", "test_check_notices_no_job_scheduled"): (
-        "host finding: no check notices that no job is scheduled"
-    ),
-    ("celery_beat", "test_health_names_every_overdue_job"): (
-        "host finding: /health names only the sweep, not every overdue job"
-    ),
-    **{
-        ("other_blocks", check): (
-            "host finding: the restyle recipe needs the pages' pieces as includes (template "
-            "contract)"
-        )
-        for check in (
-            "test_pages_for_tenant_admin_member_and_support",
-            "test_pages_wear_the_hosts_layout_with_their_stylesheet",
-            "test_the_support_picker_renders_in_the_hosts_layout",
-        )
-    },
-    **{
-        (name, "test_one_identity_for_end_users"): (
-            "host finding: pages match members by get_username(), the Django helper by pk"
-        )
-        for name in HOSTS
-    },
-}
+FINDINGS: dict[tuple[str, str], str] = {}
 
 
 def inner_tests(host: Host) -> list[str]:

@@ -130,7 +130,7 @@ import openai
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponseBase
 
-from llm_budgets.integrations.django import stream_response
+from llm_budgets.integrations.django import request_end_user, stream_response
 from llm_budgets.integrations.openai import guard
 from shop.tenancy import host_tenant
 
@@ -138,7 +138,9 @@ from shop.tenancy import host_tenant
 @login_required
 def chat(request: HttpRequest) -> HttpResponseBase:
     client = guard(
-        openai.OpenAI(max_retries=0), tenant=host_tenant(request), end_user=str(request.user.pk)
+        openai.OpenAI(max_retries=0),
+        tenant=host_tenant(request),
+        end_user=request_end_user(request),  # LLM_BUDGETS["END_USER_ID"], as the pages
     )
     stream = client.chat.completions.create(
         model="gpt-4o",
