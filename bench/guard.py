@@ -53,7 +53,7 @@ def main() -> None:
 
     from llm_budgets import budgets
     from llm_budgets.integrations.openai import guard
-    from tests.fakes.openai_server import FakeOpenAI
+    from llm_budgets.testing.fakes.openai_server import FakeOpenAI
 
     budgets.set_price(
         provider="openai", model="gpt-4o", input_per_mtok=Decimal("2.5"), output_per_mtok="10"

@@ -53,7 +53,7 @@ class StripeDemoReport:
 
 def _fake_server() -> type:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tests.fakes.stripe_server import StripeServer
+    from llm_budgets.testing.fakes.stripe_server import StripeServer
 
     return StripeServer
 

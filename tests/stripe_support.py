@@ -17,8 +17,8 @@ from django.db.models import Sum
 from llm_budgets import budgets
 from llm_budgets.billing.setup import billing_setup
 from llm_budgets.models import UsageRecord
+from llm_budgets.testing.fakes.stripe_server import StripeServer
 from tests.factories import price_fake, seed
-from tests.fakes.stripe_server import StripeServer
 
 API_KEY = "sk_test_llmb"
 WEBHOOK_SECRET = "whsec_test_llmb"

@@ -123,7 +123,7 @@ def test_a_worker_killed_mid_stripe_push_bills_each_fact_once(
     push sends the others, and the first once its lease ends (Stripe answers "already have it")."""
     _on_postgres()
     from llm_budgets.billing.delivery import billing_push, deliveries_build, hour_of
-    from tests.fakes.stripe_server import MeterEvent, StripeServer
+    from llm_budgets.testing.fakes.stripe_server import MeterEvent, StripeServer
     from tests.stripe_support import ledger_units, set_up, stripe_settings
 
     with StripeServer() as fake:

@@ -31,11 +31,11 @@ from llm_budgets.billing.delivery import billing_push, deliveries_build, hour_of
 from llm_budgets.integrations import anthropic as anthropic_guard
 from llm_budgets.integrations import openai as openai_guard
 from llm_budgets.models import MeterDelivery, MeterDeliveryState
+from llm_budgets.testing.fakes.anthropic_server import FakeAnthropic
+from llm_budgets.testing.fakes.openai_server import FakeOpenAI
+from llm_budgets.testing.fakes.server import WAIT
+from llm_budgets.testing.fakes.stripe_server import StripeServer
 from tests.factories import reserve_30
-from tests.fakes.anthropic_server import FakeAnthropic
-from tests.fakes.openai_server import FakeOpenAI
-from tests.fakes.server import WAIT
-from tests.fakes.stripe_server import StripeServer
 from tests.faultproxy import FaultProxy
 from tests.integrations import CLAUDE, GPT, assert_conserved, only_reservation, seed_tenant
 from tests.stripe_support import ledger_units, set_up, stripe_settings

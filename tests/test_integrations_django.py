@@ -22,8 +22,8 @@ from django.urls import path
 
 from llm_budgets.integrations.django import stream_response
 from llm_budgets.integrations.openai import guard
-from tests.fakes.openai_server import FakeOpenAI
-from tests.fakes.server import WAIT
+from llm_budgets.testing.fakes.openai_server import FakeOpenAI
+from llm_budgets.testing.fakes.server import WAIT
 from tests.integrations import GPT, assert_conserved, charge_line, only_reservation, seed_tenant
 
 pytestmark = pytest.mark.django_db

@@ -26,10 +26,10 @@ from llm_budgets.exceptions import (
 from llm_budgets.integrations.guarding import SEARCH_CONTENT_TOKENS_PER_USE, NotGuarded, json_text
 from llm_budgets.integrations.openai import guard
 from llm_budgets.models import Plan, Reservation, UsageRecord
+from llm_budgets.testing.fakes.openai_server import FakeOpenAI
+from llm_budgets.testing.fakes.server import WAIT
 from llm_budgets.tokens import count_input_tokens
 from tests.factories import PRICES_START
-from tests.fakes.openai_server import FakeOpenAI
-from tests.fakes.server import WAIT
 from tests.integrations import (
     GPT,
     GPT_MINI,

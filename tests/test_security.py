@@ -259,7 +259,7 @@ def test_no_stripe_key_or_webhook_secret_in_logs_errors_history_or_audit(
 
     from llm_budgets.billing.delivery import billing_push
     from llm_budgets.models import MeterDelivery, MeterDeliveryState
-    from tests.fakes.stripe_server import StripeServer
+    from llm_budgets.testing.fakes.stripe_server import StripeServer
     from tests.stripe_support import event, set_up, sign, stripe_settings
 
     caplog.set_level(logging.DEBUG)
@@ -338,8 +338,8 @@ def test_no_provider_api_key_in_logs_errors_or_the_ledger(caplog: Any) -> None:
     from llm_budgets.integrations import anthropic as anthropic_guard
     from llm_budgets.integrations import openai as openai_guard
     from llm_budgets.models import Refusal, Reservation
-    from tests.fakes.anthropic_server import FakeAnthropic
-    from tests.fakes.openai_server import FakeOpenAI
+    from llm_budgets.testing.fakes.anthropic_server import FakeAnthropic
+    from llm_budgets.testing.fakes.openai_server import FakeOpenAI
     from tests.integrations import CLAUDE, GPT, seed_tenant
 
     caplog.set_level(logging.DEBUG)

@@ -24,8 +24,8 @@ from llm_budgets.models import (
     StripeCustomerLink,
     Tenant,
 )
+from llm_budgets.testing.fakes.stripe_server import StripeServer
 from tests.factories import reserve_30, seed
-from tests.fakes.stripe_server import StripeServer
 from tests.stripe_support import fake_stripe, set_up
 
 pytestmark = pytest.mark.django_db

@@ -37,8 +37,8 @@ from llm_budgets.models import (
     StripeMeter,
     UsageRecord,
 )
+from llm_budgets.testing.fakes.stripe_server import StripeServer
 from tests.factories import reserve_30, seed
-from tests.fakes.stripe_server import StripeServer
 from tests.stripe_support import fake_stripe, ledger_units, odd_price, set_up
 
 # Moves time with time_machine: admission follows this process's clock (conftest).

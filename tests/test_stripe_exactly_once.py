@@ -19,8 +19,8 @@ from django.utils import timezone
 
 from llm_budgets.billing.delivery import billing_push, deliveries_build, hour_of
 from llm_budgets.models import MeterDelivery, MeterDeliveryState
+from llm_budgets.testing.fakes.stripe_server import MeterEvent, StripeServer
 from tests.factories import reserve_30
-from tests.fakes.stripe_server import MeterEvent, StripeServer
 from tests.services import subprocess_database_url
 from tests.stripe_support import API_KEY, fake_stripe, ledger_units, set_up
 

@@ -20,7 +20,7 @@ from llm_budgets.models import (
     StripeCustomerLink,
     StripeWebhookEvent,
 )
-from tests.fakes.stripe_server import StripeServer
+from llm_budgets.testing.fakes.stripe_server import StripeServer
 from tests.stripe_support import event, fake_stripe, set_up, sign
 
 pytestmark = pytest.mark.django_db

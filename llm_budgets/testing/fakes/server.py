@@ -1,0 +1,163 @@
+"""A fake provider: a real HTTP server on 127.0.0.1 (port 0) that records each request and answers
+as told: JSON, SSE streams (fast or slow), HTTP errors, a stall, a dropped connection. It reports
+whether the client closed a stream before its end, so a test can prove upstream was closed."""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+WAIT = 10.0  # the bound on every wait in the fakes and their tests
+
+
+@dataclass
+class Behaviour:
+    """What the next request gets. ``kind``: ok | status | stall | drop (connection closed after
+    ``chunks`` chunks of a stream, or before any answer)."""
+
+    kind: str = "ok"
+    status: int = 200
+    chunks: int = 3  # output deltas in a stream
+    delay: float = 0.0  # seconds between stream chunks
+    text: str = "Hello from the fake. "
+    finish_reason: str = "stop"
+    stall_after: int | None = None  # stop sending after this many stream events, until unstall
+    usage: bool = True  # False: a stream ends without its final usage
+
+
+@dataclass
+class Seen:
+    """One request as the fake received it, and how its answer went."""
+
+    path: str
+    body: dict[str, Any]
+    chunks_sent: int = 0
+    finished: threading.Event = field(default_factory=threading.Event)
+    client_closed: threading.Event = field(default_factory=threading.Event)
+
+
+class FakeProvider:
+    """Subclasses give the provider's shapes: ``answer_json`` and ``stream_events``."""
+
+    def __init__(self) -> None:
+        self.requests: list[Seen] = []
+        self.behaviours: deque[Behaviour] = deque()
+        self.received = threading.Event()
+        self.unstall = threading.Event()
+        self.usage: dict[str, Any] = {}
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                seen = Seen(path=self.path, body=body)
+                fake.requests.append(seen)
+                fake.received.set()
+                behaviour = fake.behaviours.popleft() if fake.behaviours else Behaviour()
+                try:
+                    fake.answer(self, seen, behaviour)
+                except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+                    seen.client_closed.set()
+                finally:
+                    seen.finished.set()
+                    self.close_connection = True
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def base_url(self) -> str:
+        port = self.server.server_address[1]
+        return f"http://127.0.0.1:{port}"  # the address it is bound to
+
+    def then(self, **kwargs: Any) -> FakeProvider:
+        self.behaviours.append(Behaviour(**kwargs))
+        return self
+
+    def stop(self) -> None:
+        self.unstall.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def last(self) -> Seen:
+        assert self.requests, "the fake received no request"
+        return self.requests[-1]
+
+    # -- answering ---------------------------------------------------------------------------
+
+    def answer(self, handler: BaseHTTPRequestHandler, seen: Seen, behaviour: Behaviour) -> None:
+        if behaviour.kind == "status":
+            self._send(handler, behaviour.status, self.error_json(behaviour.status))
+            return
+        if behaviour.kind == "stall":
+            self.unstall.wait(WAIT)
+            return
+        if behaviour.kind == "drop" and not seen.body.get("stream"):
+            handler.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if not seen.body.get("stream"):
+            self._send(handler, 200, self.answer_json(seen, behaviour))
+            return
+        handler.send_response(200)
+        handler.send_header("content-type", "text/event-stream")
+        handler.send_header("transfer-encoding", "chunked")
+        handler.end_headers()
+        for index, (event, data) in enumerate(self.stream_events(seen, behaviour)):
+            if behaviour.kind == "drop" and index > behaviour.chunks // 2 + 1:
+                handler.connection.shutdown(socket.SHUT_RDWR)
+                return
+            if behaviour.delay and index:
+                time.sleep(behaviour.delay)
+            if behaviour.stall_after is not None and index == behaviour.stall_after:
+                self._stall(handler, seen)
+                return
+            payload = (f"event: {event}\n" if event else "") + f"data: {data}\n\n"
+            raw = payload.encode()
+            handler.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
+            handler.wfile.flush()
+            seen.chunks_sent += 1
+        handler.wfile.write(b"0\r\n\r\n")
+        handler.wfile.flush()
+
+    def _stall(self, handler: BaseHTTPRequestHandler, seen: Seen) -> None:
+        """Send nothing more until ``unstall`` (bounded), noticing if the client closes."""
+        deadline = time.monotonic() + WAIT
+        while not self.unstall.is_set() and time.monotonic() < deadline:
+            readable, _, _ = select.select([handler.connection], [], [], 0.02)
+            if readable and not handler.connection.recv(1, socket.MSG_PEEK):
+                seen.client_closed.set()
+                return
+
+    def _send(self, handler: BaseHTTPRequestHandler, status: int, body: dict[str, Any]) -> None:
+        raw = json.dumps(body).encode()
+        handler.send_response(status)
+        handler.send_header("content-type", "application/json")
+        handler.send_header("content-length", str(len(raw)))
+        handler.end_headers()
+        handler.wfile.write(raw)
+
+    def error_json(self, status: int) -> dict[str, Any]:
+        return {"error": {"type": "fake_error", "message": f"fake {status}"}}
+
+    def answer_json(self, seen: Seen, behaviour: Behaviour) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def stream_events(self, seen: Seen, behaviour: Behaviour) -> Iterator[tuple[str, str]]:
+        raise NotImplementedError
