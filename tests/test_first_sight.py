@@ -88,7 +88,10 @@ def test_a_member_sees_the_refusals_of_an_end_user_the_ledger_never_created() ->
     _refused(end_user="carol")
     user = User.objects.create_user("carol", password="pw")  # type: ignore[arg-type]
     Membership.objects.create(
-        user=user, tenant=Tenant.objects.get(external_id="acme"), role=MembershipRole.MEMBER
+        user=user,
+        tenant=Tenant.objects.get(external_id="acme"),
+        role=MembershipRole.MEMBER,
+        end_user_external_id="carol",
     )
     client = Client()
     client.force_login(user)
