@@ -750,6 +750,21 @@ def test_priority_is_held_and_charged_at_the_price_tables_tier_rates(fake: FakeO
     assert_conserved()
 
 
+@pytest.mark.parametrize("tier", ["default", "flex", "auto"])
+def test_standard_tiers_are_held_and_charged_at_the_versions_own_rates(
+    fake: FakeOpenAI, tier: str
+) -> None:
+    fake.service_tier = "default" if tier == "auto" else tier
+    _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
+        model=GPT, messages=MESSAGES, max_completion_tokens=100, service_tier=tier
+    )
+    assert fake.last.body["service_tier"] == tier
+    line = charge_line(only_reservation())
+    # 15 uncached x 1 + 5 cached x 0.5 + 12 output x 2: flex is never charged above standard
+    assert line.cost == Decimal("41.5")
+    assert_conserved()
+
+
 def test_an_answer_served_at_an_unpriced_tier_is_left_uncertain(fake: FakeOpenAI) -> None:
     fake.service_tier = "priority"  # the project's default tier, not asked for
     _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
