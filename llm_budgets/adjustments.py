@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.db import transaction
+from django.db.models import Sum
 from django.utils import timezone
 
 from llm_budgets.billing import outbox
@@ -78,6 +79,23 @@ def usage_void(
             )
         if UsageRecord.objects.filter(voids=line).exists():
             raise InvalidUsage(f"Line {record_id} is already voided.", field="record_id")
+        # A call is never given back more than it was charged: after a refund (a late release
+        # or a true-up down), its estimate line is voided only down to what the call still nets.
+        net = (
+            UsageRecord.objects.filter(reservation=reservation)
+            .spend()
+            .aggregate(cost=Sum("cost"), customer=Sum("customer_cost"))
+        )
+        give_back = (
+            max(ZERO, min(line.cost, net["cost"] or ZERO)),
+            max(ZERO, min(line.customer_cost, net["customer"] or ZERO)),
+        )
+        if give_back[0] <= 0 and give_back[1] <= 0:
+            raise InvalidUsage(
+                f"Line {record_id}'s call was already given back all it was charged (a refund on "
+                "a late settlement): there is nothing left to void.",
+                field="record_id",
+            )
         units = dict(
             ReservationHold.objects.filter(reservation=reservation).values_list("counter", "unit")
         )
@@ -85,11 +103,12 @@ def usage_void(
             Counter.objects.select_for_update().filter(pk__in=list(units)).order_by("pk")
         )
         adjustment = ledger_lines.reversal_line(line, now=now)
+        adjustment.cost, adjustment.customer_cost = -give_back[0], -give_back[1]
         floors = []
         # Exact Decimal arithmetic on the locked rows; each counter in its hold's unit. A counter
         # a reset already brought lower stops at zero (the floor rule, ledger_lines.floor_line).
         for counter in counters:
-            counter.spent -= line.cost_for(units[counter.pk])
+            counter.spent += adjustment.cost_for(units[counter.pk])
             floor = ledger_lines.floor_line(
                 counter,
                 units[counter.pk],

@@ -246,8 +246,29 @@ def test_a_refund_line_cannot_be_voided() -> None:
         usage_void(record_id=refund.pk, reason="x")
     assert refused.value.field == "record_id"
     assert Counter.objects.get().spent == Decimal(3)
-    usage_void(record_id=UsageRecord.objects.get(kind=UsageKind.CHARGE).pk, reason="refund")
-    assert Counter.objects.get().spent == Decimal(0)  # -27 from 3: the floor rule
+    void = usage_void(record_id=UsageRecord.objects.get(kind=UsageKind.CHARGE).pk, reason="r")
+    # The call nets 3 (30 estimated, 27 refunded): its void gives back 3, not the estimate's 30.
+    assert void.cost == Decimal(-3)
+    assert Counter.objects.get().spent == Decimal(0)
+    assert sum(line.cost for line in UsageRecord.objects.spend()) == 0
+    assert counters_drift() == []
+
+
+def test_a_call_refunded_by_a_late_release_cannot_be_refunded_again_by_a_void() -> None:
+    """Review finding: an expired hold charged its estimate, then released late (refunded in
+    full); voiding the estimate gave the tenant the estimate a second time, understating the
+    tenant's and the global counters so admission could pass their limits unrecorded."""
+    seed(limit="1000")
+    hold = reserve_30()
+    reservations_sweep(now=hold.expires_at)
+    reservation_release(hold.id)
+    assert sum(line.cost for line in UsageRecord.objects.spend()) == 0
+    estimate = UsageRecord.objects.get(kind=UsageKind.CHARGE)
+    with pytest.raises(InvalidUsage, match="nothing left to void") as refused:
+        usage_void(record_id=estimate.pk, reason="provider refunded")
+    assert refused.value.field == "record_id"
+    assert not UsageRecord.objects.filter(voids=estimate).exists()
+    assert Counter.objects.get().spent == 0
     assert counters_drift() == []
 
 
