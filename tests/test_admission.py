@@ -30,7 +30,7 @@ from llm_budgets.models import (
     UsageRecord,
 )
 from llm_budgets.reconcile import counters_drift
-from tests.factories import FAKE_MODEL, FAKE_PROVIDER, price_fake, reserve_30, seed
+from tests.factories import FAKE_MODEL, FAKE_PROVIDER, PRICES_START, price_fake, reserve_30, seed
 
 pytestmark = pytest.mark.django_db
 
@@ -415,3 +415,26 @@ def test_the_star_budget_is_a_cap_for_each_end_user_not_a_shared_pool() -> None:
     # Someone not seen yet has the whole default.
     fresh = {s.scope: s.remaining for s in budgets.status(tenant="acme", end_user="new")}
     assert fresh[Scope.END_USER_DEFAULT] == Decimal(50)
+
+
+def test_a_retry_asking_a_dearer_service_tier_does_not_ride_the_first_hold() -> None:
+    """Review finding: the retry of a standard-tier call asking ``priority`` with the same key
+    got the standard reservation back, and its commit was priced at the standard rates."""
+    seed(limit="1000")
+    budgets.set_price(
+        provider=FAKE_PROVIDER,
+        model=FAKE_MODEL,
+        input_per_mtok=Decimal(0),
+        output_per_mtok=Decimal(30000),
+        service_tiers={"priority": {"input_per_mtok": "0", "output_per_mtok": "60000"}},
+        effective_from=PRICES_START + timedelta(seconds=1),
+    )
+    asked = {"tenant": "acme", "provider": FAKE_PROVIDER, "model": FAKE_MODEL, "input_tokens": 0}
+    held = reservation_create(**asked, max_output_tokens=1000, idempotency_key="k")
+    with pytest.raises(IdempotencyKeyReused) as refused:
+        reservation_create(
+            **asked, max_output_tokens=1000, idempotency_key="k", service_tier="priority"
+        )
+    assert refused.value.differs == "service_tier"
+    assert refused.value.reservation_id == str(held.pk)
+    assert reservation_create(**asked, max_output_tokens=1000, idempotency_key="k") == held

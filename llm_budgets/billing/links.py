@@ -93,7 +93,7 @@ def stripe_customer_link(
 def _report_too_old(tenant: Tenant, customer: str, now: datetime) -> object:
     """Usage older than Stripe's window that was never queued: recorded once as a TOO_OLD
     delivery (shown to staff), never sent."""
-    old = lines_without_row(tenant).filter(created_at__lt=now - STRIPE_WINDOW)
+    old = lines_without_row(tenant).spend().filter(created_at__lt=now - STRIPE_WINDOW)
     total = old.aggregate(total=Sum("customer_cost"))["total"] or ZERO
     count = old.count()
     if not count:

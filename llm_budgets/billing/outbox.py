@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db import connection
-from django.db.models import Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Exists, OuterRef, Q, Subquery
 
 from llm_budgets.conf import conf
 from llm_budgets.engine import statements as sql
@@ -33,6 +33,7 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
+from llm_budgets.models.ledger import UsageRecordQuerySet
 from llm_budgets.money import ZERO
 
 # Stripe accepts meter events whose timestamp is at most 35 days old.
@@ -215,7 +216,7 @@ def lines_resolve(queryset_filter: Q) -> int:
     )
 
 
-def lines_without_row(tenant: Tenant) -> QuerySet[UsageRecord]:
+def lines_without_row(tenant: Tenant) -> UsageRecordQuerySet:
     """The tenant's ledger lines that have no outbox row."""
     has_row = BillingLine.objects.filter(
         Q(usage_record=OuterRef("pk"))

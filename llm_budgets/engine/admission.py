@@ -252,6 +252,7 @@ def reservation_create(
                 input_tokens=request.input_tokens,
                 max_output_tokens=request.max_output_tokens,
                 tags=tag_map,
+                service_tier=tier,
             )
             existing = _reservation_with_key(tenant_obj.pk, asked.key)
             if existing is not None:
@@ -366,6 +367,7 @@ class _Asked:
     input_tokens: int
     max_output_tokens: int | None
     tags: dict[str, str]
+    service_tier: str
 
     def replay(self, existing: Reservation) -> Reservation:
         """``existing``, the reservation the key belongs to, if this call asks for the same;
@@ -381,6 +383,8 @@ class _Asked:
             or existing.degraded
             or existing.max_output_tokens == self.max_output_tokens,
             "tags": existing.tags == self.tags,
+            # A dearer tier asked on retry must not ride a hold priced at the cheaper one.
+            "service_tier": existing.service_tier == self.service_tier,
         }
         differs = [name for name, equal in same.items() if not equal]
         if differs:
