@@ -12,11 +12,12 @@ if os.environ.get("LLMB_PGBOUNCER"):
     collect_ignore: list[str] = []
 else:
     collect_ignore = ["test_pooler.py"]
+# The real-browser fixture, for every test module (tests/browser.py).
+from tests.browser import browser_tests_last, chromium_browser  # noqa: F401
+
 # The host matrix's generated projects run their own tests (tests/hosts/inside) in their own
 # process, with their own settings (tests/test_host_matrix.py); this suite must not collect them.
 collect_ignore.append("hosts/inside")
-# The real-browser fixture, for every test module (tests/browser.py).
-from tests.browser import browser_tests_last, chromium_browser  # noqa: F401
 
 
 @pytest.hookimpl(trylast=True)
