@@ -172,7 +172,8 @@ def _jobs(now: datetime) -> Check:
         age = 0.0 if last is None else (now - last).total_seconds()
         if age > 2 * seconds + slack:
             overdue[task] = round(age, 1)
-    values: dict[str, Any] = {"overdue_seconds": overdue}
+    # Numbers only, as every check's values: each overdue job's age in seconds.
+    values: dict[str, Any] = dict(overdue)
     if overdue:
         names = ", ".join(f"{task} ({age:.0f} s)" for task, age in overdue.items())
         return Check(
