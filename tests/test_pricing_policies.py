@@ -150,6 +150,24 @@ def test_reserve_fixed_settles_at_a_price_that_appears_meanwhile() -> None:
     assert UsageRecord.objects.get().price is not None
 
 
+def test_a_fixed_hold_at_a_tier_the_new_price_lacks_settles_at_its_fixed_amount() -> None:
+    """Review finding: a fixed hold asked at a service tier could never commit once a price
+    without that tier appeared (UnknownPrice on every try), and ended only by expiry."""
+    plan = Plan.objects.create(
+        name="fixed",
+        unknown_model_policy=UnknownModelPolicy.RESERVE_FIXED,
+        unknown_model_fixed_amount=Decimal("0.5"),
+    )
+    _tenant(plan)
+    held = _reserve("new-model", at=T0, service_tier="priority")
+    _price("new-model", at=T0 + timedelta(seconds=30))
+    result = reservation_commit(
+        held.pk, input_tokens=1000, output_tokens=1000, now=T0 + timedelta(seconds=60)
+    )
+    assert (result.cost, result.pricing_basis) == (Decimal("0.5"), PricingBasis.FIXED)
+    assert counters_drift() == []
+
+
 def test_a_fixed_policy_needs_a_positive_amount_never_zero() -> None:
     with pytest.raises(IntegrityError):
         Plan.objects.create(

@@ -288,7 +288,15 @@ def _actual(
         except UnknownPrice:
             return reservation.amount, None, basis
     at = min(max(now, reservation.created_at), reservation.expires_at)
-    return actual_cost(price, usage, at=at, service_tier=reservation.service_tier), price.pk, basis
+    try:
+        cost = actual_cost(price, usage, at=at, service_tier=reservation.service_tier)
+    except UnknownPrice:
+        if reservation.price is not None:
+            raise
+        # A fixed hold at a tier the price that appeared since does not list: the fixed amount,
+        # as when no price appeared (a commit that could never succeed would leave it to expire).
+        return reservation.amount, None, str(reservation.pricing_basis)
+    return cost, price.pk, basis
 
 
 @observed_settlement("commit")
