@@ -30,6 +30,14 @@ def status_path() -> str:
     return f"{BASE}tenants/acme/status"
 
 
+@pytest.fixture
+def one_window() -> Any:
+    """One throttle window throughout: the counters' clock stands still, so a count of attempts
+    never straddles a minute boundary (on a slow machine it did)."""
+    with time_machine.travel(timezone.now() + timedelta(seconds=1), tick=False):
+        yield
+
+
 def attempt(header: str | None, remote: str = "10.0.0.1") -> Any:
     client = client_for(None)
     if header is not None:
@@ -38,6 +46,7 @@ def attempt(header: str | None, remote: str = "10.0.0.1") -> Any:
 
 
 @override_settings(LLM_BUDGETS={"API_AUTH_FAILURE_RATE": "5/minute"})
+@pytest.mark.usefixtures("one_window")
 def test_failed_attempts_are_throttled_per_source() -> None:
     seed()
     good = new_key("acme")
@@ -54,6 +63,7 @@ def test_failed_attempts_are_throttled_per_source() -> None:
 
 
 @override_settings(LLM_BUDGETS={"API_AUTH_FAILURE_RATE": "3/minute"})
+@pytest.mark.usefixtures("one_window")
 def test_a_forged_forwarded_for_header_does_not_make_a_new_source() -> None:
     seed()
     client = client_for(None)
@@ -114,6 +124,7 @@ def test_the_source_address_follows_trusted_proxies(
 
 
 @override_settings(LLM_BUDGETS={"API_AUTH_FAILURE_RATE": "3/minute", "TRUSTED_PROXIES": 1})
+@pytest.mark.usefixtures("one_window")
 def test_behind_one_proxy_each_client_is_its_own_source() -> None:
     seed()
     good = new_key("acme")
