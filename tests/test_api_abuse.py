@@ -16,6 +16,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from llm_budgets.api.keys import api_key_revoke
+from llm_budgets.api.throttling import window_now
 from llm_budgets.models import ApiKey
 from tests.api import BASE, client_for, new_key
 from tests.factories import seed
@@ -24,6 +25,7 @@ from tests.servers import web_processes
 pytestmark = pytest.mark.django_db
 
 WRONG = "Api-Key abcdefgh.wrongwrongwrongwrongwrongwrongwr"
+BAD = {"Authorization": WRONG}
 
 
 def status_path() -> str:
@@ -184,22 +186,32 @@ def test_revocation_is_effective_on_the_next_request() -> None:
 def test_both_throttles_count_across_processes(tmp_path: Path) -> None:
     """Two web processes, one database: the limits are global, not per process."""
     seed()
-    key = new_key("acme")
     settings = {"API_THROTTLE_RATE": "10/minute", "API_AUTH_FAILURE_RATE": "4/minute"}
     with web_processes(2, tmp_path, llm_budgets=settings) as webs:
         path = "/api/llm-budgets/v1/tenants/acme/status"
-        good = {"Authorization": f"Api-Key {key}"}
-        codes = [
-            httpx.get(f"{webs[i % 2].url}{path}", headers=good, timeout=30).status_code
-            for i in range(14)
-        ]
-        assert codes == [200] * 10 + [429] * 4, codes
-        bad = {"Authorization": WRONG}
-        codes = [
-            httpx.get(f"{webs[i % 2].url}{path}", headers=bad, timeout=30).status_code
-            for i in range(6)
-        ]
-        assert codes == [401] * 4 + [429] * 2, codes
+
+        def burst(headers: dict[str, str], count: int, source: str) -> list[int] | None:
+            """The codes of ``count`` requests alternating between the processes, from the
+            loopback address ``source``; None when they straddled a minute (a new window)."""
+            started = window_now(60)
+            with httpx.Client(transport=httpx.HTTPTransport(local_address=source)) as http:
+                codes = [
+                    http.get(f"{webs[i % 2].url}{path}", headers=headers, timeout=30).status_code
+                    for i in range(count)
+                ]
+            return codes if window_now(60) == started else None
+
+        # A fresh key and source address for each try: a try that straddled a window boundary
+        # says nothing, and its hits must not count in the next.
+        tries = []
+        for n in range(3):
+            good = {"Authorization": f"Api-Key {new_key('acme')}"}
+            tries.append((burst(good, 14, f"127.0.0.{10 + n}"), burst(BAD, 6, f"127.0.0.{20 + n}")))
+            if None not in tries[-1]:
+                break
+        codes_good, codes_bad = tries[-1]
+        assert codes_good == [200] * 10 + [429] * 4, tries
+        assert codes_bad == [401] * 4 + [429] * 2, tries
 
 
 def test_old_counter_windows_are_deleted() -> None:
