@@ -121,9 +121,9 @@ def _load(lines: int, end_users: int, days: int) -> None:
             "INSERT INTO llm_budgets_reservation (id, tenant_id, end_user_id, provider, model,"
             " input_tokens, max_output_tokens, amount, customer_amount, markup_percent, currency,"
             " state, created_at, expires_at, settled_at, pricing_basis, degraded, requested_model,"
-            " tags) SELECT c.id, %s, c.end_user_id, mm.provider, mm.model, c.input_tokens, 2000,"
-            " 0.01, 0.01, 0, 'USD', 'committed', c.at, c.at + interval '2 minutes', c.at, 'price',"
-            " false, '', '{}'::jsonb " + common,
+            " tags, service_tier) SELECT c.id, %s, c.end_user_id, mm.provider, mm.model,"
+            " c.input_tokens, 2000, 0.01, 0.01, 0, 'USD', 'committed', c.at,"
+            " c.at + interval '2 minutes', c.at, 'price', false, '', '{}'::jsonb, '' " + common,
             [tenant.pk],
         )
         cur.execute(
@@ -131,19 +131,22 @@ def _load(lines: int, end_users: int, days: int) -> None:
             " provider, model, input_tokens, cached_input_tokens, cache_write_tokens,"
             " cache_write_1h_tokens, output_tokens, reasoning_tokens, tool_calls, tags, cost,"
             " customer_cost, currency, overage, is_estimated, reserved_at, created_at,"
-            " pricing_basis) SELECT c.id, 'charge', %s, c.end_user_id, mm.provider, mm.model,"
+            " pricing_basis, service_tier) SELECT c.id, 'charge', %s, c.end_user_id, mm.provider,"
+            " mm.model,"
             " c.input_tokens, 0, 0, 0, c.output_tokens, 0, '{}'::jsonb, '{}'::jsonb,"
             " round((c.input_tokens * 1 + c.output_tokens * 4) / 1000000.0, 10),"
             " round((c.input_tokens * 1 + c.output_tokens * 4) / 1000000.0, 10), 'USD', 0, false,"
-            " c.at, c.at + interval '3 seconds', 'price' " + common,
+            " c.at, c.at + interval '3 seconds', 'price', '' " + common,
             [tenant.pk],
         )
         cur.execute(
             "INSERT INTO llm_budgets_refusal (created_at, tenant_id, end_user_id, provider, model,"
-            " kind, detail, requested, remaining) SELECT %s::timestamptz - n * interval '1 minute',"
-            " %s, %s + (n %% %s), 'openai', 'gpt-4o', 'budget', 'end user day budget', 0.5, 0.1"
+            " kind, detail, requested, remaining, end_user_external_id, run_external_id)"
+            " SELECT %s::timestamptz - n * interval '1 minute', %s, %s + (n %% %s), 'openai',"
+            " 'gpt-4o', 'budget', 'end user day budget', 0.5, 0.1,"
+            " 'user-' || lpad((1 + n %% %s)::text, 5, '0'), ''"
             " FROM generate_series(1, 10000) n",
-            [now, tenant.pk, first_user, end_users],
+            [now, tenant.pk, first_user, end_users, end_users],
         )
         cur.execute("ANALYZE")
     print(f"loaded {lines} lines in {time.perf_counter() - started:.0f}s", flush=True)
