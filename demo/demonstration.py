@@ -293,7 +293,7 @@ def _price_ensure(
 def _demo_tenant(label: str, run_id: str) -> str:
     """A fresh tenant per run, so the demo re-runs on any database and touches nobody else's."""
     external_id = f"demo-{run_id}-{label}"
-    budgets.ensure_tenant(external_id, name=f"Demo run {run_id} ({label})")
+    budgets.ensure_tenant(tenant=external_id, name=f"Demo run {run_id} ({label})")
     # Lifetime, so a run that straddles midnight or a month boundary still adds up.
     budgets.set_limit(tenant=external_id, amount=LIMIT, window="lifetime", actor=DEMO_ACTOR)
     return external_id

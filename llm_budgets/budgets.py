@@ -7,9 +7,9 @@ five-minute tour.
 from __future__ import annotations
 
 import logging
+import warnings
 from datetime import datetime
 from decimal import Decimal
-from types import TracebackType
 from typing import Any
 from uuid import UUID
 
@@ -27,17 +27,18 @@ from llm_budgets import (
 )
 from llm_budgets.engine import admission, settlement
 from llm_budgets.engine.settlement import CommitResult
-from llm_budgets.exceptions import ReservationStateError
+from llm_budgets.holds import HoldPolicy, ttl_renamed
 from llm_budgets.models import (
     Budget,
     EndUser,
     KillSwitch,
     Price,
     Reservation,
-    ReservationState,
+    StripeCustomerLink,
     Tenant,
 )
 from llm_budgets.quotes import Quote
+from llm_budgets.request import Request
 from llm_budgets.usage import Usage
 
 logger = logging.getLogger("llm_budgets")
@@ -54,6 +55,7 @@ __all__ = [
     "explain",
     "extend",
     "get",
+    "link_stripe_customer",
     "mark_uncertain",
     "quote",
     "release",
@@ -63,17 +65,19 @@ __all__ = [
     "status",
     "sweep",
     "trip",
+    "unlink_stripe_customer",
 ]
 
 
-class Hold:
+class Hold(HoldPolicy):
     """A reservation as the caller sees it. Use it as a context manager to never leak it.
 
     Inside ``with budgets.reserve(...) as hold:`` an exception releases the hold, except a
     ``TimeoutError``: a timeout is no proof the provider stopped, so the hold is marked UNCERTAIN
     and stays counted until usage arrives or the reconcile job settles it. Leaving the block
     without commit or release raises ``ReservationStateError`` and leaves the hold to expire
-    (charged as estimated), for the same reason.
+    (charged as estimated), for the same reason. The policy is ``llm_budgets.holds.HoldPolicy``,
+    shared with the client's ``RemoteHold``.
     """
 
     def __init__(self, reservation: Reservation) -> None:
@@ -164,42 +168,17 @@ class Hold:
         self._reservation.state = settlement.reservation_mark_uncertain(self.id)
         return self._reservation.state
 
-    def extend(self, *, ttl_seconds: int) -> Hold:
-        """Push the expiry to ``ttl_seconds`` from now (never earlier), for a call that runs
-        longer than planned. Only a held reservation can be extended."""
-        self._reservation = settlement.reservation_extend(self.id, ttl_seconds=ttl_seconds)
+    def extend(self, *, ttl: int | None = None, ttl_seconds: int | None = None) -> Hold:
+        """Push the expiry to ``ttl`` seconds from now (never earlier), for a call that runs
+        longer than planned. Only a held reservation can be extended. (``ttl_seconds``: the old
+        name, deprecated.)"""
+        seconds = ttl_renamed(ttl, ttl_seconds, where="extend")
+        self._reservation = settlement.reservation_extend(self.id, ttl=seconds)
         return self
 
     def refresh(self) -> Hold:
         self._reservation.refresh_from_db()
         return self
-
-    def __enter__(self) -> Hold:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._reservation.state != ReservationState.HELD:
-            return
-        if exc_type is None:
-            raise ReservationStateError(
-                f"Reservation {self.id} left its with-block still held: call hold.commit(...) "
-                "after the provider answers, or hold.release() if it produced nothing. The hold "
-                "stays until it expires and is then charged as estimated spend.",
-                state=self.state,
-            )
-        if issubclass(exc_type, TimeoutError):
-            logger.warning(
-                "llm_budgets: reservation %s timed out; its hold stays counted (uncertain).",
-                self.id,
-            )
-            self.mark_uncertain()
-            return
-        self.release()
 
 
 def set_price(
@@ -229,8 +208,10 @@ def set_price(
 
 
 def ensure_tenant(
-    external_id: str,
+    external_id: str | None = None,
+    /,
     *,
+    tenant: str | None = None,
     name: str | None = None,
     timezone: str | None = None,
     billing_day: int | None = None,
@@ -240,9 +221,22 @@ def ensure_tenant(
 ) -> Tenant:
     """Create the tenant, or update the fields given (``markup_percent`` overrides the plan's
     markup for customer prices; ``billing_emails``: who gets budget warnings, separated by
-    commas or new lines)."""
+    commas or new lines). The tenant's external id is ``tenant=``, as in every other function
+    (given positionally it still works, with a ``DeprecationWarning``, for one release)."""
+    if external_id is not None:
+        if tenant is not None:
+            raise TypeError("ensure_tenant() takes tenant=, not also a positional tenant.")
+        warnings.warn(
+            "ensure_tenant(external_id, ...) is deprecated: write ensure_tenant(tenant=...), as "
+            "every other function takes it. The positional form goes in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        tenant = external_id
+    if tenant is None:
+        raise TypeError("ensure_tenant() missing required keyword argument: 'tenant'")
     return tenants.tenant_ensure(
-        external_id,
+        tenant,
         name=name,
         timezone=timezone,
         billing_day=billing_day,
@@ -327,21 +321,23 @@ def reserve(
     grant a cheaper model or a lower output ceiling: call the provider with ``hold.model`` and
     ``hold.max_output_tokens``."""
     return Hold(
-        admission.reservation_create(
-            tenant=tenant,
-            end_user=end_user,
-            provider=provider,
-            model=model,
-            input_tokens=input_tokens,
-            max_output_tokens=max_output_tokens,
-            idempotency_key=idempotency_key,
-            ttl=ttl,
-            messages=messages,
-            prompt=prompt,
-            max_tool_calls=max_tool_calls,
-            allow_degrade=allow_degrade,
-            tags=tags,
-            run=run,
+        admission.reservation_admit(
+            Request(
+                tenant=tenant,
+                end_user=end_user,
+                provider=provider,
+                model=model,
+                input_tokens=input_tokens,
+                max_output_tokens=max_output_tokens,
+                idempotency_key=idempotency_key,
+                ttl=ttl,
+                messages=messages,
+                prompt=prompt,
+                max_tool_calls=max_tool_calls,
+                allow_degrade=allow_degrade,
+                tags=tags,
+                run=run,
+            )
         )
     )
 
@@ -363,20 +359,23 @@ def quote(
 ) -> Quote:
     """Explain a price without holding anything: the itemised worst case, the price version (or
     the unknown-model policy) and the budgets the request would draw on (with the run's and
-    the tags' own)."""
-    return quotes.quote(
-        tenant=tenant,
-        model=model,
-        provider=provider,
-        input_tokens=input_tokens,
-        messages=messages,
-        prompt=prompt,
-        max_output_tokens=max_output_tokens,
-        end_user=end_user,
-        ttl=ttl,
-        max_tool_calls=max_tool_calls,
-        run=run,
-        tags=tags,
+    the tags' own). Takes what ``reserve`` takes, but ``idempotency_key`` and ``allow_degrade``
+    (a quote holds nothing)."""
+    return quotes.request_quote(
+        Request(
+            tenant=tenant,
+            model=model,
+            provider=provider,
+            input_tokens=input_tokens,
+            messages=messages,
+            prompt=prompt,
+            max_output_tokens=max_output_tokens,
+            end_user=end_user,
+            ttl=ttl,
+            max_tool_calls=max_tool_calls,
+            run=run,
+            tags=tags,
+        )
     )
 
 
@@ -411,9 +410,11 @@ def release(hold_id: UUID | str) -> str:
     return settlement.reservation_release(hold_id)
 
 
-def extend(hold_id: UUID | str, *, ttl_seconds: int) -> Hold:
-    """Push a held reservation's expiry to ``ttl_seconds`` from now (never earlier), by id."""
-    return Hold(settlement.reservation_extend(hold_id, ttl_seconds=ttl_seconds))
+def extend(hold_id: UUID | str, *, ttl: int | None = None, ttl_seconds: int | None = None) -> Hold:
+    """Push a held reservation's expiry to ``ttl`` seconds from now (never earlier), by id.
+    (``ttl_seconds``: the old name, deprecated.)"""
+    seconds = ttl_renamed(ttl, ttl_seconds, where="extend")
+    return Hold(settlement.reservation_extend(hold_id, ttl=seconds))
 
 
 def get(hold_id: UUID | str) -> Hold:
@@ -454,7 +455,7 @@ def trip(
     provider: str | None = None,
     model: str | None = None,
     api_key: str | None = None,
-    reason: str = "",
+    reason: str,
     actor: str = "",
     auto_clear_at: datetime | None = None,
     run: str | None = None,
@@ -479,11 +480,12 @@ def clear(
     provider: str | None = None,
     model: str | None = None,
     api_key: str | None = None,
-    reason: str = "",
+    reason: str,
     actor: str = "",
     run: str | None = None,
 ) -> KillSwitch:
-    """Clear the switch tripped on exactly this scope. ``InvalidUsage`` if none is tripped."""
+    """Clear the switch tripped on exactly this scope. ``InvalidUsage`` if none is tripped.
+    ``reason`` is required (``InvalidUsage`` if blank)."""
     scope = killswitches.switch_scope(
         tenant=tenant,
         end_user=end_user,
@@ -504,33 +506,46 @@ def explain(
     *,
     tenant: str,
     model: str,
-    input_tokens: int,
+    input_tokens: int | None = None,
     max_output_tokens: int | None = None,
-    end_user: str | None = None,
     provider: str | None = None,
+    end_user: str | None = None,
+    messages: list[dict[str, Any]] | None = None,
+    prompt: str | None = None,
+    ttl: int | None = None,
+    max_tool_calls: dict[str, int] | None = None,
     run: str | None = None,
     tags: dict[str, str] | None = None,
 ) -> explanations.Explanation:
     """Every budget and kill switch that applies to this would-be request, with its state and
-    whether the request would fit. Holds nothing."""
+    whether the request would fit. Holds nothing. Takes what ``quote`` takes: what ``reserve``
+    takes, but ``idempotency_key`` and ``allow_degrade``."""
     return explanations.request_explain(
-        tenant=tenant,
-        end_user=end_user,
-        provider=provider,
-        model=model,
-        input_tokens=input_tokens,
-        max_output_tokens=max_output_tokens,
-        run=run,
-        tags=tags,
+        Request(
+            tenant=tenant,
+            model=model,
+            provider=provider,
+            input_tokens=input_tokens,
+            messages=messages,
+            prompt=prompt,
+            max_output_tokens=max_output_tokens,
+            end_user=end_user,
+            ttl=ttl,
+            max_tool_calls=max_tool_calls,
+            run=run,
+            tags=tags,
+        )
     )
 
 
-def sweep(**kwargs: Any) -> int:
-    """Expire overdue holds (see ``EXPIRED_HOLD_POLICY``). Returns how many expired."""
-    return settlement.reservations_sweep(**kwargs)
+def sweep(*, now: datetime | None = None, batch_size: int = settlement.SWEEP_BATCH) -> int:
+    """Expire overdue holds (see ``EXPIRED_HOLD_POLICY``), ``batch_size`` at a time. Returns how
+    many expired. ``now``: the instant to expire at (tests, replaying a sweep); by default the
+    database's clock."""
+    return settlement.reservations_sweep(now=now, batch_size=batch_size)
 
 
-def link_stripe_customer(*, tenant: str, customer_id: str, actor: str = "") -> Any:
+def link_stripe_customer(*, tenant: str, customer_id: str, actor: str = "") -> StripeCustomerLink:
     """Bill the tenant's usage to a Stripe customer (``cus_...``), from now on and for its unsent
     usage of the last 35 days; relinking moves unsent usage to the new customer. Audited.
     Returns the ``StripeCustomerLink`` (docs/billing.md)."""
@@ -539,7 +554,7 @@ def link_stripe_customer(*, tenant: str, customer_id: str, actor: str = "") -> A
     return stripe_customer_link(tenant=tenant, customer_id=customer_id, actor=actor)
 
 
-def unlink_stripe_customer(*, tenant: str, reason: str = "", actor: str = "") -> Any:
+def unlink_stripe_customer(*, tenant: str, reason: str = "", actor: str = "") -> StripeCustomerLink:
     """Stop delivering the tenant's new usage to Stripe; what is already owed is still delivered.
     ``InvalidUsage`` if it is not linked. Audited."""
     from llm_budgets.billing.links import stripe_customer_unlink

@@ -28,13 +28,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from decimal import Decimal
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
 
-from llm_budgets.exceptions import BudgetError, ReservationStateError, Wire
+from llm_budgets.exceptions import BudgetError, Wire
+from llm_budgets.holds import HoldPolicy, ttl_renamed
+from llm_budgets.request import Request
 from llm_budgets.results import BudgetStatus, CommitResult
 
 if TYPE_CHECKING:
@@ -306,8 +307,11 @@ class RemoteBudgetStatus(BudgetStatus):
         return self.data.keys()
 
 
-class RemoteHold:
-    """A reservation held over HTTP; the interface of ``llm_budgets.budgets.Hold``."""
+class RemoteHold(HoldPolicy):
+    """A reservation held over HTTP; the interface of ``llm_budgets.budgets.Hold`` and its
+    with-block policy (``llm_budgets.holds.HoldPolicy``), an HTTP timeout counting as one."""
+
+    _timeouts = (TimeoutError, httpx.TimeoutException)
 
     def __init__(self, client: BudgetsClient, data: dict[str, Any]) -> None:
         self._client = client
@@ -395,9 +399,11 @@ class RemoteHold:
         self._data = self._client._post(f"reservations/{self.id}/release", {})
         return self.state
 
-    def extend(self, *, ttl_seconds: int) -> RemoteHold:
-        """Push the expiry to ``ttl_seconds`` from now (never earlier)."""
-        self._data = self._client.extend(self.id, ttl_seconds=ttl_seconds)._data
+    def extend(self, *, ttl: int | None = None, ttl_seconds: int | None = None) -> RemoteHold:
+        """Push the expiry to ``ttl`` seconds from now (never earlier). (``ttl_seconds``: the
+        old name, deprecated.)"""
+        seconds = ttl_renamed(ttl, ttl_seconds, where="extend")
+        self._data = self._client.extend(self.id, ttl=seconds)._data
         return self
 
     def mark_uncertain(self) -> str:
@@ -410,34 +416,12 @@ class RemoteHold:
         self._data = self._client._get(f"reservations/{self.id}")
         return self
 
-    def __enter__(self) -> RemoteHold:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        # The in-process Hold's rules: see llm_budgets.budgets.Hold.
-        if self.state != "held":
-            return
-        if exc_type is None:
-            raise ReservationStateError(
-                f"Reservation {self.id} left its with-block still held: call hold.commit(...) "
-                "after the provider answers, or hold.release() if it produced nothing. The hold "
-                "stays until it expires and is then charged as estimated spend.",
-                state=self.state,
-            )
-        if issubclass(exc_type, TimeoutError | httpx.TimeoutException):
-            logger.warning("llm_budgets: reservation %s timed out; its hold stays.", self.id)
-            try:
-                self.mark_uncertain()
-            except ApiError as error:
-                if error.code != "not_implemented":  # a server without the UNCERTAIN state
-                    raise
-            return
-        self.release()
+    def _timed_out(self) -> None:
+        try:
+            self.mark_uncertain()
+        except ApiError as error:
+            if error.code != "not_implemented":  # a server without the UNCERTAIN state
+                raise
 
 
 class BudgetsClient:
@@ -497,23 +481,23 @@ class BudgetsClient:
         ``input_tokens``, or ``messages`` / ``prompt`` for the server to count. With
         ``allow_degrade`` the plan's ladder may grant less: read ``hold.model``,
         ``hold.max_output_tokens`` and ``hold.degraded``."""
-        body: dict[str, Any] = {"model": model, "max_output_tokens": max_output_tokens}
-        optional = {
-            "tenant": tenant,
-            "end_user": end_user,
-            "provider": provider,
-            "input_tokens": input_tokens,
-            "messages": messages,
-            "prompt": prompt,
-            "max_tool_calls": max_tool_calls,
-            "tags": tags,
-            "run": run,
-            "ttl_seconds": ttl,
-        }
-        body.update({k: v for k, v in optional.items() if v is not None})
-        if allow_degrade:
-            body["allow_degrade"] = True
-        return RemoteHold(self, self._post("reservations", body, idempotency_key=idempotency_key))
+        call = Request(
+            tenant=tenant,
+            model=model,
+            input_tokens=input_tokens,
+            max_output_tokens=max_output_tokens,
+            end_user=end_user,
+            provider=provider,
+            ttl=ttl,
+            messages=messages,
+            prompt=prompt,
+            max_tool_calls=max_tool_calls,
+            tags=tags,
+            allow_degrade=allow_degrade,
+            run=run,
+        )
+        data = self._post("reservations", call.wire(), idempotency_key=idempotency_key)
+        return RemoteHold(self, data)
 
     def quote(
         self,
@@ -533,22 +517,21 @@ class BudgetsClient:
     ) -> RemoteQuote:
         """Explain a price without holding anything: the itemised worst case, the price version
         (or policy) and each budget the request would draw on, with whether it fits now."""
-        params = {
-            "model": model,
-            "tenant": tenant,
-            "end_user": end_user,
-            "provider": provider,
-            "input_tokens": input_tokens,
-            "messages": None if messages is None else json.dumps(messages),
-            "prompt": prompt,
-            "max_output_tokens": max_output_tokens,
-            "max_tool_calls": None if max_tool_calls is None else json.dumps(max_tool_calls),
-            "ttl_seconds": ttl,
-            "run": run,
-            "tags": None if tags is None else json.dumps(tags),
-        }
-        data = self._get("quote", params={k: str(v) for k, v in params.items() if v is not None})
-        return RemoteQuote.from_json(data)
+        call = Request(
+            tenant=tenant,
+            model=model,
+            input_tokens=input_tokens,
+            max_output_tokens=max_output_tokens,
+            end_user=end_user,
+            provider=provider,
+            messages=messages,
+            prompt=prompt,
+            max_tool_calls=max_tool_calls,
+            ttl=ttl,
+            run=run,
+            tags=tags,
+        )
+        return RemoteQuote.from_json(self._get("quote", params=call.wire(query=True)))
 
     def close_run(
         self,
@@ -632,9 +615,12 @@ class BudgetsClient:
         data = self._get(f"tenants/{quote(tenant, safe='')}/status", params=params)
         return [RemoteBudgetStatus.from_json(budget) for budget in data["budgets"]]
 
-    def extend(self, hold_id: uuid.UUID | str, *, ttl_seconds: int) -> RemoteHold:
-        """Push a held reservation's expiry to ``ttl_seconds`` from now (never earlier)."""
-        body = {"ttl_seconds": ttl_seconds}
+    def extend(
+        self, hold_id: uuid.UUID | str, *, ttl: int | None = None, ttl_seconds: int | None = None
+    ) -> RemoteHold:
+        """Push a held reservation's expiry to ``ttl`` seconds from now (never earlier).
+        (``ttl_seconds``: the old name, deprecated.)"""
+        body = {"ttl_seconds": ttl_renamed(ttl, ttl_seconds, where="extend")}
         return RemoteHold(self, self._post(f"reservations/{hold_id}/extend", body))
 
     def mark_uncertain(self, hold_id: uuid.UUID | str) -> str:
@@ -650,7 +636,7 @@ class BudgetsClient:
     def trip(
         self,
         *,
-        reason: str = "",
+        reason: str,
         tenant: str | None = None,
         end_user: str | None = None,
         provider: str | None = None,
@@ -671,7 +657,7 @@ class BudgetsClient:
     def clear(
         self,
         *,
-        reason: str = "",
+        reason: str,
         tenant: str | None = None,
         end_user: str | None = None,
         provider: str | None = None,

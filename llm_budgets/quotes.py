@@ -6,8 +6,9 @@ holding anything."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from django.utils import timezone
 
@@ -20,6 +21,7 @@ from llm_budgets.model_names import ModelMatch
 from llm_budgets.models import ApiKey, BudgetUnit, EndUser, Price, PricingBasis, Tenant
 from llm_budgets.money import round_hold
 from llm_budgets.pricing import output_ceiling, price_match, pricing_for_request
+from llm_budgets.request import Request
 from llm_budgets.selectors import (
     BudgetStatus,
     budget_statuses,
@@ -28,7 +30,6 @@ from llm_budgets.selectors import (
 )
 from llm_budgets.tenants import tenant_get
 from llm_budgets.tokens import count_input_tokens
-from llm_budgets.usage import tool_calls_validate
 
 
 @dataclass(frozen=True)
@@ -63,13 +64,6 @@ def input_token_count(
     if messages is None and prompt is None:
         return validation.token_count("input_tokens", None)  # raises, naming the field
     return count_input_tokens(provider=provider, model=model, messages=messages, prompt=prompt)
-
-
-def service_tier_validate(value: object) -> str:
-    """A service tier name (``""`` or None: the standard tier)."""
-    if value is None or value == "":
-        return ""
-    return validation.identifier("service_tier", value, max_length=32)
 
 
 def request_estimate(
@@ -177,46 +171,62 @@ def quote(
     api_key: ApiKey | None = None,
     now: datetime | None = None,
 ) -> Quote:
+    """:func:`request_quote` of the :class:`~llm_budgets.request.Request` these fields
+    describe."""
+    fields: dict[str, Any] = {
+        "tenant": tenant,
+        "model": model,
+        "provider": provider,
+        "input_tokens": input_tokens,
+        "messages": messages,
+        "prompt": prompt,
+        "max_output_tokens": max_output_tokens,
+        "end_user": end_user,
+        "ttl": ttl,
+        "max_tool_calls": max_tool_calls,
+        "run": run,
+        "tags": tags,
+    }
+    return request_quote(Request(**fields), api_key=api_key, now=now)
+
+
+def request_quote(
+    call: Request, *, api_key: ApiKey | None = None, now: datetime | None = None
+) -> Quote:
     """The itemised worst case, the price version and the budgets a request would draw on.
-    Reads only: nothing is held or created. ``run``, ``tags`` and ``api_key``: the budgets of
-    the run, tags and key the call would name apply too."""
-    if provider is not None:
-        provider = validation.identifier("provider", provider, max_length=64)
-    model = validation.identifier("model", model, max_length=128)
+    Reads only: nothing is held or created. Its run, tags and ``api_key`` (the REST key it
+    came through): the budgets of the run, tags and key the call would name apply too. The
+    idempotency key and ``allow_degrade`` play no part (a quote holds nothing)."""
+    request = call.checked()
+    assert request.tenant is not None  # checked
+    provider, model = request.provider, request.model
     tokens = input_token_count(
         provider=provider,
         model=model,
-        input_tokens=input_tokens,
-        messages=messages,
-        prompt=prompt,
-    )
-    ceiling = (
-        None
-        if max_output_tokens is None
-        else validation.token_count("max_output_tokens", max_output_tokens, allow_zero=False)
+        input_tokens=request.input_tokens,
+        messages=request.messages,
+        prompt=request.prompt,
     )
     now = now or timezone.now()
-    # In range before any timedelta is built: a huge ttl would overflow it (a 500, not a 400).
-    ttl_seconds = conf.DEFAULT_TTL_SECONDS if ttl is None else validation.ttl_seconds("ttl", ttl)
     with ledger_guard("quote"):
-        tenant_obj = tenant_get(tenant)
+        tenant_obj = tenant_get(request.tenant)
         estimate = request_estimate(
             tenant_obj,
             provider=provider,
             model=model,
             input_tokens=tokens,
-            max_output_tokens=ceiling,
+            max_output_tokens=request.max_output_tokens,
             start=now,
-            end=now + timedelta(seconds=ttl_seconds),
-            max_tool_calls=tool_calls_validate(max_tool_calls, field="max_tool_calls"),
+            end=now + request.lifetime,
+            max_tool_calls=dict(request.max_tool_calls or {}),
         )
         user_obj = None
-        if end_user is not None:
-            user_obj = tenant_obj.end_users.filter(external_id=end_user).first() or EndUser(
-                tenant=tenant_obj, external_id=end_user
+        if request.end_user is not None:
+            user_obj = tenant_obj.end_users.filter(external_id=request.end_user).first() or EndUser(
+                tenant=tenant_obj, external_id=request.end_user
             )
         draws = []
-        scopes = scopes_for_read(tenant_obj, run=run, tags=tags, api_key=api_key)
+        scopes = scopes_for_read(tenant_obj, run=request.run, tags=request.tags, api_key=api_key)
         for status in budget_statuses(tenant_obj, user_obj, now, scopes):
             amount = (
                 estimate.customer_amount

@@ -345,7 +345,7 @@ def test_tenant_billing_contacts_are_edited_through_tenant_ensure(admin_client: 
 
 
 def test_tenant_change_refuses_a_bad_timezone_and_a_cleared_plan(admin_client: Client) -> None:
-    budgets.ensure_tenant("acme", timezone="UTC")
+    budgets.ensure_tenant(tenant="acme", timezone="UTC")
     tenant = Tenant.objects.get()
     tenant.plan = Plan.objects.create(name="pro")
     tenant.save()

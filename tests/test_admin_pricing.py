@@ -117,7 +117,7 @@ def _priced_and_unpriced_models_allowed() -> None:
         unknown_model_policy=UnknownModelPolicy.RESERVE_FIXED,
         unknown_model_fixed_amount=Decimal("0.1"),
     )
-    budgets.ensure_tenant("acme", plan="fixed")
+    budgets.ensure_tenant(tenant="acme", plan="fixed")
     budgets.set_limit(tenant="acme", amount=Decimal(10), window="month")
 
 

@@ -117,8 +117,10 @@ def test_clear_needs_the_exact_scope_and_a_reason(acme: None) -> None:
         budgets.clear(tenant="acme", model=FAKE_MODEL, reason="  ")
     assert no_reason.value.field == "reason"
     with pytest.raises(InvalidUsage) as trip_no_reason:
-        budgets.trip(tenant="acme")
+        budgets.trip(tenant="acme", reason="")
     assert trip_no_reason.value.field == "reason"
+    with pytest.raises(TypeError, match="reason"):  # required: no default to refuse
+        budgets.trip(tenant="acme")  # type: ignore[call-arg]
     with pytest.raises(InvalidUsage) as orphan:
         budgets.trip(end_user="u-1", reason="x")
     assert orphan.value.field == "tenant"

@@ -79,7 +79,7 @@ def setup_budgets(
     if global_limit is not None:
         seeded.budgets.append(budgets.set_limit(amount=global_limit, window=window))
     for external_id in [tenants] if isinstance(tenants, str) else tenants:
-        seeded.tenants.append(budgets.ensure_tenant(external_id, **tenant_fields))
+        seeded.tenants.append(budgets.ensure_tenant(tenant=external_id, **tenant_fields))
         if limit is not None:
             budget = budgets.set_limit(tenant=external_id, amount=limit, window=window)
             seeded.budgets.append(budget)

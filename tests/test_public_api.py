@@ -1,0 +1,87 @@
+"""The public API's spellings (issue #24, item 4): one name for the TTL, ``tenant=`` as a
+keyword everywhere, required reasons; the old spellings work for one release with a
+``DeprecationWarning`` (an error in this suite unless a test expects it)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import httpx
+import pytest
+
+from llm_budgets import budgets, client
+from llm_budgets.models import Tenant
+from tests.factories import reserve_30, seed
+
+
+@pytest.mark.django_db
+def test_extend_takes_ttl_and_ttl_seconds_with_a_warning() -> None:
+    seed()
+    hold = reserve_30()
+    first = hold.extend(ttl=600).expires_at
+    with pytest.warns(DeprecationWarning, match=r"extend\(ttl=\.\.\.\)"):
+        later = hold.extend(ttl_seconds=1200).expires_at
+    assert later > first
+    with pytest.warns(DeprecationWarning, match="ttl_seconds"):
+        assert budgets.extend(hold.id, ttl_seconds=1800).expires_at > later
+    with pytest.raises(TypeError, match="not both"):
+        budgets.extend(hold.id, ttl=1, ttl_seconds=1)
+    with pytest.raises(TypeError, match="'ttl'"):
+        budgets.extend(hold.id)
+
+
+def test_the_client_takes_ttl_and_ttl_seconds_with_a_warning() -> None:
+    sent: list[bytes] = []
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        sent.append(request.content)
+        return httpx.Response(200, json={"id": "00000000-0000-4000-8000-000000000001"})
+
+    http = httpx.Client(transport=httpx.MockTransport(serve))
+    remote = client.BudgetsClient("http://budgets.test/v1/", "k.s", http=http)
+    remote.extend("00000000-0000-4000-8000-000000000001", ttl=60)
+    with pytest.warns(DeprecationWarning, match="ttl_seconds"):
+        remote.extend("00000000-0000-4000-8000-000000000001", ttl_seconds=60)
+    assert sent == [b'{"ttl_seconds":60}', b'{"ttl_seconds":60}']  # the wire keeps its name
+
+
+@pytest.mark.django_db
+def test_ensure_tenant_takes_the_tenant_as_a_keyword() -> None:
+    made = budgets.ensure_tenant(tenant="acme", name="Acme")
+    assert (made.external_id, made.name) == ("acme", "Acme")
+    with pytest.warns(DeprecationWarning, match=r"ensure_tenant\(tenant=\.\.\.\)"):
+        again = budgets.ensure_tenant("acme", name="Acme Corp")
+    assert again.pk == made.pk
+    assert Tenant.objects.get(external_id="acme").name == "Acme Corp"
+    with pytest.raises(TypeError):
+        budgets.ensure_tenant("acme", tenant="acme")
+    with pytest.raises(TypeError, match="'tenant'"):
+        budgets.ensure_tenant(name="Nobody")
+
+
+def required(function: Any, name: str) -> bool:
+    return inspect.signature(function).parameters[name].default is inspect.Parameter.empty
+
+
+@pytest.mark.parametrize("name", ["trip", "clear"])
+def test_a_kill_switch_reason_has_no_default_to_refuse(name: str) -> None:
+    assert required(getattr(budgets, name), "reason")
+    assert required(getattr(client.BudgetsClient, name), "reason")
+
+
+def test_one_ttl_name_in_the_public_api() -> None:
+    """Every function and method of both surfaces that takes a TTL calls it ``ttl``;
+    ``ttl_seconds`` is only the deprecated alias beside it."""
+    surfaces: list[Any] = [
+        *(getattr(budgets, name) for name in budgets.__all__),
+        *(getattr(budgets.Hold, name) for name in dir(budgets.Hold) if not name.startswith("_")),
+        *(getattr(client.BudgetsClient, n) for n in dir(client.BudgetsClient) if n[0] != "_"),
+        *(getattr(client.RemoteHold, n) for n in dir(client.RemoteHold) if n[0] != "_"),
+    ]
+    for function in surfaces:
+        if not inspect.isfunction(function):
+            continue
+        names = set(inspect.signature(function).parameters)
+        if "ttl_seconds" in names:
+            assert "ttl" in names, function
