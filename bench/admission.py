@@ -246,7 +246,7 @@ def seed(
                     for a in applicable
                 ]
                 calls[scenario].append(
-                    (tenant.external_id, user.external_id, tenant.pk, user.pk, keys)
+                    (tenant.external_id, user.external_id, tenant.id, user.pk, keys)
                 )
     from llm_budgets.models import Budget
 

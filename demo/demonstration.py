@@ -282,12 +282,13 @@ def _price_ensure(
         current = {name: getattr(price, name) for name in rates}
         if not replace_different or (current == rates and price.per_request == 0):
             return price
-    return budgets.set_price(
+    added = budgets.set_price(
         provider=provider,
         model=model,
         effective_from=effective_from,
         **rates,  # type: ignore[arg-type]
     )
+    return Price.objects.get(pk=added.id)
 
 
 def _demo_tenant(label: str, run_id: str) -> str:

@@ -36,7 +36,13 @@ import httpx
 from llm_budgets.exceptions import BudgetError, Wire
 from llm_budgets.holds import HoldPolicy, ttl_renamed
 from llm_budgets.request import Request
-from llm_budgets.results import BudgetStatus, CommitResult
+from llm_budgets.results import (
+    BudgetStatus,
+    CommitResult,
+    HoldState,
+    KillSwitchResult,
+    hold_state,
+)
 
 if TYPE_CHECKING:
     from llm_budgets.usage import Usage
@@ -250,34 +256,16 @@ class RemoteQuote:
         )
 
 
-@dataclass(frozen=True)
-class RemoteKillSwitch:
-    """A kill switch as the API returns it (see ``llm_budgets.models.KillSwitch``)."""
+def _kill_switch(data: dict[str, Any]) -> KillSwitchResult:
+    """A kill switch from the API's body: the in-process result class, times as datetimes."""
+    fields: dict[str, Any] = {f: data.get(f) for f in KillSwitchResult.__dataclass_fields__}
+    for name in ("tripped_at", "auto_clear_at", "cleared_at"):
+        fields[name] = _when(fields[name])
+    return KillSwitchResult(**fields)
 
-    id: int
-    scope: str
-    tenant: str | None
-    end_user: str | None
-    provider: str
-    model: str
-    api_key: str | None
-    active: bool
-    reason: str
-    tripped_by: str
-    tripped_at: datetime
-    automatic: bool
-    detector: str
-    auto_clear_at: datetime | None
-    cleared_at: datetime | None
-    cleared_by: str
-    clear_reason: str
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RemoteKillSwitch:
-        times = ("tripped_at", "auto_clear_at", "cleared_at")
-        fields: dict[str, Any] = {f: data.get(f) for f in cls.__dataclass_fields__}
-        fields.update({k: _when(fields[k]) for k in times})
-        return cls(**fields)
+# The name this class had before the in-process API returned the same one (issue 24).
+RemoteKillSwitch = KillSwitchResult
 
 
 @dataclass(frozen=True)
@@ -340,8 +328,8 @@ class RemoteHold(HoldPolicy):
         return expires_at
 
     @property
-    def state(self) -> str:
-        return str(self._data["state"])
+    def state(self) -> HoldState:
+        return hold_state(self._data["state"])
 
     @property
     def model(self) -> str:
@@ -395,7 +383,7 @@ class RemoteHold(HoldPolicy):
         self._data["state"] = result.state
         return result
 
-    def release(self) -> str:
+    def release(self) -> HoldState:
         """Drop the hold (the call produced nothing). Returns the final state."""
         self._data = self._client._post(f"reservations/{self.id}/release", {})
         return self.state
@@ -407,7 +395,7 @@ class RemoteHold(HoldPolicy):
         self._data = self._client.extend(self.id, ttl=seconds)._data
         return self
 
-    def mark_uncertain(self) -> str:
+    def mark_uncertain(self) -> HoldState:
         """The call's outcome is unknown: keep the hold counted until usage arrives or the
         reconcile job settles it. Returns the state."""
         self._data = self._client._mark_uncertain(self.id)
@@ -594,8 +582,8 @@ class BudgetsClient:
             pricing_basis=data.get("pricing_basis", "price"),
         )
 
-    def release(self, hold_id: uuid.UUID | str) -> str:
-        return str(self._post(f"reservations/{hold_id}/release", {})["state"])
+    def release(self, hold_id: uuid.UUID | str) -> HoldState:
+        return hold_state(self._post(f"reservations/{hold_id}/release", {})["state"])
 
     def status(
         self,
@@ -624,10 +612,10 @@ class BudgetsClient:
         body = {"ttl_seconds": ttl_renamed(ttl, ttl_seconds, where="extend")}
         return RemoteHold(self, self._post(f"reservations/{hold_id}/extend", body))
 
-    def mark_uncertain(self, hold_id: uuid.UUID | str) -> str:
+    def mark_uncertain(self, hold_id: uuid.UUID | str) -> HoldState:
         """The call's outcome is unknown (by id, e.g. from a watchdog): keep its hold counted
         until usage arrives or the reconcile job settles it. Returns the state."""
-        return str(self._mark_uncertain(hold_id)["state"])
+        return hold_state(self._mark_uncertain(hold_id)["state"])
 
     def _mark_uncertain(self, hold_id: uuid.UUID | str) -> dict[str, Any]:
         return self._post(f"reservations/{hold_id}/uncertain", {})
@@ -646,14 +634,14 @@ class BudgetsClient:
         auto_clear_at: datetime | None = None,
         run: str | None = None,
         idempotency_key: str | None = None,
-    ) -> RemoteKillSwitch:
+    ) -> KillSwitchResult:
         """Refuse every admission in the scope now; returns the open switch (an already
         tripped scope keeps its switch and first reason). ``api_key``: a key's prefix."""
         body = _scope_body(tenant, end_user, provider, model, api_key, reason, run)
         if auto_clear_at is not None:
             body["auto_clear_at"] = auto_clear_at.isoformat()
         data = self._post("kill-switches", body, idempotency_key=idempotency_key)
-        return RemoteKillSwitch.from_json(data)
+        return _kill_switch(data)
 
     def clear(
         self,
@@ -666,21 +654,21 @@ class BudgetsClient:
         api_key: str | None = None,
         run: str | None = None,
         idempotency_key: str | None = None,
-    ) -> RemoteKillSwitch:
+    ) -> KillSwitchResult:
         """Clear the switch tripped on exactly this scope (``InvalidUsage`` if none is)."""
         body = _scope_body(tenant, end_user, provider, model, api_key, reason, run)
         data = self._post("kill-switches/clear", body, idempotency_key=idempotency_key)
-        return RemoteKillSwitch.from_json(data)
+        return _kill_switch(data)
 
     def kill_switches(
         self, *, state: str | None = None, tenant: str | None = None
-    ) -> list[RemoteKillSwitch]:
+    ) -> list[KillSwitchResult]:
         """Every switch, newest first; ``state``: ``"open"`` or ``"cleared"``."""
         params = {k: v for k, v in {"state": state, "tenant": tenant}.items() if v is not None}
-        switches: list[RemoteKillSwitch] = []
+        switches: list[KillSwitchResult] = []
         while True:
             page = self._get("kill-switches", params={**params, "offset": str(len(switches))})
-            switches.extend(RemoteKillSwitch.from_json(item) for item in page["results"])
+            switches.extend(_kill_switch(item) for item in page["results"])
             if not page.get("next") or not page["results"]:
                 return switches
 

@@ -176,11 +176,12 @@ def test_a_raise_racing_admissions_is_used_and_never_refused_early() -> None:
         tenant="acme", amount=Decimal(30), window="month", hot=True, stripes=4
     )
     _reserve(0).release()
+    raised = Budget.objects.get(pk=budget.id)
     until = timezone.now() + timedelta(hours=1)
 
     def work(index: int) -> object:
         if index == 20:
-            return budget_raise_grant(budget=budget, amount=30, until=until, reason="race")
+            return budget_raise_grant(budget=raised, amount=30, until=until, reason="race")
         try:
             return _reserve(index)
         except BudgetExceeded as exc:
@@ -199,4 +200,4 @@ def test_a_raise_racing_admissions_is_used_and_never_refused_early() -> None:
     assert _used(Scope.TENANT) == Decimal(60)
     assert counters_drift() == []
     assert allowances_excess() == []
-    assert Budget.objects.get(pk=budget.pk).hot
+    assert Budget.objects.get(pk=budget.id).hot

@@ -52,7 +52,7 @@ def test_ensure_tenant_takes_the_tenant_as_a_keyword() -> None:
     assert (made.external_id, made.name) == ("acme", "Acme")
     with pytest.warns(DeprecationWarning, match=r"ensure_tenant\(tenant=\.\.\.\)"):
         again = budgets.ensure_tenant("acme", name="Acme Corp")
-    assert again.pk == made.pk
+    assert again.id == made.id
     assert Tenant.objects.get(external_id="acme").name == "Acme Corp"
     with pytest.raises(TypeError):
         budgets.ensure_tenant("acme", tenant="acme")
@@ -85,3 +85,60 @@ def test_one_ttl_name_in_the_public_api() -> None:
         names = set(inspect.signature(function).parameters)
         if "ttl_seconds" in names:
             assert "ttl" in names, function
+
+
+def _returns(function: Any) -> Any:
+    return inspect.get_annotations(function, eval_str=True).get("return")
+
+
+def test_no_public_function_returns_a_model_instance() -> None:
+    """Every public function returns plain data (``llm_budgets.results``, a hold, a quote or a
+    scalar): the in-process API and the client return the same types."""
+    from django.db import models
+
+    from llm_budgets import results
+
+    for name in budgets.__all__:
+        function = getattr(budgets, name)
+        if not inspect.isfunction(function):
+            continue
+        returned = _returns(function)
+        assert not (inspect.isclass(returned) and issubclass(returned, models.Model)), name
+    for name in ("trip", "clear"):
+        assert _returns(getattr(budgets, name)) is results.KillSwitchResult
+        assert _returns(getattr(client.BudgetsClient, name)) is results.KillSwitchResult
+    for name in ("release", "mark_uncertain"):
+        assert _returns(getattr(budgets, name)) == results.HoldState
+        assert _returns(getattr(client.BudgetsClient, name)) == results.HoldState
+
+
+@pytest.mark.django_db
+def test_results_read_like_the_models_they_replace_and_pk_warns() -> None:
+    seed()
+    switch = budgets.trip(tenant="acme", model="m", reason="runaway", actor="ops")
+    assert (switch.scope, switch.tenant, switch.active, switch.reason) == (
+        "tenant acme, model m",
+        "acme",
+        True,
+        "runaway",
+    )
+    with pytest.warns(DeprecationWarning, match=r"read \.id, not \.pk"):
+        assert switch.pk == switch.id
+    cleared = budgets.clear(tenant="acme", model="m", reason="fixed")
+    assert (cleared.id, cleared.active, cleared.clear_reason) == (switch.id, False, "fixed")
+    budget = budgets.set_limit(tenant="acme", end_user="*", amount="5", window="day")
+    assert (budget.scope_label, budget.limit, budget.window) == (
+        "end user acme/*",
+        5,
+        "day",
+    )
+    tenant = budgets.ensure_tenant(tenant="acme", timezone="Asia/Tokyo")
+    assert (tenant.external_id, tenant.timezone) == ("acme", "Asia/Tokyo")
+    assert budgets.release(reserve_30().id) == "released"
+
+
+def test_a_kill_switch_has_one_shape_in_process_and_over_rest() -> None:
+    from llm_budgets.api.killswitches import KillSwitchSerializer
+    from llm_budgets.results import KillSwitchResult
+
+    assert list(KillSwitchSerializer.Meta.fields) == list(KillSwitchResult.__dataclass_fields__)

@@ -127,7 +127,7 @@ def _writes(tenant: Tenant, budget: Budget, switch: KillSwitch, key: ApiKey, lin
         ("budget change", change("budget", budget.pk), {"limit": "500", "reason": "x"}),
         ("raise add", add("budgetraise"), {"budget": budget.pk, "amount": "5", "reason": "x"}),
         ("kill switch trip", add("killswitch"), {"tenant": tenant.pk, "reason": "x"}),
-        ("kill switch clear", change("killswitch", switch.pk), {"clear_reason": "x"}),
+        ("kill switch clear", change("killswitch", switch.id), {"clear_reason": "x"}),
         ("api key add", add("apikey"), {"name": "k", "tenant": tenant.pk}),
         (
             "api key revoke",

@@ -95,7 +95,7 @@ def _trip(client: Client, tenant: Tenant) -> Any:
 
 def _clear(client: Client, tenant: Tenant) -> Any:
     switch = budgets.trip(tenant="acme", reason="loop")
-    url = reverse("admin:llm_budgets_killswitch_clear", args=[switch.pk])
+    url = reverse("admin:llm_budgets_killswitch_clear", args=[switch.id])
     return client.post(url, {"clear_reason": "fixed"})
 
 
@@ -369,7 +369,7 @@ def test_trip_message_names_what_happened(superuser: Client, acme: Tenant) -> No
         "admin:llm_budgets_tenant_change", args=[acme.pk]
     )
     switch = KillSwitch.objects.get()
-    page = superuser.get(reverse("admin:llm_budgets_killswitch_change", args=[switch.pk]))
+    page = superuser.get(reverse("admin:llm_budgets_killswitch_change", args=[switch.id]))
     html = page.content.decode()
     assert "Clear this switch" in html
     assert 'name="_save"' not in html  # not a generic change form

@@ -9,7 +9,8 @@ from decimal import Decimal
 from typing import Any
 
 from llm_budgets import budgets
-from llm_budgets.models import Budget, Price, Tenant
+from llm_budgets.models import Price
+from llm_budgets.results import BudgetResult, PriceResult, TenantResult
 
 # In effect long before any date a test travels to (application_clock): a price is never
 # missing because a test moved the clock back.
@@ -44,9 +45,9 @@ PRICES: dict[tuple[str, str], dict[str, Any]] = {
 class Seeded:
     """What :func:`setup_budgets` created or updated."""
 
-    tenants: list[Tenant] = field(default_factory=list)
-    budgets: list[Budget] = field(default_factory=list)
-    prices: list[Price] = field(default_factory=list)
+    tenants: list[TenantResult] = field(default_factory=list)
+    budgets: list[BudgetResult] = field(default_factory=list)
+    prices: list[PriceResult] = field(default_factory=list)
 
 
 def setup_budgets(
