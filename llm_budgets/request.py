@@ -8,8 +8,8 @@ with :meth:`Request.checked`, the one validation: every error names the field an
 do, whichever door the call came in by.
 
 Bottom layer: no ORM, no engine. Counting the tokens of ``messages`` / ``prompt`` needs a
-tokenizer and is done by ``llm_budgets.quotes.input_token_count``; :meth:`Request.checked` checks
-that exactly one kind of input was given.
+tokenizer and is done by ``llm_budgets.pricing.estimates.input_token_count``;
+:meth:`Request.checked` checks that exactly one kind of input was given.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class Request:
         NFKC-normalised, ``tags`` and ``max_tool_calls`` as plain dicts, ``service_tier`` ``""``
         for the standard tier), or ``InvalidUsage`` naming the first bad field. The
         ``tenant`` is required here. ``messages`` and ``prompt`` are checked as they are
-        counted (``llm_budgets.quotes.input_token_count``)."""
+        counted (``llm_budgets.pricing.estimates.input_token_count``)."""
         if self._checked:
             return self
         if not isinstance(self.allow_degrade, bool):
