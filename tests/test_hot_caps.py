@@ -36,9 +36,10 @@ NOW = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
 def _hot_cap(limit: str = "100", *, stripes: int = 4, window: str = "month") -> Budget:
     price_fake()
     budgets.ensure_tenant(tenant="acme")
-    return budgets.set_limit(
+    result = budgets.set_limit(
         tenant="acme", amount=Decimal(limit), window=window, hot=True, stripes=stripes
     )
+    return Budget.objects.get(pk=result.id)
 
 
 def _reserve(amount: int, *, at: datetime = NOW, **kwargs: object) -> object:

@@ -24,13 +24,14 @@ pytestmark = pytest.mark.django_db
 
 
 def _price(provider: str, model: str) -> Price:
-    return budgets.set_price(
+    added = budgets.set_price(
         provider=provider,
         model=model,
         input_per_mtok=Decimal(1),
         output_per_mtok=Decimal(2),
         effective_from=PRICES_START,
     )
+    return Price.objects.get(pk=added.id)
 
 
 def _reserve(model: str, provider: str | None = "openai") -> budgets.Hold:
