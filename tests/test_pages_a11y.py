@@ -18,7 +18,7 @@ from llm_budgets.killswitches import kill_switch_trip, switch_scope
 from llm_budgets.pages import selectors
 from llm_budgets.roles import SUPPORT
 from tests.a11y import VIEWPORTS, Audit, require_axe
-from tests.browser import screenshot
+from tests.browser import SCREENSHOTS, screenshot
 from tests.test_support_browser import PASSWORD, support_data
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -116,12 +116,6 @@ def test_every_tenant_page_state_meets_wcag_21_aa(
             _walk(page, audit, base, who, pages)
     finally:
         context.close()
-    audit.dump(pytest_artifact("pages"))
+        audit.dump(SCREENSHOTS.parent / "a11y" / "pages.json")
     assert len(audit.states) >= 60
     audit.assert_clean()
-
-
-def pytest_artifact(name: str) -> Any:
-    from tests.browser import SCREENSHOTS
-
-    return SCREENSHOTS.parent / "a11y" / f"{name}.json"
