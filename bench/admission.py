@@ -208,8 +208,8 @@ def seed(
     from django.utils import timezone
 
     from llm_budgets import budgets
+    from llm_budgets.engine.applicable import applicable_budgets
     from llm_budgets.models import Counter, EndUser, Window
-    from llm_budgets.selectors import applicable_budgets
 
     now = timezone.now()
     budgets.set_price(

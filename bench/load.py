@@ -402,7 +402,7 @@ def main() -> None:
     )
 
     from llm_budgets import budgets
-    from llm_budgets.reconcile import counters_drift
+    from llm_budgets.jobs.reconcile import counters_drift
 
     time.sleep(2.5)  # the abandoned holds' 2 s TTL
     budgets.sweep()

@@ -77,8 +77,8 @@ def _load(lines: int, end_users: int, days: int) -> None:
     from django.utils import timezone
 
     from llm_budgets import budgets
+    from llm_budgets.jobs.rollups import daily_usage_rebuild
     from llm_budgets.models import Tenant
-    from llm_budgets.rollups import daily_usage_rebuild
 
     started = time.perf_counter()
     for provider, model in MODELS:

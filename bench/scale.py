@@ -281,7 +281,7 @@ def main() -> None:
     print(
         f"  longest admission beside the sweep: {max(beside) * 1000:.1f} ms ({len(beside)} cycles)"
     )
-    from llm_budgets.reconcile import counters_drift
+    from llm_budgets.jobs.reconcile import counters_drift
 
     print(f"  conservation after the sweep: {len(counters_drift())} drifting counters")
 

@@ -43,9 +43,9 @@ from llm_budgets.models import (
     UsageRecord,
 )
 from llm_budgets.money import ZERO, display
-from llm_budgets.pricing import actual_cost, price_in_effect, worst_case
-from llm_budgets.selectors import BudgetStatus
-from llm_budgets.tenants import tenant_ensure
+from llm_budgets.pricing.prices import actual_cost, price_in_effect, worst_case
+from llm_budgets.results import BudgetStatus
+from llm_budgets.tenancy.tenants import tenant_ensure
 
 T = TypeVar("T")
 

@@ -21,8 +21,8 @@ from django.utils import timezone
 from llm_budgets.engine.admission import reservation_create
 from llm_budgets.engine.settlement import reservation_commit
 from llm_budgets.exceptions import BudgetError
+from llm_budgets.jobs.rollups import daily_usage_rebuild
 from llm_budgets.models import Membership, MembershipRole, Refusal, Tenant
-from llm_budgets.rollups import daily_usage_rebuild
 
 DAYS = 40  # the previous billing month and the current one, whatever today's date
 # tenant: end users and how busy each is (mean calls per working day)

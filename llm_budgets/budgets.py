@@ -15,17 +15,9 @@ from uuid import UUID
 
 from django.utils import timezone
 
-from llm_budgets import explain as explanations
-from llm_budgets import (
-    killswitches,
-    limits,
-    pricing,
-    quotes,
-    runs,
-    selectors,
-    tenants,
-)
+from llm_budgets.control import killswitches, limits
 from llm_budgets.engine import admission, settlement
+from llm_budgets.engine.applicable import scopes_for_read
 from llm_budgets.engine.settlement import CommitResult
 from llm_budgets.exceptions import ReservationStateError
 from llm_budgets.models import (
@@ -37,7 +29,13 @@ from llm_budgets.models import (
     ReservationState,
     Tenant,
 )
-from llm_budgets.quotes import Quote
+from llm_budgets.pricing import prices as pricing
+from llm_budgets.reads import explain as explanations
+from llm_budgets.reads import quotes
+from llm_budgets.reads.quotes import Quote
+from llm_budgets.reads.statuses import budget_statuses
+from llm_budgets.results import BudgetStatus
+from llm_budgets.tenancy import runs, tenants
 from llm_budgets.usage import Usage
 
 logger = logging.getLogger("llm_budgets")
@@ -433,7 +431,7 @@ def status(
     end_user: str | None = None,
     run: str | None = None,
     tags: dict[str, str] | None = None,
-) -> list[selectors.BudgetStatus]:
+) -> list[BudgetStatus]:
     """Every budget that applies to the tenant (and end user, run and tags): limit, spent,
     reserved, remaining, period start and ``resets_at``."""
     tenant_obj = tenants.tenant_get(tenant)
@@ -443,8 +441,8 @@ def status(
         if user_obj is None:
             # Not seen yet: show the defaults it would get, without creating it.
             user_obj = EndUser(tenant=tenant_obj, external_id=end_user)
-    scopes = selectors.scopes_for_read(tenant_obj, run=run, tags=tags)
-    return selectors.budget_statuses(tenant_obj, user_obj, timezone.now(), scopes)
+    scopes = scopes_for_read(tenant_obj, run=run, tags=tags)
+    return budget_statuses(tenant_obj, user_obj, timezone.now(), scopes)
 
 
 def trip(

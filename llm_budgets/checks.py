@@ -8,9 +8,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
-from llm_budgets.billing import checks as billing_checks  # noqa: F401 (registers W070)
 from llm_budgets.conf import DEFAULTS, SettingError, setting_read
-from llm_budgets.pages import checks as pages_checks  # noqa: F401 (registers W085, E086)
 from llm_budgets.schedule import STRIPE_TASKS, TASKS
 
 # The check id of each key; the check itself is the key's reader in ``llm_budgets.conf``, the same

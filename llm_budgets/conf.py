@@ -45,7 +45,7 @@ DEFAULTS: dict[str, Any] = {
     # Addresses emailed when a kill switch is tripped or cleared. Empty: no email.
     "OPERATOR_EMAILS": [],
     # Multiplier (>= 1) on the conservative token bound used for prompts of models that tiktoken
-    # cannot count (see llm_budgets/tokens.py).
+    # cannot count (see llm_budgets/pricing/tokens.py).
     "TOKEN_ESTIMATE_SAFETY_MARGIN": "1.10",
     # Requests per API key for the REST API (DRF rate syntax "N/second|minute|hour|day"), or None
     # for no limit. Counted in Django's default cache: use a shared one with several processes.

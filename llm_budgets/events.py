@@ -25,6 +25,7 @@ from typing import Any, TypeVar, cast
 
 from llm_budgets import metrics
 from llm_budgets.exceptions import BudgetError, BudgetExceeded, KillSwitchActive
+from llm_budgets.metrics import scope_kind
 
 logger = logging.getLogger("llm_budgets.events")
 
@@ -81,24 +82,6 @@ def _plain(value: Any) -> Any:
 def _quote(value: Any) -> str:
     text = str(value)
     return f'"{text}"' if (" " in text or not text or '"' in text) else text
-
-
-def scope_kind(label: str | None) -> str:
-    """The kind of a scope label (``tenant acme`` -> ``tenant``): a bounded set, for metrics."""
-    if not label:
-        return "none"
-    first = label.split(",")[0].strip()
-    for prefix, kind in (
-        ("global", "global"),
-        ("tenant ", "tenant"),
-        ("end user ", "end_user"),
-        ("provider ", "provider"),
-        ("model ", "model"),
-        ("API key ", "api_key"),
-    ):
-        if first == prefix or first.startswith(prefix):
-            return kind
-    return "other"
 
 
 def refusal_fields(exc: BudgetError) -> dict[str, Any]:

@@ -81,6 +81,24 @@ if ENABLED:
     )
 
 
+def scope_kind(label: str | None) -> str:
+    """The kind of a scope label (``tenant acme`` -> ``tenant``): a bounded set, for metrics."""
+    if not label:
+        return "none"
+    first = label.split(",")[0].strip()
+    for prefix, kind in (
+        ("global", "global"),
+        ("tenant ", "tenant"),
+        ("end user ", "end_user"),
+        ("provider ", "provider"),
+        ("model ", "model"),
+        ("API key ", "api_key"),
+    ):
+        if first == prefix or first.startswith(prefix):
+            return kind
+    return "other"
+
+
 def admission_observe(outcome: str, reason: str, scope_kind: str, seconds: float) -> None:
     if ENABLED:
         ADMISSIONS.labels(outcome, reason, scope_kind).inc()
@@ -111,8 +129,7 @@ class LedgerCollector:
         from django.db.models import Count, Min
         from django.utils import timezone
 
-        from llm_budgets.events import scope_kind
-        from llm_budgets.killswitches import switch_open_q
+        from llm_budgets.control.killswitches import switch_open_q
         from llm_budgets.models import (
             KillSwitch,
             Refusal,

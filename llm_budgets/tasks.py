@@ -10,9 +10,9 @@ from functools import partial
 from celery import shared_task
 from django.db import transaction
 
-from llm_budgets import anomalies, retention, rollups, thresholds
 from llm_budgets.engine import settlement
-from llm_budgets.job_runs import job_recorded
+from llm_budgets.jobs import anomalies, retention, rollups, thresholds
+from llm_budgets.jobs.records import job_recorded
 
 # Every job is idempotent (a sweep, a scan or a push run twice changes nothing the first did not),
 # so each is acknowledged only once it has finished: a worker killed mid-task (SIGKILL, OOM, a

@@ -13,11 +13,16 @@ adds them back. Nothing else in the app knows about provider shapes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from llm_budgets import validation
 from llm_budgets.exceptions import InvalidUsage, UsageExceedsHold
+
+
+def _plain(value: object) -> object:
+    """A column's value: a mapping (``tool_calls``) as a plain dict, JSON-ready."""
+    return dict(value) if isinstance(value, Mapping) else value
 
 
 @dataclass(frozen=True)
@@ -31,16 +36,10 @@ class Usage:
     tool_calls: Mapping[str, int] = field(default_factory=dict)
 
     def as_fields(self) -> dict[str, Any]:
-        """The ledger line's usage columns."""
-        return {
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "cached_input_tokens": self.cached_input_tokens,
-            "cache_write_tokens": self.cache_write_tokens,
-            "cache_write_1h_tokens": self.cache_write_1h_tokens,
-            "reasoning_tokens": self.reasoning_tokens,
-            "tool_calls": dict(self.tool_calls),
-        }
+        """The ledger line's usage columns: one per field, named alike (a new field is a new
+        column of ``UsageRecord``, of the export and of the REST body, with nothing else to
+        edit)."""
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
 
 
 def usage_validate(

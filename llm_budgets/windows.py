@@ -27,8 +27,9 @@ from functools import lru_cache
 from typing import Protocol
 from zoneinfo import ZoneInfo
 
+from django.db import models
+
 from llm_budgets.exceptions import InvalidUsage
-from llm_budgets.models.budgets import Window
 
 LIFETIME_START = datetime(1970, 1, 1, tzinfo=UTC)
 ROLLING_PREFIX = "rolling:"
@@ -46,6 +47,13 @@ _BUCKET_LADDER = (
     3600, 7200, 10800, 14400, 21600, 43200,
     86400, 172800, 259200, 518400,
 )  # fmt: skip
+
+
+class Window(models.TextChoices):
+    MONTH = "month", "Month"
+    DAY = "day", "Day"
+    HOUR = "hour", "Hour"
+    LIFETIME = "lifetime", "Lifetime"
 
 
 @dataclass(frozen=True)

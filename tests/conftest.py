@@ -64,7 +64,7 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 def _forget_linked_tenants() -> None:
     # The outbox caches which tenant ids are linked to Stripe, per process. A test's rollback
     # lets SQLite hand the same ids to the next test's tenants, which would then look linked.
-    from llm_budgets.billing.outbox import linked_cache_clear
+    from llm_budgets.engine.outbox import linked_cache_clear
 
     linked_cache_clear()
 
@@ -72,8 +72,8 @@ def _forget_linked_tenants() -> None:
 @pytest.fixture
 def application_clock() -> Iterator[None]:
     """Admission reads this process's clock, so ``time_machine`` moves it (the app reads the
-    database's clock: ``llm_budgets.engine.dbclock``). For tests that travel in time."""
-    from llm_budgets.engine.dbclock import following_application_clock
+    database's clock: ``llm_budgets.db.dbclock``). For tests that travel in time."""
+    from llm_budgets.db.dbclock import following_application_clock
 
     with following_application_clock():
         yield

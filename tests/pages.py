@@ -10,9 +10,9 @@ from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
 from llm_budgets import budgets
+from llm_budgets.jobs.rollups import daily_usage_rebuild
 from llm_budgets.models import Membership, MembershipRole, Tenant
 from llm_budgets.roles import SUPPORT
-from llm_budgets.rollups import daily_usage_rebuild
 from tests.factories import reserve_30, seed
 
 PAGES = ["/usage/", "/usage/models/", "/usage/users/", "/usage/refusals/", "/usage/export.csv"]

@@ -16,8 +16,10 @@ from django.urls import reverse
 from django.utils.html import strip_tags
 
 from llm_budgets import budgets
-from llm_budgets.admin import selectors as admin_selectors
+from llm_budgets.admin import queries as admin_selectors
 from llm_budgets.admin.ledger import ReservationAdmin, ReservationHoldInline
+from llm_budgets.jobs.rollups import daily_usage_refresh
+from llm_budgets.jobs.thresholds import thresholds_scan
 from llm_budgets.models import (
     AuditEvent,
     Budget,
@@ -33,8 +35,6 @@ from llm_budgets.models import (
     ThresholdCrossing,
     UsageRecord,
 )
-from llm_budgets.rollups import daily_usage_refresh
-from llm_budgets.thresholds import thresholds_scan
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed
 
 pytestmark = pytest.mark.django_db

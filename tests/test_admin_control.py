@@ -17,6 +17,7 @@ from django.utils import timezone
 from llm_budgets import budgets
 from llm_budgets.clock import when
 from llm_budgets.exceptions import BudgetExceeded, KillSwitchActive
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import (
     AuditEvent,
     Budget,
@@ -29,7 +30,6 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.reconcile import counters_drift
 from llm_budgets.roles import BILLING_ADMIN, SUPPORT
 from tests.factories import reserve_30, seed
 

@@ -12,8 +12,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.model_names import model_alias_set
 from llm_budgets.models import AuditEvent, Plan, Price, UnknownModelPolicy
+from llm_budgets.pricing.model_names import model_alias_set
 
 pytestmark = pytest.mark.django_db
 

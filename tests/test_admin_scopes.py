@@ -16,6 +16,7 @@ from django.urls import reverse
 from llm_budgets import budgets
 from llm_budgets.api.keys import api_key_create
 from llm_budgets.engine.admission import reservation_create
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import (
     ApiKey,
     AuditEvent,
@@ -27,7 +28,6 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.reconcile import counters_drift
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, seed
 
 pytestmark = pytest.mark.django_db

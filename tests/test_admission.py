@@ -18,6 +18,7 @@ from llm_budgets.exceptions import (
     UnknownPrice,
     UnknownTenant,
 )
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import (
     AuditEvent,
     Counter,
@@ -29,7 +30,6 @@ from llm_budgets.models import (
     Scope,
     UsageRecord,
 )
-from llm_budgets.reconcile import counters_drift
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, PRICES_START, price_fake, reserve_30, seed
 
 pytestmark = pytest.mark.django_db

@@ -12,9 +12,9 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.anomalies import FAILURES, RUNAWAY, VELOCITY, anomalies_detect
 from llm_budgets.engine.admission import reservation_create
 from llm_budgets.exceptions import KillSwitchActive
+from llm_budgets.jobs.anomalies import FAILURES, RUNAWAY, VELOCITY, anomalies_detect
 from llm_budgets.models import AuditEvent, KillSwitch, Plan
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed
 

@@ -20,7 +20,7 @@ from llm_budgets.exceptions import (
     UnknownTenant,
 )
 from llm_budgets.models import Counter, Reservation, ReservationState, UsageRecord
-from llm_budgets.tokens import count_input_tokens
+from llm_budgets.pricing.tokens import count_input_tokens
 from llm_budgets.usage import from_anthropic
 from tests.api import BASE, new_key, reserve_body
 from tests.concurrency import run_threads

@@ -10,7 +10,7 @@ import pytest
 
 from llm_budgets import budgets
 from llm_budgets.models import Counter, Reservation, UsageRecord
-from llm_budgets.tokens import count_input_tokens
+from llm_budgets.pricing.tokens import count_input_tokens
 from tests.api import BASE, client_for, new_key
 
 pytestmark = pytest.mark.django_db

@@ -11,7 +11,7 @@ import pytest
 
 from llm_budgets import budgets
 from llm_budgets.models import AuditEvent, Counter, EndUser, Plan, Price, Reservation
-from llm_budgets.tokens import count_input_tokens
+from llm_budgets.pricing.tokens import count_input_tokens
 from tests.api import BASE, client_for, new_key
 from tests.factories import seed
 

@@ -24,7 +24,7 @@ from schemathesis.checks import (
 )
 from schemathesis.generation import GenerationMode
 
-from llm_budgets.job_runs import job_finished
+from llm_budgets.jobs.records import job_finished
 from llm_budgets.schedule import TASKS
 from tests.api import BASE, client_for, new_key, reserve_body
 from tests.factories import seed

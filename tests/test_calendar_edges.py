@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from llm_budgets import budgets
 from llm_budgets.exceptions import BudgetExceeded
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import AuditEvent, Counter, Tenant, UsageRecord
-from llm_budgets.reconcile import counters_drift
-from llm_budgets.tenants import _schedule_calendar_change
+from llm_budgets.tenancy.tenants import _schedule_calendar_change
 from llm_budgets.windows import period_for, tenant_period
 from tests.factories import reserve_30, seed
 

@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from llm_budgets import budgets, client, exceptions, selectors
-from llm_budgets.budget_raises import budget_raise_grant
+from llm_budgets import budgets, client, exceptions
+from llm_budgets.control.raises import budget_raise_grant
 from llm_budgets.engine.settlement import CommitResult
 from llm_budgets.models import Budget
+from llm_budgets.results import BudgetStatus
 from tests.api import BASE, new_key
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, seed
 
@@ -89,7 +90,7 @@ def test_the_client_has_every_function_of_the_in_process_api() -> None:
     ("here", "there"),
     [
         (CommitResult, client.RemoteCommitResult),
-        (selectors.BudgetStatus, client.RemoteBudgetStatus),
+        (BudgetStatus, client.RemoteBudgetStatus),
     ],
 )
 def test_results_have_the_same_fields(here: type, there: type) -> None:
@@ -167,7 +168,7 @@ def scenario(api: Any, tenant: str) -> list[tuple[str, Any]]:
                 f.name: type(getattr(s, f.name)).__name__
                 if f.name in ("budget_id", "period_start", "resets_at")
                 else getattr(s, f.name)
-                for f in dataclasses.fields(selectors.BudgetStatus)
+                for f in dataclasses.fields(BudgetStatus)
             }
             for s in statuses
         ],

@@ -1,6 +1,6 @@
 """Clock trouble (issue #17, item 4): a web process whose clock is minutes off cannot widen a
 window, reset a period early or give its holds an expiry off by its skew, because admission
-reads the time from the database (``llm_budgets.engine.dbclock``).
+reads the time from the database (``llm_budgets.db.dbclock``).
 
 Each test forks a process whose clock ``time_machine`` moves (10 minutes past the boundary of
 the database's current hour period, 10 minutes before its start, or an hour either way); this
@@ -20,8 +20,8 @@ import time_machine
 from django.utils import timezone
 
 from llm_budgets import budgets
+from llm_budgets.db.dbclock import database_now
 from llm_budgets.engine import settlement
-from llm_budgets.engine.dbclock import database_now
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.models import Counter, Reservation
 from llm_budgets.windows import Period, period_for

@@ -16,9 +16,11 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from llm_budgets import budgets, limits
+from llm_budgets import budgets
+from llm_budgets.control import limits
 from llm_budgets.engine.settlement import CommitResult, reservations_sweep
 from llm_budgets.exceptions import BudgetExceeded, ReservationStateError
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import (
     Budget,
     Counter,
@@ -30,7 +32,6 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.reconcile import counters_drift
 from tests.concurrency import overspent_counters, patient_lock_waits, run_threads
 from tests.factories import price_fake, reserve_30, seed
 

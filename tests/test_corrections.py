@@ -12,15 +12,16 @@ import time_machine
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.adjustments import end_user_spend_reset, usage_void
-from llm_budgets.admin.selectors import adjustment_notes
-from llm_budgets.budget_raises import budget_raise_grant
+from llm_budgets.admin.queries import adjustment_notes
+from llm_budgets.control.raises import budget_raise_grant
+from llm_budgets.engine.adjustments import end_user_spend_reset, usage_void
 from llm_budgets.engine.settlement import (
     reservation_commit,
     reservation_release,
     reservations_sweep,
 )
 from llm_budgets.exceptions import BudgetExceeded, InvalidUsage
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import (
     AuditEvent,
     Budget,
@@ -30,7 +31,6 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.reconcile import counters_drift
 from tests.api import BASE, client_for, new_key
 from tests.factories import reserve_30, seed
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-from llm_budgets.costs import (
+from llm_budgets.models import Price
+from llm_budgets.pricing.costs import (
     actual_cost,
     customer_charge,
     customer_hold,
@@ -13,7 +14,6 @@ from llm_budgets.costs import (
     worst_case,
     worst_case_items,
 )
-from llm_budgets.models import Price
 from llm_budgets.usage import usage_validate
 
 T = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
@@ -168,7 +168,7 @@ def test_a_premium_service_tier_replaces_the_rates_and_an_unlisted_one_is_refuse
     import pytest
 
     from llm_budgets.exceptions import InvalidUsage, UnknownPrice
-    from llm_budgets.pricing import price_values
+    from llm_budgets.pricing.prices import price_values
 
     price = _price(service_tiers={"priority": {"input_per_mtok": "5.1", "output_per_mtok": "25.5"}})
     usage = usage_validate(input_tokens=1000, output_tokens=200)

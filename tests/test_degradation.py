@@ -10,8 +10,8 @@ from django.core.exceptions import ValidationError
 
 from llm_budgets import budgets
 from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, KillSwitchActive
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import Counter, Plan, Refusal, Reservation, ReservationState
-from llm_budgets.reconcile import counters_drift
 from tests.concurrency import run_threads
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, PRICES_START, reserve_30, seed
 

@@ -16,8 +16,8 @@ from django.db import OperationalError, connection, connections, transaction
 from django.test import override_settings
 
 from llm_budgets.exceptions import LedgerUnavailable
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import Counter, Reservation
-from llm_budgets.reconcile import counters_drift
 from tests.concurrency import RowLocker
 from tests.factories import reserve_30, seed
 

@@ -13,12 +13,12 @@ from unittest import mock
 import pytest
 from django.db import DatabaseError, IntegrityError, connection, connections
 
+from llm_budgets.db import statements as sql
+from llm_budgets.db.boundary import ledger_guard, operational
 from llm_budgets.engine import admission
-from llm_budgets.engine import statements as sql
-from llm_budgets.engine.boundary import ledger_guard, operational
 from llm_budgets.exceptions import LedgerUnavailable
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import Budget, Counter, Reservation
-from llm_budgets.reconcile import counters_drift
 from tests.factories import reserve_30, seed
 
 

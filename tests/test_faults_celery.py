@@ -28,6 +28,7 @@ from django.db import connection
 from django.utils import timezone
 
 from llm_budgets.exceptions import BudgetExceeded
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import (
     DeliveryState,
     MeterDelivery,
@@ -37,7 +38,6 @@ from llm_budgets.models import (
     ThresholdCrossing,
     UsageRecord,
 )
-from llm_budgets.reconcile import counters_drift
 from llm_budgets.schedule import BEAT_SCHEDULE, JOBS
 from tests.celery_processes import celery_processes
 from tests.factories import billing_contacts, reserve_30, reserve_30_at, seed

@@ -28,8 +28,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import IdempotencyRecord, Reservation, ReservationState
-from llm_budgets.reconcile import counters_drift
 from tests.api import BASE, new_key, reserve_body
 from tests.concurrency import overspent_counters
 from tests.factories import seed

@@ -49,7 +49,7 @@ from datetime import timedelta
 from django.utils import timezone
 from llm_budgets import budgets
 from llm_budgets.models import Reservation, UsageRecord
-from llm_budgets.reconcile import counters_drift
+from llm_budgets.jobs.reconcile import counters_drift
 from tests.concurrency import overspent_counters
 before = {"drift": [str(d) for d in counters_drift()], "overspent": overspent_counters()}
 swept = budgets.sweep(now=timezone.now() + timedelta(seconds=120))

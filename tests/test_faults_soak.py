@@ -29,15 +29,15 @@ from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.adjustments import end_user_spend_reset
-from llm_budgets.budget_raises import budget_raise_grant
+from llm_budgets.control.raises import budget_raise_grant
 from llm_budgets.engine import settlement
+from llm_budgets.engine.adjustments import end_user_spend_reset
 from llm_budgets.exceptions import (
     BudgetError,
     LedgerUnavailable,
 )
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import Budget, EndUser, Reservation, ReservationState
-from llm_budgets.reconcile import counters_drift
 from tests.concurrency import run_processes
 from tests.factories import seed
 from tests.faultproxy import FaultProxy

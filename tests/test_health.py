@@ -13,7 +13,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from llm_budgets import budgets, health
-from llm_budgets.job_runs import job_finished
+from llm_budgets.jobs.records import job_finished
 from llm_budgets.schedule import TASKS
 from tests.api import BASE
 from tests.factories import reserve_30, reserve_30_at, seed

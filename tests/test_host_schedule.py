@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from llm_budgets.checks import DATABASE_SCHEDULER, check_schedule
 from llm_budgets.health import health_check
-from llm_budgets.job_runs import job_finished
+from llm_budgets.jobs.records import job_finished
 from llm_budgets.models import JobRun
 from llm_budgets.schedule import BEAT_SCHEDULE, TASKS, periodic_tasks_install
 from llm_budgets.tasks import sweep_expired_holds

@@ -23,7 +23,7 @@ from django.utils import timezone
 from llm_budgets import budgets
 from llm_budgets.billing.checks import check_linked_without_key
 from llm_budgets.checks import check_docs_apps, check_row_locking
-from llm_budgets.engine.boundary import ledger_guard
+from llm_budgets.db.boundary import ledger_guard
 from llm_budgets.exceptions import BudgetExceeded, LedgerUnavailable
 from llm_budgets.models import AuditEvent, Membership, StripeCustomerLink, Tenant
 from tests.concurrency import run_threads

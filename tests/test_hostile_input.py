@@ -239,7 +239,7 @@ def test_quote_checks_the_ttl_range(acme: Any, ttl: str) -> None:
 
 def test_the_services_check_the_ttl_before_building_a_timedelta() -> None:
     seed()
-    from llm_budgets import quotes
+    from llm_budgets.reads import quotes
 
     for call in (
         lambda: budgets.reserve(

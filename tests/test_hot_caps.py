@@ -15,15 +15,15 @@ from django.urls import reverse
 from django.utils.html import strip_tags
 
 from llm_budgets import budgets
-from llm_budgets.budget_raises import budget_raise_grant
+from llm_budgets.control.raises import budget_raise_grant
 from llm_budgets.engine import stripes
 from llm_budgets.engine.admission import reservation_create
 from llm_budgets.engine.settlement import reservation_commit, reservation_release
 from llm_budgets.exceptions import BudgetExceeded, InvalidUsage
+from llm_budgets.jobs.reconcile import allowances_excess, counters_drift
 from llm_budgets.models import AuditEvent, Budget, Counter
-from llm_budgets.reconcile import allowances_excess, counters_drift
-from llm_budgets.selectors import budget_statuses
-from llm_budgets.tenants import tenant_get
+from llm_budgets.reads.statuses import budget_statuses
+from llm_budgets.tenancy.tenants import tenant_get
 from tests.api import BASE, client_for, new_key
 from tests.concurrency import overspent_counters
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, price_fake, reserve_30

@@ -17,10 +17,10 @@ import pytest
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.budget_raises import budget_raise_grant
+from llm_budgets.control.raises import budget_raise_grant
 from llm_budgets.exceptions import BudgetExceeded
+from llm_budgets.jobs.reconcile import allowances_excess, counters_drift
 from llm_budgets.models import Budget, Counter, Scope
-from llm_budgets.reconcile import allowances_excess, counters_drift
 from tests.concurrency import overspent_counters, patient_lock_waits, run_processes, run_threads
 from tests.factories import price_fake, reserve_30
 

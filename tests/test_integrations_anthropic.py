@@ -17,9 +17,9 @@ from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, KillSwitchActiv
 from llm_budgets.integrations.anthropic import guard
 from llm_budgets.integrations.guarding import NotGuarded, json_text
 from llm_budgets.models import Reservation, UsageRecord
+from llm_budgets.pricing.tokens import count_input_tokens
 from llm_budgets.testing.fakes.anthropic_server import FakeAnthropic
 from llm_budgets.testing.fakes.server import WAIT
-from llm_budgets.tokens import count_input_tokens
 from tests.factories import PRICES_START
 from tests.integrations import (
     CLAUDE,

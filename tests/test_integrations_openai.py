@@ -26,9 +26,9 @@ from llm_budgets.exceptions import (
 from llm_budgets.integrations.guarding import SEARCH_CONTENT_TOKENS_PER_USE, NotGuarded, json_text
 from llm_budgets.integrations.openai import guard
 from llm_budgets.models import Plan, Reservation, UsageRecord
+from llm_budgets.pricing.tokens import count_input_tokens
 from llm_budgets.testing.fakes.openai_server import FakeOpenAI
 from llm_budgets.testing.fakes.server import WAIT
-from llm_budgets.tokens import count_input_tokens
 from tests.factories import PRICES_START
 from tests.integrations import (
     GPT,
@@ -594,7 +594,7 @@ def test_an_async_refusal_sends_nothing(fake: FakeOpenAI) -> None:
 
 
 def openai_tokens(text: str) -> list[int]:
-    from llm_budgets.tokens import encoding, encoding_name
+    from llm_budgets.pricing.tokens import encoding, encoding_name
 
     name = encoding_name("openai", GPT)
     assert name is not None

@@ -190,7 +190,7 @@ def test_a_failing_email_does_not_undo_the_trip(
     def broken(*args: Any, **kwargs: Any) -> None:
         raise OSError("smtp down")
 
-    monkeypatch.setattr("llm_budgets.killswitches.send_mail", broken)
+    monkeypatch.setattr("llm_budgets.control.killswitches.send_mail", broken)
     with django_capture_on_commit_callbacks(execute=True):
         budgets.trip(tenant="acme", reason="attack")
     with pytest.raises(KillSwitchActive):

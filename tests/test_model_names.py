@@ -14,9 +14,9 @@ from django.urls import reverse
 
 from llm_budgets import budgets
 from llm_budgets.exceptions import InvalidUsage, KillSwitchActive, UnknownPrice
-from llm_budgets.model_names import model_alias_delete, model_alias_set
 from llm_budgets.models import AuditEvent, ModelAlias, Price, UsageRecord
-from llm_budgets.pricing import price_match
+from llm_budgets.pricing.model_names import model_alias_delete, model_alias_set
+from llm_budgets.pricing.prices import price_match
 from tests.factories import PRICES_START
 from tests.integrations import GPT, seed_tenant
 
@@ -177,7 +177,7 @@ def test_resolving_names_never_touches_the_network(no_network: list[object]) -> 
 
 
 def model_names_spellings_cache_clear() -> None:
-    from llm_budgets import model_names
+    from llm_budgets.pricing import model_names
 
     model_names.spellings.cache_clear()
     model_names.catalogue_providers.cache_clear()

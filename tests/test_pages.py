@@ -408,9 +408,9 @@ def test_charts_are_svg_with_a_text_equivalent(folks: People) -> None:
 
 
 def test_end_users_are_paginated(folks: People, monkeypatch: pytest.MonkeyPatch) -> None:
-    from llm_budgets.pages import selectors
+    from llm_budgets.pages import figures
 
-    monkeypatch.setattr(selectors, "PAGE_ROWS", 2)
+    monkeypatch.setattr(figures, "PAGE_ROWS", 2)
     admin = client_for(folks.acme_admin)
     first = body(admin.get("/usage/users/"))
     assert "Page 1 of 2" in first

@@ -14,8 +14,8 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
 from demo.usage_month import page_users_ensure
-from llm_budgets.killswitches import kill_switch_trip, switch_scope
-from llm_budgets.pages import selectors
+from llm_budgets.control.killswitches import kill_switch_trip, switch_scope
+from llm_budgets.pages import figures
 from llm_budgets.roles import SUPPORT
 from tests.a11y import VIEWPORTS, Audit, require_axe
 from tests.browser import SCREENSHOTS, screenshot
@@ -87,7 +87,7 @@ def test_every_tenant_page_state_meets_wcag_21_aa(
     chromium_browser: Any, live_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     require_axe()
-    monkeypatch.setattr(selectors, "PAGE_ROWS", 3)  # every list has a second page
+    monkeypatch.setattr(figures, "PAGE_ROWS", 3)  # every list has a second page
     _data()
     base = live_server.url
     audit = Audit()

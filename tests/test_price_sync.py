@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from llm_budgets import budgets
 from llm_budgets.models import AuditEvent, Price, PriceSource
-from llm_budgets.price_sync import prices_sync
-from llm_budgets.pricing import price_in_effect
+from llm_budgets.pricing.prices import price_in_effect
+from llm_budgets.pricing.sync import prices_sync
 
 pytestmark = pytest.mark.django_db
 

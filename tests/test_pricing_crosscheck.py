@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from llm_budgets.costs import actual_cost
 from llm_budgets.models import Price
 from llm_budgets.money import round_charge
-from llm_budgets.price_sync import prices_sync
-from llm_budgets.pricing import price_in_effect
+from llm_budgets.pricing.costs import actual_cost
+from llm_budgets.pricing.prices import price_in_effect
+from llm_budgets.pricing.sync import prices_sync
 from llm_budgets.usage import usage_validate
 
 pytestmark = pytest.mark.django_db

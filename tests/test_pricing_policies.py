@@ -24,6 +24,7 @@ from llm_budgets.exceptions import (
     UnknownPrice,
     UsageExceedsHold,
 )
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import (
     AuditEvent,
     Counter,
@@ -33,7 +34,6 @@ from llm_budgets.models import (
     UnknownModelPolicy,
     UsageRecord,
 )
-from llm_budgets.reconcile import counters_drift
 
 pytestmark = pytest.mark.django_db
 

@@ -34,14 +34,15 @@ from hypothesis.stateful import (
 )
 
 from llm_budgets import budgets
-from llm_budgets.adjustments import (
+from llm_budgets.control.raises import budget_raise_grant
+from llm_budgets.engine.adjustments import (
     budget_spend_reset,
     end_user_spend_reset,
     run_spend_reset,
     usage_void,
 )
-from llm_budgets.budget_raises import budget_raise_grant
 from llm_budgets.engine.admission import reservation_create
+from llm_budgets.engine.applicable import scopes_for_read
 from llm_budgets.engine.settlement import (
     CommitResult,
     reservation_commit,
@@ -55,6 +56,7 @@ from llm_budgets.exceptions import (
     RunClosed,
     UsageExceedsHold,
 )
+from llm_budgets.jobs.reconcile import allowances_excess, counters_drift
 from llm_budgets.models import (
     Budget,
     Counter,
@@ -66,9 +68,8 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.reconcile import allowances_excess, counters_drift
-from llm_budgets.runs import run_close
-from llm_budgets.selectors import budget_statuses, scopes_for_read
+from llm_budgets.reads.statuses import budget_statuses
+from llm_budgets.tenancy.runs import run_close
 from llm_budgets.usage import input_allowed
 from tests.concurrency import overspent_counters
 

@@ -6,8 +6,8 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import Counter
-from llm_budgets.reconcile import counters_drift
 from tests.factories import reserve_30, seed
 
 pytestmark = pytest.mark.django_db

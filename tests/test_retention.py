@@ -11,9 +11,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 from llm_budgets.engine.settlement import reservation_release, reservations_sweep
+from llm_budgets.jobs.reconcile import counters_drift
+from llm_budgets.jobs.retention import reservations_purge
 from llm_budgets.models import Reservation, ReservationHold, ReservationState, UsageRecord
-from llm_budgets.reconcile import counters_drift
-from llm_budgets.retention import reservations_purge
 from tests.factories import reserve_30, seed
 
 pytestmark = pytest.mark.django_db
@@ -68,8 +68,8 @@ def test_expired_without_charge_is_purged_in_batches_by_the_command() -> None:
 
 def test_old_refusal_records_are_purged() -> None:
     from llm_budgets.exceptions import BudgetExceeded
+    from llm_budgets.jobs.retention import refusals_purge
     from llm_budgets.models import Refusal
-    from llm_budgets.retention import refusals_purge
 
     seed(limit="50")
     reserve_30()

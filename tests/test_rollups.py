@@ -11,9 +11,9 @@ from django.core.management import call_command
 
 from llm_budgets import budgets
 from llm_budgets.engine.settlement import reservation_commit, reservations_sweep
+from llm_budgets.jobs.rollups import daily_usage_rebuild, daily_usage_refresh, daily_usage_totals
 from llm_budgets.models import Counter, DailyUsage, Reservation
-from llm_budgets.rollups import daily_usage_rebuild, daily_usage_refresh, daily_usage_totals
-from llm_budgets.tenants import tenant_get
+from llm_budgets.tenancy.tenants import tenant_get
 from tests.factories import price_fake, reserve_30_at
 
 pytestmark = pytest.mark.django_db

@@ -19,19 +19,20 @@ import pytest
 import llm_budgets
 from llm_budgets import budgets, client, usage
 from llm_budgets.api.serializers import CommitRequestSerializer
-from llm_budgets.engine import settlement
-from llm_budgets.engine import statements as sql
-from llm_budgets.engine.counters import CounterKey, counters_locked, counters_matching
-from llm_budgets.killswitches import (
+from llm_budgets.control.killswitches import (
     switch_is_open,
     switch_open_param,
     switch_open_q,
     switch_open_sql,
 )
+from llm_budgets.db import statements as sql
+from llm_budgets.engine import settlement
+from llm_budgets.engine.applicable import applicable_budgets
+from llm_budgets.engine.counters import counters_locked, counters_matching
+from llm_budgets.engine.types import CounterKey
 from llm_budgets.models import Counter, EndUser, KillSwitch, Price
-from llm_budgets.pricing import price_in_effect, prices_in_effect
-from llm_budgets.selectors import applicable_budgets
-from llm_budgets.tenants import tenant_get
+from llm_budgets.pricing.prices import price_in_effect, prices_in_effect
+from llm_budgets.tenancy.tenants import tenant_get
 from tests.factories import reserve_30, seed
 
 PACKAGE = Path(llm_budgets.__file__).parent
@@ -49,7 +50,7 @@ RULES: dict[str, tuple[set[str], list[str]]] = {
         ],
     ),
     "a kill switch is open now": (
-        {"killswitches.py"},
+        {"control/killswitches.py"},
         [
             r"auto_clear_at__(gt|gte|lte|lt|isnull)",
             r"auto_clear_at is None or",
@@ -60,7 +61,7 @@ RULES: dict[str, tuple[set[str], list[str]]] = {
         ],
     ),
     "the price version in effect": (
-        {"pricing.py"},
+        {"pricing/prices.py"},
         [
             r"effective_from__(lte|lt)",
             r"effective_to__(isnull|gt|gte)",

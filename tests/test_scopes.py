@@ -9,11 +9,12 @@ import pytest
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.adjustments import run_spend_reset, usage_void
 from llm_budgets.api.keys import api_key_create
-from llm_budgets.budget_raises import budget_raise_grant
+from llm_budgets.control.raises import budget_raise_grant
+from llm_budgets.engine.adjustments import run_spend_reset, usage_void
 from llm_budgets.engine.admission import reservation_create
 from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, KillSwitchActive, RunClosed
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import (
     AuditEvent,
     Budget,
@@ -23,7 +24,6 @@ from llm_budgets.models import (
     Scope,
     UsageRecord,
 )
-from llm_budgets.reconcile import counters_drift
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, reserve_30_at, seed
 
 pytestmark = pytest.mark.django_db

@@ -6,7 +6,7 @@ import pytest
 from django.test import override_settings
 
 from llm_budgets.exceptions import BudgetExceeded
-from llm_budgets.reconcile import counters_drift
+from llm_budgets.jobs.reconcile import counters_drift
 from tests.concurrency import run_threads
 from tests.factories import reserve_30, seed
 

@@ -23,6 +23,7 @@ from llm_budgets.exceptions import (
     ReservationStateError,
     UsageExceedsHold,
 )
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import (
     AuditEvent,
     Counter,
@@ -31,7 +32,6 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.reconcile import counters_drift
 from tests.api import BASE, client_for, new_key
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed
 

@@ -12,7 +12,7 @@ import django
 import pytest
 from django.test import override_settings
 
-from llm_budgets.thresholds import threshold_warning_send, thresholds_scan
+from llm_budgets.jobs.thresholds import threshold_warning_send, thresholds_scan
 from tests.factories import billing_contacts, reserve_30, seed
 from tests.services import free_port, require
 

@@ -13,7 +13,8 @@ from django.db.models import Model
 from django.test.utils import CaptureQueriesContext
 
 from llm_budgets import budgets
-from llm_budgets.engine import statements as sql
+from llm_budgets.db import statements as sql
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import (
     Counter,
     EndUser,
@@ -25,7 +26,6 @@ from llm_budgets.models import (
     Tenant,
     UsageRecord,
 )
-from llm_budgets.reconcile import counters_drift
 from tests.queries import reads, round_trips
 
 pytestmark = pytest.mark.django_db

@@ -15,15 +15,15 @@ from django.db import transaction
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.adjustments import (
+from llm_budgets.billing.delivery import billing_push, delivery_retry
+from llm_budgets.billing.reconciliation import billing_reconcile
+from llm_budgets.billing.totals import billed_in_period, billing_status
+from llm_budgets.engine.adjustments import (
     budget_spend_reset,
     end_user_spend_reset,
     run_spend_reset,
     usage_void,
 )
-from llm_budgets.billing.delivery import billing_push, delivery_retry
-from llm_budgets.billing.reconciliation import billing_reconcile
-from llm_budgets.billing.selectors import billed_in_period, billing_status
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
     AuditEvent,
@@ -444,7 +444,7 @@ def test_a_line_committed_by_a_process_unaware_of_a_new_link_is_caught_up(
 ) -> None:
     import time
 
-    from llm_budgets.billing import outbox
+    from llm_budgets.engine import outbox
     from llm_budgets.models import StripeCustomerLink
 
     with at(H + timedelta(minutes=1)):
@@ -468,7 +468,7 @@ def test_a_line_committed_by_a_process_unaware_of_a_new_link_is_caught_up(
 def test_the_linked_tenant_cache_never_skips_a_tenant_it_knows_is_linked(
     fake_stripe: StripeServer,
 ) -> None:
-    from llm_budgets.billing import outbox
+    from llm_budgets.engine import outbox
 
     set_up(fake_stripe)
     outbox.linked_cache_clear()
@@ -547,7 +547,7 @@ def test_the_tenant_pages_show_billed_so_far_to_an_admin_only(fake_stripe: Strip
     from django.contrib.auth import get_user_model
     from django.test import Client
 
-    from llm_budgets.billing.selectors import billed_so_far
+    from llm_budgets.billing.totals import billed_so_far
     from llm_budgets.models import Membership, MembershipRole, Tenant
 
     with at(H + timedelta(minutes=1)):

@@ -16,7 +16,7 @@ import pytest
 from django.contrib import admin
 from django.urls import reverse
 
-from llm_budgets.killswitches import kill_switch_clear, kill_switch_trip, switch_scope
+from llm_budgets.control.killswitches import kill_switch_clear, kill_switch_trip, switch_scope
 from llm_budgets.models import Budget, EndUser, KillSwitch, Scope, Tenant, UsageRecord
 from tests.a11y import DJANGO_ADMIN_KNOWN, VIEWPORTS, Audit, require_axe
 from tests.browser import SCREENSHOTS, screenshot

@@ -20,9 +20,9 @@ from django.utils import timezone
 from django.utils.html import strip_tags
 
 from llm_budgets import budgets
-from llm_budgets.adjustments import usage_void
 from llm_budgets.api.keys import api_key_create
 from llm_budgets.clock import when
+from llm_budgets.engine.adjustments import usage_void
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.models import (
     ApiKey,
@@ -261,7 +261,7 @@ def test_budget_list_shows_this_periods_spent_remaining_and_raises(
 
 
 def _grant(budget: Budget) -> None:
-    from llm_budgets.budget_raises import budget_raise_grant
+    from llm_budgets.control.raises import budget_raise_grant
 
     budget_raise_grant(
         budget=budget,

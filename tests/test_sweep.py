@@ -20,6 +20,7 @@ from llm_budgets.engine.settlement import (
     reservation_commit,
     reservations_sweep,
 )
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import (
     BillingLine,
     Counter,
@@ -28,7 +29,6 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.reconcile import counters_drift
 from tests.concurrency import overspent_counters, patient_lock_waits, run_threads
 from tests.factories import reserve_30, reserve_30_at, seed
 
@@ -137,7 +137,7 @@ def test_uncertain_holds_are_left_to_the_reconcile_job() -> None:
 
 @pytest.mark.django_db
 def test_a_batch_bills_each_estimate_once_for_linked_tenants_only() -> None:
-    from llm_budgets.billing.outbox import linked_cache_clear
+    from llm_budgets.engine.outbox import linked_cache_clear
 
     seed(limit="10000", window="lifetime")
     seed(limit="10000", tenant="other", window="lifetime")

@@ -16,7 +16,9 @@ from django.test import Client
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.adjustments import end_user_spend_reset, usage_void
+from llm_budgets.engine.adjustments import end_user_spend_reset, usage_void
+from llm_budgets.jobs.reconcile import counters_drift
+from llm_budgets.jobs.rollups import daily_usage_rebuild, daily_usage_totals
 from llm_budgets.models import (
     EndUser,
     Membership,
@@ -26,8 +28,6 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.reconcile import counters_drift
-from llm_budgets.rollups import daily_usage_rebuild, daily_usage_totals
 from tests.api import BASE, new_key
 from tests.api import client_for as api_client
 from tests.factories import reserve_30, seed

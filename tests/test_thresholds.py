@@ -13,7 +13,8 @@ from django.core.management import call_command
 from django.test import TestCase, override_settings
 from django.utils import timezone
 
-from llm_budgets import budgets, thresholds
+from llm_budgets import budgets
+from llm_budgets.jobs import thresholds
 from llm_budgets.models import Budget, DeliveryState, Plan, Tenant, ThresholdCrossing
 from llm_budgets.signals import threshold_crossed
 from llm_budgets.tasks import scan_thresholds

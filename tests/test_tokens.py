@@ -8,9 +8,10 @@ import pytest
 import tiktoken.load
 from django.test import override_settings
 
-from llm_budgets import budgets, tokens
+from llm_budgets import budgets
 from llm_budgets.exceptions import InvalidUsage
-from llm_budgets.tokens import count_input_tokens, encoding
+from llm_budgets.pricing import tokens
+from llm_budgets.pricing.tokens import count_input_tokens, encoding
 
 MESSAGES = [
     {"role": "system", "content": "You are terse."},

@@ -20,8 +20,8 @@ from llm_budgets.engine.settlement import (
     reservations_reconcile,
     reservations_sweep,
 )
+from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import Counter, Reservation, ReservationState, UsageRecord
-from llm_budgets.reconcile import counters_drift
 from tests.factories import reserve_30, seed
 
 pytestmark = pytest.mark.django_db

@@ -23,7 +23,7 @@ from llm_budgets.admin.base import (
 )
 from llm_budgets.billing.delivery import delivery_retry
 from llm_budgets.billing.links import stripe_customer_link, stripe_customer_unlink
-from llm_budgets.billing.selectors import billing_status, unpaid_invoices
+from llm_budgets.billing.totals import billing_status, unpaid_invoices
 from llm_budgets.conf import conf
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (

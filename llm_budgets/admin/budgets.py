@@ -27,12 +27,12 @@ from llm_budgets.admin.base import (
     when_column,
     when_text,
 )
-from llm_budgets.admin.selectors import active_raises, budget_list_statuses
+from llm_budgets.admin.queries import active_raises, budget_list_statuses
+from llm_budgets.control.limits import ALL_END_USERS, api_key_of, budget_set_limit, tag_pair
 from llm_budgets.exceptions import InvalidUsage
-from llm_budgets.limits import ALL_END_USERS, api_key_of, budget_set_limit, tag_pair
 from llm_budgets.models import Budget, Counter, Scope
 from llm_budgets.money import display, round_charge
-from llm_budgets.runs import run_validate
+from llm_budgets.tenancy.runs import run_validate
 
 # Which owner each scope needs: (tenant, end user). The rest name an API key, a run or a tag of
 # a tenant (``_NAMED``).

@@ -24,7 +24,6 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from llm_budgets import clock, money
-from llm_budgets.adjustments import budget_spend_reset, end_user_spend_reset, usage_void
 from llm_budgets.admin.base import (
     PageAnnotationMixin,
     ReadOnlyAdmin,
@@ -40,7 +39,7 @@ from llm_budgets.admin.base import (
     when_text,
 )
 from llm_budgets.admin.budgets import budget_phrase
-from llm_budgets.admin.selectors import (
+from llm_budgets.admin.queries import (
     RECENT_LINES,
     EndUserOverview,
     adjustment_notes,
@@ -48,16 +47,17 @@ from llm_budgets.admin.selectors import (
     refusal_groups,
     voided_ids,
 )
-from llm_budgets.budget_raises import budget_raise_grant
-from llm_budgets.exceptions import InvalidUsage
-from llm_budgets.killswitches import (
+from llm_budgets.control.killswitches import (
     SwitchScope,
     kill_switch_clear,
     kill_switch_trip,
     switch_is_open,
     switch_open_q,
 )
-from llm_budgets.limits import api_key_of
+from llm_budgets.control.limits import api_key_of
+from llm_budgets.control.raises import budget_raise_grant
+from llm_budgets.engine.adjustments import budget_spend_reset, end_user_spend_reset, usage_void
+from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
     Budget,
     BudgetRaise,
@@ -69,7 +69,7 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.tenants import end_user_ensure
+from llm_budgets.tenancy.tenants import end_user_ensure
 from llm_budgets.windows import budget_period
 
 # Refusals read for the page before identical ones in a burst are folded together.

@@ -22,7 +22,7 @@ from llm_budgets.admin.base import (
     when_text,
 )
 from llm_budgets.admin.pricing import UnpricedModelFilter
-from llm_budgets.admin.selectors import adjustment_notes, voided_ids
+from llm_budgets.admin.queries import adjustment_notes, voided_ids
 from llm_budgets.models import Reservation, ReservationHold, UsageKind, UsageRecord
 
 

@@ -20,11 +20,11 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from llm_budgets.admin.base import LinkStyles, actor, adopt, rate_text, when_column, when_text
-from llm_budgets.costs import TOKEN_RATES
 from llm_budgets.exceptions import InvalidUsage, UnknownPrice
-from llm_budgets.model_names import model_alias_delete, model_alias_set
 from llm_budgets.models import ModelAlias, Price
-from llm_budgets.pricing import PRICE_FIELDS, current_versions, price_match, price_set
+from llm_budgets.pricing.costs import TOKEN_RATES
+from llm_budgets.pricing.model_names import model_alias_delete, model_alias_set
+from llm_budgets.pricing.prices import PRICE_FIELDS, current_versions, price_match, price_set
 
 
 class PriceForm(forms.ModelForm):

@@ -29,7 +29,7 @@ from llm_budgets.admin.base import (
 )
 from llm_budgets.admin.billing import billing_context
 from llm_budgets.admin.control import TenantControlMixin, control_context, end_user_context
-from llm_budgets.admin.selectors import (
+from llm_budgets.admin.queries import (
     ScopedSubject,
     active_raises,
     end_user_overview,
@@ -47,8 +47,8 @@ from llm_budgets.models import (
     Window,
 )
 from llm_budgets.money import display
-from llm_budgets.selectors import BudgetStatus
-from llm_budgets.tenants import end_user_ensure, tenant_ensure
+from llm_budgets.results import BudgetStatus
+from llm_budgets.tenancy.tenants import end_user_ensure, tenant_ensure
 
 
 class _EmptyWhenNone(forms.JSONField):

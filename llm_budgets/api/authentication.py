@@ -32,8 +32,8 @@ from rest_framework_api_key.crypto import Sha512ApiKeyHasher
 
 from llm_budgets.api import throttling
 from llm_budgets.conf import conf
-from llm_budgets.engine import statements as sql
-from llm_budgets.engine.boundary import ledger_guard
+from llm_budgets.db import statements as sql
+from llm_budgets.db.boundary import ledger_guard
 from llm_budgets.models import ApiKey, RateCounter, Reservation, Tenant
 
 KEYWORD = "Api-Key"

@@ -108,7 +108,7 @@ class SchemaView(SpectacularAPIView):
 
     @api_schema(exclude=True)
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        from llm_budgets.api.urls import api_patterns
+        from llm_budgets.api.routes import api_patterns
 
         # Only this API's endpoints, at the prefix the host mounted it on.
         route = request.resolver_match.route if request.resolver_match else SCHEMA_PATH

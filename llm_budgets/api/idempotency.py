@@ -28,7 +28,7 @@ from rest_framework.utils.encoders import JSONEncoder
 
 from llm_budgets import validation
 from llm_budgets.api.exceptions import HttpError
-from llm_budgets.engine.boundary import ledger_guard
+from llm_budgets.db.boundary import ledger_guard
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import ApiKey, IdempotencyRecord
 

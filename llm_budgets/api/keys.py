@@ -11,7 +11,7 @@ from django.utils import timezone
 from llm_budgets import validation
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import ApiKey, AuditEvent
-from llm_budgets.tenants import tenant_get
+from llm_budgets.tenancy.tenants import tenant_get
 
 
 def api_key_create(

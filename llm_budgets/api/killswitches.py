@@ -1,6 +1,6 @@
 """Kill switch endpoints (operator keys): list, trip and clear. Thin views over
-:mod:`llm_budgets.killswitches`, which audits each action, sends the signal and emails operators,
-exactly as for a trip or clear in the admin."""
+:mod:`llm_budgets.control.killswitches`, which audits each action, sends the signal and emails
+operators, exactly as for a trip or clear in the admin."""
 
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ from llm_budgets.api.schema import api_schema
 from llm_budgets.api.scoping import api_key_of, query_id
 from llm_budgets.api.serializers import IdentifierField, StrictSerializer, idempotency_key_field
 from llm_budgets.api.views import IDEMPOTENCY_HEADER, ApiView, Pagination, errors
-from llm_budgets.engine.boundary import ledger_guard
-from llm_budgets.killswitches import (
+from llm_budgets.control.killswitches import (
     kill_switch_clear,
     kill_switch_trip,
     kill_switches_in_state,
     switch_is_open,
     switch_scope,
 )
+from llm_budgets.db.boundary import ledger_guard
 from llm_budgets.models import ApiKey, KillSwitch
 
 STATES = ("open", "cleared")

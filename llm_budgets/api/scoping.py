@@ -7,11 +7,12 @@ from uuid import UUID
 
 from rest_framework.request import Request
 
-from llm_budgets import tenants, validation
-from llm_budgets.engine import statements as sql
-from llm_budgets.engine.boundary import ledger_guard
+from llm_budgets import validation
+from llm_budgets.db import statements as sql
+from llm_budgets.db.boundary import ledger_guard
 from llm_budgets.exceptions import InvalidUsage, ReservationNotFound, UnknownTenant
 from llm_budgets.models import ApiKey, Reservation, Tenant
+from llm_budgets.tenancy import tenants
 
 
 def api_key_of(request: Request) -> ApiKey:
@@ -74,7 +75,7 @@ def reservation_id_for(request: Request, reservation_id: str) -> UUID:
 @functools.cache
 def _reservation_id_sql(*, tenant_scoped: bool) -> str:
     """The reservation's id if it exists (and is the tenant's): one statement, no ORM
-    compilation (``llm_budgets.engine.statements``), as it runs before every commit."""
+    compilation (``llm_budgets.db.statements``), as it runs before every commit."""
     scoped = f" AND {sql.column(Reservation, 'tenant')} = %s" if tenant_scoped else ""
     return f"SELECT id FROM {sql.table(Reservation)} WHERE id = %s{scoped}"  # noqa: S608
 

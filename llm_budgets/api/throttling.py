@@ -22,7 +22,7 @@ from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
 from llm_budgets.conf import conf
-from llm_budgets.engine.boundary import ledger_guard
+from llm_budgets.db.boundary import ledger_guard
 from llm_budgets.models import ApiKey, RateCounter
 
 DURATIONS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from rest_framework.serializers import Serializer
 from rest_framework.views import APIView
 
-from llm_budgets import limits, quotes, selectors, validation
+from llm_budgets import validation
 from llm_budgets.api import serializers as s
 from llm_budgets.api.authentication import ApiKeyAuthentication
 from llm_budgets.api.exceptions import HttpError, exception_handler
@@ -36,12 +36,15 @@ from llm_budgets.api.scoping import (
     tenant_for,
 )
 from llm_budgets.api.throttling import ApiKeyRateThrottle
+from llm_budgets.control import limits
+from llm_budgets.db.boundary import ledger_guard
 from llm_budgets.engine import admission, settlement
-from llm_budgets.engine.boundary import ledger_guard
+from llm_budgets.engine.applicable import scopes_for_read
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import Budget, EndUser, Price, Reservation, Tenant
-from llm_budgets.runs import run_close
-from llm_budgets.selectors import scopes_for_read
+from llm_budgets.reads import quotes
+from llm_budgets.reads.statuses import budget_statuses, tenant_visible
+from llm_budgets.tenancy.runs import run_close
 
 ERROR_TEXT = {
     400: "Invalid request: every bad field is named in `error.fields`.",
@@ -297,9 +300,9 @@ class TenantStatusView(ApiView):
             scopes = scopes_for_read(
                 tenant, run=query_id(request, "run"), tags=_query_tags(request)
             )
-            statuses = selectors.budget_statuses(tenant, end_user, timezone.now(), scopes)
+            statuses = budget_statuses(tenant, end_user, timezone.now(), scopes)
         if not api_key_of(request).is_operator:
-            statuses = selectors.tenant_visible(statuses)
+            statuses = tenant_visible(statuses)
         body = {"tenant": tenant.external_id, "end_user": end_user_id, "budgets": statuses}
         return Response(s.TenantStatusSerializer(body).data)
 

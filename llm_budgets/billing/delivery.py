@@ -31,13 +31,13 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from llm_budgets.billing.client import stripe_client
-from llm_budgets.billing.outbox import (
+from llm_budgets.conf import conf
+from llm_budgets.engine.outbox import (
     CATCH_UP_MARGIN,
     STRIPE_WINDOW,
     lines_resolve,
     outbox_catch_up,
 )
-from llm_budgets.conf import conf
 from llm_budgets.models import (
     BillingLine,
     DeliveryKind,

@@ -27,10 +27,10 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from llm_budgets.billing.links import stripe_customer_unlink
-from llm_budgets.billing.selectors import unpaid_invoices
+from llm_budgets.billing.totals import unpaid_invoices
 from llm_budgets.conf import conf
+from llm_budgets.control.killswitches import kill_switch_clear, kill_switch_trip, switch_scope
 from llm_budgets.exceptions import InvalidUsage
-from llm_budgets.killswitches import kill_switch_clear, kill_switch_trip, switch_scope
 from llm_budgets.models import (
     InvoiceSettlement,
     MeterDelivery,

@@ -17,18 +17,21 @@ from django.db import IntegrityError, connection
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
-from llm_budgets.degradation import Rung, effect_at, ladder_parse, substitutes, used_percent
-from llm_budgets.engine import dbclock, stripes
-from llm_budgets.engine import statements as sql
-from llm_budgets.engine.boundary import (
+from llm_budgets.control.killswitches import kill_switches_covering, refusal_for
+from llm_budgets.control.refusals import refusal_record
+from llm_budgets.db import dbclock
+from llm_budgets.db import statements as sql
+from llm_budgets.db.boundary import (
     bound_lock_wait,
     ledger_guard,
     ledger_transaction,
     lock_timeout_statement,
 )
+from llm_budgets.degradation import Rung, effect_at, ladder_parse, substitutes, used_percent
+from llm_budgets.engine import stripes
+from llm_budgets.engine.applicable import admission_context, applicable_budgets, shared_by_tenants
 from llm_budgets.engine.counters import (
     Bucket,
-    CounterKey,
     counters_from,
     counters_locking,
     rolling_buckets,
@@ -36,6 +39,7 @@ from llm_budgets.engine.counters import (
     stripes_picking,
 )
 from llm_budgets.engine.first_sight import FirstSight
+from llm_budgets.engine.types import ApplicableBudget, CallScopes, CounterKey
 from llm_budgets.events import observed_admission
 from llm_budgets.exceptions import (
     BudgetExceeded,
@@ -45,7 +49,6 @@ from llm_budgets.exceptions import (
     LedgerUnavailable,
     NoApplicableBudget,
 )
-from llm_budgets.killswitches import kill_switches_covering, refusal_for
 from llm_budgets.models import (
     ApiKey,
     Budget,
@@ -58,18 +61,14 @@ from llm_budgets.models import (
     Run,
 )
 from llm_budgets.money import ZERO
-from llm_budgets.quotes import input_token_count, request_estimate, service_tier_validate
-from llm_budgets.refusals import refusal_record
-from llm_budgets.runs import run_refuse_if_closed, run_validate
-from llm_budgets.selectors import (
-    ApplicableBudget,
-    CallScopes,
-    admission_context,
-    applicable_budgets,
-    shared_by_tenants,
+from llm_budgets.pricing.estimates import (
+    input_token_count,
+    request_estimate,
+    service_tier_validate,
 )
 from llm_budgets.tags import tags_validate
-from llm_budgets.tenants import tenant_with_end_user, tenant_with_plan
+from llm_budgets.tenancy.runs import run_refuse_if_closed, run_validate
+from llm_budgets.tenancy.tenants import tenant_with_end_user, tenant_with_plan
 from llm_budgets.usage import tool_calls_validate
 from llm_budgets.windows import rolling_window
 
@@ -832,7 +831,7 @@ def _degrade(
 
 def _ladder_name(ladder: list[Rung], reservation: Reservation) -> str:
     """The name a ladder knows the request's model by: as asked, else the priced model's name
-    (a dated or prefixed spelling of a model the ladder names, llm_budgets.model_names)."""
+    (a dated or prefixed spelling of a model the ladder names, llm_budgets.pricing.model_names)."""
     asked = reservation.model
     if reservation.price is None or any(asked in rung.models for rung in ladder):
         return asked

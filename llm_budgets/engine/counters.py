@@ -19,51 +19,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 from django.db.models import Q
 
-from llm_budgets.engine import statements as sql
+from llm_budgets.db import statements as sql
+from llm_budgets.engine.types import DIMENSIONS, ApplicableBudget, CounterKey
 from llm_budgets.models import Counter
 from llm_budgets.money import ZERO
 from llm_budgets.windows import rolling_window
-
-if TYPE_CHECKING:
-    from llm_budgets.selectors import ApplicableBudget
-
-
-class CounterKey(NamedTuple):
-    """Which counter row a budget draws on: ``(budget, end user, run, API key, period start)``,
-    each dimension None unless the budget is the ``"*"`` budget split by it."""
-
-    budget_id: int
-    end_user_id: int | None
-    run_id: int | None
-    api_key_id: str | None
-    period_start: datetime
-
-    @classmethod
-    def of(cls, counter: Counter) -> CounterKey:
-        """The key of a counter row."""
-        dimensions = [getattr(counter, f"{d}_id") for d in DIMENSIONS]
-        return cls._make([counter.budget_id, *dimensions, counter.period_start])
-
-    @property
-    def series(self) -> tuple[Any, ...]:
-        """The key without its period: every bucket of a rolling budget shares it."""
-        return tuple(self[:-1])
-
-    def counter(self, stripe: int = 0) -> Counter:
-        """A new, unsaved counter row for this key (one stripe of it, for a hot budget)."""
-        ids = {f"{d}_id": v for d, v in zip(DIMENSIONS, self[1:-1], strict=True)}
-        return Counter(
-            budget_id=self.budget_id, period_start=self.period_start, stripe=stripe, **ids
-        )
-
-
-# The dimensions that split a budget's counter, in ``CounterKey`` order (between the budget and
-# the period start): Counter foreign keys, NULL where the budget is not split by them.
-DIMENSIONS: tuple[str, ...] = ("end_user", "run", "api_key")
 
 
 def _dimensions_q(key: CounterKey) -> dict[str, object]:
@@ -136,7 +100,7 @@ def counters_locked(
     """Lock exactly the counter rows of ``applicable``, every stripe of a hot budget's
     (``FOR UPDATE``, in primary-key order, so concurrent admissions cannot deadlock: the
     canonical lock order) and return them; a missing row is simply absent.
-    One statement without the ORM's compilation (see ``llm_budgets.engine.statements``), sent with
+    One statement without the ORM's compilation (see ``llm_budgets.db.statements``), sent with
     ``first`` if given (``statements.fetch``)."""
     return counters_from(sql.fetch(*counters_locking(applicable), first=first))
 

@@ -26,11 +26,11 @@ from django.db.models import Min
 from django.utils import timezone
 
 from llm_budgets.conf import conf
-from llm_budgets.engine import statements as sql
+from llm_budgets.db import statements as sql
 from llm_budgets.exceptions import NewIdCapped
 from llm_budgets.models import EndUser, Reservation, Run
-from llm_budgets.runs import run_ensure
-from llm_budgets.tenants import end_user_ensure
+from llm_budgets.tenancy.runs import run_ensure
+from llm_budgets.tenancy.tenants import end_user_ensure
 
 # The cap's period: a rolling 24 hours, counted on the rows' creation times.
 CAP_PERIOD = timedelta(days=1)

@@ -21,16 +21,11 @@ from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from llm_budgets import validation
-from llm_budgets.billing import outbox
 from llm_budgets.conf import conf
-from llm_budgets.costs import actual_cost, customer_charge
-from llm_budgets.engine import dbclock, lines
-from llm_budgets.engine import statements as sql
-from llm_budgets.engine.boundary import (
-    ledger_guard,
-    ledger_transaction,
-    lock_timeout_statement,
-)
+from llm_budgets.db import dbclock
+from llm_budgets.db import statements as sql
+from llm_budgets.db.boundary import ledger_guard, ledger_transaction, lock_timeout_statement
+from llm_budgets.engine import lines, outbox
 from llm_budgets.engine.lines import NONE, Amounts
 from llm_budgets.events import (
     event_log,
@@ -60,7 +55,8 @@ from llm_budgets.models import (
     UsageRecord,
 )
 from llm_budgets.money import ZERO, round_charge
-from llm_budgets.pricing import price_in_effect
+from llm_budgets.pricing.costs import actual_cost, customer_charge
+from llm_budgets.pricing.prices import price_in_effect
 from llm_budgets.results import CommitResult as CommitResult  # its home until issue #10
 from llm_budgets.usage import Usage, usage_validate, usage_within_hold
 

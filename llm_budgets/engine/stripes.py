@@ -32,7 +32,7 @@ from llm_budgets.money import QUANTUM, ZERO
 from llm_budgets.windows import rolling_window
 
 if TYPE_CHECKING:
-    from llm_budgets.selectors import ApplicableBudget
+    from llm_budgets.engine.types import ApplicableBudget
 
 
 def striped(budget: Budget) -> bool:
@@ -98,11 +98,3 @@ def allowance_excess(rows: Sequence[Counter]) -> Decimal:
     free = sum((max(ZERO, c.allowance - used(c)) for c in split if c.allowance is not None), ZERO)
     over = sum((max(ZERO, used(c) - c.allowance) for c in split if c.allowance is not None), ZERO)
     return max(ZERO, free - max(ZERO, limit - total) - over)
-
-
-def stripes_forget(budget: Budget) -> None:
-    """Forget every split of ``budget``'s counters (it changed shape): rows locked in pk order,
-    as admission locks them; the next admission under it takes the exact path."""
-    split = Counter.objects.filter(budget=budget, split_for__isnull=False)
-    rows = list(split.select_for_update().order_by("pk").only("pk"))
-    Counter.objects.filter(pk__in=[c.pk for c in rows]).update(allowance=None, split_for=None)

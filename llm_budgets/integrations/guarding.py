@@ -17,8 +17,8 @@ which model and ceiling to send (the ones held), and settles exactly once:
   it sent one (Anthropic's ``message_start``) and the request's offline count otherwise.
 
 Kill switches are checked while a stream runs, at most every ``switch_check_seconds`` (one indexed
-query, :func:`llm_budgets.killswitches.kill_switches_covering`), when a chunk arrives and while a
-read waits (:mod:`llm_budgets.integrations.streams`): a switch tripped mid-stream is noticed
+query, :func:`llm_budgets.control.killswitches.kill_switches_covering`), when a chunk arrives and
+while a read waits (:mod:`llm_budgets.integrations.streams`): a switch tripped mid-stream is noticed
 within about ``switch_check_seconds``, stalled stream or not.
 """
 
@@ -37,10 +37,10 @@ from typing import Any
 from django.utils import timezone
 
 from llm_budgets import budgets
+from llm_budgets.control.killswitches import kill_switches_covering, refusal_for
 from llm_budgets.engine import admission
 from llm_budgets.exceptions import BudgetError, InvalidUsage, KillSwitchActive
-from llm_budgets.killswitches import kill_switches_covering, refusal_for
-from llm_budgets.tokens import count_input_tokens
+from llm_budgets.pricing.tokens import count_input_tokens
 from llm_budgets.usage import Usage, usage_validate
 
 logger = logging.getLogger("llm_budgets")
@@ -93,7 +93,7 @@ class GuardOptions:
 
 class OutputCounter:
     """Output tokens counted from a stream's text deltas with the app's offline counter
-    (``llm_budgets.tokens``): exactly with tiktoken for OpenAI-family models, else its
+    (``llm_budgets.pricing.tokens``): exactly with tiktoken for OpenAI-family models, else its
     conservative bound (one token per UTF-8 byte, times the safety margin). Never more than the
     ceiling that was held (the provider cannot exceed it), never less than one token a delta."""
 

@@ -8,11 +8,12 @@ from django.core.exceptions import ValidationError
 from django.db import connections, models
 from django.db.models import Q
 
-from llm_budgets.engine import statements as sql
+from llm_budgets.db import statements as sql
 from llm_budgets.models.api import ApiKey
 from llm_budgets.models.fields import validate_thresholds
 from llm_budgets.models.tenancy import EndUser, Tenant
 from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS, display
+from llm_budgets.windows import Window, window_name
 
 
 class Scope(models.TextChoices):
@@ -36,13 +37,6 @@ SHARED_BY = {
 }
 
 
-class Window(models.TextChoices):
-    MONTH = "month", "Month"
-    DAY = "day", "Day"
-    HOUR = "hour", "Hour"
-    LIFETIME = "lifetime", "Lifetime"
-
-
 class BudgetUnit(models.TextChoices):
     PROVIDER_COST = "provider_cost", "Provider cost"
     CUSTOMER_PRICE = "customer_price", "Customer price (with markup)"
@@ -51,7 +45,6 @@ class BudgetUnit(models.TextChoices):
 def validate_window(value: str) -> None:
     """A calendar window or ``rolling:<duration>`` in its canonical spelling."""
     from llm_budgets.exceptions import InvalidUsage
-    from llm_budgets.windows import window_name  # windows imports this module
 
     try:
         canonical = window_name(value)

@@ -70,7 +70,7 @@ class Plan(models.Model):
             '{"at_percent": 95, "max_output_tokens": 256}]. Empty: never degrade.'
         ),
     )
-    # Automatic kill switches (llm_budgets.anomalies). Empty: that detector is off.
+    # Automatic kill switches (llm_budgets.jobs.anomalies). Empty: that detector is off.
     anomaly_window_minutes = models.PositiveIntegerField(
         default=10, help_text="Window of the spend-velocity and failure-storm detectors."
     )

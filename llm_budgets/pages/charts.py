@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from llm_budgets.pages.selectors import DayBar, UsageRow
+from llm_budgets.pages.figures import DayBar, UsageRow
 
 WIDTH = 720
 DAY_HEIGHT = 240

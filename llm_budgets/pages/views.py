@@ -1,4 +1,4 @@
-"""The tenant pages: thin views that resolve who is looking (``access``), read (``selectors``) and
+"""The tenant pages: thin views that resolve who is looking (``access``), read (``figures``) and
 render. Every page and the export see only ``viewer.tenant`` (and a member's own end user)."""
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from django.utils.cache import patch_cache_control
 from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET
 
-from llm_budgets.billing.selectors import billed_so_far
+from llm_budgets.billing.totals import billed_so_far
 from llm_budgets.money import money as money_text
-from llm_budgets.pages import charts, export, selectors
+from llm_budgets.pages import charts, export, figures
 from llm_budgets.pages.access import (
     LoginRequired,
     TenantChoice,
@@ -76,7 +76,7 @@ def _context(request: HttpRequest, viewer: Viewer, section: str, **extra: Any) -
         "tenant": viewer.tenant,
         "tenant_name": viewer.tenant.name or viewer.tenant.external_id,
         "section": section,
-        "currency": selectors.currency(),
+        "currency": figures.currency(),
         "tenant_query": tenant_query,
         "tenant_timezone": viewer.tenant.timezone,
         **extra,
@@ -97,7 +97,7 @@ def tenants(request: HttpRequest) -> HttpResponseBase:
 def _tenant_picker(request: HttpRequest, target: str) -> HttpResponse:
     """The picker: each tenant links to ``target`` (the page asked for) with ``?tenant=``."""
     query = request.GET.get("q", "").strip()
-    page = selectors.tenants_to_pick(query, page=_page_number(request))
+    page = figures.tenants_to_pick(query, page=_page_number(request))
     context = {
         # Every key the other pages' frame reads, empty: a host base that shows the header or
         # the footer outside their blocks still renders here (docs/pages.md, template contract).
@@ -106,7 +106,7 @@ def _tenant_picker(request: HttpRequest, target: str) -> HttpResponse:
         "tenant_name": "",
         "tenant_query": "",
         "tenant_timezone": "",
-        "currency": selectors.currency(),
+        "currency": figures.currency(),
         "section": "tenants",
         "page": page,
         "query": query,
@@ -126,9 +126,9 @@ def _page_number(request: HttpRequest) -> int:
 @tenant_page
 def overview(request: HttpRequest, viewer: Viewer) -> HttpResponse:
     now = timezone.now()
-    data = selectors.overview(viewer, now)
-    periods = selectors.billing_periods(viewer.tenant, now)
-    unit = selectors.amount_unit(viewer.tenant)
+    data = figures.overview(viewer, now)
+    periods = figures.billing_periods(viewer.tenant, now)
+    unit = figures.amount_unit(viewer.tenant)
     context = _context(
         request,
         viewer,
@@ -136,7 +136,7 @@ def overview(request: HttpRequest, viewer: Viewer) -> HttpResponse:
         overview=data,
         period=periods.current,
         period_days=periods.days(periods.current),
-        period_total=selectors.period_total(viewer, periods, unit),
+        period_total=figures.period_total(viewer, periods, unit),
         # What Stripe accepted this period (llm_budgets.billing); tenant-wide, so not for a
         # member, and None for a tenant never billed through Stripe (docs/pages.md).
         billed=None
@@ -149,15 +149,15 @@ def overview(request: HttpRequest, viewer: Viewer) -> HttpResponse:
 @tenant_page
 def models(request: HttpRequest, viewer: Viewer) -> HttpResponse:
     now = timezone.now()
-    periods = selectors.billing_periods(viewer.tenant, now)
-    unit = selectors.amount_unit(viewer.tenant)
-    currency = selectors.currency()
+    periods = figures.billing_periods(viewer.tenant, now)
+    unit = figures.amount_unit(viewer.tenant)
+    currency = figures.currency()
 
     def money(value: Decimal) -> str:
         return money_text(value, currency)
 
-    days = selectors.spend_by_day(viewer, periods, unit)
-    rows = selectors.spend_by_model(viewer, periods, unit)
+    days = figures.spend_by_day(viewer, periods, unit)
+    rows = figures.spend_by_model(viewer, periods, unit)
     context = _context(
         request,
         viewer,
@@ -167,7 +167,7 @@ def models(request: HttpRequest, viewer: Viewer) -> HttpResponse:
         days=days,
         day_chart=charts.day_chart(days, money, lambda v: money_text(v, "")),
         rows=rows,
-        row_chart=charts.row_chart(rows[: selectors.CHART_TOP], money),
+        row_chart=charts.row_chart(rows[: figures.CHART_TOP], money),
         total=sum((r.amount for r in rows), Decimal(0)),
         previous_total=sum((d.previous or Decimal(0) for d in days), Decimal(0)),
     )
@@ -177,13 +177,13 @@ def models(request: HttpRequest, viewer: Viewer) -> HttpResponse:
 @tenant_page
 def users(request: HttpRequest, viewer: Viewer) -> HttpResponse:
     now = timezone.now()
-    periods = selectors.billing_periods(viewer.tenant, now)
-    unit = selectors.amount_unit(viewer.tenant)
-    currency = selectors.currency()
+    periods = figures.billing_periods(viewer.tenant, now)
+    unit = figures.amount_unit(viewer.tenant)
+    currency = figures.currency()
     sort = request.GET.get("sort", "amount")
-    if sort not in selectors.END_USER_SORTS:
+    if sort not in figures.END_USER_SORTS:
         sort = "amount"
-    page, top, total = selectors.spend_by_end_user(
+    page, top, total = figures.spend_by_end_user(
         viewer, periods, unit, sort=sort, page=_page_number(request)
     )
     context = _context(
@@ -209,7 +209,7 @@ def users(request: HttpRequest, viewer: Viewer) -> HttpResponse:
 
 @tenant_page
 def refusals(request: HttpRequest, viewer: Viewer) -> HttpResponse:
-    page = selectors.refusals(viewer, page=_page_number(request))
+    page = figures.refusals(viewer, page=_page_number(request))
     return render(
         request, "llm_budgets/pages/refusals.html", _context(request, viewer, "refusals", page=page)
     )
@@ -232,7 +232,7 @@ def _day(request: HttpRequest, name: str) -> date | None:
 
 @tenant_page
 def export_csv(request: HttpRequest, viewer: Viewer) -> HttpResponseBase:
-    periods = selectors.billing_periods(viewer.tenant, timezone.now())
+    periods = figures.billing_periods(viewer.tenant, timezone.now())
     first, last = periods.days(periods.current)
     try:
         start = _day(request, "start") or first

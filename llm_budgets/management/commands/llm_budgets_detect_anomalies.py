@@ -4,8 +4,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from llm_budgets.anomalies import anomalies_detect
-from llm_budgets.job_runs import job_recorded
+from llm_budgets.jobs.anomalies import anomalies_detect
+from llm_budgets.jobs.records import job_recorded
 
 
 class Command(BaseCommand):

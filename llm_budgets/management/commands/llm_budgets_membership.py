@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from llm_budgets.exceptions import BudgetError
 from llm_budgets.models import Membership, MembershipRole
-from llm_budgets.tenants import tenant_get
+from llm_budgets.tenancy.tenants import tenant_get
 from llm_budgets.validation import identifier
 
 

@@ -6,7 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 
-from llm_budgets.refusals import refusals_prune
+from llm_budgets.control.refusals import refusals_prune
 
 
 class Command(BaseCommand):

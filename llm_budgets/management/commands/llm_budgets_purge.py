@@ -4,8 +4,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from llm_budgets.job_runs import job_recorded
-from llm_budgets.retention import refusals_purge, reservations_purge
+from llm_budgets.jobs.records import job_recorded
+from llm_budgets.jobs.retention import refusals_purge, reservations_purge
 
 
 class Command(BaseCommand):

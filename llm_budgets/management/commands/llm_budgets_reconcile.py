@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from llm_budgets.reconcile import allowances_excess, counters_drift
+from llm_budgets.jobs.reconcile import allowances_excess, counters_drift
 
 
 class Command(BaseCommand):

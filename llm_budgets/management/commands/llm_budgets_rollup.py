@@ -5,8 +5,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from llm_budgets.job_runs import job_recorded
-from llm_budgets.rollups import daily_usage_rebuild, daily_usage_rebuild_all, daily_usage_refresh
+from llm_budgets.jobs.records import job_recorded
+from llm_budgets.jobs.rollups import (
+    daily_usage_rebuild,
+    daily_usage_rebuild_all,
+    daily_usage_refresh,
+)
 
 
 class Command(BaseCommand):

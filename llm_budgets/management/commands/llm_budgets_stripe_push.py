@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from llm_budgets.billing.client import StripeNotConfigured
 from llm_budgets.billing.delivery import billing_push
-from llm_budgets.job_runs import job_recorded
+from llm_budgets.jobs.records import job_recorded
 
 
 class Command(BaseCommand):

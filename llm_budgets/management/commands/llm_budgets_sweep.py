@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from llm_budgets.engine.settlement import reservations_sweep
-from llm_budgets.job_runs import job_recorded
+from llm_budgets.jobs.records import job_recorded
 
 
 class Command(BaseCommand):

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from llm_budgets.price_sync import SyncReport, prices_sync
+from llm_budgets.pricing.sync import SyncReport, prices_sync
 
 
 class ProgressBar:

@@ -11,7 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from llm_budgets.exceptions import BudgetError
-from llm_budgets.tenants import tenant_ensure, tenant_get
+from llm_budgets.tenancy.tenants import tenant_ensure, tenant_get
 
 
 class Command(BaseCommand):

@@ -4,8 +4,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from llm_budgets.job_runs import job_recorded
-from llm_budgets.thresholds import threshold_warning_send, thresholds_due, thresholds_scan
+from llm_budgets.jobs.records import job_recorded
+from llm_budgets.jobs.thresholds import threshold_warning_send, thresholds_due, thresholds_scan
 
 
 class Command(BaseCommand):

@@ -25,10 +25,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from llm_budgets.conf import conf
-from llm_budgets.costs import TOKEN_RATES
 from llm_budgets.models import Price, PriceSource
 from llm_budgets.money import RATE_QUANTUM, RATE_SIGNIFICANT_DIGITS
-from llm_budgets.pricing import (
+from llm_budgets.pricing.costs import TOKEN_RATES
+from llm_budgets.pricing.prices import (
     audit_price,
     comparable,
     plain,

@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone as django_timezone
 
 from llm_budgets import validation
-from llm_budgets.engine import statements as sql
+from llm_budgets.db import statements as sql
 from llm_budgets.exceptions import InvalidUsage, UnknownTenant
 from llm_budgets.models import AuditEvent, EndUser, Plan, Tenant, Window
 from llm_budgets.windows import period_for
@@ -160,8 +160,8 @@ def tenant_with_end_user(tenant: str, end_user: str | None) -> tuple[Tenant, End
 
 
 # An end user by external ids with its tenant and the tenant's plan, in one statement without
-# the ORM's compilation (``llm_budgets.engine.statements``): admission's first read, alone or in
-# ``selectors.admission_context``. Parameters: tenant and end user external ids.
+# the ORM's compilation (``llm_budgets.db.statements``): admission's first read, alone or in
+# ``engine.applicable.admission_context``. Parameters: tenant and end user external ids.
 
 
 @functools.cache

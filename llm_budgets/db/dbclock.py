@@ -4,7 +4,7 @@ Every web and worker process has its own clock, and one that is minutes off woul
 read it, charge a call to a period that has ended (widening the window) or open the next period
 early (resetting the budget twice), and give its holds an ``expires_at`` minutes off. Admission
 therefore reads the time from the one clock every process shares, the database's, in the same
-statement as its context (``selectors.admission_context``): no extra round trip.
+statement as its context (``engine.applicable.admission_context``): no extra round trip.
 
 - PostgreSQL: ``statement_timestamp()`` (the start of the statement; constant within it).
 - SQLite: SQLite's own ``'now'`` (the operating system's clock read by SQLite's C code, to the
@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from django.db import connection
 from django.utils import timezone
 
-from llm_budgets.engine import statements as sql
+from llm_budgets.db import statements as sql
 
 _follow_application_clock = False
 

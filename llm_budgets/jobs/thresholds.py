@@ -29,7 +29,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from llm_budgets.conf import conf
-from llm_budgets.engine.counters import DIMENSIONS
+from llm_budgets.engine.types import DIMENSIONS, ApplicableBudget
 from llm_budgets.models import (
     ApiKey,
     Budget,
@@ -40,7 +40,7 @@ from llm_budgets.models import (
     Run,
     ThresholdCrossing,
 )
-from llm_budgets.selectors import ApplicableBudget, statuses_for
+from llm_budgets.reads.statuses import statuses_for
 from llm_budgets.signals import threshold_crossed
 from llm_budgets.windows import (
     LIFETIME_START,

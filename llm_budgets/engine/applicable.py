@@ -10,21 +10,15 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from llm_budgets.engine import dbclock
-from llm_budgets.engine import statements as sql
-from llm_budgets.engine.counters import (
-    CounterKey,
-    counter_totals,
-    counters_matching,
-    rolling_buckets,
-)
-from llm_budgets.killswitches import switch_open_sql
+from llm_budgets.control.killswitches import switch_open_sql
+from llm_budgets.db import dbclock
+from llm_budgets.db import statements as sql
+from llm_budgets.engine.types import NO_SCOPES, ApplicableBudget, CallScopes
 from llm_budgets.models import (
     SHARED_BY,
     ApiKey,
     Budget,
     BudgetRaise,
-    Counter,
     EndUser,
     KillSwitch,
     Price,
@@ -33,88 +27,18 @@ from llm_budgets.models import (
     Tenant,
 )
 from llm_budgets.money import ZERO, round_charge
-from llm_budgets.pricing import version_in_effect_sql
+from llm_budgets.pricing.prices import version_in_effect_sql
 from llm_budgets.results import BudgetStatus as BudgetStatus
-from llm_budgets.runs import run_validate
 from llm_budgets.tags import tags_validate  # its home until issue #10
-from llm_budgets.tenants import (
+from llm_budgets.tenancy.runs import run_validate
+from llm_budgets.tenancy.tenants import (
     end_user_columns_sql,
     end_user_from_row,
     end_user_from_sql,
     end_user_row_width,
     end_user_where_sql,
 )
-from llm_budgets.windows import Period, period_for, rolling_window, tenant_period
-
-
-@dataclass(frozen=True)
-class ApplicableBudget:
-    budget: Budget
-    period: Period
-    # For an each-end-user (``"*"``) budget: the end user whose own counter it draws on.
-    end_user: EndUser | None = None
-
-    @property
-    def counter_key(self) -> CounterKey:
-        """The counter row this budget draws on (``engine.counters`` defines the key)."""
-        return CounterKey(
-            self.budget.pk,
-            self.end_user.pk if self.end_user else None,
-            self.run.pk if self.run else None,
-            self.api_key.pk if self.api_key else None,
-            self.period.start,
-        )
-
-    raised: Decimal = Decimal(0)  # active temporary raises (BudgetRaise) at the time asked
-    # For an each-run or each-API-key (``"*"``) budget: the run or key whose counter it draws on.
-    run: Run | None = None
-    api_key: ApiKey | None = None
-
-    @property
-    def scope_label(self) -> str:
-        """The scope as a person reads it, naming the run or key of a ``"*"`` budget's share:
-        ``run run-42 of acme``, ``API key Ro26JFJq``, ``tag project=alpha of acme``."""
-        if self.run is not None:
-            return f"run {self.run.external_id} of {self.budget.tenant.external_id}"  # type: ignore[union-attr]
-        if self.api_key is not None:
-            return f"API key {self.api_key.prefix}"
-        return self.budget.scope_label
-
-    @property
-    def limit(self) -> Decimal:
-        """The limit admission enforces: the budget's own plus its active raises."""
-        return self.budget.limit + self.raised
-
-
-@dataclass(frozen=True)
-class CallScopes:
-    """What a call names beyond its tenant and end user: its run, the API key it came through,
-    its tags. Budgets of these scopes apply only to calls naming them; a call naming none adds
-    nothing to admission's statement (no extra condition, parameter or row)."""
-
-    run: Run | None = None
-    api_key: ApiKey | None = None
-    tags: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def shape(self) -> tuple[bool, bool, int]:
-        """What the SQL condition depends on (its text is cached per shape)."""
-        return (self.run is not None, self.api_key is not None, len(self.tags))
-
-    @property
-    def params(self) -> list[object]:
-        """The condition's parameters, in the order ``_budgets_applying`` places them."""
-        params: list[object] = []
-        if self.run is not None:
-            params.append(self.run.pk)
-        if self.api_key is not None:
-            params.append(self.api_key.pk)
-        for key, value in self.tags:
-            params += [key, value]
-        return params
-
-
-NO_SCOPES = CallScopes()
+from llm_budgets.windows import period_for, tenant_period
 
 
 def scopes_for_read(
@@ -139,7 +63,7 @@ def applicable_budgets(
     """Global, tenant, and the end user's own budgets (each replacing the ``*`` default for
     its window), and those of the run, API key and tags the call names (``scopes``), each with
     the period that contains ``at``."""
-    # One statement without the ORM's compilation (see ``llm_budgets.engine.statements``); active
+    # One statement without the ORM's compilation (see ``llm_budgets.db.statements``); active
     # raises ride along as a subquery: no extra round trip on the admission path.
     when = sql.param(BudgetRaise, "starts_at", at)
     params: list[object] = [when, when, tenant.pk]
@@ -405,59 +329,3 @@ def shared_by_tenants(scope: str) -> bool:
     Its figures are shared state: a tenant's key or page may learn that it refused or would
     refuse a call, never its limit, spent, reserved or remaining (DESIGN.md section 3.6)."""
     return scope == Scope.GLOBAL
-
-
-def tenant_visible(statuses: Sequence[BudgetStatus]) -> list[BudgetStatus]:
-    """The statuses a tenant may see: every one but those of budgets all tenants share."""
-    return [s for s in statuses if not shared_by_tenants(s.scope)]
-
-
-def budget_statuses(
-    tenant: Tenant, end_user: EndUser | None, at: datetime, scopes: CallScopes = NO_SCOPES
-) -> list[BudgetStatus]:
-    """Every budget that applies, with its current period's spent, reserved and remaining."""
-    return statuses_for(applicable_budgets(tenant, end_user, at, scopes))
-
-
-def statuses_for(applicable: Sequence[ApplicableBudget]) -> list[BudgetStatus]:
-    """Current-period numbers for budgets whose periods are known, in two queries however many
-    budgets: one for calendar counters, one for rolling windows' buckets. A period without a
-    counter row yet has spent and reserved zero. A rolling budget reports its whole window:
-    ``period_start`` is the oldest bucket counted, ``resets_at`` when everything now counted has
-    dropped out (None if nothing is)."""
-    rolling = rolling_buckets(applicable)
-    calendar = [a for a in applicable if a.counter_key not in rolling]
-    # A hot budget's stripes sum to its one number (engine.stripes).
-    totals = counter_totals(list(Counter.objects.filter(counters_matching(calendar))))
-    statuses = []
-    for item in applicable:
-        budget = item.budget
-        period_start, resets_at = item.period.start, item.period.end
-        window = rolling_window(budget.window)
-        if window is not None:
-            buckets = rolling[item.counter_key]
-            spent = sum((b.spent for b in buckets), Decimal(0))
-            reserved = sum((b.reserved for b in buckets), Decimal(0))
-            period_start = window.counted_from(item.period.start)
-            used = [b.start for b in buckets if b.spent or b.reserved]
-            resets_at = window.leaves_at(used[-1]) if used else None
-        else:
-            spent, reserved = totals.get(item.counter_key, (ZERO, ZERO))
-        statuses.append(
-            BudgetStatus(
-                budget_id=budget.pk,
-                scope=budget.scope,
-                scope_label=item.scope_label,
-                window=budget.window,
-                limit=item.limit,
-                spent=spent,
-                reserved=reserved,
-                remaining=max(Decimal(0), item.limit - spent - reserved),
-                currency=budget.currency,
-                period_start=period_start,
-                resets_at=resets_at,
-                unit=budget.unit,
-                raised=item.raised,
-            )
-        )
-    return statuses

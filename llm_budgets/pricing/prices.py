@@ -18,12 +18,10 @@ from django.db import transaction
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
-from llm_budgets import costs, model_names, validation
+from llm_budgets import validation
 from llm_budgets.conf import conf
-from llm_budgets.costs import TOKEN_RATES
-from llm_budgets.engine import statements as sql
+from llm_budgets.db import statements as sql
 from llm_budgets.exceptions import InvalidUsage, UnknownPrice
-from llm_budgets.model_names import ModelMatch
 from llm_budgets.models import (
     AuditEvent,
     Plan,
@@ -35,6 +33,9 @@ from llm_budgets.models import (
     UsageRecord,
 )
 from llm_budgets.money import RATE_DECIMAL_PLACES, RATE_QUANTUM, RATE_SIGNIFICANT_DIGITS
+from llm_budgets.pricing import costs, model_names
+from llm_budgets.pricing.costs import TOKEN_RATES
+from llm_budgets.pricing.model_names import ModelMatch
 from llm_budgets.usage import usage_validate
 
 # "The price version in effect at a time": started by then and not ended, the newest such
@@ -78,7 +79,7 @@ def price_in_effect(*, provider: str | None, model: str, at: datetime) -> Price:
     """The newest version that has started by ``at`` and not ended; ``UnknownPrice`` if none.
 
     Without a provider, the model must be priced by exactly one provider. A name without a price
-    of its own is resolved as :mod:`llm_budgets.model_names` says (spellings, genai-prices'
+    of its own is resolved as :mod:`llm_budgets.pricing.model_names` says (spellings, genai-prices'
     matching rules, admin aliases); a known exact name costs one statement, as before.
     """
     return price_match(provider=provider, model=model, at=at)[0]

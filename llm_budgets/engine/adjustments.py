@@ -16,9 +16,11 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from llm_budgets.billing import outbox
 from llm_budgets.engine import lines as ledger_lines
+from llm_budgets.engine import outbox
+from llm_budgets.engine.applicable import applicable_budgets
 from llm_budgets.engine.counters import counters_matching
+from llm_budgets.engine.types import ApplicableBudget, CallScopes
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
     ApiKey,
@@ -35,9 +37,8 @@ from llm_budgets.models import (
     UsageRecord,
 )
 from llm_budgets.money import ZERO
-from llm_budgets.runs import run_ensure, run_validate
-from llm_budgets.selectors import ApplicableBudget, CallScopes, applicable_budgets
-from llm_budgets.tenants import tenant_get
+from llm_budgets.tenancy.runs import run_ensure, run_validate
+from llm_budgets.tenancy.tenants import tenant_get
 from llm_budgets.windows import rolling_window, tenant_period
 
 

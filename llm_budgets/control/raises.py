@@ -1,7 +1,7 @@
 """Temporary raises: more room on one budget until a given time, then back by itself.
 
 A raise is a row admission adds to the budget's limit while ``starts_at <= now < ends_at``
-(see :func:`llm_budgets.selectors.applicable_budgets`); nothing has to run for it to expire.
+(see :func:`llm_budgets.engine.applicable.applicable_budgets`); nothing has to run for it to expire.
 """
 
 from __future__ import annotations

@@ -29,8 +29,10 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce
 
+from llm_budgets.control.killswitches import kill_switches_in_state
+from llm_budgets.engine.applicable import applicable_budgets
 from llm_budgets.engine.lines import FLOOR_ACTION
-from llm_budgets.killswitches import kill_switches_in_state
+from llm_budgets.engine.types import ApplicableBudget
 from llm_budgets.models import (
     LIVE_STATES,
     SHARED_BY,
@@ -49,12 +51,8 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.selectors import (
-    ApplicableBudget,
-    BudgetStatus,
-    applicable_budgets,
-    statuses_for,
-)
+from llm_budgets.reads.statuses import statuses_for
+from llm_budgets.results import BudgetStatus
 from llm_budgets.windows import ROLLING_PREFIX, budget_period, tenant_period
 
 # Rows shown per table; the page links to the full, filtered changelist beyond that.

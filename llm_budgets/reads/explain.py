@@ -1,7 +1,7 @@
 """``explain``: every budget and kill switch that applies to a would-be request, with its state.
 
-Built on :func:`llm_budgets.quotes.quote` (the itemised worst case and every budget it would draw
-on) plus the open kill switches that cover the request. A read: nothing is held, created or
+Built on :func:`llm_budgets.reads.quotes.quote` (the itemised worst case and every budget it would
+draw on) plus the open kill switches that cover the request. A read: nothing is held, created or
 recorded.
 """
 
@@ -13,10 +13,10 @@ from decimal import Decimal
 
 from django.utils import timezone
 
-from llm_budgets.killswitches import kill_switches_covering
+from llm_budgets.control.killswitches import kill_switches_covering
 from llm_budgets.models import EndUser
-from llm_budgets.quotes import BudgetDraw, Quote, quote
-from llm_budgets.tenants import tenant_get
+from llm_budgets.reads.quotes import BudgetDraw, Quote, quote
+from llm_budgets.tenancy.tenants import tenant_get
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,6 @@
-"""Estimating a request before it runs: the price (or policy) that applies, the output ceiling,
-the itemised worst case at provider cost and at customer price. Admission holds what
-:func:`request_estimate` says; :func:`quote` shows it, and the budgets it would draw on, without
-holding anything."""
+"""A quote: the estimate of a request and the budgets it would draw on, without holding
+anything (``reserve`` would hold what :func:`llm_budgets.pricing.estimates.request_estimate`
+says)."""
 
 from __future__ import annotations
 
@@ -13,112 +12,20 @@ from django.utils import timezone
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
-from llm_budgets.costs import Item, customer_hold, worst_case_items
-from llm_budgets.engine.boundary import ledger_guard
-from llm_budgets.exceptions import InvalidUsage, OutputCeilingRequired
-from llm_budgets.model_names import ModelMatch
-from llm_budgets.models import ApiKey, BudgetUnit, EndUser, Price, PricingBasis, Tenant
-from llm_budgets.money import round_hold
-from llm_budgets.pricing import output_ceiling, price_match, pricing_for_request
-from llm_budgets.selectors import (
-    BudgetStatus,
-    budget_statuses,
-    scopes_for_read,
-    shared_by_tenants,
+from llm_budgets.db.boundary import ledger_guard
+from llm_budgets.engine.applicable import scopes_for_read, shared_by_tenants
+from llm_budgets.models import ApiKey, BudgetUnit, EndUser, PricingBasis
+from llm_budgets.pricing.estimates import (
+    Estimate,
+    input_token_count,
+    request_estimate,
 )
-from llm_budgets.tenants import tenant_get
-from llm_budgets.tokens import count_input_tokens
+from llm_budgets.pricing.model_names import ModelMatch
+from llm_budgets.pricing.prices import price_match
+from llm_budgets.reads.statuses import budget_statuses
+from llm_budgets.results import BudgetStatus
+from llm_budgets.tenancy.tenants import tenant_get
 from llm_budgets.usage import tool_calls_validate
-
-
-@dataclass(frozen=True)
-class Estimate:
-    price: Price | None  # None: the plan's fixed amount (reserve_fixed policy)
-    pricing_basis: str
-    input_tokens: int
-    max_output_tokens: int
-    items: list[Item]
-    amount: Decimal  # the hold at provider cost
-    markup_percent: Decimal
-    customer_amount: Decimal  # the hold at customer price
-
-
-def tenant_markup(tenant: Tenant) -> Decimal:
-    """The tenant's markup percent: its own override, else its plan's, else none."""
-    if tenant.markup_percent is not None:
-        return tenant.markup_percent
-    return tenant.plan.markup_percent if tenant.plan else Decimal(0)
-
-
-def input_token_count(
-    *, provider: str | None, model: str, input_tokens: object, messages: object, prompt: object
-) -> int:
-    """``input_tokens`` as given, or counted from ``messages`` / ``prompt``."""
-    if input_tokens is not None:
-        if messages is not None or prompt is not None:
-            raise InvalidUsage(
-                "give input_tokens, or messages / prompt to count, not both.", field="input_tokens"
-            )
-        return validation.token_count("input_tokens", input_tokens)
-    if messages is None and prompt is None:
-        return validation.token_count("input_tokens", None)  # raises, naming the field
-    return count_input_tokens(provider=provider, model=model, messages=messages, prompt=prompt)
-
-
-def service_tier_validate(value: object) -> str:
-    """A service tier name (``""`` or None: the standard tier)."""
-    if value is None or value == "":
-        return ""
-    return validation.identifier("service_tier", value, max_length=32)
-
-
-def request_estimate(
-    tenant: Tenant,
-    *,
-    provider: str | None,
-    model: str,
-    input_tokens: int,
-    max_output_tokens: int | None,
-    start: datetime,
-    end: datetime,
-    max_tool_calls: dict[str, int] | None = None,
-    in_effect: Price | None = None,
-    service_tier: str = "",
-) -> Estimate:
-    """Price a request's worst case for ``tenant``. Raises ``UnknownPrice`` (per the plan's
-    policy) or ``OutputCeilingRequired``. ``in_effect``: the model's price version in effect at
-    ``start``, when the caller has already read it."""
-    pricing = pricing_for_request(
-        plan=tenant.plan, provider=provider, model=model, at=start, in_effect=in_effect
-    )
-    ceiling = output_ceiling(requested=max_output_tokens, plan=tenant.plan, price=pricing.price)
-    if ceiling is None:
-        raise OutputCeilingRequired()
-    if pricing.price is None:
-        fixed = round_hold(pricing.fixed_amount or Decimal(0))
-        items = [Item("fixed_per_request", 1, fixed, fixed)]
-    else:
-        items = worst_case_items(
-            pricing.price,
-            input_tokens=input_tokens,
-            max_output_tokens=ceiling,
-            start=start,
-            end=end,
-            tool_calls=max_tool_calls,
-            service_tier=service_tier,
-        )
-    amount = round_hold(sum((item.amount for item in items), Decimal(0)))
-    markup = tenant_markup(tenant)
-    return Estimate(
-        price=pricing.price,
-        pricing_basis=pricing.basis,
-        input_tokens=input_tokens,
-        max_output_tokens=ceiling,
-        items=items,
-        amount=amount,
-        markup_percent=markup,
-        customer_amount=customer_hold(amount, markup),
-    )
 
 
 @dataclass(frozen=True)
@@ -138,7 +45,8 @@ class Quote:
     estimate: Estimate
     budgets: list[BudgetDraw]
     currency: str
-    # Which rule of llm_budgets.model_names found the price (None: the unknown-model policy).
+    # Which rule of llm_budgets.pricing.model_names found the price (None: the unknown-model
+    # policy).
     model_match: ModelMatch | None = None
     # Whether each budget ``for_tenant`` left out of ``budgets`` would fit.
     withheld_fits: tuple[bool, ...] = ()

@@ -23,7 +23,7 @@ from django.db import connection
 from django.db.models import Exists, OuterRef, Q, Subquery
 
 from llm_budgets.conf import conf
-from llm_budgets.engine import statements as sql
+from llm_budgets.db import statements as sql
 from llm_budgets.models import (
     BillingLine,
     Reservation,

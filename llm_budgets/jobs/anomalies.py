@@ -26,7 +26,7 @@ from decimal import Decimal
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
-from llm_budgets.killswitches import SwitchScope, kill_switch_trip, switch_open_q
+from llm_budgets.control.killswitches import SwitchScope, kill_switch_trip, switch_open_q
 from llm_budgets.models import (
     EndUser,
     KillSwitch,

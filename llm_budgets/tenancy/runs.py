@@ -13,7 +13,7 @@ from django.utils import timezone
 from llm_budgets import validation
 from llm_budgets.exceptions import InvalidUsage, RunClosed
 from llm_budgets.models import AuditEvent, Counter, Run, Tenant
-from llm_budgets.tenants import tenant_get
+from llm_budgets.tenancy.tenants import tenant_get
 
 ALL_RUNS = "*"
 

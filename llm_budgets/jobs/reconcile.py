@@ -9,8 +9,9 @@ from decimal import Decimal
 
 from django.db.models import Case, F, Sum, When
 
-from llm_budgets.engine.counters import CounterKey, rows_by_key
+from llm_budgets.engine.counters import rows_by_key
 from llm_budgets.engine.stripes import allowance_excess
+from llm_budgets.engine.types import CounterKey
 from llm_budgets.models import LIVE_STATES, BudgetUnit, Counter, ReservationHold, UsageRecord
 from llm_budgets.money import ZERO, round_charge
 

@@ -18,7 +18,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
 from llm_budgets.conf import conf
-from llm_budgets.engine import statements as sql
+from llm_budgets.db import statements as sql
 from llm_budgets.exceptions import LedgerUnavailable
 
 logger = logging.getLogger("llm_budgets")

@@ -7,13 +7,12 @@ from django.db.models import Q
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
-from llm_budgets.engine.stripes import stripes_forget
 from llm_budgets.exceptions import InvalidUsage
-from llm_budgets.models import ApiKey, AuditEvent, Budget, BudgetUnit, Scope, Tenant
+from llm_budgets.models import ApiKey, AuditEvent, Budget, BudgetUnit, Counter, Scope, Tenant
 from llm_budgets.models.budgets import MAX_STRIPES
-from llm_budgets.runs import run_ensure, run_validate
 from llm_budgets.tags import tags_validate
-from llm_budgets.tenants import end_user_ensure, tenant_get
+from llm_budgets.tenancy.runs import run_ensure, run_validate
+from llm_budgets.tenancy.tenants import end_user_ensure, tenant_get
 from llm_budgets.windows import window_name
 
 ALL_END_USERS = "*"
@@ -207,3 +206,11 @@ def tag_pair(tag: object, *, field: str = "tag") -> tuple[str, str]:
     if not value:
         raise InvalidUsage(f'{field} needs a value, e.g. ("{key}", "alpha").', field=field)
     return key, value
+
+
+def stripes_forget(budget: Budget) -> None:
+    """Forget every split of ``budget``'s counters (it changed shape): rows locked in pk order,
+    as admission locks them; the next admission under it takes the exact path."""
+    split = Counter.objects.filter(budget=budget, split_for__isnull=False)
+    rows = list(split.select_for_update().order_by("pk").only("pk"))
+    Counter.objects.filter(pk__in=[c.pk for c in rows]).update(allowance=None, split_for=None)

@@ -1,7 +1,7 @@
-"""Reads for the tenant pages: the overview from counters (``selectors.budget_statuses``, the same
-figures as ``budgets.status()``), the charts from the daily rollups, refusals from their compact
-records. Nothing here scans the ledger; each function runs a fixed number of queries however many
-end users or ledger lines the tenant has.
+"""Reads for the tenant pages: the overview from counters (``reads.statuses.budget_statuses``,
+the same figures as ``budgets.status()``), the charts from the daily rollups, refusals from their
+compact records. Nothing here scans the ledger; each function runs a fixed number of queries
+however many end users or ledger lines the tenant has.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from django.core.paginator import Page, Paginator
 from django.db.models import F, Q, QuerySet, Sum
 from django.utils.translation import gettext as _
 
-from llm_budgets.admin.selectors import ScopedSubject, tenant_overview
+from llm_budgets.admin.queries import ScopedSubject, tenant_overview
 from llm_budgets.conf import conf
-from llm_budgets.killswitches import kill_switches_in_state
+from llm_budgets.control.killswitches import kill_switches_in_state
+from llm_budgets.engine.applicable import shared_by_tenants
+from llm_budgets.jobs.thresholds import budget_thresholds
 from llm_budgets.models import (
     Budget,
     BudgetUnit,
@@ -36,13 +38,8 @@ from llm_budgets.models import (
 )
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pages.access import Viewer
-from llm_budgets.selectors import (
-    BudgetStatus,
-    budget_statuses,
-    shared_by_tenants,
-    tenant_visible,
-)
-from llm_budgets.thresholds import budget_thresholds
+from llm_budgets.reads.statuses import budget_statuses, tenant_visible
+from llm_budgets.results import BudgetStatus
 from llm_budgets.windows import Period, tenant_period
 
 # Rows per page of the tables; the end-user chart draws the top CHART_TOP of its sort order.

@@ -19,12 +19,12 @@ from django.utils import timezone
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
-from llm_budgets.engine import statements as sql
+from llm_budgets.db import statements as sql
 from llm_budgets.exceptions import InvalidUsage, KillSwitchActive
 from llm_budgets.models import ApiKey, AuditEvent, EndUser, KillSwitch, Run, Tenant
-from llm_budgets.runs import run_ensure, run_validate
 from llm_budgets.signals import kill_switch_cleared, kill_switch_tripped
-from llm_budgets.tenants import end_user_ensure, tenant_get
+from llm_budgets.tenancy.runs import run_ensure, run_validate
+from llm_budgets.tenancy.tenants import end_user_ensure, tenant_get
 
 logger = logging.getLogger("llm_budgets")
 

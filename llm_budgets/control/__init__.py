@@ -1,0 +1,1 @@
+"""The knobs hosts and support turn: limits, raises, kill switches, and the record of refusals."""

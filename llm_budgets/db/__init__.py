@@ -1,0 +1,1 @@
+"""Database helpers under everything: SQL statements, the database clock, the failure boundary."""

@@ -1,0 +1,2 @@
+"""Prices and estimates: price tables, model names, token counts, costs, and the worst case of a
+request."""

@@ -1,0 +1,1 @@
+"""Read-only answers above the engine: budget statuses, quotes, explanations."""

@@ -1,0 +1,1 @@
+"""Tenants, end users and runs."""
