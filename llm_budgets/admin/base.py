@@ -193,7 +193,7 @@ class ValuesFilter(admin.SimpleListFilter):
     EMPTY = "__none__"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        field = self.parameter_name
+        field = str(self.parameter_name)
         values = (
             model_admin.get_queryset(request)
             .exclude(**{field: ""})
@@ -207,4 +207,5 @@ class ValuesFilter(admin.SimpleListFilter):
         value = self.value()
         if value is None:
             return queryset
-        return queryset.filter(**{self.parameter_name: "" if value == self.EMPTY else value})
+        field = str(self.parameter_name)
+        return queryset.filter(**{field: "" if value == self.EMPTY else value})
