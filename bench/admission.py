@@ -225,7 +225,7 @@ def seed(
         tenant_count, user_count = SHAPES[scenario]
         calls[scenario] = []
         for t in range(tenant_count):
-            tenant = budgets.ensure_tenant(f"{scenario}-t{t:03d}")
+            tenant = budgets.ensure_tenant(tenant=f"{scenario}-t{t:03d}")
             for end_user in (None, "*"):
                 budgets.set_limit(
                     tenant=tenant.external_id,
@@ -246,7 +246,7 @@ def seed(
                     for a in applicable
                 ]
                 calls[scenario].append(
-                    (tenant.external_id, user.external_id, tenant.pk, user.pk, keys)
+                    (tenant.external_id, user.external_id, tenant.id, user.pk, keys)
                 )
     from llm_budgets.models import Budget
 

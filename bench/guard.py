@@ -58,7 +58,7 @@ def main() -> None:
     budgets.set_price(
         provider="openai", model="gpt-4o", input_per_mtok=Decimal("2.5"), output_per_mtok="10"
     )
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     budgets.set_limit(tenant="acme", amount=Decimal(1_000_000), window="month")
     fake = FakeOpenAI()
     sdk = openai.OpenAI(base_url=f"{fake.base_url}/v1", api_key="sk-bench", max_retries=0)

@@ -110,7 +110,7 @@ def _seed(args: argparse.Namespace) -> list[tuple[str, str]]:
     tenants = []
     for i in range(args.tenants):
         external = f"t{i:03d}"
-        budgets.ensure_tenant(external, name=f"Tenant {i}")
+        budgets.ensure_tenant(tenant=external, name=f"Tenant {i}")
         # A small cap on every fourth tenant: refusals at the limit.
         limit = Decimal("0.05") if i % 4 == 0 else Decimal("100000")
         budgets.set_limit(tenant=external, amount=limit, window="month", hot=hot)

@@ -89,7 +89,7 @@ def _load(lines: int, end_users: int, days: int) -> None:
             output_per_mtok=Decimal("4"),
             effective_from=timezone.now() - timedelta(days=days + 30),
         )
-    budgets.ensure_tenant(TENANT, name="Big tenant", timezone="Europe/Amsterdam")
+    budgets.ensure_tenant(tenant=TENANT, name="Big tenant", timezone="Europe/Amsterdam")
     budgets.set_limit(tenant=TENANT, amount=Decimal(10**7), window="month")
     budgets.set_limit(tenant=TENANT, end_user="*", amount=Decimal(100), window="day")
     tenant = Tenant.objects.get(external_id=TENANT)

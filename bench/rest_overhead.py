@@ -58,7 +58,7 @@ def main() -> None:
     from llm_budgets.api.keys import api_key_create
 
     price_set()
-    budgets.ensure_tenant("t0", name="T0")
+    budgets.ensure_tenant(tenant="t0", name="T0")
     budgets.set_limit(tenant="t0", amount=Decimal("100000000"), window="month")
     _, key = api_key_create(tenant="t0", name="overhead")
     from django.conf import settings

@@ -154,7 +154,7 @@ def main() -> None:
 
     price_set()
     budgets.set_limit(amount=Decimal("100000000"), window="month")
-    budgets.ensure_tenant("t0", name="T0")
+    budgets.ensure_tenant(tenant="t0", name="T0")
     budgets.set_limit(tenant="t0", amount=Decimal("100000000"), window="month")
     budgets.set_limit(tenant="t0", end_user="*", amount=Decimal("100000000"), window="month")
     _cycles(5)

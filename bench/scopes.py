@@ -74,7 +74,7 @@ def seed() -> None:
         input_per_mtok=Decimal("2.50"),
         output_per_mtok=Decimal("10.00"),
     )
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     budgets.set_limit(amount=Decimal("1000000000"), window="month")
     budgets.set_limit(tenant="acme", amount=Decimal("1000000000"), window="month")
     budgets.set_limit(tenant="acme", end_user="*", amount=Decimal("1000000000"), window="month")

@@ -81,7 +81,7 @@ def main() -> None:
         effective_from=django.utils.timezone.now().replace(year=2020),
     )
     for tenant in VARIANTS:
-        budgets.ensure_tenant(tenant)
+        budgets.ensure_tenant(tenant=tenant)
         budgets.set_limit(tenant=tenant, amount=Decimal(10**9), window="month")
     budgets.link_stripe_customer(tenant="linked", customer_id="cus_bench")
 

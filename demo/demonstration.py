@@ -282,18 +282,19 @@ def _price_ensure(
         current = {name: getattr(price, name) for name in rates}
         if not replace_different or (current == rates and price.per_request == 0):
             return price
-    return budgets.set_price(
+    added = budgets.set_price(
         provider=provider,
         model=model,
         effective_from=effective_from,
         **rates,  # type: ignore[arg-type]
     )
+    return Price.objects.get(pk=added.id)
 
 
 def _demo_tenant(label: str, run_id: str) -> str:
     """A fresh tenant per run, so the demo re-runs on any database and touches nobody else's."""
     external_id = f"demo-{run_id}-{label}"
-    budgets.ensure_tenant(external_id, name=f"Demo run {run_id} ({label})")
+    budgets.ensure_tenant(tenant=external_id, name=f"Demo run {run_id} ({label})")
     # Lifetime, so a run that straddles midnight or a month boundary still adds up.
     budgets.set_limit(tenant=external_id, amount=LIMIT, window="lifetime", actor=DEMO_ACTOR)
     return external_id

@@ -84,7 +84,7 @@ def stripe_demo_run() -> StripeDemoReport:
                     output_per_mtok=Decimal(30000),
                     effective_from=datetime(2020, 1, 1, tzinfo=UTC),
                 )
-            budgets.ensure_tenant(TENANT, name="Stripe Demo Co")
+            budgets.ensure_tenant(tenant=TENANT, name="Stripe Demo Co")
             budgets.set_limit(tenant=TENANT, amount=Decimal(1000), window="month")
             setup = billing_setup(event_name="llm_usage")
             report.meter_id, report.price_id = setup.meter_id, setup.price_id

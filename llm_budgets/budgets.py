@@ -7,9 +7,9 @@ five-minute tour.
 from __future__ import annotations
 
 import logging
+import warnings
 from datetime import datetime
 from decimal import Decimal
-from types import TracebackType
 from typing import Any
 from uuid import UUID
 
@@ -19,14 +19,13 @@ from llm_budgets.control import killswitches, limits
 from llm_budgets.engine import admission, settlement
 from llm_budgets.engine.applicable import scopes_for_read
 from llm_budgets.engine.settlement import CommitResult
-from llm_budgets.exceptions import ReservationStateError
+from llm_budgets.holds import HoldPolicy, ttl_renamed
 from llm_budgets.models import (
-    Budget,
     EndUser,
     KillSwitch,
-    Price,
     Reservation,
-    ReservationState,
+    Run,
+    StripeCustomerLink,
     Tenant,
 )
 from llm_budgets.pricing import prices as pricing
@@ -34,7 +33,17 @@ from llm_budgets.reads import explain as explanations
 from llm_budgets.reads import quotes
 from llm_budgets.reads.quotes import Quote
 from llm_budgets.reads.statuses import budget_statuses
-from llm_budgets.results import BudgetStatus
+from llm_budgets.request import Request
+from llm_budgets.results import (
+    BudgetResult,
+    BudgetStatus,
+    HoldState,
+    KillSwitchResult,
+    PriceResult,
+    StripeLinkResult,
+    TenantResult,
+    hold_state,
+)
 from llm_budgets.tenancy import runs, tenants
 from llm_budgets.usage import Usage
 
@@ -52,6 +61,7 @@ __all__ = [
     "explain",
     "extend",
     "get",
+    "link_stripe_customer",
     "mark_uncertain",
     "quote",
     "release",
@@ -61,17 +71,19 @@ __all__ = [
     "status",
     "sweep",
     "trip",
+    "unlink_stripe_customer",
 ]
 
 
-class Hold:
+class Hold(HoldPolicy):
     """A reservation as the caller sees it. Use it as a context manager to never leak it.
 
     Inside ``with budgets.reserve(...) as hold:`` an exception releases the hold, except a
     ``TimeoutError``: a timeout is no proof the provider stopped, so the hold is marked UNCERTAIN
     and stays counted until usage arrives or the reconcile job settles it. Leaving the block
     without commit or release raises ``ReservationStateError`` and leaves the hold to expire
-    (charged as estimated), for the same reason.
+    (charged as estimated), for the same reason. The policy is ``llm_budgets.holds.HoldPolicy``,
+    shared with the client's ``RemoteHold``.
     """
 
     def __init__(self, reservation: Reservation) -> None:
@@ -98,8 +110,8 @@ class Hold:
         return self._reservation.expires_at
 
     @property
-    def state(self) -> str:
-        return str(self._reservation.state)
+    def state(self) -> HoldState:
+        return hold_state(self._reservation.state)
 
     @property
     def model(self) -> str:
@@ -151,53 +163,28 @@ class Hold:
         self._reservation.state = self._result.state
         return self._result
 
-    def release(self) -> str:
+    def release(self) -> HoldState:
         """Drop the hold (the call produced nothing). Returns the final state."""
         self._reservation.state = settlement.reservation_release(self.id)
-        return self._reservation.state
+        return self.state
 
-    def mark_uncertain(self) -> str:
+    def mark_uncertain(self) -> HoldState:
         """The call's outcome is unknown: keep the hold counted until usage arrives or the
         reconcile job settles it (``UNCERTAIN_SETTLE_RULE``). Returns the state."""
         self._reservation.state = settlement.reservation_mark_uncertain(self.id)
-        return self._reservation.state
+        return self.state
 
-    def extend(self, *, ttl_seconds: int) -> Hold:
-        """Push the expiry to ``ttl_seconds`` from now (never earlier), for a call that runs
-        longer than planned. Only a held reservation can be extended."""
-        self._reservation = settlement.reservation_extend(self.id, ttl_seconds=ttl_seconds)
+    def extend(self, *, ttl: int | None = None, ttl_seconds: int | None = None) -> Hold:
+        """Push the expiry to ``ttl`` seconds from now (never earlier), for a call that runs
+        longer than planned. Only a held reservation can be extended. (``ttl_seconds``: the old
+        name, deprecated.)"""
+        seconds = ttl_renamed(ttl, ttl_seconds, where="extend")
+        self._reservation = settlement.reservation_extend(self.id, ttl=seconds)
         return self
 
     def refresh(self) -> Hold:
         self._reservation.refresh_from_db()
         return self
-
-    def __enter__(self) -> Hold:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._reservation.state != ReservationState.HELD:
-            return
-        if exc_type is None:
-            raise ReservationStateError(
-                f"Reservation {self.id} left its with-block still held: call hold.commit(...) "
-                "after the provider answers, or hold.release() if it produced nothing. The hold "
-                "stays until it expires and is then charged as estimated spend.",
-                state=self.state,
-            )
-        if issubclass(exc_type, TimeoutError):
-            logger.warning(
-                "llm_budgets: reservation %s timed out; its hold stays counted (uncertain).",
-                self.id,
-            )
-            self.mark_uncertain()
-            return
-        self.release()
 
 
 def set_price(
@@ -209,13 +196,13 @@ def set_price(
     effective_from: datetime | None = None,
     actor: str = "",
     **fields: Any,
-) -> Price:
+) -> PriceResult:
     """Add a price version for (provider, model), in effect from ``effective_from`` (now).
 
     Other ``fields``: ``cached_input_per_mtok``, ``cache_write_per_mtok``,
     ``cache_write_1h_per_mtok``, ``reasoning_per_mtok``, ``per_request``, ``tool_fees``,
     ``tiers``, ``daily_spans``, ``max_output_tokens``, ``context_window`` (docs/pricing.md)."""
-    return pricing.price_set(
+    price = pricing.price_set(
         provider=provider,
         model=model,
         input_per_mtok=input_per_mtok,
@@ -224,29 +211,64 @@ def set_price(
         actor=actor,
         **fields,
     )
+    return PriceResult(
+        id=price.pk,
+        provider=price.provider,
+        model=price.model,
+        input_per_mtok=price.input_per_mtok,
+        output_per_mtok=price.output_per_mtok,
+        currency=price.currency,
+        effective_from=price.effective_from,
+        effective_to=price.effective_to,
+    )
 
 
 def ensure_tenant(
-    external_id: str,
+    external_id: str | None = None,
+    /,
     *,
+    tenant: str | None = None,
     name: str | None = None,
     timezone: str | None = None,
     billing_day: int | None = None,
     plan: str | None = None,
     billing_emails: str | None = None,
     markup_percent: Decimal | int | str | None = None,
-) -> Tenant:
+) -> TenantResult:
     """Create the tenant, or update the fields given (``markup_percent`` overrides the plan's
     markup for customer prices; ``billing_emails``: who gets budget warnings, separated by
-    commas or new lines)."""
-    return tenants.tenant_ensure(
-        external_id,
+    commas or new lines). The tenant's external id is ``tenant=``, as in every other function
+    (given positionally it still works, with a ``DeprecationWarning``, for one release)."""
+    if external_id is not None:
+        if tenant is not None:
+            raise TypeError("ensure_tenant() takes tenant=, not also a positional tenant.")
+        warnings.warn(
+            "ensure_tenant(external_id, ...) is deprecated: write ensure_tenant(tenant=...), as "
+            "every other function takes it. The positional form goes in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        tenant = external_id
+    if tenant is None:
+        raise TypeError("ensure_tenant() missing required keyword argument: 'tenant'")
+    obj = tenants.tenant_ensure(
+        tenant,
         name=name,
         timezone=timezone,
         billing_day=billing_day,
         plan=plan,
         billing_emails=billing_emails,
         markup_percent=markup_percent,
+    )
+    return TenantResult(
+        id=obj.pk,
+        external_id=obj.external_id,
+        name=obj.name,
+        plan=obj.plan.name if obj.plan is not None else None,
+        timezone=obj.timezone,
+        billing_day=obj.billing_day,
+        billing_emails=obj.billing_emails,
+        markup_percent=obj.markup_percent,
     )
 
 
@@ -264,13 +286,13 @@ def set_limit(
     tag: tuple[str, str] | None = None,
     hot: bool | None = None,
     stripes: int | None = None,
-) -> Budget:
+) -> BudgetResult:
     """Create or change a budget: global (no tenant), a tenant, each of its end users (``"*"``),
     or one end user; with a tenant, an API key (its prefix, or ``"*"`` for each key), a run
     (``"*"`` for each run) or a tag (``("project", "alpha")``). ``unit``: ``provider_cost``
     (default) or ``customer_price``. ``hot=True``: split its counter into ``stripes`` (default
     8) so admissions under it do not all lock one row (docs/limits.md, "Hot caps")."""
-    return limits.budget_set_limit(
+    budget = limits.budget_set_limit(
         amount=amount,
         window=window,
         tenant=tenant,
@@ -283,6 +305,19 @@ def set_limit(
         tag=tag,
         hot=hot,
         stripes=stripes,
+    )
+    return BudgetResult(
+        id=budget.pk,
+        scope=str(budget.scope),
+        scope_label=budget.scope_label,
+        tenant=budget.tenant.external_id if budget.tenant else None,
+        end_user=budget.end_user.external_id if budget.end_user else None,
+        window=str(budget.window),
+        limit=budget.limit,
+        currency=budget.currency,
+        unit=str(budget.unit),
+        hot=budget.hot,
+        stripes=budget.stripes,
     )
 
 
@@ -325,21 +360,23 @@ def reserve(
     grant a cheaper model or a lower output ceiling: call the provider with ``hold.model`` and
     ``hold.max_output_tokens``."""
     return Hold(
-        admission.reservation_create(
-            tenant=tenant,
-            end_user=end_user,
-            provider=provider,
-            model=model,
-            input_tokens=input_tokens,
-            max_output_tokens=max_output_tokens,
-            idempotency_key=idempotency_key,
-            ttl=ttl,
-            messages=messages,
-            prompt=prompt,
-            max_tool_calls=max_tool_calls,
-            allow_degrade=allow_degrade,
-            tags=tags,
-            run=run,
+        admission.reservation_admit(
+            Request(
+                tenant=tenant,
+                end_user=end_user,
+                provider=provider,
+                model=model,
+                input_tokens=input_tokens,
+                max_output_tokens=max_output_tokens,
+                idempotency_key=idempotency_key,
+                ttl=ttl,
+                messages=messages,
+                prompt=prompt,
+                max_tool_calls=max_tool_calls,
+                allow_degrade=allow_degrade,
+                tags=tags,
+                run=run,
+            )
         )
     )
 
@@ -361,20 +398,23 @@ def quote(
 ) -> Quote:
     """Explain a price without holding anything: the itemised worst case, the price version (or
     the unknown-model policy) and the budgets the request would draw on (with the run's and
-    the tags' own)."""
-    return quotes.quote(
-        tenant=tenant,
-        model=model,
-        provider=provider,
-        input_tokens=input_tokens,
-        messages=messages,
-        prompt=prompt,
-        max_output_tokens=max_output_tokens,
-        end_user=end_user,
-        ttl=ttl,
-        max_tool_calls=max_tool_calls,
-        run=run,
-        tags=tags,
+    the tags' own). Takes what ``reserve`` takes, but ``idempotency_key`` and ``allow_degrade``
+    (a quote holds nothing)."""
+    return quotes.request_quote(
+        Request(
+            tenant=tenant,
+            model=model,
+            provider=provider,
+            input_tokens=input_tokens,
+            messages=messages,
+            prompt=prompt,
+            max_output_tokens=max_output_tokens,
+            end_user=end_user,
+            ttl=ttl,
+            max_tool_calls=max_tool_calls,
+            run=run,
+            tags=tags,
+        )
     )
 
 
@@ -404,14 +444,16 @@ def commit(
     )
 
 
-def release(hold_id: UUID | str) -> str:
+def release(hold_id: UUID | str) -> HoldState:
     """Release a reservation by id. Returns its final state."""
-    return settlement.reservation_release(hold_id)
+    return hold_state(settlement.reservation_release(hold_id))
 
 
-def extend(hold_id: UUID | str, *, ttl_seconds: int) -> Hold:
-    """Push a held reservation's expiry to ``ttl_seconds`` from now (never earlier), by id."""
-    return Hold(settlement.reservation_extend(hold_id, ttl_seconds=ttl_seconds))
+def extend(hold_id: UUID | str, *, ttl: int | None = None, ttl_seconds: int | None = None) -> Hold:
+    """Push a held reservation's expiry to ``ttl`` seconds from now (never earlier), by id.
+    (``ttl_seconds``: the old name, deprecated.)"""
+    seconds = ttl_renamed(ttl, ttl_seconds, where="extend")
+    return Hold(settlement.reservation_extend(hold_id, ttl=seconds))
 
 
 def get(hold_id: UUID | str) -> Hold:
@@ -419,10 +461,10 @@ def get(hold_id: UUID | str) -> Hold:
     return Hold(settlement.reservation_get(hold_id))
 
 
-def mark_uncertain(hold_id: UUID | str) -> str:
+def mark_uncertain(hold_id: UUID | str) -> HoldState:
     """The call's outcome is unknown (by id, e.g. from a watchdog): keep its hold counted until
     usage arrives or the reconcile job settles it. Returns the state."""
-    return settlement.reservation_mark_uncertain(hold_id)
+    return hold_state(settlement.reservation_mark_uncertain(hold_id))
 
 
 def status(
@@ -452,11 +494,11 @@ def trip(
     provider: str | None = None,
     model: str | None = None,
     api_key: str | None = None,
-    reason: str = "",
+    reason: str,
     actor: str = "",
     auto_clear_at: datetime | None = None,
     run: str | None = None,
-) -> KillSwitch:
+) -> KillSwitchResult:
     """Stop every admission in a scope now. No scope: global; several: their intersection (e.g.
     one model for one tenant). Stays until ``clear`` (or ``auto_clear_at``, if given). ``reason``
     is required (``InvalidUsage`` without one). ``api_key`` (a REST API key's prefix) limits it to
@@ -465,8 +507,10 @@ def trip(
         tenant=tenant, end_user=end_user, provider=provider, model=model, api_key=api_key, run=run
     )
     assert scope is not None  # end users are created on trip
-    return killswitches.kill_switch_trip(
-        scope=scope, reason=reason, actor=actor, auto_clear_at=auto_clear_at
+    return _switch_result(
+        killswitches.kill_switch_trip(
+            scope=scope, reason=reason, actor=actor, auto_clear_at=auto_clear_at
+        )
     )
 
 
@@ -477,11 +521,12 @@ def clear(
     provider: str | None = None,
     model: str | None = None,
     api_key: str | None = None,
-    reason: str = "",
+    reason: str,
     actor: str = "",
     run: str | None = None,
-) -> KillSwitch:
-    """Clear the switch tripped on exactly this scope. ``InvalidUsage`` if none is tripped."""
+) -> KillSwitchResult:
+    """Clear the switch tripped on exactly this scope. ``InvalidUsage`` if none is tripped.
+    ``reason`` is required (``InvalidUsage`` if blank)."""
     scope = killswitches.switch_scope(
         tenant=tenant,
         end_user=end_user,
@@ -491,10 +536,34 @@ def clear(
         run=run,
         create_end_user=False,
     )
-    return killswitches.kill_switch_clear(
-        scope=scope,
-        reason=reason,
-        actor=actor,
+    return _switch_result(killswitches.kill_switch_clear(scope=scope, reason=reason, actor=actor))
+
+
+def _switch_result(switch: KillSwitch) -> KillSwitchResult:
+    """A switch as the REST API shows it (``api.killswitches.KillSwitchSerializer``)."""
+
+    def external_id(obj: Tenant | EndUser | Run | None) -> str | None:
+        return obj.external_id if obj is not None else None
+
+    return KillSwitchResult(
+        id=switch.pk,
+        scope=switch.scope_label,
+        tenant=external_id(switch.tenant),
+        end_user=external_id(switch.end_user),
+        provider=switch.provider,
+        model=switch.model,
+        api_key=switch.api_key.prefix if switch.api_key else None,
+        run=external_id(switch.run),
+        active=killswitches.switch_is_open(switch, timezone.now()),
+        reason=switch.reason,
+        tripped_by=switch.tripped_by,
+        tripped_at=switch.tripped_at,
+        automatic=switch.automatic,
+        detector=switch.detector,
+        auto_clear_at=switch.auto_clear_at,
+        cleared_at=switch.cleared_at,
+        cleared_by=switch.cleared_by,
+        clear_reason=switch.clear_reason,
     )
 
 
@@ -502,44 +571,68 @@ def explain(
     *,
     tenant: str,
     model: str,
-    input_tokens: int,
+    input_tokens: int | None = None,
     max_output_tokens: int | None = None,
-    end_user: str | None = None,
     provider: str | None = None,
+    end_user: str | None = None,
+    messages: list[dict[str, Any]] | None = None,
+    prompt: str | None = None,
+    ttl: int | None = None,
+    max_tool_calls: dict[str, int] | None = None,
     run: str | None = None,
     tags: dict[str, str] | None = None,
 ) -> explanations.Explanation:
     """Every budget and kill switch that applies to this would-be request, with its state and
-    whether the request would fit. Holds nothing."""
+    whether the request would fit. Holds nothing. Takes what ``quote`` takes: what ``reserve``
+    takes, but ``idempotency_key`` and ``allow_degrade``."""
     return explanations.request_explain(
-        tenant=tenant,
-        end_user=end_user,
-        provider=provider,
-        model=model,
-        input_tokens=input_tokens,
-        max_output_tokens=max_output_tokens,
-        run=run,
-        tags=tags,
+        Request(
+            tenant=tenant,
+            model=model,
+            provider=provider,
+            input_tokens=input_tokens,
+            messages=messages,
+            prompt=prompt,
+            max_output_tokens=max_output_tokens,
+            end_user=end_user,
+            ttl=ttl,
+            max_tool_calls=max_tool_calls,
+            run=run,
+            tags=tags,
+        )
     )
 
 
-def sweep(**kwargs: Any) -> int:
-    """Expire overdue holds (see ``EXPIRED_HOLD_POLICY``). Returns how many expired."""
-    return settlement.reservations_sweep(**kwargs)
+def sweep(*, now: datetime | None = None, batch_size: int = settlement.SWEEP_BATCH) -> int:
+    """Expire overdue holds (see ``EXPIRED_HOLD_POLICY``), ``batch_size`` at a time. Returns how
+    many expired. ``now``: the instant to expire at (tests, replaying a sweep); by default the
+    database's clock."""
+    return settlement.reservations_sweep(now=now, batch_size=batch_size)
 
 
-def link_stripe_customer(*, tenant: str, customer_id: str, actor: str = "") -> Any:
+def link_stripe_customer(*, tenant: str, customer_id: str, actor: str = "") -> StripeLinkResult:
     """Bill the tenant's usage to a Stripe customer (``cus_...``), from now on and for its unsent
     usage of the last 35 days; relinking moves unsent usage to the new customer. Audited.
-    Returns the ``StripeCustomerLink`` (docs/billing.md)."""
+    Returns the link (docs/billing.md)."""
     from llm_budgets.billing.links import stripe_customer_link
 
-    return stripe_customer_link(tenant=tenant, customer_id=customer_id, actor=actor)
+    return _link_result(stripe_customer_link(tenant=tenant, customer_id=customer_id, actor=actor))
 
 
-def unlink_stripe_customer(*, tenant: str, reason: str = "", actor: str = "") -> Any:
+def unlink_stripe_customer(*, tenant: str, reason: str = "", actor: str = "") -> StripeLinkResult:
     """Stop delivering the tenant's new usage to Stripe; what is already owed is still delivered.
     ``InvalidUsage`` if it is not linked. Audited."""
     from llm_budgets.billing.links import stripe_customer_unlink
 
-    return stripe_customer_unlink(tenant=tenant, reason=reason, actor=actor)
+    return _link_result(stripe_customer_unlink(tenant=tenant, reason=reason, actor=actor))
+
+
+def _link_result(link: StripeCustomerLink) -> StripeLinkResult:
+    return StripeLinkResult(
+        tenant=link.tenant.external_id,
+        customer_id=link.customer_id,
+        linked_at=link.linked_at,
+        linked_by=link.linked_by,
+        unlinked_at=link.unlinked_at,
+        unlink_reason=link.unlink_reason,
+    )

@@ -28,14 +28,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from decimal import Decimal
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
 
-from llm_budgets.exceptions import BudgetError, ReservationStateError, Wire
-from llm_budgets.results import BudgetStatus, CommitResult
+from llm_budgets.exceptions import BudgetError, Wire
+from llm_budgets.holds import HoldPolicy, ttl_renamed
+from llm_budgets.request import Request
+from llm_budgets.results import (
+    BudgetStatus,
+    CommitResult,
+    HoldState,
+    KillSwitchResult,
+    hold_state,
+)
 
 if TYPE_CHECKING:
     from llm_budgets.usage import Usage
@@ -249,34 +256,16 @@ class RemoteQuote:
         )
 
 
-@dataclass(frozen=True)
-class RemoteKillSwitch:
-    """A kill switch as the API returns it (see ``llm_budgets.models.KillSwitch``)."""
+def _kill_switch(data: dict[str, Any]) -> KillSwitchResult:
+    """A kill switch from the API's body: the in-process result class, times as datetimes."""
+    fields: dict[str, Any] = {f: data.get(f) for f in KillSwitchResult.__dataclass_fields__}
+    for name in ("tripped_at", "auto_clear_at", "cleared_at"):
+        fields[name] = _when(fields[name])
+    return KillSwitchResult(**fields)
 
-    id: int
-    scope: str
-    tenant: str | None
-    end_user: str | None
-    provider: str
-    model: str
-    api_key: str | None
-    active: bool
-    reason: str
-    tripped_by: str
-    tripped_at: datetime
-    automatic: bool
-    detector: str
-    auto_clear_at: datetime | None
-    cleared_at: datetime | None
-    cleared_by: str
-    clear_reason: str
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RemoteKillSwitch:
-        times = ("tripped_at", "auto_clear_at", "cleared_at")
-        fields: dict[str, Any] = {f: data.get(f) for f in cls.__dataclass_fields__}
-        fields.update({k: _when(fields[k]) for k in times})
-        return cls(**fields)
+# The name this class had before the in-process API returned the same one (issue 24).
+RemoteKillSwitch = KillSwitchResult
 
 
 @dataclass(frozen=True)
@@ -307,8 +296,11 @@ class RemoteBudgetStatus(BudgetStatus):
         return self.data.keys()
 
 
-class RemoteHold:
-    """A reservation held over HTTP; the interface of ``llm_budgets.budgets.Hold``."""
+class RemoteHold(HoldPolicy):
+    """A reservation held over HTTP; the interface of ``llm_budgets.budgets.Hold`` and its
+    with-block policy (``llm_budgets.holds.HoldPolicy``), an HTTP timeout counting as one."""
+
+    _timeouts = (TimeoutError, httpx.TimeoutException)
 
     def __init__(self, client: BudgetsClient, data: dict[str, Any]) -> None:
         self._client = client
@@ -336,8 +328,8 @@ class RemoteHold:
         return expires_at
 
     @property
-    def state(self) -> str:
-        return str(self._data["state"])
+    def state(self) -> HoldState:
+        return hold_state(self._data["state"])
 
     @property
     def model(self) -> str:
@@ -391,17 +383,19 @@ class RemoteHold:
         self._data["state"] = result.state
         return result
 
-    def release(self) -> str:
+    def release(self) -> HoldState:
         """Drop the hold (the call produced nothing). Returns the final state."""
         self._data = self._client._post(f"reservations/{self.id}/release", {})
         return self.state
 
-    def extend(self, *, ttl_seconds: int) -> RemoteHold:
-        """Push the expiry to ``ttl_seconds`` from now (never earlier)."""
-        self._data = self._client.extend(self.id, ttl_seconds=ttl_seconds)._data
+    def extend(self, *, ttl: int | None = None, ttl_seconds: int | None = None) -> RemoteHold:
+        """Push the expiry to ``ttl`` seconds from now (never earlier). (``ttl_seconds``: the
+        old name, deprecated.)"""
+        seconds = ttl_renamed(ttl, ttl_seconds, where="extend")
+        self._data = self._client.extend(self.id, ttl=seconds)._data
         return self
 
-    def mark_uncertain(self) -> str:
+    def mark_uncertain(self) -> HoldState:
         """The call's outcome is unknown: keep the hold counted until usage arrives or the
         reconcile job settles it. Returns the state."""
         self._data = self._client._mark_uncertain(self.id)
@@ -411,34 +405,12 @@ class RemoteHold:
         self._data = self._client._get(f"reservations/{self.id}")
         return self
 
-    def __enter__(self) -> RemoteHold:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        # The in-process Hold's rules: see llm_budgets.budgets.Hold.
-        if self.state != "held":
-            return
-        if exc_type is None:
-            raise ReservationStateError(
-                f"Reservation {self.id} left its with-block still held: call hold.commit(...) "
-                "after the provider answers, or hold.release() if it produced nothing. The hold "
-                "stays until it expires and is then charged as estimated spend.",
-                state=self.state,
-            )
-        if issubclass(exc_type, TimeoutError | httpx.TimeoutException):
-            logger.warning("llm_budgets: reservation %s timed out; its hold stays.", self.id)
-            try:
-                self.mark_uncertain()
-            except ApiError as error:
-                if error.code != "not_implemented":  # a server without the UNCERTAIN state
-                    raise
-            return
-        self.release()
+    def _timed_out(self) -> None:
+        try:
+            self.mark_uncertain()
+        except ApiError as error:
+            if error.code != "not_implemented":  # a server without the UNCERTAIN state
+                raise
 
 
 class BudgetsClient:
@@ -498,23 +470,23 @@ class BudgetsClient:
         ``input_tokens``, or ``messages`` / ``prompt`` for the server to count. With
         ``allow_degrade`` the plan's ladder may grant less: read ``hold.model``,
         ``hold.max_output_tokens`` and ``hold.degraded``."""
-        body: dict[str, Any] = {"model": model, "max_output_tokens": max_output_tokens}
-        optional = {
-            "tenant": tenant,
-            "end_user": end_user,
-            "provider": provider,
-            "input_tokens": input_tokens,
-            "messages": messages,
-            "prompt": prompt,
-            "max_tool_calls": max_tool_calls,
-            "tags": tags,
-            "run": run,
-            "ttl_seconds": ttl,
-        }
-        body.update({k: v for k, v in optional.items() if v is not None})
-        if allow_degrade:
-            body["allow_degrade"] = True
-        return RemoteHold(self, self._post("reservations", body, idempotency_key=idempotency_key))
+        call = Request(
+            tenant=tenant,
+            model=model,
+            input_tokens=input_tokens,
+            max_output_tokens=max_output_tokens,
+            end_user=end_user,
+            provider=provider,
+            ttl=ttl,
+            messages=messages,
+            prompt=prompt,
+            max_tool_calls=max_tool_calls,
+            tags=tags,
+            allow_degrade=allow_degrade,
+            run=run,
+        )
+        data = self._post("reservations", call.wire(), idempotency_key=idempotency_key)
+        return RemoteHold(self, data)
 
     def quote(
         self,
@@ -534,22 +506,21 @@ class BudgetsClient:
     ) -> RemoteQuote:
         """Explain a price without holding anything: the itemised worst case, the price version
         (or policy) and each budget the request would draw on, with whether it fits now."""
-        params = {
-            "model": model,
-            "tenant": tenant,
-            "end_user": end_user,
-            "provider": provider,
-            "input_tokens": input_tokens,
-            "messages": None if messages is None else json.dumps(messages),
-            "prompt": prompt,
-            "max_output_tokens": max_output_tokens,
-            "max_tool_calls": None if max_tool_calls is None else json.dumps(max_tool_calls),
-            "ttl_seconds": ttl,
-            "run": run,
-            "tags": None if tags is None else json.dumps(tags),
-        }
-        data = self._get("quote", params={k: str(v) for k, v in params.items() if v is not None})
-        return RemoteQuote.from_json(data)
+        call = Request(
+            tenant=tenant,
+            model=model,
+            input_tokens=input_tokens,
+            max_output_tokens=max_output_tokens,
+            end_user=end_user,
+            provider=provider,
+            messages=messages,
+            prompt=prompt,
+            max_tool_calls=max_tool_calls,
+            ttl=ttl,
+            run=run,
+            tags=tags,
+        )
+        return RemoteQuote.from_json(self._get("quote", params=call.wire(query=True)))
 
     def close_run(
         self,
@@ -611,8 +582,8 @@ class BudgetsClient:
             pricing_basis=data.get("pricing_basis", "price"),
         )
 
-    def release(self, hold_id: uuid.UUID | str) -> str:
-        return str(self._post(f"reservations/{hold_id}/release", {})["state"])
+    def release(self, hold_id: uuid.UUID | str) -> HoldState:
+        return hold_state(self._post(f"reservations/{hold_id}/release", {})["state"])
 
     def status(
         self,
@@ -633,15 +604,18 @@ class BudgetsClient:
         data = self._get(f"tenants/{quote(tenant, safe='')}/status", params=params)
         return [RemoteBudgetStatus.from_json(budget) for budget in data["budgets"]]
 
-    def extend(self, hold_id: uuid.UUID | str, *, ttl_seconds: int) -> RemoteHold:
-        """Push a held reservation's expiry to ``ttl_seconds`` from now (never earlier)."""
-        body = {"ttl_seconds": ttl_seconds}
+    def extend(
+        self, hold_id: uuid.UUID | str, *, ttl: int | None = None, ttl_seconds: int | None = None
+    ) -> RemoteHold:
+        """Push a held reservation's expiry to ``ttl`` seconds from now (never earlier).
+        (``ttl_seconds``: the old name, deprecated.)"""
+        body = {"ttl_seconds": ttl_renamed(ttl, ttl_seconds, where="extend")}
         return RemoteHold(self, self._post(f"reservations/{hold_id}/extend", body))
 
-    def mark_uncertain(self, hold_id: uuid.UUID | str) -> str:
+    def mark_uncertain(self, hold_id: uuid.UUID | str) -> HoldState:
         """The call's outcome is unknown (by id, e.g. from a watchdog): keep its hold counted
         until usage arrives or the reconcile job settles it. Returns the state."""
-        return str(self._mark_uncertain(hold_id)["state"])
+        return hold_state(self._mark_uncertain(hold_id)["state"])
 
     def _mark_uncertain(self, hold_id: uuid.UUID | str) -> dict[str, Any]:
         return self._post(f"reservations/{hold_id}/uncertain", {})
@@ -651,7 +625,7 @@ class BudgetsClient:
     def trip(
         self,
         *,
-        reason: str = "",
+        reason: str,
         tenant: str | None = None,
         end_user: str | None = None,
         provider: str | None = None,
@@ -660,19 +634,19 @@ class BudgetsClient:
         auto_clear_at: datetime | None = None,
         run: str | None = None,
         idempotency_key: str | None = None,
-    ) -> RemoteKillSwitch:
+    ) -> KillSwitchResult:
         """Refuse every admission in the scope now; returns the open switch (an already
         tripped scope keeps its switch and first reason). ``api_key``: a key's prefix."""
         body = _scope_body(tenant, end_user, provider, model, api_key, reason, run)
         if auto_clear_at is not None:
             body["auto_clear_at"] = auto_clear_at.isoformat()
         data = self._post("kill-switches", body, idempotency_key=idempotency_key)
-        return RemoteKillSwitch.from_json(data)
+        return _kill_switch(data)
 
     def clear(
         self,
         *,
-        reason: str = "",
+        reason: str,
         tenant: str | None = None,
         end_user: str | None = None,
         provider: str | None = None,
@@ -680,21 +654,21 @@ class BudgetsClient:
         api_key: str | None = None,
         run: str | None = None,
         idempotency_key: str | None = None,
-    ) -> RemoteKillSwitch:
+    ) -> KillSwitchResult:
         """Clear the switch tripped on exactly this scope (``InvalidUsage`` if none is)."""
         body = _scope_body(tenant, end_user, provider, model, api_key, reason, run)
         data = self._post("kill-switches/clear", body, idempotency_key=idempotency_key)
-        return RemoteKillSwitch.from_json(data)
+        return _kill_switch(data)
 
     def kill_switches(
         self, *, state: str | None = None, tenant: str | None = None
-    ) -> list[RemoteKillSwitch]:
+    ) -> list[KillSwitchResult]:
         """Every switch, newest first; ``state``: ``"open"`` or ``"cleared"``."""
         params = {k: v for k, v in {"state": state, "tenant": tenant}.items() if v is not None}
-        switches: list[RemoteKillSwitch] = []
+        switches: list[KillSwitchResult] = []
         while True:
             page = self._get("kill-switches", params={**params, "offset": str(len(switches))})
-            switches.extend(RemoteKillSwitch.from_json(item) for item in page["results"])
+            switches.extend(_kill_switch(item) for item in page["results"])
             if not page.get("next") or not page["results"]:
                 return switches
 

@@ -120,7 +120,7 @@ def refusal_fields(exc: BudgetError) -> dict[str, Any]:
 
 
 def observed_admission(function: F) -> F:
-    """Wrap ``reservation_create``: time it, count it, log a refusal."""
+    """Wrap ``reservation_admit``: time it, count it, log a refusal."""
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -134,9 +134,9 @@ def observed_admission(function: F) -> F:
             )
             level = logging.WARNING if exc.code == "ledger_unavailable" else logging.INFO
             if "tenant" not in fields or fields["tenant"] is None:
-                fields["tenant"] = (
-                    kwargs.get("tenant") if isinstance(kwargs.get("tenant"), str) else None
-                )
+                # The tenant the call named (its Request, the one positional argument).
+                asked = getattr(args[0], "tenant", None) if args else kwargs.get("tenant")
+                fields["tenant"] = asked if isinstance(asked, str) else None
             event_log("admission.refused", level=level, **fields)
             raise
         except Exception:

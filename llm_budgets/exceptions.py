@@ -235,7 +235,7 @@ class UnknownTenant(InvalidUsage, LookupError):
         self.external_id = external_id
         super().__init__(
             f"No tenant has external_id {external_id!r}. "
-            f'Create it first with budgets.ensure_tenant("{external_id}", ...).',
+            f'Create it first with budgets.ensure_tenant(tenant="{external_id}", ...).',
             field="tenant",
         )
 

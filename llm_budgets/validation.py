@@ -32,6 +32,8 @@ _REPLACEMENT = "\ufffd"
 # digits (Python's Decimal() and int() accept all of those).
 _PLAIN_DECIMAL = re.compile(r"[0-9]{1,30}(\.[0-9]{1,30})?")
 _PLAIN_INTEGER = re.compile(r"[0-9]{1,1000}")
+# The run id that names every run: ``set_limit(run="*")`` only, never a call's run.
+ALL_RUNS = "*"
 
 
 def token_count(field: str, value: object, *, allow_zero: bool = True) -> int:
@@ -187,3 +189,15 @@ def ttl_seconds(field: str, value: object) -> int:
             f"{field} must be from 1 to {conf.MAX_TTL_SECONDS} seconds, got {value}.", field=field
         )
     return value
+
+
+def run_id(field: str, value: object) -> str:
+    """A run's id, as a call names it: an identifier, never ``"*"`` (which names every run in
+    ``set_limit`` only)."""
+    run = identifier(field, value)
+    if run == ALL_RUNS:
+        raise InvalidUsage(
+            f'{field} "*" means every run and only sets a limit; a call names one run.',
+            field=field,
+        )
+    return run

@@ -29,7 +29,7 @@ def seed(*, limit: str = "100", tenant: str = "acme", window: str = "month") -> 
     """The seed scenario: one tenant capped at ``limit``; each call's worst case is 30."""
     if not Price.objects.filter(provider=FAKE_PROVIDER, model=FAKE_MODEL).exists():
         price_fake()
-    budgets.ensure_tenant(tenant, name=tenant.title())
+    budgets.ensure_tenant(tenant=tenant, name=tenant.title())
     budgets.set_limit(tenant=tenant, amount=Decimal(limit), window=window)
 
 
@@ -53,7 +53,7 @@ def reserve_30(
 
 
 def billing_contacts(emails: str, *, tenant: str = "acme") -> None:
-    budgets.ensure_tenant(tenant, billing_emails=emails)
+    budgets.ensure_tenant(tenant=tenant, billing_emails=emails)
 
 
 def reserve_30_at(

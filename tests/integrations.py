@@ -32,7 +32,7 @@ def price_providers() -> None:
 
 def seed_tenant(*, limit: str = "100000", tenant: str = "acme") -> None:
     price_providers()
-    budgets.ensure_tenant(tenant, name=tenant.title())
+    budgets.ensure_tenant(tenant=tenant, name=tenant.title())
     budgets.set_limit(tenant=tenant, amount=Decimal(limit), window="month")
 
 

@@ -49,10 +49,10 @@ def rebuild_rollups() -> None:
 
 
 def usage_data() -> None:
-    budgets.ensure_tenant("acme", timezone="Europe/Amsterdam")
+    budgets.ensure_tenant(tenant="acme", timezone="Europe/Amsterdam")
     seed(tenant="acme", limit="1000")
     seed(tenant="beta", limit="1000")
-    budgets.ensure_tenant("acme", name="Acme <b>Corp</b>")
+    budgets.ensure_tenant(tenant="acme", name="Acme <b>Corp</b>")
     budgets.set_limit(tenant="acme", end_user="alice-acme", amount=Decimal(100), window="month")
     budgets.set_limit(tenant="acme", end_user="*", amount=Decimal(50), window="day")
     use("acme", "alice-acme", 500)  # 15.00

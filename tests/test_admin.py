@@ -345,7 +345,7 @@ def test_tenant_billing_contacts_are_edited_through_tenant_ensure(admin_client: 
 
 
 def test_tenant_change_refuses_a_bad_timezone_and_a_cleared_plan(admin_client: Client) -> None:
-    budgets.ensure_tenant("acme", timezone="UTC")
+    budgets.ensure_tenant(tenant="acme", timezone="UTC")
     tenant = Tenant.objects.get()
     tenant.plan = Plan.objects.create(name="pro")
     tenant.save()
@@ -458,12 +458,12 @@ def test_a_run_or_tag_budgets_limit_changes_in_the_admin_on_that_budget(
         tenant="acme", tag=("project", "alpha"), amount=Decimal("50"), window="month"
     )
     run = budgets.set_limit(tenant="acme", run="*", amount=Decimal("2"), window="lifetime")
-    for budget, limit in [(tag, "60"), (run, "3")]:
+    for result, limit in [(tag, "60"), (run, "3")]:
         response = admin_client.post(
-            _url(Budget, "change", budget.pk), {"limit": limit, "reason": "ticket", "_save": "1"}
+            _url(Budget, "change", result.id), {"limit": limit, "reason": "ticket", "_save": "1"}
         )
         assert response.status_code == 302, response.content.decode()[:2000]
-        budget.refresh_from_db()
+        budget = Budget.objects.get(pk=result.id)
         assert budget.limit == Decimal(limit)
     # The tenant's own budget is untouched.
     assert Budget.objects.get(scope=Scope.TENANT).limit == Decimal("1000")

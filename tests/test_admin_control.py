@@ -119,7 +119,7 @@ def test_the_tenant_page_lists_only_switches_that_refuse_now(
         actor="alice",
         auto_clear_at=now + timedelta(minutes=5),
     )
-    KillSwitch.objects.filter(pk=lapsed.pk).update(auto_clear_at=now - timedelta(minutes=1))
+    KillSwitch.objects.filter(pk=lapsed.id).update(auto_clear_at=now - timedelta(minutes=1))
     rows = support.get(_tenant_url(tenant)).context["switch_rows"]
     assert [row["reason"] for row in rows] == ["still tripped"]
 
@@ -137,8 +137,8 @@ def test_support_trips_and_clears_with_a_reason_audited_and_emailed(
     with pytest.raises(KillSwitchActive) as refused:
         reserve_30(end_user="u-1")
     assert refused.value.tripped_by == "support"
-    page = support.get(reverse("admin:llm_budgets_killswitch_change", args=[switch.pk]))
-    url = reverse("admin:llm_budgets_killswitch_clear", args=[switch.pk])
+    page = support.get(reverse("admin:llm_budgets_killswitch_change", args=[switch.id]))
+    url = reverse("admin:llm_budgets_killswitch_clear", args=[switch.id])
     assert url in page.content.decode()  # the "Clear this switch" button
     assert support.get(url).status_code == 200  # the confirmation, with its reason box
     assert support.post(url, {"clear_reason": ""}).status_code == 200
@@ -188,10 +188,10 @@ def test_support_is_refused_billing_actions(support: Client, tenant: Tenant) -> 
 def test_billing_admin_is_refused_switches(billing: Client, tenant: Tenant) -> None:
     assert _trip(billing, tenant) == 403
     switch = budgets.trip(tenant="acme", reason="x")
-    url = reverse("admin:llm_budgets_killswitch_clear", args=[switch.pk])
+    url = reverse("admin:llm_budgets_killswitch_clear", args=[switch.id])
     assert billing.get(url).status_code == 403
     assert billing.post(url, {"clear_reason": "no"}).status_code == 403
-    page = billing.get(reverse("admin:llm_budgets_killswitch_change", args=[switch.pk]))
+    page = billing.get(reverse("admin:llm_budgets_killswitch_change", args=[switch.id]))
     assert url not in page.content.decode()  # no button for someone who may not clear
     assert KillSwitch.objects.get().cleared_at is None
 

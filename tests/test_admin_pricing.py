@@ -22,6 +22,7 @@ NEW = datetime(2025, 6, 1, tzinfo=UTC)
 
 
 def _versions() -> tuple[Price, Price, Price]:
+    """Three versions of one model's price, as the models the admin lists."""
     old = budgets.set_price(
         provider="openai",
         model="gpt-4o",
@@ -44,7 +45,8 @@ def _versions() -> tuple[Price, Price, Price]:
         output_per_mtok="8",
         effective_from=timezone.now() + timedelta(days=30),
     )
-    return old, new, future
+    versions = Price.objects.in_bulk([old.id, new.id, future.id])
+    return versions[old.id], versions[new.id], versions[future.id]
 
 
 def _ids(page: str, prices: list[Price]) -> set[int]:
@@ -56,12 +58,12 @@ def test_the_list_marks_and_filters_the_current_version(admin_client: Client) ->
     url = reverse("admin:llm_budgets_price_changelist")
     assert _ids(
         admin_client.get(url, {"version": "current"}).content.decode(), [old, new, future]
-    ) == {new.pk}
+    ) == {new.id}
     assert _ids(
         admin_client.get(url, {"version": "history"}).content.decode(), [old, new, future]
     ) == {
-        old.pk,
-        future.pk,
+        old.id,
+        future.id,
     }
 
 
@@ -70,12 +72,12 @@ def test_a_version_page_shows_its_history_and_a_new_version_form_prefilled(
 ) -> None:
     old, new, future = _versions()
     page = admin_client.get(
-        reverse("admin:llm_budgets_price_change", args=[old.pk])
+        reverse("admin:llm_budgets_price_change", args=[old.id])
     ).content.decode()
-    assert _ids(page, [old, new, future]) == {old.pk, new.pk, future.pk}
+    assert _ids(page, [old, new, future]) == {old.id, new.id, future.id}
     assert "- current" in page
-    assert f"?from_version={old.pk}" in page
-    form = admin_client.get(reverse("admin:llm_budgets_price_add"), {"from_version": new.pk})
+    assert f"?from_version={old.id}" in page
+    form = admin_client.get(reverse("admin:llm_budgets_price_add"), {"from_version": new.id})
     assert form.context["adminform"].form.initial["cache_write_1h_per_mtok"] == Decimal(4)
 
 
@@ -117,7 +119,7 @@ def _priced_and_unpriced_models_allowed() -> None:
         unknown_model_policy=UnknownModelPolicy.RESERVE_FIXED,
         unknown_model_fixed_amount=Decimal("0.1"),
     )
-    budgets.ensure_tenant("acme", plan="fixed")
+    budgets.ensure_tenant(tenant="acme", plan="fixed")
     budgets.set_limit(tenant="acme", amount=Decimal(10), window="month")
 
 

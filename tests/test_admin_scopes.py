@@ -144,7 +144,7 @@ def test_the_key_budget_form_names_a_key_of_the_tenant(acme: Tenant) -> None:
     billing = _client("bill", _view_all() | {"add_budget"})
     add = reverse("admin:llm_budgets_budget_add")
     other, _ = api_key_create(tenant=None, name="operator")
-    budgets.ensure_tenant("beta")
+    budgets.ensure_tenant(tenant="beta")
     beta_key, _ = api_key_create(tenant="beta", name="beta's")
     base = {"scope": "api_key", "tenant": acme.pk, "window": "day", "limit": "3"}
     refused = billing.post(add, {**base, "api_key_prefix": beta_key.prefix})

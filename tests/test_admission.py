@@ -52,7 +52,7 @@ def acme() -> None:
         input_per_mtok=Decimal("2.50"),
         output_per_mtok=Decimal("10.00"),
     )
-    budgets.ensure_tenant("acme", name="Acme", timezone="Europe/Amsterdam", billing_day=1)
+    budgets.ensure_tenant(tenant="acme", name="Acme", timezone="Europe/Amsterdam", billing_day=1)
     budgets.set_limit(amount=Decimal("5000"), window="month")
     budgets.set_limit(tenant="acme", amount=Decimal("100"), window="month")
     budgets.set_limit(tenant="acme", end_user="*", amount=Decimal("5"), window="day")
@@ -183,7 +183,7 @@ def test_missing_output_ceiling_refuses_unless_the_plan_sets_one(acme: None) -> 
     assert _ledger_rows() == before
 
     Plan.objects.create(name="pro", default_max_output_tokens=1000)
-    budgets.ensure_tenant("acme", plan="pro")
+    budgets.ensure_tenant(tenant="acme", plan="pro")
     hold = budgets.reserve(tenant="acme", model="gpt-4o", input_tokens=0)
     assert hold.max_output_tokens == 1000
     assert hold.amount == Decimal("0.01")
@@ -228,13 +228,13 @@ def test_bad_arguments_name_the_field_and_write_nothing(
 
 
 def test_unknown_tenant_is_refused_with_how_to_fix_it(acme: None) -> None:
-    with pytest.raises(UnknownTenant, match=r"ensure_tenant\(\"nobody\""):
+    with pytest.raises(UnknownTenant, match=r"ensure_tenant\(tenant=\"nobody\""):
         budgets.reserve(tenant="nobody", model="gpt-4o", input_tokens=1, max_output_tokens=1)
 
 
 def test_a_tenant_without_any_budget_is_refused_not_uncapped() -> None:
     price_fake()
-    budgets.ensure_tenant("free")
+    budgets.ensure_tenant(tenant="free")
     with pytest.raises(NoApplicableBudget, match="uncapped"):
         reserve_30(tenant="free")
     assert Reservation.objects.count() == 0
@@ -282,7 +282,7 @@ def test_an_idempotency_key_reused_for_another_request_is_refused(
     """The key belongs to the first request: a different one with it is refused, naming what
     differs, and holds nothing (it used to get the first reservation back, silently)."""
     seed()
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     if first.get("end_user") == "u-1":
         reserve_30(end_user="u-2").release()  # u-2 is known
     held = reserve_30(idempotency_key="call-1", **first)

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.django_db
 def _plan(**thresholds: object) -> None:
     seed(limit="100000")
     Plan.objects.create(name="guarded", **thresholds)
-    budgets.ensure_tenant("acme", plan="guarded")
+    budgets.ensure_tenant(tenant="acme", plan="guarded")
 
 
 def _reserve_at(when: object, end_user: str = "u-1") -> None:

@@ -176,18 +176,18 @@ def test_concurrent_duplicates_run_once() -> None:
     seed()
     key = new_key("acme")
     calls: list[int] = []
-    real = admission.reservation_create
+    real = admission.reservation_admit
 
-    def counted(**kwargs: Any) -> Any:
+    def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)  # the service also dedupes by key: count that the view ran it once
-        return real(**kwargs)
+        return real(*args, **kwargs)
 
     def work(_: int) -> tuple[int, str]:
         response = post(client_for(key), "reservations", reserve_body(), key="race")
         code = response.json().get("id") or response.json()["error"]["code"]
         return response.status_code, code
 
-    with mock.patch("llm_budgets.engine.admission.reservation_create", side_effect=counted):
+    with mock.patch("llm_budgets.engine.admission.reservation_admit", side_effect=counted):
         results = run_threads(8, work)
     assert all(isinstance(r, tuple) for r in results), results
     assert len(calls) == 1, results

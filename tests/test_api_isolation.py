@@ -53,7 +53,7 @@ PROBES: dict[str, Probe] = {
 @pytest.fixture
 def two_tenants() -> tuple[Any, str]:
     seed(tenant="alpha")
-    budgets.ensure_tenant("beta")
+    budgets.ensure_tenant(tenant="beta")
     budgets.set_limit(tenant="beta", amount=Decimal(100), window="month")
     beta = client_for(new_key("beta"))
     beta_hold = beta.post(f"{BASE}reservations", reserve_body(), format="json").json()["id"]

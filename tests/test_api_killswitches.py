@@ -190,7 +190,7 @@ def test_the_list_filters_by_state_and_tenant(keys: dict[str, str]) -> None:
     budgets.clear(model="old", reason="done")
     # Past its auto_clear_at: no longer refusing, so listed as cleared.
     expired = budgets.trip(provider="p", reason="e", auto_clear_at=timezone.now() + timedelta(1))
-    KillSwitch.objects.filter(pk=expired.pk).update(auto_clear_at=timezone.now())
+    KillSwitch.objects.filter(pk=expired.id).update(auto_clear_at=timezone.now())
     operator = client_for(keys["operator"])
 
     def reasons(**params: str) -> list[str]:

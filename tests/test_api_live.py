@@ -100,7 +100,7 @@ def test_leaving_the_block_unsettled_is_an_error(client: BudgetsClient) -> None:
 def test_release_extend_get(client: BudgetsClient) -> None:
     hold = reserve(client, ttl=60)
     first_expiry = hold.expires_at
-    assert hold.extend(ttl_seconds=3600).expires_at > first_expiry
+    assert hold.extend(ttl=3600).expires_at > first_expiry
     assert client.get(hold.id).expires_at == hold.expires_at
     assert hold.release() == "released"
     assert client.release(hold.id) == "released"

@@ -191,7 +191,7 @@ def test_request_serializer_instances_share_no_field_state() -> None:
 
 def test_responses_render_as_the_serializer_does() -> None:
     seed()
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     client = client_for(new_key("acme"))
     body = reserve_body(end_user="u1", tags={"feature": "chat"})
     created = client.post(f"{BASE}reservations", body, format="json")

@@ -41,7 +41,7 @@ def acme() -> Any:
         reasoning_per_mtok="20",
         tool_fees={"web_search": "0.01"},
     )
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     budgets.set_limit(tenant="acme", amount=Decimal(100), window="month")
     return client_for(new_key("acme"))
 

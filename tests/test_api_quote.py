@@ -43,7 +43,7 @@ def acme() -> Any:
         tool_fees={"web_search": "0.01"},
     )
     Plan.objects.create(name="pro", markup_percent=Decimal(25))
-    budgets.ensure_tenant("acme", plan="pro")
+    budgets.ensure_tenant(tenant="acme", plan="pro")
     budgets.set_limit(tenant="acme", amount=Decimal(100), window="month")
     budgets.set_limit(tenant="acme", end_user="*", amount=Decimal("0.01"), window="day")
     budgets.set_limit(amount=Decimal(1000), window="month", unit="customer_price")
@@ -128,7 +128,7 @@ def test_quote_explains_a_policy_price() -> None:
         unknown_model_fixed_amount=Decimal("0.2"),
         default_max_output_tokens=100,
     )
-    budgets.ensure_tenant("acme", plan="fixed")
+    budgets.ensure_tenant(tenant="acme", plan="fixed")
     budgets.set_limit(tenant="acme", amount=Decimal(1), window="month")
     response = quote(client_for(new_key("acme")), provider="p", model="mystery", input_tokens=5)
     assert response.status_code == 200, response.content

@@ -218,7 +218,7 @@ def test_unpriceable_requests_are_422(acme: Any, overrides: dict[str, Any], code
 
 def test_no_budget_is_a_422() -> None:
     seed()
-    budgets.ensure_tenant("nocap")
+    budgets.ensure_tenant(tenant="nocap")
     response = reserve(client_for(new_key("nocap")))
     assert response.status_code == 422
     assert error(response)["code"] == "no_budget"
@@ -226,7 +226,7 @@ def test_no_budget_is_a_422() -> None:
 
 def test_ledger_unavailable_is_a_503_with_retry_after(acme: Any) -> None:
     with mock.patch(
-        "llm_budgets.engine.admission.reservation_create",
+        "llm_budgets.engine.admission.reservation_admit",
         side_effect=LedgerUnavailable("The budget ledger could not be read.", retry_after=3),
     ):
         response = reserve(acme)
@@ -242,7 +242,7 @@ def test_a_kill_switch_error_maps_to_403_by_its_code(acme: Any) -> None:
         code = "kill_switch_active"
 
     refusal = KillSwitchActive("Model m30 is switched off.", reason="runaway spend")
-    with mock.patch("llm_budgets.engine.admission.reservation_create", side_effect=refusal):
+    with mock.patch("llm_budgets.engine.admission.reservation_admit", side_effect=refusal):
         response = reserve(acme)
     assert response.status_code == 403
     assert error(response) == {

@@ -234,7 +234,7 @@ def test_billing_day_change_cannot_reset_the_budget_early() -> None:
         seed(limit="100")  # billing day 1, UTC: the period is Nov 1 - Dec 1
         _spend(3)  # 90 of 100
         # Moving the anchor to the 15th would make "now" part of an Oct 15 - Nov 15 period.
-        budgets.ensure_tenant("acme", billing_day=15)
+        budgets.ensure_tenant(tenant="acme", billing_day=15)
         tenant = Tenant.objects.get()
         assert tenant.calendar_effective_from == utc(2026, 12, 1)
         audit = AuditEvent.objects.filter(action="tenant.update").get()
@@ -268,7 +268,7 @@ def test_timezone_change_keeps_the_current_period() -> None:
         _spend(3)
         # In Kiritimati (UTC+14) it is already Dec 1: under the new zone a fresh month would
         # have begun at 10:00 UTC. The new zone applies from the end of this month instead.
-        budgets.ensure_tenant("acme", timezone="Pacific/Kiritimati")
+        budgets.ensure_tenant(tenant="acme", timezone="Pacific/Kiritimati")
         with pytest.raises(BudgetExceeded):
             reserve_30()
     with time_machine.travel(utc(2026, 11, 30, 23, 59), tick=False), pytest.raises(BudgetExceeded):
@@ -285,13 +285,13 @@ def test_timezone_change_keeps_the_current_period() -> None:
 def test_second_change_while_pending_keeps_the_moment_and_reverting_cancels() -> None:
     with time_machine.travel(utc(2026, 11, 10), tick=False):
         seed(limit="100")
-        budgets.ensure_tenant("acme", billing_day=15)
+        budgets.ensure_tenant(tenant="acme", billing_day=15)
     with time_machine.travel(utc(2026, 11, 20), tick=False):
-        budgets.ensure_tenant("acme", billing_day=20, timezone="Europe/Amsterdam")
+        budgets.ensure_tenant(tenant="acme", billing_day=20, timezone="Europe/Amsterdam")
         tenant = Tenant.objects.get()
         assert (tenant.previous_billing_day, tenant.previous_timezone) == (1, "UTC")
         assert tenant.calendar_effective_from == utc(2026, 12, 1)
-        budgets.ensure_tenant("acme", billing_day=1, timezone="UTC")
+        budgets.ensure_tenant(tenant="acme", billing_day=1, timezone="UTC")
         tenant.refresh_from_db()
         assert tenant.calendar_effective_from is None
         assert period_for("month", utc(2026, 11, 20)) == tenant_period(
@@ -303,9 +303,9 @@ def test_second_change_while_pending_keeps_the_moment_and_reverting_cancels() ->
 def test_change_after_the_previous_one_took_effect_starts_from_the_new_calendar() -> None:
     with time_machine.travel(utc(2026, 11, 10), tick=False):
         seed(limit="100")
-        budgets.ensure_tenant("acme", billing_day=15)
+        budgets.ensure_tenant(tenant="acme", billing_day=15)
     with time_machine.travel(utc(2026, 12, 20), tick=False):
-        budgets.ensure_tenant("acme", billing_day=5)
+        budgets.ensure_tenant(tenant="acme", billing_day=5)
         tenant = Tenant.objects.get()
         assert tenant.previous_billing_day == 15
         assert tenant.calendar_effective_from == utc(2027, 1, 15)

@@ -39,7 +39,16 @@ HOLD_ONLY_IN_PROCESS = {"reservation"}  # the model instance itself
 HOLD_ONLY_REMOTE = {"data"}  # the reservation as the API last returned it
 # Functions of the in-process API that are not operations of the REST API: configuration and
 # operations a host runs in its own process (the REST API is for calls and kill switches).
-ONLY_IN_PROCESS = {"ensure_tenant", "explain", "set_limit", "set_price", "sweep"}
+ONLY_IN_PROCESS = {
+    "ensure_tenant",
+    "explain",
+    "set_limit",
+    "set_price",
+    "sweep",
+    # Billing setup: the REST API has no Stripe-link operation (the admin and the host link).
+    "link_stripe_customer",
+    "unlink_stripe_customer",
+}
 # Classes the in-process API exports that are not functions.
 EXPORTED_TYPES = {"CommitResult", "Hold", "Quote", "Usage"}
 # Client parameters with no in-process counterpart.
@@ -84,6 +93,40 @@ def test_the_client_has_every_function_of_the_in_process_api() -> None:
         if "tenant" in there and "tenant" in here:
             here.pop("tenant"), there.pop("tenant")
         assert here == there, name
+
+
+def test_every_public_function_is_exported_and_typed() -> None:
+    """Each public function of ``llm_budgets.budgets`` is in ``__all__`` (so the test above
+    holds it to the client's), and says what it takes and returns: no ``**kwargs``, no ``Any``
+    return."""
+    defined = {
+        name
+        for name, value in vars(budgets).items()
+        if not name.startswith("_")
+        and inspect.isfunction(value)
+        and value.__module__ == budgets.__name__
+    }
+    assert defined <= set(budgets.__all__)
+    for name in defined:
+        function = getattr(budgets, name)
+        signature = inspect.signature(function)
+        assert all(
+            p.kind is not inspect.Parameter.VAR_KEYWORD or name == "set_price"  # price fields
+            for p in signature.parameters.values()
+        ), name
+        hints = typing.get_type_hints(function)
+        assert hints.get("return", Any) is not Any, name
+    for name in set(budgets.__all__) - EXPORTED_TYPES:
+        assert name in ONLY_IN_PROCESS or hasattr(client.BudgetsClient, name), name
+
+
+def test_a_hold_and_a_remote_hold_leave_a_with_block_by_one_policy() -> None:
+    from llm_budgets.holds import HoldPolicy
+
+    for cls in (budgets.Hold, client.RemoteHold):
+        assert issubclass(cls, HoldPolicy)
+        assert "__exit__" not in vars(cls), cls  # inherited: one definition
+        assert "__enter__" not in vars(cls), cls
 
 
 @pytest.mark.parametrize(
@@ -138,7 +181,7 @@ def scenario(api: Any, tenant: str) -> list[tuple[str, Any]]:
     )
     before = hold.expires_at
     assert isinstance(before, datetime)
-    extended = hold.extend(ttl_seconds=3600)
+    extended = hold.extend(ttl=3600)
     look("extend", (extended is hold, hold.expires_at > before, hold.state))
     result = hold.commit(input_tokens=0, output_tokens=100)
     committed = dataclasses.asdict(result)

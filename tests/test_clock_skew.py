@@ -43,7 +43,7 @@ def _tenant_with_room_left() -> Period:
     for zone in ZONES:
         period = period_for("hour", now, timezone=zone)
         if period.end - now >= timedelta(minutes=3):
-            budgets.ensure_tenant("acme", timezone=zone)
+            budgets.ensure_tenant(tenant="acme", timezone=zone)
             seed(limit="60", window="hour")
             return period
     raise AssertionError("unreachable: the zones' hour boundaries are 15 minutes apart or more")
@@ -144,7 +144,7 @@ def test_a_skewed_process_extends_a_hold_by_the_databases_clock() -> None:
 
     def extend(_: int) -> datetime:
         with time_machine.travel(datetime.now(UTC) + timedelta(hours=1), tick=True):
-            return settlement.reservation_extend(hold.id, ttl_seconds=300).expires_at
+            return settlement.reservation_extend(hold.id, ttl=300).expires_at
 
     before = database_now()
     [(status, expires_at)] = run_processes(1, extend)

@@ -91,7 +91,7 @@ def _shared_caps(*, total: int, tenants: int, per_tenant: int, users: int, per_u
     price_fake()
     budgets.set_limit(amount=Decimal(total), window="month")
     for t in range(tenants):
-        budgets.ensure_tenant(f"t{t}")
+        budgets.ensure_tenant(tenant=f"t{t}")
         budgets.set_limit(tenant=f"t{t}", amount=Decimal(per_tenant), window="day")
         for u in range(users):
             budgets.set_limit(
@@ -107,7 +107,7 @@ def _assert_ledger_consistent() -> None:
 def test_first_requests_of_a_new_end_user_respect_its_default_limit() -> None:
     # D9: 20 concurrent first requests of an unknown end user under a "*" limit of 100.
     price_fake()
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     budgets.set_limit(tenant="acme", end_user="*", amount=Decimal(100), window="day")
 
     results = run_threads(20, lambda _: reserve_30(end_user="new-user"))
@@ -121,7 +121,7 @@ def test_first_requests_of_a_new_end_user_respect_its_default_limit() -> None:
 def test_each_new_end_user_gets_its_own_default_limit() -> None:
     # "*" caps each end user, not their sum: two new users racing each get exactly 3.
     price_fake()
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     budgets.set_limit(tenant="acme", end_user="*", amount=Decimal(100), window="day")
 
     results = run_threads(20, lambda i: reserve_30(end_user=f"new-{i % 2}"))

@@ -34,7 +34,7 @@ def _setup(*, ladder: list[dict[str, object]] | None = LADDER, limit: str = "100
         effective_from=PRICES_START,
     )
     Plan.objects.create(name="degrading", degradation_ladder=ladder or [])
-    budgets.ensure_tenant("acme", plan="degrading")
+    budgets.ensure_tenant(tenant="acme", plan="degrading")
 
 
 def _use(amount_tokens: int) -> None:

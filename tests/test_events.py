@@ -67,7 +67,7 @@ def test_a_kill_switch_trip_a_refusal_and_a_clear_each_log_a_line(
     with django_capture_on_commit_callbacks(execute=True):
         budgets.clear(tenant="acme", reason="fixed", actor="ops@example.com")
     (tripped,) = events(lines, "kill_switch.tripped")
-    assert (tripped.switch_id, tripped.scope_kind, tripped.tenant) == (switch.pk, "tenant", "acme")
+    assert (tripped.switch_id, tripped.scope_kind, tripped.tenant) == (switch.id, "tenant", "acme")
     assert (tripped.detail, tripped.actor, tripped.automatic) == (
         "runaway agent",
         "ops@example.com",
@@ -75,7 +75,7 @@ def test_a_kill_switch_trip_a_refusal_and_a_clear_each_log_a_line(
     )
     assert tripped.levelno == logging.WARNING
     (refused,) = events(lines, "admission.refused")
-    assert (refused.reason, refused.switch_id) == ("kill_switch_active", switch.pk)
+    assert (refused.reason, refused.switch_id) == ("kill_switch_active", switch.id)
     (cleared,) = events(lines, "kill_switch.cleared")
     assert cleared.detail == "fixed"
 

@@ -132,9 +132,7 @@ def soak_worker(index: int, proxy_port: int, ops: int) -> dict[str, int]:
             elif op == "release" and open_holds:
                 budgets.release(open_holds.pop(rng.randrange(len(open_holds))))
             elif op == "extend" and open_holds:
-                settlement.reservation_extend(
-                    rng.choice(open_holds), ttl_seconds=rng.randint(1, 60)
-                )
+                settlement.reservation_extend(rng.choice(open_holds), ttl=rng.randint(1, 60))
             elif op == "sweep":
                 # The clock moved ahead: holds whose TTL passed are settled by the sweep.
                 budgets.sweep(now=timezone.now() + timedelta(seconds=rng.randint(0, 90)))

@@ -107,10 +107,10 @@ def test_lookalike_end_users_are_one_end_user_and_invisible_ones_are_refused(acm
 
 def test_the_python_api_normalises_the_same_way() -> None:
     seed()
-    budgets.ensure_tenant("\uff41\uff43\uff4d\uff45")  # fullwidth "acme": the same tenant
+    budgets.ensure_tenant(tenant="\uff41\uff43\uff4d\uff45")  # fullwidth "acme": the same tenant
     assert Tenant.objects.count() == 1
     with pytest.raises(InvalidUsage, match="U\\+200B"):
-        budgets.ensure_tenant("acme\u200b")
+        budgets.ensure_tenant(tenant="acme\u200b")
     assert Tenant.objects.count() == 1
 
 

@@ -35,7 +35,7 @@ NOW = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
 
 def _hot_cap(limit: str = "100", *, stripes: int = 4, window: str = "month") -> Budget:
     price_fake()
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     return budgets.set_limit(
         tenant="acme", amount=Decimal(limit), window=window, hot=True, stripes=stripes
     )
@@ -242,7 +242,7 @@ def test_degrading_calls_decide_on_the_whole_cap() -> None:
 
 def test_set_limit_refuses_a_bad_hot_or_stripes() -> None:
     price_fake()
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     with pytest.raises(InvalidUsage) as bad:
         budgets.set_limit(tenant="acme", amount=Decimal(1), window="day", hot="yes")  # type: ignore[arg-type]
     assert bad.value.field == "hot"
@@ -294,7 +294,7 @@ def test_resplit_keeps_the_invariant_with_equality() -> None:
 
 def test_the_rest_api_sets_and_shows_hot() -> None:
     price_fake()
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     response = client_for(new_key()).post(
         f"{BASE}budgets",
         {"tenant": "acme", "window": "day", "amount": "10", "hot": True, "stripes": 4},

@@ -40,7 +40,7 @@ def _caps(*, stripes: int = 8, global_limit: str = "100000") -> None:
     """A hot global cap, and acme's hot tenant cap of 100 with a hot each-end-user cap of 60."""
     price_fake()
     budgets.set_limit(amount=Decimal(global_limit), window="month", hot=True, stripes=stripes)
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     budgets.set_limit(tenant="acme", amount=Decimal(100), window="month", hot=True, stripes=stripes)
     budgets.set_limit(
         tenant="acme", end_user="*", amount=Decimal(60), window="month", hot=True, stripes=4
@@ -142,7 +142,7 @@ def test_a_lower_limit_racing_admissions_never_refuses_early_nor_overspends() ->
     # they interleave, at least 10 get in (30 is room for 10), none past 60, and afterwards
     # the cap is exactly 30 for everyone.
     price_fake()
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     budgets.set_limit(tenant="acme", amount=Decimal(60), window="month", hot=True, stripes=4)
     _reserve(0).release()  # the stripes exist and are split for 60
 
@@ -171,16 +171,17 @@ def test_a_lower_limit_racing_admissions_never_refuses_early_nor_overspends() ->
 
 def test_a_raise_racing_admissions_is_used_and_never_refused_early() -> None:
     price_fake()
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     budget = budgets.set_limit(
         tenant="acme", amount=Decimal(30), window="month", hot=True, stripes=4
     )
     _reserve(0).release()
+    raised = Budget.objects.get(pk=budget.id)
     until = timezone.now() + timedelta(hours=1)
 
     def work(index: int) -> object:
         if index == 20:
-            return budget_raise_grant(budget=budget, amount=30, until=until, reason="race")
+            return budget_raise_grant(budget=raised, amount=30, until=until, reason="race")
         try:
             return _reserve(index)
         except BudgetExceeded as exc:
@@ -199,4 +200,4 @@ def test_a_raise_racing_admissions_is_used_and_never_refused_early() -> None:
     assert _used(Scope.TENANT) == Decimal(60)
     assert counters_drift() == []
     assert allowances_excess() == []
-    assert Budget.objects.get(pk=budget.pk).hot
+    assert Budget.objects.get(pk=budget.id).hot

@@ -106,7 +106,7 @@ def test_the_legacy_max_tokens_is_sent_back_as_the_held_ceiling(fake: FakeOpenAI
 
 def test_without_a_ceiling_the_plan_default_is_held_and_sent(fake: FakeOpenAI) -> None:
     Plan.objects.create(name="defaults", default_max_output_tokens=77)
-    budgets.ensure_tenant("acme", plan="defaults")
+    budgets.ensure_tenant(tenant="acme", plan="defaults")
     _client(fake.base_url).chat.completions.create(model=GPT, messages=MESSAGES)  # type: ignore[attr-defined]
     assert fake.last.body["max_completion_tokens"] == 77 == only_reservation().max_output_tokens
 
@@ -452,7 +452,7 @@ def test_the_degraded_model_and_ceiling_are_what_is_sent(fake: FakeOpenAI) -> No
         name="degrading",
         degradation_ladder=[{"at_percent": 50, "models": {GPT: GPT_MINI}, "max_output_tokens": 40}],
     )
-    budgets.ensure_tenant("acme", plan="degrading")
+    budgets.ensure_tenant(tenant="acme", plan="degrading")
     budgets.set_limit(tenant="acme", amount=Decimal("1000"), window="month")
     budgets.reserve(
         tenant="acme", provider="openai", model=GPT, input_tokens=0, max_output_tokens=300
@@ -474,7 +474,7 @@ def test_a_dated_name_is_degraded_by_the_ladder_of_its_model(fake: FakeOpenAI) -
     Plan.objects.create(
         name="degrading", degradation_ladder=[{"at_percent": 50, "models": {GPT: GPT_MINI}}]
     )
-    budgets.ensure_tenant("acme", plan="degrading")
+    budgets.ensure_tenant(tenant="acme", plan="degrading")
     budgets.set_limit(tenant="acme", amount=Decimal("1000"), window="month")
     client = _client(fake.base_url, allow_degrade=True)
     client.chat.completions.create(  # type: ignore[attr-defined]

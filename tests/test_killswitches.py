@@ -38,7 +38,7 @@ def test_a_global_trip_refuses_everyone_and_names_switch_reason_and_who() -> Non
         reserve_30()
     error = refused.value
     assert (error.switch_id, error.scope, error.reason) == (
-        switch.pk,
+        switch.id,
         "global",
         "bad deploy of the agent",
     )
@@ -117,8 +117,10 @@ def test_clear_needs_the_exact_scope_and_a_reason(acme: None) -> None:
         budgets.clear(tenant="acme", model=FAKE_MODEL, reason="  ")
     assert no_reason.value.field == "reason"
     with pytest.raises(InvalidUsage) as trip_no_reason:
-        budgets.trip(tenant="acme")
+        budgets.trip(tenant="acme", reason="")
     assert trip_no_reason.value.field == "reason"
+    with pytest.raises(TypeError, match="reason"):  # required: no default to refuse
+        budgets.trip(tenant="acme")  # type: ignore[call-arg]
     with pytest.raises(InvalidUsage) as orphan:
         budgets.trip(end_user="u-1", reason="x")
     assert orphan.value.field == "tenant"
@@ -127,7 +129,7 @@ def test_clear_needs_the_exact_scope_and_a_reason(acme: None) -> None:
 def test_tripping_a_tripped_scope_keeps_the_first_switch(acme: None) -> None:
     first = budgets.trip(tenant="acme", reason="first")
     again = budgets.trip(tenant="acme", reason="second")
-    assert again.pk == first.pk
+    assert again.id == first.id
     assert again.reason == "first"
     assert KillSwitch.objects.count() == 1
 

@@ -208,7 +208,7 @@ def test_tenant_parameter_chooses_only_among_ones_own_memberships(folks: People)
     assert "zed-beta" in text
     assert "bob-acme" not in text
     # A tenant she has no membership of falls back to her first one.
-    budgets.ensure_tenant("gamma")
+    budgets.ensure_tenant(tenant="gamma")
     assert "bob-acme" in body(bea.get("/usage/users/", {"tenant": "gamma"}))
 
 
@@ -315,10 +315,10 @@ def test_private_pages_and_the_export_are_never_cached(folks: People, path: str)
 
 
 def test_support_links_encode_the_tenant(folks: People) -> None:
-    budgets.ensure_tenant("plus+one")
+    budgets.ensure_tenant(tenant="plus+one")
     seed(tenant="plus+one", limit="1000")
     use("plus+one", "pat-plus", 10)
-    budgets.ensure_tenant("plus one")
+    budgets.ensure_tenant(tenant="plus one")
     support = client_for(folks.support)
     text = body(support.get("/usage/", {"tenant": "plus+one"}))
     assert 'href="/usage/models/?tenant=plus%2Bone"' in text

@@ -71,7 +71,7 @@ def test_a_manual_price_is_never_overridden() -> None:
     )
     out = _sync("--provider", "openai", "--model", "gpt-4o")
     assert "skipped 1: has a manual price" in out
-    assert list(Price.objects.all()) == [manual]
+    assert [p.pk for p in Price.objects.all()] == [manual.id]
 
 
 def test_historical_and_future_versions_are_imported_with_their_dates() -> None:

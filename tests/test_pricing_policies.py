@@ -41,7 +41,7 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _tenant(plan: Plan | None = None, *, limit: str = "1000", **budget: object) -> None:
-    budgets.ensure_tenant("acme", plan=plan.name if plan else None)
+    budgets.ensure_tenant(tenant="acme", plan=plan.name if plan else None)
     budgets.set_limit(tenant="acme", amount=Decimal(limit), window="lifetime", **budget)  # type: ignore[arg-type]
 
 
@@ -259,13 +259,13 @@ def test_budgets_in_customer_price_hold_and_spend_the_marked_up_amount() -> None
 def test_a_tenant_markup_overrides_the_plan() -> None:
     _price()
     _tenant(Plan.objects.create(name="markup", markup_percent=Decimal(20)))
-    budgets.ensure_tenant("acme", markup_percent="50")
+    budgets.ensure_tenant(tenant="acme", markup_percent="50")
     assert _reserve(at=T0).customer_amount == Decimal("16.5")
     assert AuditEvent.objects.filter(
         action="tenant.update", after={"markup_percent": "50"}
     ).exists()
     with pytest.raises(InvalidUsage) as info:
-        budgets.ensure_tenant("acme", markup_percent=0.5)
+        budgets.ensure_tenant(tenant="acme", markup_percent=0.5)
     assert info.value.field == "markup_percent"
 
 

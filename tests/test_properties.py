@@ -151,14 +151,14 @@ class LedgerMachine(RuleBasedStateMachine):
             effective_from=START - timedelta(days=365),
         )
         budgets.set_limit(amount=Decimal(120), window="month")
-        budgets.ensure_tenant("t1", timezone="Europe/Amsterdam", billing_day=31)
+        budgets.ensure_tenant(tenant="t1", timezone="Europe/Amsterdam", billing_day=31)
         budgets.set_limit(tenant="t1", amount=Decimal(60), window="day")
         budgets.set_limit(tenant="t1", end_user="*", amount=Decimal(35), window="day")
         budgets.set_limit(tenant="t1", end_user="vip", amount=Decimal(50), window="month")
         budgets.set_limit(tenant="t1", run="*", amount=Decimal(40), window="lifetime")
         budgets.set_limit(tenant="t1", tag=("project", "alpha"), amount=Decimal(45), window="month")
         self.closed: set[tuple[str, str]] = set()
-        budgets.ensure_tenant("t2")
+        budgets.ensure_tenant(tenant="t2")
         budgets.set_limit(tenant="t2", amount=Decimal(70), window="month")
         if self.stripes is not None:
             # Issue #15: every budget hot, its counter split into this many stripes.

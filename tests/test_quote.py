@@ -32,7 +32,7 @@ def test_quote_itemises_the_worst_case_and_holds_nothing() -> None:
         per_request="0.001",
     )
     Plan.objects.create(name="pro", markup_percent=Decimal(25))
-    budgets.ensure_tenant("acme", plan="pro")
+    budgets.ensure_tenant(tenant="acme", plan="pro")
     budgets.set_limit(tenant="acme", amount=Decimal(100), window="month")
     budgets.set_limit(tenant="acme", end_user="*", amount=Decimal("0.01"), window="day")
     budgets.set_limit(amount=Decimal(1000), window="month", unit="customer_price")
@@ -47,7 +47,8 @@ def test_quote_itemises_the_worst_case_and_holds_nothing() -> None:
     assert _rows() == before  # no hold, no counter, no end user, no audit
     estimate = quote.estimate
     assert quote.provider == "anthropic"
-    assert estimate.price == price
+    assert estimate.price is not None
+    assert estimate.price.pk == price.id
     assert [(i.dimension, i.quantity, i.rate) for i in estimate.items] == [
         ("cache_write_per_mtok", 1_000, Decimal("3.75")),
         ("output_per_mtok", 2_000, Decimal(15)),
@@ -69,7 +70,7 @@ def test_quote_explains_a_policy_price() -> None:
         unknown_model_fixed_amount=Decimal("0.2"),
         default_max_output_tokens=100,
     )
-    budgets.ensure_tenant("acme", plan="fixed")
+    budgets.ensure_tenant(tenant="acme", plan="fixed")
     budgets.set_limit(tenant="acme", amount=Decimal(1), window="month")
     quote = budgets.quote(tenant="acme", provider="p", model="mystery", prompt="hello")
     assert (quote.estimate.price, quote.estimate.pricing_basis) == (None, "fixed")

@@ -25,7 +25,7 @@ LATE_EVENING = datetime(2026, 3, 9, 23, 30, tzinfo=UTC)
 @pytest.fixture
 def amsterdam() -> None:
     price_fake(effective_from=datetime(2020, 1, 1, tzinfo=UTC))
-    budgets.ensure_tenant("acme", timezone="Europe/Amsterdam")
+    budgets.ensure_tenant(tenant="acme", timezone="Europe/Amsterdam")
     budgets.set_limit(tenant="acme", amount=Decimal(1000), window="month")
 
 

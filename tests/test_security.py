@@ -127,7 +127,7 @@ def _writes(tenant: Tenant, budget: Budget, switch: KillSwitch, key: ApiKey, lin
         ("budget change", change("budget", budget.pk), {"limit": "500", "reason": "x"}),
         ("raise add", add("budgetraise"), {"budget": budget.pk, "amount": "5", "reason": "x"}),
         ("kill switch trip", add("killswitch"), {"tenant": tenant.pk, "reason": "x"}),
-        ("kill switch clear", change("killswitch", switch.pk), {"clear_reason": "x"}),
+        ("kill switch clear", change("killswitch", switch.id), {"clear_reason": "x"}),
         ("api key add", add("apikey"), {"name": "k", "tenant": tenant.pk}),
         (
             "api key revoke",
@@ -165,7 +165,7 @@ def _state() -> list[Any]:
 
 def test_every_money_or_access_write_in_the_admin_needs_its_permission() -> None:
     seed()
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     hold = reserve_30(end_user="u-1")
     budgets.commit(hold.id, input_tokens=0, output_tokens=10)
     tenant = Tenant.objects.get()
@@ -193,7 +193,7 @@ HOSTILE = '<script>alert("x")</script>'
 
 def test_names_and_tags_with_html_are_escaped_in_the_admin() -> None:
     seed()
-    budgets.ensure_tenant("acme", name=HOSTILE)
+    budgets.ensure_tenant(tenant="acme", name=HOSTILE)
     hold = reserve_30(end_user=f"u{HOSTILE}", tags={"feature": HOSTILE})
     budgets.commit(hold.id, input_tokens=0, output_tokens=10)
     admin, _ = _logged_in(username="root", is_staff=True, is_superuser=True)

@@ -203,7 +203,7 @@ def test_cached_input_is_priced_at_the_cached_rate() -> None:
         cached_input_per_mtok=Decimal("1.25"),
         output_per_mtok=Decimal("10.00"),
     )
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     budgets.set_limit(tenant="acme", amount=100, window="month")
     hold = budgets.reserve(tenant="acme", model="gpt-4o", input_tokens=1000, max_output_tokens=100)
     result = hold.commit(input_tokens=1000, cached_input_tokens=400, output_tokens=100)

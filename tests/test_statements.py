@@ -40,7 +40,7 @@ def acme() -> None:
         output_per_mtok=Decimal("10.00"),
         cached_input_per_mtok=Decimal("1.25"),
     )
-    budgets.ensure_tenant("acme", timezone="Europe/Amsterdam")
+    budgets.ensure_tenant(tenant="acme", timezone="Europe/Amsterdam")
     budgets.set_limit(amount=Decimal("5000"), window="month")
     budgets.set_limit(tenant="acme", amount=Decimal("100"), window="month")
     budgets.set_limit(tenant="acme", end_user="*", amount=Decimal("5"), window="day")
@@ -324,7 +324,7 @@ def test_an_open_switch_elsewhere_costs_the_call_no_extra_round_trip_for_the_bou
 ) -> None:
     """Some switch is open (another tenant's), so the call reads which switches cover it: that
     read is the transaction's first statement and goes with the bound on lock waits."""
-    budgets.ensure_tenant("other")
+    budgets.ensure_tenant(tenant="other")
     budgets.trip(tenant="other", reason="runaway agent")
     _call()
     trips, _ = _reserve_trips()

@@ -72,7 +72,7 @@ def _all_but(codename: str) -> set[str]:
 def acme() -> Tenant:
     """acme capped at 100 a month in Amsterdam; u-1 at 50 a month of its own, 30 of it spent."""
     seed(limit="100")
-    budgets.ensure_tenant("acme", timezone="Europe/Amsterdam")
+    budgets.ensure_tenant(tenant="acme", timezone="Europe/Amsterdam")
     budgets.set_limit(tenant="acme", end_user="u-1", amount=Decimal("50"), window="month")
     reserve_30(end_user="u-1").commit(input_tokens=0, output_tokens=1000)
     return Tenant.objects.get(external_id="acme")
@@ -95,7 +95,7 @@ def _trip(client: Client, tenant: Tenant) -> Any:
 
 def _clear(client: Client, tenant: Tenant) -> Any:
     switch = budgets.trip(tenant="acme", reason="loop")
-    url = reverse("admin:llm_budgets_killswitch_clear", args=[switch.pk])
+    url = reverse("admin:llm_budgets_killswitch_clear", args=[switch.id])
     return client.post(url, {"clear_reason": "fixed"})
 
 
@@ -369,7 +369,7 @@ def test_trip_message_names_what_happened(superuser: Client, acme: Tenant) -> No
         "admin:llm_budgets_tenant_change", args=[acme.pk]
     )
     switch = KillSwitch.objects.get()
-    page = superuser.get(reverse("admin:llm_budgets_killswitch_change", args=[switch.pk]))
+    page = superuser.get(reverse("admin:llm_budgets_killswitch_change", args=[switch.id]))
     html = page.content.decode()
     assert "Clear this switch" in html
     assert 'name="_save"' not in html  # not a generic change form
@@ -449,8 +449,8 @@ def test_one_api_keys_entry() -> None:
 
 
 def test_view_site_goes_to_the_usage_pages_where_support_picks_a_tenant() -> None:
-    budgets.ensure_tenant("acme", name="Acme Corp")
-    budgets.ensure_tenant("beta")
+    budgets.ensure_tenant(tenant="acme", name="Acme Corp")
+    budgets.ensure_tenant(tenant="beta")
     support = _client("sue", _view_all())  # the support role's view permissions
     index = support.get(reverse("admin:index")).content.decode()
     assert f'href="{reverse("llm_budgets_pages:overview")}">View site' in index
@@ -475,7 +475,7 @@ def test_view_site_goes_to_the_usage_pages_where_support_picks_a_tenant() -> Non
 
 
 def test_the_tenant_picker_is_for_support_staff_only() -> None:
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     client = _client("stan", set())  # staff, without the view permission on tenants
     assert client.get(reverse("llm_budgets_pages:tenants")).status_code == 403
     assert client.get(reverse("llm_budgets_pages:overview")).status_code == 403

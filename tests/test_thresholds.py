@@ -305,7 +305,7 @@ def test_no_thresholds_anywhere_scans_nothing() -> None:
 
 def test_each_end_user_budget_warns_per_end_user() -> None:
     price_fake()
-    budgets.ensure_tenant("acme", billing_emails="billing@acme.test")
+    budgets.ensure_tenant(tenant="acme", billing_emails="billing@acme.test")
     budgets.set_limit(tenant="acme", end_user="*", amount=Decimal(50), window="month")
     reserve_30(end_user="u-1")  # 60 % of u-1's own 50
     reserve_30(end_user="u-2")
@@ -321,7 +321,7 @@ def test_each_end_user_budget_warns_per_end_user() -> None:
 def test_a_rolling_budget_warns_on_its_whole_window_and_re_arms_each_window_length() -> None:
     start = datetime(2026, 3, 10, 12, tzinfo=UTC)
     price_fake(effective_from=start - timedelta(days=1))
-    budgets.ensure_tenant("acme", billing_emails="billing@acme.test")
+    budgets.ensure_tenant(tenant="acme", billing_emails="billing@acme.test")
     budgets.set_limit(tenant="acme", amount=Decimal(100), window="rolling:1h")
     # Two holds in different buckets: each bucket holds 30 %, the window 60 %.
     reserve_30_at(start)

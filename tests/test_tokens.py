@@ -89,7 +89,7 @@ def test_uncountable_prompts_are_refused(kwargs: dict[str, object], field: str) 
 @pytest.mark.django_db
 def test_reserve_counts_messages_itself(no_tiktoken_download: None) -> None:
     budgets.set_price(provider="openai", model="gpt-4o", input_per_mtok="1", output_per_mtok="0")
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     budgets.set_limit(tenant="acme", amount=Decimal(1), window="month")
     hold = budgets.reserve(tenant="acme", model="gpt-4o", messages=MESSAGES, max_output_tokens=1)
     expected = count_input_tokens(provider="openai", model="gpt-4o", messages=MESSAGES)

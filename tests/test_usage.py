@@ -136,7 +136,7 @@ def test_both_shapes_charge_the_same_through_commit() -> None:
         cache_write_1h_per_mtok="6",
         tool_fees={"web_search": "0.01"},
     )
-    budgets.ensure_tenant("acme")
+    budgets.ensure_tenant(tenant="acme")
     budgets.set_limit(tenant="acme", amount=Decimal(100), window="month")
     results = []
     for commit in (

@@ -25,6 +25,7 @@ from llm_budgets.exceptions import BudgetError, BudgetExceeded, InvalidUsage, Wi
 from llm_budgets.models import Budget, Price, Reservation, Window
 from llm_budgets.models.budgets import MAX_STRIPES
 from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
+from llm_budgets.request import Request
 
 # Identifiers as the schema states them: non-empty, no white space at either end. The server also
 # normalises (NFKC) and refuses invisible characters: see validation.identifier.
@@ -195,6 +196,31 @@ def max_tool_calls_field() -> serializers.DictField:
         required=False,
         help_text='Server-side tool calls the request may make, e.g. {"web_search": 3}: their '
         "fees are added to the worst case.",
+    )
+
+
+def call_request(
+    data: Mapping[str, Any], *, tenant: str, idempotency_key: str | None = None
+) -> Request:
+    """The :class:`~llm_budgets.request.Request` a reservation's body or a quote's query
+    parameters describe (``validated_data`` of :class:`ReserveRequestSerializer` or
+    :class:`QuoteQuerySerializer`): the wire's ``ttl_seconds`` is the request's ``ttl``; the
+    tenant is the one the key resolved. The service checks it (``Request.checked``)."""
+    return Request(
+        tenant=tenant,
+        end_user=data.get("end_user"),
+        provider=data.get("provider"),
+        model=data["model"],
+        input_tokens=data.get("input_tokens"),
+        messages=data.get("messages"),
+        prompt=data.get("prompt"),
+        max_output_tokens=data.get("max_output_tokens"),
+        max_tool_calls=data.get("max_tool_calls"),
+        ttl=data.get("ttl_seconds"),
+        tags=data.get("tags"),
+        run=data.get("run"),
+        allow_degrade=data.get("allow_degrade", False),
+        idempotency_key=idempotency_key,
     )
 
 

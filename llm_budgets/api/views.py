@@ -41,7 +41,7 @@ from llm_budgets.db.boundary import ledger_guard
 from llm_budgets.engine import admission, settlement
 from llm_budgets.engine.applicable import scopes_for_read
 from llm_budgets.exceptions import InvalidUsage
-from llm_budgets.models import Budget, EndUser, Price, Reservation, Tenant
+from llm_budgets.models import Budget, EndUser, Price, Reservation
 from llm_budgets.reads import quotes
 from llm_budgets.reads.statuses import budget_statuses, tenant_visible
 from llm_budgets.tenancy.runs import run_close
@@ -122,22 +122,6 @@ class ApiView(APIView):
         return dict(serializer.validated_data)
 
 
-def call_description(tenant: Tenant, data: dict[str, Any]) -> dict[str, Any]:
-    """The call a reservation or a quote describes, as the services' keyword arguments."""
-    return {
-        "tenant": tenant.external_id,
-        "end_user": data.get("end_user"),
-        "provider": data.get("provider"),
-        "model": data["model"],
-        "input_tokens": data.get("input_tokens"),
-        "messages": data.get("messages"),
-        "prompt": data.get("prompt"),
-        "max_output_tokens": data.get("max_output_tokens"),
-        "max_tool_calls": data.get("max_tool_calls"),
-        "ttl": data.get("ttl_seconds"),
-    }
-
-
 class ReservationCreateView(ApiView):
     @api_schema(
         operation_id="reservations_create",
@@ -153,14 +137,8 @@ class ReservationCreateView(ApiView):
     def post(self, request: Request) -> Response:
         data = self.valid(s.ReserveRequestSerializer, request)
         tenant = tenant_for(request, data.get("tenant"))
-        reservation = admission.reservation_create(
-            **call_description(tenant, data),
-            tags=data.get("tags"),
-            run=data.get("run"),
-            idempotency_key=key_of(request),
-            allow_degrade=data["allow_degrade"],
-            api_key=api_key_of(request),
-        )
+        call = s.call_request(data, tenant=tenant.external_id, idempotency_key=key_of(request))
+        reservation = admission.reservation_admit(call, api_key=api_key_of(request))
         return Response(
             s.represent(s.ReservationSerializer, reservation), status=status.HTTP_201_CREATED
         )
@@ -249,7 +227,7 @@ class ReservationExtendView(_ReservationActionView):
         return self.run(request, reservation_id)
 
     def act(self, reservation: Reservation, data: dict[str, Any]) -> None:
-        settlement.reservation_extend(reservation.pk, ttl_seconds=data["ttl_seconds"])
+        settlement.reservation_extend(reservation.pk, ttl=data["ttl_seconds"])
 
 
 class ReservationUncertainView(_ReservationActionView):
@@ -357,11 +335,8 @@ class QuoteView(ApiView):
     def get(self, request: Request) -> Response:
         data = self.valid(s.QuoteQuerySerializer, request, query=True)
         tenant = tenant_for(request, data.get("tenant"))
-        quote = quotes.quote(
-            **call_description(tenant, data),
-            run=data.get("run"),
-            tags=data.get("tags"),
-            api_key=api_key_of(request),
+        quote = quotes.request_quote(
+            s.call_request(data, tenant=tenant.external_id), api_key=api_key_of(request)
         )
         if not api_key_of(request).is_operator:
             quote = quote.for_tenant()

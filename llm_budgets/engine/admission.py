@@ -12,10 +12,10 @@ import functools
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from django.db import IntegrityError, connection
 
-from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.control.killswitches import kill_switches_covering, refusal_for
 from llm_budgets.control.refusals import refusal_record
@@ -44,7 +44,6 @@ from llm_budgets.events import observed_admission
 from llm_budgets.exceptions import (
     BudgetExceeded,
     IdempotencyKeyReused,
-    InvalidUsage,
     KillSwitchActive,
     LedgerUnavailable,
     NoApplicableBudget,
@@ -61,82 +60,11 @@ from llm_budgets.models import (
     Run,
 )
 from llm_budgets.money import ZERO
-from llm_budgets.pricing.estimates import (
-    input_token_count,
-    request_estimate,
-    service_tier_validate,
-)
-from llm_budgets.tags import tags_validate
-from llm_budgets.tenancy.runs import run_refuse_if_closed, run_validate
+from llm_budgets.pricing.estimates import input_token_count, request_estimate
+from llm_budgets.request import Request
+from llm_budgets.tenancy.runs import run_refuse_if_closed
 from llm_budgets.tenancy.tenants import tenant_with_end_user, tenant_with_plan
-from llm_budgets.usage import tool_calls_validate
 from llm_budgets.windows import rolling_window
-
-
-@dataclass(frozen=True)
-class _Request:
-    tenant: str
-    end_user: str | None
-    provider: str | None
-    model: str
-    input_tokens: int
-    max_output_tokens: int | None
-    idempotency_key: str | None
-    ttl: timedelta
-
-
-def _validate(
-    *,
-    tenant: object,
-    end_user: object,
-    provider: object,
-    model: object,
-    input_tokens: object,
-    max_output_tokens: object,
-    idempotency_key: object,
-    ttl: object,
-    messages: object = None,
-    prompt: object = None,
-) -> _Request:
-    if ttl is None:
-        ttl_delta = timedelta(seconds=conf.DEFAULT_TTL_SECONDS)
-    elif isinstance(ttl, timedelta):
-        ttl_delta = ttl
-    elif isinstance(ttl, int) and not isinstance(ttl, bool):
-        # In range before the timedelta is built: a huge ttl would overflow it.
-        ttl_delta = timedelta(seconds=validation.ttl_seconds("ttl", ttl))
-    else:
-        raise InvalidUsage(f"ttl must be seconds (int) or a timedelta, got {ttl!r}.", field="ttl")
-    if not timedelta(seconds=1) <= ttl_delta <= timedelta(seconds=conf.MAX_TTL_SECONDS):
-        raise InvalidUsage(
-            f"ttl must be from 1 to {conf.MAX_TTL_SECONDS} seconds, "
-            f"got {ttl_delta.total_seconds():g}.",
-            field="ttl",
-        )
-    provider = (
-        None if provider is None else validation.identifier("provider", provider, max_length=64)
-    )
-    model = validation.identifier("model", model, max_length=128)
-    return _Request(
-        tenant=validation.identifier("tenant", tenant),
-        end_user=None if end_user is None else validation.identifier("end_user", end_user),
-        provider=provider,
-        model=model,
-        input_tokens=input_token_count(
-            provider=provider,
-            model=model,
-            input_tokens=input_tokens,
-            messages=messages,
-            prompt=prompt,
-        ),
-        max_output_tokens=None
-        if max_output_tokens is None
-        else validation.token_count("max_output_tokens", max_output_tokens, allow_zero=False),
-        idempotency_key=None
-        if idempotency_key is None
-        else validation.identifier("idempotency_key", idempotency_key),
-        ttl=ttl_delta,
-    )
 
 
 class _MissingCounters(Exception):
@@ -150,7 +78,6 @@ class _Escalate(Exception):
     holding a stripe: waiting for the other stripes while holding one is how deadlocks start."""
 
 
-@observed_admission
 def reservation_create(
     *,
     tenant: object,
@@ -171,11 +98,37 @@ def reservation_create(
     now: datetime | None = None,
     service_tier: object = None,
 ) -> Reservation:
+    """:func:`reservation_admit` of the :class:`~llm_budgets.request.Request` these fields
+    describe (checked there, as every door's)."""
+    fields: dict[str, Any] = {
+        "tenant": tenant,
+        "end_user": end_user,
+        "provider": provider,
+        "model": model,
+        "input_tokens": input_tokens,
+        "max_output_tokens": max_output_tokens,
+        "idempotency_key": idempotency_key,
+        "ttl": ttl,
+        "messages": messages,
+        "prompt": prompt,
+        "max_tool_calls": max_tool_calls,
+        "allow_degrade": allow_degrade,
+        "tags": tags,
+        "run": run,
+        "service_tier": service_tier,
+    }
+    return reservation_admit(Request(**fields), api_key=api_key, now=now)
+
+
+@observed_admission
+def reservation_admit(
+    call: Request, *, api_key: ApiKey | None = None, now: datetime | None = None
+) -> Reservation:
     """Admit a call: hold its worst-case cost on every budget that applies, or raise.
 
-    Raises ``InvalidUsage`` (bad arguments), ``UnknownTenant``, ``OutputCeilingRequired``,
-    ``UnknownPrice``, ``NoApplicableBudget``, ``KillSwitchActive``, ``BudgetExceeded`` or
-    ``LedgerUnavailable`` (or ``RunClosed``: the run named was closed; or
+    Raises ``InvalidUsage`` (bad arguments: ``Request.checked``), ``UnknownTenant``,
+    ``OutputCeilingRequired``, ``UnknownPrice``, ``NoApplicableBudget``, ``KillSwitchActive``,
+    ``BudgetExceeded`` or ``LedgerUnavailable`` (or ``RunClosed``: the run named was closed; or
     ``IdempotencyKeyReused``: the key belongs to a different request); in each case no hold is
     taken. A retry with the key of an earlier call that asks the same gets that reservation.
     ``run`` (a run id, created on first sight) brings in the run's budgets and tags those
@@ -184,23 +137,19 @@ def reservation_create(
     :mod:`llm_budgets.degradation`); the reservation says what was granted. ``api_key``: the
     REST API key the call came through, so kill switches on that key and its budgets apply.
     """
-    if not isinstance(allow_degrade, bool):
-        raise InvalidUsage("allow_degrade must be True or False.", field="allow_degrade")
-    tag_map = tags_validate(tags)
-    tier = service_tier_validate(service_tier)
-    run_id = None if run is None else run_validate(run)
-    request = _validate(
-        tenant=tenant,
-        end_user=end_user,
-        provider=provider,
-        model=model,
-        input_tokens=input_tokens,
-        max_output_tokens=max_output_tokens,
-        idempotency_key=idempotency_key,
-        ttl=ttl,
-        messages=messages,
-        prompt=prompt,
+    request = call.checked()
+    assert request.tenant is not None  # checked
+    tag_map = dict(request.tags or {})
+    tier = request.service_tier or ""
+    run_id = request.run
+    input_tokens = input_token_count(
+        provider=request.provider,
+        model=request.model,
+        input_tokens=request.input_tokens,
+        messages=request.messages,
+        prompt=request.prompt,
     )
+    ttl = request.lifetime
     given = dbclock.given_or_none(now)
     with ledger_guard("admission"):
         scopes = CallScopes(api_key=api_key, tags=tuple(sorted(tag_map.items())))
@@ -248,7 +197,7 @@ def reservation_create(
                 run_id=run_obj.pk if run_obj is not None else None,
                 provider=request.provider,
                 model=request.model,
-                input_tokens=request.input_tokens,
+                input_tokens=input_tokens,
                 max_output_tokens=request.max_output_tokens,
                 tags=tag_map,
                 service_tier=tier,
@@ -271,15 +220,15 @@ def reservation_create(
             run_obj = first_sight.run
         if run_obj is not None:
             scopes = replace(scopes, run=run_obj)
-        tool_calls = tool_calls_validate(max_tool_calls, field="max_tool_calls")
+        tool_calls = dict(request.max_tool_calls or {})
         estimate = request_estimate(
             tenant_obj,
             provider=request.provider,
             model=request.model,
-            input_tokens=request.input_tokens,
+            input_tokens=input_tokens,
             max_output_tokens=request.max_output_tokens,
             start=now,
-            end=now + request.ttl,
+            end=now + ttl,
             max_tool_calls=tool_calls,
             in_effect=context.price if context is not None else None,
             service_tier=tier,
@@ -294,7 +243,7 @@ def reservation_create(
             raise NoApplicableBudget(request.tenant)
         ladder = (
             ladder_parse(tenant_obj.plan.degradation_ladder)
-            if allow_degrade and tenant_obj.plan is not None
+            if request.allow_degrade and tenant_obj.plan is not None
             else []
         )
         reservation = Reservation(
@@ -308,7 +257,7 @@ def reservation_create(
             price=estimate.price,
             pricing_basis=estimate.pricing_basis,
             service_tier=tier,
-            input_tokens=request.input_tokens,
+            input_tokens=input_tokens,
             max_output_tokens=estimate.max_output_tokens,
             max_tool_calls=tool_calls,
             amount=estimate.amount,
@@ -318,9 +267,9 @@ def reservation_create(
             idempotency_key=request.idempotency_key,
             tags=tag_map,
             created_at=now,
-            expires_at=now + request.ttl,
+            expires_at=now + ttl,
         )
-        degrade = _Degrade(ladder, request.ttl, tool_calls, tier) if ladder else None
+        degrade = _Degrade(ladder, ttl, tool_calls, tier) if ladder else None
         try:
             return _admit(
                 reservation,

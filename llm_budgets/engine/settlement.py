@@ -499,15 +499,15 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
 
 @observed_settlement("extend")
 def reservation_extend(
-    reservation_id: object, *, ttl_seconds: object, now: datetime | None = None
+    reservation_id: object, *, ttl: object, now: datetime | None = None
 ) -> Reservation:
-    """Push a held reservation's ``expires_at`` to ``now + ttl_seconds`` (never earlier than it
+    """Push a held reservation's ``expires_at`` to ``now + ttl`` seconds (never earlier than it
     already is), for a call that runs longer than planned. Only a HELD reservation can be
     extended, including one past its expiry that the sweep has not reached yet. ``now``
     defaults to the database's clock, as admission's does (``engine.dbclock``): a process whose
     clock is off cannot push a hold's expiry off by its skew."""
     rid = _reservation_id(reservation_id)
-    ttl = validation.ttl_seconds("ttl_seconds", ttl_seconds)
+    seconds = validation.ttl_seconds("ttl", ttl)
     with _locked(rid, "extend") as reservation:
         now = dbclock.now_for(now)
         if reservation.state != ReservationState.HELD:
@@ -516,7 +516,7 @@ def reservation_extend(
                 "held reservation has an expiry to push back.",
                 state=reservation.state,
             )
-        expires_at = now + timedelta(seconds=ttl)
+        expires_at = now + timedelta(seconds=seconds)
         if expires_at > reservation.expires_at:
             reservation.expires_at = expires_at
             reservation.save(update_fields=["expires_at"])

@@ -52,13 +52,6 @@ def input_token_count(
     return count_input_tokens(provider=provider, model=model, messages=messages, prompt=prompt)
 
 
-def service_tier_validate(value: object) -> str:
-    """A service tier name (``""`` or None: the standard tier)."""
-    if value is None or value == "":
-        return ""
-    return validation.identifier("service_tier", value, max_length=32)
-
-
 def request_estimate(
     tenant: Tenant,
     *,

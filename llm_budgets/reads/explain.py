@@ -15,7 +15,8 @@ from django.utils import timezone
 
 from llm_budgets.control.killswitches import kill_switches_covering
 from llm_budgets.models import EndUser
-from llm_budgets.reads.quotes import BudgetDraw, Quote, quote
+from llm_budgets.reads.quotes import BudgetDraw, Quote, request_quote
+from llm_budgets.request import Request
 from llm_budgets.tenancy.tenants import tenant_get
 
 
@@ -51,29 +52,18 @@ class Explanation:
         return self.quote.admissible and not self.switches
 
 
-def request_explain(
-    *,
-    tenant: str,
-    model: str,
-    input_tokens: int | None = None,
-    max_output_tokens: int | None = None,
-    end_user: str | None = None,
-    provider: str | None = None,
-    run: str | None = None,
-    tags: dict[str, str] | None = None,
-    now: datetime | None = None,
-) -> Explanation:
+def request_explain(call: Request, *, now: datetime | None = None) -> Explanation:
+    """Every budget and kill switch that applies to the call ``call`` describes (checked as
+    admission checks it), with its state. Reads only."""
+    request = call.checked()
+    assert request.tenant is not None  # checked
     now = now or timezone.now()
-    result = quote(
-        tenant=tenant,
-        model=model,
-        provider=provider,
-        input_tokens=input_tokens,
-        max_output_tokens=max_output_tokens,
-        end_user=end_user,
-        run=run,
-        tags=tags,
-        now=now,
+    result = request_quote(request, now=now)
+    tenant, end_user, provider, model = (
+        request.tenant,
+        request.end_user,
+        request.provider,
+        request.model,
     )
     tenant_obj = tenant_get(tenant)
     user = (

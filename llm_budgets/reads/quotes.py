@@ -5,12 +5,12 @@ says)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from django.utils import timezone
 
-from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.db.boundary import ledger_guard
 from llm_budgets.engine.applicable import scopes_for_read, shared_by_tenants
@@ -23,9 +23,9 @@ from llm_budgets.pricing.estimates import (
 from llm_budgets.pricing.model_names import ModelMatch
 from llm_budgets.pricing.prices import price_match
 from llm_budgets.reads.statuses import budget_statuses
+from llm_budgets.request import Request
 from llm_budgets.results import BudgetStatus
 from llm_budgets.tenancy.tenants import tenant_get
-from llm_budgets.usage import tool_calls_validate
 
 
 @dataclass(frozen=True)
@@ -85,46 +85,62 @@ def quote(
     api_key: ApiKey | None = None,
     now: datetime | None = None,
 ) -> Quote:
+    """:func:`request_quote` of the :class:`~llm_budgets.request.Request` these fields
+    describe."""
+    fields: dict[str, Any] = {
+        "tenant": tenant,
+        "model": model,
+        "provider": provider,
+        "input_tokens": input_tokens,
+        "messages": messages,
+        "prompt": prompt,
+        "max_output_tokens": max_output_tokens,
+        "end_user": end_user,
+        "ttl": ttl,
+        "max_tool_calls": max_tool_calls,
+        "run": run,
+        "tags": tags,
+    }
+    return request_quote(Request(**fields), api_key=api_key, now=now)
+
+
+def request_quote(
+    call: Request, *, api_key: ApiKey | None = None, now: datetime | None = None
+) -> Quote:
     """The itemised worst case, the price version and the budgets a request would draw on.
-    Reads only: nothing is held or created. ``run``, ``tags`` and ``api_key``: the budgets of
-    the run, tags and key the call would name apply too."""
-    if provider is not None:
-        provider = validation.identifier("provider", provider, max_length=64)
-    model = validation.identifier("model", model, max_length=128)
+    Reads only: nothing is held or created. Its run, tags and ``api_key`` (the REST key it
+    came through): the budgets of the run, tags and key the call would name apply too. The
+    idempotency key and ``allow_degrade`` play no part (a quote holds nothing)."""
+    request = call.checked()
+    assert request.tenant is not None  # checked
+    provider, model = request.provider, request.model
     tokens = input_token_count(
         provider=provider,
         model=model,
-        input_tokens=input_tokens,
-        messages=messages,
-        prompt=prompt,
-    )
-    ceiling = (
-        None
-        if max_output_tokens is None
-        else validation.token_count("max_output_tokens", max_output_tokens, allow_zero=False)
+        input_tokens=request.input_tokens,
+        messages=request.messages,
+        prompt=request.prompt,
     )
     now = now or timezone.now()
-    # In range before any timedelta is built: a huge ttl would overflow it (a 500, not a 400).
-    ttl_seconds = conf.DEFAULT_TTL_SECONDS if ttl is None else validation.ttl_seconds("ttl", ttl)
     with ledger_guard("quote"):
-        tenant_obj = tenant_get(tenant)
+        tenant_obj = tenant_get(request.tenant)
         estimate = request_estimate(
             tenant_obj,
             provider=provider,
             model=model,
             input_tokens=tokens,
-            max_output_tokens=ceiling,
+            max_output_tokens=request.max_output_tokens,
             start=now,
-            end=now + timedelta(seconds=ttl_seconds),
-            max_tool_calls=tool_calls_validate(max_tool_calls, field="max_tool_calls"),
+            end=now + request.lifetime,
+            max_tool_calls=dict(request.max_tool_calls or {}),
         )
         user_obj = None
-        if end_user is not None:
-            user_obj = tenant_obj.end_users.filter(external_id=end_user).first() or EndUser(
-                tenant=tenant_obj, external_id=end_user
+        if request.end_user is not None:
+            user_obj = tenant_obj.end_users.filter(external_id=request.end_user).first() or EndUser(
+                tenant=tenant_obj, external_id=request.end_user
             )
         draws = []
-        scopes = scopes_for_read(tenant_obj, run=run, tags=tags, api_key=api_key)
+        scopes = scopes_for_read(tenant_obj, run=request.run, tags=request.tags, api_key=api_key)
         for status in budget_statuses(tenant_obj, user_obj, now, scopes):
             amount = (
                 estimate.customer_amount

@@ -11,22 +11,16 @@ from django.db.models import Q
 from django.utils import timezone
 
 from llm_budgets import validation
-from llm_budgets.exceptions import InvalidUsage, RunClosed
+from llm_budgets.exceptions import RunClosed
 from llm_budgets.models import AuditEvent, Counter, Run, Tenant
 from llm_budgets.tenancy.tenants import tenant_get
 
-ALL_RUNS = "*"
+ALL_RUNS = validation.ALL_RUNS
 
 
 def run_validate(value: object, *, field: str = "run") -> str:
     """A run's id: an identifier, never ``"*"`` (which names every run in ``set_limit`` only)."""
-    run = validation.identifier(field, value)
-    if run == ALL_RUNS:
-        raise InvalidUsage(
-            f'{field} "*" means every run and only sets a limit; a call names one run.',
-            field=field,
-        )
-    return run
+    return validation.run_id(field, value)
 
 
 def run_ensure(tenant: Tenant, external_id: str) -> Run:

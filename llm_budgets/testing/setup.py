@@ -9,7 +9,8 @@ from decimal import Decimal
 from typing import Any
 
 from llm_budgets import budgets
-from llm_budgets.models import Budget, Price, Tenant
+from llm_budgets.models import Price
+from llm_budgets.results import BudgetResult, PriceResult, TenantResult
 
 # In effect long before any date a test travels to (application_clock): a price is never
 # missing because a test moved the clock back.
@@ -44,9 +45,9 @@ PRICES: dict[tuple[str, str], dict[str, Any]] = {
 class Seeded:
     """What :func:`setup_budgets` created or updated."""
 
-    tenants: list[Tenant] = field(default_factory=list)
-    budgets: list[Budget] = field(default_factory=list)
-    prices: list[Price] = field(default_factory=list)
+    tenants: list[TenantResult] = field(default_factory=list)
+    budgets: list[BudgetResult] = field(default_factory=list)
+    prices: list[PriceResult] = field(default_factory=list)
 
 
 def setup_budgets(
@@ -79,7 +80,7 @@ def setup_budgets(
     if global_limit is not None:
         seeded.budgets.append(budgets.set_limit(amount=global_limit, window=window))
     for external_id in [tenants] if isinstance(tenants, str) else tenants:
-        seeded.tenants.append(budgets.ensure_tenant(external_id, **tenant_fields))
+        seeded.tenants.append(budgets.ensure_tenant(tenant=external_id, **tenant_fields))
         if limit is not None:
             budget = budgets.set_limit(tenant=external_id, amount=limit, window=window)
             seeded.budgets.append(budget)
