@@ -13,7 +13,13 @@ $(BIN)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
-install: $(BIN)/.installed
+# axe-core for the browser tests' accessibility gate (tests/a11y.py), pinned by its lock file.
+AXE := tests/a11y/node_modules/axe-core/axe.min.js
+$(AXE): tests/a11y/package.json tests/a11y/package-lock.json
+	cd tests/a11y && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+install: $(BIN)/.installed $(AXE)
 
 ## Set up, run the demonstration on SQLite, then serve the admin and the tenant usage pages on
 ## 127.0.0.1:8000 (the demo data command prints the logins).

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from llm_budgets import budgets
 from llm_budgets.clock import when
+from llm_budgets.control.killswitches import kill_switch_trip, switch_scope
 from llm_budgets.exceptions import BudgetExceeded, KillSwitchActive
 from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import (
@@ -317,3 +318,24 @@ def test_control_pages_render_for_a_superuser(tenant: Tenant, model: type) -> No
     assert client.get(reverse(f"admin:llm_budgets_{name}_change", args=[row.pk])).status_code == 200
     add = client.get(reverse(f"admin:llm_budgets_{name}_add"))
     assert add.status_code == (403 if model is Refusal else 200)
+
+
+def test_the_detector_filter_names_switches_tripped_by_a_person(
+    support: Client, tenant: Tenant
+) -> None:
+    # A switch tripped by hand stores no detector: the filter offers it by name, not as an empty
+    # link (``?detector=``, a link without text: issue #33).
+    by_hand = switch_scope(tenant="acme", provider="openai")
+    by_detector = switch_scope(tenant="acme", provider="anthropic")
+    assert by_hand is not None
+    assert by_detector is not None
+    kill_switch_trip(scope=by_hand, reason="incident", actor="maria")
+    kill_switch_trip(scope=by_detector, reason="spike", automatic=True, detector="spend_spike")
+    url = reverse("admin:llm_budgets_killswitch_changelist")
+    text = support.get(url).content.decode()
+    assert 'href="?detector="' not in text
+    assert "none (tripped by a person)" in text
+    assert 'href="?detector=spend_spike"' in text
+    listed = support.get(url, {"detector": "__none__"}).content.decode()
+    assert "provider openai" in listed
+    assert "provider anthropic" not in listed

@@ -296,6 +296,14 @@ def test_a_bad_export_range_gets_the_pages_own_error_page(folks: People, params:
     assert 'role="alert"' in text
     assert "Back to the overview" in text
     assert response["Cache-Control"] == "private, no-store"
+    # A page of its own (issue #33): a language and a title, and the export's form again with the
+    # days entered, the error beside it and the inputs pointing at it.
+    assert '<html lang="en' in text
+    assert "<title>Cannot export this range" in text
+    assert 'id="lb-export-error" role="alert"' in text
+    assert text.count('aria-describedby="lb-export-error"') == 2
+    for value in params.values():
+        assert f'value="{value}"' in text
 
 
 @pytest.mark.parametrize("path", [*PAGES, "/usage/tenants/"])

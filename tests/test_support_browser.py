@@ -37,7 +37,7 @@ LONG_TAG = ("project", "customer-onboarding-assistant-eu-rollout")
 LONG_RUN = "research-agent-2026-12-01-7f3c9e1b2d4a4c0e"
 
 
-def _support_data() -> None:
+def support_data() -> None:
     """The demo data with its month of usage, API key / run / tag budgets with long names, a
     Stripe link, a burst of identical refusals and one voided line."""
     demo_data_load(admin=False, month=True)
@@ -119,7 +119,7 @@ def _visible_headers(page: Any) -> list[str]:
 
 @pytest.mark.django_db(transaction=True)
 def test_support_admin_in_a_real_browser(chromium_browser: Any, live_server: Any) -> None:
-    _support_data()
+    support_data()
     base = live_server.url
     acme = Tenant.objects.get(external_id="acme")
     alice = EndUser.objects.get(tenant=acme, external_id="alice")

@@ -111,8 +111,16 @@ def adopt(obj: Model, saved: Model) -> None:
     obj._state.adding = False
 
 
+class LinkStyles:
+    """The app's admin stylesheet (``llm_budgets/admin.css``: links in running text underlined)."""
+
+    css = {"all": ["llm_budgets/admin.css"]}
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Viewable, never written here: the services own these rows."""
+
+    Media = LinkStyles
 
     def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
         return False
@@ -174,3 +182,30 @@ def limit_text(
         money_text(limit, currency),
         parts,
     )
+
+
+class ValuesFilter(admin.SimpleListFilter):
+    """A list filter on a text field's values that names the empty value (Django's own filter
+    offers it as a link without text, which no screen reader can name). Subclass with
+    ``parameter_name`` (the field), ``title`` and ``empty_label``."""
+
+    empty_label = "none"
+    EMPTY = "__none__"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        field = str(self.parameter_name)
+        values = (
+            model_admin.get_queryset(request)
+            .exclude(**{field: ""})
+            .order_by(field)
+            .values_list(field, flat=True)
+            .distinct()
+        )
+        return [(self.EMPTY, self.empty_label), *((v, v) for v in values)]
+
+    def queryset(self, request: HttpRequest, queryset: Any) -> Any:
+        value = self.value()
+        if value is None:
+            return queryset
+        field = str(self.parameter_name)
+        return queryset.filter(**{field: "" if value == self.EMPTY else value})

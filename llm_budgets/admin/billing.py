@@ -14,6 +14,7 @@ from django.utils.http import urlencode
 
 from llm_budgets.admin.base import (
     ReadOnlyAdmin,
+    ValuesFilter,
     actor,
     adopt,
     money_text,
@@ -142,6 +143,12 @@ class ErrorReportInline(admin.TabularInline):
         return False
 
 
+class EventNameFilter(ValuesFilter):
+    title = "event name"
+    parameter_name = "event_name"
+    empty_label = "none"
+
+
 @admin.register(MeterDelivery)
 class MeterDeliveryAdmin(ReadOnlyAdmin):
     """What was (or will be) sent to Stripe. Parked rows carry Stripe's error and request id;
@@ -159,7 +166,7 @@ class MeterDeliveryAdmin(ReadOnlyAdmin):
         "short_request_id",
         "sent_when",
     ]
-    list_filter = ["state", "kind", "event_name"]
+    list_filter = ["state", "kind", EventNameFilter]
     search_fields = ["customer_id", "identifier", "tenant__external_id", "request_id"]
     date_hierarchy = "hour"
     inlines = [LineInline, ErrorReportInline]

@@ -27,6 +27,7 @@ from llm_budgets import clock, money
 from llm_budgets.admin.base import (
     PageAnnotationMixin,
     ReadOnlyAdmin,
+    ValuesFilter,
     actor,
     adopt,
     end_user_link,
@@ -86,10 +87,16 @@ def _require(request: HttpRequest, permission: str) -> None:
         raise PermissionDenied
 
 
+class LabelledSplitDateTime(widgets.AdminSplitDateTime):
+    """The admin's date and time inputs with a ``<label>`` on each (WCAG 1.3.1, 4.1.2)."""
+
+    template_name = "admin/llm_budgets/widgets/split_datetime.html"
+
+
 def _picker(help_text: str) -> forms.SplitDateTimeField:
     """A date-time field with the admin's calendar and clock pickers."""
     return forms.SplitDateTimeField(
-        widget=widgets.AdminSplitDateTime(), help_text=help_text, required=False
+        widget=LabelledSplitDateTime(), help_text=help_text, required=False
     )
 
 
@@ -174,13 +181,19 @@ class ClearForm(forms.Form):
     )
 
 
+class DetectorFilter(ValuesFilter):
+    title = "detector"
+    parameter_name = "detector"
+    empty_label = "none (tripped by a person)"
+
+
 @admin.register(KillSwitch)
 class KillSwitchAdmin(PageAnnotationMixin, ActionFormAdmin):
     """Adding trips a switch; an open switch's page has a "Clear this switch" button that asks
     for a reason and confirmation. Support's tool."""
 
     list_display = ["scope", "short_reason", "tripped_by", "tripped_when", "automatic", "state"]
-    list_filter = ["automatic", "detector", ("cleared_at", admin.EmptyFieldListFilter)]
+    list_filter = ["automatic", DetectorFilter, ("cleared_at", admin.EmptyFieldListFilter)]
     list_select_related = ["tenant", "end_user__tenant", "api_key"]
     search_fields = ["tenant__external_id", "end_user__external_id", "model", "reason"]
     date_hierarchy = "tripped_at"

@@ -19,7 +19,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from llm_budgets.admin.base import actor, adopt, rate_text, when_column, when_text
+from llm_budgets.admin.base import LinkStyles, actor, adopt, rate_text, when_column, when_text
 from llm_budgets.exceptions import InvalidUsage, UnknownPrice
 from llm_budgets.models import ModelAlias, Price
 from llm_budgets.pricing.costs import TOKEN_RATES
@@ -97,6 +97,8 @@ def _priced(provider: str, model: str, at: datetime) -> bool:
 class PriceAdmin(admin.ModelAdmin):
     """Every charge records the version it used, so a version is never changed or deleted:
     to correct a price, add a new version with a later ``effective_from``."""
+
+    Media = LinkStyles
 
     form = PriceForm
     list_display = [

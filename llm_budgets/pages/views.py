@@ -215,9 +215,11 @@ def refusals(request: HttpRequest, viewer: Viewer) -> HttpResponse:
     )
 
 
-def _bad_request(request: HttpRequest, viewer: Viewer, message: str) -> HttpResponse:
-    """The pages' own error page (status 400), saying what to change."""
-    context = _context(request, viewer, "overview", message=message)
+def _bad_export(request: HttpRequest, viewer: Viewer, message: str) -> HttpResponse:
+    """The export's form again (status 400), with the days entered and, beside them, what to
+    change."""
+    export_days = {"start": request.GET.get("start", ""), "end": request.GET.get("end", "")}
+    context = _context(request, viewer, "overview", message=message, export=export_days)
     return render(request, "llm_budgets/pages/error.html", context, status=400)
 
 
@@ -236,7 +238,7 @@ def export_csv(request: HttpRequest, viewer: Viewer) -> HttpResponseBase:
         start = _day(request, "start") or first
         end = _day(request, "end") or last
     except ValueError:
-        return _bad_request(
+        return _bad_export(
             request,
             viewer,
             _(
@@ -245,7 +247,7 @@ def export_csv(request: HttpRequest, viewer: Viewer) -> HttpResponseBase:
             ),
         )
     if end < start:
-        return _bad_request(
+        return _bad_export(
             request,
             viewer,
             _(
