@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 DEMO_DB := sqlite:///$(CURDIR)/var/demo.sqlite3
 
-.PHONY: install demo test test-faults test-pgbouncer bench-load bench-pages bench-smoke lint format typecheck migrations-check schema-check compose-check check bench clean
+.PHONY: install install-test demo test test-faults test-pgbouncer bench-load bench-pages bench-smoke lint format typecheck migrations-check schema-check compose-check check bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,10 @@ $(AXE): tests/a11y/package.json tests/a11y/package-lock.json
 	cd tests/a11y && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-install: $(BIN)/.installed $(AXE)
+install: $(BIN)/.installed
+
+## What the tests need beyond install: axe-core (npm ci in tests/a11y).
+install-test: install $(AXE)
 
 ## Set up, run the demonstration on SQLite, then serve the admin and the tenant usage pages on
 ## 127.0.0.1:8000 (the demo data command prints the logins).
@@ -33,7 +36,7 @@ demo: install
 	DEBUG=true DATABASE_URL=$(DEMO_DB) $(PY) manage.py runserver 127.0.0.1:8000
 
 ## Set up and run the whole suite (DATABASE_URL picks the database; default SQLite).
-test: install
+test: install-test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ## The PostgreSQL locking, fail-closed and concurrency tests through PgBouncer in transaction

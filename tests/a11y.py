@@ -2,7 +2,7 @@
 check that nothing scrolls the page sideways.
 
 axe-core comes from the npm registry, pinned in ``tests/a11y/package.json`` and its lock file;
-``make install`` runs ``npm ci`` there, so the tests read ``tests/a11y/node_modules/axe-core/
+``make test`` runs ``npm ci`` there, so the tests read ``tests/a11y/node_modules/axe-core/
 axe.min.js`` and never download anything. Without it the tests fail under ``CI=true`` and skip
 elsewhere (``tests.services.require``), like the browser itself.
 
@@ -111,7 +111,7 @@ _RUN_AXE = """async ([tags, known]) => {
 
 def _probe() -> None:
     if not AXE.exists():
-        raise FileNotFoundError(f"{AXE} (run `make install`, or `npm ci` in {AXE_DIR})")
+        raise FileNotFoundError(f"{AXE} (run `make test`, or `npm ci` in {AXE_DIR})")
 
 
 def require_axe() -> None:
