@@ -188,6 +188,10 @@ class Admission(Generic[H]):
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             if not task.cancelled():
+                logger.warning(
+                    "llm_budgets: a task was cancelled while admitting; the admission runs to "
+                    "its end and what it holds is released."
+                )
                 await run_to_end(_release_once_admitted(task))
             raise
 
