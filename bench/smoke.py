@@ -26,6 +26,7 @@ RUNS: dict[str, list[str]] = {
     name: line.split()
     for name, line in {
         "admission.py": "--duration 0.5 --workers 1,2 --scenarios hot,spread --repeat 1",
+        "async_streams.py": "--streams 10 --chunks 3 --chunk-delay 0.01 --admissions 10",
         "cycle_profile.py": "--cycles 20 --stripes 4",
         "guard.py": "--calls 10",
         "load.py": "--clients 2 --workers 1 --duration 3 --tenants 2 --end-users 3"

@@ -2,24 +2,33 @@
 
 Thin by design: each function validates nothing itself and calls one service. See the README's
 five-minute tour.
+
+Async twins (Django's convention: ``aget`` beside ``get``): ``areserve``, ``acommit``, ... and on a
+hold ``acommit``, ``arelease``, ... each run its sync function in Django's thread-sensitive worker
+(``asgiref.sync.sync_to_async``), so each rule keeps one implementation; ``async with
+budgets.areserve(...) as hold:`` leaves its block by the with-block policy
+(``llm_budgets.holds``). The thread and connection model: docs/async.md.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 from uuid import UUID
 
+from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from llm_budgets.control import killswitches, limits
 from llm_budgets.engine import admission, settlement
 from llm_budgets.engine.applicable import scopes_for_read
 from llm_budgets.engine.settlement import CommitResult
-from llm_budgets.holds import HoldPolicy, ttl_renamed
+from llm_budgets.holds import Admission, AsyncHoldPolicy, HoldPolicy, ttl_renamed
 from llm_budgets.models import (
     EndUser,
     KillSwitch,
@@ -49,11 +58,26 @@ from llm_budgets.usage import Usage
 
 logger = logging.getLogger("llm_budgets")
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
 __all__ = [
     "CommitResult",
     "Hold",
     "Quote",
     "Usage",
+    "aclear",
+    "aclose_run",
+    "acommit",
+    "aexplain",
+    "aextend",
+    "aget",
+    "amark_uncertain",
+    "aquote",
+    "arelease",
+    "areserve",
+    "astatus",
+    "atrip",
     "clear",
     "close_run",
     "commit",
@@ -75,7 +99,30 @@ __all__ = [
 ]
 
 
-class Hold(HoldPolicy):
+def _twin(function: Callable[P, T]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """The async twin of ``function``: the same parameters, awaited; the call runs ``function``
+    itself in Django's thread-sensitive worker (one implementation of each rule)."""
+    run = sync_to_async(function, thread_sensitive=True)
+
+    @functools.wraps(function)
+    async def twin(*args: P.args, **kwargs: P.kwargs) -> T:
+        return await run(*args, **kwargs)
+
+    _named_twin(twin, function)
+    return twin
+
+
+def _named_twin(twin: Callable[..., Any], function: Callable[..., Any]) -> None:
+    owner, dot, _ = function.__qualname__.rpartition(".")
+    twin.__name__ = "a" + function.__name__
+    twin.__qualname__ = owner + dot + twin.__name__
+    twin.__doc__ = (
+        f"``await`` twin of ``{function.__name__}`` (same parameters, same result), run in "
+        "Django's thread-sensitive worker (docs/async.md).\n\n" + (function.__doc__ or "")
+    )
+
+
+class Hold(HoldPolicy, AsyncHoldPolicy):
     """A reservation as the caller sees it. Use it as a context manager to never leak it.
 
     Inside ``with budgets.reserve(...) as hold:`` an exception releases the hold, except a
@@ -185,6 +232,19 @@ class Hold(HoldPolicy):
     def refresh(self) -> Hold:
         self._reservation.refresh_from_db()
         return self
+
+    # The async twins (``await hold.acommit(...)``; ``async with`` leaves by the same policy).
+    acommit = _twin(commit)
+    aextend = _twin(extend)
+    arefresh = _twin(refresh)
+
+    async def arelease(self) -> HoldState:
+        """``await`` twin of ``release``."""
+        return await sync_to_async(self.release, thread_sensitive=True)()
+
+    async def amark_uncertain(self) -> HoldState:
+        """``await`` twin of ``mark_uncertain``."""
+        return await sync_to_async(self.mark_uncertain, thread_sensitive=True)()
 
 
 def set_price(
@@ -636,3 +696,32 @@ def _link_result(link: StripeCustomerLink) -> StripeLinkResult:
         unlinked_at=link.unlinked_at,
         unlink_reason=link.unlink_reason,
     )
+
+
+# The async twins of the functions above (``await budgets.astatus(...)``). ``areserve`` returns
+# an ``Admission``: ``await`` it for the hold, or ``async with budgets.areserve(...) as hold:``.
+
+
+def _admitting(function: Callable[P, Hold]) -> Callable[P, Admission[Hold]]:
+    run = sync_to_async(function, thread_sensitive=True)
+
+    @functools.wraps(function)
+    def twin(*args: P.args, **kwargs: P.kwargs) -> Admission[Hold]:
+        return Admission(lambda: run(*args, **kwargs))
+
+    _named_twin(twin, function)
+    return twin
+
+
+areserve = _admitting(reserve)
+acommit = _twin(commit)
+arelease = _twin(release)
+aextend = _twin(extend)
+aget = _twin(get)
+amark_uncertain = _twin(mark_uncertain)
+astatus = _twin(status)
+aquote = _twin(quote)
+aexplain = _twin(explain)
+aclose_run = _twin(close_run)
+atrip = _twin(trip)
+aclear = _twin(clear)

@@ -11,6 +11,11 @@ The same shape as ``llm_budgets.budgets`` and the same exception classes (rebuil
 error body), so code moves between in-process and HTTP unchanged. Needs ``httpx`` (the ``client``
 extra) and no Django settings.
 
+``AsyncBudgetsClient`` is the same over ``httpx.AsyncClient``, with the in-process async twins'
+names (``await client.astatus(...)``, ``async with client.areserve(...) as hold:``,
+``await hold.acommit(...)``). Each operation is defined once, for both (``_Api``): it builds its
+requests and parses their answers; the two clients only send them.
+
 Retries: only calls that are safe to repeat are retried: GETs, and POSTs that carry an
 ``Idempotency-Key``. Every POST gets a fresh key unless you pass one (``idempotency_key=...``) or
 construct the client with ``auto_idempotency_keys=False``. A retry happens after a transport error,
@@ -20,21 +25,34 @@ for ``Retry-After`` (capped); never after a budget refusal.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    Generic,
+    ParamSpec,
+    Protocol,
+    Self,
+    TypeAlias,
+    TypeVar,
+    cast,
+)
 from urllib.parse import quote
 
 import httpx
 
 from llm_budgets.exceptions import BudgetError, Wire
-from llm_budgets.holds import HoldPolicy, ttl_renamed
+from llm_budgets.holds import Admission, AsyncHoldPolicy, HoldPolicy, ttl_renamed
 from llm_budgets.request import Request
 from llm_budgets.results import (
     BudgetStatus,
@@ -49,9 +67,17 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("llm_budgets.client")
 
+T = TypeVar("T")
+S = TypeVar("S")
+P = ParamSpec("P")
+HoldT = TypeVar("HoldT")
+H = TypeVar("H", bound=AsyncHoldPolicy)
+
 __all__ = [
     "API_ERROR_CODES",
     "ApiError",
+    "AsyncBudgetsClient",
+    "AsyncRemoteHold",
     "BudgetsClient",
     "RemoteBudgetStatus",
     "RemoteCommitResult",
@@ -296,18 +322,103 @@ class RemoteBudgetStatus(BudgetStatus):
         return self.data.keys()
 
 
-class RemoteHold(HoldPolicy):
-    """A reservation held over HTTP; the interface of ``llm_budgets.budgets.Hold`` and its
-    with-block policy (``llm_budgets.holds.HoldPolicy``), an HTTP timeout counting as one."""
+# One definition of each operation, for both clients: a generator that builds the requests
+# (``_Call``), is sent each answer's JSON, and parses the result. ``BudgetsClient`` drives it with
+# ``httpx.Client``, ``AsyncBudgetsClient`` with ``httpx.AsyncClient`` (``_blocking`` and
+# ``_awaiting`` make the public methods, with the operation's own signature and docstring).
 
-    _timeouts = (TimeoutError, httpx.TimeoutException)
 
-    def __init__(self, client: BudgetsClient, data: dict[str, Any]) -> None:
+@dataclass(frozen=True)
+class _Call:
+    """One request of an operation. ``idempotency_key``: a POST's own (else one is made, unless
+    ``auto_idempotency_keys`` is off)."""
+
+    method: str
+    path: str
+    body: dict[str, Any] | None = None
+    params: dict[str, str] | None = None
+    idempotency_key: str | None = None
+
+
+def _post(path: str, body: dict[str, Any], idempotency_key: str | None = None) -> _Call:
+    return _Call("POST", path, body=body, idempotency_key=idempotency_key)
+
+
+def _get(path: str, params: dict[str, str] | None = None) -> _Call:
+    return _Call("GET", path, params=params)
+
+
+# An operation: yields its requests, is sent each answer's JSON (or thrown its error), returns
+# its result.
+Steps: TypeAlias = Generator[_Call, Any, T]
+
+
+class _Drives(Protocol):
+    def _drive(self, steps: Steps[T]) -> T: ...
+
+
+class _AsyncDrives(Protocol):
+    async def _adrive(self, steps: Steps[T]) -> T: ...
+
+
+def _public(steps: Callable[..., Any], name: str) -> Callable[[Callable[..., Any]], None]:
+    def name_it(method: Callable[..., Any]) -> None:
+        owner, dot, _ = steps.__qualname__.rpartition(".")
+        method.__name__ = name
+        method.__qualname__ = owner + dot + name
+
+    return name_it
+
+
+def _blocking(steps: Callable[Concatenate[S, P], Steps[T]]) -> Callable[Concatenate[S, P], T]:
+    """The sync method of an operation: its parameters and docstring, run by ``_drive``."""
+
+    @functools.wraps(steps)
+    def method(self: S, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return cast(_Drives, self)._drive(steps(self, *args, **kwargs))
+
+    _public(steps, steps.__name__.lstrip("_"))(method)
+    return method
+
+
+def _awaiting(
+    steps: Callable[Concatenate[S, P], Steps[T]],
+) -> Callable[Concatenate[S, P], Coroutine[Any, Any, T]]:
+    """The async method of an operation (``a`` + its name), run by ``_adrive``."""
+
+    @functools.wraps(steps)
+    async def method(self: S, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await cast(_AsyncDrives, self)._adrive(steps(self, *args, **kwargs))
+
+    _public(steps, "a" + steps.__name__.lstrip("_"))(method)
+    return method
+
+
+def _admitting(
+    steps: Callable[Concatenate[S, P], Steps[H]],
+) -> Callable[Concatenate[S, P], Admission[H]]:
+    """``areserve``: an ``Admission`` of the operation (``await`` it, or ``async with`` it)."""
+
+    @functools.wraps(steps)
+    def method(self: S, /, *args: P.args, **kwargs: P.kwargs) -> Admission[H]:
+        return Admission(lambda: cast(_AsyncDrives, self)._adrive(steps(self, *args, **kwargs)))
+
+    _public(steps, "a" + steps.__name__.lstrip("_"))(method)
+    return method
+
+
+class _RemoteHoldData:
+    """What both remote holds are: the reservation as the API last returned it, and the
+    operations on it."""
+
+    _client: _Api[Any]
+
+    def __init__(self, client: _Api[Any], data: dict[str, Any]) -> None:
         self._client = client
         self._data = data
 
     def __repr__(self) -> str:
-        return f"<RemoteHold {self.id} {self.amount} {self.currency} {self.state}>"
+        return f"<{type(self).__name__} {self.id} {self.amount} {self.currency} {self.state}>"
 
     @property
     def id(self) -> uuid.UUID:
@@ -354,7 +465,7 @@ class RemoteHold(HoldPolicy):
         """The reservation as the API last returned it."""
         return dict(self._data)
 
-    def commit(
+    def _commit(
         self,
         *,
         input_tokens: int | None = None,
@@ -365,11 +476,11 @@ class RemoteHold(HoldPolicy):
         reasoning_tokens: int = 0,
         tool_calls: dict[str, int] | None = None,
         usage: Usage | None = None,
-    ) -> RemoteCommitResult:
+    ) -> Steps[RemoteCommitResult]:
         """Charge actual usage; returns ``cost`` and ``overage``. Idempotent. Counts as in
         ``budgets.Hold.commit``: ``input_tokens`` includes cache reads and writes, or pass
         ``usage=llm_budgets.usage.from_anthropic(response.usage)``."""
-        result = self._client.commit(
+        result = yield from self._client._commit(
             self.id,
             input_tokens=input_tokens,
             output_tokens=output_tokens,
@@ -383,71 +494,116 @@ class RemoteHold(HoldPolicy):
         self._data["state"] = result.state
         return result
 
-    def release(self) -> HoldState:
+    def _release(self) -> Steps[HoldState]:
         """Drop the hold (the call produced nothing). Returns the final state."""
-        self._data = self._client._post(f"reservations/{self.id}/release", {})
+        self._data = yield _post(f"reservations/{self.id}/release", {})
         return self.state
 
-    def extend(self, *, ttl: int | None = None, ttl_seconds: int | None = None) -> RemoteHold:
+    def _extend(self, *, ttl: int | None = None, ttl_seconds: int | None = None) -> Steps[Self]:
         """Push the expiry to ``ttl`` seconds from now (never earlier). (``ttl_seconds``: the
         old name, deprecated.)"""
         seconds = ttl_renamed(ttl, ttl_seconds, where="extend")
-        self._data = self._client.extend(self.id, ttl=seconds)._data
+        self._data = yield from self._client._extended(self.id, seconds)
         return self
 
-    def mark_uncertain(self) -> HoldState:
+    def _mark_uncertain(self) -> Steps[HoldState]:
         """The call's outcome is unknown: keep the hold counted until usage arrives or the
         reconcile job settles it. Returns the state."""
-        self._data = self._client._mark_uncertain(self.id)
+        self._data = yield from self._client._marked_uncertain(self.id)
         return self.state
 
-    def refresh(self) -> RemoteHold:
-        self._data = self._client._get(f"reservations/{self.id}")
+    def _refresh(self) -> Steps[Self]:
+        self._data = yield _get(f"reservations/{self.id}")
         return self
 
-    def _timed_out(self) -> None:
+    def _timed_out_steps(self) -> Steps[None]:
         try:
-            self.mark_uncertain()
+            yield from self._mark_uncertain()
         except ApiError as error:
             if error.code != "not_implemented":  # a server without the UNCERTAIN state
                 raise
 
 
-class BudgetsClient:
-    """HTTP client for ``llm_budgets.api`` (``base_url`` ends at the mount, e.g. ``.../v1/``)."""
+class RemoteHold(_RemoteHoldData, HoldPolicy):
+    """A reservation held over HTTP; the interface of ``llm_budgets.budgets.Hold`` and its
+    with-block policy (``llm_budgets.holds.HoldPolicy``), an HTTP timeout counting as one."""
+
+    _timeouts = (*HoldPolicy._timeouts, httpx.TimeoutException)
+    _client: BudgetsClient
+
+    commit = _blocking(_RemoteHoldData._commit)
+    extend = _blocking(_RemoteHoldData._extend)
+    refresh = _blocking(_RemoteHoldData._refresh)
+
+    def release(self) -> HoldState:
+        """Drop the hold (the call produced nothing). Returns the final state."""
+        return self._drive(self._release())
+
+    def mark_uncertain(self) -> HoldState:
+        """The call's outcome is unknown: keep the hold counted until usage arrives or the
+        reconcile job settles it. Returns the state."""
+        return self._drive(self._mark_uncertain())
+
+    def _drive(self, steps: Steps[T]) -> T:
+        return self._client._drive(steps)
+
+    def _timed_out(self) -> None:
+        self._drive(self._timed_out_steps())
+
+
+class AsyncRemoteHold(_RemoteHoldData, AsyncHoldPolicy):
+    """``RemoteHold`` for ``AsyncBudgetsClient``: ``await hold.acommit(...)``, ``arelease()``,
+    ``aextend(...)``, ``amark_uncertain()``, ``arefresh()``, and ``async with`` leaving by the
+    with-block policy (``llm_budgets.holds``), an HTTP timeout or a cancelled task counting as a
+    timeout."""
+
+    _timeouts = (*AsyncHoldPolicy._timeouts, httpx.TimeoutException)
+    _client: AsyncBudgetsClient
+
+    acommit = _awaiting(_RemoteHoldData._commit)
+    aextend = _awaiting(_RemoteHoldData._extend)
+    arefresh = _awaiting(_RemoteHoldData._refresh)
+
+    async def arelease(self) -> HoldState:
+        """``await`` twin of ``release``."""
+        return await self._adrive(self._release())
+
+    async def amark_uncertain(self) -> HoldState:
+        """``await`` twin of ``mark_uncertain``."""
+        return await self._adrive(self._mark_uncertain())
+
+    async def _adrive(self, steps: Steps[T]) -> T:
+        return await self._client._adrive(steps)
+
+    async def _atimed_out(self) -> None:
+        await self._adrive(self._timed_out_steps())
+
+
+class _Api(Generic[HoldT]):
+    """What both clients share: the configuration, each operation (``_reserve``, ...: see
+    ``Steps``), and the retry rule (:meth:`_verdict`)."""
 
     def __init__(
         self,
         base_url: str,
         api_key: str,
         *,
-        timeout: float = 10.0,
-        max_retries: int = 2,
-        max_retry_wait: float = 5.0,
-        auto_idempotency_keys: bool = True,
-        http: httpx.Client | None = None,
-        sleep: Callable[[float], None] = time.sleep,
+        max_retries: int,
+        max_retry_wait: float,
+        auto_idempotency_keys: bool,
     ) -> None:
         self.base_url = base_url.rstrip("/") + "/"
         self.max_retries = max_retries
         self.max_retry_wait = max_retry_wait
         self.auto_idempotency_keys = auto_idempotency_keys
-        self._sleep = sleep
-        self._http = http or httpx.Client(timeout=timeout)
         self._headers = {"Authorization": f"Api-Key {api_key}", "Accept": "application/json"}
 
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> BudgetsClient:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def _held(self, data: dict[str, Any]) -> HoldT:
+        raise NotImplementedError
 
     # The in-process API's functions.
 
-    def reserve(
+    def _reserve(
         self,
         *,
         model: str,
@@ -464,7 +620,7 @@ class BudgetsClient:
         tags: dict[str, str] | None = None,
         allow_degrade: bool = False,
         run: str | None = None,
-    ) -> RemoteHold:
+    ) -> Steps[HoldT]:
         """Admit a call and hold its worst-case cost, or raise the ``BudgetError`` that says
         why. ``tenant`` is implied by a tenant key and required with an operator key. Give
         ``input_tokens``, or ``messages`` / ``prompt`` for the server to count. With
@@ -485,10 +641,9 @@ class BudgetsClient:
             allow_degrade=allow_degrade,
             run=run,
         )
-        data = self._post("reservations", call.wire(), idempotency_key=idempotency_key)
-        return RemoteHold(self, data)
+        return self._held((yield _post("reservations", call.wire(), idempotency_key)))
 
-    def quote(
+    def _quote(
         self,
         *,
         model: str,
@@ -503,7 +658,7 @@ class BudgetsClient:
         ttl: int | None = None,
         run: str | None = None,
         tags: dict[str, str] | None = None,
-    ) -> RemoteQuote:
+    ) -> Steps[RemoteQuote]:
         """Explain a price without holding anything: the itemised worst case, the price version
         (or policy) and each budget the request would draw on, with whether it fits now."""
         call = Request(
@@ -520,28 +675,29 @@ class BudgetsClient:
             run=run,
             tags=tags,
         )
-        return RemoteQuote.from_json(self._get("quote", params=call.wire(query=True)))
+        return RemoteQuote.from_json((yield _get("quote", params=call.wire(query=True))))
 
-    def close_run(
+    def _close_run(
         self,
         *,
         run: str,
         tenant: str | None = None,
         reason: str = "",
         idempotency_key: str | None = None,
-    ) -> datetime:
+    ) -> Steps[datetime]:
         """Close a run, as ``budgets.close_run``: later reservations naming it are refused
         (``RunClosed``); the API key is recorded as who closed it."""
         body: dict[str, Any] = {"run": run, "reason": reason}
         if tenant is not None:
             body["tenant"] = tenant
-        data = self._post("runs/close", body, idempotency_key=idempotency_key)
+        data = yield _post("runs/close", body, idempotency_key)
         return datetime.fromisoformat(data["closed_at"])
 
-    def get(self, hold_id: uuid.UUID | str) -> RemoteHold:
-        return RemoteHold(self, self._get(f"reservations/{hold_id}"))
+    def _get(self, hold_id: uuid.UUID | str) -> Steps[HoldT]:
+        """A reservation by id, e.g. to settle it from another process."""
+        return self._held((yield _get(f"reservations/{hold_id}")))
 
-    def commit(
+    def _commit(
         self,
         hold_id: uuid.UUID | str,
         *,
@@ -554,7 +710,7 @@ class BudgetsClient:
         tool_calls: dict[str, int] | None = None,
         usage: Usage | None = None,
         idempotency_key: str | None = None,
-    ) -> RemoteCommitResult:
+    ) -> Steps[RemoteCommitResult]:
         """Commit a reservation by id; counts as in ``RemoteHold.commit``."""
         if usage is not None:
             body = usage.as_fields()
@@ -570,7 +726,7 @@ class BudgetsClient:
             }
             if not tool_calls:
                 del body["tool_calls"]
-        data = self._post(f"reservations/{hold_id}/commit", body, idempotency_key=idempotency_key)
+        data = yield _post(f"reservations/{hold_id}/commit", body, idempotency_key)
         return RemoteCommitResult(
             reservation_id=uuid.UUID(data["id"]),
             state=data["state"],
@@ -582,17 +738,18 @@ class BudgetsClient:
             pricing_basis=data.get("pricing_basis", "price"),
         )
 
-    def release(self, hold_id: uuid.UUID | str) -> HoldState:
-        return hold_state(self._post(f"reservations/{hold_id}/release", {})["state"])
+    def _release(self, hold_id: uuid.UUID | str) -> Steps[HoldState]:
+        """Release a reservation by id. Returns its final state."""
+        return hold_state((yield _post(f"reservations/{hold_id}/release", {}))["state"])
 
-    def status(
+    def _status(
         self,
         *,
         tenant: str,
         end_user: str | None = None,
         run: str | None = None,
         tags: dict[str, str] | None = None,
-    ) -> list[RemoteBudgetStatus]:
+    ) -> Steps[list[RemoteBudgetStatus]]:
         """Every budget that applies to the tenant (and end user, run and tags), as
         ``budgets.status``: limit, spent, reserved, remaining, period start and ``resets_at``."""
         asked = {
@@ -601,28 +758,35 @@ class BudgetsClient:
             "tags": None if tags is None else json.dumps(tags),
         }
         params = {k: v for k, v in asked.items() if v is not None} or None
-        data = self._get(f"tenants/{quote(tenant, safe='')}/status", params=params)
+        data = yield _get(f"tenants/{quote(tenant, safe='')}/status", params=params)
         return [RemoteBudgetStatus.from_json(budget) for budget in data["budgets"]]
 
-    def extend(
+    def _extend(
         self, hold_id: uuid.UUID | str, *, ttl: int | None = None, ttl_seconds: int | None = None
-    ) -> RemoteHold:
+    ) -> Steps[HoldT]:
         """Push a held reservation's expiry to ``ttl`` seconds from now (never earlier).
         (``ttl_seconds``: the old name, deprecated.)"""
-        body = {"ttl_seconds": ttl_renamed(ttl, ttl_seconds, where="extend")}
-        return RemoteHold(self, self._post(f"reservations/{hold_id}/extend", body))
+        seconds = ttl_renamed(ttl, ttl_seconds, where="extend")
+        return self._held((yield from self._extended(hold_id, seconds)))
 
-    def mark_uncertain(self, hold_id: uuid.UUID | str) -> HoldState:
+    def _extended(self, hold_id: uuid.UUID | str, seconds: int) -> Steps[dict[str, Any]]:
+        data: dict[str, Any] = yield _post(
+            f"reservations/{hold_id}/extend", {"ttl_seconds": seconds}
+        )
+        return data
+
+    def _mark_uncertain(self, hold_id: uuid.UUID | str) -> Steps[HoldState]:
         """The call's outcome is unknown (by id, e.g. from a watchdog): keep its hold counted
         until usage arrives or the reconcile job settles it. Returns the state."""
-        return hold_state(self._mark_uncertain(hold_id)["state"])
+        return hold_state((yield from self._marked_uncertain(hold_id))["state"])
 
-    def _mark_uncertain(self, hold_id: uuid.UUID | str) -> dict[str, Any]:
-        return self._post(f"reservations/{hold_id}/uncertain", {})
+    def _marked_uncertain(self, hold_id: uuid.UUID | str) -> Steps[dict[str, Any]]:
+        data: dict[str, Any] = yield _post(f"reservations/{hold_id}/uncertain", {})
+        return data
 
     # Kill switches (operator keys). No scope: global; several: their intersection.
 
-    def trip(
+    def _trip(
         self,
         *,
         reason: str,
@@ -634,16 +798,15 @@ class BudgetsClient:
         auto_clear_at: datetime | None = None,
         run: str | None = None,
         idempotency_key: str | None = None,
-    ) -> KillSwitchResult:
+    ) -> Steps[KillSwitchResult]:
         """Refuse every admission in the scope now; returns the open switch (an already
         tripped scope keeps its switch and first reason). ``api_key``: a key's prefix."""
         body = _scope_body(tenant, end_user, provider, model, api_key, reason, run)
         if auto_clear_at is not None:
             body["auto_clear_at"] = auto_clear_at.isoformat()
-        data = self._post("kill-switches", body, idempotency_key=idempotency_key)
-        return _kill_switch(data)
+        return _kill_switch((yield _post("kill-switches", body, idempotency_key)))
 
-    def clear(
+    def _clear(
         self,
         *,
         reason: str,
@@ -654,56 +817,229 @@ class BudgetsClient:
         api_key: str | None = None,
         run: str | None = None,
         idempotency_key: str | None = None,
-    ) -> KillSwitchResult:
+    ) -> Steps[KillSwitchResult]:
         """Clear the switch tripped on exactly this scope (``InvalidUsage`` if none is)."""
         body = _scope_body(tenant, end_user, provider, model, api_key, reason, run)
-        data = self._post("kill-switches/clear", body, idempotency_key=idempotency_key)
+        data = yield _post("kill-switches/clear", body, idempotency_key)
         return _kill_switch(data)
 
-    def kill_switches(
+    def _kill_switches(
         self, *, state: str | None = None, tenant: str | None = None
-    ) -> list[KillSwitchResult]:
+    ) -> Steps[list[KillSwitchResult]]:
         """Every switch, newest first; ``state``: ``"open"`` or ``"cleared"``."""
         params = {k: v for k, v in {"state": state, "tenant": tenant}.items() if v is not None}
         switches: list[KillSwitchResult] = []
         while True:
-            page = self._get("kill-switches", params={**params, "offset": str(len(switches))})
+            page = yield _get("kill-switches", params={**params, "offset": str(len(switches))})
             switches.extend(_kill_switch(item) for item in page["results"])
             if not page.get("next") or not page["results"]:
                 return switches
 
-    # Transport.
+    # Transport: what is sent, and what each attempt's outcome means.
 
-    def _get(self, path: str, params: dict[str, str] | None = None) -> dict[str, Any]:
-        return self._request("GET", path, params=params, retryable=True)
+    def _prepared(self, call: _Call) -> tuple[dict[str, Any], int]:
+        """The arguments of ``httpx``'s ``request`` for ``call``, and how many attempts it may
+        take: GETs, and POSTs that carry an ``Idempotency-Key``, are safe to repeat."""
+        headers = dict(self._headers)
+        retryable = call.method == "GET"
+        if call.method == "POST":
+            key = call.idempotency_key or (
+                str(uuid.uuid4()) if self.auto_idempotency_keys else None
+            )
+            if key is not None:
+                headers["Idempotency-Key"] = key
+                retryable = True
+        request: dict[str, Any] = {
+            "method": call.method,
+            "url": self.base_url + call.path,
+            "headers": headers,
+        }
+        if call.body is not None:
+            request["json"] = call.body
+        if call.params is not None:
+            request["params"] = call.params
+        return request, 1 + (self.max_retries if retryable else 0)
 
-    def _post(
-        self, path: str, body: dict[str, Any], *, idempotency_key: str | None = None
-    ) -> dict[str, Any]:
-        headers = {}
-        key = idempotency_key or (str(uuid.uuid4()) if self.auto_idempotency_keys else None)
-        if key is not None:
-            headers["Idempotency-Key"] = key
-        return self._request("POST", path, json=body, headers=headers, retryable=key is not None)
+    def _verdict(
+        self, outcome: httpx.Response | httpx.TransportError, attempt: int, attempts: int
+    ) -> tuple[bool, Any]:
+        """``(True, json)`` for an answer; ``(False, seconds)`` to wait before the next attempt;
+        raises the error to give up with (a transport error, or the server's, rebuilt)."""
+        if isinstance(outcome, httpx.TransportError):
+            if attempt == attempts:
+                raise outcome
+            return False, min(self.max_retry_wait, 0.2 * 2**attempt)
+        if outcome.is_success:
+            return True, outcome.json()
+        error = error_from_response(outcome)
+        if attempt == attempts or error.code not in RETRYABLE_CODES:
+            raise error
+        wait = outcome.headers.get("Retry-After", "")
+        return False, min(self.max_retry_wait, int(wait) if wait.isdigit() else 0.2 * 2**attempt)
 
-    def _request(self, method: str, path: str, *, retryable: bool, **kwargs: Any) -> Any:
-        headers = {**self._headers, **kwargs.pop("headers", {})}
-        attempts = 1 + (self.max_retries if retryable else 0)
+
+class BudgetsClient(_Api[RemoteHold]):
+    """HTTP client for ``llm_budgets.api`` (``base_url`` ends at the mount, e.g. ``.../v1/``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 10.0,
+        max_retries: int = 2,
+        max_retry_wait: float = 5.0,
+        auto_idempotency_keys: bool = True,
+        http: httpx.Client | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        super().__init__(
+            base_url,
+            api_key,
+            max_retries=max_retries,
+            max_retry_wait=max_retry_wait,
+            auto_idempotency_keys=auto_idempotency_keys,
+        )
+        self._sleep = sleep
+        self._http = http or httpx.Client(timeout=timeout)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> BudgetsClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # The in-process API's functions (each defined once, in ``_Api``).
+    reserve = _blocking(_Api._reserve)
+    quote = _blocking(_Api._quote)
+    close_run = _blocking(_Api._close_run)
+    get = _blocking(_Api._get)
+    commit = _blocking(_Api._commit)
+    release = _blocking(_Api._release)
+    status = _blocking(_Api._status)
+    extend = _blocking(_Api._extend)
+    mark_uncertain = _blocking(_Api._mark_uncertain)
+    trip = _blocking(_Api._trip)
+    clear = _blocking(_Api._clear)
+    kill_switches = _blocking(_Api._kill_switches)
+
+    def _held(self, data: dict[str, Any]) -> RemoteHold:
+        return RemoteHold(self, data)
+
+    def _drive(self, steps: Steps[T]) -> T:
+        try:
+            call = next(steps)
+            while True:
+                try:
+                    answer = self._send(call)
+                except Exception as error:
+                    call = steps.throw(error)
+                else:
+                    call = steps.send(answer)
+        except StopIteration as done:
+            return cast(T, done.value)
+
+    def _send(self, call: _Call) -> Any:
+        request, attempts = self._prepared(call)
         for attempt in range(1, attempts + 1):
+            outcome: httpx.Response | httpx.TransportError
             try:
-                response = self._http.request(
-                    method, self.base_url + path, headers=headers, **kwargs
-                )
-            except httpx.TransportError:
-                if attempt == attempts:
-                    raise
-                self._sleep(min(self.max_retry_wait, 0.2 * 2**attempt))
-                continue
-            if response.is_success:
-                return response.json()
-            error = error_from_response(response)
-            if attempt == attempts or error.code not in RETRYABLE_CODES:
-                raise error
-            wait = response.headers.get("Retry-After", "")
-            self._sleep(min(self.max_retry_wait, int(wait) if wait.isdigit() else 0.2 * 2**attempt))
+                outcome = self._http.request(**request)
+            except httpx.TransportError as error:
+                outcome = error
+            answered, value = self._verdict(outcome, attempt, attempts)
+            if answered:
+                return value
+            self._sleep(value)
+        raise AssertionError("unreachable")
+
+
+class AsyncBudgetsClient(_Api[AsyncRemoteHold]):
+    """``BudgetsClient`` over ``httpx.AsyncClient``, for async services (FastAPI, aiohttp, async
+    tasks): the same operations, parameters, results and errors, each ``a``-prefixed and awaited
+    as the in-process API's twins are (``await client.astatus(...)``); ``areserve`` returns an
+    ``Admission``: ``await`` it for an ``AsyncRemoteHold``, or ``async with`` it::
+
+        async with AsyncBudgetsClient(url, key) as client:
+            async with client.areserve(model="gpt-4o", input_tokens=1200,
+                                       max_output_tokens=800) as hold:
+                ...
+                await hold.acommit(input_tokens=..., output_tokens=...)
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: float = 10.0,
+        max_retries: int = 2,
+        max_retry_wait: float = 5.0,
+        auto_idempotency_keys: bool = True,
+        http: httpx.AsyncClient | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        super().__init__(
+            base_url,
+            api_key,
+            max_retries=max_retries,
+            max_retry_wait=max_retry_wait,
+            auto_idempotency_keys=auto_idempotency_keys,
+        )
+        self._sleep = sleep
+        self._http = http or httpx.AsyncClient(timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncBudgetsClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    areserve = _admitting(_Api._reserve)
+    aquote = _awaiting(_Api._quote)
+    aclose_run = _awaiting(_Api._close_run)
+    aget = _awaiting(_Api._get)
+    acommit = _awaiting(_Api._commit)
+    arelease = _awaiting(_Api._release)
+    astatus = _awaiting(_Api._status)
+    aextend = _awaiting(_Api._extend)
+    amark_uncertain = _awaiting(_Api._mark_uncertain)
+    atrip = _awaiting(_Api._trip)
+    aclear = _awaiting(_Api._clear)
+    akill_switches = _awaiting(_Api._kill_switches)
+
+    def _held(self, data: dict[str, Any]) -> AsyncRemoteHold:
+        return AsyncRemoteHold(self, data)
+
+    async def _adrive(self, steps: Steps[T]) -> T:
+        try:
+            call = next(steps)
+            while True:
+                try:
+                    answer = await self._asend(call)
+                except Exception as error:
+                    call = steps.throw(error)
+                else:
+                    call = steps.send(answer)
+        except StopIteration as done:
+            return cast(T, done.value)
+
+    async def _asend(self, call: _Call) -> Any:
+        request, attempts = self._prepared(call)
+        for attempt in range(1, attempts + 1):
+            outcome: httpx.Response | httpx.TransportError
+            try:
+                outcome = await self._http.request(**request)
+            except httpx.TransportError as error:
+                outcome = error
+            answered, value = self._verdict(outcome, attempt, attempts)
+            if answered:
+                return value
+            await self._sleep(value)
         raise AssertionError("unreachable")

@@ -96,3 +96,49 @@ def web_processes(
     finally:
         for web in webs:
             web.stop()
+
+
+@contextmanager
+def asgi_server(
+    tmp_path: Path, *, llm_budgets: dict[str, Any] | None = None
+) -> Iterator[WebProcess]:
+    """uvicorn (one worker, Django's ASGI handler) serving ``tests/asgi_views.py`` on the test
+    database, on a free port of 127.0.0.1."""
+    port = free_port()
+    log = tmp_path / "uvicorn.log"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "tests.asgi_settings",
+        "DATABASE_URL": subprocess_database_url(),
+        "LLMB_TEST_LLM_BUDGETS": json.dumps(llm_budgets or {}),
+        "PYTHONUNBUFFERED": "1",
+    }
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            "django.core.asgi:get_asgi_application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--lifespan",
+            "off",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    web = WebProcess(process, port, log)
+    try:
+        _wait_listening(web)
+        yield web
+    finally:
+        web.stop()

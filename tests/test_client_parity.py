@@ -1,11 +1,13 @@
 """``llm_budgets.client`` works like the in-process API (issue #10, item 2): the same methods
 with the same parameters, the same attributes, the same exception fields and the same return
-types, checked by introspection and by running one scenario through both surfaces against a
-live server."""
+types, checked by introspection and by running one scenario through every surface against a
+live server: the in-process API, its async twins (issue #31), ``BudgetsClient`` and
+``AsyncBudgetsClient``."""
 
 from __future__ import annotations
 
 import ast
+import asyncio
 import dataclasses
 import inspect
 import json
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.utils import timezone
 
 from llm_budgets import budgets, client, exceptions
@@ -34,8 +37,15 @@ def public(cls: type) -> set[str]:
     return {name for name in dir(cls) if not name.startswith("_")}
 
 
+def asynchronous(names: set[str]) -> set[str]:
+    return {"a" + name for name in names}
+
+
 # Deliberate differences, each with its reason; anything else must match.
 HOLD_ONLY_IN_PROCESS = {"reservation"}  # the model instance itself
+# A Hold is both sync and async (Django's convention: ``save`` and ``asave`` on one object); the
+# client has a class for each (``RemoteHold``, ``AsyncRemoteHold``).
+HOLD_ASYNC = {"acommit", "arelease", "amark_uncertain", "aextend", "arefresh"}
 HOLD_ONLY_REMOTE = {"data"}  # the reservation as the API last returned it
 # Functions of the in-process API that are not operations of the REST API: configuration and
 # operations a host runs in its own process (the REST API is for calls and kill switches).
@@ -51,6 +61,8 @@ ONLY_IN_PROCESS = {
 }
 # Classes the in-process API exports that are not functions.
 EXPORTED_TYPES = {"CommitResult", "Hold", "Quote", "Usage"}
+# The in-process API's async twins (``areserve`` beside ``reserve``).
+ASYNC_TWINS = {n for n in budgets.__all__ if n.startswith("a") and n[1:] in budgets.__all__}
 # Client parameters with no in-process counterpart.
 TRANSPORT_PARAMETERS = {"idempotency_key"}
 # In-process parameters with no client counterpart: over HTTP the API key is the actor.
@@ -69,10 +81,10 @@ def parameters(function: Callable[..., Any]) -> dict[str, Any]:
 
 
 def test_a_remote_hold_has_the_in_process_holds_attributes_and_methods() -> None:
-    assert public(budgets.Hold) - HOLD_ONLY_IN_PROCESS == public(client.RemoteHold) - (
+    assert public(budgets.Hold) - HOLD_ONLY_IN_PROCESS - HOLD_ASYNC == public(client.RemoteHold) - (
         HOLD_ONLY_REMOTE
     )
-    for name in public(budgets.Hold) - HOLD_ONLY_IN_PROCESS:
+    for name in public(budgets.Hold) - HOLD_ONLY_IN_PROCESS - HOLD_ASYNC:
         here, there = getattr(budgets.Hold, name), getattr(client.RemoteHold, name)
         assert isinstance(here, property) == isinstance(there, property), name
         if callable(here):
@@ -80,7 +92,7 @@ def test_a_remote_hold_has_the_in_process_holds_attributes_and_methods() -> None
 
 
 def test_the_client_has_every_function_of_the_in_process_api() -> None:
-    functions = set(budgets.__all__) - EXPORTED_TYPES - ONLY_IN_PROCESS
+    functions = set(budgets.__all__) - EXPORTED_TYPES - ONLY_IN_PROCESS - ASYNC_TWINS
     methods = public(client.BudgetsClient) - ONLY_REMOTE
     assert functions == methods
     for name in functions:
@@ -116,7 +128,7 @@ def test_every_public_function_is_exported_and_typed() -> None:
         ), name
         hints = typing.get_type_hints(function)
         assert hints.get("return", Any) is not Any, name
-    for name in set(budgets.__all__) - EXPORTED_TYPES:
+    for name in set(budgets.__all__) - EXPORTED_TYPES - ASYNC_TWINS:
         assert name in ONLY_IN_PROCESS or hasattr(client.BudgetsClient, name), name
 
 
@@ -127,6 +139,48 @@ def test_a_hold_and_a_remote_hold_leave_a_with_block_by_one_policy() -> None:
         assert issubclass(cls, HoldPolicy)
         assert "__exit__" not in vars(cls), cls  # inherited: one definition
         assert "__enter__" not in vars(cls), cls
+
+
+def test_the_async_client_is_the_sync_client_awaited() -> None:
+    """``AsyncBudgetsClient`` has each method of ``BudgetsClient``, ``a``-prefixed, with the same
+    parameters; ``AsyncRemoteHold`` has ``RemoteHold``'s attributes and its methods
+    ``a``-prefixed, as the in-process ``Hold`` has them."""
+    sync_methods = public(client.BudgetsClient)
+    assert public(client.AsyncBudgetsClient) == asynchronous(sync_methods)
+    for name in sync_methods:
+        there, awaited = (
+            getattr(client.BudgetsClient, name),
+            getattr(client.AsyncBudgetsClient, "a" + name),
+        )
+        assert parameters(there) == parameters(awaited), name
+        assert inspect.iscoroutinefunction(awaited) == (name != "reserve"), name
+    remote = public(client.RemoteHold)
+    attributes = {n for n in remote if isinstance(getattr(client.RemoteHold, n), property)}
+    methods = remote - attributes
+    assert public(client.AsyncRemoteHold) == attributes | asynchronous(methods)
+    assert asynchronous(methods) == HOLD_ASYNC
+    for name in methods:
+        awaited = getattr(client.AsyncRemoteHold, "a" + name)
+        assert inspect.iscoroutinefunction(awaited), name
+        assert parameters(getattr(client.RemoteHold, name)) == parameters(awaited), name
+        assert parameters(getattr(budgets.Hold, "a" + name)) == parameters(awaited), name
+
+
+def test_the_in_process_twins_are_the_async_clients_methods() -> None:
+    """Code written against ``budgets.areserve``, ``hold.acommit``, ... runs unchanged on an
+    ``AsyncBudgetsClient``: the same names and parameters (the client may leave out the tenant,
+    as the sync one may)."""
+    twins = ASYNC_TWINS - asynchronous(ONLY_IN_PROCESS)
+    assert twins == public(client.AsyncBudgetsClient) - asynchronous(ONLY_REMOTE)
+    for name in twins:
+        here = parameters(getattr(budgets, name))
+        there = parameters(getattr(client.AsyncBudgetsClient, name))
+        if "tenant" in there and "tenant" in here:
+            here.pop("tenant"), there.pop("tenant")
+        assert here == there, name
+    for cls in (budgets.Hold, client.AsyncRemoteHold):
+        assert "__aexit__" not in vars(cls), cls  # inherited: one definition
+        assert "__aenter__" not in vars(cls), cls
 
 
 @pytest.mark.parametrize(
@@ -152,6 +206,54 @@ class InProcess:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(budgets, name)
+
+
+class Awaited:
+    """An async surface (the in-process twins, ``AsyncBudgetsClient``, their holds) with the sync
+    calling convention, for ``scenario``: ``x.name(...)`` runs ``await x.aname(...)`` by
+    ``run``; a hold it returns is adapted alike; attributes are read as they are."""
+
+    def __init__(self, target: Any, run: Callable[[Any], Any]) -> None:
+        self._target, self._run = target, run
+
+    def __getattr__(self, name: str) -> Any:
+        twin = getattr(self._target, "a" + name, None)
+        if twin is None:
+            return getattr(self._target, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = self._run(twin(*args, **kwargs))
+            if result is self._target:
+                return self
+            if isinstance(result, budgets.Hold | client.AsyncRemoteHold):
+                return Awaited(result, self._run)
+            return result
+
+        return call
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
+class Portal:
+    """An event loop in its own thread, for the async client (its connections belong to one
+    loop); ``run`` waits for an awaitable there."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, awaitable: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(_awaited(awaitable), self.loop).result(60)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
 
 
 def scenario(api: Any, tenant: str) -> list[tuple[str, Any]]:
@@ -244,14 +346,30 @@ def _renamed(value: Any, tenant: str) -> Any:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_same_scenario_gives_the_same_results_through_both(live_server: Any) -> None:
-    seed(limit="100", tenant="here")
-    seed(limit="100", tenant="there")
-    remote = client.BudgetsClient(f"{live_server.url}{BASE}", new_key(None, name="ops"))
-    in_process = scenario(InProcess(), "here")
-    over_http = scenario(remote, "there")
-    for (step, here), (_, there) in zip(in_process, over_http, strict=True):
-        assert here == there, step
+def test_the_same_scenario_gives_the_same_results_through_every_surface(
+    live_server: Any,
+) -> None:
+    surfaces = ("here", "there", "awaited here", "awaited there")
+    for tenant in surfaces:
+        seed(limit="100", tenant=tenant)
+    url, key = f"{live_server.url}{BASE}", new_key(None, name="ops")
+    portal = Portal()
+    try:
+        remote = client.AsyncBudgetsClient(url, key)
+        seen = {
+            "here": scenario(InProcess(), "here"),
+            "there": scenario(client.BudgetsClient(url, key), "there"),
+            # The twins' thread-sensitive calls come back to this thread (its connection).
+            "awaited here": scenario(Awaited(budgets, async_to_sync(_awaited)), "awaited here"),
+            "awaited there": scenario(Awaited(remote, portal.run), "awaited there"),
+        }
+        portal.run(remote.aclose())
+    finally:
+        portal.stop()
+    in_process = seen["here"]
+    for surface in surfaces[1:]:
+        for (step, here), (_, there) in zip(in_process, seen[surface], strict=True):
+            assert here == there, (surface, step)
     # The scenario saw real values, not two empty shapes.
     steps = dict(in_process)
     assert steps["commit"]["cost"] == (Decimal(3), "Decimal")
