@@ -419,7 +419,14 @@ def test_refusals_say_what_was_asked_what_was_left_and_when_it_resets(folks: Peo
     assert "for user bob-acme needed up to 30.00 USD" in text
     # Her own new budget counts from now: all 20.00 of it was left.
     assert "had only 20.00 USD left" in text
-    assert "That budget resets" in text
+    # 30 is more than the whole 20: waiting for the reset would not help, and the page says so.
+    assert "no reset makes room for it" in text
+    budgets.set_limit(tenant="acme", end_user="cy-acme", amount=Decimal(45), window="day")
+    reserve_30(tenant="acme", end_user="cy-acme")
+    with pytest.raises(BudgetExceeded):
+        reserve_30(tenant="acme", end_user="cy-acme")  # 30 more than what is left, not the limit
+    text = body(client_for(folks.acme_admin).get("/usage/refusals/"))
+    assert text.count("That budget resets") == 1
     # Members see their own refusals only; another tenant none.
     assert "bob-acme" not in body(client_for(folks.acme_member).get("/usage/refusals/"))
     assert "bob-acme" not in body(client_for(folks.beta_admin).get("/usage/refusals/"))

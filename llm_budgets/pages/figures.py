@@ -396,6 +396,8 @@ class RefusalLine:
     resets_at: datetime | None  # when the budget's period that refused it ended or ends
     # Refused by the budget every tenant shares: what was left of it is not theirs to see.
     shared: bool = False
+    # It needed more than the budget's whole limit (as the limit is now): no reset cures that.
+    beyond_limit: bool = False
 
 
 def refusals(viewer: Viewer, *, page: int) -> Page[RefusalLine]:
@@ -431,6 +433,9 @@ def _refusal_line(refusal: Refusal, tenant: Tenant) -> RefusalLine:
         window=window,
         resets_at=resets_at,
         shared=budget is not None and shared_by_tenants(budget.scope),
+        beyond_limit=budget is not None
+        and not shared_by_tenants(budget.scope)
+        and refusal.requested > budget.limit,
     )
 
 
