@@ -147,6 +147,11 @@ def test_a_member_sees_only_their_own_budgets_and_usage(folks: People) -> None:
     assert len(rows) == 1 + 2
     users = body(member.get("/usage/users/"))
     assert money_text(Decimal(18), "USD") in users
+    # Worded for one person: their own calls, not a ranking of one at 100%.
+    assert "Your calls" in users
+    assert "100.0%" not in users
+    assert "Top users" not in users
+    assert "Only your own calls are shown here" in users
 
 
 def test_the_overview_shows_the_tenants_run_and_tag_budgets_to_its_admins(folks: People) -> None:
@@ -171,7 +176,11 @@ def test_a_member_whose_end_user_has_no_usage_sees_empty_pages(folks: People) ->
     member = client_for(folks.acme_member)
     for path in PAGES:
         assert member.get(path).status_code == 200
-    assert "No usage this billing period yet." in body(member.get("/usage/users/"))
+    # Empty states say why: nothing charged since the period began (the figures are live).
+    for path in ("/usage/users/", "/usage/models/"):
+        assert "You have made no charged call since this billing period began on" in body(
+            member.get(path)
+        )
     assert len(export_rows(member.get("/usage/export.csv"))) == 1
 
 

@@ -38,6 +38,7 @@ from llm_budgets.models import (
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pages.access import Viewer
 from llm_budgets.reads import live
+from llm_budgets.reads.projections import with_projections
 from llm_budgets.reads.statuses import budget_statuses, tenant_visible
 from llm_budgets.results import BudgetStatus
 from llm_budgets.windows import Period, tenant_period
@@ -142,7 +143,9 @@ def overview(viewer: Viewer, at: datetime) -> Overview:
     end_user = end_user_of(viewer)
     if end_user is None:
         data = tenant_overview(tenant, at)
-        shared = [_with_users(line) for line in _lines(_visible(data.budgets), tenant)]
+        # The organisation's monthly budget with its projection (reads.projections).
+        visible = with_projections(_visible(data.budgets), tenant, None, at)
+        shared = [_with_users(line) for line in _lines(visible, tenant)]
         own = _lines(data.end_user_budgets, tenant)
         own_count = data.end_user_budget_count
         scoped = (
@@ -435,6 +438,7 @@ def _refusal_line(refusal: Refusal, tenant: Tenant) -> RefusalLine:
         shared=budget is not None and shared_by_tenants(budget.scope),
         beyond_limit=budget is not None
         and not shared_by_tenants(budget.scope)
+        and refusal.requested is not None
         and refusal.requested > budget.limit,
     )
 

@@ -137,6 +137,11 @@ def overview(request: HttpRequest, viewer: Viewer) -> HttpResponse:
         period=periods.current,
         period_days=periods.days(periods.current),
         period_total=figures.period_total(viewer, periods, unit),
+        # The projection of the budget the sentence is about: the organisation's monthly
+        # budget, or a member's own (reads.projections).
+        lead=next(
+            (line.status for line in data.budgets if line.status.projected is not None), None
+        ),
         # What Stripe accepted this period (llm_budgets.billing); tenant-wide, so not for a
         # member, and None for a tenant never billed through Stripe (docs/pages.md).
         billed=None
@@ -201,6 +206,7 @@ def users(request: HttpRequest, viewer: Viewer) -> HttpResponse:
             ("name", _("Name")),
         ],
         row_chart=charts.row_chart(top, lambda v: money_text(v, currency)),
+        row_chart_rows=top,  # a member's: their own row alone
         top_count=len(top),
         total=total,
     )

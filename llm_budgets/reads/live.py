@@ -171,7 +171,7 @@ def _tail(
         lines = lines.filter(reserved_at__lt=end)
     if end_user is not None:
         lines = lines.filter(end_user=end_user)
-    return lines.values(
+    values: Iterable[dict[str, Any]] = lines.values(
         "reserved_at",
         "provider",
         "model",
@@ -182,6 +182,7 @@ def _tail(
         "input_tokens",
         "output_tokens",
     ).order_by()
+    return values
 
 
 def daily_spend(
