@@ -22,7 +22,7 @@ whatever the size of the ledger (docs/performance.md, tenant pages).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
@@ -160,7 +160,7 @@ def _tail(
     end_user: EndUser | None,
     mark: int,
     gaps: frozenset[int],
-) -> Iterable[dict[str, Any]]:
+) -> Iterable[Mapping[str, Any]]:
     """The spend lines of the range that no rollup row read holds: above ``mark``, or in flight."""
     newer = Q(pk__gt=mark) | Q(pk__in=sorted(gaps)) if gaps else Q(pk__gt=mark)
     lines = UsageRecord.objects.spend().filter(newer, tenant=tenant)
@@ -171,7 +171,7 @@ def _tail(
         lines = lines.filter(reserved_at__lt=end)
     if end_user is not None:
         lines = lines.filter(end_user=end_user)
-    values: Iterable[dict[str, Any]] = lines.values(
+    return lines.values(
         "reserved_at",
         "provider",
         "model",
@@ -182,7 +182,6 @@ def _tail(
         "input_tokens",
         "output_tokens",
     ).order_by()
-    return values
 
 
 def daily_spend(
