@@ -394,8 +394,16 @@ def test_the_export_has_a_column_for_every_usage_field(folks: People) -> None:
 def test_charts_are_svg_with_a_text_equivalent(folks: People) -> None:
     admin = client_for(folks.acme_admin)
     models = body(admin.get("/usage/models/"))
-    assert models.count('role="img"') == 2
+    assert models.count('role="img"') == 3
     assert '<title id="lb-day-title">Spend by day</title>' in models
+    # The running total against the monthly limit (acme's 1000), with a column in the table.
+    assert '<title id="lb-run-title">Running total against the limit</title>' in models
+    assert 'class="lb-limit"' in models
+    assert "Limit: 1,000.00 USD" in models
+    assert "Running total" in models
+    # Cost by day stacked by model, the model's name on each part and in the legend.
+    assert '<title id="lb-stack-title">Spend by day and model</title>' in models
+    assert 'class="lb-series lb-series-0"' in models
     assert "m30 (fake)" in models
     assert "<table" in models
     assert "<script" not in models  # no JavaScript at all

@@ -143,3 +143,9 @@ def test_status_and_the_rest_api_show_the_projection(settings: Any) -> None:
         assert "At this rate the budget runs out on 21 Nov 2026, before it resets." in page
         card = page[page.index('data-figure="projection"') :]
         assert "At this rate it runs out on 21 Nov 2026, before it resets (" in card
+        # The daily chart's running total: the limit line and the projection to the period's end.
+        charts = browser.get("/usage/models/").content.decode()
+        assert 'class="lb-limit"' in charts
+        assert '<polyline class="lb-projection"' in charts
+        assert "At the recent rate the limit of" in charts
+        assert "is reached on 21 Nov 2026, before it resets" in charts

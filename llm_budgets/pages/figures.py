@@ -360,6 +360,28 @@ def spend_by_model(viewer: Viewer, periods: Periods, unit: str) -> list[UsageRow
     return [_usage_row(r, f"{r['model']} ({r['provider']})", total, short=r["model"]) for r in rows]
 
 
+def spend_by_day_and_model(
+    viewer: Viewer, periods: Periods, unit: str
+) -> dict[tuple[date, str], Decimal]:
+    """The current period's spend per local day and model name (the stacked chart)."""
+    spend: dict[tuple[date, str], Decimal] = {}
+    for row in _grouped(viewer, periods, "day_model", unit):
+        key = (row["day"], row["model"])
+        spend[key] = spend.get(key, ZERO) + row["total"]
+    return spend
+
+
+def period_budget(viewer: Viewer, at: datetime, unit: str) -> BudgetStatus | None:
+    """The monthly budget the period's charts are drawn against, with its projection: the
+    organisation's, or a member's own; None if there is none in the charts' unit."""
+    end_user = end_user_of(viewer)
+    wanted = (Scope.TENANT,) if end_user is None else (Scope.END_USER, Scope.END_USER_DEFAULT)
+    for status in budget_statuses(viewer.tenant, end_user, at):
+        if status.scope in wanted and status.window == Window.MONTH and status.unit == unit:
+            return status
+    return None
+
+
 END_USER_SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "amount": lambda r: (-r["total"], r["end_user__external_id"] or ""),
     "calls": lambda r: (-r["n_calls"], r["end_user__external_id"] or ""),
