@@ -402,7 +402,7 @@ def test_charts_are_svg_with_a_text_equivalent(folks: People) -> None:
     assert "Limit: 1,000.00 USD" in models
     assert "Running total" in models
     # Cost by day stacked by model, the model's name on each part and in the legend.
-    assert '<title id="lb-stack-title">Spend by day and model</title>' in models
+    assert '<title id="lb-stack-title">Spend by model, day by day</title>' in models
     assert 'class="lb-series lb-series-0"' in models
     assert "m30 (fake)" in models
     assert "<table" in models

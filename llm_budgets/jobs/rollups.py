@@ -5,6 +5,11 @@ A rollup is derived data: ``daily_usage_rebuild`` recomputes whole days from the
 replaces their rows in one transaction, so running it twice, or after a crash, gives the same
 result. The periodic job rebuilds the last ``ROLLUP_LOOKBACK_DAYS`` days, because a late commit
 after expiry adds a true-up line to the day its reservation was made.
+
+The watermark (``RollupWatermark``): every rebuild also rebuilds every day that a ledger line
+written since the previous one belongs to, in the same transaction as it moves the watermark to
+the ledger's last id, so the rollups always hold exactly the lines up to it (less the ids still in
+flight, kept as gaps) and ``reads.live`` adds the rest: the pages never wait for this job.
 """
 
 from __future__ import annotations

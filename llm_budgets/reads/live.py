@@ -28,7 +28,8 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.db.models import Max, Q, QuerySet, Sum
+from django.db.models import Count, Max, Q, QuerySet, Sum
+from django.db.models.functions import TruncDate
 
 from llm_budgets.models import (
     BudgetUnit,
@@ -126,26 +127,21 @@ def usage_grouped(
         merged[tuple(row[k] for k in keys)] = row
     _, gaps_after = _watermark()
     zone = ZoneInfo(tenant.timezone)
-    for line in _tail(tenant, since, until, zone, end_user, mark, gaps_before & gaps_after):
-        values = {
-            "day": line["reserved_at"].astimezone(zone).date(),
-            "provider": line["provider"],
-            "model": line["model"],
-            "end_user__external_id": line["end_user__external_id"],
-        }
-        key = tuple(values[k] for k in keys)
+    gaps = gaps_before & gaps_after
+    for line in _tail(tenant, since, until, zone, end_user, mark, gaps, keys, field):
+        key = tuple(line[k] for k in keys)
         row = merged.get(key)
         if row is None:
-            row = merged[key] = {k: values[k] for k in keys} | {
+            row = merged[key] = {k: line[k] for k in keys} | {
                 "total": ZERO,
                 "n_calls": 0,
                 "n_input": 0,
                 "n_output": 0,
             }
-        row["total"] += line[field]
-        row["n_calls"] += 1 if line["kind"] == UsageKind.CHARGE else 0
-        row["n_input"] += line["input_tokens"]
-        row["n_output"] += line["output_tokens"]
+        row["total"] += decimal_of(line["total"])
+        row["n_calls"] += line["n_calls"] or 0
+        row["n_input"] += line["n_input"] or 0
+        row["n_output"] += line["n_output"] or 0
     result = list(merged.values())
     for row in result:
         row["total"] = round_charge(row["total"])
@@ -160,8 +156,11 @@ def _tail(
     end_user: EndUser | None,
     mark: int,
     gaps: frozenset[int],
+    keys: tuple[str, ...],
+    field: str,
 ) -> Iterable[Mapping[str, Any]]:
-    """The spend lines of the range that no rollup row read holds: above ``mark``, or in flight."""
+    """The spend lines of the range that no rollup row read holds (above ``mark``, or in flight),
+    summed per ``keys`` in the database (a local day is the tenant's)."""
     newer = Q(pk__gt=mark) | Q(pk__in=sorted(gaps)) if gaps else Q(pk__gt=mark)
     lines = UsageRecord.objects.spend().filter(newer, tenant=tenant)
     start, end = day_bounds(since, until, zone)
@@ -171,17 +170,18 @@ def _tail(
         lines = lines.filter(reserved_at__lt=end)
     if end_user is not None:
         lines = lines.filter(end_user=end_user)
-    return lines.values(
-        "reserved_at",
-        "provider",
-        "model",
-        "end_user__external_id",
-        "kind",
-        "cost",
-        "customer_cost",
-        "input_tokens",
-        "output_tokens",
-    ).order_by()
+    if "day" in keys:
+        lines = lines.annotate(day=TruncDate("reserved_at", tzinfo=zone))
+    return (
+        lines.values(*keys)
+        .annotate(
+            total=Sum(field),
+            n_calls=Count("pk", filter=Q(kind=UsageKind.CHARGE)),
+            n_input=Sum("input_tokens"),
+            n_output=Sum("output_tokens"),
+        )
+        .order_by()
+    )
 
 
 def daily_spend(
