@@ -5,11 +5,14 @@ request; and every one of those totals is the tenant budget's ``spent`` in ``bud
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from llm_budgets import budgets
@@ -207,3 +210,61 @@ def test_the_rollup_finds_the_ids_the_watermark_skipped(monkeypatch: pytest.Monk
     today = timezone.now().date()
     days = live.daily_spend(tenant, since=today, until=today, unit="provider_cost")
     assert sum(days.values(), Decimal(0)) == Decimal("3.90")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.concurrency
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="row locks and concurrent writers: PostgreSQL",
+)
+def test_reads_during_settlements_and_rollup_runs_count_each_line_once() -> None:
+    """Settlements, rollup runs and live reads at once: every read lies between the tenant
+    budget's spent just before it and just after it (nothing counted twice, nothing missed)."""
+    from django.test import override_settings
+
+    from tests.concurrency import run_threads
+    from tests.factories import seed
+
+    seed(tenant="acme", limit="100000")
+    tenant = Tenant.objects.get(external_id="acme")
+    stop = threading.Event()
+    today = timezone.now().date()
+
+    def work(index: int) -> list[str]:
+        problems: list[str] = []
+        if index < 3:  # settle
+            for n in range(15):
+                use("acme", f"u-{index}-{n}", 10)
+        elif index == 3:  # roll up
+            while not stop.is_set():
+                daily_usage_refresh()
+        else:  # read
+            for _ in range(25):
+                before = spent()
+                days = live.daily_spend(
+                    tenant,
+                    since=today - timedelta(days=1),
+                    until=today + timedelta(days=1),
+                    unit="provider_cost",
+                )
+                total = sum(days.values(), Decimal(0))
+                after = spent()
+                if not before <= total <= after:
+                    problems.append(f"{before} <= {total} <= {after}")
+        if index == 4:
+            stop.set()
+        return problems
+
+    with override_settings(LLM_BUDGETS={"LOCK_TIMEOUT_SECONDS": 30}):
+        results = run_threads(6, work, timeout=120)
+    stop.set()
+    assert results == [[]] * 6
+    daily_usage_refresh()
+    days = live.daily_spend(
+        tenant,
+        since=today - timedelta(days=1),
+        until=today + timedelta(days=1),
+        unit="provider_cost",
+    )
+    assert sum(days.values(), Decimal(0)) == spent() == Decimal("13.5")
