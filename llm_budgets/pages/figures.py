@@ -271,7 +271,7 @@ def usage_grouped(
 def _grouped(
     viewer: Viewer, periods: Periods, group_by: str, unit: str, *, period: Period | None = None
 ) -> list[dict[str, Any]]:
-    """A period's (default: the current one) rollups of what the viewer may see, grouped."""
+    """A period's (default: the current one) live usage of what the viewer may see, grouped."""
     first, last = periods.days(period or periods.current)
     if period is not None and period != periods.current:
         # After a change of timezone the periods' local days may overlap by one: count it once.
@@ -348,7 +348,7 @@ def _usage_row(row: dict[str, Any], label: str, total: Decimal, short: str = "")
 
 
 def period_total(viewer: Viewer, periods: Periods, unit: str) -> Decimal:
-    """The current period's total spend the viewer may see, from the rollups."""
+    """The current period's total spend the viewer may see, live (rollups plus the tail)."""
     return sum((r["total"] for r in _grouped(viewer, periods, "day", unit)), ZERO)
 
 
