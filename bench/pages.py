@@ -2,7 +2,8 @@
 
 Usage (from the repository root)::
 
-    python bench/pages.py [--lines 1000000] [--end-users 10000] [--days 60] [--rounds 20]
+    python bench/pages.py [--lines 1000000] [--end-users 10000] [--days 60] [--tail 10000]
+                          [--rounds 20]
                           [--database-url postgres://postgres@127.0.0.1:5432/llm_budgets_pages_bench]
 
 The database named by ``--database-url`` is DROPPED and recreated, then migrated; its name must
@@ -13,7 +14,9 @@ models; the counters admission would have kept (the month's, and one per user an
 each-user daily limit, each equal to its lines); 10^4 refusals. The rows are written
 with SQL (writing 10^6 calls through admission would take an hour and measure admission, which
 ``bench/admission.py`` does); the daily rollups are then built by the real job
-(``rollups.daily_usage_rebuild``), and the counters match the ledger.
+(``rollups.daily_usage_rebuild``); then ``--tail`` more calls in the last hour are written
+after it, above the rollups' watermark: the live tail every page and the usage API read from the
+ledger (``reads.live``). The counters match the ledger, tail included.
 
 Each page (and the usage API) is requested ``--rounds`` times in-process through Django's test
 client after a warm-up: the time is the server's (URL resolution, the reads, the template), with
@@ -31,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/llm_budgets_pages_bench"
@@ -69,7 +73,7 @@ def _setup_django(url: str) -> None:
     call_command("migrate", verbosity=0)
 
 
-def _load(lines: int, end_users: int, days: int) -> None:
+def _load(lines: int, end_users: int, days: int, tail: int) -> None:
     from datetime import timedelta
     from decimal import Decimal
 
@@ -94,7 +98,6 @@ def _load(lines: int, end_users: int, days: int) -> None:
     budgets.set_limit(tenant=TENANT, end_user="*", amount=Decimal(100), window="day")
     tenant = Tenant.objects.get(external_id=TENANT)
     now = timezone.now()
-    models_sql = ", ".join(f"('{p}', '{m}', {i})" for i, (p, m) in enumerate(MODELS))
     with connection.cursor() as cur:
         cur.execute(
             "INSERT INTO llm_budgets_enduser (tenant_id, external_id, created_at)"
@@ -103,42 +106,7 @@ def _load(lines: int, end_users: int, days: int) -> None:
         )
         cur.execute("SELECT min(id) FROM llm_budgets_enduser WHERE tenant_id = %s", [tenant.pk])
         first_user = cur.fetchone()[0]
-        # A few users much busier than the rest (the square of a uniform draw); four models.
-        cur.execute(
-            "CREATE TEMP TABLE calls AS SELECT gen_random_uuid() AS id,"
-            " %s + floor(%s * random() ^ 2)::bigint AS end_user_id,"
-            " floor(random() * 4)::int AS m,"
-            " %s::timestamptz - (random() * %s) * interval '1 day' AS at,"
-            " (500 + random() * 20000)::int AS input_tokens,"
-            " (50 + random() * 2000)::int AS output_tokens"
-            " FROM generate_series(1, %s)",
-            [first_user, end_users, now, days, lines],
-        )
-        common = (
-            "FROM calls c JOIN (VALUES " + models_sql + ") AS mm(provider, model, m) ON mm.m = c.m"
-        )
-        cur.execute(
-            "INSERT INTO llm_budgets_reservation (id, tenant_id, end_user_id, provider, model,"
-            " input_tokens, max_output_tokens, amount, customer_amount, markup_percent, currency,"
-            " state, created_at, expires_at, settled_at, pricing_basis, degraded, requested_model,"
-            " tags, service_tier) SELECT c.id, %s, c.end_user_id, mm.provider, mm.model,"
-            " c.input_tokens, 2000, 0.01, 0.01, 0, 'USD', 'committed', c.at,"
-            " c.at + interval '2 minutes', c.at, 'price', false, '', '{}'::jsonb, '' " + common,
-            [tenant.pk],
-        )
-        cur.execute(
-            "INSERT INTO llm_budgets_usagerecord (reservation_id, kind, tenant_id, end_user_id,"
-            " provider, model, input_tokens, cached_input_tokens, cache_write_tokens,"
-            " cache_write_1h_tokens, output_tokens, reasoning_tokens, tool_calls, tags, cost,"
-            " customer_cost, currency, overage, is_estimated, reserved_at, created_at,"
-            " pricing_basis, service_tier) SELECT c.id, 'charge', %s, c.end_user_id, mm.provider,"
-            " mm.model,"
-            " c.input_tokens, 0, 0, 0, c.output_tokens, 0, '{}'::jsonb, '{}'::jsonb,"
-            " round((c.input_tokens * 1 + c.output_tokens * 4) / 1000000.0, 10),"
-            " round((c.input_tokens * 1 + c.output_tokens * 4) / 1000000.0, 10), 'USD', 0, false,"
-            " c.at, c.at + interval '3 seconds', 'price', '' " + common,
-            [tenant.pk],
-        )
+        _calls(cur, tenant.pk, first_user, end_users, lines, now, days)
         cur.execute(
             "INSERT INTO llm_budgets_refusal (created_at, tenant_id, end_user_id, provider, model,"
             " kind, detail, requested, remaining, end_user_external_id, run_external_id)"
@@ -157,7 +125,69 @@ def _load(lines: int, end_users: int, days: int) -> None:
     with connection.cursor() as cur:
         cur.execute("ANALYZE")
     print(f"rollups: {written} rows in {time.perf_counter() - started:.0f}s", flush=True)
+    _tail(tail, end_users)
     _counters()
+
+
+def _calls(
+    cur: Any, tenant_id: int, first_user: int, end_users: int, lines: int, now: Any, days: float
+) -> None:
+    """``lines`` committed calls (reservation and ledger line each) over the ``days`` before
+    ``now``."""
+    models_sql = ", ".join(f"('{p}', '{m}', {i})" for i, (p, m) in enumerate(MODELS))
+    # A few users much busier than the rest (the square of a uniform draw); four models.
+    cur.execute(
+        "CREATE TEMP TABLE calls AS SELECT gen_random_uuid() AS id,"
+        " %s + floor(%s * random() ^ 2)::bigint AS end_user_id,"
+        " floor(random() * 4)::int AS m,"
+        " %s::timestamptz - (random() * %s) * interval '1 day' AS at,"
+        " (500 + random() * 20000)::int AS input_tokens,"
+        " (50 + random() * 2000)::int AS output_tokens"
+        " FROM generate_series(1, %s)",
+        [first_user, end_users, now, days, lines],
+    )
+    common = "FROM calls c JOIN (VALUES " + models_sql + ") AS mm(provider, model, m) ON mm.m = c.m"
+    cur.execute(
+        "INSERT INTO llm_budgets_reservation (id, tenant_id, end_user_id, provider, model,"
+        " input_tokens, max_output_tokens, amount, customer_amount, markup_percent, currency,"
+        " state, created_at, expires_at, settled_at, pricing_basis, degraded, requested_model,"
+        " tags, service_tier) SELECT c.id, %s, c.end_user_id, mm.provider, mm.model,"
+        " c.input_tokens, 2000, 0.01, 0.01, 0, 'USD', 'committed', c.at,"
+        " c.at + interval '2 minutes', c.at, 'price', false, '', '{}'::jsonb, '' " + common,
+        [tenant_id],
+    )
+    cur.execute(
+        "INSERT INTO llm_budgets_usagerecord (reservation_id, kind, tenant_id, end_user_id,"
+        " provider, model, input_tokens, cached_input_tokens, cache_write_tokens,"
+        " cache_write_1h_tokens, output_tokens, reasoning_tokens, tool_calls, tags, cost,"
+        " customer_cost, currency, overage, is_estimated, reserved_at, created_at,"
+        " pricing_basis, service_tier) SELECT c.id, 'charge', %s, c.end_user_id, mm.provider,"
+        " mm.model,"
+        " c.input_tokens, 0, 0, 0, c.output_tokens, 0, '{}'::jsonb, '{}'::jsonb,"
+        " round((c.input_tokens * 1 + c.output_tokens * 4) / 1000000.0, 10),"
+        " round((c.input_tokens * 1 + c.output_tokens * 4) / 1000000.0, 10), 'USD', 0, false,"
+        " c.at, c.at + interval '3 seconds', 'price', '' " + common,
+        [tenant_id],
+    )
+    cur.execute("DROP TABLE calls")
+
+
+def _tail(lines: int, end_users: int) -> None:
+    """The live tail: ``lines`` calls in the last hour, written after the rollups ran (above
+    their watermark), which every page and the usage API read from the ledger."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from llm_budgets.models import Tenant
+
+    started = time.perf_counter()
+    tenant = Tenant.objects.get(external_id=TENANT)
+    with connection.cursor() as cur:
+        cur.execute("SELECT min(id) FROM llm_budgets_enduser WHERE tenant_id = %s", [tenant.pk])
+        first_user = cur.fetchone()[0]
+        _calls(cur, tenant.pk, first_user, end_users, lines, timezone.now(), 1 / 24)
+        cur.execute("ANALYZE")
+    print(f"live tail: {lines} lines in {time.perf_counter() - started:.0f}s", flush=True)
 
 
 def _counters() -> None:
@@ -259,6 +289,12 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=1_000_000)
     parser.add_argument("--end-users", type=int, default=10_000)
     parser.add_argument("--days", type=int, default=60)
+    parser.add_argument(
+        "--tail",
+        type=int,
+        default=10_000,
+        help="Lines written since the last rollup run (read live from the ledger).",
+    )
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--database-url", default=os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL))
     parser.add_argument(
@@ -269,7 +305,7 @@ def main() -> None:
         _recreate(args.database_url)
     _setup_django(args.database_url)
     if not args.reuse:
-        _load(args.lines, args.end_users, args.days)
+        _load(args.lines, args.end_users, args.days, args.tail)
     else:
         from django.contrib.auth.models import User
 

@@ -31,7 +31,7 @@ RUNS: dict[str, list[str]] = {
         "guard.py": "--calls 10",
         "load.py": "--clients 2 --workers 1 --duration 3 --tenants 2 --end-users 3"
         " --overhead-rounds 3 --port 8197",
-        "pages.py": "--lines 200 --end-users 20 --days 3 --rounds 2",
+        "pages.py": "--lines 200 --end-users 20 --days 3 --tail 20 --rounds 2",
         "rest_overhead.py": "--cycles 10",
         "scale.py": "--ledger 100 --users 10 --holds 50 --batch-size 20",
         "scopes.py": "--cycles 20 --workers 1,2",

@@ -308,7 +308,15 @@ class RemoteBudgetStatus(BudgetStatus):
         money = ("limit", "spent", "reserved", "remaining", "raised")
         values = {f.name: data[f.name] for f in fields(cls) if f.name != "data" and f.name in data}
         values.update({k: _money(values[k]) for k in money if k in values})
-        values.update({k: _when(values[k]) for k in ("period_start", "resets_at") if k in values})
+        if values.get("projected") is not None:
+            values["projected"] = _money(values["projected"])
+        values.update(
+            {
+                k: _when(values[k])
+                for k in ("period_start", "resets_at", "runs_out_at")
+                if k in values
+            }
+        )
         legacy = {k: _money(v) if k in money[:4] else v for k, v in data.items()}
         return cls(**values, data=legacy)
 

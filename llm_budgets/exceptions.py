@@ -107,6 +107,12 @@ class BudgetExceeded(BudgetError):
         when = f"resets at {resets_at.isoformat()}" if resets_at else "never resets (lifetime)"
         if resets_at and window.startswith("rolling:"):
             when = f"has room for it at {resets_at.isoformat()}, as older spend leaves the window"
+        if self.beyond_limit:
+            # Waiting cannot help: say so, and what can (issue 25).
+            when = (
+                "is larger than the whole limit, so no reset makes room for it: lower its "
+                "output ceiling (or its input), or raise the limit"
+            )
         message = (
             f"Budget exceeded: {scope} {window} budget has {display(remaining)} {currency} "
             f"remaining of {display(limit)}; this request needs {display(requested)}. It {when}."
@@ -120,6 +126,13 @@ class BudgetExceeded(BudgetError):
             requested=requested,
             resets_at=resets_at,
         )
+
+    @property
+    def beyond_limit(self) -> bool:
+        """The request needs more than the budget's whole limit: no reset (nor any wait) can
+        admit it, only a smaller request or a higher limit. False for a budget every tenant
+        shares (its limit is not the tenant's to learn)."""
+        return not self.shared and self.limit is not None and self.requested > self.limit
 
     def without_figures(self, resets_at: datetime | None) -> dict[str, Any]:
         """What a tenant's key is told of a refusal by a budget every tenant shares: that it

@@ -47,6 +47,11 @@ class BudgetStatus:
     resets_at: datetime | None  # rolling: when all spend now counted has left the window
     unit: str = "provider_cost"  # what the counter counts: provider cost or customer price
     raised: Decimal = ZERO  # included in ``limit``
+    # Monthly budgets of the tenant or an end user (``reads.projections``): spent + reserved at
+    # the end of the period at the recent burn rate, and when it would reach the limit before
+    # the reset (None: it would not). None where there is no projection.
+    projected: Decimal | None = None
+    runs_out_at: datetime | None = None
 
 
 # What ``release`` and ``mark_uncertain`` return: the hold's state after the call.

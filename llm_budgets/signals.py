@@ -31,6 +31,9 @@ Sent once per (budget, period, threshold), by the warning scan, with ``sender`` 
 - ``threshold``: the percentage reached (int)
 - ``period_start``: the period's start (aware datetime)
 - ``spent``, ``reserved``, ``limit``: ``Decimal`` amounts at detection, in ``currency`` (str)
+- ``kind``: ``"threshold"``, or ``"projected"`` for a plan's opt-in warning that the budget is
+  projected to reach its limit before it resets (``threshold`` is then 100, and the crossing
+  carries ``projected`` and ``runs_out_at``)
 """
 
 stripe_reconciled = Signal()

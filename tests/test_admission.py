@@ -438,3 +438,24 @@ def test_a_retry_asking_a_dearer_service_tier_does_not_ride_the_first_hold() -> 
     assert refused.value.differs == "service_tier"
     assert refused.value.reservation_id == str(held.pk)
     assert reservation_create(**asked, max_output_tokens=1000, idempotency_key="k") == held
+
+
+def test_a_call_larger_than_the_whole_limit_is_told_no_reset_makes_room(acme: None) -> None:
+    seed(tenant="acme", limit="1000")
+    budgets.set_limit(tenant="acme", end_user="small", amount=Decimal(20), window="day")
+    with pytest.raises(BudgetExceeded) as refused:
+        reserve_30(end_user="small")
+    error = refused.value
+    assert error.beyond_limit
+    assert "larger than the whole limit, so no reset makes room for it" in str(error)
+    assert "resets at" not in str(error)
+    # No Retry-After that would invite a retry bound to fail.
+    assert (error.resets_at, error.retry_after) == (None, None)
+    # One that merely does not fit now still says when the budget resets.
+    budgets.set_limit(tenant="acme", end_user="small", amount=Decimal(45), window="day")
+    reserve_30(end_user="small")
+    with pytest.raises(BudgetExceeded) as refused:
+        reserve_30(end_user="small")
+    assert not refused.value.beyond_limit
+    assert "It resets at" in str(refused.value)
+    assert refused.value.retry_after is not None

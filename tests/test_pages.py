@@ -147,6 +147,11 @@ def test_a_member_sees_only_their_own_budgets_and_usage(folks: People) -> None:
     assert len(rows) == 1 + 2
     users = body(member.get("/usage/users/"))
     assert money_text(Decimal(18), "USD") in users
+    # Worded for one person: their own calls, not a ranking of one at 100%.
+    assert "Your calls" in users
+    assert "100.0%" not in users
+    assert "Top users" not in users
+    assert "Only your own calls are shown here" in users
 
 
 def test_the_overview_shows_the_tenants_run_and_tag_budgets_to_its_admins(folks: People) -> None:
@@ -171,7 +176,11 @@ def test_a_member_whose_end_user_has_no_usage_sees_empty_pages(folks: People) ->
     member = client_for(folks.acme_member)
     for path in PAGES:
         assert member.get(path).status_code == 200
-    assert "No usage this billing period yet." in body(member.get("/usage/users/"))
+    # Empty states say why: nothing charged since the period began (the figures are live).
+    for path in ("/usage/users/", "/usage/models/"):
+        assert "You have made no charged call since this billing period began on" in body(
+            member.get(path)
+        )
     assert len(export_rows(member.get("/usage/export.csv"))) == 1
 
 
@@ -393,8 +402,16 @@ def test_the_export_has_a_column_for_every_usage_field(folks: People) -> None:
 def test_charts_are_svg_with_a_text_equivalent(folks: People) -> None:
     admin = client_for(folks.acme_admin)
     models = body(admin.get("/usage/models/"))
-    assert models.count('role="img"') == 2
+    assert models.count('role="img"') == 3
     assert '<title id="lb-day-title">Spend by day</title>' in models
+    # The running total against the monthly limit (acme's 1000), with a column in the table.
+    assert '<title id="lb-run-title">Running total against the limit</title>' in models
+    assert 'class="lb-limit"' in models
+    assert "Limit: 1,000.00 USD" in models
+    assert "Running total" in models
+    # Cost by day stacked by model, the model's name on each part and in the legend.
+    assert '<title id="lb-stack-title">Spend by model, day by day</title>' in models
+    assert 'class="lb-series lb-series-0"' in models
     assert "m30 (fake)" in models
     assert "<table" in models
     assert "<script" not in models  # no JavaScript at all
@@ -427,7 +444,14 @@ def test_refusals_say_what_was_asked_what_was_left_and_when_it_resets(folks: Peo
     assert "for user bob-acme needed up to 30.00 USD" in text
     # Her own new budget counts from now: all 20.00 of it was left.
     assert "had only 20.00 USD left" in text
-    assert "That budget resets" in text
+    # 30 is more than the whole 20: waiting for the reset would not help, and the page says so.
+    assert "no reset makes room for it" in text
+    budgets.set_limit(tenant="acme", end_user="cy-acme", amount=Decimal(45), window="day")
+    reserve_30(tenant="acme", end_user="cy-acme")
+    with pytest.raises(BudgetExceeded):
+        reserve_30(tenant="acme", end_user="cy-acme")  # 30 more than what is left, not the limit
+    text = body(client_for(folks.acme_admin).get("/usage/refusals/"))
+    assert text.count("That budget resets") == 1
     # Members see their own refusals only; another tenant none.
     assert "bob-acme" not in body(client_for(folks.acme_member).get("/usage/refusals/"))
     assert "bob-acme" not in body(client_for(folks.beta_admin).get("/usage/refusals/"))

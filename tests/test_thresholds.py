@@ -357,3 +357,36 @@ def test_each_run_of_a_run_star_budget_is_warned_about_once() -> None:
     ]
     _scan_job()
     assert len(mail.outbox) == 2
+
+
+@pytest.mark.usefixtures("application_clock")
+def test_a_projected_overrun_is_warned_once_and_only_where_the_plan_opts_in() -> None:
+    import time_machine
+
+    # 3.00 a day for a week against a month of 60: at that rate it runs out on 21 Nov.
+    for day in range(1, 8):
+        with time_machine.travel(datetime(2026, 11, day, 12, tzinfo=UTC), tick=False):
+            if day == 1:
+                seed(limit="60")
+                billing_contacts("billing@acme.test")
+            reserve_30().commit(input_tokens=0, output_tokens=100)
+    with time_machine.travel(datetime(2026, 11, 8, 9, tzinfo=UTC), tick=False):
+        _scan_job()
+        plan = Plan.objects.create(name="growth")
+        Tenant.objects.filter(external_id="acme").update(plan=plan)
+        _scan_job()
+        # Off by default, without a plan or with one (21 of 60 reaches no threshold either).
+        assert ThresholdCrossing.objects.count() == 0
+        plan.warn_projected = True
+        plan.save()
+        for _ in range(3):
+            _scan_job()
+            call_command("llm_budgets_warnings", stdout=_Null())
+    [crossing] = ThresholdCrossing.objects.all()
+    assert (crossing.kind, crossing.threshold, crossing.state) == ("projected", 100, "sent")
+    assert crossing.runs_out_at is not None
+    assert crossing.runs_out_at.date() == datetime(2026, 11, 21).date()
+    [message] = mail.outbox
+    assert "projected to run out before it resets" in message.subject
+    assert "will use all of its month LLM budget" in message.body
+    assert "21 Nov 2026" in message.body or "2026-11-21" in message.body

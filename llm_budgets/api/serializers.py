@@ -376,6 +376,17 @@ class BudgetStatusSerializer(serializers.Serializer):
     period_start = serializers.DateTimeField(read_only=True)
     resets_at = serializers.DateTimeField(read_only=True, allow_null=True)
     raised = money_out(help_text="Active temporary raises, included in limit.")
+    projected = money_out(
+        allow_null=True,
+        help_text="Monthly budgets of the tenant or an end user: spent + reserved projected at "
+        "the end of the period from the recent burn rate (docs/pages.md, Projections); null "
+        "where there is none (other windows, no complete day of usage yet).",
+    )
+    runs_out_at = serializers.DateTimeField(
+        read_only=True,
+        allow_null=True,
+        help_text="When the budget would reach its limit at that rate, if before it resets.",
+    )
 
 
 class TenantStatusSerializer(serializers.Serializer):

@@ -1,8 +1,9 @@
 """``GET tenants/<id>/usage``: the tenant pages' figures for hosts that draw their own pages.
 
-Read from the daily rollups (never the ledger), grouped by day, model or end user, over a range
-of the tenant's local days (default: its current billing period). Tenant keys see only their own
-tenant; the budgets themselves are ``GET tenants/<id>/status``.
+Live (``reads.live``: the daily rollups plus the ledger lines since their watermark), grouped by
+day, model or end user, over a range of the tenant's local days (default: its current billing
+period). Tenant keys see only their own tenant; the budgets themselves are
+``GET tenants/<id>/status``.
 """
 
 from __future__ import annotations

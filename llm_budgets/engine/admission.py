@@ -802,16 +802,20 @@ def _exceeded(
             [(b.start, b.spent + b.reserved) for b in buckets],
             reservation.amount_for(budget.unit) - remaining,
         )
+    requested = reservation.amount_for(budget.unit)
+    shared = shared_by_tenants(budget.scope)
+    if requested > item.limit and not shared:
+        resets_at = None  # no reset makes room for it: no Retry-After that invites a retry
     return BudgetExceeded(
         scope=item.scope_label,
         window=budget.window,
         limit=item.limit,
         remaining=max(Decimal(0), remaining),
-        requested=reservation.amount_for(budget.unit),
+        requested=requested,
         resets_at=resets_at,
         currency=budget.currency,
         budget_id=budget.pk,
         tenant=reservation.tenant.external_id,
         end_user=reservation.end_user.external_id if reservation.end_user else None,
-        shared=shared_by_tenants(budget.scope),
+        shared=shared,
     )

@@ -5,6 +5,11 @@ A rollup is derived data: ``daily_usage_rebuild`` recomputes whole days from the
 replaces their rows in one transaction, so running it twice, or after a crash, gives the same
 result. The periodic job rebuilds the last ``ROLLUP_LOOKBACK_DAYS`` days, because a late commit
 after expiry adds a true-up line to the day its reservation was made.
+
+The watermark (``RollupWatermark``): every rebuild also rebuilds every day that a ledger line
+written since the previous one belongs to, in the same transaction as it moves the watermark to
+the ledger's last id, so the rollups always hold exactly the lines up to it (less the ids still in
+flight, kept as gaps) and ``reads.live`` adds the rest: the pages never wait for this job.
 """
 
 from __future__ import annotations
@@ -17,13 +22,15 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.db import transaction
-from django.db.models import Count, Min, Q, Sum
+from django.db.models import Count, Max, Min, Q, QuerySet, Sum
+from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from llm_budgets.conf import conf
 from llm_budgets.models import (
     DailyUsage,
     EndUser,
+    RollupWatermark,
     Tenant,
     TenantDailyUsage,
     UsageKind,
@@ -45,48 +52,145 @@ def _days(since: date, until: date) -> Iterable[date]:
         day += timedelta(days=1)
 
 
+# An id below the watermark that no rollup has read is a settlement still in flight (its id was
+# drawn before the watermark's, its commit came after) or one rolled back (its id is never used).
+# After this long it can only be the second: it is forgotten.
+GAP_TTL = timedelta(hours=1)
+# At most this many such ids are remembered (a burst of rolled-back settlements).
+MAX_GAPS = 10_000
+
+
+def _mark_for_update() -> RollupWatermark:
+    """The watermark row, locked: one rebuild at a time moves it."""
+    RollupWatermark.objects.get_or_create(pk=1)
+    return RollupWatermark.objects.select_for_update().get(pk=1)
+
+
+def _touched(lines: QuerySet[UsageRecord]) -> dict[str, dict[date, set[int]]]:
+    """Per tenant timezone, the local days (and their tenants) the given lines belong to."""
+    touched: dict[str, dict[date, set[int]]] = {}
+    zones = dict(
+        Tenant.objects.filter(pk__in=lines.values("tenant_id")).values_list("pk", "timezone")
+    )
+    for zone_name in set(zones.values()):
+        in_zone = [pk for pk, name in zones.items() if name == zone_name]
+        days = (
+            lines.filter(tenant_id__in=in_zone)
+            .annotate(local_day=TruncDate("reserved_at", tzinfo=ZoneInfo(zone_name)))
+            .values_list("local_day", "tenant_id")
+            .distinct()
+            .order_by()
+        )
+        for day, tenant_id in days:
+            touched.setdefault(zone_name, {}).setdefault(day, set()).add(tenant_id)
+    return touched
+
+
+def _gaps_after(mark: RollupWatermark, through: int, now: datetime) -> tuple[list[Any], list[int]]:
+    """The gaps to remember after moving the watermark from ``mark.through_id`` to ``through``,
+    and the remembered ones that are now committed (their days must be rebuilt)."""
+    filled: list[int] = []
+    kept: list[Any] = []
+    old = {int(gap[0]): gap[1] for gap in mark.gaps or ()}
+    if old:
+        present = set(UsageRecord.objects.filter(pk__in=old).values_list("pk", flat=True))
+        filled = sorted(present)
+        for pk, seen in old.items():
+            if pk not in present and datetime.fromisoformat(seen) > now - GAP_TTL:
+                kept.append([pk, seen])
+    if mark.through_id and through > mark.through_id:
+        new = UsageRecord.objects.filter(pk__gt=mark.through_id, pk__lte=through)
+        if new.count() < through - mark.through_id:
+            present = set(new.values_list("pk", flat=True))
+            missing = (pk for pk in range(mark.through_id + 1, through) if pk not in present)
+            kept += [[pk, now.isoformat()] for pk in missing]
+    return kept[-MAX_GAPS:], filled
+
+
 def daily_usage_rebuild(
     *, since: date, until: date, tenant: Tenant | None = None, now: datetime | None = None
 ) -> int:
     """Recompute the rollup rows of every local day from ``since`` to ``until`` (inclusive), for
-    one tenant or all. Returns how many rows were written."""
+    one tenant or all, and move the watermark: every day (of any tenant) that a ledger line
+    written since the last rebuild belongs to is rebuilt too, in the same transaction, so the
+    rollups always hold exactly the lines up to the watermark (``RollupWatermark``) and a read
+    that adds the lines above it counts each line once (``reads.live``). Returns how many rows
+    were written."""
     now = now or timezone.now()
-    tenants = Tenant.objects.all() if tenant is None else Tenant.objects.filter(pk=tenant.pk)
     written = 0
-    # One aggregate query per (time zone, day): day boundaries depend on the zone.
-    for zone_name in sorted(set(tenants.values_list("timezone", flat=True))):
-        zone = ZoneInfo(zone_name)
-        zone_tenants = tenants.filter(timezone=zone_name)
-        for day in _days(since, until):
-            start, end = _day_bounds(day, zone)
-            rows = (
-                # What the tenant spent (a reset of one counter is not: docs/pages.md).
-                UsageRecord.objects.spend()
-                .filter(tenant__in=zone_tenants, reserved_at__gte=start, reserved_at__lt=end)
-                .values("tenant_id", "end_user_id", "provider", "model", "currency")
-                # Annotation names differ from the fields they sum (Django resolves to the alias).
-                .annotate(
-                    n_calls=Count("pk", filter=Q(kind=UsageKind.CHARGE)),
-                    n_input=Sum("input_tokens"),
-                    n_cached=Sum("cached_input_tokens"),
-                    n_output=Sum("output_tokens"),
-                    total=Sum("cost"),
-                    total_customer=Sum("customer_cost"),
-                    total_estimated=Sum("cost", filter=Q(is_estimated=True)),
+    with transaction.atomic():
+        mark = _mark_for_update()
+        through = UsageRecord.objects.aggregate(last=Max("pk"))["last"] or 0
+        gaps, filled = _gaps_after(mark, through, now)
+        if mark.through_id == 0:
+            # The first rebuild reads the whole ledger: every day of every tenant with a line.
+            plan = _touched(UsageRecord.objects.all())
+        else:
+            plan = _touched(
+                UsageRecord.objects.filter(
+                    Q(pk__gt=mark.through_id, pk__lte=through) | Q(pk__in=filled)
                 )
-                .order_by()
             )
-            objects = [_row(day, row, now) for row in rows]
-            with transaction.atomic():
-                DailyUsage.objects.filter(day=day, tenant__in=zone_tenants).delete()
-                DailyUsage.objects.bulk_create(objects)
-                TenantDailyUsage.objects.filter(day=day, tenant__in=zone_tenants).delete()
-                TenantDailyUsage.objects.bulk_create(tenant_totals(objects))
-            written += len(objects)
+        tenants = Tenant.objects.all() if tenant is None else Tenant.objects.filter(pk=tenant.pk)
+        for zone_name, pks in _by_zone(tenants).items():
+            for day in _days(since, until):
+                plan.setdefault(zone_name, {}).setdefault(day, set()).update(pks)
+        gap_ids = [int(gap[0]) for gap in gaps]
+        for zone_name in sorted(plan):
+            zone = ZoneInfo(zone_name)
+            for day, tenant_ids in sorted(plan[zone_name].items()):
+                written += _rebuild_day(day, zone, tenant_ids, through, gap_ids, now)
+        mark.through_id = max(mark.through_id, through)
+        mark.gaps = gaps
+        mark.updated_at = now
+        mark.save(update_fields=["through_id", "gaps", "updated_at"])
     return written
 
 
-def _row(day: date, row: Mapping[str, Any], now: datetime) -> DailyUsage:
+def _by_zone(tenants: QuerySet[Tenant]) -> dict[str, set[int]]:
+    zones: dict[str, set[int]] = {}
+    for pk, zone_name in tenants.values_list("pk", "timezone"):
+        zones.setdefault(zone_name, set()).add(pk)
+    return zones
+
+
+def _rebuild_day(
+    day: date, zone: ZoneInfo, tenant_ids: set[int], through: int, gaps: list[int], now: datetime
+) -> int:
+    """Replace one local day's rows of these tenants (all in ``zone``) with the totals of their
+    lines up to the watermark ``through`` (less the ids still in flight)."""
+    start, end = _day_bounds(day, zone)
+    lines = (
+        # What the tenant spent (a reset of one counter is not: docs/pages.md).
+        UsageRecord.objects.spend().filter(
+            tenant_id__in=tenant_ids, reserved_at__gte=start, reserved_at__lt=end, pk__lte=through
+        )
+    )
+    if gaps:
+        lines = lines.exclude(pk__in=gaps)
+    rows = (
+        lines.values("tenant_id", "end_user_id", "provider", "model", "currency")
+        # Annotation names differ from the fields they sum (Django resolves to the alias).
+        .annotate(
+            n_calls=Count("pk", filter=Q(kind=UsageKind.CHARGE)),
+            n_input=Sum("input_tokens"),
+            n_cached=Sum("cached_input_tokens"),
+            n_output=Sum("output_tokens"),
+            total=Sum("cost"),
+            total_customer=Sum("customer_cost"),
+            total_estimated=Sum("cost", filter=Q(is_estimated=True)),
+        )
+        .order_by()
+    )
+    objects = [_row(day, row, now, through) for row in rows]
+    DailyUsage.objects.filter(day=day, tenant_id__in=tenant_ids).delete()
+    DailyUsage.objects.bulk_create(objects)
+    TenantDailyUsage.objects.filter(day=day, tenant_id__in=tenant_ids).delete()
+    TenantDailyUsage.objects.bulk_create(tenant_totals(objects))
+    return len(objects)
+
+
+def _row(day: date, row: Mapping[str, Any], now: datetime, through: int) -> DailyUsage:
     # SQLite sums decimals with float-like scale: bring totals back to the stored precision.
     return DailyUsage(
         day=day,
@@ -103,6 +207,7 @@ def _row(day: date, row: Mapping[str, Any], now: datetime) -> DailyUsage:
         customer_cost=round_charge(Decimal(row["total_customer"] or ZERO)),
         estimated_cost=round_charge(Decimal(row["total_estimated"] or ZERO)),
         updated_at=now,
+        through_id=through,
     )
 
 
@@ -123,6 +228,7 @@ def tenant_totals(rows: Iterable[DailyUsage]) -> list[TenantDailyUsage]:
                 customer_cost=ZERO,
                 estimated_cost=ZERO,
                 updated_at=row.updated_at,
+                through_id=row.through_id,
             )
         total.calls += row.calls
         total.input_tokens += row.input_tokens

@@ -34,12 +34,16 @@ from llm_budgets.models import (
     ApiKey,
     Budget,
     Counter,
+    CrossingKind,
     DeliveryState,
     EndUser,
     Plan,
     Run,
+    Scope,
     ThresholdCrossing,
+    Window,
 )
+from llm_budgets.reads.projections import with_projections
 from llm_budgets.reads.statuses import statuses_for
 from llm_budgets.signals import threshold_crossed
 from llm_budgets.windows import (
@@ -174,9 +178,10 @@ def thresholds_scan(*, now: datetime | None = None) -> list[int]:
     emailed; the lower ones are recorded as skipped (and still signalled)."""
     now = now or timezone.now()
     created: list[ThresholdCrossing] = []
+    projected = _projected_crossings(now)
     crossed = _crossed(now)
     if not crossed:
-        return []
+        return projected
     known = set(
         ThresholdCrossing.objects.filter(
             budget__in=[c.item.budget.pk for c in crossed],
@@ -224,6 +229,55 @@ def thresholds_scan(*, now: datetime | None = None) -> list[int]:
                 except IntegrityError:
                     continue  # another scanner recorded it first: it owns the signal and email
         transaction.on_commit(lambda: _signal(created))
+    return projected + [c.pk for c in created]
+
+
+def _projected_crossings(now: datetime) -> list[int]:
+    """Plans that opted in (``Plan.warn_projected``): each of their tenants' own monthly budget
+    that, at the recent burn rate (``reads.projections``), reaches its limit before it resets is
+    recorded once per period (``kind="projected"``, threshold 100) and emailed like a threshold.
+    Off by default; a budget already at its limit is the 100% threshold's business."""
+    items = [
+        ApplicableBudget(budget, budget_period(budget, now))
+        for budget in Budget.objects.select_related("tenant__plan").filter(
+            tenant__plan__warn_projected=True,
+            scope=Scope.TENANT,
+            window=Window.MONTH,
+            limit__gt=0,
+        )
+    ]
+    if not items:
+        return []
+    statuses = statuses_for(items)
+    created: list[ThresholdCrossing] = []
+    with transaction.atomic():
+        for item, status in zip(items, statuses, strict=True):
+            budget = item.budget
+            assert budget.tenant is not None
+            (status,) = with_projections([status], budget.tenant, None, now)
+            if status.runs_out_at is None or status.projected is None:
+                continue
+            try:
+                with transaction.atomic():
+                    created.append(
+                        ThresholdCrossing.objects.create(
+                            budget=budget,
+                            tenant=budget.tenant,
+                            kind=CrossingKind.PROJECTED,
+                            period_start=item.period.start,
+                            threshold=100,
+                            limit=status.limit,
+                            spent=status.spent,
+                            reserved=status.reserved,
+                            projected=status.projected,
+                            runs_out_at=status.runs_out_at,
+                            currency=budget.currency,
+                            crossed_at=now,
+                        )
+                    )
+            except IntegrityError:
+                continue  # recorded already this period (by this scan before, or another)
+        transaction.on_commit(lambda: _signal(created))
     return [c.pk for c in created]
 
 
@@ -240,6 +294,7 @@ def _signal(crossings: list[ThresholdCrossing]) -> None:
             reserved=crossing.reserved,
             limit=crossing.limit,
             currency=crossing.currency,
+            kind=crossing.kind,
         ):
             if isinstance(result, Exception):
                 logger.error(
@@ -338,6 +393,9 @@ def _message(crossing: ThresholdCrossing, recipients: list[str]) -> EmailMultiAl
         "scope": _scope_label(crossing),
         "window": budget.window.replace(ROLLING_PREFIX, "rolling "),
         "threshold": crossing.threshold,
+        "projected_warning": crossing.kind == CrossingKind.PROJECTED,
+        "projected": crossing.projected,
+        "runs_out_at": crossing.runs_out_at,
         "limit": crossing.limit,
         "spent": crossing.spent,
         "reserved": crossing.reserved,

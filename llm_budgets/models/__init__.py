@@ -35,10 +35,10 @@ from llm_budgets.models.ledger import (
 )
 from llm_budgets.models.memberships import Membership, MembershipRole
 from llm_budgets.models.pricing import ModelAlias, Price, PriceSource, PricingBasis
-from llm_budgets.models.rollups import DailyUsage, TenantDailyUsage
+from llm_budgets.models.rollups import DailyUsage, RollupWatermark, TenantDailyUsage
 from llm_budgets.models.schedule import JobRun
 from llm_budgets.models.tenancy import EndUser, Plan, Tenant, UnknownModelPolicy
-from llm_budgets.models.thresholds import DeliveryState, ThresholdCrossing
+from llm_budgets.models.thresholds import CrossingKind, DeliveryState, ThresholdCrossing
 
 __all__ = [
     "LIVE_STATES",
@@ -50,6 +50,7 @@ __all__ = [
     "BudgetRaise",
     "BudgetUnit",
     "Counter",
+    "CrossingKind",
     "DailyUsage",
     "DeliveryKind",
     "DeliveryState",
@@ -76,6 +77,7 @@ __all__ = [
     "Reservation",
     "ReservationHold",
     "ReservationState",
+    "RollupWatermark",
     "Run",
     "Scope",
     "StripeCustomerBalance",

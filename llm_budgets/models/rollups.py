@@ -42,6 +42,11 @@ class DailyUsage(models.Model):
     )
     currency = models.CharField(max_length=3, default="USD")
     updated_at = models.DateTimeField()
+    through_id = models.BigIntegerField(
+        default=0,
+        help_text="The rollup's watermark when this row was written: it sums the ledger lines of "
+        "its key with an id up to this one (``RollupWatermark``).",
+    )
 
     class Meta:
         ordering = ["-day", "tenant_id", "provider", "model"]
@@ -92,6 +97,11 @@ class TenantDailyUsage(models.Model):
     )
     currency = models.CharField(max_length=3, default="USD")
     updated_at = models.DateTimeField()
+    through_id = models.BigIntegerField(
+        default=0,
+        help_text="The rollup's watermark when this row was written: it sums the ledger lines of "
+        "its key with an id up to this one (``RollupWatermark``).",
+    )
 
     class Meta:
         ordering = ["-day", "tenant_id", "provider", "model"]
@@ -105,3 +115,31 @@ class TenantDailyUsage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.day} {self.tenant_id} {self.provider}/{self.model}: {self.cost}"
+
+
+class RollupWatermark(models.Model):
+    """How far the daily rollups have read the ledger (one row, ``pk=1``).
+
+    Every rollup row sums exactly the ledger lines of its key with ``id <= through_id`` (the
+    watermark of the rebuild that wrote it), and a rebuild rewrites every day a line above the
+    previous watermark belongs to, in the same transaction as it moves the watermark. So the
+    lines a read must add to the rollups are those above the watermark, plus ``gaps``: ids below
+    it that were not yet committed when it was taken (a settlement still in flight on
+    PostgreSQL), each with when it was first seen (``jobs.rollups``; docs/pages.md).
+    """
+
+    through_id = models.BigIntegerField(default=0)
+    gaps = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="[[id, first seen (ISO time)], ...]: ids at or below the watermark that no "
+        "rollup has read yet.",
+    )
+    updated_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"rollups through ledger line {self.through_id}"
+
+    @property
+    def gap_ids(self) -> frozenset[int]:
+        return frozenset(int(gap[0]) for gap in self.gaps or ())

@@ -41,6 +41,11 @@ class Plan(models.Model):
         help_text="Percentages of a budget that trigger a warning email, e.g. [50, 80, 100]. "
         "Empty: LLM_BUDGETS['WARNING_THRESHOLDS'].",
     )
+    warn_projected = models.BooleanField(
+        default=False,
+        help_text="Also warn, once per period, when a monthly budget is projected to exceed its "
+        "limit before it resets (reads.projections), through the same emails as thresholds.",
+    )
     unknown_model_policy = models.CharField(
         max_length=20, choices=UnknownModelPolicy.choices, default=UnknownModelPolicy.REFUSE
     )

@@ -20,6 +20,13 @@ class DeliveryState(models.TextChoices):
     ABANDONED = "abandoned", "Abandoned (at-most-once: a send may have been lost)"
 
 
+class CrossingKind(models.TextChoices):
+    THRESHOLD = "threshold", "Reached a warning threshold"
+    # The plan opted in (``Plan.warn_projected``): at the recent burn rate the budget runs out
+    # before it resets. ``threshold`` is 100 (the limit).
+    PROJECTED = "projected", "Projected to exceed the limit"
+
+
 class ThresholdCrossing(models.Model):
     """A budget's spent + reserved reached ``threshold`` % of its limit in one period.
 
@@ -59,6 +66,19 @@ class ThresholdCrossing(models.Model):
         help_text="The period (rolling windows: the span of the window's length) it is once per."
     )
     threshold = models.PositiveSmallIntegerField(help_text="Percent of the limit.")
+    kind = models.CharField(
+        max_length=10, choices=CrossingKind.choices, default=CrossingKind.THRESHOLD
+    )
+    projected = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="A projected warning: the spend projected at the end of the period.",
+    )
+    runs_out_at = models.DateTimeField(
+        null=True, blank=True, help_text="A projected warning: when the budget would run out."
+    )
     limit = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
     spent = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
     reserved = models.DecimalField(max_digits=MAX_DIGITS, decimal_places=DECIMAL_PLACES)
@@ -79,22 +99,22 @@ class ThresholdCrossing(models.Model):
         constraints = [
             # Two partial constraints: NULL end users would otherwise never collide.
             models.UniqueConstraint(
-                fields=["budget", "period_start", "threshold"],
+                fields=["budget", "period_start", "threshold", "kind"],
                 condition=Q(end_user__isnull=True, run__isnull=True, api_key__isnull=True),
                 name="llmb_crossing_once_per_period",
             ),
             models.UniqueConstraint(
-                fields=["budget", "run", "period_start", "threshold"],
+                fields=["budget", "run", "period_start", "threshold", "kind"],
                 condition=Q(run__isnull=False),
                 name="llmb_crossing_once_per_run_period",
             ),
             models.UniqueConstraint(
-                fields=["budget", "api_key", "period_start", "threshold"],
+                fields=["budget", "api_key", "period_start", "threshold", "kind"],
                 condition=Q(api_key__isnull=False),
                 name="llmb_crossing_once_per_key_period",
             ),
             models.UniqueConstraint(
-                fields=["budget", "end_user", "period_start", "threshold"],
+                fields=["budget", "end_user", "period_start", "threshold", "kind"],
                 condition=Q(end_user__isnull=False),
                 name="llmb_crossing_once_per_user_period",
             ),

@@ -1,7 +1,8 @@
 """Reads for the tenant pages: the overview from counters (``reads.statuses.budget_statuses``,
-the same figures as ``budgets.status()``), the charts from the daily rollups, refusals from their
-compact records. Nothing here scans the ledger; each function runs a fixed number of queries
-however many end users or ledger lines the tenant has.
+the same figures as ``budgets.status()``), the charts and tables live (``reads.live``: the daily
+rollups plus the ledger's lines since their watermark), refusals from their compact records.
+Each function runs a fixed number of queries however many end users or ledger lines the tenant
+has; the only ledger lines read are those written since the last rollup run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.core.paginator import Page, Paginator
-from django.db.models import F, Q, QuerySet, Sum
+from django.db.models import F, Q, Sum
 from django.utils.translation import gettext as _
 
 from llm_budgets.admin.queries import ScopedSubject, tenant_overview
@@ -26,18 +27,18 @@ from llm_budgets.models import (
     Budget,
     BudgetUnit,
     Counter,
-    DailyUsage,
     EndUser,
     KillSwitch,
     Refusal,
     RefusalKind,
     Scope,
     Tenant,
-    TenantDailyUsage,
     Window,
 )
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pages.access import Viewer
+from llm_budgets.reads import live
+from llm_budgets.reads.projections import with_projections
 from llm_budgets.reads.statuses import budget_statuses, tenant_visible
 from llm_budgets.results import BudgetStatus
 from llm_budgets.windows import Period, tenant_period
@@ -119,9 +120,7 @@ def _visible(statuses: list[BudgetStatus]) -> list[BudgetStatus]:
     return sorted(shown, key=lambda s: _SCOPE_ORDER.get(Scope(s.scope), 3))
 
 
-def decimal_of(value: object) -> Decimal:
-    """A summed amount as Decimal (SQLite sums decimals as floats: through their text)."""
-    return Decimal(str(value or 0))
+decimal_of = live.decimal_of
 
 
 def end_user_named(tenant: Tenant, external_id: str) -> EndUser:
@@ -144,7 +143,9 @@ def overview(viewer: Viewer, at: datetime) -> Overview:
     end_user = end_user_of(viewer)
     if end_user is None:
         data = tenant_overview(tenant, at)
-        shared = [_with_users(line) for line in _lines(_visible(data.budgets), tenant)]
+        # The organisation's monthly budget with its projection (reads.projections).
+        visible = with_projections(_visible(data.budgets), tenant, None, at)
+        shared = [_with_users(line) for line in _lines(visible, tenant)]
         own = _lines(data.end_user_budgets, tenant)
         own_count = data.end_user_budget_count
         scoped = (
@@ -247,25 +248,8 @@ def amount_unit(tenant: Tenant) -> str:
     return unit or BudgetUnit.PROVIDER_COST
 
 
-def _amount_field(unit: str) -> str:
-    return "customer_cost" if unit == BudgetUnit.CUSTOMER_PRICE else "cost"
-
-
-def _sums(unit: str) -> dict[str, Sum]:
-    return {
-        "total": Sum(_amount_field(unit)),
-        "n_calls": Sum("calls"),
-        "n_input": Sum("input_tokens"),
-        "n_output": Sum("output_tokens"),
-    }
-
-
-# What a usage row is grouped by: the REST API's ``group_by`` and the pages' tables.
-GROUPS: dict[str, tuple[str, ...]] = {
-    "day": ("day",),
-    "model": ("provider", "model"),
-    "end_user": ("end_user__external_id",),
-}
+# What a usage row is grouped by in the REST API's ``group_by`` and the pages' tables.
+GROUPS: dict[str, tuple[str, ...]] = {k: live.GROUPS[k] for k in ("day", "model", "end_user")}
 
 
 def usage_grouped(
@@ -277,31 +261,17 @@ def usage_grouped(
     unit: str,
     end_user: EndUser | None = None,
 ) -> list[dict[str, Any]]:
-    """A tenant's (or one end user's) usage from the daily rollups, local days ``since`` to
-    ``until`` inclusive, one row per ``GROUPS[group_by]`` with ``total`` (a Decimal, in ``unit``),
-    ``n_calls``, ``n_input`` and ``n_output``; unordered. In one query: the tenant's totals by day
-    or model from ``TenantDailyUsage`` (a few rows per day), anything per end user from
-    ``DailyUsage``."""
-    rows: QuerySet[Any]
-    if end_user is None and group_by != "end_user":
-        rows = TenantDailyUsage.objects.filter(tenant=tenant, day__gte=since, day__lte=until)
-    else:
-        rows = DailyUsage.objects.filter(tenant=tenant, day__gte=since, day__lte=until)
-        if end_user is not None:
-            rows = rows.filter(end_user=end_user) if end_user.pk else rows.none()
-    result = []
-    for row in rows.values(*GROUPS[group_by]).annotate(**_sums(unit)).order_by():
-        row["total"] = round_charge(decimal_of(row["total"]))
-        for count in ("n_calls", "n_input", "n_output"):
-            row[count] = row[count] or 0
-        result.append(row)
-    return result
+    """A tenant's (or one end user's) usage up to now, grouped (``reads.live.usage_grouped``:
+    the closed part from the rollups, the rest from the ledger after their watermark)."""
+    return live.usage_grouped(
+        tenant, since=since, until=until, group_by=group_by, unit=unit, end_user=end_user
+    )
 
 
 def _grouped(
     viewer: Viewer, periods: Periods, group_by: str, unit: str, *, period: Period | None = None
 ) -> list[dict[str, Any]]:
-    """A period's (default: the current one) rollups of what the viewer may see, grouped."""
+    """A period's (default: the current one) live usage of what the viewer may see, grouped."""
     first, last = periods.days(period or periods.current)
     if period is not None and period != periods.current:
         # After a change of timezone the periods' local days may overlap by one: count it once.
@@ -378,7 +348,7 @@ def _usage_row(row: dict[str, Any], label: str, total: Decimal, short: str = "")
 
 
 def period_total(viewer: Viewer, periods: Periods, unit: str) -> Decimal:
-    """The current period's total spend the viewer may see, from the rollups."""
+    """The current period's total spend the viewer may see, live (rollups plus the tail)."""
     return sum((r["total"] for r in _grouped(viewer, periods, "day", unit)), ZERO)
 
 
@@ -388,6 +358,28 @@ def spend_by_model(viewer: Viewer, periods: Periods, unit: str) -> list[UsageRow
     rows.sort(key=lambda r: (-r["total"], r["provider"], r["model"]))
     total = sum((r["total"] for r in rows), ZERO)
     return [_usage_row(r, f"{r['model']} ({r['provider']})", total, short=r["model"]) for r in rows]
+
+
+def spend_by_day_and_model(
+    viewer: Viewer, periods: Periods, unit: str
+) -> dict[tuple[date, str], Decimal]:
+    """The current period's spend per local day and model name (the stacked chart)."""
+    spend: dict[tuple[date, str], Decimal] = {}
+    for row in _grouped(viewer, periods, "day_model", unit):
+        key = (row["day"], row["model"])
+        spend[key] = spend.get(key, ZERO) + row["total"]
+    return spend
+
+
+def period_budget(viewer: Viewer, at: datetime, unit: str) -> BudgetStatus | None:
+    """The monthly budget the period's charts are drawn against, with its projection: the
+    organisation's, or a member's own; None if there is none in the charts' unit."""
+    end_user = end_user_of(viewer)
+    wanted = (Scope.TENANT,) if end_user is None else (Scope.END_USER, Scope.END_USER_DEFAULT)
+    for status in budget_statuses(viewer.tenant, end_user, at):
+        if status.scope in wanted and status.window == Window.MONTH and status.unit == unit:
+            return status
+    return None
 
 
 END_USER_SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
@@ -429,6 +421,8 @@ class RefusalLine:
     resets_at: datetime | None  # when the budget's period that refused it ended or ends
     # Refused by the budget every tenant shares: what was left of it is not theirs to see.
     shared: bool = False
+    # It needed more than the budget's whole limit (as the limit is now): no reset cures that.
+    beyond_limit: bool = False
 
 
 def refusals(viewer: Viewer, *, page: int) -> Page[RefusalLine]:
@@ -464,6 +458,10 @@ def _refusal_line(refusal: Refusal, tenant: Tenant) -> RefusalLine:
         window=window,
         resets_at=resets_at,
         shared=budget is not None and shared_by_tenants(budget.scope),
+        beyond_limit=budget is not None
+        and not shared_by_tenants(budget.scope)
+        and refusal.requested is not None
+        and refusal.requested > budget.limit,
     )
 
 

@@ -137,6 +137,11 @@ def overview(request: HttpRequest, viewer: Viewer) -> HttpResponse:
         period=periods.current,
         period_days=periods.days(periods.current),
         period_total=figures.period_total(viewer, periods, unit),
+        # The projection of the budget the sentence is about: the organisation's monthly
+        # budget, or a member's own (reads.projections).
+        lead=next(
+            (line.status for line in data.budgets if line.status.projected is not None), None
+        ),
         # What Stripe accepted this period (llm_budgets.billing); tenant-wide, so not for a
         # member, and None for a tenant never billed through Stripe (docs/pages.md).
         billed=None
@@ -158,6 +163,10 @@ def models(request: HttpRequest, viewer: Viewer) -> HttpResponse:
 
     days = figures.spend_by_day(viewer, periods, unit)
     rows = figures.spend_by_model(viewer, periods, unit)
+    budget = figures.period_budget(viewer, now, unit)
+    today = (now.astimezone(periods.zone).date() - days[0].day).days if days else 0
+    # Model names, largest first: the stacked chart's series (its legend's order).
+    names = list(dict.fromkeys(r.short_label for r in rows))
     context = _context(
         request,
         viewer,
@@ -166,12 +175,38 @@ def models(request: HttpRequest, viewer: Viewer) -> HttpResponse:
         period_days=periods.days(periods.current),
         days=days,
         day_chart=charts.day_chart(days, money, lambda v: money_text(v, "")),
+        budget=budget,
+        day_rows=_running(days, today),
+        run_chart=charts.run_chart(
+            days,
+            today,
+            limit=budget.limit if budget else None,
+            projected=budget.projected if budget else None,
+            axis=lambda v: money_text(v, ""),
+            money=money,
+        ),
         rows=rows,
-        row_chart=charts.row_chart(rows[: figures.CHART_TOP], money),
+        stack_chart=charts.stack_chart(
+            [d.day for d in days],
+            figures.spend_by_day_and_model(viewer, periods, unit),
+            names,
+            other=_("Other models"),
+            money=money,
+            axis=lambda v: money_text(v, ""),
+        ),
         total=sum((r.amount for r in rows), Decimal(0)),
         previous_total=sum((d.previous or Decimal(0) for d in days), Decimal(0)),
     )
     return render(request, "llm_budgets/pages/models.html", context)
+
+
+def _running(days: list[figures.DayBar], today: int) -> list[tuple[figures.DayBar, Decimal | None]]:
+    """Each day with the period's running total through it (None after today)."""
+    total, rows = Decimal(0), []
+    for index, day in enumerate(days):
+        total += day.amount
+        rows.append((day, total if index <= today else None))
+    return rows
 
 
 @tenant_page
@@ -201,6 +236,7 @@ def users(request: HttpRequest, viewer: Viewer) -> HttpResponse:
             ("name", _("Name")),
         ],
         row_chart=charts.row_chart(top, lambda v: money_text(v, currency)),
+        row_chart_rows=top,  # a member's: their own row alone
         top_count=len(top),
         total=total,
     )

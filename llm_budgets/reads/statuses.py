@@ -12,6 +12,7 @@ from llm_budgets.engine.counters import counter_totals, counters_matching, rolli
 from llm_budgets.engine.types import NO_SCOPES, ApplicableBudget, CallScopes
 from llm_budgets.models import Counter, EndUser, Tenant
 from llm_budgets.money import ZERO
+from llm_budgets.reads.projections import with_projections
 from llm_budgets.results import BudgetStatus
 from llm_budgets.windows import rolling_window
 
@@ -24,8 +25,10 @@ def tenant_visible(statuses: Sequence[BudgetStatus]) -> list[BudgetStatus]:
 def budget_statuses(
     tenant: Tenant, end_user: EndUser | None, at: datetime, scopes: CallScopes = NO_SCOPES
 ) -> list[BudgetStatus]:
-    """Every budget that applies, with its current period's spent, reserved and remaining."""
-    return statuses_for(applicable_budgets(tenant, end_user, at, scopes))
+    """Every budget that applies, with its current period's spent, reserved and remaining, and
+    for the tenant's and the end user's monthly budgets the projection (``reads.projections``)."""
+    statuses = statuses_for(applicable_budgets(tenant, end_user, at, scopes))
+    return with_projections(statuses, tenant, end_user, at)
 
 
 def statuses_for(applicable: Sequence[ApplicableBudget]) -> list[BudgetStatus]:
