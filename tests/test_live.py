@@ -74,7 +74,7 @@ def assert_everywhere(folks: People, expected: Decimal) -> None:
 
 def test_a_charge_shows_everywhere_with_the_rollup_job_never_run(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    budgets.ensure_tenant("acme", timezone="Europe/Amsterdam")
+    budgets.ensure_tenant(tenant="acme", timezone="Europe/Amsterdam")
     from tests.factories import seed
 
     seed(tenant="acme", limit="1000")
