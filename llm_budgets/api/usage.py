@@ -55,11 +55,12 @@ class UsageQuerySerializer(StrictSerializer):
 
 
 class UsageRowSerializer(serializers.Serializer):
-    day = serializers.DateField(read_only=True, required=False, help_text="group_by=day.")
-    provider = serializers.CharField(read_only=True, required=False, help_text="group_by=model.")
-    model = serializers.CharField(read_only=True, required=False, help_text="group_by=model.")
+    # Output only, yet not read_only: a read-only field is a required property of the response
+    # schema, and a row carries only the fields of its grouping.
+    day = serializers.DateField(required=False, help_text="group_by=day.")
+    provider = serializers.CharField(required=False, help_text="group_by=model.")
+    model = serializers.CharField(required=False, help_text="group_by=model.")
     end_user = serializers.CharField(
-        read_only=True,
         required=False,
         allow_null=True,
         help_text="group_by=end_user; null for calls without an end user.",
