@@ -390,3 +390,29 @@ def test_a_projected_overrun_is_warned_once_and_only_where_the_plan_opts_in() ->
     assert "projected to run out before it resets" in message.subject
     assert "will use all of its month LLM budget" in message.body
     assert "21 Nov 2026" in message.body or "2026-11-21" in message.body
+
+
+@pytest.mark.usefixtures("application_clock")
+def test_a_projected_warning_does_not_stand_for_the_limit_reached_later() -> None:
+    """The projected warning is recorded at threshold 100 of its own kind: reaching the limit
+    later in the period still records and sends the 100% warning."""
+    import time_machine
+
+    for day in range(1, 8):
+        with time_machine.travel(datetime(2026, 11, day, 12, tzinfo=UTC), tick=False):
+            if day == 1:
+                seed(limit="60")
+                billing_contacts("billing@acme.test")
+                plan = Plan.objects.create(name="growth", warn_projected=True)
+                Tenant.objects.filter(external_id="acme").update(plan=plan)
+            reserve_30().commit(input_tokens=0, output_tokens=100)
+    with time_machine.travel(datetime(2026, 11, 8, 9, tzinfo=UTC), tick=False):
+        _scan_job()
+        assert list(ThresholdCrossing.objects.values_list("kind", "threshold")) == [
+            ("projected", 100)
+        ]
+    with time_machine.travel(datetime(2026, 11, 20, 9, tzinfo=UTC), tick=False):
+        budgets.set_limit(tenant="acme", amount=Decimal("21"), window="month")  # 21 of 21 now
+        _scan_job()
+    reached = ThresholdCrossing.objects.filter(kind="threshold").order_by("threshold")
+    assert reached.values_list("threshold", flat=True).last() == 100

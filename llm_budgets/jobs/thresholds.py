@@ -186,6 +186,9 @@ def thresholds_scan(*, now: datetime | None = None) -> list[int]:
         ThresholdCrossing.objects.filter(
             budget__in=[c.item.budget.pk for c in crossed],
             period_start__in={c.period_key for c in crossed},
+            # A projected warning (threshold 100 too) is another kind: it must not count as
+            # the 100% crossing already sent.
+            kind=CrossingKind.THRESHOLD,
         ).values_list(
             "budget_id", "end_user_id", "run_id", "api_key_id", "period_start", "threshold"
         )
