@@ -76,6 +76,10 @@ def day_bounds(since: date, until: date, zone: ZoneInfo) -> tuple[datetime | Non
     return start, end
 
 
+# How many times a read is tried while rollup runs keep committing under it (see usage_grouped).
+READ_ATTEMPTS = 3
+
+
 def _watermark() -> tuple[int, frozenset[int]]:
     mark = RollupWatermark.objects.filter(pk=1).first()
     return (mark.through_id, mark.gap_ids) if mark is not None else (0, frozenset())
@@ -98,36 +102,42 @@ def usage_grouped(
     keys = GROUPS[group_by]
     if end_user is not None and end_user.pk is None:
         return []  # an end user the ledger has not seen has spent nothing
-    before, gaps_before = _watermark()
-    rows: QuerySet[Any]
-    if end_user is None and group_by != "end_user":
-        rows = TenantDailyUsage.objects.filter(tenant=tenant, day__gte=since, day__lte=until)
-    else:
-        rows = DailyUsage.objects.filter(tenant=tenant, day__gte=since, day__lte=until)
-        if end_user is not None:
-            rows = rows.filter(end_user=end_user)
-    field = amount_field(unit)
-    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
-    mark = before
-    for row in (
-        rows.values(*keys)
-        .annotate(
-            total=Sum(field),
-            n_calls=Sum("calls"),
-            n_input=Sum("input_tokens"),
-            n_output=Sum("output_tokens"),
-            mark=Max("through_id"),
-        )
-        .order_by()
-    ):
-        mark = max(mark, row.pop("mark") or 0)
-        row["total"] = decimal_of(row["total"])
-        for count in ("n_calls", "n_input", "n_output"):
-            row[count] = row[count] or 0
-        merged[tuple(row[k] for k in keys)] = row
-    _, gaps_after = _watermark()
+    # The rollup rows and the watermark they were read against must be one state: a rollup run
+    # that commits between the two readings would leave a line counted nowhere (filled gaps, new
+    # gaps). The readings agree unless a run committed meanwhile; then read again (a run takes
+    # seconds every few minutes, so a second try all but always agrees).
+    for _attempt in range(READ_ATTEMPTS):
+        state = _watermark()
+        rows: QuerySet[Any]
+        if end_user is None and group_by != "end_user":
+            rows = TenantDailyUsage.objects.filter(tenant=tenant, day__gte=since, day__lte=until)
+        else:
+            rows = DailyUsage.objects.filter(tenant=tenant, day__gte=since, day__lte=until)
+            if end_user is not None:
+                rows = rows.filter(end_user=end_user)
+        field = amount_field(unit)
+        merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+        mark = state[0]
+        for row in (
+            rows.values(*keys)
+            .annotate(
+                total=Sum(field),
+                n_calls=Sum("calls"),
+                n_input=Sum("input_tokens"),
+                n_output=Sum("output_tokens"),
+                mark=Max("through_id"),
+            )
+            .order_by()
+        ):
+            mark = max(mark, row.pop("mark") or 0)
+            row["total"] = decimal_of(row["total"])
+            for count in ("n_calls", "n_input", "n_output"):
+                row[count] = row[count] or 0
+            merged[tuple(row[k] for k in keys)] = row
+        if _watermark() == state:
+            break
+    gaps = state[1]
     zone = ZoneInfo(tenant.timezone)
-    gaps = gaps_before & gaps_after
     for line in _tail(tenant, since, until, zone, end_user, mark, gaps, keys, field):
         key = tuple(line[k] for k in keys)
         row = merged.get(key)
