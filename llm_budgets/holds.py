@@ -7,9 +7,11 @@ Bottom layer: no Django, no ORM (the client imports it and runs without Django s
 - The block ends normally and the hold is still held: ``ReservationStateError``. Nothing was
   settled, and nothing is guessed: the hold stays until it expires and is then charged as
   estimated spend.
-- The block raises a timeout (:attr:`HoldPolicy._timeouts`), or its task is cancelled
-  (``asyncio.CancelledError``): neither is proof the provider stopped, so the hold is marked
-  UNCERTAIN and stays counted until usage arrives or the reconcile job settles it.
+- The block raises a timeout (:attr:`HoldPolicy._timeouts`), its task is cancelled
+  (``asyncio.CancelledError``), or the generator it runs in is closed (``GeneratorExit``: a
+  streamed response whose client went away): none is proof the provider stopped or produced
+  nothing, so the hold is marked UNCERTAIN and stays counted until usage arrives or the
+  reconcile job settles it.
 - The block raises anything else: the hold is released.
 - The hold was already settled in the block (commit, release, uncertain): nothing more.
 
@@ -52,8 +54,13 @@ class _Leaves:
     as timeouts (:attr:`_timeouts`: a class may widen it, as the client adds httpx's)."""
 
     # Exceptions that mean "the outcome is unknown", not "the call failed". A cancelled task
-    # (the client went away, a timeout around the await) is one.
-    _timeouts: ClassVar[tuple[type[BaseException], ...]] = (TimeoutError, asyncio.CancelledError)
+    # (the client went away, a timeout around the await) is one; so is a closed generator (a
+    # stream whose client went away mid-way: tokens were produced, release would drop them).
+    _timeouts: ClassVar[tuple[type[BaseException], ...]] = (
+        TimeoutError,
+        asyncio.CancelledError,
+        GeneratorExit,
+    )
 
     @property
     def id(self) -> UUID:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -101,3 +102,22 @@ def test_a_server_without_uncertain_keeps_the_hold() -> None:
     client = BudgetsClient("http://budgets.test/v1/", "k.s", http=http, max_retries=0)
     hold = RemoteHold(client, {"id": str(HOLD_ID), "state": "held"})
     assert leave(hold, TimeoutError) == "TimeoutError passed on, hold held"
+
+
+@pytest.mark.django_db
+def test_a_stream_closed_mid_way_leaves_its_hold_uncertain() -> None:
+    """A generator closed while its block is open (a streamed response whose client went away)
+    produced tokens already: the hold stays counted, never released."""
+    from llm_budgets import budgets
+
+    seed()
+
+    def stream() -> Iterator[object]:
+        with reserve_30() as hold:
+            yield hold
+            yield "the rest"
+
+    body = stream()
+    hold = next(body)
+    body.close()
+    assert budgets.get(hold.id).state == "uncertain"  # type: ignore[attr-defined]
