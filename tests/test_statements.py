@@ -1,4 +1,4 @@
-"""The hot-path statements (``engine.statements``): rows read back exactly as the ORM reads
+"""The hot-path statements (``db.statements``): rows read back exactly as the ORM reads
 them, the statement count of a call, and prepared statements on PostgreSQL."""
 
 from __future__ import annotations

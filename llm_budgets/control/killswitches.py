@@ -287,7 +287,7 @@ def kill_switches_covering(
     key the request came through, if any (a switch on a key covers only calls through it).
     ``first``: a statement sent ahead of it in the same round trip (``statements.fetch``)."""
     # Every admission asks this: one statement without the ORM's compilation (see
-    # ``engine.statements``). A None id compares unknown in SQL: only unscoped rows match.
+    # ``db.statements``). A None id compares unknown in SQL: only unscoped rows match.
     model_list = sorted(set(models))
     params = [
         switch_open_param(now),

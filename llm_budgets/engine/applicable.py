@@ -243,7 +243,7 @@ def admission_context(
     not been seen yet (the caller then reads them one by one, creating the end user).
 
     ``at`` None: the time is the database's clock, read in the same statement
-    (``engine.dbclock``) and returned as ``AdmissionContext.at``."""
+    (``db.dbclock``) and returned as ``AdmissionContext.at``."""
     assert scopes.run is None, "the run is read here: pass its id as run="
     shape = (run is not None, scopes.api_key is not None, len(scopes.tags))
     time = [] if at is None else [sql.param(BudgetRaise, "starts_at", at)]

@@ -116,7 +116,7 @@ def _lock_reservation(reservation_id: UUID) -> Reservation:
 def _lock_reservation_sql() -> str:
     """The reservation with its price version, locking only the reservation: a plain FOR UPDATE
     would also lock the joined price row, which every admission key-share locks for its foreign
-    key (a deadlock). One statement without the ORM's compilation (``engine.statements``)."""
+    key (a deadlock). One statement without the ORM's compilation (``db.statements``)."""
     return (
         f"SELECT {sql.columns(Reservation, 'r')}, {sql.columns(Price, 'p')}"  # noqa: S608
         f" FROM {sql.table(Reservation)} r"
@@ -504,7 +504,7 @@ def reservation_extend(
     """Push a held reservation's ``expires_at`` to ``now + ttl`` seconds (never earlier than it
     already is), for a call that runs longer than planned. Only a HELD reservation can be
     extended, including one past its expiry that the sweep has not reached yet. ``now``
-    defaults to the database's clock, as admission's does (``engine.dbclock``): a process whose
+    defaults to the database's clock, as admission's does (``db.dbclock``): a process whose
     clock is off cannot push a hold's expiry off by its skew."""
     rid = _reservation_id(reservation_id)
     seconds = validation.ttl_seconds("ttl", ttl)

@@ -28,7 +28,7 @@ def tenant_get(external_id: str) -> Tenant:
 
 def tenant_with_plan(external_id: str) -> Tenant:
     """:func:`tenant_get` for admission: the tenant and its plan in one statement without the
-    ORM's compilation (``engine.statements``), always on the primary, as admission's other
+    ORM's compilation (``db.statements``), always on the primary, as admission's other
     reads are. ``UnknownTenant`` if there is none."""
     external_id = validation.identifier("tenant", external_id)
     rows = sql.fetch(_tenant_with_plan_sql(), [external_id])
