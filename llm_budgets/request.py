@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -81,7 +82,8 @@ class Request:
     tags: Mapping[str, str] | None = None
     run: str | None = None
     service_tier: str | None = None  # the integrations' priority / flex tiers; None: standard
-    _checked: bool = field(default=False, repr=False, compare=False)
+    # Set by checked() alone: a Request built by hand (or with _checked=...) is never trusted.
+    _checked: bool = field(default=False, init=False, repr=False, compare=False)
 
     @classmethod
     def of(cls, **fields: Any) -> Request:
@@ -135,7 +137,7 @@ class Request:
             else validation.identifier("idempotency_key", self.idempotency_key)
         )
         tool_calls = tool_calls_validate(self.max_tool_calls, field="max_tool_calls")
-        return dataclasses.replace(
+        checked = dataclasses.replace(
             self,
             tenant=tenant,
             model=model,
@@ -149,8 +151,9 @@ class Request:
             tags=tags,
             run=run,
             service_tier=tier,
-            _checked=True,
         )
+        object.__setattr__(checked, "_checked", True)
+        return checked
 
     @property
     def lifetime(self) -> timedelta:
@@ -167,7 +170,7 @@ class Request:
         ``max_tool_calls`` as JSON text). The idempotency key travels in its header, not here."""
         ttl = self.ttl
         if isinstance(ttl, timedelta):
-            ttl = int(ttl.total_seconds())
+            ttl = math.ceil(ttl.total_seconds())  # whole seconds, never shorter than asked
         values: dict[str, Any] = {
             "tenant": self.tenant,
             "end_user": self.end_user,

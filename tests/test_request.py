@@ -222,3 +222,15 @@ def test_the_request_module_is_in_the_bottom_layer() -> None:
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("llm")
     }
     assert imported <= allowed
+
+
+def test_a_request_cannot_be_marked_checked_by_hand() -> None:
+    """Only ``checked()`` trusts a request: the flag is not a constructor argument."""
+    with pytest.raises(TypeError):
+        Request(model="m", _checked=True)  # type: ignore[call-arg]
+    with pytest.raises(InvalidUsage):
+        Request(tenant="acme", model="m", input_tokens=-1).checked()
+
+
+def test_a_timedelta_ttl_goes_on_the_wire_never_shorter() -> None:
+    assert Request(model="m", ttl=timedelta(seconds=1.5)).wire()["ttl_seconds"] == 2
