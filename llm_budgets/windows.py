@@ -21,7 +21,7 @@ import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from functools import lru_cache
 from typing import Protocol
@@ -319,3 +319,17 @@ def budget_period(budget: WindowOwner, at: datetime) -> Period:
     if budget.tenant is None:
         return period_for(budget.window, at)
     return tenant_period(budget.window, at, budget.tenant)
+
+
+def day_bounds(since: date, until: date, zone: ZoneInfo) -> tuple[datetime | None, datetime | None]:
+    """From the start of local day ``since`` to the end of local day ``until``; None where the
+    range reaches the calendar's first or last day (no bound: such a time is not representable
+    in every timezone)."""
+    margin = timedelta(days=2)
+    start = datetime.combine(since, time(0), tzinfo=zone) if since > date.min + margin else None
+    end = (
+        datetime.combine(until + timedelta(days=1), time(0), tzinfo=zone)
+        if until < date.max - margin
+        else None
+    )
+    return start, end

@@ -207,30 +207,23 @@ def thresholds_scan(*, now: datetime | None = None) -> list[int]:
             ]
             for threshold in new:
                 superseded = threshold != new[-1]
-                try:
-                    with transaction.atomic():
-                        created.append(
-                            ThresholdCrossing.objects.create(
-                                budget=budget,
-                                tenant=budget.tenant,
-                                end_user=end_user,
-                                run=run,
-                                api_key=api_key,
-                                period_start=item.period_key,
-                                threshold=threshold,
-                                limit=budget.limit,
-                                spent=item.spent,
-                                reserved=item.reserved,
-                                currency=budget.currency,
-                                crossed_at=now,
-                                state=DeliveryState.SKIPPED
-                                if superseded
-                                else DeliveryState.PENDING,
-                                last_error=f"superseded by {new[-1]}%" if superseded else "",
-                            )
-                        )
-                except IntegrityError:
-                    continue  # another scanner recorded it first: it owns the signal and email
+                _record(
+                    created,
+                    budget=budget,
+                    tenant=budget.tenant,
+                    end_user=end_user,
+                    run=run,
+                    api_key=api_key,
+                    period_start=item.period_key,
+                    threshold=threshold,
+                    limit=budget.limit,
+                    spent=item.spent,
+                    reserved=item.reserved,
+                    currency=budget.currency,
+                    crossed_at=now,
+                    state=DeliveryState.SKIPPED if superseded else DeliveryState.PENDING,
+                    last_error=f"superseded by {new[-1]}%" if superseded else "",
+                )
         transaction.on_commit(lambda: _signal(created))
     return projected + [c.pk for c in created]
 
@@ -260,28 +253,33 @@ def _projected_crossings(now: datetime) -> list[int]:
             (status,) = with_projections([status], budget.tenant, None, now)
             if status.runs_out_at is None or status.projected is None:
                 continue
-            try:
-                with transaction.atomic():
-                    created.append(
-                        ThresholdCrossing.objects.create(
-                            budget=budget,
-                            tenant=budget.tenant,
-                            kind=CrossingKind.PROJECTED,
-                            period_start=item.period.start,
-                            threshold=100,
-                            limit=status.limit,
-                            spent=status.spent,
-                            reserved=status.reserved,
-                            projected=status.projected,
-                            runs_out_at=status.runs_out_at,
-                            currency=budget.currency,
-                            crossed_at=now,
-                        )
-                    )
-            except IntegrityError:
-                continue  # recorded already this period (by this scan before, or another)
+            _record(
+                created,
+                budget=budget,
+                tenant=budget.tenant,
+                kind=CrossingKind.PROJECTED,
+                period_start=item.period.start,
+                threshold=100,
+                limit=status.limit,
+                spent=status.spent,
+                reserved=status.reserved,
+                projected=status.projected,
+                runs_out_at=status.runs_out_at,
+                currency=budget.currency,
+                crossed_at=now,
+            )
         transaction.on_commit(lambda: _signal(created))
     return [c.pk for c in created]
+
+
+def _record(created: list[ThresholdCrossing], **fields: Any) -> None:
+    """Record one crossing, once: a crossing another scanner (or this one, earlier) recorded
+    first is left to it, with its signal and email (the unique constraints decide)."""
+    try:
+        with transaction.atomic():
+            created.append(ThresholdCrossing.objects.create(**fields))
+    except IntegrityError:
+        pass
 
 
 def _signal(crossings: list[ThresholdCrossing]) -> None:

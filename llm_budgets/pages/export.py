@@ -10,7 +10,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import fields
-from datetime import date, datetime, time, timedelta
+from datetime import date
 from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo
 from llm_budgets.models import UsageRecord
 from llm_budgets.pages.access import Viewer
 from llm_budgets.usage import Usage
+from llm_budgets.windows import day_bounds
 
 # The usage columns: every field of the one definition of usage, in its order (a field added to
 # ``Usage`` is exported without a change here; ``tool_calls`` is a JSON object).
@@ -71,20 +72,6 @@ def neutralise(text: str) -> str:
 def _number(value: Decimal) -> str:
     """An amount in plain digits (``0E-10`` is how Python writes a stored zero)."""
     return format(value + 0, "f")  # + 0: no negative zero
-
-
-def day_bounds(start: date, end: date, zone: ZoneInfo) -> tuple[datetime | None, datetime | None]:
-    """From the start of local day ``start`` to the end of local day ``end``; None where the
-    range reaches the calendar's first or last day (no bound: such a time is not representable
-    in every timezone)."""
-    margin = timedelta(days=2)
-    since = datetime.combine(start, time(0), tzinfo=zone) if start > date.min + margin else None
-    until = (
-        datetime.combine(end + timedelta(days=1), time(0), tzinfo=zone)
-        if end < date.max - margin
-        else None
-    )
-    return since, until
 
 
 def ledger_rows(viewer: Viewer, start: date, end: date) -> Iterator[list[Any]]:

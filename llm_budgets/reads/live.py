@@ -23,7 +23,7 @@ whatever the size of the ledger (docs/performance.md, tenant pages).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import date, datetime, time, timedelta
+from datetime import date
 from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -42,6 +42,7 @@ from llm_budgets.models import (
     UsageRecord,
 )
 from llm_budgets.money import ZERO, round_charge
+from llm_budgets.windows import day_bounds
 
 # What a usage row is grouped by: the REST API's ``group_by`` and the pages' tables; "day_model"
 # (each day's spend per model) draws the stacked chart.
@@ -60,20 +61,6 @@ def decimal_of(value: object) -> Decimal:
 
 def amount_field(unit: str) -> str:
     return "customer_cost" if unit == BudgetUnit.CUSTOMER_PRICE else "cost"
-
-
-def day_bounds(since: date, until: date, zone: ZoneInfo) -> tuple[datetime | None, datetime | None]:
-    """From the start of local day ``since`` to the end of local day ``until``; None where the
-    range reaches the calendar's first or last day (no bound: such a time is not representable
-    in every timezone)."""
-    margin = timedelta(days=2)
-    start = datetime.combine(since, time(0), tzinfo=zone) if since > date.min + margin else None
-    end = (
-        datetime.combine(until + timedelta(days=1), time(0), tzinfo=zone)
-        if until < date.max - margin
-        else None
-    )
-    return start, end
 
 
 # How many times a read is tried while rollup runs keep committing under it (see usage_grouped).
