@@ -54,37 +54,56 @@ class Projection:
     rate: Decimal  # the line's spend per day now
 
 
-def _weekday_factors(history: Sequence[Decimal], first_weekday: int) -> list[float]:
+# Decimal throughout (money is never a float, even in a forecast); within a step a total this
+# close to the limit has reached it.
+ONE, HALF, ZERO_D = Decimal(1), Decimal("0.5"), Decimal(0)
+EPSILON = Decimal("1e-9")
+DAY_US = Decimal(86_400_000_000)  # microseconds in a day
+
+
+def _days(span: timedelta) -> Decimal:
+    """A span in days, exactly."""
+    return Decimal(span // timedelta(microseconds=1)) / DAY_US
+
+
+def _span(days: Decimal) -> timedelta:
+    """A number of days as a span, to the nearest whole second (what a person is told)."""
+    return timedelta(seconds=int((days * 86_400).to_integral_value()))
+
+
+def _weekday_factors(history: Sequence[Decimal], first_weekday: int) -> list[Decimal]:
     """How much each weekday spends against the average day (Monday first), from whole weeks of
-    history only; 1.0 for every day without two whole weeks."""
+    history only; 1 for every day without two whole weeks."""
     n = len(history) - len(history) % 7
     if n < 14:
-        return [1.0] * 7
-    recent = [float(v) for v in history[-n:]]
+        return [ONE] * 7
+    recent = list(history[-n:])
     start = (first_weekday + len(history) - n) % 7
-    mean = sum(recent) / n
+    mean = sum(recent, ZERO_D) / n
     if mean <= 0:
-        return [1.0] * 7
-    factors = [0.0] * 7
+        return [ONE] * 7
+    factors = [ZERO_D] * 7
     for i, value in enumerate(recent):
         factors[(start + i) % 7] += value / (n // 7) / mean
     return factors
 
 
-def _line(history: Sequence[float]) -> tuple[float, float]:
+def _line(history: Sequence[Decimal]) -> tuple[Decimal, Decimal]:
     """Intercept and slope (per day) of the weighted line through the history, oldest first;
     a day's spend sits at its middle, the start of today at 0."""
     n = len(history)
-    xs = [i - n + 0.5 for i in range(n)]
-    ws = [0.5 ** ((n - 1 - i) / HALF_LIFE_DAYS) for i in range(n)]
-    total = sum(ws)
-    mean_x = sum(w * x for w, x in zip(ws, xs, strict=True)) / total
-    mean_y = sum(w * y for w, y in zip(ws, history, strict=True)) / total
+    xs = [Decimal(i - n) + HALF for i in range(n)]
+    ws = [HALF ** (Decimal(n - 1 - i) / HALF_LIFE_DAYS) for i in range(n)]
+    total = sum(ws, ZERO_D)
+    mean_x = sum((w * x for w, x in zip(ws, xs, strict=True)), ZERO_D) / total
+    mean_y = sum((w * y for w, y in zip(ws, history, strict=True)), ZERO_D) / total
     if n < MIN_TREND_DAYS:
-        return mean_y, 0.0
-    spread = sum(w * (x - mean_x) ** 2 for w, x in zip(ws, xs, strict=True))
-    slope = sum(w * (x - mean_x) * (y - mean_y) for w, x, y in zip(ws, xs, history, strict=True))
-    slope = slope / spread if spread else 0.0
+        return mean_y, ZERO_D
+    spread = sum((w * (x - mean_x) ** 2 for w, x in zip(ws, xs, strict=True)), ZERO_D)
+    slope = sum(
+        (w * (x - mean_x) * (y - mean_y) for w, x, y in zip(ws, xs, history, strict=True)), ZERO_D
+    )
+    slope = slope / spread if spread else ZERO_D
     return mean_y - slope * mean_x, slope
 
 
@@ -106,35 +125,29 @@ def project(
     factors = _weekday_factors(history, (today - len(history)) % 7)
     first = (today - len(history)) % 7
     level = [
-        float(v) / factors[(first + i) % 7] if factors[(first + i) % 7] else 0.0
+        v / factors[(first + i) % 7] if factors[(first + i) % 7] else ZERO_D
         for i, v in enumerate(history)
     ]
     intercept, slope = _line(level)
-    day = timedelta(days=1)
-    position = (now - day_start) / day
-    end = (period_end - day_start) / day
-    step = 1 / STEPS_PER_DAY
-    running, reached, runs_out_at = float(used), float(used) >= float(limit), None
-    while position < end - 1e-9:
+    position = _days(now - day_start)
+    end = _days(period_end - day_start)
+    step = ONE / STEPS_PER_DAY
+    running, reached, runs_out_at = used, used >= limit, None
+    while position < end - EPSILON:
         following = min(position + step, end)
         middle = (position + following) / 2
         factor = factors[(today + int(middle)) % 7]
         before = running
-        running += max(intercept + slope * middle, 0.0) * factor * (following - position)
-        if not reached and running >= float(limit) - 1e-9:
+        running += max(intercept + slope * middle, ZERO_D) * factor * (following - position)
+        if not reached and running >= limit - EPSILON:
             # Where in the step (the rate is even within one) the total reaches the limit.
-            within = (float(limit) - before) / (running - before) if running > before else 0.0
-            moment = day_start + (position + within * (following - position)) * day
+            within = (limit - before) / (running - before) if running > before else ZERO_D
+            moment = day_start + _span(position + within * (following - position))
             reached, runs_out_at = True, moment.replace(microsecond=0)
         position = following
-    projected = round_charge(max(used, Decimal(str(round(running, 10)))))
-    at = (now - day_start) / day
-    rate = max(intercept + slope * at, 0.0) * factors[today]
-    return Projection(
-        projected=projected,
-        runs_out_at=runs_out_at,
-        rate=round_charge(Decimal(str(round(rate, 10)))),
-    )
+    projected = round_charge(max(used, running))
+    rate = max(intercept + slope * _days(now - day_start), ZERO_D) * factors[today]
+    return Projection(projected=projected, runs_out_at=runs_out_at, rate=round_charge(rate))
 
 
 def _series_owner(
