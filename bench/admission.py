@@ -209,7 +209,7 @@ def seed(
 
     from llm_budgets import budgets
     from llm_budgets.engine.applicable import applicable_budgets
-    from llm_budgets.models import Counter, EndUser, Window
+    from llm_budgets.models import Counter, EndUser, Tenant, Window
 
     now = timezone.now()
     budgets.set_price(
@@ -225,7 +225,8 @@ def seed(
         tenant_count, user_count = SHAPES[scenario]
         calls[scenario] = []
         for t in range(tenant_count):
-            tenant = budgets.ensure_tenant(tenant=f"{scenario}-t{t:03d}")
+            made = budgets.ensure_tenant(tenant=f"{scenario}-t{t:03d}")
+            tenant = Tenant.objects.get(pk=made.id)
             for end_user in (None, "*"):
                 budgets.set_limit(
                     tenant=tenant.external_id,
@@ -246,7 +247,7 @@ def seed(
                     for a in applicable
                 ]
                 calls[scenario].append(
-                    (tenant.external_id, user.external_id, tenant.id, user.pk, keys)
+                    (tenant.external_id, user.external_id, tenant.pk, user.pk, keys)
                 )
     from llm_budgets.models import Budget
 

@@ -61,6 +61,12 @@ class FakeProvider:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
+            def end_headers(self) -> None:
+                # Each answer ends its connection (close_connection below): say so, or a client
+                # pools the connection and its next request reads a closed socket.
+                self.send_header("Connection", "close")
+                super().end_headers()
+
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
