@@ -40,15 +40,17 @@ from llm_budgets.models import (
 from llm_budgets.pricing import prices as pricing
 from llm_budgets.reads import explain as explanations
 from llm_budgets.reads import quotes
-from llm_budgets.reads.quotes import Quote
 from llm_budgets.reads.statuses import budget_statuses
 from llm_budgets.request import Request
 from llm_budgets.results import (
     BudgetResult,
     BudgetStatus,
+    ClosedRun,
+    Explanation,
     HoldState,
     KillSwitchResult,
     PriceResult,
+    Quote,
     StripeLinkResult,
     TenantResult,
     hold_state,
@@ -271,16 +273,7 @@ def set_price(
         actor=actor,
         **fields,
     )
-    return PriceResult(
-        id=price.pk,
-        provider=price.provider,
-        model=price.model,
-        input_per_mtok=price.input_per_mtok,
-        output_per_mtok=price.output_per_mtok,
-        currency=price.currency,
-        effective_from=price.effective_from,
-        effective_to=price.effective_to,
-    )
+    return pricing.price_result(price)
 
 
 def ensure_tenant(
@@ -381,12 +374,16 @@ def set_limit(
     )
 
 
-def close_run(*, tenant: str, run: str, actor: str = "", reason: str = "") -> datetime:
+def close_run(*, tenant: str, run: str, actor: str = "", reason: str = "") -> ClosedRun:
     """Close a run: its lifetime budgets end, and later reservations naming it are refused
-    (``RunClosed``). Holds already taken settle as usual. Returns when it was closed (the
-    first close's time if it was closed already)."""
+    (``RunClosed``). Holds already taken settle as usual. Returns the run and when it was
+    closed (the first close's time if it was closed already)."""
     closed = runs.run_close(tenant=tenant, run=run, actor=actor, reason=reason)
-    return closed.closed_at or timezone.now()  # run_close always sets it
+    return ClosedRun(
+        tenant=closed.tenant.external_id,
+        run=closed.external_id,
+        closed_at=closed.closed_at or timezone.now(),  # run_close always sets it
+    )
 
 
 def reserve(
@@ -641,7 +638,7 @@ def explain(
     max_tool_calls: dict[str, int] | None = None,
     run: str | None = None,
     tags: dict[str, str] | None = None,
-) -> explanations.Explanation:
+) -> Explanation:
     """Every budget and kill switch that applies to this would-be request, with its state and
     whether the request would fit. Holds nothing. Takes what ``quote`` takes: what ``reserve``
     takes, but ``idempotency_key`` and ``allow_degrade``."""

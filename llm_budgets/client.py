@@ -56,6 +56,7 @@ from llm_budgets.holds import Admission, AsyncHoldPolicy, HoldPolicy, ttl_rename
 from llm_budgets.request import Request
 from llm_budgets.results import (
     BudgetStatus,
+    ClosedRun,
     CommitResult,
     HoldState,
     KillSwitchResult,
@@ -692,14 +693,18 @@ class _Api(Generic[HoldT]):
         tenant: str | None = None,
         reason: str = "",
         idempotency_key: str | None = None,
-    ) -> Steps[datetime]:
+    ) -> Steps[ClosedRun]:
         """Close a run, as ``budgets.close_run``: later reservations naming it are refused
         (``RunClosed``); the API key is recorded as who closed it."""
         body: dict[str, Any] = {"run": run, "reason": reason}
         if tenant is not None:
             body["tenant"] = tenant
         data = yield _post("runs/close", body, idempotency_key)
-        return datetime.fromisoformat(data["closed_at"])
+        return ClosedRun(
+            tenant=data["tenant"],
+            run=data["run"],
+            closed_at=datetime.fromisoformat(data["closed_at"]),
+        )
 
     def _get(self, hold_id: uuid.UUID | str) -> Steps[HoldT]:
         """A reservation by id, e.g. to settle it from another process."""

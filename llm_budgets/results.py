@@ -117,7 +117,8 @@ class BudgetResult(_Identified):
 
 @dataclass(frozen=True)
 class PriceResult(_Identified):
-    """A price version as ``set_price`` added it (docs/pricing.md names every field)."""
+    """A price version as ``set_price`` added it, or as a quote used it (docs/pricing.md names
+    every field); built by ``llm_budgets.pricing.prices.price_result`` only."""
 
     id: int
     provider: str
@@ -127,6 +128,11 @@ class PriceResult(_Identified):
     currency: str
     effective_from: datetime
     effective_to: datetime | None
+    # The fields the REST API shows of a price version beside those above.
+    cached_input_per_mtok: Decimal | None  # None: cache reads at the input rate
+    cache_write_per_mtok: Decimal | None  # None: cache writes at the input rate
+    per_request: Decimal
+    source: str  # "manual" or "imported"
 
 
 @dataclass(frozen=True)
@@ -164,3 +170,125 @@ class StripeLinkResult:
     linked_by: str
     unlinked_at: datetime | None
     unlink_reason: str
+
+
+@dataclass(frozen=True)
+class ClosedRun:
+    """A run as ``close_run`` left it: closed at ``closed_at`` (the first close's time if it
+    was closed already). Not the error ``llm_budgets.exceptions.RunClosed``, which refuses a
+    reservation naming a closed run."""
+
+    tenant: str
+    run: str
+    closed_at: datetime
+
+
+@dataclass(frozen=True)
+class Item:
+    """One line of a cost: ``quantity`` units at ``rate`` (per million tokens, or per call)."""
+
+    dimension: str
+    quantity: int
+    rate: Decimal
+    amount: Decimal  # unrounded
+
+
+@dataclass(frozen=True)
+class ModelMatch:
+    """How a requested name found its price: ``model`` (of ``provider``) by ``rule``
+    (``llm_budgets.pricing.model_names``)."""
+
+    requested: str
+    provider: str | None
+    model: str
+    rule: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        target = f"{self.provider}/{self.model}" if self.provider else self.model
+        detail = f": {self.detail}" if self.detail else ""
+        return f"{self.requested} -> {target} ({self.rule}{detail})"
+
+
+@dataclass(frozen=True)
+class QuoteEstimate:
+    """A request's estimate as a quote shows it: the fields of
+    ``llm_budgets.pricing.estimates.Estimate``, the price version as a :class:`PriceResult`."""
+
+    price: PriceResult | None  # None: the plan's fixed amount (reserve_fixed policy)
+    pricing_basis: str
+    input_tokens: int
+    max_output_tokens: int
+    items: list[Item]
+    amount: Decimal  # the hold at provider cost
+    markup_percent: Decimal
+    customer_amount: Decimal  # the hold at customer price
+
+
+@dataclass(frozen=True)
+class BudgetDraw:
+    """A budget the request would draw on, and whether its hold would fit now."""
+
+    status: BudgetStatus
+    unit: str
+    would_hold: Decimal
+    fits: bool
+
+
+@dataclass(frozen=True)
+class Quote:
+    """What ``quote`` returns: the estimate of a request and the budgets it would draw on."""
+
+    provider: str | None
+    model: str
+    estimate: QuoteEstimate
+    budgets: list[BudgetDraw]
+    currency: str
+    # Which rule of llm_budgets.pricing.model_names found the price (None: the unknown-model
+    # policy).
+    model_match: ModelMatch | None = None
+    # Whether each budget left out of ``budgets`` (``llm_budgets.reads.quotes.for_tenant``)
+    # would fit.
+    withheld_fits: tuple[bool, ...] = ()
+
+    @property
+    def admissible(self) -> bool:
+        """Whether ``reserve`` would admit the request now (budgets can move meanwhile)."""
+        fits = [draw.fits for draw in self.budgets] + list(self.withheld_fits)
+        return bool(fits) and all(fits)
+
+
+@dataclass(frozen=True)
+class SwitchState:
+    """An open kill switch that covers a would-be request."""
+
+    switch_id: int
+    scope: str
+    reason: str
+    tripped_by: str
+    tripped_at: datetime
+    automatic: bool
+    auto_clear_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What ``explain`` returns: the quote, and the kill switches that would refuse it."""
+
+    quote: Quote
+    switches: list[SwitchState]
+
+    @property
+    def budgets(self) -> list[BudgetDraw]:
+        """Every budget that applies: its status now, what the request would hold, ``fits``."""
+        return self.quote.budgets
+
+    @property
+    def amount(self) -> Decimal:
+        """The worst case admission would hold (provider cost)."""
+        return self.quote.estimate.amount
+
+    @property
+    def would_admit(self) -> bool:
+        """Whether admission would admit it now (without degradation)."""
+        return self.quote.admissible and not self.switches

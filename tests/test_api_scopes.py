@@ -132,7 +132,9 @@ def test_the_client_names_runs_tags_and_closes_runs(live_server: Any) -> None:
     assert labels == {"tenant acme", "run run-42 of acme", "tag project=alpha of acme"}
     quote = client.quote(**call, run="run-42", tags={"project": "alpha"})
     assert {d["scope_label"] for d in quote.budgets} == labels
-    closed_at = client.close_run(run="run-42")
+    closed_run = client.close_run(run="run-42")
+    assert (closed_run.tenant, closed_run.run) == ("acme", "run-42")
+    closed_at = closed_run.closed_at
     with pytest.raises(RunClosed) as closed:
         client.reserve(**call, run="run-42")
     assert closed.value.closed_at == closed_at

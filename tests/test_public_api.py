@@ -98,25 +98,44 @@ def _returns(function: Any) -> Any:
     return returned
 
 
-def test_no_public_function_returns_a_model_instance() -> None:
-    """Every public function returns plain data (``llm_budgets.results``, a hold, a quote or a
-    scalar): the in-process API and the client return the same types."""
-    from django.db import models
-
+def _plain(returned: Any, name: str) -> bool:
+    """Whether ``returned`` is what a public function may return: a class of
+    ``llm_budgets.results`` (or a list of them), ``HoldState``, a ``Hold``, or ``int`` for
+    ``sweep`` (how many expired)."""
     from llm_budgets import results
 
-    for name in budgets.__all__:
-        function = getattr(budgets, name)
-        if not inspect.isfunction(function):
-            continue
-        returned = _returns(function)
-        assert not (inspect.isclass(returned) and issubclass(returned, models.Model)), name
+    if typing.get_origin(returned) is list:
+        return all(_plain(arg, name) for arg in typing.get_args(returned))
+    if returned is budgets.Hold or returned == results.HoldState:
+        return True
+    if returned is int:
+        return name in ("sweep", "asweep")
+    return inspect.isclass(returned) and returned.__module__ == results.__name__
+
+
+def test_every_public_function_returns_a_results_type() -> None:
+    """Every public function returns plain data of ``llm_budgets.results`` (no model instance,
+    no type of an inner module: issue 24 item 4), a hold, or a scalar typed there; the client
+    returns the same classes where it has a counterpart."""
+    from llm_budgets import results
+
+    names = [n for n in budgets.__all__ if inspect.isfunction(getattr(budgets, n))]
+    assert {"quote", "explain", "close_run", "aquote", "aexplain", "aclose_run"} <= set(names)
+    for name in names:
+        assert _plain(_returns(getattr(budgets, name)), name), (
+            name,
+            _returns(getattr(budgets, name)),
+        )
     for name in ("trip", "clear"):
         assert _returns(getattr(budgets, name)) is results.KillSwitchResult
         assert _returns(getattr(client.BudgetsClient, name)) is results.KillSwitchResult
     for name in ("release", "mark_uncertain"):
         assert _returns(getattr(budgets, name)) == results.HoldState
         assert _returns(getattr(client.BudgetsClient, name)) == results.HoldState
+    assert _returns(budgets.close_run) is results.ClosedRun
+    assert _returns(client.BudgetsClient.close_run) is results.ClosedRun
+    assert _returns(budgets.quote) is results.Quote
+    assert _returns(budgets.explain) is results.Explanation
 
 
 @pytest.mark.django_db

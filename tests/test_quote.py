@@ -48,7 +48,13 @@ def test_quote_itemises_the_worst_case_and_holds_nothing() -> None:
     estimate = quote.estimate
     assert quote.provider == "anthropic"
     assert estimate.price is not None
-    assert estimate.price.pk == price.id
+    assert estimate.price.id == price.id
+    # Plain data, not the model: the quote's price version is a PriceResult.
+    assert estimate.price == price
+    assert (estimate.price.cache_write_per_mtok, estimate.price.per_request) == (
+        Decimal("3.75"),
+        Decimal("0.001"),
+    )
     assert [(i.dimension, i.quantity, i.rate) for i in estimate.items] == [
         ("cache_write_per_mtok", 1_000, Decimal("3.75")),
         ("output_per_mtok", 2_000, Decimal(15)),

@@ -166,7 +166,9 @@ def test_close_run_refuses_later_reservations_and_is_audited() -> None:
     seed(limit="1000")
     budgets.set_limit(tenant="acme", run="*", amount=D("100"), window="lifetime")
     hold = reserve_30(run="run-42")
-    closed_at = budgets.close_run(tenant="acme", run="run-42", actor="ops", reason="done")
+    closed = budgets.close_run(tenant="acme", run="run-42", actor="ops", reason="done")
+    assert (closed.tenant, closed.run) == ("acme", "run-42")
+    closed_at = closed.closed_at
     with pytest.raises(RunClosed) as refused:
         reserve_30(run="run-42")
     assert refused.value.run == "run-42"
@@ -175,7 +177,7 @@ def test_close_run_refuses_later_reservations_and_is_audited() -> None:
     # A hold taken before the close still settles.
     hold.commit(input_tokens=0, output_tokens=100)
     # Closing again changes nothing.
-    assert budgets.close_run(tenant="acme", run="run-42") == closed_at
+    assert budgets.close_run(tenant="acme", run="run-42").closed_at == closed_at
     assert AuditEvent.objects.filter(action="run.close").count() == 1
     # Other runs go on.
     reserve_30(run="run-43")

@@ -339,7 +339,7 @@ class QuoteView(ApiView):
             s.call_request(data, tenant=tenant.external_id), api_key=api_key_of(request)
         )
         if not api_key_of(request).is_operator:
-            quote = quote.for_tenant()
+            quote = quotes.for_tenant(quote)
         body = {"tenant": tenant.external_id, "end_user": data.get("end_user"), **vars(quote)}
         return Response(s.QuoteSerializer({**body, "admissible": quote.admissible}).data)
 

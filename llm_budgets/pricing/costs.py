@@ -22,7 +22,6 @@ Which rates apply:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
@@ -30,6 +29,7 @@ from typing import Any
 from llm_budgets.exceptions import UnknownPrice
 from llm_budgets.models import Price
 from llm_budgets.money import MILLION, ZERO, round_charge, round_hold
+from llm_budgets.results import Item
 from llm_budgets.usage import Usage
 
 # The per-million-token rates of a version, in the order they are itemised.
@@ -44,16 +44,6 @@ TOKEN_RATES = (
 INPUT_RATES = TOKEN_RATES[:4]
 ONE = Decimal(1)
 HUNDRED = Decimal(100)
-
-
-@dataclass(frozen=True)
-class Item:
-    """One line of a cost: ``quantity`` units at ``rate`` (per million tokens, or per call)."""
-
-    dimension: str
-    quantity: int
-    rate: Decimal
-    amount: Decimal  # unrounded
 
 
 Rates = dict[str, Decimal | None]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 from django.db import transaction
@@ -32,6 +31,7 @@ from django.db.models import Q
 from llm_budgets import validation
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import AuditEvent, ModelAlias, Price
+from llm_budgets.results import ModelMatch
 
 EXACT = "exact"
 SPELLING = "spelling"
@@ -39,22 +39,6 @@ CATALOGUE = "genai-prices"
 ALIAS = "alias"
 
 Lookup = Callable[[str | None, str], Price | None]
-
-
-@dataclass(frozen=True)
-class ModelMatch:
-    """How a requested name found its price: ``model`` (of ``provider``) by ``rule``."""
-
-    requested: str
-    provider: str | None
-    model: str
-    rule: str
-    detail: str = ""
-
-    def __str__(self) -> str:
-        target = f"{self.provider}/{self.model}" if self.provider else self.model
-        detail = f": {self.detail}" if self.detail else ""
-        return f"{self.requested} -> {target} ({self.rule}{detail})"
 
 
 def price_for_name(

@@ -35,7 +35,7 @@ from llm_budgets.models import (
 from llm_budgets.money import RATE_DECIMAL_PLACES, RATE_QUANTUM, RATE_SIGNIFICANT_DIGITS
 from llm_budgets.pricing import costs, model_names
 from llm_budgets.pricing.costs import TOKEN_RATES
-from llm_budgets.pricing.model_names import ModelMatch
+from llm_budgets.results import ModelMatch, PriceResult
 from llm_budgets.usage import usage_validate
 
 # "The price version in effect at a time": started by then and not ended, the newest such
@@ -445,6 +445,25 @@ def price_set(
         )
         audit_price(price, action="price.set", actor=actor, reason=reason)
     return price
+
+
+def price_result(price: Price) -> PriceResult:
+    """A price version as the public API returns it (``set_price``, ``quote``): the one
+    builder of :class:`~llm_budgets.results.PriceResult`."""
+    return PriceResult(
+        id=price.pk,
+        provider=price.provider,
+        model=price.model,
+        input_per_mtok=price.input_per_mtok,
+        output_per_mtok=price.output_per_mtok,
+        currency=price.currency,
+        effective_from=price.effective_from,
+        effective_to=price.effective_to,
+        cached_input_per_mtok=price.cached_input_per_mtok,
+        cache_write_per_mtok=price.cache_write_per_mtok,
+        per_request=price.per_request,
+        source=str(price.source),
+    )
 
 
 def audit_price(

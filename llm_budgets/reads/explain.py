@@ -2,54 +2,23 @@
 
 Built on :func:`llm_budgets.reads.quotes.quote` (the itemised worst case and every budget it would
 draw on) plus the open kill switches that cover the request. A read: nothing is held, created or
-recorded.
+recorded. Returned as :class:`llm_budgets.results.Explanation` (plain data, no model).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal
 
 from django.utils import timezone
 
 from llm_budgets.control.killswitches import kill_switches_covering
 from llm_budgets.models import EndUser
-from llm_budgets.reads.quotes import BudgetDraw, Quote, request_quote
+from llm_budgets.reads.quotes import request_quote
 from llm_budgets.request import Request
+from llm_budgets.results import Explanation, SwitchState
 from llm_budgets.tenancy.tenants import tenant_get
 
-
-@dataclass(frozen=True)
-class SwitchState:
-    switch_id: int
-    scope: str
-    reason: str
-    tripped_by: str
-    tripped_at: datetime
-    automatic: bool
-    auto_clear_at: datetime | None
-
-
-@dataclass(frozen=True)
-class Explanation:
-    quote: Quote
-    switches: list[SwitchState]
-
-    @property
-    def budgets(self) -> list[BudgetDraw]:
-        """Every budget that applies: its status now, what the request would hold, ``fits``."""
-        return self.quote.budgets
-
-    @property
-    def amount(self) -> Decimal:
-        """The worst case admission would hold (provider cost)."""
-        return self.quote.estimate.amount
-
-    @property
-    def would_admit(self) -> bool:
-        """Whether admission would admit it now (without degradation)."""
-        return self.quote.admissible and not self.switches
+__all__ = ["Explanation", "SwitchState", "request_explain"]
 
 
 def request_explain(call: Request, *, now: datetime | None = None) -> Explanation:

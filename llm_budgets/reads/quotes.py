@@ -1,12 +1,11 @@
 """A quote: the estimate of a request and the budgets it would draw on, without holding
 anything (``reserve`` would hold what :func:`llm_budgets.pricing.estimates.request_estimate`
-says)."""
+says). Built here, returned as :class:`llm_budgets.results.Quote` (plain data, no model)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
-from decimal import Decimal
 from typing import Any
 
 from django.utils import timezone
@@ -15,57 +14,39 @@ from llm_budgets.conf import conf
 from llm_budgets.db.boundary import ledger_guard
 from llm_budgets.engine.applicable import scopes_for_read, shared_by_tenants
 from llm_budgets.models import ApiKey, BudgetUnit, EndUser, PricingBasis
-from llm_budgets.pricing.estimates import (
-    Estimate,
-    input_token_count,
-    request_estimate,
-)
-from llm_budgets.pricing.model_names import ModelMatch
-from llm_budgets.pricing.prices import price_match
+from llm_budgets.pricing.estimates import Estimate, input_token_count, request_estimate
+from llm_budgets.pricing.prices import price_match, price_result
 from llm_budgets.reads.statuses import budget_statuses
 from llm_budgets.request import Request
-from llm_budgets.results import BudgetStatus
+from llm_budgets.results import BudgetDraw, Quote, QuoteEstimate
+
+__all__ = ["BudgetDraw", "Quote", "for_tenant", "quote", "quote_estimate", "request_quote"]
 from llm_budgets.tenancy.tenants import tenant_get
 
 
-@dataclass(frozen=True)
-class BudgetDraw:
-    """A budget the request would draw on, and whether its hold would fit now."""
+def for_tenant(quote: Quote) -> Quote:
+    """The quote as a tenant's key may see it: budgets every tenant shares are left out (their
+    figures are other tenants' spend), yet still decide ``admissible`` (``withheld_fits``)."""
+    shared = [draw for draw in quote.budgets if shared_by_tenants(draw.status.scope)]
+    return replace(
+        quote,
+        budgets=[draw for draw in quote.budgets if draw not in shared],
+        withheld_fits=quote.withheld_fits + tuple(draw.fits for draw in shared),
+    )
 
-    status: BudgetStatus
-    unit: str
-    would_hold: Decimal
-    fits: bool
 
-
-@dataclass(frozen=True)
-class Quote:
-    provider: str | None
-    model: str
-    estimate: Estimate
-    budgets: list[BudgetDraw]
-    currency: str
-    # Which rule of llm_budgets.pricing.model_names found the price (None: the unknown-model
-    # policy).
-    model_match: ModelMatch | None = None
-    # Whether each budget ``for_tenant`` left out of ``budgets`` would fit.
-    withheld_fits: tuple[bool, ...] = ()
-
-    @property
-    def admissible(self) -> bool:
-        """Whether ``reserve`` would admit the request now (budgets can move meanwhile)."""
-        fits = [draw.fits for draw in self.budgets] + list(self.withheld_fits)
-        return bool(fits) and all(fits)
-
-    def for_tenant(self) -> Quote:
-        """The quote as a tenant's key may see it: budgets every tenant shares are left out
-        (their figures are other tenants' spend), yet still decide ``admissible``."""
-        shared = [draw for draw in self.budgets if shared_by_tenants(draw.status.scope)]
-        return replace(
-            self,
-            budgets=[draw for draw in self.budgets if draw not in shared],
-            withheld_fits=self.withheld_fits + tuple(draw.fits for draw in shared),
-        )
+def quote_estimate(estimate: Estimate) -> QuoteEstimate:
+    """The estimate admission holds, as a quote shows it (the price version as plain data)."""
+    return QuoteEstimate(
+        price=price_result(estimate.price) if estimate.price is not None else None,
+        pricing_basis=estimate.pricing_basis,
+        input_tokens=estimate.input_tokens,
+        max_output_tokens=estimate.max_output_tokens,
+        items=list(estimate.items),
+        amount=estimate.amount,
+        markup_percent=estimate.markup_percent,
+        customer_amount=estimate.customer_amount,
+    )
 
 
 def quote(
@@ -153,4 +134,4 @@ def request_quote(
         with ledger_guard("quote"):
             match = price_match(provider=provider, model=model, at=now)[1]
         provider = estimate.price.provider
-    return Quote(provider, model, estimate, draws, conf.CURRENCY, match)
+    return Quote(provider, model, quote_estimate(estimate), draws, conf.CURRENCY, match)
