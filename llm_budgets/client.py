@@ -238,7 +238,7 @@ def _decimals(row: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class RemoteQuote:
-    """``GET /quote``: the fields of ``llm_budgets.reads.quotes.Quote``, flattened, money as
+    """``GET /quote``: the fields of ``llm_budgets.results.Quote``, flattened, money as
     Decimal.
     ``items`` and ``budgets`` are dicts as the API returns them, amounts as Decimal."""
 
