@@ -268,3 +268,17 @@ def test_reads_during_settlements_and_rollup_runs_count_each_line_once() -> None
         unit="provider_cost",
     )
     assert sum(days.values(), Decimal(0)) == spent() == Decimal("13.5")
+
+
+@pytest.mark.django_db
+def test_a_jump_of_the_id_sequence_is_remembered_newest_first_and_bounded() -> None:
+    """Ids skipped by a jump of the sequence (a restore, a sequence cache) are not walked one by
+    one: the newest ``MAX_GAPS`` are remembered, as in-flight lines have ids near the top."""
+    from llm_budgets.jobs import rollups
+    from llm_budgets.models import RollupWatermark
+
+    now = timezone.now()
+    mark = RollupWatermark(pk=1, through_id=1, gaps=[])
+    gaps, filled = rollups._gaps_after(mark, 10**12, now)
+    assert filled == []
+    assert [pk for pk, _ in gaps] == list(range(10**12 - rollups.MAX_GAPS, 10**12))

@@ -14,6 +14,8 @@ flight, kept as gaps) and ``reads.live`` adds the rest: the pages never wait for
 
 from __future__ import annotations
 
+import itertools
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
@@ -59,6 +61,8 @@ GAP_TTL = timedelta(hours=1)
 # At most this many such ids are remembered (a burst of rolled-back settlements).
 MAX_GAPS = 10_000
 
+logger = logging.getLogger("llm_budgets")
+
 
 def _mark_for_update() -> RollupWatermark:
     """The watermark row, locked: one rebuild at a time moves it."""
@@ -102,8 +106,19 @@ def _gaps_after(mark: RollupWatermark, through: int, now: datetime) -> tuple[lis
         new = UsageRecord.objects.filter(pk__gt=mark.through_id, pk__lte=through)
         if new.count() < through - mark.through_id:
             present = set(new.values_list("pk", flat=True))
-            missing = (pk for pk in range(mark.through_id + 1, through) if pk not in present)
-            kept += [[pk, now.isoformat()] for pk in missing]
+            # Newest first, and at most MAX_GAPS of them: a line in flight has an id near the
+            # top; a jump of the id sequence (a restore, a sequence cache) must not make this a
+            # walk over every number it skipped.
+            missing = (pk for pk in range(through - 1, mark.through_id, -1) if pk not in present)
+            newest = sorted(itertools.islice(missing, MAX_GAPS))
+            if len(newest) == MAX_GAPS:
+                logger.warning(
+                    "llm_budgets: rollup watermark skipped more than %s ids; it remembers the "
+                    "newest %s (older ones are rolled up by a later run's lookback)",
+                    MAX_GAPS,
+                    MAX_GAPS,
+                )
+            kept += [[pk, now.isoformat()] for pk in newest]
     return kept[-MAX_GAPS:], filled
 
 
