@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
 from django.db import connection
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from llm_budgets import budgets
@@ -119,9 +120,9 @@ def rollup_mid_read(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
         else:
             tail = live._tail
 
-            def late_tail(*args: Any) -> Iterator[dict[str, Any]]:
-                daily_usage_refresh()
-                yield from tail(*args)
+            def late_tail(*args: Any) -> QuerySet[Any]:
+                daily_usage_refresh()  # before the tail's query (lazy) is read
+                return tail(*args)
 
             monkeypatch.setattr(live, "_tail", late_tail)
 

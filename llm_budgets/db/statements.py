@@ -19,10 +19,11 @@ from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any, TypeVar, cast
 
+from django.core.exceptions import EmptyResultSet
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
-from django.db.models import Field, Model
+from django.db.models import Field, Model, QuerySet
 from django.db.models.fields import AutoFieldMixin
 
 M = TypeVar("M", bound=Model)
@@ -166,6 +167,24 @@ def _pipelines(vendor: str) -> bool:
     import psycopg
 
     return bool(psycopg.Pipeline.is_supported())
+
+
+def grouped_rows(queryset: QuerySet[Any], *, keys: int) -> list[Sequence[Any]]:
+    """The rows of an aggregate ``values(...).annotate(...)`` query as tuples: its first ``keys``
+    columns converted as the ORM converts them (e.g. a local day, text on SQLite), the sums after
+    them as the driver returns them (Decimal or int on PostgreSQL, int or float on SQLite) for
+    the caller to convert once per merged group. The ORM's per-value conversion of the tenant
+    pages' 10^4 rows per end user cost more than the query (docs/performance.md)."""
+    compiler = queryset.query.get_compiler(using=queryset.db)
+    try:
+        sql, params = compiler.as_sql()
+    except EmptyResultSet:
+        return []
+    converters = compiler.get_converters([column for column, _, _ in compiler.select[:keys]])
+    with connections[queryset.db].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows: list[Sequence[Any]] = cursor.fetchall()
+    return list(compiler.apply_converters(rows, converters)) if converters else rows
 
 
 def execute(sql: str, params: Sequence[Any]) -> None:

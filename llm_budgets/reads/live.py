@@ -22,7 +22,6 @@ whatever the size of the ledger (docs/performance.md, tenant pages).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from datetime import date
 from decimal import Decimal
 from typing import Any
@@ -31,6 +30,7 @@ from zoneinfo import ZoneInfo
 from django.db.models import Count, Max, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
+from llm_budgets.db import statements
 from llm_budgets.models import (
     BudgetUnit,
     DailyUsage,
@@ -56,6 +56,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
 
 def decimal_of(value: object) -> Decimal:
     """A summed amount as Decimal (SQLite sums decimals as floats: through their text)."""
+    if isinstance(value, Decimal):
+        return value
     return Decimal(str(value or 0))
 
 
@@ -93,6 +95,8 @@ def usage_grouped(
     # that commits between the two readings would leave a line counted nowhere (filled gaps, new
     # gaps). The readings agree unless a run committed meanwhile; then read again (a run takes
     # seconds every few minutes, so a second try all but always agrees).
+    field = amount_field(unit)
+    width = len(keys)
     for _attempt in range(READ_ATTEMPTS):
         state = _watermark()
         rows: QuerySet[Any]
@@ -102,10 +106,10 @@ def usage_grouped(
             rows = DailyUsage.objects.filter(tenant=tenant, day__gte=since, day__lte=until)
             if end_user is not None:
                 rows = rows.filter(end_user=end_user)
-        field = amount_field(unit)
-        merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+        # Per group: [total, calls, input tokens, output tokens], summed as read.
+        merged: dict[tuple[Any, ...], list[Any]] = {}
         mark = state[0]
-        for row in (
+        for row in statements.grouped_rows(
             rows.values(*keys)
             .annotate(
                 total=Sum(field),
@@ -114,35 +118,35 @@ def usage_grouped(
                 n_output=Sum("output_tokens"),
                 mark=Max("through_id"),
             )
-            .order_by()
+            .order_by(),
+            keys=width,
         ):
-            mark = max(mark, row.pop("mark") or 0)
-            row["total"] = decimal_of(row["total"])
-            for count in ("n_calls", "n_input", "n_output"):
-                row[count] = row[count] or 0
-            merged[tuple(row[k] for k in keys)] = row
+            mark = max(mark, row[-1] or 0)
+            merged[tuple(row[:width])] = [decimal_of(row[width]), *row[width + 1 : -1]]
         if _watermark() == state:
             break
-    gaps = state[1]
-    zone = ZoneInfo(tenant.timezone)
-    for line in _tail(tenant, since, until, zone, end_user, mark, gaps, keys, field):
-        key = tuple(line[k] for k in keys)
-        row = merged.get(key)
-        if row is None:
-            row = merged[key] = {k: line[k] for k in keys} | {
-                "total": ZERO,
-                "n_calls": 0,
-                "n_input": 0,
-                "n_output": 0,
-            }
-        row["total"] += decimal_of(line["total"])
-        row["n_calls"] += line["n_calls"] or 0
-        row["n_input"] += line["n_input"] or 0
-        row["n_output"] += line["n_output"] or 0
-    result = list(merged.values())
-    for row in result:
-        row["total"] = round_charge(row["total"])
-    return result
+    for line in statements.grouped_rows(
+        _tail(
+            tenant, since, until, ZoneInfo(tenant.timezone), end_user, mark, state[1], keys, field
+        ),
+        keys=width,
+    ):
+        key = tuple(line[:width])
+        total, *counts = line[width:]
+        sums = merged.setdefault(key, [ZERO, 0, 0, 0])
+        sums[0] += decimal_of(total)
+        for index, value in enumerate(counts, start=1):
+            sums[index] = (sums[index] or 0) + (value or 0)
+    return [
+        dict(zip(keys, key, strict=True))
+        | {
+            "total": round_charge(total),
+            "n_calls": int(calls or 0),
+            "n_input": int(n_input or 0),
+            "n_output": int(n_output or 0),
+        }
+        for key, (total, calls, n_input, n_output) in merged.items()
+    ]
 
 
 def _tail(
@@ -155,7 +159,7 @@ def _tail(
     gaps: frozenset[int],
     keys: tuple[str, ...],
     field: str,
-) -> Iterable[Mapping[str, Any]]:
+) -> QuerySet[Any]:
     """The spend lines of the range that no rollup row read holds (above ``mark``, or in flight),
     summed per ``keys`` in the database (a local day is the tenant's)."""
     newer = Q(pk__gt=mark) | Q(pk__in=sorted(gaps)) if gaps else Q(pk__gt=mark)
