@@ -149,3 +149,43 @@ def test_status_and_the_rest_api_show_the_projection(settings: Any) -> None:
         assert '<polyline class="lb-projection"' in charts
         assert "At the recent rate the limit of" in charts
         assert "is reached on 21 Nov 2026, before it resets" in charts
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("application_clock")
+def test_a_daily_budget_is_projected_to_the_end_of_its_day(settings: Any) -> None:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    # 3.00 a day for a week, each at noon (UTC, the tenant's zone), under a month of 100.
+    for day in range(1, 8):
+        with time_machine.travel(datetime(2026, 11, day, 12, tzinfo=UTC), tick=False):
+            if day == 1:
+                seed(tenant="acme", limit="100")
+            reserve_30(tenant="acme").commit(input_tokens=0, output_tokens=100)
+    with time_machine.travel(datetime(2026, 11, 8, 12, tzinfo=UTC), tick=False):
+        budgets.set_limit(tenant="acme", amount=Decimal(5), window="day")
+        reserve_30(tenant="acme", max_output_tokens=50).commit(input_tokens=0, output_tokens=50)
+        daily = next(s for s in budgets.status(tenant="acme") if s.window == "day")
+        # 1.50 today by noon, and 3.00 a day for the half day left: 3.00, within 5.
+        assert daily.spent == Decimal("1.5")
+        assert daily.projected == Decimal(3)
+        assert daily.runs_out_at is None
+        budgets.set_limit(tenant="acme", amount=Decimal(2), window="day")
+        daily = next(s for s in budgets.status(tenant="acme") if s.window == "day")
+        # 0.50 more at 3.00 a day: a sixth of a day, four hours.
+        assert daily.runs_out_at == datetime(2026, 11, 8, 16, tzinfo=UTC)
+        monthly = next(s for s in budgets.status(tenant="acme") if s.window == "month")
+        assert monthly.projected is not None  # the monthly one still has its own
+        from django.contrib.auth.models import User
+        from django.test import Client
+
+        from llm_budgets.models import Membership, MembershipRole, Tenant
+
+        user = User.objects.create_user("ann", password="pw")
+        tenant_obj = Tenant.objects.get(external_id="acme")
+        Membership.objects.create(user=user, tenant=tenant_obj, role=MembershipRole.ADMIN)
+        browser = Client()
+        browser.force_login(user)
+        page = browser.get("/usage/").content.decode()
+        assert "At this rate it runs out at 16:00 UTC today, before it resets" in page
+        # The overview's sentence is about the month, not the day's budget.
+        assert "At this rate: " in page.split('data-figure="projection"')[0]

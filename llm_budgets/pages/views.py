@@ -35,6 +35,7 @@ from llm_budgets.pages.access import (
     may_view_any_tenant,
     viewer_for,
 )
+from llm_budgets.windows import Window
 
 View = Callable[..., HttpResponseBase]
 
@@ -140,7 +141,12 @@ def overview(request: HttpRequest, viewer: Viewer) -> HttpResponse:
         # The projection of the budget the sentence is about: the organisation's monthly
         # budget, or a member's own (reads.projections).
         lead=next(
-            (line.status for line in data.budgets if line.status.projected is not None), None
+            (
+                line.status
+                for line in data.budgets
+                if line.status.projected is not None and line.status.window == Window.MONTH
+            ),
+            None,
         ),
         # What Stripe accepted this period (llm_budgets.billing); tenant-wide, so not for a
         # member, and None for a tenant never billed through Stripe (docs/pages.md).

@@ -1,7 +1,7 @@
 """Projections: where a budget will stand at the end of its period at the recent burn rate, and
 when it would run out before it resets.
 
-The method (docs/pages.md, "Projections"), for a calendar-month budget:
+The method (docs/pages.md, "Projections"), for a budget of a calendar day or month:
 
 1. The history is the spend of the last ``HISTORY_DAYS`` complete local days (the tenant's
    timezone; live: ``reads.live``), whatever period they fall in, of what the budget counts: the
@@ -35,6 +35,10 @@ from llm_budgets.reads import live
 from llm_budgets.results import BudgetStatus
 
 HISTORY_DAYS = 28
+# Budgets whose period a daily history can look ahead over: the rest of today, the rest of the
+# month. Not an hour (daily history says nothing of the next minutes), a rolling window (it
+# never resets: it has no end of period to project to) or a lifetime budget (no end either).
+PROJECTED_WINDOWS = frozenset({Window.DAY, Window.MONTH})
 HALF_LIFE_DAYS = 14
 MIN_TREND_DAYS = 7
 # Where the running total is looked at to find when it reaches the limit.
@@ -154,7 +158,7 @@ def _series_owner(
     status: BudgetStatus, end_user: EndUser | None
 ) -> tuple[bool, EndUser | None] | None:
     """Whose spend a budget counts, as (projectable, end user); None: not projected."""
-    if status.window != Window.MONTH or status.resets_at is None or status.limit <= 0:
+    if status.window not in PROJECTED_WINDOWS or status.resets_at is None or status.limit <= 0:
         return None
     if status.scope == Scope.TENANT:
         return True, None
@@ -167,9 +171,9 @@ def with_projections(
     statuses: Sequence[BudgetStatus], tenant: Tenant, end_user: EndUser | None, at: datetime
 ) -> list[BudgetStatus]:
     """The statuses with ``projected`` and ``runs_out_at`` set where a projection applies: the
-    tenant's and an end user's monthly budgets (an end user's share of an each-end-user limit
-    when ``end_user`` is given). Others are returned as they are. One live read (four queries)
-    per series projected."""
+    tenant's and an end user's daily and monthly budgets (an end user's share of an
+    each-end-user limit when ``end_user`` is given). Others are returned as they are. One live
+    read (four queries) per series projected: a daily and a monthly budget share theirs."""
     zone = ZoneInfo(tenant.timezone)
     local = at.astimezone(zone)
     day_start = local.replace(hour=0, minute=0, second=0, microsecond=0)
