@@ -7,6 +7,7 @@ has; the only ledger lines read are those written since the last rollup run.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
@@ -402,8 +403,10 @@ def spend_by_end_user(
     def usage(row: dict[str, Any]) -> UsageRow:
         return _usage_row(row, row["end_user__external_id"] or _("(calls without a user)"), total)
 
-    top = sorted(rows, key=END_USER_SORTS["amount"])[:CHART_TOP]
     rows.sort(key=END_USER_SORTS.get(sort, END_USER_SORTS["amount"]))
+    # The chart's top spenders: the first rows when sorted by spend, else picked without a sort.
+    by_amount = END_USER_SORTS["amount"]
+    top = rows[:CHART_TOP] if sort == "amount" else heapq.nsmallest(CHART_TOP, rows, key=by_amount)
     current = Paginator(rows, PAGE_ROWS).get_page(page)
     lines = [usage(r) for r in current.object_list]
     return Page(lines, current.number, current.paginator), [usage(r) for r in top], total  # type: ignore[arg-type]
