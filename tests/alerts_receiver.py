@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,6 +34,8 @@ class Receiver:
     lock: threading.Lock = field(default_factory=threading.Lock)
     changed: threading.Condition = field(init=False)
     port: int = 0
+    # Called with the delivery id once a new one is stored, before the answer goes out.
+    on_store: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         self.changed = threading.Condition(self.lock)
@@ -74,11 +76,14 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
             if status == 200:
                 with receiver.changed:
                     receiver.seen.append(delivery)
-                    if delivery not in {s.delivery for s in receiver.stored}:
+                    new = delivery not in {s.delivery for s in receiver.stored}
+                    if new:
                         receiver.stored.append(
                             Stored(delivery, json.loads(body), dict(self.headers.items()))
                         )
                     receiver.changed.notify_all()
+                if new and receiver.on_store is not None:
+                    receiver.on_store(delivery)
             if delay:
                 time.sleep(delay)  # the receiver's own slowness, scripted
             self.send_response(status)
