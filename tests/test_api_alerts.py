@@ -303,3 +303,20 @@ def test_a_disabled_endpoints_test_event_waits_for_it(keys: dict[str, str]) -> N
     )
     assert response.status_code == 202
     assert AlertDelivery.objects.get().state == "pending"
+
+
+def test_create_and_rotate_refuse_an_idempotency_key_rather_than_store_the_secret(
+    keys: dict[str, str],
+) -> None:
+    acme = client_for(keys["acme"])
+    body = {"kind": "webhook", "target": URL, "event_types": ["run.closed"]}
+    made = acme.post(ENDPOINTS, body, format="json", HTTP_IDEMPOTENCY_KEY="k1")
+    assert made.status_code == 400
+    assert error(made)["field"] == "Idempotency-Key"
+    assert AlertEndpoint.objects.count() == 0
+    endpoint = endpoint_of("acme")
+    rotated = acme.post(
+        f"{ENDPOINTS}/{endpoint.pk}/rotate-secret", {}, format="json", HTTP_IDEMPOTENCY_KEY="k2"
+    )
+    assert rotated.status_code == 400
+    assert AlertEndpoint.objects.get().secret == endpoint.secret

@@ -4,7 +4,7 @@
 An operator key manages the installation-wide endpoints and may act on any tenant's; a tenant
 key sees and changes its own tenant's only: another tenant's endpoint or delivery is a 404, as
 if it did not exist. A webhook's signing secret is in the answer to a create or a rotation and
-never again (those two operations take no Idempotency-Key: a stored replay would keep the
+never again (those two operations refuse an Idempotency-Key: a stored replay would keep the
 secret in the database).
 """
 
@@ -36,7 +36,7 @@ from llm_budgets.alerts.endpoints import (
     endpoint_update,
 )
 from llm_budgets.api.exceptions import HttpError
-from llm_budgets.api.idempotency import idempotent
+from llm_budgets.api.idempotency import HEADER, idempotent
 from llm_budgets.api.killswitches import actor_of
 from llm_budgets.api.schema import api_schema
 from llm_budgets.api.scoping import api_key_of, query_id, tenant_for
@@ -53,6 +53,19 @@ from llm_budgets.models import (
 )
 
 TENANT_TYPES = [name for name, schema in TYPES.items() if schema.tenant_visible]
+
+
+def _no_idempotency_key(request: Request) -> None:
+    """Create and rotate refuse the header rather than ignore it: a retry would not be safe."""
+    if request.headers.get(HEADER) is not None:
+        raise ValidationError(
+            {
+                HEADER: [
+                    "This operation takes no Idempotency-Key: its answer holds a signing secret, "
+                    "which is never stored for a replay. Send it without the header."
+                ]
+            }
+        )
 
 
 def _owner(request: Request) -> Tenant | None:
@@ -298,10 +311,12 @@ class AlertEndpointListView(ApiView, generics.ListAPIView[AlertEndpoint]):
         summary="Create an alert endpoint; a webhook's signing secret is in this answer only",
         request=EndpointCreateSerializer,
         responses={201: EndpointWithSecretSerializer, **errors(404)},
-        description="No Idempotency-Key: the answer holds the secret, which is never stored "
-        "in the clear. A retried create makes a second endpoint; delete the spare one.",
+        description="An Idempotency-Key header is refused (400): the answer holds the secret, "
+        "which is never stored for a replay. A retried create makes a second endpoint; delete "
+        "the spare one.",
     )
     def post(self, request: Request) -> Response:
+        _no_idempotency_key(request)
         data = self.valid(EndpointCreateSerializer, request)
         key = api_key_of(request)
         named = data.get("tenant")
@@ -361,10 +376,11 @@ class AlertEndpointRotateView(ApiView):
         request=RotateSerializer,
         responses={200: EndpointWithSecretSerializer, **errors(404)},
         description="The old secret stays valid for `overlap_seconds`. 400 (field kind) for "
-        "Slack, Teams and email endpoints, which have no secret. No Idempotency-Key (see "
-        "create).",
+        "Slack, Teams and email endpoints, which have no secret. An Idempotency-Key is "
+        "refused (see create).",
     )
     def post(self, request: Request, endpoint_id: str) -> Response:
+        _no_idempotency_key(request)
         data = self.valid(RotateSerializer, request)
         endpoint = _endpoint(request, endpoint_id)
         with ledger_guard("alert endpoint rotate"):
