@@ -33,6 +33,7 @@ class LlmBudgetsConfig(AppConfig):
         from django.db.models.signals import post_migrate
 
         from llm_budgets import checks  # noqa: F401  (registers the system checks)
+        from llm_budgets.alerts import checks as alerts_checks  # noqa: F401  (E110, W111)
         from llm_budgets.billing import checks as billing_checks  # noqa: F401  (W070)
         from llm_budgets.pages import checks as pages_checks  # noqa: F401  (W085, E086)
         from llm_budgets.roles import roles_sync

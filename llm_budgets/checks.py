@@ -54,6 +54,15 @@ CHECK_IDS: dict[str, str] = {
     "STRIPE_MAX_ATTEMPTS": "llm_budgets.E075",
     "STRIPE_RETRY_BASE_SECONDS": "llm_budgets.E076",
     "STRIPE_RECONCILE_DAYS": "llm_budgets.E077",
+    "ALERTS_ALLOW_HTTP": "llm_budgets.E101",
+    "ALERTS_ALLOWED_ADDRESSES": "llm_budgets.E102",
+    "ALERTS_TIMEOUT_SECONDS": "llm_budgets.E103",
+    "ALERTS_MAX_RESPONSE_BYTES": "llm_budgets.E104",
+    "ALERTS_RETRY_BASE_SECONDS": "llm_budgets.E105",
+    "ALERTS_RETRY_MAX_SECONDS": "llm_budgets.E106",
+    "ALERTS_RETRY_HORIZON_SECONDS": "llm_budgets.E107",
+    "ALERTS_DISABLE_AFTER_FAILURES": "llm_budgets.E108",
+    "ALERTS_SECRET_OVERLAP_SECONDS": "llm_budgets.E109",
 }
 
 

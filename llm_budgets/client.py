@@ -108,6 +108,8 @@ API_ERROR_CODES: dict[str, str] = {
     "operator_key_required": "the operation needs an operator key",
     "permission_denied": "the key may not do this",
     "not_found": "no such path or object (or another tenant's)",
+    "alert_endpoint_not_found": "no such alert endpoint (or another tenant's)",
+    "alert_delivery_not_found": "no such alert delivery (or another tenant's)",
     "method_not_allowed": "the path does not take this HTTP method",
     "not_acceptable": "the server cannot answer in the Accept header's type",
     "unsupported_media_type": "the body's content type is not JSON",

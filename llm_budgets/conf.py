@@ -123,6 +123,27 @@ DEFAULTS: dict[str, Any] = {
     "STRIPE_RETRY_BASE_SECONDS": 30,
     # Reconciliation compares this many past days of delivered hours with Stripe's summaries.
     "STRIPE_RECONCILE_DAYS": 3,
+    # Alerts (docs/alerts.md). Plain http:// endpoints: refused unless DEBUG or this is True
+    # (local receivers, tests); True outside DEBUG is an error (check llm_budgets.E110).
+    "ALERTS_ALLOW_HTTP": False,
+    # Private, loopback, link-local and reserved addresses an endpoint may resolve to outside
+    # DEBUG (IPs or networks, e.g. ["127.0.0.1"] in tests); every other such address is refused
+    # (server-side request forgery).
+    "ALERTS_ALLOWED_ADDRESSES": [],
+    # Seconds one attempt may take (connect, send, the whole answer), and the most of the answer
+    # read (the rest is not read).
+    "ALERTS_TIMEOUT_SECONDS": 10,
+    "ALERTS_MAX_RESPONSE_BYTES": 64 * 1024,
+    # Retries: exponential from ALERTS_RETRY_BASE_SECONDS, each wait at most
+    # ALERTS_RETRY_MAX_SECONDS, with jitter; a delivery still failing ALERTS_RETRY_HORIZON_SECONDS
+    # after its first attempt is given up ("failed").
+    "ALERTS_RETRY_BASE_SECONDS": 10,
+    "ALERTS_RETRY_MAX_SECONDS": 60 * 60,
+    "ALERTS_RETRY_HORIZON_SECONDS": 3 * 24 * 60 * 60,
+    # An endpoint whose attempts failed this many times in a row is disabled, its owner emailed.
+    "ALERTS_DISABLE_AFTER_FAILURES": 20,
+    # How long the old secret stays valid after a rotation (both sign meanwhile).
+    "ALERTS_SECRET_OVERLAP_SECONDS": 24 * 60 * 60,
 }
 
 EXPIRED_HOLD_POLICIES = ("charge", "release")
@@ -401,6 +422,22 @@ def _webhook_secret(key: str, value: Any) -> str | None:
     )
 
 
+def _address_list(key: str, value: Any) -> list[str]:
+    import ipaddress
+
+    try:
+        if isinstance(value, list | tuple):
+            return [str(ipaddress.ip_network(str(v), strict=False)) for v in value]
+    except ValueError:
+        pass
+    raise SettingError(
+        key,
+        f"LLM_BUDGETS[{key!r}] must be a list of IP addresses or networks.",
+        f"Got {value!r}. Alert endpoints may resolve to these private addresses (tests: "
+        "['127.0.0.1']).",
+    )
+
+
 # Each key's reader: the typed value the code uses, or SettingError.
 READERS: dict[str, Callable[[str, Any], Any]] = {
     "DEFAULT_TTL_SECONDS": _default_ttl,
@@ -443,6 +480,15 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "STRIPE_MAX_ATTEMPTS": _positive_int,
     "STRIPE_RETRY_BASE_SECONDS": _positive_int,
     "STRIPE_RECONCILE_DAYS": _positive_int,
+    "ALERTS_ALLOW_HTTP": _bool,
+    "ALERTS_ALLOWED_ADDRESSES": _address_list,
+    "ALERTS_TIMEOUT_SECONDS": _positive_int,
+    "ALERTS_MAX_RESPONSE_BYTES": _positive_int,
+    "ALERTS_RETRY_BASE_SECONDS": _positive_int,
+    "ALERTS_RETRY_MAX_SECONDS": _positive_int,
+    "ALERTS_RETRY_HORIZON_SECONDS": _positive_int,
+    "ALERTS_DISABLE_AFTER_FAILURES": _positive_int,
+    "ALERTS_SECRET_OVERLAP_SECONDS": _positive_int,
 }
 
 
@@ -630,6 +676,42 @@ class Settings:
     def API_AUTH_FAILURE_RATE(self) -> str | None:
         rate = self._get("API_AUTH_FAILURE_RATE")
         return None if rate is None else str(rate)
+
+    @property
+    def ALERTS_ALLOW_HTTP(self) -> bool:
+        return bool(self._get("ALERTS_ALLOW_HTTP"))
+
+    @property
+    def ALERTS_ALLOWED_ADDRESSES(self) -> list[str]:
+        return list(self._get("ALERTS_ALLOWED_ADDRESSES"))
+
+    @property
+    def ALERTS_TIMEOUT_SECONDS(self) -> int:
+        return int(self._get("ALERTS_TIMEOUT_SECONDS"))
+
+    @property
+    def ALERTS_MAX_RESPONSE_BYTES(self) -> int:
+        return int(self._get("ALERTS_MAX_RESPONSE_BYTES"))
+
+    @property
+    def ALERTS_RETRY_BASE_SECONDS(self) -> int:
+        return int(self._get("ALERTS_RETRY_BASE_SECONDS"))
+
+    @property
+    def ALERTS_RETRY_MAX_SECONDS(self) -> int:
+        return int(self._get("ALERTS_RETRY_MAX_SECONDS"))
+
+    @property
+    def ALERTS_RETRY_HORIZON_SECONDS(self) -> int:
+        return int(self._get("ALERTS_RETRY_HORIZON_SECONDS"))
+
+    @property
+    def ALERTS_DISABLE_AFTER_FAILURES(self) -> int:
+        return int(self._get("ALERTS_DISABLE_AFTER_FAILURES"))
+
+    @property
+    def ALERTS_SECRET_OVERLAP_SECONDS(self) -> int:
+        return int(self._get("ALERTS_SECRET_OVERLAP_SECONDS"))
 
 
 conf = Settings()

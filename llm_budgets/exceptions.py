@@ -57,6 +57,7 @@ class BudgetExceeded(BudgetError):
 
     code = "budget_exceeded"
     shared = False  # rebuilt by the HTTP client without __init__: not on the wire
+    period_start: datetime | None = None  # the refusing period (alerts), not on the wire either
     wire = (
         Wire("budget_id", "int", ("budget", "id"), "The budget that refused.", nullable=True),
         Wire("scope", "str", ("budget", "scope"), "Whose budget, e.g. tenant acme."),
@@ -91,8 +92,10 @@ class BudgetExceeded(BudgetError):
         tenant: str | None = None,
         end_user: str | None = None,
         shared: bool = False,
+        period_start: datetime | None = None,
     ) -> None:
         self.scope = scope
+        self.period_start = period_start
         self.window = window
         # The budget counts every tenant's spend: a tenant's key gets ``without_figures``.
         self.shared = shared

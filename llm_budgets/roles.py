@@ -30,6 +30,9 @@ _VIEWABLE = (
     "killswitch",
     "budgetraise",
     "refusal",
+    "alertendpoint",
+    "alertdelivery",
+    "alertevent",
 )
 
 ROLE_PERMISSIONS: dict[str, tuple[str, ...]] = {

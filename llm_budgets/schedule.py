@@ -27,6 +27,8 @@ JOBS: dict[str, tuple[str, int]] = {
     "llm_budgets: retention purge": ("llm_budgets.purge_retention", 24 * 60 * 60),
     "llm_budgets: stripe usage delivery": ("llm_budgets.stripe_push", 60),
     "llm_budgets: stripe reconciliation": ("llm_budgets.stripe_reconcile", 24 * 60 * 60),
+    # Alerts wait at most this long for their first attempt (docs/alerts.md).
+    "llm_budgets: alert delivery": ("llm_budgets.deliver_alerts", 10),
 }
 
 # Jobs with nothing to do without a Stripe key (health does not expect them to run).

@@ -98,3 +98,12 @@ def stripe_reconcile() -> int:
     if not conf.STRIPE_API_KEY:
         return 0  # nothing was sent, so nothing to compare
     return billing_reconcile().differences
+
+
+@shared_task(name="llm_budgets.deliver_alerts", **JOB)
+@job_recorded("llm_budgets.deliver_alerts")
+def deliver_alerts() -> int:
+    """Send the alert deliveries that are due (each endpoint's in order); returns how many went."""
+    from llm_budgets.alerts.delivery import alerts_deliver
+
+    return alerts_deliver().delivered

@@ -69,6 +69,15 @@ def _forget_linked_tenants() -> None:
     linked_cache_clear()
 
 
+@pytest.fixture(autouse=True)
+def _forget_alert_subscriptions() -> None:
+    # Alerts cache which (tenant, type) pairs have endpoints, per process: ids repeat after a
+    # test's rollback too.
+    from llm_budgets.alerts.emit import alerts_cache_clear
+
+    alerts_cache_clear()
+
+
 @pytest.fixture
 def application_clock() -> Iterator[None]:
     """Admission reads this process's clock, so ``time_machine`` moves it (the app reads the

@@ -38,6 +38,16 @@ def test_the_schema_is_public_and_covers_every_endpoint() -> None:
             "budgets",
             "kill-switches",
             "kill-switches/clear",
+            "alerts/endpoints",
+            "alerts/endpoints/{endpoint_id}",
+            "alerts/endpoints/{endpoint_id}/rotate-secret",
+            "alerts/endpoints/{endpoint_id}/test",
+            "alerts/endpoints/{endpoint_id}/disable",
+            "alerts/endpoints/{endpoint_id}/enable",
+            "alerts/deliveries",
+            "alerts/deliveries/{delivery_id}",
+            "alerts/deliveries/{delivery_id}/redeliver",
+            "alerts/events",
             "health",
         ]
     }

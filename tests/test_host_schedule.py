@@ -87,15 +87,17 @@ def test_health_names_every_overdue_job() -> None:
     started = timezone.now()
     for task in TASKS:
         job_finished(task, now=started)
-    # 400 s on: only the 30 s sweep is past twice its interval plus the 300 s slack.
+    # 400 s on: only the 10 s alert delivery and the 30 s sweep are past twice their interval
+    # plus the 300 s slack.
     report = health_check(now=started + timedelta(seconds=400))
     (jobs,) = [check for check in report.checks if check.name == "jobs"]
     assert report.failing == ["jobs"]
-    assert list(jobs.values) == [SWEEP]
+    assert list(jobs.values) == ["llm_budgets.deliver_alerts", SWEEP]
     # 500 s on: the 60 s jobs too, each named.
     report = health_check(now=started + timedelta(seconds=500))
     (jobs,) = [check for check in report.checks if check.name == "jobs"]
     assert sorted(jobs.values) == [
+        "llm_budgets.deliver_alerts",
         "llm_budgets.detect_anomalies",
         "llm_budgets.scan_thresholds",
         SWEEP,

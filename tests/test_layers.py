@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "llm_budgets.host_users",
             "llm_budgets.moved",
             "llm_budgets.db",
+            "llm_budgets.alerts",  # its face (verify) and the pure parts: bodies, signing
         ],
     ),
     ("models", ["llm_budgets.models"]),
@@ -54,12 +55,22 @@ LAYERS: list[tuple[str, list[str]]] = [
             "llm_budgets.events",
             "llm_budgets.metrics",
             "llm_budgets.logformat",
+            "llm_budgets.alerts.emit",
+            "llm_budgets.alerts.endpoints",
         ],
     ),
     ("engine", ["llm_budgets.engine"]),
     (
         "reads and jobs",
-        ["llm_budgets.reads", "llm_budgets.jobs", "llm_budgets.billing", "llm_budgets.health"],
+        [
+            "llm_budgets.reads",
+            "llm_budgets.jobs",
+            "llm_budgets.billing",
+            "llm_budgets.health",
+            "llm_budgets.alerts.delivery",
+            "llm_budgets.alerts.formats",
+            "llm_budgets.alerts.transport",
+        ],
     ),
     (
         "surfaces",
@@ -73,6 +84,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "llm_budgets.tasks",
             "llm_budgets.checks",
             "llm_budgets.billing.checks",  # system checks, beside llm_budgets.checks
+            "llm_budgets.alerts.checks",
             "llm_budgets.apps",
             "llm_budgets.celery_worker",
             "llm_budgets.management",

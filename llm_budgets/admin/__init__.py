@@ -5,6 +5,7 @@ prices) or shows the rows read-only (counters, reservations, the ledger, the aud
 """
 
 from llm_budgets.admin import (
+    alerts,
     api_keys,
     audit,
     billing,
@@ -18,6 +19,7 @@ from llm_budgets.admin import (
 )
 
 __all__ = [
+    "alerts",
     "api_keys",
     "audit",
     "billing",

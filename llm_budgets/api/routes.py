@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver, path
 
-from llm_budgets.api import health, killswitches, usage, views
+from llm_budgets.api import alerts, health, killswitches, usage, views
 
 api_patterns: list[URLPattern | URLResolver] = [
     path("reservations", views.ReservationCreateView.as_view(), name="reservations"),
@@ -48,5 +48,43 @@ api_patterns: list[URLPattern | URLResolver] = [
         killswitches.KillSwitchClearView.as_view(),
         name="kill-switches-clear",
     ),
+    path("alerts/endpoints", alerts.AlertEndpointListView.as_view(), name="alert-endpoints"),
+    path(
+        "alerts/endpoints/<str:endpoint_id>",
+        alerts.AlertEndpointDetailView.as_view(),
+        name="alert-endpoint",
+    ),
+    path(
+        "alerts/endpoints/<str:endpoint_id>/rotate-secret",
+        alerts.AlertEndpointRotateView.as_view(),
+        name="alert-endpoint-rotate-secret",
+    ),
+    path(
+        "alerts/endpoints/<str:endpoint_id>/test",
+        alerts.AlertEndpointTestView.as_view(),
+        name="alert-endpoint-test",
+    ),
+    path(
+        "alerts/endpoints/<str:endpoint_id>/disable",
+        alerts.AlertEndpointDisableView.as_view(),
+        name="alert-endpoint-disable",
+    ),
+    path(
+        "alerts/endpoints/<str:endpoint_id>/enable",
+        alerts.AlertEndpointEnableView.as_view(),
+        name="alert-endpoint-enable",
+    ),
+    path("alerts/deliveries", alerts.AlertDeliveryListView.as_view(), name="alert-deliveries"),
+    path(
+        "alerts/deliveries/<str:delivery_id>",
+        alerts.AlertDeliveryDetailView.as_view(),
+        name="alert-delivery",
+    ),
+    path(
+        "alerts/deliveries/<str:delivery_id>/redeliver",
+        alerts.AlertDeliveryRedeliverView.as_view(),
+        name="alert-delivery-redeliver",
+    ),
+    path("alerts/events", alerts.AlertEventListView.as_view(), name="alert-events"),
     path("health", health.HealthView.as_view(), name="health"),
 ]

@@ -30,6 +30,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from llm_budgets.alerts.bodies import time_field
+from llm_budgets.alerts.emit import alert_emit
 from llm_budgets.billing.client import stripe_client
 from llm_budgets.conf import conf
 from llm_budgets.engine.outbox import (
@@ -449,7 +451,19 @@ def _park(
     fields = (
         _error_fields(exc) if exc is not None else {"error_code": code, "error_message": message}
     )
-    _save(delivery, state=MeterDeliveryState.PARKED, note=note or delivery.note, **fields)
+    with transaction.atomic():
+        _save(delivery, state=MeterDeliveryState.PARKED, note=note or delivery.note, **fields)
+        # Operators only: a parked delivery is the installation's problem, not the tenant's.
+        alert_emit(
+            "stripe.delivery_parked",
+            body={
+                "delivery_id": delivery.pk,
+                "customer_id": delivery.customer_id,
+                "event_name": delivery.event_name,
+                "error": str(fields["error_message"])[:1000],
+                "parked_at": time_field(timezone.now()),
+            },
+        )
     logger.error("Stripe delivery %s parked: %s", delivery.pk, fields["error_message"])
     return "parked"
 

@@ -26,10 +26,17 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from llm_budgets.alerts.bodies import time_field
+from llm_budgets.alerts.emit import alert_emit
 from llm_budgets.billing.links import stripe_customer_unlink
 from llm_budgets.billing.totals import unpaid_invoices
 from llm_budgets.conf import conf
-from llm_budgets.control.killswitches import kill_switch_clear, kill_switch_trip, switch_scope
+from llm_budgets.control.killswitches import (
+    PAYMENT_FAILED_DETECTOR,
+    kill_switch_clear,
+    kill_switch_trip,
+    switch_scope,
+)
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
     InvoiceSettlement,
@@ -43,7 +50,7 @@ from llm_budgets.models import (
 logger = logging.getLogger(__name__)
 
 ACTOR = "stripe webhook"
-DETECTOR = "stripe_payment_failed"
+DETECTOR = PAYMENT_FAILED_DETECTOR
 
 
 class WebhookSignatureError(InvalidUsage):
@@ -209,8 +216,36 @@ def _invoice_of(event: dict[str, Any]) -> tuple[StripeCustomerLink, StripeInvoic
     return link, record[0]
 
 
+def _payment_alert(
+    event: dict[str, Any], link: StripeCustomerLink, action: str, now: datetime
+) -> None:
+    """The payment.failed alert, once per Stripe event, in the webhook's transaction."""
+    alert_emit(
+        "payment.failed",
+        tenant=link.tenant,
+        body={
+            "tenant": link.tenant.external_id,
+            "invoice_id": str(_object(event)["id"]),
+            "stripe_event_id": str(event["id"]),
+            "action": action,
+            "failed_at": time_field(now),
+        },
+        dedupe_key=f"payment.failed:{event['id']}",
+        now=now,
+    )
+
+
 def _payment_failed(event: dict[str, Any], row: StripeWebhookEvent, now: datetime) -> str:
     if conf.STRIPE_ON_PAYMENT_FAILED != "trip":
+        linked = (
+            StripeCustomerLink.objects.filter(
+                customer_id=_object(event)["customer"], unlinked_at__isnull=True
+            )
+            .select_related("tenant")
+            .first()
+        )
+        if linked is not None:
+            _payment_alert(event, linked, "ignore", now)
         return "payment failed: ignored (STRIPE_ON_PAYMENT_FAILED='ignore')"
     found = _invoice_of(event)
     if found is None:
@@ -219,6 +254,7 @@ def _payment_failed(event: dict[str, Any], row: StripeWebhookEvent, now: datetim
     invoice_id = record.invoice_id
     if record.settled_at is not None:
         return f"invoice {invoice_id} was already {record.settled_as}: a late failure, ignored"
+    _payment_alert(event, link, "trip", now)
     if record.payment_failed_at is None:
         record.payment_failed_at, record.failed_event = now, event["id"]
         record.save(update_fields=["payment_failed_at", "failed_event"])

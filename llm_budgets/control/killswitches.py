@@ -18,6 +18,8 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from llm_budgets import validation
+from llm_budgets.alerts.bodies import time_field
+from llm_budgets.alerts.emit import alert_emit
 from llm_budgets.conf import conf
 from llm_budgets.db import statements as sql
 from llm_budgets.exceptions import InvalidUsage, KillSwitchActive
@@ -172,6 +174,7 @@ def kill_switch_trip(
                 after=_snapshot(switch),
                 reason=reason_text,
             )
+            _alert(switch, tripped=True)
             transaction.on_commit(lambda: _announce(switch, tripped=True))
     except IntegrityError:
         # A concurrent trip of the same scope won: theirs is the open switch.
@@ -222,6 +225,7 @@ def kill_switch_clear(
             after={"cleared_at": now.isoformat(), "cleared_by": actor},
             reason=reason_text,
         )
+        _alert(switch, tripped=False)
         transaction.on_commit(lambda: _announce(switch, tripped=False))
     return switch
 
@@ -358,6 +362,45 @@ def _label_without_queries(
     if switch.run_id is not None:
         parts.append(f"run {run} of {tenant}")
     return ", ".join(parts) or "global"
+
+
+# The detector of the switch a failed Stripe payment trips (billing/webhooks.py uses it).
+PAYMENT_FAILED_DETECTOR = "stripe_payment_failed"
+
+
+def switch_cause(switch: KillSwitch) -> str:
+    """Why a switch is tripped, as alerts say it: "manual", "automatic" or "payment_failed"."""
+    if not switch.automatic:
+        return "manual"
+    return "payment_failed" if switch.detector == PAYMENT_FAILED_DETECTOR else "automatic"
+
+
+def _alert(switch: KillSwitch, *, tripped: bool) -> None:
+    """The switch's alert event, in the transaction that trips or clears it."""
+    common = {
+        "switch_id": switch.pk,
+        "scope": switch.scope_label,
+        "tenant": switch.tenant.external_id if switch.tenant else None,
+        "cause": switch_cause(switch),
+        "reason": switch.reason,
+    }
+    if tripped:
+        body = {
+            **common,
+            "tripped_by": switch.tripped_by,
+            "detector": switch.detector,
+            "tripped_at": time_field(switch.tripped_at),
+        }
+        alert_emit("kill_switch.tripped", tenant=switch.tenant_id, body=body)
+    else:
+        assert switch.cleared_at is not None
+        body = {
+            **common,
+            "cleared_by": switch.cleared_by,
+            "clear_reason": switch.clear_reason,
+            "cleared_at": time_field(switch.cleared_at),
+        }
+        alert_emit("kill_switch.cleared", tenant=switch.tenant_id, body=body)
 
 
 def _announce(switch: KillSwitch, *, tripped: bool) -> None:

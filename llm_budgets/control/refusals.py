@@ -6,14 +6,18 @@ effort: if it fails, the failure is logged and the refusal stands. It never beco
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db import transaction
 
+from llm_budgets.alerts.bodies import money_field, time_field
+from llm_budgets.alerts.emit import alert_emit, subscribed
 from llm_budgets.exceptions import BudgetExceeded, KillSwitchActive
 from llm_budgets.models import Refusal, RefusalKind, Reservation
 from llm_budgets.money import money
+from llm_budgets.windows import rolling_window
 
 logger = logging.getLogger("llm_budgets")
 
@@ -55,6 +59,48 @@ def refusal_record(
             row.save(force_insert=True)
     except Exception:
         logger.exception("llm_budgets: could not record a refusal (the refusal stands)")
+    if isinstance(refusal, BudgetExceeded) and refusal.budget_id is not None:
+        try:
+            _exhausted(refusal, reservation, now)
+        except Exception:
+            logger.exception("llm_budgets: could not record a budget.exhausted alert")
+
+
+def _exhausted(refusal: BudgetExceeded, reservation: Reservation, now: datetime) -> None:
+    """The budget.exhausted alert: once per budget, share and period (the dedupe key), so only
+    a period's first refusal writes anything; the later ones cost a set lookup (``alert_emit``).
+    A budget every tenant shares is the operators' business alone."""
+    tenant_id = None if refusal.shared else reservation.tenant_id
+    if not subscribed("budget.exhausted", tenant_id):
+        return
+    rolling = rolling_window(refusal.window)
+    if rolling is not None:
+        # Once per span of the window's length, as warnings re-arm.
+        step = int(rolling.duration.total_seconds())
+        period = datetime.fromtimestamp(int(now.timestamp()) // step * step, UTC)
+    else:
+        period = refusal.period_start or now
+    share = hashlib.sha256(refusal.scope.encode()).hexdigest()[:16]
+    alert_emit(
+        "budget.exhausted",
+        tenant=tenant_id,
+        body={
+            "budget_id": refusal.budget_id,
+            "scope": refusal.scope,
+            "window": refusal.window,
+            "tenant": refusal.tenant,
+            "end_user": refusal.end_user,
+            "limit": money_field(refusal.limit),
+            "currency": refusal.currency,
+            "period_start": time_field(period),
+            "remaining": money_field(refusal.remaining),
+            "requested": money_field(refusal.requested),
+            "resets_at": time_field(refusal.resets_at) if refusal.resets_at else None,
+            "at": time_field(now),
+        },
+        dedupe_key=f"budget.exhausted:{refusal.budget_id}:{share}:{period.isoformat()}",
+        now=now,
+    )
 
 
 def refusals_prune(*, before: datetime) -> int:

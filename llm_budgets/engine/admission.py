@@ -818,4 +818,5 @@ def _exceeded(
         tenant=reservation.tenant.external_id,
         end_user=reservation.end_user.external_id if reservation.end_user else None,
         shared=shared,
+        period_start=item.period.start,
     )

@@ -21,6 +21,8 @@ from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from llm_budgets import validation
+from llm_budgets.alerts.bodies import money_field, time_field
+from llm_budgets.alerts.emit import alerts_emit_many, subscribed_by_any
 from llm_budgets.conf import conf
 from llm_budgets.db import dbclock
 from llm_budgets.db import statements as sql
@@ -559,7 +561,36 @@ def reservation_expire(reservation_id: object, *, now: datetime | None = None) -
             _move(
                 reservation, reserved=-_held(reservation), spent=NONE, transition_writes=[expired]
             )
+        _expired_alerts([reservation.pk], now)
         return True
+
+
+def _expired_alerts(ids: Sequence[object], now: datetime | None) -> None:
+    """The hold.expired alerts of holds just expired, in the transaction that expired them: one
+    read of the batch and a few inserts, and nothing at all (a set lookup) when nobody
+    subscribes."""
+    if not ids or not subscribed_by_any("hold.expired"):
+        return
+    policy = conf.EXPIRED_HOLD_POLICY
+    rows = Reservation.objects.filter(pk__in=list(ids)).select_related("tenant", "end_user")
+    items = [
+        (
+            r.tenant_id,
+            {
+                "reservation_id": str(r.pk),
+                "tenant": r.tenant.external_id,
+                "end_user": r.end_user.external_id if r.end_user else None,
+                "model": r.model,
+                "amount": money_field(r.amount),
+                "currency": r.currency,
+                "policy": policy,
+                "reserved_at": time_field(r.created_at),
+                "expired_at": time_field(r.settled_at or now or timezone.now()),
+            },
+        )
+        for r in rows.order_by("expires_at", "pk")
+    ]
+    alerts_emit_many("hold.expired", items, now=now)
 
 
 # The most holds one sweep transaction expires (its counters wait for it at most that long).
@@ -587,6 +618,7 @@ def reservations_sweep(*, now: datetime | None = None, batch_size: int = SWEEP_B
     while True:
         with ledger_guard("sweep"), ledger_transaction():
             batch = _expire_batch(now, size)
+            _expired_alerts(batch, now)
         holds_expired(batch)  # after the commit: the log lines and the metric
         expired += len(batch)
         if len(batch) < size:

@@ -28,6 +28,8 @@ from django.db.models import F, Q
 from django.template.loader import render_to_string
 from django.utils import timezone
 
+from llm_budgets.alerts.bodies import money_field, time_field
+from llm_budgets.alerts.emit import alert_emit
 from llm_budgets.conf import conf
 from llm_budgets.engine.types import DIMENSIONS, ApplicableBudget
 from llm_budgets.models import (
@@ -277,9 +279,47 @@ def _record(created: list[ThresholdCrossing], **fields: Any) -> None:
     first is left to it, with its signal and email (the unique constraints decide)."""
     try:
         with transaction.atomic():
-            created.append(ThresholdCrossing.objects.create(**fields))
+            crossing = ThresholdCrossing.objects.create(**fields)
+            # Its alert in the same savepoint: the event exists exactly when the crossing does.
+            _alert(crossing)
+            created.append(crossing)
     except IntegrityError:
         pass
+
+
+def _alert(crossing: ThresholdCrossing) -> None:
+    budget = crossing.budget
+    common = {
+        "budget_id": budget.pk,
+        "scope": _scope_label(crossing),
+        "window": budget.window,
+        "tenant": crossing.tenant.external_id if crossing.tenant else None,
+        "end_user": crossing.end_user.external_id if crossing.end_user else None,
+        "limit": money_field(crossing.limit),
+        "currency": crossing.currency,
+        "period_start": time_field(crossing.period_start),
+        "spent": money_field(crossing.spent),
+        "reserved": money_field(crossing.reserved),
+        "at": time_field(crossing.crossed_at),
+    }
+    if crossing.kind == CrossingKind.PROJECTED:
+        assert crossing.projected is not None
+        assert crossing.runs_out_at is not None
+        alert_emit(
+            "budget.projected_to_exceed",
+            tenant=crossing.tenant,
+            body={
+                **common,
+                "projected": money_field(crossing.projected),
+                "runs_out_at": time_field(crossing.runs_out_at),
+            },
+        )
+    else:
+        alert_emit(
+            "threshold.crossed",
+            tenant=crossing.tenant,
+            body={**common, "threshold": crossing.threshold},
+        )
 
 
 def _signal(crossings: list[ThresholdCrossing]) -> None:

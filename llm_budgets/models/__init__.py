@@ -5,6 +5,13 @@ Invariants that a database can hold are constraints: non-negative amounts, one c
 (tenant, idempotency key).
 """
 
+from llm_budgets.models.alerts import (
+    AlertDelivery,
+    AlertDeliveryState,
+    AlertEndpoint,
+    AlertEvent,
+    EndpointKind,
+)
 from llm_budgets.models.api import ApiKey, IdempotencyRecord, RateCounter
 from llm_budgets.models.audit import AuditEvent
 from llm_budgets.models.billing import (
@@ -43,6 +50,10 @@ from llm_budgets.models.thresholds import CrossingKind, DeliveryState, Threshold
 __all__ = [
     "LIVE_STATES",
     "SHARED_BY",
+    "AlertDelivery",
+    "AlertDeliveryState",
+    "AlertEndpoint",
+    "AlertEvent",
     "ApiKey",
     "AuditEvent",
     "BillingLine",
@@ -55,6 +66,7 @@ __all__ = [
     "DeliveryKind",
     "DeliveryState",
     "EndUser",
+    "EndpointKind",
     "IdempotencyRecord",
     "InvoiceSettlement",
     "JobRun",

@@ -11,6 +11,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from llm_budgets import validation
+from llm_budgets.alerts.bodies import time_field
+from llm_budgets.alerts.emit import alert_emit
 from llm_budgets.exceptions import RunClosed
 from llm_budgets.models import AuditEvent, Counter, Run, Tenant
 from llm_budgets.tenancy.tenants import tenant_get
@@ -77,6 +79,17 @@ def run_close(
             before=None,
             after={"closed_at": row.closed_at.isoformat()},
             reason=reason,
+        )
+        alert_emit(
+            "run.closed",
+            tenant=tenant_obj,
+            body={
+                "tenant": tenant_obj.external_id,
+                "run": run_id,
+                "closed_by": actor,
+                "reason": reason,
+                "closed_at": time_field(row.closed_at),
+            },
         )
     row.tenant = tenant_obj
     return row

@@ -1,0 +1,218 @@
+"""Emit an alert event: the event row and one delivery row per subscribing endpoint, written in the
+caller's transaction, so an event whose cause rolls back is never sent (the outbox pattern, as
+``engine/outbox.py`` does for Stripe). ``alerts.delivery`` sends the rows later.
+
+Nobody subscribing is the common case and costs nothing but a set lookup: which (tenant, event
+type) pairs have an enabled endpoint is cached per process (:data:`SUBSCRIBED_TTL`). An endpoint
+created or changed in another process is seen within that long; this process's own changes
+(``alerts.endpoints``) clear the cache at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from llm_budgets.alerts.bodies import body_check, schema_of
+from llm_budgets.models import AlertDelivery, AlertEndpoint, AlertEvent, Tenant
+
+SUBSCRIBED_TTL = 10.0
+_subscribed: tuple[float, frozenset[tuple[int | None, str]]] | None = None
+_lock = threading.Lock()
+
+# Dedupe keys this process emitted (or found taken), so a repeated cause (a budget refusing call
+# after call) costs no query. Bounded: forgetting one only costs one conflicting insert.
+_RECENT_MAX = 4096
+_recent: OrderedDict[str, None] = OrderedDict()
+
+
+def event_uid() -> str:
+    return f"evt_{uuid.uuid4().hex}"
+
+
+def delivery_uid() -> str:
+    return f"dlv_{uuid.uuid4().hex}"
+
+
+def _subscriptions() -> frozenset[tuple[int | None, str]]:
+    global _subscribed
+    now = time.monotonic()
+    cached = _subscribed
+    if cached is None or now - cached[0] > SUBSCRIBED_TTL:
+        pairs = frozenset(
+            (tenant_id, str(event_type))
+            for tenant_id, types in AlertEndpoint.objects.filter(enabled=True).values_list(
+                "tenant_id", "event_types"
+            )
+            for event_type in types or ()
+        )
+        with _lock:
+            _subscribed = cached = (now, pairs)
+    return cached[1]
+
+
+def subscriptions_cache_clear() -> None:
+    """Forget the cached subscriptions (this process re-reads them on its next emit)."""
+    global _subscribed
+    with _lock:
+        _subscribed = None
+
+
+def alerts_cache_clear() -> None:
+    """Forget the subscriptions and the dedupe keys seen (tests: a rollback undoes rows)."""
+    subscriptions_cache_clear()
+    with _lock:
+        _recent.clear()
+
+
+def subscribed(event_type: str, tenant_id: int | None) -> bool:
+    """Whether some enabled endpoint may want ``event_type`` of ``tenant_id`` (cached)."""
+    pairs = _subscriptions()
+    if (None, event_type) in pairs:
+        return True
+    return (
+        tenant_id is not None
+        and schema_of(event_type).tenant_visible
+        and (tenant_id, event_type) in pairs
+    )
+
+
+def subscribed_by_any(event_type: str) -> bool:
+    """Whether some enabled endpoint, of any owner, subscribes to ``event_type`` (cached)."""
+    return any(pair[1] == event_type for pair in _subscriptions())
+
+
+def _endpoints_for(event_type: str, tenant_ids: set[int | None]) -> list[AlertEndpoint]:
+    """Enabled endpoints subscribing to ``event_type``: the operators' and, for a type tenants
+    may see, those of the tenants named."""
+    owners = Q(tenant__isnull=True)
+    tenants = {t for t in tenant_ids if t is not None}
+    if tenants and schema_of(event_type).tenant_visible:
+        owners |= Q(tenant_id__in=tenants)
+    return [
+        endpoint
+        for endpoint in AlertEndpoint.objects.filter(owners, enabled=True).order_by("pk")
+        if event_type in (endpoint.event_types or ())
+    ]
+
+
+def _tenant_id(tenant: Tenant | int | None) -> int | None:
+    return tenant.pk if isinstance(tenant, Tenant) else tenant
+
+
+def _remember(key: str) -> None:
+    with _lock:
+        _recent[key] = None
+        _recent.move_to_end(key)
+        while len(_recent) > _RECENT_MAX:
+            _recent.popitem(last=False)
+
+
+def _deliveries(event: AlertEvent, endpoints: Iterable[AlertEndpoint]) -> list[AlertDelivery]:
+    return [
+        AlertDelivery(
+            uid=delivery_uid(),
+            event=event,
+            endpoint=endpoint,
+            next_attempt_at=event.created_at,
+            created_at=event.created_at,
+        )
+        for endpoint in endpoints
+        if endpoint.tenant_id is None or endpoint.tenant_id == event.tenant_id
+    ]
+
+
+def alert_emit(
+    event_type: str,
+    *,
+    body: dict[str, Any],
+    tenant: Tenant | int | None = None,
+    dedupe_key: str | None = None,
+    now: datetime | None = None,
+    endpoints: Sequence[AlertEndpoint] | None = None,
+) -> AlertEvent | None:
+    """Record ``event_type`` with ``body`` (held to its schema) for ``tenant`` (None: an
+    installation-wide event, for the operators' endpoints only), in the caller's transaction,
+    with a delivery row for each subscribing endpoint (``endpoints``: exactly these instead, for
+    a test event). Returns the event, or None when nobody subscribes or ``dedupe_key`` was taken
+    (the event happened already)."""
+    schema = schema_of(event_type)
+    body_check(event_type, body)
+    tenant_id = _tenant_id(tenant)
+    if endpoints is None and not subscribed(event_type, tenant_id):
+        return None
+    if dedupe_key is not None and dedupe_key in _recent:
+        return None
+    targets = list(endpoints) if endpoints is not None else _endpoints_for(event_type, {tenant_id})
+    if not targets:
+        return None
+    at = now or timezone.now()
+    try:
+        # A savepoint: a taken dedupe key leaves the caller's transaction usable.
+        with transaction.atomic():
+            event = AlertEvent.objects.create(
+                uid=event_uid(),
+                type=event_type,
+                version=schema.version,
+                body=body,
+                tenant_id=tenant_id,
+                dedupe_key=dedupe_key,
+                created_at=at,
+            )
+            AlertDelivery.objects.bulk_create(_deliveries(event, targets))
+    except IntegrityError:
+        if dedupe_key is None or not AlertEvent.objects.filter(dedupe_key=dedupe_key).exists():
+            raise
+        _remember(dedupe_key)
+        return None
+    if dedupe_key is not None:
+        transaction.on_commit(lambda: _remember(dedupe_key))
+    return event
+
+
+def alerts_emit_many(
+    event_type: str,
+    items: Sequence[tuple[int | None, dict[str, Any]]],
+    *,
+    now: datetime | None = None,
+) -> int:
+    """Record one ``event_type`` event per ``(tenant id, body)`` in the caller's transaction, with
+    their delivery rows, in a few statements whatever their number (the expiry sweep's batches).
+    Returns how many events were recorded."""
+    schema = schema_of(event_type)
+    for _, body in items:
+        body_check(event_type, body)
+    wanted = [(t, b) for t, b in items if subscribed(event_type, t)]
+    if not wanted:
+        return 0
+    endpoints = _endpoints_for(event_type, {t for t, _ in wanted})
+    at = now or timezone.now()
+    events = []
+    for tenant_id, body in wanted:
+        if any(e.tenant_id is None or e.tenant_id == tenant_id for e in endpoints):
+            events.append(
+                AlertEvent(
+                    uid=event_uid(),
+                    type=event_type,
+                    version=schema.version,
+                    body=body,
+                    tenant_id=tenant_id,
+                    created_at=at,
+                )
+            )
+    if not events:
+        return 0
+    AlertEvent.objects.bulk_create(events)
+    AlertDelivery.objects.bulk_create(
+        [delivery for event in events for delivery in _deliveries(event, endpoints)]
+    )
+    return len(events)

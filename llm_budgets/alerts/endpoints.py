@@ -1,0 +1,337 @@
+"""Alert endpoints: create, change, rotate the secret, disable, enable, delete; send a test event;
+redeliver. The only writer of ``AlertEndpoint`` (the delivery job also counts failures and
+disables), audited like every change made on someone's behalf.
+
+A tenant's endpoint receives that tenant's events only; an installation-wide one (no tenant) the
+operators': every event. A webhook's signing secret is returned once, by ``endpoint_create`` and
+``endpoint_secret_rotate``; nothing shows it again (``secret_hint`` names it).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from llm_budgets.alerts.bodies import TYPES, time_field
+from llm_budgets.alerts.emit import alert_emit, subscriptions_cache_clear
+from llm_budgets.conf import conf, email_address_valid
+from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.models import (
+    AlertDelivery,
+    AlertDeliveryState,
+    AlertEndpoint,
+    AlertEvent,
+    AuditEvent,
+    EndpointKind,
+    Tenant,
+)
+from llm_budgets.models.fields import split_emails
+
+SECRET_PREFIX = "llmbsec_"  # noqa: S105 (a prefix, not a secret)
+
+
+class EndpointNotFound(LookupError):
+    """No endpoint with that id that the caller may see (another tenant's is not found either)."""
+
+    def __init__(self, endpoint_id: object) -> None:
+        self.endpoint_id = endpoint_id
+        super().__init__(f"No alert endpoint {endpoint_id!r}.")
+
+
+class DeliveryNotFound(LookupError):
+    def __init__(self, delivery_id: object) -> None:
+        self.delivery_id = delivery_id
+        super().__init__(f"No alert delivery {delivery_id!r}.")
+
+
+def http_allowed() -> bool:
+    """Plain http:// endpoints: only under DEBUG or ALERTS_ALLOW_HTTP (check llm_budgets.E110)."""
+    return bool(settings.DEBUG) or conf.ALERTS_ALLOW_HTTP
+
+
+def target_validate(kind: str, target: object) -> str:
+    """The endpoint's target, checked for its kind: an https URL (http only where allowed) with a
+    host and no credentials, or email addresses."""
+    if kind not in EndpointKind.values:
+        raise InvalidUsage(f"kind must be one of {', '.join(EndpointKind.values)}.", field="kind")
+    if not isinstance(target, str) or not target.strip():
+        raise InvalidUsage("target is required: a URL or email addresses.", field="target")
+    text = target.strip()
+    if kind == EndpointKind.EMAIL:
+        addresses = split_emails(text)
+        if not addresses or not all(email_address_valid(a) for a in addresses):
+            raise InvalidUsage("target must be email addresses, comma separated.", field="target")
+        return ", ".join(addresses)
+    parts = urlsplit(text)
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise InvalidUsage("target must be an https:// URL with a host.", field="target")
+    if parts.scheme == "http" and not http_allowed():
+        raise InvalidUsage(
+            "target must use https:// (plain http is allowed only under DEBUG or "
+            "LLM_BUDGETS['ALERTS_ALLOW_HTTP']).",
+            field="target",
+        )
+    if parts.username or parts.password:
+        raise InvalidUsage("target must not carry credentials.", field="target")
+    if len(text) > 2000:
+        raise InvalidUsage("target is too long (2000 characters at most).", field="target")
+    return text
+
+
+def event_types_validate(event_types: object) -> list[str]:
+    if isinstance(event_types, str) or not isinstance(event_types, Iterable):
+        raise InvalidUsage("event_types must be a list of event types.", field="event_types")
+    chosen = list(dict.fromkeys(event_types))
+    unknown = [t for t in chosen if t not in TYPES]
+    if unknown or not chosen:
+        raise InvalidUsage(
+            f"event_types must name at least one of: {', '.join(TYPES)}"
+            + (f" (unknown: {', '.join(map(str, unknown))})." if unknown else "."),
+            field="event_types",
+        )
+    return [str(t) for t in chosen]
+
+
+def _contacts(value: object) -> str:
+    if value in (None, ""):
+        return ""
+    addresses = split_emails(str(value))
+    if not all(email_address_valid(a) for a in addresses):
+        raise InvalidUsage("contact_emails must be email addresses.", field="contact_emails")
+    return ", ".join(addresses)
+
+
+def _new_secret() -> str:
+    return SECRET_PREFIX + secrets.token_urlsafe(32)
+
+
+def _snapshot(endpoint: AlertEndpoint) -> dict[str, Any]:
+    return {
+        "kind": endpoint.kind,
+        "target": endpoint.target,
+        "event_types": list(endpoint.event_types),
+        "enabled": endpoint.enabled,
+        "disabled_reason": endpoint.disabled_reason,
+        "secret": endpoint.secret_hint,
+    }
+
+
+def _audit(endpoint: AlertEndpoint, action: str, actor: str, before: Any, reason: str = "") -> None:
+    AuditEvent.objects.create(
+        action=f"alert_endpoint.{action}",
+        actor=actor,
+        tenant_id=endpoint.tenant_id,
+        target=f"alert endpoint {endpoint.pk}",
+        before=before,
+        after=_snapshot(endpoint) if action != "delete" else None,
+        reason=reason,
+    )
+    # This process sees the change at once; others within SUBSCRIBED_TTL.
+    subscriptions_cache_clear()
+    transaction.on_commit(subscriptions_cache_clear)
+
+
+def endpoint_get(endpoint_id: object, *, tenant: Tenant | None) -> AlertEndpoint:
+    """The endpoint ``endpoint_id`` as ``tenant`` may see it (its own only), or as the operators
+    (``tenant=None``: any); else ``EndpointNotFound``."""
+    query = AlertEndpoint.objects.select_related("tenant")
+    if tenant is not None:
+        query = query.filter(tenant=tenant)
+    try:
+        return query.get(pk=int(str(endpoint_id)))
+    except (AlertEndpoint.DoesNotExist, ValueError):
+        raise EndpointNotFound(endpoint_id) from None
+
+
+def endpoint_create(
+    *,
+    tenant: Tenant | None,
+    kind: str,
+    target: object,
+    event_types: object,
+    description: str = "",
+    contact_emails: object = "",
+    actor: str = "",
+) -> tuple[AlertEndpoint, str]:
+    """Create an endpoint of ``tenant`` (None: installation-wide). Returns it and, for a webhook,
+    its signing secret: shown this once (other kinds: "")."""
+    clean_target = target_validate(kind, target)
+    endpoint = AlertEndpoint(
+        tenant=tenant,
+        kind=kind,
+        target=clean_target,
+        event_types=event_types_validate(event_types),
+        description=str(description or "")[:255],
+        contact_emails=_contacts(contact_emails),
+        created_by=actor,
+    )
+    secret = _new_secret() if kind == EndpointKind.WEBHOOK else ""
+    endpoint.secret = secret
+    with transaction.atomic():
+        endpoint.save(force_insert=True)
+        _audit(endpoint, "create", actor, None)
+    return endpoint, secret
+
+
+def endpoint_update(
+    endpoint: AlertEndpoint,
+    *,
+    target: object = None,
+    event_types: object = None,
+    description: object = None,
+    contact_emails: object = None,
+    actor: str = "",
+) -> AlertEndpoint:
+    """Change what is given (None: unchanged). The kind never changes: create another."""
+    before = _snapshot(endpoint)
+    if target is not None:
+        endpoint.target = target_validate(endpoint.kind, target)
+    if event_types is not None:
+        endpoint.event_types = event_types_validate(event_types)
+    if description is not None:
+        endpoint.description = str(description)[:255]
+    if contact_emails is not None:
+        endpoint.contact_emails = _contacts(contact_emails)
+    with transaction.atomic():
+        endpoint.save()
+        _audit(endpoint, "update", actor, before)
+    return endpoint
+
+
+def endpoint_secret_rotate(
+    endpoint: AlertEndpoint,
+    *,
+    actor: str = "",
+    overlap_seconds: int | None = None,
+    now: datetime | None = None,
+) -> str:
+    """A new signing secret, returned this once. The old one stays valid for
+    ``overlap_seconds`` (default ALERTS_SECRET_OVERLAP_SECONDS; 0: at once), each delivery
+    signed with both meanwhile, so receivers can switch without losing any."""
+    if endpoint.kind != EndpointKind.WEBHOOK:
+        raise InvalidUsage("Only a webhook endpoint has a signing secret.", field="kind")
+    now = now or timezone.now()
+    overlap = conf.ALERTS_SECRET_OVERLAP_SECONDS if overlap_seconds is None else overlap_seconds
+    if overlap < 0:
+        raise InvalidUsage("overlap_seconds must be 0 or more.", field="overlap_seconds")
+    before = _snapshot(endpoint)
+    secret = _new_secret()
+    endpoint.previous_secret = endpoint.secret if overlap else ""
+    endpoint.previous_secret_expires_at = now + timedelta(seconds=overlap) if overlap else None
+    endpoint.secret = secret
+    with transaction.atomic():
+        endpoint.save(update_fields=["secret", "previous_secret", "previous_secret_expires_at"])
+        _audit(endpoint, "rotate_secret", actor, before)
+    return secret
+
+
+def endpoint_secrets(endpoint: AlertEndpoint, now: datetime) -> list[str]:
+    """The secrets a delivery is signed with now: the current one, and the previous one during
+    its overlap."""
+    valid = [endpoint.secret] if endpoint.secret else []
+    expires = endpoint.previous_secret_expires_at
+    if endpoint.previous_secret and expires is not None and expires > now:
+        valid.append(endpoint.previous_secret)
+    return valid
+
+
+def endpoint_disable(
+    endpoint: AlertEndpoint, *, reason: str, actor: str = "", now: datetime | None = None
+) -> AlertEndpoint:
+    """Stop sending to it; its deliveries wait (enabling it sends them, in order)."""
+    if not reason or not reason.strip():
+        raise InvalidUsage("reason is required: say why it is disabled.", field="reason")
+    before = _snapshot(endpoint)
+    endpoint.enabled = False
+    endpoint.disabled_reason = reason.strip()[:255]
+    endpoint.disabled_at = now or timezone.now()
+    with transaction.atomic():
+        endpoint.save(update_fields=["enabled", "disabled_reason", "disabled_at"])
+        _audit(endpoint, "disable", actor, before, reason)
+    return endpoint
+
+
+def endpoint_enable(endpoint: AlertEndpoint, *, actor: str = "") -> AlertEndpoint:
+    """Send to it again (its failure count starts over)."""
+    before = _snapshot(endpoint)
+    endpoint.enabled = True
+    endpoint.disabled_reason = ""
+    endpoint.disabled_at = None
+    endpoint.consecutive_failures = 0
+    with transaction.atomic():
+        endpoint.save(
+            update_fields=["enabled", "disabled_reason", "disabled_at", "consecutive_failures"]
+        )
+        _audit(endpoint, "enable", actor, before)
+    return endpoint
+
+
+def endpoint_delete(endpoint: AlertEndpoint, *, actor: str = "") -> None:
+    """Delete it with its deliveries (the events stay)."""
+    before = _snapshot(endpoint)
+    with transaction.atomic():
+        _audit(endpoint, "delete", actor, before)
+        endpoint.delete()
+
+
+def endpoint_test_send(
+    endpoint: AlertEndpoint, *, actor: str = "", now: datetime | None = None
+) -> AlertEvent:
+    """Queue an ``alert.test`` event for this endpoint alone (enabled or not: a test may be what
+    decides to enable it; it is sent once enabled)."""
+    now = now or timezone.now()
+    event = alert_emit(
+        "alert.test",
+        tenant=endpoint.tenant_id,
+        body={
+            "message": "A test event from llm_budgets.",
+            "sent_by": actor,
+            "at": time_field(now),
+        },
+        endpoints=[endpoint],
+        now=now,
+    )
+    assert event is not None  # an explicit endpoint always gets it
+    return event
+
+
+def delivery_get(delivery_id: object, *, tenant: Tenant | None) -> AlertDelivery:
+    query = AlertDelivery.objects.select_related("event", "endpoint")
+    if tenant is not None:
+        query = query.filter(endpoint__tenant=tenant)
+    try:
+        return query.get(pk=int(str(delivery_id)))
+    except (AlertDelivery.DoesNotExist, ValueError):
+        raise DeliveryNotFound(delivery_id) from None
+
+
+def delivery_redeliver(
+    delivery: AlertDelivery, *, actor: str = "", now: datetime | None = None
+) -> AlertDelivery:
+    """Send a delivery again, with the same delivery id (a receiver that stored it ignores it):
+    back in its endpoint's queue, due now, with a fresh retry horizon."""
+    now = now or timezone.now()
+    before = {"state": delivery.state, "attempts": delivery.attempts}
+    with transaction.atomic():
+        AlertDelivery.objects.filter(pk=delivery.pk).update(
+            state=AlertDeliveryState.PENDING,
+            next_attempt_at=now,
+            first_attempt_at=None,
+        )
+        AuditEvent.objects.create(
+            action="alert_delivery.redeliver",
+            actor=actor,
+            tenant_id=delivery.endpoint.tenant_id,
+            target=f"alert delivery {delivery.uid}",
+            before=before,
+            after={"state": AlertDeliveryState.PENDING},
+        )
+    delivery.refresh_from_db()
+    return delivery

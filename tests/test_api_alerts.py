@@ -1,0 +1,322 @@
+"""REST API for alerts (issue 28, item 4): endpoints, deliveries and events; operator keys for
+installation-wide endpoints and any tenant's, tenant keys for their own; secrets shown once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from llm_budgets import budgets
+from llm_budgets.alerts.endpoints import endpoint_create, endpoint_disable
+from llm_budgets.models import (
+    AlertDelivery,
+    AlertDeliveryState,
+    AlertEndpoint,
+    AlertEvent,
+    AuditEvent,
+    Tenant,
+)
+from tests.api import BASE, client_for, new_key
+
+pytestmark = pytest.mark.django_db
+
+ENDPOINTS = f"{BASE}alerts/endpoints"
+DELIVERIES = f"{BASE}alerts/deliveries"
+EVENTS = f"{BASE}alerts/events"
+URL = "https://hooks.example.com/in"
+
+
+@pytest.fixture
+def keys() -> dict[str, str]:
+    budgets.ensure_tenant(tenant="acme", name="Acme")
+    budgets.ensure_tenant(tenant="globex", name="Globex")
+    return {
+        "operator": new_key(None, name="ops"),
+        "acme": new_key("acme", name="acme-app"),
+        "globex": new_key("globex", name="globex-app"),
+    }
+
+
+def create(key: str, **body: Any) -> Any:
+    body.setdefault("kind", "webhook")
+    body.setdefault("target", URL)
+    body.setdefault("event_types", ["threshold.crossed"])
+    return client_for(key).post(ENDPOINTS, body, format="json")
+
+
+def error(response: Any) -> dict[str, Any]:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    return body["error"]
+
+
+def endpoint_of(tenant: str | None, kind: str = "webhook") -> AlertEndpoint:
+    owner = Tenant.objects.get(external_id=tenant) if tenant else None
+    endpoint, _ = endpoint_create(
+        tenant=owner, kind=kind, target=URL, event_types=["alert.test", "threshold.crossed"]
+    )
+    return endpoint
+
+
+def test_a_tenant_key_creates_its_own_webhook_and_sees_the_secret_only_in_that_answer(
+    keys: dict[str, str],
+) -> None:
+    response = create(keys["acme"], description="ops channel")
+    assert response.status_code == 201, response.content
+    made = response.json()
+    assert made["tenant"] == "acme"
+    assert made["secret"].startswith("llmbsec_")
+    assert made["secret_hint"] == "…" + made["secret"][-4:]
+    endpoint = AlertEndpoint.objects.get(pk=made["id"])
+    assert endpoint.secret == made["secret"]
+    assert AuditEvent.objects.filter(action="alert_endpoint.create", actor__contains="acme-app")
+
+    shown = client_for(keys["acme"]).get(f"{ENDPOINTS}/{made['id']}")
+    listed = client_for(keys["acme"]).get(ENDPOINTS)
+    changed = client_for(keys["acme"]).patch(
+        f"{ENDPOINTS}/{made['id']}", {"description": "x"}, format="json"
+    )
+    rows = [shown.json(), listed.json()["results"][0], changed.json()]
+    assert [row["id"] for row in rows] == [made["id"]] * 3
+    for row in rows:
+        assert "secret" not in row
+        assert made["secret"] not in str(row)
+
+
+def test_rotate_returns_a_new_secret_once_and_keeps_the_old_one_for_the_overlap(
+    keys: dict[str, str],
+) -> None:
+    endpoint = endpoint_of("acme")
+    old = endpoint.secret
+    response = client_for(keys["acme"]).post(
+        f"{ENDPOINTS}/{endpoint.pk}/rotate-secret", {"overlap_seconds": 600}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    new = response.json()["secret"]
+    assert new.startswith("llmbsec_")
+    assert new != old
+    endpoint.refresh_from_db()
+    assert (endpoint.secret, endpoint.previous_secret) == (new, old)
+    again = client_for(keys["acme"]).get(f"{ENDPOINTS}/{endpoint.pk}")
+    assert new not in again.content.decode()
+
+
+def test_an_email_endpoint_has_no_secret_to_rotate(keys: dict[str, str]) -> None:
+    response = create(keys["acme"], kind="email", target="ops@acme.example")
+    assert response.status_code == 201, response.content
+    assert response.json()["secret"] == ""
+    rotated = client_for(keys["acme"]).post(
+        f"{ENDPOINTS}/{response.json()['id']}/rotate-secret", {}, format="json"
+    )
+    assert rotated.status_code == 400
+    assert error(rotated)["fields"] == {"kind": ["Only a webhook endpoint has a signing secret."]}
+
+
+def test_an_operator_key_creates_installation_wide_endpoints_and_any_tenants(
+    keys: dict[str, str],
+) -> None:
+    wide = create(keys["operator"])
+    for_globex = create(keys["operator"], tenant="globex")
+    assert (wide.status_code, for_globex.status_code) == (201, 201)
+    assert wide.json()["tenant"] is None
+    assert for_globex.json()["tenant"] == "globex"
+    listed = client_for(keys["operator"]).get(ENDPOINTS, {"tenant": "-"}).json()
+    assert [e["id"] for e in listed["results"]] == [wide.json()["id"]]
+    unknown = create(keys["operator"], tenant="nobody")
+    assert (unknown.status_code, error(unknown)["code"]) == (404, "unknown_tenant")
+
+
+def test_a_tenant_key_gets_404_for_another_tenants_endpoint_by_every_route(
+    keys: dict[str, str],
+) -> None:
+    theirs = endpoint_of("globex")
+    wide = endpoint_of(None)
+    acme = client_for(keys["acme"])
+    for endpoint in (theirs, wide):
+        base = f"{ENDPOINTS}/{endpoint.pk}"
+        answers = [
+            acme.get(base),
+            acme.patch(base, {"description": "mine now"}, format="json"),
+            acme.delete(base),
+            acme.post(f"{base}/rotate-secret", {}, format="json"),
+            acme.post(f"{base}/test", {}, format="json"),
+            acme.post(f"{base}/disable", {"reason": "x"}, format="json"),
+            acme.post(f"{base}/enable", {}, format="json"),
+        ]
+        for answer in answers:
+            assert answer.status_code == 404, (answer.request, answer.content)
+            assert error(answer)["code"] == "alert_endpoint_not_found"
+            assert endpoint.secret not in answer.content.decode()
+    untouched = AlertEndpoint.objects.get(pk=theirs.pk)
+    assert (untouched.description, untouched.enabled, untouched.secret) == (
+        "",
+        True,
+        theirs.secret,
+    )
+    assert AlertEvent.objects.count() == 0
+    assert acme.get(ENDPOINTS).json()["results"] == []
+    assert error(acme.get(ENDPOINTS, {"tenant": "globex"}))["code"] == "unknown_tenant"
+    assert error(create(keys["acme"], tenant="globex"))["code"] == "unknown_tenant"
+
+
+def test_a_tenant_key_sees_only_its_own_deliveries_and_events(keys: dict[str, str]) -> None:
+    theirs = endpoint_of("globex")
+    mine = endpoint_of("acme")
+    client_for(keys["globex"]).post(f"{ENDPOINTS}/{theirs.pk}/test", {}, format="json")
+    client_for(keys["acme"]).post(f"{ENDPOINTS}/{mine.pk}/test", {}, format="json")
+    foreign = AlertDelivery.objects.get(endpoint=theirs)
+    acme = client_for(keys["acme"])
+    for answer in (
+        acme.get(f"{DELIVERIES}/{foreign.uid}"),
+        acme.post(f"{DELIVERIES}/{foreign.uid}/redeliver", {}, format="json"),
+    ):
+        assert answer.status_code == 404
+        assert error(answer)["code"] == "alert_delivery_not_found"
+    listed = acme.get(DELIVERIES).json()["results"]
+    assert [d["endpoint"] for d in listed] == [mine.pk]
+    events = acme.get(EVENTS).json()["results"]
+    assert [e["tenant"] for e in events] == ["acme"]
+    everything = client_for(keys["operator"]).get(DELIVERIES).json()["results"]
+    assert {d["endpoint"] for d in everything} == {mine.pk, theirs.pk}
+
+
+def test_test_event_is_queued_for_that_endpoint_alone(keys: dict[str, str]) -> None:
+    endpoint = endpoint_of("acme")
+    endpoint_of("acme")  # another endpoint of the same tenant, also subscribed to alert.test
+    response = client_for(keys["acme"]).post(f"{ENDPOINTS}/{endpoint.pk}/test", {}, format="json")
+    assert response.status_code == 202, response.content
+    event = response.json()
+    assert event["type"] == "alert.test"
+    assert event["id"].startswith("evt_")
+    deliveries = client_for(keys["acme"]).get(DELIVERIES, {"event": event["id"]}).json()
+    assert [(d["endpoint"], d["state"]) for d in deliveries["results"]] == [
+        (endpoint.pk, "pending")
+    ]
+
+
+def test_redeliver_queues_the_same_delivery_once_more_due_now(keys: dict[str, str]) -> None:
+    endpoint = endpoint_of("acme")
+    client_for(keys["acme"]).post(f"{ENDPOINTS}/{endpoint.pk}/test", {}, format="json")
+    delivery = AlertDelivery.objects.get()
+    # As the delivery job leaves one it gave up on.
+    AlertDelivery.objects.filter(pk=delivery.pk).update(
+        state=AlertDeliveryState.FAILED, attempts=7, last_status_code=500, last_error="boom"
+    )
+    before = timezone.now()
+    response = client_for(keys["acme"]).post(
+        f"{DELIVERIES}/{delivery.uid}/redeliver", {}, format="json"
+    )
+    assert response.status_code == 202, response.content
+    assert response.json()["id"] == delivery.uid
+    assert response.json()["state"] == "pending"
+    assert AlertDelivery.objects.count() == 1
+    again = AlertDelivery.objects.get()
+    assert (again.uid, again.state, again.attempts) == (delivery.uid, "pending", 7)
+    assert again.next_attempt_at >= before
+    assert AuditEvent.objects.filter(action="alert_delivery.redeliver").count() == 1
+    detail = client_for(keys["acme"]).get(f"{DELIVERIES}/{delivery.uid}").json()
+    assert (detail["last_status_code"], detail["last_error"]) == (500, "boom")
+
+
+def test_disable_needs_a_reason_and_enable_starts_the_failure_count_over(
+    keys: dict[str, str],
+) -> None:
+    endpoint = endpoint_of("acme")
+    acme = client_for(keys["acme"])
+    missing = acme.post(f"{ENDPOINTS}/{endpoint.pk}/disable", {}, format="json")
+    assert missing.status_code == 400
+    assert error(missing)["field"] == "reason"
+    off = acme.post(f"{ENDPOINTS}/{endpoint.pk}/disable", {"reason": "migrating"}, format="json")
+    assert (off.json()["enabled"], off.json()["disabled_reason"]) == (False, "migrating")
+    AlertEndpoint.objects.filter(pk=endpoint.pk).update(consecutive_failures=3)
+    on = acme.post(f"{ENDPOINTS}/{endpoint.pk}/enable", {}, format="json")
+    assert on.status_code == 200, on.content
+    assert (on.json()["enabled"], on.json()["consecutive_failures"]) == (True, 0)
+
+
+def test_delete_removes_the_endpoint_and_keeps_the_events(keys: dict[str, str]) -> None:
+    endpoint = endpoint_of("acme")
+    client_for(keys["acme"]).post(f"{ENDPOINTS}/{endpoint.pk}/test", {}, format="json")
+    response = client_for(keys["acme"]).delete(f"{ENDPOINTS}/{endpoint.pk}")
+    assert response.status_code == 204
+    assert not AlertEndpoint.objects.filter(pk=endpoint.pk).exists()
+    assert AlertDelivery.objects.count() == 0
+    assert AlertEvent.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "says"),
+    [
+        ({"kind": "pager"}, "kind", "Must be one of webhook, slack, teams, email."),
+        ({"event_types": ["budget.melted"]}, "event_types", "unknown: budget.melted"),
+        ({"event_types": []}, "event_types", "at least one of"),
+        ({"target": "ftp://hooks.example.com"}, "target", "https:// URL"),
+        ({"target": "https://u:p@hooks.example.com"}, "target", "credentials"),
+        ({"kind": "email", "target": "not an address"}, "target", "email addresses"),
+        ({"colour": "red"}, "colour", "Unknown field"),
+    ],
+)
+def test_create_names_the_bad_field_and_what_to_do(
+    keys: dict[str, str], body: dict[str, Any], field: str, says: str
+) -> None:
+    response = create(keys["acme"], **body)
+    assert response.status_code == 400, response.content
+    problem = error(response)
+    assert problem["code"] == "invalid"
+    assert list(problem["fields"]) == [field]
+    assert says in " ".join(problem["fields"][field])
+    assert AlertEndpoint.objects.count() == 0
+
+
+def test_update_refuses_fields_that_cannot_change_saying_what_to_use(keys: dict[str, str]) -> None:
+    endpoint = endpoint_of("acme")
+    acme = client_for(keys["acme"])
+    for body, says in [
+        ({"kind": "slack"}, "create another endpoint"),
+        ({"enabled": False}, "POST .../disable"),
+        ({"secret": "mine"}, "rotate-secret"),
+    ]:
+        response = acme.patch(f"{ENDPOINTS}/{endpoint.pk}", body, format="json")
+        assert response.status_code == 400
+        assert says in error(response)["message"]
+    changed = acme.patch(
+        f"{ENDPOINTS}/{endpoint.pk}", {"event_types": ["run.closed"]}, format="json"
+    )
+    assert changed.json()["event_types"] == ["run.closed"]
+
+
+def test_list_filters_refuse_bad_values_by_name(keys: dict[str, str]) -> None:
+    operator = client_for(keys["operator"])
+    assert error(operator.get(DELIVERIES, {"state": "lost"}))["field"] == "state"
+    assert error(operator.get(DELIVERIES, {"endpoint": "x"}))["field"] == "endpoint"
+    assert error(operator.get(EVENTS, {"type": "nope"}))["field"] == "type"
+    assert error(operator.get(ENDPOINTS, {"kind": "webhook"}))["field"] == "kind"
+
+
+def test_a_disabled_endpoints_test_event_waits_for_it(keys: dict[str, str]) -> None:
+    endpoint = endpoint_of(None)
+    endpoint_disable(endpoint, reason="maintenance")
+    response = client_for(keys["operator"]).post(
+        f"{ENDPOINTS}/{endpoint.pk}/test", {}, format="json"
+    )
+    assert response.status_code == 202
+    assert AlertDelivery.objects.get().state == "pending"
+
+
+def test_create_and_rotate_refuse_an_idempotency_key_rather_than_store_the_secret(
+    keys: dict[str, str],
+) -> None:
+    acme = client_for(keys["acme"])
+    body = {"kind": "webhook", "target": URL, "event_types": ["run.closed"]}
+    made = acme.post(ENDPOINTS, body, format="json", HTTP_IDEMPOTENCY_KEY="k1")
+    assert made.status_code == 400
+    assert error(made)["field"] == "Idempotency-Key"
+    assert AlertEndpoint.objects.count() == 0
+    endpoint = endpoint_of("acme")
+    rotated = acme.post(
+        f"{ENDPOINTS}/{endpoint.pk}/rotate-secret", {}, format="json", HTTP_IDEMPOTENCY_KEY="k2"
+    )
+    assert rotated.status_code == 400
+    assert AlertEndpoint.objects.get().secret == endpoint.secret
