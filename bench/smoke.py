@@ -25,6 +25,7 @@ DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/llm_budgets_smoke_bench"
 RUNS: dict[str, list[str]] = {
     name: line.split()
     for name, line in {
+        "alerts_burst.py": "--events 50 --cycles 10 --rounds 1",
         "admission.py": "--duration 0.5 --workers 1,2 --scenarios hot,spread --repeat 1",
         "async_streams.py": "--streams 10 --chunks 3 --chunk-delay 0.01 --admissions 10",
         "cycle_profile.py": "--cycles 20 --stripes 4",
