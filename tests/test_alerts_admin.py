@@ -226,7 +226,7 @@ def test_redeliver_queues_the_same_delivery_once_more(admin_client: Client, acme
         state=AlertDeliveryState.FAILED, attempts=5, last_status_code=503, last_error="down"
     )
     listed = admin_client.get(_url("alertdelivery_changelist")).content.decode()
-    assert "5 (503)" in listed
+    assert "5 (HTTP 503)" in listed
     response = admin_client.post(
         _url("alertdelivery_changelist"),
         {"_selected_action": [delivery.pk], "action": "redeliver"},

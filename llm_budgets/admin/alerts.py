@@ -135,10 +135,10 @@ def _action_page(
 
 class EndpointForm(forms.ModelForm):
     event_types = forms.MultipleChoiceField(
-        choices=[(name, f"{name}: {schema.summary}") for name, schema in TYPES.items()],
+        choices=[(name, name) for name in TYPES],
         widget=forms.CheckboxSelectMultiple,
-        help_text="The events it receives. A tenant's endpoint never receives the "
-        "operators-only ones (stripe.delivery_parked).",
+        help_text="The events it receives (docs/alerts.md says what each one means). A "
+        "tenant's endpoint never receives the operators-only ones (stripe.delivery_parked).",
     )
 
     class Meta:
@@ -194,7 +194,7 @@ class DisableSelectedForm(DisableForm):
 class AlertEndpointAdmin(admin.ModelAdmin):
     form = EndpointForm
     change_form_template = "admin/llm_budgets/alerts/endpoint_change_form.html"
-    list_display = ["short_target", "owner", "kind", "types", "state", "consecutive_failures"]
+    list_display = ["short_target", "owner", "kind_value", "types", "state", "failures"]
     list_filter = ["kind", "enabled", ("tenant", admin.EmptyFieldListFilter)]
     list_select_related = ["tenant"]
     search_fields = ["target", "description", "tenant__external_id"]
@@ -206,7 +206,7 @@ class AlertEndpointAdmin(admin.ModelAdmin):
         "owner",
         "kind",
         "secret_hint",
-        "state",
+        "state_detail",
         "consecutive_failures",
         "created_by",
         "created_when",
@@ -228,7 +228,7 @@ class AlertEndpointAdmin(admin.ModelAdmin):
             "description",
             "contact_emails",
             "secret_hint",
-            "state",
+            "state_detail",
             "consecutive_failures",
             "deliveries_link",
             "created_by",
@@ -290,15 +290,34 @@ class AlertEndpointAdmin(admin.ModelAdmin):
     def owner(self, obj: AlertEndpoint) -> str:
         return _owner(obj.tenant)
 
+    @admin.display(description="Kind", ordering="kind")
+    def kind_value(self, obj: AlertEndpoint) -> str:
+        return obj.kind  # the short value: the labels are long for a list column
+
     @admin.display(description="Event types")
     def types(self, obj: AlertEndpoint) -> str:
-        return truncated(", ".join(obj.event_types or ()), 48)
+        chosen = list(obj.event_types or ())
+        if set(chosen) >= set(TYPES):
+            return f"all {len(TYPES)}"
+        return truncated(", ".join(chosen), 40)
+
+    @admin.display(description="Failures", ordering="consecutive_failures")
+    def failures(self, obj: AlertEndpoint) -> int:
+        """Failed attempts in a row (enough of them disable the endpoint)."""
+        return obj.consecutive_failures
 
     @admin.display(description="State", ordering="enabled")
     def state(self, obj: AlertEndpoint) -> str:
         if obj.enabled:
             return "enabled"
         return truncated(f"disabled: {obj.disabled_reason or '?'}", 40)
+
+    @admin.display(description="State")
+    def state_detail(self, obj: AlertEndpoint) -> str:
+        if obj.enabled:
+            return "enabled"
+        since = when_text(obj.disabled_at, str(obj.tenant.timezone) if obj.tenant else None)
+        return f"disabled {since}: {obj.disabled_reason or '?'}"
 
     @admin.display(description="Signing secret")
     def secret_hint(self, obj: AlertEndpoint) -> str:
@@ -525,21 +544,22 @@ class DeliveryStateFilter(admin.SimpleListFilter):
 class AlertDeliveryAdmin(ReadOnlyAdmin):
     """The delivery log: one row per event and endpoint, written by the alerts package only."""
 
+    # The delivery id is on its page (and searchable): a list column of it would not fit.
     list_display = [
-        "delivery",
         "event_type",
         "endpoint_link",
-        "state",
+        "state_value",
         "attempts_text",
         "error_text",
         "next_attempt",
     ]
+    list_display_links = ["event_type"]
     list_filter = [DeliveryStateFilter, "event__type", "endpoint__kind"]
     list_select_related = ["event", "endpoint__tenant"]
     search_fields = ["uid", "event__uid", "event__type", "endpoint__target"]
     actions = ["redeliver"]
     fields = readonly_fields = (
-        "uid",
+        "delivery_id",
         "event_link",
         "event_type",
         "endpoint_link",
@@ -554,9 +574,9 @@ class AlertDeliveryAdmin(ReadOnlyAdmin):
         "created",
     )
 
-    @admin.display(description="Delivery", ordering="pk")
-    def delivery(self, obj: AlertDelivery) -> str:
-        return _short_uid(obj.uid)
+    @admin.display(description="Delivery id")
+    def delivery_id(self, obj: AlertDelivery) -> str:
+        return obj.uid
 
     @admin.display(description="Event type", ordering="event__type")
     def event_type(self, obj: AlertDelivery) -> str:
@@ -573,15 +593,20 @@ class AlertDeliveryAdmin(ReadOnlyAdmin):
         url = reverse("admin:llm_budgets_alertevent_change", args=[obj.event_id])
         return format_html('<a href="{}">{}</a>', url, obj.event.uid)
 
-    @admin.display(description="Attempts (last status)", ordering="attempts")
+    @admin.display(description="State", ordering="state")
+    def state_value(self, obj: AlertDelivery) -> str:
+        return obj.state  # the short value: the labels explain it in the filter
+
+    @admin.display(description="Attempts", ordering="attempts")
     def attempts_text(self, obj: AlertDelivery) -> str:
         if obj.last_status_code is None:
             return str(obj.attempts)
-        return f"{obj.attempts} ({obj.last_status_code})"
+        return f"{obj.attempts} (HTTP {obj.last_status_code})"
 
     @admin.display(description="Last error")
     def error_text(self, obj: AlertDelivery) -> str:
-        return truncated(obj.last_error, 40) if obj.last_error else "-"
+        # Errors are often one long word (an exception's repr): short, so the table fits.
+        return truncated(obj.last_error, 26) if obj.last_error else "-"
 
     @admin.display(description="Next attempt", ordering="next_attempt_at")
     def next_attempt(self, obj: AlertDelivery) -> str:
@@ -631,7 +656,7 @@ class AlertEventAdmin(ReadOnlyAdmin):
     list_select_related = ["tenant"]
     search_fields = ["uid", "type", "tenant__external_id"]
     fields = readonly_fields = (
-        "uid",
+        "event_id",
         "type",
         "version",
         "owner",
@@ -645,6 +670,10 @@ class AlertEventAdmin(ReadOnlyAdmin):
     @admin.display(description="Event", ordering="pk")
     def event(self, obj: AlertEvent) -> str:
         return _short_uid(obj.uid)
+
+    @admin.display(description="Event id")
+    def event_id(self, obj: AlertEvent) -> str:
+        return obj.uid
 
     @admin.display(description="Tenant", ordering="tenant__external_id")
     def owner(self, obj: AlertEvent) -> str:
