@@ -23,6 +23,7 @@ from llm_budgets.models import (
     AuditEvent,
     Tenant,
 )
+from tests.test_admin import _logged_in
 
 pytestmark = pytest.mark.django_db
 
@@ -31,13 +32,6 @@ URL = "https://hooks.example.com/in"
 
 def _url(name: str, *args: object) -> str:
     return reverse(f"admin:llm_budgets_{name}", args=args)
-
-
-def _logged_in(**fields: object) -> Client:
-    user = get_user_model().objects.create_user(password=None, **fields)
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

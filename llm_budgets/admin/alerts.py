@@ -8,6 +8,7 @@ rotation (never in a message: those travel in a cookie or the session), and neve
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -412,64 +413,81 @@ class AlertEndpointAdmin(admin.ModelAdmin):
             submit_label="Rotate the secret",
         )
 
-    def disable_view(self, request: HttpRequest, endpoint_id: int) -> HttpResponse:
+    def _act(
+        self,
+        request: HttpRequest,
+        endpoint_id: int,
+        form_class: type[forms.Form],
+        act: Callable[[AlertEndpoint, dict[str, Any]], str],
+        *,
+        title: str,
+        explanation: str,
+        submit_label: str,
+    ) -> HttpResponse:
+        """An endpoint action on a page of its own: the form, then ``act(endpoint, data)`` (a
+        service call) whose message is shown on the endpoint's page."""
         endpoint = self._endpoint(request, endpoint_id)
-        form = DisableForm(_posted(request))
+        form = form_class(_posted(request))
         if request.method == "POST" and form.is_valid():
-            endpoint_disable(endpoint, reason=form.cleaned_data["reason"], actor=actor(request))
-            messages.success(
-                request,
-                f"Endpoint {_endpoint_label(endpoint)} disabled: its deliveries wait until it "
-                "is enabled again.",
-            )
+            messages.success(request, act(endpoint, form.cleaned_data))
             return HttpResponseRedirect(_endpoint_url(endpoint))
+        label = _endpoint_label(endpoint)
         return _action_page(
             request,
             endpoint,
-            title=f"Disable endpoint {_endpoint_label(endpoint)}",
+            title=f"{title} {label}",
             form=form,
-            explanation=(
-                "Nothing is sent to it while it is disabled; its events keep queueing and go out "
-                "in order once it is enabled."
-            ),
+            explanation=explanation.format(reason=endpoint.disabled_reason or "?"),
+            submit_label=submit_label,
+        )
+
+    def disable_view(self, request: HttpRequest, endpoint_id: int) -> HttpResponse:
+        def act(endpoint: AlertEndpoint, data: dict[str, Any]) -> str:
+            endpoint_disable(endpoint, reason=data["reason"], actor=actor(request))
+            return (
+                f"Endpoint {_endpoint_label(endpoint)} disabled: its deliveries wait until it "
+                "is enabled again."
+            )
+
+        return self._act(
+            request,
+            endpoint_id,
+            DisableForm,
+            act,
+            title="Disable endpoint",
+            explanation="Nothing is sent to it while it is disabled; its events keep queueing "
+            "and go out in order once it is enabled.",
             submit_label="Disable this endpoint",
         )
 
     def enable_view(self, request: HttpRequest, endpoint_id: int) -> HttpResponse:
-        endpoint = self._endpoint(request, endpoint_id)
-        form = ConfirmForm(_posted(request))
-        if request.method == "POST" and form.is_valid():
+        def act(endpoint: AlertEndpoint, data: dict[str, Any]) -> str:
             endpoint_enable(endpoint, actor=actor(request))
-            messages.success(request, f"Endpoint {_endpoint_label(endpoint)} enabled.")
-            return HttpResponseRedirect(_endpoint_url(endpoint))
-        return _action_page(
+            return f"Endpoint {_endpoint_label(endpoint)} enabled."
+
+        return self._act(
             request,
-            endpoint,
-            title=f"Enable endpoint {_endpoint_label(endpoint)}",
-            form=form,
-            explanation=(
-                f"Disabled: {endpoint.disabled_reason or '?'}. Enabling sends its waiting "
-                "deliveries, oldest first, and starts its failure count over."
-            ),
+            endpoint_id,
+            ConfirmForm,
+            act,
+            title="Enable endpoint",
+            explanation="Disabled: {reason}. Enabling sends its waiting deliveries, oldest "
+            "first, and starts its failure count over.",
             submit_label="Enable this endpoint",
         )
 
     def test_view(self, request: HttpRequest, endpoint_id: int) -> HttpResponse:
-        endpoint = self._endpoint(request, endpoint_id)
-        form = ConfirmForm(_posted(request))
-        if request.method == "POST" and form.is_valid():
-            event = endpoint_test_send(endpoint, actor=actor(request))
-            messages.success(request, _test_queued(endpoint, event))
-            return HttpResponseRedirect(_endpoint_url(endpoint))
-        return _action_page(
+        def act(endpoint: AlertEndpoint, data: dict[str, Any]) -> str:
+            return _test_queued(endpoint, endpoint_test_send(endpoint, actor=actor(request)))
+
+        return self._act(
             request,
-            endpoint,
-            title=f"Send a test event to endpoint {_endpoint_label(endpoint)}",
-            form=form,
-            explanation=(
-                "Queues an alert.test event for this endpoint alone; the delivery job sends it "
-                "like any other (to a disabled endpoint once it is enabled)."
-            ),
+            endpoint_id,
+            ConfirmForm,
+            act,
+            title="Send a test event to endpoint",
+            explanation="Queues an alert.test event for this endpoint alone; the delivery job "
+            "sends it like any other (to a disabled endpoint once it is enabled).",
             submit_label="Send a test event",
         )
 
