@@ -290,3 +290,17 @@ def test_staff_without_change_permission_cannot_act(viewer: Client, acme: Tenant
     assert endpoint.enabled
     assert AuditEvent.objects.filter(action__startswith="alert_delivery").count() == 0
     assert AlertEvent.objects.count() == 1
+
+
+def test_delete_goes_through_the_service_one_or_many(admin_client: Client, acme: Tenant) -> None:
+    one, two, three = webhook(acme), webhook(acme), webhook(None)
+    endpoint_test_send(one)
+    response = admin_client.post(_url("alertendpoint_delete", one.pk), {"post": "yes"})
+    assert response.status_code == 302
+    admin_client.post(
+        _url("alertendpoint_changelist"),
+        {"_selected_action": [two.pk, three.pk], "action": "delete_selected", "post": "yes"},
+    )
+    assert AlertEndpoint.objects.count() == 0
+    assert AuditEvent.objects.filter(action="alert_endpoint.delete", actor="admin").count() == 3
+    assert AlertEvent.objects.count() == 1  # the events stay
