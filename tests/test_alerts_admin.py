@@ -232,6 +232,22 @@ def test_redeliver_queues_the_same_delivery_once_more(admin_client: Client, acme
     assert AuditEvent.objects.filter(action="alert_delivery.redeliver", actor="admin").count() == 1
 
 
+def test_a_deliverys_page_redelivers_it_after_saying_what_happens(
+    admin_client: Client, acme: Tenant
+) -> None:
+    endpoint_test_send(webhook(acme))
+    delivery = AlertDelivery.objects.get()
+    AlertDelivery.objects.filter(pk=delivery.pk).update(state=AlertDeliveryState.DELIVERED)
+    url = _url("alertdelivery_redeliver", delivery.pk)
+    assert url in admin_client.get(_url("alertdelivery_change", delivery.pk)).content.decode()
+    asked = admin_client.get(url)
+    assert "same delivery id" in asked.content.decode()
+    assert AlertDelivery.objects.get().state == "delivered"
+    assert admin_client.post(url, {}).status_code == 302
+    assert AlertDelivery.objects.get().state == "pending"
+    assert AlertDelivery.objects.count() == 1
+
+
 def test_pages_render_with_times_formatted_and_no_raw_datetimes(
     admin_client: Client, acme: Tenant
 ) -> None:
@@ -282,6 +298,9 @@ def test_staff_without_change_permission_cannot_act(viewer: Client, acme: Tenant
         assert viewer.get(url).status_code == 403, action
         assert viewer.post(url, {"reason": "x", "overlap_seconds": "0"}).status_code == 403
     assert viewer.get(_url("alertendpoint_add")).status_code == 403
+    assert viewer.post(_url("alertdelivery_redeliver", delivery.pk), {}).status_code == 403
+    detail = viewer.get(_url("alertdelivery_change", delivery.pk)).content.decode()
+    assert _url("alertdelivery_redeliver", delivery.pk) not in detail
     viewer.post(
         _url("alertdelivery_changelist"),
         {"_selected_action": [delivery.pk], "action": "redeliver"},

@@ -58,6 +58,7 @@ from llm_budgets.models import (
 )
 
 ACTION_PAGE = "admin/llm_budgets/control/action_form.html"
+CHANGE_FORM = "admin/llm_budgets/alerts/change_form.html"
 SECRET_PAGE = "admin/llm_budgets/alerts/secret_once.html"  # noqa: S105 (a template name)
 
 
@@ -118,7 +119,13 @@ def _action_page(
     form: forms.Form,
     explanation: str,
     submit_label: str,
+    back: tuple[str, str] | None = None,
 ) -> TemplateResponse:
+    """An action's own page; ``back``: (url, label) of where it came from (else the endpoint)."""
+    back_url, back_label = back or (
+        _endpoint_url(endpoint),
+        f"Endpoint {_endpoint_label(endpoint)}",
+    )
     return TemplateResponse(
         request,
         ACTION_PAGE,
@@ -127,11 +134,32 @@ def _action_page(
             "title": title,
             "form": form,
             "explanation": explanation,
-            "back_url": _endpoint_url(endpoint),
-            "back_label": f"Endpoint {_endpoint_label(endpoint)}",
+            "back_url": back_url,
+            "back_label": back_label,
             "submit_label": submit_label,
         },
     )
+
+
+class ObjectActionsMixin:
+    """Buttons on an object's page for its actions (``object_actions``: url and label each),
+    each leading to a page of its own. Set ``change_form_template = CHANGE_FORM``."""
+
+    def object_actions(self, request: HttpRequest, object_id: str) -> list[tuple[str, str]]:
+        return []
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context = {
+            **(extra_context or {}),
+            "object_actions": self.object_actions(request, object_id),
+        }
+        return super().change_view(request, object_id, form_url, context)  # type: ignore[misc]
 
 
 class EndpointForm(forms.ModelForm):
@@ -192,9 +220,9 @@ class DisableSelectedForm(DisableForm):
 
 
 @admin.register(AlertEndpoint)
-class AlertEndpointAdmin(admin.ModelAdmin):
+class AlertEndpointAdmin(ObjectActionsMixin, admin.ModelAdmin):
     form = EndpointForm
-    change_form_template = "admin/llm_budgets/alerts/endpoint_change_form.html"
+    change_form_template = CHANGE_FORM
     list_display = ["short_target", "owner", "kind_value", "types", "state", "failures"]
     list_filter = ["kind", "enabled", ("tenant", admin.EmptyFieldListFilter)]
     list_select_related = ["tenant"]
@@ -366,27 +394,20 @@ class AlertEndpointAdmin(admin.ModelAdmin):
             *super().get_urls(),
         ]
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        context = dict(extra_context or {})
+    def object_actions(self, request: HttpRequest, object_id: str) -> list[tuple[str, str]]:
         endpoint = (
             AlertEndpoint.objects.filter(pk=object_id).first() if object_id.isdigit() else None
         )
-        if endpoint is not None and request.user.has_perm("llm_budgets.change_alertendpoint"):
-            links = [("test", "Send a test event")]
-            if endpoint.kind == EndpointKind.WEBHOOK:
-                links.append(("rotate", "Rotate the secret"))
-            links.append(("disable", "Disable") if endpoint.enabled else ("enable", "Enable"))
-            context["endpoint_actions"] = [
-                (reverse(f"admin:llm_budgets_alertendpoint_{name}", args=[endpoint.pk]), label)
-                for name, label in links
-            ]
-        return super().change_view(request, object_id, form_url, context)
+        if endpoint is None or not request.user.has_perm("llm_budgets.change_alertendpoint"):
+            return []
+        links = [("test", "Send a test event")]
+        if endpoint.kind == EndpointKind.WEBHOOK:
+            links.append(("rotate", "Rotate the secret"))
+        links.append(("disable", "Disable") if endpoint.enabled else ("enable", "Enable"))
+        return [
+            (reverse(f"admin:llm_budgets_alertendpoint_{name}", args=[endpoint.pk]), label)
+            for name, label in links
+        ]
 
     def _endpoint(self, request: HttpRequest, endpoint_id: int) -> AlertEndpoint:
         _require(request, "change_alertendpoint")
@@ -565,8 +586,10 @@ class DeliveryStateFilter(admin.SimpleListFilter):
 
 
 @admin.register(AlertDelivery)
-class AlertDeliveryAdmin(ReadOnlyAdmin):
+class AlertDeliveryAdmin(ObjectActionsMixin, ReadOnlyAdmin):
     """The delivery log: one row per event and endpoint, written by the alerts package only."""
+
+    change_form_template = CHANGE_FORM
 
     # The delivery id is on its page (and searchable): a list column of it would not fit.
     list_display = [
@@ -653,6 +676,48 @@ class AlertDeliveryAdmin(ReadOnlyAdmin):
     @admin.display(description="Created")
     def created(self, obj: AlertDelivery) -> str:
         return when_text(obj.created_at, _delivery_zone(obj), seconds=True)
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path(
+                "<int:delivery_id>/redeliver/",
+                self.admin_site.admin_view(self.redeliver_view),
+                name="llm_budgets_alertdelivery_redeliver",
+            ),
+            *super().get_urls(),
+        ]
+
+    def object_actions(self, request: HttpRequest, object_id: str) -> list[tuple[str, str]]:
+        if not object_id.isdigit() or not self.has_redeliver_permission(request):
+            return []
+        url = reverse("admin:llm_budgets_alertdelivery_redeliver", args=[int(object_id)])
+        return [(url, "Redeliver")]
+
+    def redeliver_view(self, request: HttpRequest, delivery_id: int) -> HttpResponse:
+        _require(request, "change_alertdelivery")
+        delivery = get_object_or_404(
+            AlertDelivery.objects.select_related("event", "endpoint__tenant"), pk=delivery_id
+        )
+        page = reverse("admin:llm_budgets_alertdelivery_change", args=[delivery.pk])
+        form = ConfirmForm(_posted(request))
+        if request.method == "POST" and form.is_valid():
+            delivery_redeliver(delivery, actor=actor(request))
+            messages.success(request, f"Delivery {delivery.uid} queued again, due now.")
+            return HttpResponseRedirect(page)
+        return _action_page(
+            request,
+            delivery.endpoint,
+            title=f"Redeliver {delivery.uid}",
+            form=form,
+            explanation=(
+                f"Sends the {delivery.event.type} event to endpoint "
+                f"{_endpoint_label(delivery.endpoint)} again, with the same delivery id (a "
+                f"receiver that stored it can tell); now {delivery.state} after "
+                f"{delivery.attempts} attempt(s)."
+            ),
+            submit_label="Redeliver",
+            back=(page, f"Delivery {delivery.uid}"),
+        )
 
     def has_redeliver_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("llm_budgets.change_alertdelivery")
