@@ -87,8 +87,18 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
             if delay:
                 time.sleep(delay)  # the receiver's own slowness, scripted
             self.send_response(status)
+            flood = int(extra.pop("X-Flood", "0"))
             for name, value in extra.items():
                 self.send_header(name, value)
+            if flood:
+                # An answer far longer than it sends before going silent: only a reader that
+                # stops at its cap gets through.
+                self.send_header("Content-Length", str(flood * 100))
+                self.end_headers()
+                self.wfile.write(b"x" * flood)
+                self.wfile.flush()
+                time.sleep(3)
+                return
             answer = b'{"ok": true}' if status == 200 else b"nope"
             self.send_header("Content-Length", str(len(answer)))
             self.end_headers()

@@ -23,6 +23,7 @@ from llm_budgets.models import (
     AuditEvent,
     Tenant,
 )
+from tests.test_admin import _logged_in
 
 pytestmark = pytest.mark.django_db
 
@@ -31,13 +32,6 @@ URL = "https://hooks.example.com/in"
 
 def _url(name: str, *args: object) -> str:
     return reverse(f"admin:llm_budgets_{name}", args=args)
-
-
-def _logged_in(**fields: object) -> Client:
-    user = get_user_model().objects.create_user(password=None, **fields)
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture
@@ -226,7 +220,7 @@ def test_redeliver_queues_the_same_delivery_once_more(admin_client: Client, acme
         state=AlertDeliveryState.FAILED, attempts=5, last_status_code=503, last_error="down"
     )
     listed = admin_client.get(_url("alertdelivery_changelist")).content.decode()
-    assert "5 (503)" in listed
+    assert "5 (HTTP 503)" in listed
     response = admin_client.post(
         _url("alertdelivery_changelist"),
         {"_selected_action": [delivery.pk], "action": "redeliver"},
@@ -236,6 +230,22 @@ def test_redeliver_queues_the_same_delivery_once_more(admin_client: Client, acme
     again = AlertDelivery.objects.get()
     assert (again.uid, again.state, again.attempts) == (delivery.uid, "pending", 5)
     assert AuditEvent.objects.filter(action="alert_delivery.redeliver", actor="admin").count() == 1
+
+
+def test_a_deliverys_page_redelivers_it_after_saying_what_happens(
+    admin_client: Client, acme: Tenant
+) -> None:
+    endpoint_test_send(webhook(acme))
+    delivery = AlertDelivery.objects.get()
+    AlertDelivery.objects.filter(pk=delivery.pk).update(state=AlertDeliveryState.DELIVERED)
+    url = _url("alertdelivery_redeliver", delivery.pk)
+    assert url in admin_client.get(_url("alertdelivery_change", delivery.pk)).content.decode()
+    asked = admin_client.get(url)
+    assert "same delivery id" in asked.content.decode()
+    assert AlertDelivery.objects.get().state == "delivered"
+    assert admin_client.post(url, {}).status_code == 302
+    assert AlertDelivery.objects.get().state == "pending"
+    assert AlertDelivery.objects.count() == 1
 
 
 def test_pages_render_with_times_formatted_and_no_raw_datetimes(
@@ -288,6 +298,9 @@ def test_staff_without_change_permission_cannot_act(viewer: Client, acme: Tenant
         assert viewer.get(url).status_code == 403, action
         assert viewer.post(url, {"reason": "x", "overlap_seconds": "0"}).status_code == 403
     assert viewer.get(_url("alertendpoint_add")).status_code == 403
+    assert viewer.post(_url("alertdelivery_redeliver", delivery.pk), {}).status_code == 403
+    detail = viewer.get(_url("alertdelivery_change", delivery.pk)).content.decode()
+    assert _url("alertdelivery_redeliver", delivery.pk) not in detail
     viewer.post(
         _url("alertdelivery_changelist"),
         {"_selected_action": [delivery.pk], "action": "redeliver"},
@@ -296,3 +309,17 @@ def test_staff_without_change_permission_cannot_act(viewer: Client, acme: Tenant
     assert endpoint.enabled
     assert AuditEvent.objects.filter(action__startswith="alert_delivery").count() == 0
     assert AlertEvent.objects.count() == 1
+
+
+def test_delete_goes_through_the_service_one_or_many(admin_client: Client, acme: Tenant) -> None:
+    one, two, three = webhook(acme), webhook(acme), webhook(None)
+    endpoint_test_send(one)
+    response = admin_client.post(_url("alertendpoint_delete", one.pk), {"post": "yes"})
+    assert response.status_code == 302
+    admin_client.post(
+        _url("alertendpoint_changelist"),
+        {"_selected_action": [two.pk, three.pk], "action": "delete_selected", "post": "yes"},
+    )
+    assert AlertEndpoint.objects.count() == 0
+    assert AuditEvent.objects.filter(action="alert_endpoint.delete", actor="admin").count() == 3
+    assert AlertEvent.objects.count() == 1  # the events stay

@@ -3,12 +3,16 @@ installation-wide endpoints and any tenant's, tenant keys for their own; secrets
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings
+from django.test import override_settings
 from django.utils import timezone
 
 from llm_budgets import budgets
+from llm_budgets.alerts.delivery import alerts_deliver
 from llm_budgets.alerts.endpoints import endpoint_create, endpoint_disable
 from llm_budgets.models import (
     AlertDelivery,
@@ -18,6 +22,7 @@ from llm_budgets.models import (
     AuditEvent,
     Tenant,
 )
+from tests.alerts_receiver import Receiver, receiver_running
 from tests.api import BASE, client_for, new_key
 
 pytestmark = pytest.mark.django_db
@@ -320,3 +325,38 @@ def test_create_and_rotate_refuse_an_idempotency_key_rather_than_store_the_secre
     )
     assert rotated.status_code == 400
     assert AlertEndpoint.objects.get().secret == endpoint.secret
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    local = {"ALERTS_ALLOW_HTTP": True, "ALERTS_ALLOWED_ADDRESSES": ["127.0.0.1"]}
+    with (
+        override_settings(LLM_BUDGETS={**settings.LLM_BUDGETS, **local}),
+        receiver_running() as running,
+    ):
+        yield running
+
+
+def test_a_redelivered_delivery_reaches_the_receiver_once_more_with_its_id(
+    keys: dict[str, str], receiver: Receiver
+) -> None:
+    acme = client_for(keys["acme"])
+    made = create(keys["acme"], target=receiver.url, event_types=["alert.test"]).json()
+    receiver.secrets.append(made["secret"])
+    acme.post(f"{ENDPOINTS}/{made['id']}/test", {}, format="json")
+    alerts_deliver()
+    (stored,) = receiver.wait_for(1)
+    (delivered,) = acme.get(DELIVERIES).json()["results"]
+    assert (delivered["id"], delivered["state"], delivered["attempts"]) == (
+        stored.delivery,
+        "delivered",
+        1,
+    )
+    assert delivered["last_status_code"] == 200
+
+    acme.post(f"{DELIVERIES}/{delivered['id']}/redeliver", {}, format="json")
+    alerts_deliver()
+    alerts_deliver()  # nothing left: the redelivery went out once
+    assert receiver.seen == [stored.delivery, stored.delivery]
+    again = acme.get(f"{DELIVERIES}/{delivered['id']}").json()
+    assert (again["state"], again["attempts"]) == ("delivered", 2)

@@ -8,6 +8,7 @@ rotation (never in a message: those travel in a cookie or the session), and neve
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -57,6 +58,7 @@ from llm_budgets.models import (
 )
 
 ACTION_PAGE = "admin/llm_budgets/control/action_form.html"
+CHANGE_FORM = "admin/llm_budgets/alerts/change_form.html"
 SECRET_PAGE = "admin/llm_budgets/alerts/secret_once.html"  # noqa: S105 (a template name)
 
 
@@ -117,7 +119,13 @@ def _action_page(
     form: forms.Form,
     explanation: str,
     submit_label: str,
+    back: tuple[str, str] | None = None,
 ) -> TemplateResponse:
+    """An action's own page; ``back``: (url, label) of where it came from (else the endpoint)."""
+    back_url, back_label = back or (
+        _endpoint_url(endpoint),
+        f"Endpoint {_endpoint_label(endpoint)}",
+    )
     return TemplateResponse(
         request,
         ACTION_PAGE,
@@ -126,19 +134,40 @@ def _action_page(
             "title": title,
             "form": form,
             "explanation": explanation,
-            "back_url": _endpoint_url(endpoint),
-            "back_label": f"Endpoint {_endpoint_label(endpoint)}",
+            "back_url": back_url,
+            "back_label": back_label,
             "submit_label": submit_label,
         },
     )
 
 
+class ObjectActionsMixin:
+    """Buttons on an object's page for its actions (``object_actions``: url and label each),
+    each leading to a page of its own. Set ``change_form_template = CHANGE_FORM``."""
+
+    def object_actions(self, request: HttpRequest, object_id: str) -> list[tuple[str, str]]:
+        return []
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context = {
+            **(extra_context or {}),
+            "object_actions": self.object_actions(request, object_id),
+        }
+        return super().change_view(request, object_id, form_url, context)  # type: ignore[misc]
+
+
 class EndpointForm(forms.ModelForm):
     event_types = forms.MultipleChoiceField(
-        choices=[(name, f"{name}: {schema.summary}") for name, schema in TYPES.items()],
+        choices=[(name, name) for name in TYPES],
         widget=forms.CheckboxSelectMultiple,
-        help_text="The events it receives. A tenant's endpoint never receives the "
-        "operators-only ones (stripe.delivery_parked).",
+        help_text="The events it receives (docs/alerts.md says what each one means). A "
+        "tenant's endpoint never receives the operators-only ones (stripe.delivery_parked).",
     )
 
     class Meta:
@@ -191,10 +220,10 @@ class DisableSelectedForm(DisableForm):
 
 
 @admin.register(AlertEndpoint)
-class AlertEndpointAdmin(admin.ModelAdmin):
+class AlertEndpointAdmin(ObjectActionsMixin, admin.ModelAdmin):
     form = EndpointForm
-    change_form_template = "admin/llm_budgets/alerts/endpoint_change_form.html"
-    list_display = ["short_target", "owner", "kind", "types", "state", "consecutive_failures"]
+    change_form_template = CHANGE_FORM
+    list_display = ["short_target", "owner", "kind_value", "types", "state", "failures"]
     list_filter = ["kind", "enabled", ("tenant", admin.EmptyFieldListFilter)]
     list_select_related = ["tenant"]
     search_fields = ["target", "description", "tenant__external_id"]
@@ -206,7 +235,7 @@ class AlertEndpointAdmin(admin.ModelAdmin):
         "owner",
         "kind",
         "secret_hint",
-        "state",
+        "state_detail",
         "consecutive_failures",
         "created_by",
         "created_when",
@@ -228,7 +257,7 @@ class AlertEndpointAdmin(admin.ModelAdmin):
             "description",
             "contact_emails",
             "secret_hint",
-            "state",
+            "state_detail",
             "consecutive_failures",
             "deliveries_link",
             "created_by",
@@ -276,6 +305,12 @@ class AlertEndpointAdmin(admin.ModelAdmin):
     def delete_model(self, request: HttpRequest, obj: AlertEndpoint) -> None:
         endpoint_delete(endpoint_get(obj.pk, tenant=None), actor=actor(request))
 
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> Any:
+        # Its deliveries go with it (endpoint_delete): the delivery log's own read-only admin
+        # must not make Django refuse the delete for want of a permission nobody has.
+        deleted, counts, _perms_needed, protected = super().get_deleted_objects(objs, request)
+        return deleted, counts, set(), protected
+
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[AlertEndpoint]) -> None:
         for endpoint in queryset.select_related("tenant"):
             endpoint_delete(endpoint, actor=actor(request))
@@ -290,15 +325,34 @@ class AlertEndpointAdmin(admin.ModelAdmin):
     def owner(self, obj: AlertEndpoint) -> str:
         return _owner(obj.tenant)
 
+    @admin.display(description="Kind", ordering="kind")
+    def kind_value(self, obj: AlertEndpoint) -> str:
+        return obj.kind  # the short value: the labels are long for a list column
+
     @admin.display(description="Event types")
     def types(self, obj: AlertEndpoint) -> str:
-        return truncated(", ".join(obj.event_types or ()), 48)
+        chosen = list(obj.event_types or ())
+        if set(chosen) >= set(TYPES):
+            return f"all {len(TYPES)}"
+        return truncated(", ".join(chosen), 40)
+
+    @admin.display(description="Failures", ordering="consecutive_failures")
+    def failures(self, obj: AlertEndpoint) -> int:
+        """Failed attempts in a row (enough of them disable the endpoint)."""
+        return obj.consecutive_failures
 
     @admin.display(description="State", ordering="enabled")
     def state(self, obj: AlertEndpoint) -> str:
         if obj.enabled:
             return "enabled"
         return truncated(f"disabled: {obj.disabled_reason or '?'}", 40)
+
+    @admin.display(description="State")
+    def state_detail(self, obj: AlertEndpoint) -> str:
+        if obj.enabled:
+            return "enabled"
+        since = when_text(obj.disabled_at, str(obj.tenant.timezone) if obj.tenant else None)
+        return f"disabled {since}: {obj.disabled_reason or '?'}"
 
     @admin.display(description="Signing secret")
     def secret_hint(self, obj: AlertEndpoint) -> str:
@@ -340,27 +394,20 @@ class AlertEndpointAdmin(admin.ModelAdmin):
             *super().get_urls(),
         ]
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        context = dict(extra_context or {})
+    def object_actions(self, request: HttpRequest, object_id: str) -> list[tuple[str, str]]:
         endpoint = (
             AlertEndpoint.objects.filter(pk=object_id).first() if object_id.isdigit() else None
         )
-        if endpoint is not None and request.user.has_perm("llm_budgets.change_alertendpoint"):
-            links = [("test", "Send a test event")]
-            if endpoint.kind == EndpointKind.WEBHOOK:
-                links.append(("rotate", "Rotate the secret"))
-            links.append(("disable", "Disable") if endpoint.enabled else ("enable", "Enable"))
-            context["endpoint_actions"] = [
-                (reverse(f"admin:llm_budgets_alertendpoint_{name}", args=[endpoint.pk]), label)
-                for name, label in links
-            ]
-        return super().change_view(request, object_id, form_url, context)
+        if endpoint is None or not request.user.has_perm("llm_budgets.change_alertendpoint"):
+            return []
+        links = [("test", "Send a test event")]
+        if endpoint.kind == EndpointKind.WEBHOOK:
+            links.append(("rotate", "Rotate the secret"))
+        links.append(("disable", "Disable") if endpoint.enabled else ("enable", "Enable"))
+        return [
+            (reverse(f"admin:llm_budgets_alertendpoint_{name}", args=[endpoint.pk]), label)
+            for name, label in links
+        ]
 
     def _endpoint(self, request: HttpRequest, endpoint_id: int) -> AlertEndpoint:
         _require(request, "change_alertendpoint")
@@ -393,64 +440,81 @@ class AlertEndpointAdmin(admin.ModelAdmin):
             submit_label="Rotate the secret",
         )
 
-    def disable_view(self, request: HttpRequest, endpoint_id: int) -> HttpResponse:
+    def _act(
+        self,
+        request: HttpRequest,
+        endpoint_id: int,
+        form_class: type[forms.Form],
+        act: Callable[[AlertEndpoint, dict[str, Any]], str],
+        *,
+        title: str,
+        explanation: str,
+        submit_label: str,
+    ) -> HttpResponse:
+        """An endpoint action on a page of its own: the form, then ``act(endpoint, data)`` (a
+        service call) whose message is shown on the endpoint's page."""
         endpoint = self._endpoint(request, endpoint_id)
-        form = DisableForm(_posted(request))
+        form = form_class(_posted(request))
         if request.method == "POST" and form.is_valid():
-            endpoint_disable(endpoint, reason=form.cleaned_data["reason"], actor=actor(request))
-            messages.success(
-                request,
-                f"Endpoint {_endpoint_label(endpoint)} disabled: its deliveries wait until it "
-                "is enabled again.",
-            )
+            messages.success(request, act(endpoint, form.cleaned_data))
             return HttpResponseRedirect(_endpoint_url(endpoint))
+        label = _endpoint_label(endpoint)
         return _action_page(
             request,
             endpoint,
-            title=f"Disable endpoint {_endpoint_label(endpoint)}",
+            title=f"{title} {label}",
             form=form,
-            explanation=(
-                "Nothing is sent to it while it is disabled; its events keep queueing and go out "
-                "in order once it is enabled."
-            ),
+            explanation=explanation.format(reason=endpoint.disabled_reason or "?"),
+            submit_label=submit_label,
+        )
+
+    def disable_view(self, request: HttpRequest, endpoint_id: int) -> HttpResponse:
+        def act(endpoint: AlertEndpoint, data: dict[str, Any]) -> str:
+            endpoint_disable(endpoint, reason=data["reason"], actor=actor(request))
+            return (
+                f"Endpoint {_endpoint_label(endpoint)} disabled: its deliveries wait until it "
+                "is enabled again."
+            )
+
+        return self._act(
+            request,
+            endpoint_id,
+            DisableForm,
+            act,
+            title="Disable endpoint",
+            explanation="Nothing is sent to it while it is disabled; its events keep queueing "
+            "and go out in order once it is enabled.",
             submit_label="Disable this endpoint",
         )
 
     def enable_view(self, request: HttpRequest, endpoint_id: int) -> HttpResponse:
-        endpoint = self._endpoint(request, endpoint_id)
-        form = ConfirmForm(_posted(request))
-        if request.method == "POST" and form.is_valid():
+        def act(endpoint: AlertEndpoint, data: dict[str, Any]) -> str:
             endpoint_enable(endpoint, actor=actor(request))
-            messages.success(request, f"Endpoint {_endpoint_label(endpoint)} enabled.")
-            return HttpResponseRedirect(_endpoint_url(endpoint))
-        return _action_page(
+            return f"Endpoint {_endpoint_label(endpoint)} enabled."
+
+        return self._act(
             request,
-            endpoint,
-            title=f"Enable endpoint {_endpoint_label(endpoint)}",
-            form=form,
-            explanation=(
-                f"Disabled: {endpoint.disabled_reason or '?'}. Enabling sends its waiting "
-                "deliveries, oldest first, and starts its failure count over."
-            ),
+            endpoint_id,
+            ConfirmForm,
+            act,
+            title="Enable endpoint",
+            explanation="Disabled: {reason}. Enabling sends its waiting deliveries, oldest "
+            "first, and starts its failure count over.",
             submit_label="Enable this endpoint",
         )
 
     def test_view(self, request: HttpRequest, endpoint_id: int) -> HttpResponse:
-        endpoint = self._endpoint(request, endpoint_id)
-        form = ConfirmForm(_posted(request))
-        if request.method == "POST" and form.is_valid():
-            event = endpoint_test_send(endpoint, actor=actor(request))
-            messages.success(request, _test_queued(endpoint, event))
-            return HttpResponseRedirect(_endpoint_url(endpoint))
-        return _action_page(
+        def act(endpoint: AlertEndpoint, data: dict[str, Any]) -> str:
+            return _test_queued(endpoint, endpoint_test_send(endpoint, actor=actor(request)))
+
+        return self._act(
             request,
-            endpoint,
-            title=f"Send a test event to endpoint {_endpoint_label(endpoint)}",
-            form=form,
-            explanation=(
-                "Queues an alert.test event for this endpoint alone; the delivery job sends it "
-                "like any other (to a disabled endpoint once it is enabled)."
-            ),
+            endpoint_id,
+            ConfirmForm,
+            act,
+            title="Send a test event to endpoint",
+            explanation="Queues an alert.test event for this endpoint alone; the delivery job "
+            "sends it like any other (to a disabled endpoint once it is enabled).",
             submit_label="Send a test event",
         )
 
@@ -522,24 +586,27 @@ class DeliveryStateFilter(admin.SimpleListFilter):
 
 
 @admin.register(AlertDelivery)
-class AlertDeliveryAdmin(ReadOnlyAdmin):
+class AlertDeliveryAdmin(ObjectActionsMixin, ReadOnlyAdmin):
     """The delivery log: one row per event and endpoint, written by the alerts package only."""
 
+    change_form_template = CHANGE_FORM
+
+    # The delivery id is on its page (and searchable): a list column of it would not fit.
     list_display = [
-        "delivery",
         "event_type",
         "endpoint_link",
-        "state",
+        "state_value",
         "attempts_text",
         "error_text",
         "next_attempt",
     ]
+    list_display_links = ["event_type"]
     list_filter = [DeliveryStateFilter, "event__type", "endpoint__kind"]
     list_select_related = ["event", "endpoint__tenant"]
     search_fields = ["uid", "event__uid", "event__type", "endpoint__target"]
     actions = ["redeliver"]
     fields = readonly_fields = (
-        "uid",
+        "delivery_id",
         "event_link",
         "event_type",
         "endpoint_link",
@@ -554,9 +621,9 @@ class AlertDeliveryAdmin(ReadOnlyAdmin):
         "created",
     )
 
-    @admin.display(description="Delivery", ordering="pk")
-    def delivery(self, obj: AlertDelivery) -> str:
-        return _short_uid(obj.uid)
+    @admin.display(description="Delivery id")
+    def delivery_id(self, obj: AlertDelivery) -> str:
+        return obj.uid
 
     @admin.display(description="Event type", ordering="event__type")
     def event_type(self, obj: AlertDelivery) -> str:
@@ -573,15 +640,20 @@ class AlertDeliveryAdmin(ReadOnlyAdmin):
         url = reverse("admin:llm_budgets_alertevent_change", args=[obj.event_id])
         return format_html('<a href="{}">{}</a>', url, obj.event.uid)
 
-    @admin.display(description="Attempts (last status)", ordering="attempts")
+    @admin.display(description="State", ordering="state")
+    def state_value(self, obj: AlertDelivery) -> str:
+        return obj.state  # the short value: the labels explain it in the filter
+
+    @admin.display(description="Attempts", ordering="attempts")
     def attempts_text(self, obj: AlertDelivery) -> str:
         if obj.last_status_code is None:
             return str(obj.attempts)
-        return f"{obj.attempts} ({obj.last_status_code})"
+        return f"{obj.attempts} (HTTP {obj.last_status_code})"
 
     @admin.display(description="Last error")
     def error_text(self, obj: AlertDelivery) -> str:
-        return truncated(obj.last_error, 40) if obj.last_error else "-"
+        # Errors are often one long word (an exception's repr): short, so the table fits.
+        return truncated(obj.last_error, 26) if obj.last_error else "-"
 
     @admin.display(description="Next attempt", ordering="next_attempt_at")
     def next_attempt(self, obj: AlertDelivery) -> str:
@@ -604,6 +676,48 @@ class AlertDeliveryAdmin(ReadOnlyAdmin):
     @admin.display(description="Created")
     def created(self, obj: AlertDelivery) -> str:
         return when_text(obj.created_at, _delivery_zone(obj), seconds=True)
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path(
+                "<int:delivery_id>/redeliver/",
+                self.admin_site.admin_view(self.redeliver_view),
+                name="llm_budgets_alertdelivery_redeliver",
+            ),
+            *super().get_urls(),
+        ]
+
+    def object_actions(self, request: HttpRequest, object_id: str) -> list[tuple[str, str]]:
+        if not object_id.isdigit() or not self.has_redeliver_permission(request):
+            return []
+        url = reverse("admin:llm_budgets_alertdelivery_redeliver", args=[int(object_id)])
+        return [(url, "Redeliver")]
+
+    def redeliver_view(self, request: HttpRequest, delivery_id: int) -> HttpResponse:
+        _require(request, "change_alertdelivery")
+        delivery = get_object_or_404(
+            AlertDelivery.objects.select_related("event", "endpoint__tenant"), pk=delivery_id
+        )
+        page = reverse("admin:llm_budgets_alertdelivery_change", args=[delivery.pk])
+        form = ConfirmForm(_posted(request))
+        if request.method == "POST" and form.is_valid():
+            delivery_redeliver(delivery, actor=actor(request))
+            messages.success(request, f"Delivery {delivery.uid} queued again, due now.")
+            return HttpResponseRedirect(page)
+        return _action_page(
+            request,
+            delivery.endpoint,
+            title=f"Redeliver {delivery.uid}",
+            form=form,
+            explanation=(
+                f"Sends the {delivery.event.type} event to endpoint "
+                f"{_endpoint_label(delivery.endpoint)} again, with the same delivery id (a "
+                f"receiver that stored it can tell); now {delivery.state} after "
+                f"{delivery.attempts} attempt(s)."
+            ),
+            submit_label="Redeliver",
+            back=(page, f"Delivery {delivery.uid}"),
+        )
 
     def has_redeliver_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("llm_budgets.change_alertdelivery")
@@ -631,7 +745,7 @@ class AlertEventAdmin(ReadOnlyAdmin):
     list_select_related = ["tenant"]
     search_fields = ["uid", "type", "tenant__external_id"]
     fields = readonly_fields = (
-        "uid",
+        "event_id",
         "type",
         "version",
         "owner",
@@ -645,6 +759,10 @@ class AlertEventAdmin(ReadOnlyAdmin):
     @admin.display(description="Event", ordering="pk")
     def event(self, obj: AlertEvent) -> str:
         return _short_uid(obj.uid)
+
+    @admin.display(description="Event id")
+    def event_id(self, obj: AlertEvent) -> str:
+        return obj.uid
 
     @admin.display(description="Tenant", ordering="tenant__external_id")
     def owner(self, obj: AlertEvent) -> str:

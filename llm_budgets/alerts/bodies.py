@@ -53,6 +53,8 @@ _BUDGET = {
     "period_start": "time",
 }
 
+_SWITCH = {"switch_id": "int", "scope": "str", "tenant": "str?", "cause": "str", "reason": "str"}
+
 SCHEMAS: tuple[Schema, ...] = (
     Schema(
         "threshold.crossed",
@@ -89,32 +91,14 @@ SCHEMAS: tuple[Schema, ...] = (
         "A kill switch was tripped: by a person (manual), a detector (automatic) or a failed "
         "Stripe payment (payment_failed).",
         True,
-        {
-            "switch_id": "int",
-            "scope": "str",
-            "tenant": "str?",
-            "cause": "str",
-            "reason": "str",
-            "tripped_by": "str",
-            "detector": "str",
-            "tripped_at": "time",
-        },
+        {**_SWITCH, "tripped_by": "str", "detector": "str", "tripped_at": "time"},
     ),
     Schema(
         "kill_switch.cleared",
         1,
-        "A kill switch was cleared (by a person, or its auto-clear time passed).",
+        "A kill switch was cleared by a person (one that lapses at its auto_clear_at sends none).",
         True,
-        {
-            "switch_id": "int",
-            "scope": "str",
-            "tenant": "str?",
-            "cause": "str",
-            "reason": "str",
-            "cleared_by": "str",
-            "clear_reason": "str",
-            "cleared_at": "time",
-        },
+        {**_SWITCH, "cleared_by": "str", "clear_reason": "str", "cleared_at": "time"},
     ),
     Schema(
         "run.closed",

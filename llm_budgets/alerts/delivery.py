@@ -39,6 +39,9 @@ from llm_budgets.models.fields import split_emails
 logger = logging.getLogger("llm_budgets")
 
 ACTOR = "llm_budgets alerts"
+# Deliveries one run sends to one endpoint before the next endpoint's turn: a backlog at one
+# endpoint never starves the others (the next run continues it).
+ENDPOINT_BATCH = 100
 
 
 @dataclass
@@ -99,13 +102,18 @@ def _lease(endpoint_id: int, token: str) -> bool:
     )
 
 
-def endpoint_deliver(endpoint_id: int, *, result: DeliverResult | None = None) -> DeliverResult:
-    """Send the endpoint's due deliveries in order, unless another sender has it."""
+def endpoint_deliver(
+    endpoint_id: int, *, result: DeliverResult | None = None, limit: int = ENDPOINT_BATCH
+) -> DeliverResult:
+    """Send up to ``limit`` of the endpoint's due deliveries in order, unless another sender has
+    it."""
     result = result or DeliverResult()
     token = uuid.uuid4().hex
     try:
         # The lease is renewed before each delivery: a sender that lost it stops.
-        while _lease(endpoint_id, token):
+        for _ in range(limit):
+            if not _lease(endpoint_id, token):
+                break
             head = (
                 AlertDelivery.objects.filter(
                     endpoint_id=endpoint_id, state=AlertDeliveryState.PENDING

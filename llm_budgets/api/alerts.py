@@ -411,7 +411,25 @@ class AlertEndpointTestView(ApiView):
         return Response(AlertEventSerializer(event).data, status=status.HTTP_202_ACCEPTED)
 
 
-class AlertEndpointDisableView(ApiView):
+class _EndpointStateView(ApiView):
+    """POST .../{action}: a service call on an endpoint the key may see; answers with it."""
+
+    request_serializer: type[serializers.Serializer] = EmptySerializer
+
+    def act(self, endpoint: AlertEndpoint, data: dict[str, Any], actor: str) -> None:
+        raise NotImplementedError
+
+    def run(self, request: Request, endpoint_id: str) -> Response:
+        data = self.valid(self.request_serializer, request)
+        endpoint = _endpoint(request, endpoint_id)
+        with ledger_guard(f"alert endpoint {type(self).__name__}"):
+            self.act(endpoint, data, actor_of(api_key_of(request)))
+        return Response(AlertEndpointSerializer(endpoint).data)
+
+
+class AlertEndpointDisableView(_EndpointStateView):
+    request_serializer = DisableSerializer
+
     @api_schema(
         operation_id="alert_endpoints_disable",
         summary="Stop sending to an endpoint; its deliveries wait (audited)",
@@ -421,14 +439,13 @@ class AlertEndpointDisableView(ApiView):
     )
     @idempotent
     def post(self, request: Request, endpoint_id: str) -> Response:
-        data = self.valid(DisableSerializer, request)
-        endpoint = _endpoint(request, endpoint_id)
-        with ledger_guard("alert endpoint disable"):
-            endpoint_disable(endpoint, reason=data["reason"], actor=actor_of(api_key_of(request)))
-        return Response(AlertEndpointSerializer(endpoint).data)
+        return self.run(request, endpoint_id)
+
+    def act(self, endpoint: AlertEndpoint, data: dict[str, Any], actor: str) -> None:
+        endpoint_disable(endpoint, reason=data["reason"], actor=actor)
 
 
-class AlertEndpointEnableView(ApiView):
+class AlertEndpointEnableView(_EndpointStateView):
     @api_schema(
         operation_id="alert_endpoints_enable",
         summary="Send to an endpoint again, its waiting deliveries first (audited)",
@@ -438,11 +455,10 @@ class AlertEndpointEnableView(ApiView):
     )
     @idempotent
     def post(self, request: Request, endpoint_id: str) -> Response:
-        self.valid(EmptySerializer, request)
-        endpoint = _endpoint(request, endpoint_id)
-        with ledger_guard("alert endpoint enable"):
-            endpoint_enable(endpoint, actor=actor_of(api_key_of(request)))
-        return Response(AlertEndpointSerializer(endpoint).data)
+        return self.run(request, endpoint_id)
+
+    def act(self, endpoint: AlertEndpoint, data: dict[str, Any], actor: str) -> None:
+        endpoint_enable(endpoint, actor=actor)
 
 
 class AlertDeliveryListView(ApiView, generics.ListAPIView[AlertDelivery]):
