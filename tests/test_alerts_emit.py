@@ -202,3 +202,24 @@ def test_every_schema_refuses_a_missing_an_extra_and_a_float_money_field(event_t
 def test_an_unknown_type_is_refused() -> None:
     with pytest.raises(UnknownEventType):
         alert_emit("budget.nearly_done", body={})
+
+
+def test_a_kill_switch_trips_even_when_its_alert_cannot_be_recorded(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from django.db import DatabaseError
+
+    from llm_budgets.alerts import emit
+    from llm_budgets.models import KillSwitch
+
+    seed()
+    webhook()
+
+    def broken(*args: object) -> list[object]:
+        raise DatabaseError("alerts table unavailable")
+
+    monkeypatch.setattr(emit, "_endpoints_for", broken)
+    budgets.trip(tenant="acme", reason="runaway", actor="alice")
+    assert KillSwitch.objects.filter(cleared_at__isnull=True).count() == 1
+    assert AlertEvent.objects.count() == 0
+    assert "could not be recorded" in caplog.text

@@ -10,20 +10,24 @@ created or changed in another process is seen within that long; this process's o
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from llm_budgets.alerts.bodies import body_check, schema_of
 from llm_budgets.models import AlertDelivery, AlertEndpoint, AlertEvent, Tenant
+
+logger = logging.getLogger("llm_budgets")
 
 SUBSCRIBED_TTL = 10.0
 _subscribed: tuple[float, frozenset[tuple[int | None, str]]] | None = None
@@ -33,6 +37,18 @@ _lock = threading.Lock()
 # after call) costs no query. Bounded: forgetting one only costs one conflicting insert.
 _RECENT_MAX = 4096
 _recent: OrderedDict[str, None] = OrderedDict()
+
+
+@contextmanager
+def alert_guard(cause: str) -> Iterator[None]:
+    """For a cause that must stand even when its alert cannot be recorded (a kill switch, a
+    closed run, the sweep, a parked delivery): the alert's reads and writes in a savepoint, and a
+    database error there loses the alert, loudly, never the cause."""
+    try:
+        with transaction.atomic():
+            yield
+    except DatabaseError:
+        logger.exception("llm_budgets: the alert of %s could not be recorded (it stands)", cause)
 
 
 def event_uid() -> str:
@@ -157,17 +173,31 @@ def alert_emit(
     dedupe_key: str | None = None,
     now: datetime | None = None,
     endpoints: Sequence[AlertEndpoint] | None = None,
+    guard: str | None = None,
 ) -> AlertEvent | None:
     """Record ``event_type`` with ``body`` (held to its schema) for ``tenant`` (None: an
     installation-wide event, for the operators' endpoints only), in the caller's transaction,
     with a delivery row for each subscribing endpoint (``endpoints``: exactly these instead, for
     a test event). Returns the event, or None when nobody subscribes or ``dedupe_key`` was taken
-    (the event happened already)."""
+    (the event happened already). ``guard`` names a cause that must stand even if its alert
+    cannot be written (``alert_guard``)."""
     body_check(event_type, body)
     tenant_id = _tenant_id(tenant)
     if endpoints is None and not subscribed(event_type, tenant_id):
         return None
     if dedupe_key is not None and dedupe_key in _recent:
+        return None
+    if guard is not None:
+        # Only now, with something to write: nobody subscribing costs no savepoint.
+        with alert_guard(guard):
+            return alert_emit(
+                event_type,
+                body=body,
+                tenant=tenant_id,
+                dedupe_key=dedupe_key,
+                now=now,
+                endpoints=endpoints,
+            )
         return None
     targets = list(endpoints) if endpoints is not None else _endpoints_for(event_type, {tenant_id})
     if not targets:
@@ -194,15 +224,20 @@ def alerts_emit_many(
     items: Sequence[tuple[int | None, dict[str, Any]]],
     *,
     now: datetime | None = None,
+    guard: str | None = None,
 ) -> int:
     """Record one ``event_type`` event per ``(tenant id, body)`` in the caller's transaction, with
     their delivery rows, in a few statements whatever their number (the expiry sweep's batches).
-    Returns how many events were recorded."""
+    Returns how many events were recorded. ``guard``: as for ``alert_emit``."""
     schema_of(event_type)  # an unknown type fails even with nothing to emit
     for _, body in items:
         body_check(event_type, body)
     wanted = [(t, b) for t, b in items if subscribed(event_type, t)]
     if not wanted:
+        return 0
+    if guard is not None:
+        with alert_guard(guard):
+            return alerts_emit_many(event_type, wanted, now=now)
         return 0
     endpoints = _endpoints_for(event_type, {t for t, _ in wanted})
     at = now or timezone.now()

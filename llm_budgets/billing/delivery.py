@@ -463,6 +463,7 @@ def _park(
                 "error": str(fields["error_message"])[:1000],
                 "parked_at": time_field(timezone.now()),
             },
+            guard=f"Stripe delivery {delivery.pk}",
         )
     logger.error("Stripe delivery %s parked: %s", delivery.pk, fields["error_message"])
     return "parked"

@@ -391,7 +391,12 @@ def _alert(switch: KillSwitch, *, tripped: bool) -> None:
             "detector": switch.detector,
             "tripped_at": time_field(switch.tripped_at),
         }
-        alert_emit("kill_switch.tripped", tenant=switch.tenant_id, body=body)
+        alert_emit(
+            "kill_switch.tripped",
+            tenant=switch.tenant_id,
+            body=body,
+            guard=f"kill switch {switch.pk}",
+        )
     else:
         assert switch.cleared_at is not None
         body = {
@@ -400,7 +405,12 @@ def _alert(switch: KillSwitch, *, tripped: bool) -> None:
             "clear_reason": switch.clear_reason,
             "cleared_at": time_field(switch.cleared_at),
         }
-        alert_emit("kill_switch.cleared", tenant=switch.tenant_id, body=body)
+        alert_emit(
+            "kill_switch.cleared",
+            tenant=switch.tenant_id,
+            body=body,
+            guard=f"kill switch {switch.pk}",
+        )
 
 
 def _announce(switch: KillSwitch, *, tripped: bool) -> None:

@@ -590,7 +590,7 @@ def _expired_alerts(ids: Sequence[object], now: datetime | None) -> None:
         )
         for r in rows.order_by("expires_at", "pk")
     ]
-    alerts_emit_many("hold.expired", items, now=now)
+    alerts_emit_many("hold.expired", items, now=now, guard="expired holds")
 
 
 # The most holds one sweep transaction expires (its counters wait for it at most that long).

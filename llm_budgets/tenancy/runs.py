@@ -90,6 +90,7 @@ def run_close(
                 "reason": reason,
                 "closed_at": time_field(row.closed_at),
             },
+            guard=f"run {run_id}",
         )
     row.tenant = tenant_obj
     return row
