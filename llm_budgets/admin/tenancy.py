@@ -46,6 +46,7 @@ from llm_budgets.models import (
     Tenant,
     Window,
 )
+from llm_budgets.models.fields import validate_email_list
 from llm_budgets.money import display
 from llm_budgets.results import BudgetStatus
 from llm_budgets.tenancy.tenants import end_user_ensure, tenant_ensure
@@ -98,9 +99,27 @@ class TenantForm(forms.ModelForm):
             "timezone",
             "billing_day",
             "markup_percent",
-            "billing_emails",
         ]
         widgets = {"timezone": forms.Select(choices=clock.timezone_choices())}
+
+    # Not a column: the tenant's billing-contacts email endpoint (alerts.endpoints), which
+    # tenant_ensure sets from it.
+    billing_emails = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="Billing contacts who receive budget warnings: addresses separated by commas "
+        "or new lines (their email endpoint, under Alerts).",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:
+            self.fields["billing_emails"].initial = self.instance.billing_emails
+
+    def clean_billing_emails(self) -> str:
+        value: str = self.cleaned_data.get("billing_emails") or ""
+        validate_email_list(value)
+        return value
 
     def clean_external_id(self) -> str:
         return clean_identifier("tenant", self.cleaned_data.get("external_id"))
@@ -151,7 +170,7 @@ class TenantAdmin(TenantControlMixin, admin.ModelAdmin):
             timezone=obj.timezone,
             billing_day=obj.billing_day,
             plan=obj.plan,
-            billing_emails=obj.billing_emails,
+            billing_emails=form.cleaned_data.get("billing_emails", ""),
             markup_percent=obj.markup_percent,
             actor=actor(request),
         )

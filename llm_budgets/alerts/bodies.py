@@ -162,6 +162,10 @@ SCHEMAS: tuple[Schema, ...] = (
 
 TYPES: dict[str, Schema] = {schema.type: schema for schema in SCHEMAS}
 
+# The budget warnings a tenant's email endpoints receive as the warnings job's own email (its
+# template, its exactly-once record: ``jobs.thresholds``), not as an alert email besides it.
+WARNING_EMAIL_TYPES = ("threshold.crossed", "budget.projected_to_exceed")
+
 
 def schema_of(event_type: object) -> Schema:
     if not isinstance(event_type, str) or event_type not in TYPES:

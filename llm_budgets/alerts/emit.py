@@ -24,8 +24,8 @@ from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from llm_budgets.alerts.bodies import body_check, schema_of
-from llm_budgets.models import AlertDelivery, AlertEndpoint, AlertEvent, Tenant
+from llm_budgets.alerts.bodies import WARNING_EMAIL_TYPES, body_check, schema_of
+from llm_budgets.models import AlertDelivery, AlertEndpoint, AlertEvent, EndpointKind, Tenant
 
 logger = logging.getLogger("llm_budgets")
 
@@ -66,10 +66,11 @@ def _subscriptions() -> frozenset[tuple[int | None, str]]:
     if cached is None or now - cached[0] > SUBSCRIBED_TTL:
         pairs = frozenset(
             (tenant_id, str(event_type))
-            for tenant_id, types in AlertEndpoint.objects.filter(enabled=True).values_list(
-                "tenant_id", "event_types"
+            for tenant_id, kind, types in AlertEndpoint.objects.filter(enabled=True).values_list(
+                "tenant_id", "kind", "event_types"
             )
             for event_type in types or ()
+            if not warning_email(kind, tenant_id, event_type)
         )
         with _lock:
             _subscribed = cached = (now, pairs)
@@ -118,7 +119,16 @@ def _endpoints_for(event_type: str, tenant_ids: set[int | None]) -> list[AlertEn
         endpoint
         for endpoint in AlertEndpoint.objects.filter(owners, enabled=True).order_by("pk")
         if event_type in (endpoint.event_types or ())
+        and not warning_email(endpoint.kind, endpoint.tenant_id, event_type)
     ]
+
+
+def warning_email(kind: str, tenant_id: int | None, event_type: str) -> bool:
+    """Whether a tenant's email endpoint gets ``event_type`` from the warnings job instead (its
+    own email, sent exactly once by ``jobs.thresholds``): no alert delivery for it."""
+    return (
+        kind == EndpointKind.EMAIL and tenant_id is not None and event_type in WARNING_EMAIL_TYPES
+    )
 
 
 def _tenant_id(tenant: Tenant | int | None) -> int | None:

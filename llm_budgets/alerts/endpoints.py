@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from llm_budgets.alerts.bodies import TYPES, time_field
+from llm_budgets.alerts.bodies import TYPES, WARNING_EMAIL_TYPES, time_field
 from llm_budgets.alerts.emit import alert_emit, subscriptions_cache_clear
 from llm_budgets.conf import conf, email_address_valid
 from llm_budgets.exceptions import InvalidUsage
@@ -279,6 +279,54 @@ def endpoint_delete(endpoint: AlertEndpoint, *, actor: str = "") -> None:
     with transaction.atomic():
         _audit(endpoint, "delete", actor, before)
         endpoint.delete()
+
+
+def billing_contacts_set(tenant: Tenant, emails: str, *, actor: str = "") -> AlertEndpoint | None:
+    """Set the tenant's billing contacts (``ensure_tenant(billing_emails=...)``): its
+    billing-contacts email endpoint, created subscribed to the budget warnings, changed, or
+    deleted for ``""``. Returns it (None when cleared). Call inside the caller's transaction."""
+    addresses = split_emails(emails)
+    for address in addresses:
+        if not email_address_valid(address):
+            raise InvalidUsage(
+                f"billing_emails: Enter a valid email address ({address!r} is not one).",
+                field="billing_emails",
+            )
+    endpoint = AlertEndpoint.objects.filter(tenant=tenant, billing_contacts=True).first()
+    if not addresses:
+        if endpoint is not None:
+            endpoint_delete(endpoint, actor=actor)
+        return None
+    target = ", ".join(addresses)
+    if endpoint is None:
+        endpoint = AlertEndpoint(
+            tenant=tenant,
+            kind=EndpointKind.EMAIL,
+            target=target,
+            event_types=list(WARNING_EMAIL_TYPES),
+            description="Billing contacts",
+            billing_contacts=True,
+            created_by=actor,
+        )
+        with transaction.atomic():
+            endpoint.save(force_insert=True)
+            _audit(endpoint, "create", actor, None)
+    elif endpoint.target != target:
+        endpoint_update(endpoint, target=target, actor=actor)
+    return endpoint
+
+
+def warning_recipients(tenant: Tenant, event_type: str) -> list[str]:
+    """Who gets the warnings job's email for ``event_type`` (``WARNING_EMAIL_TYPES``): the
+    addresses of the tenant's enabled email endpoints that subscribe to it, in order, once
+    each (the billing contacts' endpoint among them)."""
+    found: dict[str, None] = {}
+    for target, types in AlertEndpoint.objects.filter(
+        tenant=tenant, kind=EndpointKind.EMAIL, enabled=True
+    ).values_list("target", "event_types"):
+        if event_type in (types or ()):
+            found.update(dict.fromkeys(split_emails(target)))
+    return list(found)
 
 
 def endpoint_test_send(

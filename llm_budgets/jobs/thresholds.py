@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from llm_budgets.alerts.bodies import money_field, time_field
 from llm_budgets.alerts.emit import alert_emit
+from llm_budgets.alerts.endpoints import warning_recipients
 from llm_budgets.conf import conf
 from llm_budgets.engine.types import DIMENSIONS, ApplicableBudget
 from llm_budgets.models import (
@@ -363,8 +364,9 @@ def _stale(now: datetime) -> Q:
 
 
 def threshold_warning_send(crossing_id: int, *, now: datetime | None = None) -> str:
-    """Email one crossing's warning to its tenant's billing contacts, unless another worker has
-    it or it went out already. Returns the crossing's state afterwards.
+    """Email one crossing's warning to its tenant's email endpoints that subscribe to it (the
+    billing contacts' among them: ``alerts.endpoints.warning_recipients``), unless another
+    worker has it or it went out already. Returns the crossing's state afterwards.
 
     A send failure puts the row back to pending (at-least-once; the exception propagates so a
     task can retry) or abandons it (at-most-once)."""
@@ -390,9 +392,18 @@ def threshold_warning_send(crossing_id: int, *, now: datetime | None = None) -> 
         "budget", "tenant", "end_user", "run", "api_key"
     ).get(pk=crossing_id)
     mine = rows.filter(claim_token=token, state=DeliveryState.SENDING)
-    recipients = crossing.tenant.billing_contacts if crossing.tenant else []
+    event_type = (
+        "budget.projected_to_exceed"
+        if crossing.kind == CrossingKind.PROJECTED
+        else "threshold.crossed"
+    )
+    recipients = warning_recipients(crossing.tenant, event_type) if crossing.tenant else []
     if not recipients:
-        mine.update(state=DeliveryState.SKIPPED, last_error="no billing contacts")
+        mine.update(
+            state=DeliveryState.SKIPPED,
+            last_error=f"no email endpoint of the tenant subscribes to {event_type} "
+            "(its billing contacts: ensure_tenant(billing_emails=...))",
+        )
         return DeliveryState.SKIPPED
     try:
         _message(crossing, recipients).send()

@@ -48,6 +48,13 @@ class AlertEndpoint(models.Model):
     disabled_reason = models.CharField(max_length=255, blank=True)
     disabled_at = models.DateTimeField(null=True, blank=True)
     consecutive_failures = models.PositiveIntegerField(default=0)
+    # The tenant's billing contacts (``ensure_tenant(billing_emails=...)``): an email endpoint
+    # like any other, the one the tenant's settings edit; at most one per tenant.
+    billing_contacts = models.BooleanField(
+        default=False,
+        editable=False,
+        help_text="The tenant's billing contacts (set by ensure_tenant's billing_emails).",
+    )
     contact_emails = models.TextField(
         blank=True,
         help_text="Told when the endpoint is disabled; empty: the tenant's billing contacts "
@@ -63,6 +70,13 @@ class AlertEndpoint(models.Model):
     class Meta:
         ordering = ["pk"]
         indexes = [models.Index(fields=["enabled", "tenant"], name="llmb_alert_endpoint_on")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant"],
+                condition=Q(billing_contacts=True),
+                name="llmb_alert_one_billing_contacts",
+            )
+        ]
 
     def __str__(self) -> str:
         owner = f"tenant {self.tenant_id}" if self.tenant_id else "installation"

@@ -9,7 +9,6 @@ from django.db.models import Q
 
 from llm_budgets.models.fields import (
     split_emails,
-    validate_email_list,
     validate_thresholds,
     validate_timezone,
 )
@@ -162,12 +161,6 @@ class Tenant(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(31)],
         help_text="Day of month the monthly period starts (clamped to the month's last day).",
     )
-    billing_emails = models.TextField(
-        blank=True,
-        validators=[validate_email_list],
-        help_text="Billing contacts who receive budget warnings: addresses separated by commas "
-        "or new lines.",
-    )
     markup_percent = models.DecimalField(
         max_digits=MARKUP_DIGITS,
         decimal_places=MARKUP_PLACES,
@@ -197,6 +190,13 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.name or self.external_id
+
+    @property
+    def billing_emails(self) -> str:
+        """The billing contacts (who receive budget warnings), as ``ensure_tenant`` sets them:
+        the addresses of the tenant's billing-contacts email endpoint (docs/alerts.md)."""
+        endpoint = self.alert_endpoints.filter(billing_contacts=True).first()
+        return endpoint.target if endpoint is not None else ""
 
     @property
     def billing_contacts(self) -> list[str]:

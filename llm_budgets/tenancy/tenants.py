@@ -12,6 +12,7 @@ from django.db import transaction
 from django.utils import timezone as django_timezone
 
 from llm_budgets import validation
+from llm_budgets.alerts.endpoints import billing_contacts_set
 from llm_budgets.db import statements as sql
 from llm_budgets.exceptions import InvalidUsage, UnknownTenant
 from llm_budgets.models import AuditEvent, EndUser, Plan, Tenant, Window
@@ -92,7 +93,6 @@ def tenant_ensure(
             "timezone": timezone,
             "billing_day": billing_day,
             "plan": plan,
-            "billing_emails": billing_emails,
             "markup_percent": validation.optional_money("markup_percent", markup_percent),
         }.items()
         if value is not None
@@ -111,7 +111,16 @@ def tenant_ensure(
         except ValidationError as exc:
             field, messages = next(iter(exc.message_dict.items()))
             raise InvalidUsage(f"{field}: {' '.join(messages)}", field=field) from None
-        if created or any(before[key] != _plain(value) for key, value in changes.items()):
+        if billing_emails is not None:
+            # The billing contacts are an email endpoint of the tenant's (docs/alerts.md).
+            if not created:
+                before["billing_emails"] = tenant.billing_emails
+            billing_contacts_set(tenant, billing_emails, actor=actor)
+            changes = {**changes, "billing_emails": billing_emails}
+        if created or any(
+            before[key] != _plain(tenant.billing_emails if key == "billing_emails" else value)
+            for key, value in changes.items()
+        ):
             tenant.save()
             AuditEvent.objects.create(
                 action="tenant.create" if created else "tenant.update",
