@@ -16,7 +16,9 @@ and the support picker ("View site"). Each fails on
   ``0.6525000000``;
 - on a list, a time in any zone but the staff user's (the active timezone): lists span tenants.
 
-Screenshots of the lists docs/support.md shows go to ``test-artifacts/screenshots/walk/``.
+Every list's screenshot (1400 px, sidebar open) goes to ``test-artifacts/screenshots/walk/``,
+every finding to ``test-artifacts/admin-walk.json``; docs/support.md's screenshots come from
+tests/test_support_browser.py.
 """
 
 from __future__ import annotations
