@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 from django.contrib import admin
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth import get_user_model
 from django.db.models import Model
 from django.test import RequestFactory
@@ -132,6 +133,8 @@ PROBE = """() => {
     sidebar: !!document.getElementById('nav-sidebar'),
     shifted: !!main && main.classList.contains('shifted'),
     list: !!document.getElementById('changelist'),
+    // Lists of rows across tenants, or of changes by staff: the staff user's zone.
+    staff: !!document.querySelector('#changelist, #change-history'),
   };
 }"""
 
@@ -171,6 +174,13 @@ def walk_data() -> None:
     plan = Plan.objects.order_by("pk").first()
     assert plan is not None
     StripePlanMeter.objects.create(plan=plan, event_name="llm_usage")
+    # A change made in the admin, for the plan's history page.
+    LogEntry.objects.log_actions(
+        user_id=get_user_model().objects.get(username="maria").pk,
+        queryset=Plan.objects.filter(pk=plan.pk),
+        action_flag=CHANGE,
+        change_message="Changed markup percent.",
+    )
     # What the warning scan records (its rules are tests/test_thresholds.py's).
     ThresholdCrossing.objects.create(
         budget=budget,
@@ -254,6 +264,7 @@ def admin_pages(user: Any) -> tuple[list[tuple[str, str]], list[tuple[str, str, 
             empty.append(label)
         else:
             pages.append((f"{label} change", reverse(f"{info}_change", args=[row.pk])))
+            pages.append((f"{label} history", reverse(f"{info}_history", args=[row.pk])))
         if model_admin.has_add_permission(request):
             pages.append((f"{label} add", reverse(f"{info}_add")))
         for pattern in model_admin.get_urls():
@@ -281,7 +292,7 @@ def problems(probe: dict[str, Any], *, zones: set[str]) -> list[str]:
         if m.start() not in in_clocks:
             found.append(f"time not in the one format: {m[0]!r} in …{_around(text, m[0])}…")
     found += [f"raw amount: {m!r} in …{_around(text, m)}…" for m in _matches(LONG_DECIMAL, text)]
-    if probe["list"]:
+    if probe["staff"]:
         found += [
             f"a list shows {m[0]!r}, not in the staff user's zone"
             for m in clocks

@@ -255,6 +255,13 @@ class AppAdmin(OneFormat, admin.ModelAdmin):
     def get_list_display(self, request: HttpRequest) -> Any:
         return [self._shown(f) for f in super().get_list_display(request)]
 
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> Any:
+        # A list of changes by staff: the staff user's zone (templates/admin/llm_budgets/).
+        context = {"staff_zone": staff_zone(), **(extra_context or {})}
+        return super().history_view(request, object_id, extra_context=context)
+
 
 class AppInline(OneFormat, admin.TabularInline):
     """Every inline of the app: times in the one format (``OneFormat``)."""
