@@ -147,13 +147,16 @@ def naive_charge_then_call(
     return Outcome(ADMITTED)
 
 
-def guarded_call(tenant: str, provider: FakeProvider, *, fail: bool = False) -> Outcome:
+def guarded_call(
+    tenant: str, provider: FakeProvider, *, fail: bool = False, run: str | None = None
+) -> Outcome:
     """The same call through llm_budgets: hold the worst case, call, commit; an exception inside
     the with-block releases the hold."""
     held = ZERO
     try:
         with budgets.reserve(
             tenant=tenant,
+            run=run,
             provider=DEMO_PROVIDER,
             model=DEMO_MODEL,
             input_tokens=0,
@@ -217,7 +220,7 @@ class DemoReport:
     latency_ms: int
     race: Scenario
     failures: Scenario
-    tenants: list[str]
+    runs: list[str]
     refusal_example: str
     problems: list[str] = field(default_factory=list)
 
@@ -244,16 +247,17 @@ def _naive_side(price: Price, calls: Callable[[NaiveCounter, FakeProvider], list
 @dataclass(frozen=True)
 class _Guarded:
     side: Side
-    status: BudgetStatus  # the tenant budget after every call has settled
+    status: BudgetStatus  # the run's budget after every call has settled
     outcomes: list[Outcome]
 
 
 def _guarded_side(
-    price: Price, tenant: str, calls: Callable[[FakeProvider], list[Outcome]]
+    price: Price, target: _Target, calls: Callable[[FakeProvider], list[Outcome]]
 ) -> _Guarded:
     provider = FakeProvider(price)
     outcomes = calls(provider)
-    status = next(s for s in budgets.status(tenant=tenant) if s.scope == Scope.TENANT)
+    statuses = budgets.status(tenant=target.tenant, run=target.run)
+    status = next(s for s in statuses if s.scope == Scope.RUN and target.run in s.scope_label)
     side = Side(
         **_counts(outcomes),
         reserved=sum((o.held for o in outcomes), ZERO),
@@ -291,16 +295,30 @@ def _price_ensure(
     return Price.objects.get(pk=added.id)
 
 
-def _demo_tenant(label: str, run_id: str) -> str:
-    """A fresh tenant per run, so the demo re-runs on any database and touches nobody else's."""
-    external_id = f"demo-{run_id}-{label}"
-    budgets.ensure_tenant(tenant=external_id, name=f"Demo run {run_id} ({label})")
+@dataclass(frozen=True)
+class _Target:
+    """Where one scenario's calls go: the demo's own tenant, and this run of the demo."""
+
+    tenant: str
+    run: str
+
+    def __str__(self) -> str:
+        return f"{self.tenant} run {self.run}"
+
+
+def _demo_target(label: str, run_id: str) -> _Target:
+    """A fresh run budget per demo run, on one tenant per scenario, so the demo re-runs on any
+    database, touches nobody else's budgets, and leaves no new tenant behind each time."""
+    external_id = f"demo-{label}"
+    budgets.ensure_tenant(tenant=external_id, name=f"Demo ({label})")
     # Lifetime, so a run that straddles midnight or a month boundary still adds up.
-    budgets.set_limit(tenant=external_id, amount=LIMIT, window="lifetime", actor=DEMO_ACTOR)
-    return external_id
+    budgets.set_limit(
+        tenant=external_id, run=run_id, amount=LIMIT, window="lifetime", actor=DEMO_ACTOR
+    )
+    return _Target(external_id, run_id)
 
 
-def _race_problems(race: _Guarded, tenant: str) -> list[str]:
+def _race_problems(race: _Guarded, tenant: _Target) -> list[str]:
     """Invariant 1 (no overspend by admission) and conservation, for the race tenant."""
     problems = [o.message for o in race.outcomes if o.kind == ERROR]
     held, status = race.side.reserved or ZERO, race.status
@@ -321,7 +339,7 @@ def _race_problems(race: _Guarded, tenant: str) -> list[str]:
     return problems
 
 
-def _failure_problems(failures: _Guarded, tenant: str) -> list[str]:
+def _failure_problems(failures: _Guarded, tenant: _Target) -> list[str]:
     """A failed call must leave nothing behind."""
     problems = [o.message for o in failures.outcomes if o.kind == ERROR]
     status = failures.status
@@ -346,8 +364,8 @@ def demo_run() -> DemoReport:
     )
     estimate = worst_case(price, input_tokens=0, max_output_tokens=OUTPUT_CEILING)
     run_id = f"{datetime.now(tz=UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-    race_tenant = _demo_tenant("race", run_id)
-    failure_tenant = _demo_tenant("failures", run_id)
+    race_tenant = _demo_target("race", run_id)
+    failure_tenant = _demo_target("failures", run_id)
 
     # A. Every call started at the same instant.
     naive_race = _naive_side(
@@ -360,7 +378,8 @@ def demo_run() -> DemoReport:
         price,
         race_tenant,
         lambda provider: run_together(
-            CONCURRENT_CALLS, lambda _: guarded_call(race_tenant, provider)
+            CONCURRENT_CALLS,
+            lambda _: guarded_call(race_tenant.tenant, provider, run=race_tenant.run),
         ),
     )
     # B. Calls whose provider call fails, one after another.
@@ -374,7 +393,8 @@ def demo_run() -> DemoReport:
         price,
         failure_tenant,
         lambda provider: [
-            guarded_call(failure_tenant, provider, fail=True) for _ in range(FAILING_CALLS)
+            guarded_call(failure_tenant.tenant, provider, fail=True, run=failure_tenant.run)
+            for _ in range(FAILING_CALLS)
         ],
     )
     refusals = [o.message for o in race.outcomes if o.kind == REFUSED]
@@ -396,7 +416,7 @@ def demo_run() -> DemoReport:
             naive=naive_failures,
             guarded=failures.side,
         ),
-        tenants=[race_tenant, failure_tenant],
+        runs=[str(race_tenant), str(failure_tenant)],
         refusal_example=refusals[0] if refusals else "",
         problems=_race_problems(race, race_tenant) + _failure_problems(failures, failure_tenant),
     )
@@ -434,7 +454,7 @@ def render(report: DemoReport) -> str:
     width = max(len(r[0]) for r in rows) + 2
     table = [f"{a:<{width}}{b:<18}{c}".rstrip() for a, b, c in rows]
     lines = [
-        f"llm_budgets demo: a tenant limit of {display(report.limit)} {report.currency}, each "
+        f"llm_budgets demo: a limit of {display(report.limit)} {report.currency}, each "
         f"call's worst case {display(report.worst_case)},",
         f"a fake provider that answers in {report.latency_ms} ms, real threads, "
         f"database {report.database}. Every number below is counted.",

@@ -91,8 +91,10 @@ def stripe_demo_run() -> StripeDemoReport:
             budgets.link_stripe_customer(tenant=TENANT, customer_id=customer, actor="demo")
             now = timezone.now()
             started = now
-            # Usage in the two hours before this one (closed hours are delivered).
-            hour = hour_of(now) - timedelta(hours=2)
+            # Usage in two closed hours (closed hours are delivered), ending an hour before this
+            # one: reconciliation compares up to the hour before the current one (Stripe's
+            # summaries lag), so the run below is dated now, not an hour ahead.
+            hour = hour_of(now) - timedelta(hours=3)
             for minute, tokens in ((5, 1000), (20, 333), (45, 77)):
                 report.ledger_total += _use(tokens, hour + timedelta(minutes=minute))
             report.ledger_total += _use(500, hour + timedelta(hours=1, minutes=10))
@@ -113,7 +115,7 @@ def stripe_demo_run() -> StripeDemoReport:
             report.events = len(fake.live_events(customer))
             report.stripe_units = fake.total(customer)
             assert report.events == sent.count()
-            run = billing_reconcile(now=now + timedelta(hours=1), days=1, customer_ids=[customer])
+            run = billing_reconcile(now=now, days=1, customer_ids=[customer])
             report.customer = customer
             report.reconciliation = (
                 "clean" if run.is_clean else f"{run.differences} difference(s) {run.error}"
@@ -128,7 +130,7 @@ def stripe_demo_render(report: StripeDemoReport) -> str:
         "Stripe metered billing (a fake Stripe on 127.0.0.1, the real stripe package)",
         f"  meter {report.meter_id}, metered price {report.price_id} (0.0001 cents a unit)",
         f"  tenant {TENANT} linked to {report.customer}; "
-        "4 calls in the two closed hours before now",
+        "4 calls in two closed hours before the last one",
         *(f"  {line}" for line in report.lines),
         f"  ledger at customer price: {display(report.ledger_total)} USD = {ledger_units:f} "
         "millionths",

@@ -7,7 +7,8 @@ site's own timezone (``TIME_ZONE``) is used, labelled just the same.
 
 from __future__ import annotations
 
-from datetime import datetime, tzinfo
+import re
+from datetime import UTC, date, datetime, tzinfo
 from functools import cache
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
@@ -36,6 +37,35 @@ def when(at: datetime | None, tz_name: str | None, *, seconds: bool = False) -> 
     moment = local(at, tz_name)
     clock = "%H:%M:%S" if seconds else "%H:%M"
     return f"{moment:%a} {moment.day} {moment:%b %Y} {moment.strftime(clock)} {moment:%Z}"
+
+
+def day(on: date | None) -> str:
+    """A calendar day (no zone: it is the day it names): ``Sun 25 Oct 2026``; ``-`` for none."""
+    if on is None:
+        return "-"
+    return f"{on:%a} {on.day} {on:%b %Y}"
+
+
+# An ISO 8601 time inside stored text (an audit target, an older refusal's message).
+_ISO_TIME = re.compile(
+    r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?"
+)
+
+
+def readable(text: str, tz_name: str | None) -> str:
+    """Stored text with each ISO time in it rewritten in the one format (``when``): services keep
+    exact ISO times in audit targets and older messages; people read them this way."""
+
+    def one(match: re.Match[str]) -> str:
+        try:
+            at = datetime.fromisoformat(match[0])
+        except ValueError:
+            return match[0]
+        if timezone.is_naive(at):
+            at = timezone.make_aware(at, UTC)
+        return when(at, tz_name, seconds=at.second != 0)
+
+    return _ISO_TIME.sub(one, text)
 
 
 @cache

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, ClassVar
 
+from llm_budgets import clock
 from llm_budgets.money import display
 
 
@@ -427,7 +428,8 @@ class KillSwitchActive(BudgetError):
         who = tripped_by or ("an automatic detector" if automatic else "someone unnamed")
         super().__init__(
             f"Kill switch on {scope} refused the call: {reason} "
-            f"(tripped by {who} at {tripped_at.isoformat()}). It stays until a person clears it.",
+            f"(tripped by {who} at {clock.when(tripped_at, None)}). "
+            "It stays until a person clears it.",
             switch_id=switch_id,
             scope=scope,
             reason=reason,

@@ -13,9 +13,10 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import strip_tags
 
-from llm_budgets import budgets
+from llm_budgets import budgets, clock
 from llm_budgets.admin import queries as admin_selectors
 from llm_budgets.admin.ledger import ReservationAdmin, ReservationHoldInline
 from llm_budgets.jobs.rollups import daily_usage_refresh
@@ -467,3 +468,19 @@ def test_a_run_or_tag_budgets_limit_changes_in_the_admin_on_that_budget(
         assert budget.limit == Decimal(limit)
     # The tenant's own budget is untouched.
     assert Budget.objects.get(scope=Scope.TENANT).limit == Decimal("1000")
+
+
+@pytest.mark.usefixtures("ledger")
+def test_lists_show_the_staff_zone_and_a_row_its_tenants(admin_client: Client) -> None:
+    """The one zone rule (docs/support.md): a list spans tenants, so its times are in the staff
+    user's zone; a row's own page is the tenant's, in the tenant's zone. Labelled both ways."""
+    Tenant.objects.filter(external_id="acme").update(timezone="Asia/Tokyo")
+    line = UsageRecord.objects.get()
+    listed = strip_tags(admin_client.get(_url(UsageRecord, "changelist")).content.decode())
+    own = strip_tags(admin_client.get(_url(UsageRecord, "change", line.pk)).content.decode())
+    assert clock.when(line.created_at, "UTC", seconds=True) in listed  # TIME_ZONE is UTC
+    assert " JST" not in listed
+    assert clock.when(line.created_at, "Asia/Tokyo", seconds=True) in own
+    with timezone.override("America/New_York"):  # a host's per-user zone
+        listed = strip_tags(admin_client.get(_url(UsageRecord, "changelist")).content.decode())
+    assert clock.when(line.created_at, "America/New_York", seconds=True) in listed

@@ -14,6 +14,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from llm_budgets import budgets
+from llm_budgets.models import Tenant
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.concurrency]
 
@@ -57,13 +58,15 @@ def test_demo_counts_the_race_and_the_leak_and_reruns() -> None:
     assert report["problems"] == []
     assert "remaining of 100.00" in report["refusal_example"]
 
-    # Again on the same database, as text: its own fresh tenants, the same counted outcome.
+    # Again on the same database, as text: its own fresh run budgets on the same two tenants
+    # (no tenant left behind per run), the same counted outcome.
     text = _run("llm_budgets_demo")
     assert "naive counter     llm_budgets" in text
     assert re.search(r"admitted / refused +\d+ / \d+ +3 / 7\n", text)
     assert "once 90.00 was held the other 7 calls were refused" in text
     assert "Budget exceeded" in text
-    assert report["tenants"][0] not in text
+    assert report["runs"][0] not in text
+    assert Tenant.objects.filter(external_id__startswith="demo-").count() == 2
 
 
 def test_demo_exits_non_zero_when_llm_budgets_admits_past_the_limit(

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pytest
 from django.template import Context, Template
 
-from llm_budgets.clock import timezone_choices, when
+from llm_budgets.clock import day, readable, timezone_choices, when
 from llm_budgets.money import exact, money, money_html, rate
 
 
@@ -83,6 +83,15 @@ def test_one_clock_labels_the_tenants_timezone_and_its_summer_time() -> None:
     assert when(winter, None) == "Tue 1 Dec 2026 11:10 UTC"  # no tenant: the site's zone
     assert when(winter, "Mars/Olympus") == "Tue 1 Dec 2026 11:10 UTC"  # never a crash
     assert when(None, "UTC") == "-"
+
+
+def test_dates_and_iso_times_in_stored_text_read_in_the_one_format() -> None:
+    assert day(date(2026, 10, 25)) == "Sun 25 Oct 2026"
+    assert day(None) == "-"
+    target = "price openai/gpt-4o from 2024-01-01T00:00:00+00:00"
+    assert readable(target, "Europe/Paris") == "price openai/gpt-4o from Mon 1 Jan 2024 01:00 CET"
+    assert readable("at 2026-12-05T00:49:03.5+00:00", None) == "at Sat 5 Dec 2026 00:49:03 UTC"
+    assert readable("no time here, 2026-13-45T99:99", None) == "no time here, 2026-13-45T99:99"
 
 
 def test_timezones_are_chosen_from_the_iana_list() -> None:

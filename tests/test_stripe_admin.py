@@ -77,6 +77,19 @@ def test_the_tenant_page_shows_the_link_what_waits_what_is_parked_and_the_last_r
     assert parked.request_id in delivery_page
 
 
+def test_a_tenant_never_linked_shows_no_reconciliation(fake_stripe: StripeServer) -> None:
+    parked_delivery(fake_stripe)
+    billing_reconcile()  # a run exists, but it compared other tenants' customers
+    seed(tenant="other")
+    other = Tenant.objects.get(external_id="other")
+    page = logged_in(superuser=True).get(
+        reverse("admin:llm_budgets_tenant_change", args=[other.pk])
+    )
+    text = page.content.decode()
+    assert "Not linked to a Stripe customer" in text
+    assert "Last reconciliation" not in text
+
+
 def test_staff_retry_parked_deliveries_with_the_permission(fake_stripe: StripeServer) -> None:
     parked = parked_delivery(fake_stripe)
     url = reverse("admin:llm_budgets_meterdelivery_changelist")

@@ -33,6 +33,7 @@ from llm_budgets.models import (
     EndUser,
     MeterDelivery,
     MeterDeliveryState,
+    ReconciliationRun,
     Scope,
     StripeMeter,
     UsageRecord,
@@ -436,6 +437,10 @@ def test_the_demo_delivers_a_tenants_usage_exactly_once() -> None:
     assert report.stripe_units == report.ledger_total * 1_000_000 > 0
     assert report.duplicates_absorbed == 1
     assert report.reconciliation == "clean"
+    # Compared the demo's two hours of usage, and is dated when it ran, not an hour ahead.
+    run = ReconciliationRun.objects.latest("started_at")
+    assert run.started_at <= timezone.now()
+    assert run.hours_checked == 2
     assert "sk_test_" in stripe_demo_render(report)
 
 

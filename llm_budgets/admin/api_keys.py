@@ -12,7 +12,7 @@ from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from llm_budgets.admin.base import actor, adopt, when_column
+from llm_budgets.admin.base import AppAdmin, actor, adopt, when_column
 from llm_budgets.api.keys import api_key_create, api_key_revoke
 from llm_budgets.models import ApiKey
 
@@ -46,7 +46,7 @@ class ApiKeyForm(forms.ModelForm):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(AppAdmin):
     """A key without a tenant is an operator key: it acts for every tenant and may set limits."""
 
     form = ApiKeyForm

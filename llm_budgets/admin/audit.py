@@ -7,7 +7,13 @@ import json
 from django.contrib import admin
 from django.utils.html import format_html
 
-from llm_budgets.admin.base import ReadOnlyAdmin, truncated, when_column
+from llm_budgets import clock
+from llm_budgets.admin.base import (
+    ReadOnlyAdmin,
+    row_zone,
+    truncated,
+    when_column,
+)
 from llm_budgets.models import AuditEvent
 
 
@@ -23,7 +29,7 @@ class AuditEventAdmin(ReadOnlyAdmin):
         "action",
         "actor",
         "tenant",
-        "target",
+        "target_text",
         "before_json",
         "after_json",
         "reason",
@@ -33,7 +39,12 @@ class AuditEventAdmin(ReadOnlyAdmin):
 
     @admin.display(description="Target", ordering="target")
     def short_target(self, obj: AuditEvent) -> str:
-        return truncated(obj.target, 50)
+        # Not cut: a cut would drop a time's zone label; a long target wraps.
+        return clock.readable(obj.target, row_zone(obj))
+
+    @admin.display(description="Target")
+    def target_text(self, obj: AuditEvent) -> str:
+        return clock.readable(obj.target, row_zone(obj))
 
     @admin.display(description="Reason", ordering="reason")
     def short_reason(self, obj: AuditEvent) -> str:

@@ -2,22 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal
+from types import MethodType
 from typing import Any
 
 from django import forms
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import FieldDoesNotExist
+from django.db import models
 from django.db.models import Model
 from django.http import HttpRequest
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.text import capfirst
 
 from llm_budgets import clock, money, validation
+from llm_budgets.conf import conf
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import EndUser, Tenant
+from llm_budgets.money import DECIMAL_PLACES
 
 
 def money_text(amount: Decimal | None, currency: str) -> SafeString | str:
@@ -34,6 +42,22 @@ def rate_text(amount: Decimal | None, currency: str, unit: str = "1M tokens") ->
 def when_text(at: datetime | None, tz_name: str | None, *, seconds: bool = False) -> str:
     """A time in the tenant's timezone, labelled (``Tue 1 Dec 2026 12:10 CET``)."""
     return clock.when(at, tz_name, seconds=seconds)
+
+
+def staff_zone() -> str:
+    """The zone of the person reading: the active timezone (``TIME_ZONE`` unless the host
+    activates a per-user one)."""
+    return timezone.get_current_timezone_name()
+
+
+def row_zone(obj: Any) -> str | None:
+    """The zone one row's times are shown in (the one rule, docs/support.md): in a list, which
+    spans tenants, the staff user's; on the row's own page, its tenant's."""
+    return staff_zone() if getattr(obj, LIST_ROW, False) else tenant_zone(obj)
+
+
+# Set on the rows a changelist shows (``AppAdmin``), so a column knows it is in a list.
+LIST_ROW = "_llmb_list_row"
 
 
 def tenant_zone(obj: Any) -> str | None:
@@ -53,14 +77,102 @@ def tenant_zone(obj: Any) -> str | None:
 
 
 def when_column(field: str, description: str, *, seconds: bool = False) -> Any:
-    """A list/detail column showing the datetime ``field`` in the row's tenant's timezone."""
+    """A list/detail column showing the datetime ``field``: in a list in the staff user's zone,
+    on the row's page in its tenant's (``row_zone``)."""
 
     @admin.display(description=description, ordering=field)
     def column(self: Any, obj: Any) -> str:
-        return when_text(getattr(obj, field), tenant_zone(obj), seconds=seconds)
+        return when_text(getattr(obj, field), row_zone(obj), seconds=seconds)
 
     column.__name__ = f"{field}_when"
     return column
+
+
+def day_column(field: str, description: str) -> Any:
+    """A list/detail column showing the date ``field`` in the one format (``Sun 25 Oct 2026``)."""
+
+    @admin.display(description=description, ordering=field)
+    def column(self: Any, obj: Any) -> str:
+        return clock.day(getattr(obj, field))
+
+    column.__name__ = f"{field}_day"
+    return column
+
+
+def amount_column(field: str, description: str) -> Any:
+    """A list/detail column showing the amount ``field`` in the one money format, in the row's
+    ``currency`` (the site's when the row has none), exact on hover."""
+
+    @admin.display(description=description, ordering=field)
+    def column(self: Any, obj: Any) -> SafeString | str:
+        return money_text(getattr(obj, field), getattr(obj, "currency", "") or conf.CURRENCY)
+
+    column.__name__ = f"{field}_money"
+    return column
+
+
+def percent_column(field: str, description: str) -> Any:
+    """A list/detail column showing the percentage ``field`` as ``12.5%`` (not ``12.500``)."""
+
+    @admin.display(description=description, ordering=field)
+    def column(self: Any, obj: Any) -> str:
+        value = getattr(obj, field)
+        return "-" if value is None else f"{money.display(value).removesuffix('.00')}%"
+
+    column.__name__ = f"{field}_percent"
+    return column
+
+
+class OneFormat:
+    """Times, dates and money in the one format on every page, without naming each column: a
+    ``DateTimeField`` (or ``DateField``, or an amount or percentage ``DecimalField``) shown
+    read-only or in a list is swapped for a column written by ``clock`` or ``money``
+    (``when_column``: the zone rule, labelled). Fields a form edits are left to their widgets."""
+
+    model: type[Model]
+
+    def _shown(self, name: Any) -> Any:
+        if not isinstance(name, str):
+            return name
+        try:
+            field = self.model._meta.get_field(name)
+        except FieldDoesNotExist:
+            return name
+        make: Callable[[str, str], Any]
+        if isinstance(field, models.DateTimeField):
+            make, shown = when_column, f"{name}_when"
+        elif isinstance(field, models.DateField):
+            make, shown = day_column, f"{name}_day"
+        elif isinstance(field, models.DecimalField) and name.endswith("_percent"):
+            make, shown = percent_column, f"{name}_shown"
+        elif isinstance(field, models.DecimalField) and field.decimal_places == DECIMAL_PLACES:
+            make, shown = amount_column, f"{name}_money"
+        else:
+            return name
+        if not hasattr(self, shown):
+            column = make(name, capfirst(str(field.verbose_name)))
+            setattr(self, shown, MethodType(column, self))
+        return shown
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
+        fields = super().get_readonly_fields(request, obj)  # type: ignore[misc]
+        return [self._shown(f) for f in fields]
+
+    def get_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
+        fields = super().get_fields(request, obj)  # type: ignore[misc]
+        view_only = obj is not None and not self.has_change_permission(request, obj)  # type: ignore[attr-defined]
+        declared = set(self.readonly_fields)  # type: ignore[attr-defined]
+        return [
+            f if self._edited(f) and not view_only and f not in declared else self._shown(f)
+            for f in fields
+        ]
+
+    def _edited(self, name: Any) -> bool:
+        """Whether a form may edit field ``name`` (a read-only one, or no field, is shown)."""
+        try:
+            return bool(self.model._meta.get_field(name).editable)
+        except (FieldDoesNotExist, TypeError):
+            return False
 
 
 def end_user_url(end_user: EndUser | None) -> str:
@@ -117,10 +229,46 @@ class LinkStyles:
     css = {"all": ["llm_budgets/admin.css"]}
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Viewable, never written here: the services own these rows."""
+class _AppChangeList(ChangeList):
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        # The page's rows, fetched once (the queryset caches them for the template).
+        rows = list(self.result_list)
+        for row in rows:
+            setattr(row, LIST_ROW, True)
+        self.model_admin.annotate_page(request, rows)  # type: ignore[attr-defined]
+
+
+class AppAdmin(OneFormat, admin.ModelAdmin):
+    """Every ModelAdmin of the app: its stylesheet, list rows marked for the zone rule
+    (``row_zone``), and ``annotate_page`` for columns that need a few queries for the whole page
+    rather than one per row."""
 
     Media = LinkStyles
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return _AppChangeList
+
+    def annotate_page(self, request: HttpRequest, rows: list[Any]) -> None:
+        """Attach what the page's columns show to ``rows`` (its list rows)."""
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        return [self._shown(f) for f in super().get_list_display(request)]
+
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> Any:
+        # A list of changes by staff: the staff user's zone (templates/admin/llm_budgets/).
+        context = {"staff_zone": staff_zone(), **(extra_context or {})}
+        return super().history_view(request, object_id, extra_context=context)
+
+
+class AppInline(OneFormat, admin.TabularInline):
+    """Every inline of the app: times in the one format (``OneFormat``)."""
+
+
+class ReadOnlyAdmin(AppAdmin):
+    """Viewable, never written here: the services own these rows."""
 
     def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
         return False
@@ -132,7 +280,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-class ReadOnlyInline(admin.TabularInline):
+class ReadOnlyInline(AppInline):
     extra = 0
     can_delete = False
     show_change_link = True
@@ -145,24 +293,6 @@ class ReadOnlyInline(admin.TabularInline):
 
     def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
-
-
-class _AnnotatedChangeList(ChangeList):
-    def get_results(self, request: HttpRequest) -> None:
-        super().get_results(request)
-        # The page's rows, fetched once (the queryset caches them for the template).
-        self.model_admin.annotate_page(request, list(self.result_list))  # type: ignore[attr-defined]
-
-
-class PageAnnotationMixin:
-    """For list columns that need a few queries for the whole page rather than one per row:
-    ``annotate_page`` gets the page's rows before they are shown."""
-
-    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
-        return _AnnotatedChangeList
-
-    def annotate_page(self, request: HttpRequest, rows: list[Any]) -> None:
-        """Attach what the page's columns show to ``rows``."""
 
 
 def limit_text(

@@ -10,15 +10,17 @@ from django.contrib import admin, messages
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
+from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from llm_budgets.admin.base import (
+    AppAdmin,
+    AppInline,
     ReadOnlyAdmin,
     ValuesFilter,
     actor,
     adopt,
     money_text,
-    truncated,
     when_column,
 )
 from llm_budgets.billing.delivery import delivery_retry
@@ -55,7 +57,7 @@ class LinkForm(forms.ModelForm):
 
 
 @admin.register(StripeCustomerLink)
-class StripeCustomerLinkAdmin(admin.ModelAdmin):
+class StripeCustomerLinkAdmin(AppAdmin):
     """Link (or relink) a tenant here; unlink with the action. Both are audited."""
 
     form = LinkForm
@@ -109,7 +111,7 @@ class StripeCustomerLinkAdmin(admin.ModelAdmin):
 
 
 @admin.register(StripePlanMeter)
-class StripePlanMeterAdmin(admin.ModelAdmin):
+class StripePlanMeterAdmin(AppAdmin):
     list_display = ["plan", "event_name"]
 
 
@@ -118,7 +120,7 @@ class StripeMeterAdmin(ReadOnlyAdmin):
     list_display = ["event_name", "meter_id", "price_id", "currency", "created_at"]
 
 
-class LineInline(admin.TabularInline):
+class LineInline(AppInline):
     model = BillingLine
     fields = ["usage_record", "kind", "amount", "currency", "occurred_at"]
     readonly_fields = ["usage_record", "kind", "amount", "currency", "occurred_at"]
@@ -130,7 +132,7 @@ class LineInline(admin.TabularInline):
         return False
 
 
-class ErrorReportInline(admin.TabularInline):
+class ErrorReportInline(AppInline):
     """Meter errors Stripe reported later (webhook) for this delivery's identifier."""
 
     model = MeterErrorReport
@@ -157,13 +159,10 @@ class MeterDeliveryAdmin(ReadOnlyAdmin):
     list_display = [
         "hour_when",
         "tenant",
-        "customer_id",
         "kind",
         "value",
         "state",
-        "attempts",
         "error_code",
-        "short_request_id",
         "sent_when",
     ]
     list_filter = ["state", "kind", EventNameFilter]
@@ -175,13 +174,9 @@ class MeterDeliveryAdmin(ReadOnlyAdmin):
     hour_when = when_column("hour", "Hour")
     sent_when = when_column("sent_at", "Sent at")
 
-    @admin.display(description="Request id", ordering="request_id")
-    def short_request_id(self, obj: MeterDelivery) -> str:
-        return truncated(obj.request_id or "", 14) or "-"
-
     @admin.display(description="Value")
     def value(self, obj: MeterDelivery) -> str:
-        return f"{obj.units} units ({money_text(obj.amount, obj.currency)})"
+        return format_html("{} units ({})", obj.units, money_text(obj.amount, obj.currency))
 
     def has_retry_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("llm_budgets.retry_meterdelivery"))
@@ -197,7 +192,7 @@ class MeterDeliveryAdmin(ReadOnlyAdmin):
         self.message_user(request, f"{retried} parked delivery(ies) will be sent on the next push.")
 
 
-class DifferenceInline(admin.TabularInline):
+class DifferenceInline(AppInline):
     model = ReconciliationDifference
     fields = ["customer_id", "tenant", "event_name", "hour", "delivered_units", "stripe_units"]
     readonly_fields = [

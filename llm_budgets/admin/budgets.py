@@ -16,14 +16,14 @@ from django.utils.html import format_html, format_html_join
 
 from llm_budgets import money
 from llm_budgets.admin.base import (
-    PageAnnotationMixin,
+    AppAdmin,
     ReadOnlyAdmin,
     actor,
     adopt,
     end_user_link,
     limit_text,
     money_text,
-    tenant_zone,
+    row_zone,
     when_column,
     when_text,
 )
@@ -179,7 +179,7 @@ class BudgetForm(forms.ModelForm):
 
 
 @admin.register(Budget)
-class BudgetAdmin(PageAnnotationMixin, admin.ModelAdmin):
+class BudgetAdmin(AppAdmin):
     """Adding a budget or changing its limit calls ``budget_set_limit``, which audits it. The
     list shows where each budget stands this period (the numbers admission uses)."""
 
@@ -237,9 +237,9 @@ class BudgetAdmin(PageAnnotationMixin, admin.ModelAdmin):
     def limit_now(self, obj: Budget) -> str:
         raises = getattr(obj, "raises_now", [])
         total = obj.limit + sum((r.amount for r in raises), Decimal(0))
-        return limit_text(total, raises, obj.currency, tenant_zone(obj))
+        return limit_text(total, raises, obj.currency, row_zone(obj))
 
-    @admin.display(description="Spent this period")
+    @admin.display(description="Spent now")
     def spent_now(self, obj: Budget) -> str:
         status = getattr(obj, "status_now", None)
         if status is None:
@@ -262,7 +262,7 @@ class BudgetAdmin(PageAnnotationMixin, admin.ModelAdmin):
         status = getattr(obj, "status_now", None)
         if status is None or status.resets_at is None:
             return "-" if status is None else "never"
-        return when_text(status.resets_at, tenant_zone(obj))
+        return when_text(status.resets_at, row_zone(obj))
 
     @admin.display(description="This period")
     def this_period(self, obj: Budget) -> str:
@@ -271,7 +271,7 @@ class BudgetAdmin(PageAnnotationMixin, admin.ModelAdmin):
         if status is None:
             return "Each end user has a counter of its own: see the end user's page."
         raises = active_raises([obj.pk], now).get(obj.pk, [])
-        zone = tenant_zone(obj)
+        zone = row_zone(obj)
         return format_html(
             "limit {}; spent {}, reserved {}, remaining {}; from {} to {}",
             limit_text(status.limit, raises, obj.currency, zone),
@@ -284,7 +284,7 @@ class BudgetAdmin(PageAnnotationMixin, admin.ModelAdmin):
 
     @admin.display(description="Counts from")
     def counts_from(self, obj: Budget) -> str:
-        zone = tenant_zone(obj)
+        zone = row_zone(obj)
         return format_html(
             "{}. A budget is not retroactive: spend before it was created is not counted in it, "
             "even within the period it was created in.",
@@ -348,7 +348,7 @@ class BudgetAdmin(PageAnnotationMixin, admin.ModelAdmin):
             "<div>from {}: spent {}, reserved {}{}</div>",
             (
                 (
-                    when_text(c["period_start"], tenant_zone(obj)),
+                    when_text(c["period_start"], row_zone(obj)),
                     money_text(round_charge(Decimal(str(c["spent"]))), obj.currency),
                     money_text(round_charge(Decimal(str(c["reserved"]))), obj.currency),
                     f" (end user {who})" if (who := c["end_user__external_id"]) else "",

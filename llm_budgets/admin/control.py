@@ -25,7 +25,7 @@ from django.utils.http import urlencode
 
 from llm_budgets import clock, money
 from llm_budgets.admin.base import (
-    PageAnnotationMixin,
+    AppAdmin,
     ReadOnlyAdmin,
     ValuesFilter,
     actor,
@@ -33,6 +33,7 @@ from llm_budgets.admin.base import (
     end_user_link,
     end_user_url,
     money_text,
+    row_zone,
     tenant_zone,
     truncated,
     when_column,
@@ -105,7 +106,7 @@ def _clock_help(zone: str | None) -> str:
     return f"Date as YYYY-MM-DD, time as HH:MM, in {name} (now {clock.when(timezone.now(), zone)})."
 
 
-class ActionFormAdmin(admin.ModelAdmin):
+class ActionFormAdmin(AppAdmin):
     """An add form that does one thing: one button saying what it does (no "Save and add
     another"), times entered in the tenant's timezone, and a message naming what happened."""
 
@@ -188,7 +189,7 @@ class DetectorFilter(ValuesFilter):
 
 
 @admin.register(KillSwitch)
-class KillSwitchAdmin(PageAnnotationMixin, ActionFormAdmin):
+class KillSwitchAdmin(ActionFormAdmin):
     """Adding trips a switch; an open switch's page has a "Clear this switch" button that asks
     for a reason and confirmation. Support's tool."""
 
@@ -306,7 +307,9 @@ class KillSwitchAdmin(PageAnnotationMixin, ActionFormAdmin):
             form=form,
             explanation=(
                 f"Tripped {when_text(switch.tripped_at, zone)} by "
-                f"{switch.tripped_by or 'detector ' + switch.detector or '?'}: {switch.reason}. "
+                f"{switch.tripped_by or 'detector ' + switch.detector or '?'}: "
+                # A reason typed as a sentence keeps its own full stop ("fix.", not "fix..").
+                f"{switch.reason.rstrip('.')}. "
                 "Clearing lets requests in this scope through again at once."
             ),
             back_url=page,
@@ -534,8 +537,7 @@ class RefusalAdmin(ReadOnlyAdmin):
     list_display = [
         "created_when",
         "count",
-        "tenant",
-        "end_user_link",
+        "who",
         "model",
         "short_detail",
         "asked",
@@ -578,7 +580,7 @@ class RefusalAdmin(ReadOnlyAdmin):
         total = getattr(obj, "burst_count", 1)
         if total <= 1:
             return ""
-        since = when_text(getattr(obj, "burst_since", None), tenant_zone(obj), seconds=True)
+        since = when_text(getattr(obj, "burst_since", None), row_zone(obj), seconds=True)
         return format_html('<span title="since {}">&times;{}</span>', since, total)
 
     @admin.display(description="End user", ordering="end_user_external_id")
@@ -587,6 +589,17 @@ class RefusalAdmin(ReadOnlyAdmin):
         if obj.end_user is None:
             return obj.end_user_external_id or "-"
         return end_user_link(obj.end_user)
+
+    @admin.display(description="Who", ordering="tenant__external_id")
+    def who(self, obj: Refusal) -> str:
+        """Tenant and end user in one column (``acme/bob``, as end users are named): the list
+        spans tenants and must fit beside the sidebar."""
+        if obj.end_user is not None:
+            return format_html('<a href="{}">{}</a>', end_user_url(obj.end_user), obj.end_user)
+        tenant = obj.tenant.external_id if obj.tenant else "-"  # a global switch's refusal
+        if obj.end_user_external_id:
+            return f"{tenant}/{obj.end_user_external_id}"
+        return tenant
 
     @admin.display(description="Budget or switch", ordering="detail")
     def short_detail(self, obj: Refusal) -> str:
@@ -605,7 +618,7 @@ class RefusalAdmin(ReadOnlyAdmin):
 
     @admin.display(description="Resets")
     def resets(self, obj: Refusal) -> str:
-        zone = tenant_zone(obj)
+        zone = row_zone(obj)
         if obj.budget is not None:
             end = budget_period(obj.budget, obj.created_at).end
             return when_text(end, zone) if end else "never (lifetime)"

@@ -4,6 +4,7 @@ usage rollups. Read-only: the jobs own these rows."""
 from __future__ import annotations
 
 from django.contrib import admin
+from django.utils.html import format_html
 
 from llm_budgets.admin.base import ReadOnlyAdmin, money_text, when_column
 from llm_budgets.models import DailyUsage, ThresholdCrossing
@@ -51,7 +52,7 @@ class ThresholdCrossingAdmin(ReadOnlyAdmin):
     @admin.display(description="Spent + reserved at detection")
     def used_text(self, obj: ThresholdCrossing) -> str:
         used = money_text(obj.spent + obj.reserved, obj.currency)
-        return f"{used} of {money_text(obj.limit, obj.currency)}"
+        return format_html("{} of {}", used, money_text(obj.limit, obj.currency))
 
 
 @admin.register(DailyUsage)

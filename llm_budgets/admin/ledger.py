@@ -11,7 +11,6 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from llm_budgets.admin.base import (
-    PageAnnotationMixin,
     ReadOnlyAdmin,
     ReadOnlyInline,
     end_user_link,
@@ -106,7 +105,6 @@ class ReservationAdmin(UsageColumns, ReadOnlyAdmin):
         "state",
         "amount_text",
         "created_when",
-        "expires_when",
     ]
     list_filter = ["state", "provider", "pricing_basis", UnpricedModelFilter]
     list_select_related = ["tenant", "end_user__tenant"]
@@ -156,7 +154,7 @@ class ReservationAdmin(UsageColumns, ReadOnlyAdmin):
 
 
 @admin.register(UsageRecord)
-class UsageRecordAdmin(PageAnnotationMixin, UsageColumns, ReadOnlyAdmin):
+class UsageRecordAdmin(UsageColumns, ReadOnlyAdmin):
     """The immutable ledger. A counter's spent is the sum of its lines. A voided line says so
     (and by which line); a compensating line says why and who made it."""
 
@@ -168,7 +166,6 @@ class UsageRecordAdmin(PageAnnotationMixin, UsageColumns, ReadOnlyAdmin):
         "kind",
         "cost_text",
         "note",
-        "reservation_link",
     ]
     list_filter = ["kind", "is_estimated", "provider", "pricing_basis", UnpricedModelFilter]
     list_select_related = ["tenant", "end_user__tenant"]

@@ -6,6 +6,7 @@ from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.http import HttpRequest
 
+from llm_budgets.admin.base import AppAdmin, when_column
 from llm_budgets.host_users import user_lookup_fields
 from llm_budgets.models import Membership
 
@@ -18,12 +19,14 @@ def membership_search_fields(user_model: type) -> list[str]:
 
 
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
-    list_display = ["user", "tenant", "role", "end_user_external_id", "created_at"]
+class MembershipAdmin(AppAdmin):
+    list_display = ["user", "tenant", "role", "end_user_external_id", "created_when"]
     list_filter = ["role"]
     raw_id_fields = ["user", "tenant"]
-    readonly_fields = ["created_at"]
+    readonly_fields = ["created_when"]
     list_select_related = ["user", "tenant"]
+
+    created_when = when_column("created_at", "Created at")
 
     def get_search_fields(self, request: HttpRequest) -> list[str]:
         return membership_search_fields(get_user_model())

@@ -19,7 +19,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from llm_budgets.admin.base import LinkStyles, actor, adopt, rate_text, when_column, when_text
+from llm_budgets.admin.base import AppAdmin, actor, adopt, rate_text, when_column, when_text
 from llm_budgets.exceptions import InvalidUsage, UnknownPrice
 from llm_budgets.models import ModelAlias, Price
 from llm_budgets.pricing.costs import TOKEN_RATES
@@ -94,11 +94,9 @@ def _priced(provider: str, model: str, at: datetime) -> bool:
 
 
 @admin.register(Price)
-class PriceAdmin(admin.ModelAdmin):
+class PriceAdmin(AppAdmin):
     """Every charge records the version it used, so a version is never changed or deleted:
     to correct a price, add a new version with a later ``effective_from``."""
-
-    Media = LinkStyles
 
     form = PriceForm
     list_display = [
@@ -107,8 +105,6 @@ class PriceAdmin(admin.ModelAdmin):
         "input_text",
         "output_text",
         "effective_from_when",
-        "effective_to_when",
-        "source",
         "is_current",
     ]
     list_filter = [VersionFilter, "provider", "source"]
@@ -196,16 +192,17 @@ class PriceAdmin(admin.ModelAdmin):
             '<a class="button" href="{}">Add a new version from these rates</a>', url
         )
 
-    @admin.display(description="Input", ordering="input_per_mtok")
+    # The list names the unit once, in the header: each rate in a cell of its own width.
+    @admin.display(description="Input / 1M tokens", ordering="input_per_mtok")
     def input_text(self, obj: Price) -> str:
-        return rate_text(obj.input_per_mtok, obj.currency)
+        return rate_text(obj.input_per_mtok, obj.currency, unit="")
 
-    @admin.display(description="Output", ordering="output_per_mtok")
+    @admin.display(description="Output / 1M tokens", ordering="output_per_mtok")
     def output_text(self, obj: Price) -> str:
-        return rate_text(obj.output_per_mtok, obj.currency)
+        return rate_text(obj.output_per_mtok, obj.currency, unit="")
 
     effective_from_when = when_column("effective_from", "Effective from")
-    effective_to_when = when_column("effective_to", "Effective to")
+    effective_to_when = when_column("effective_to", "Until")
 
 
 def _rate_column(name: str) -> Any:
@@ -248,7 +245,7 @@ class ModelAliasForm(forms.ModelForm):
 
 
 @admin.register(ModelAlias)
-class ModelAliasAdmin(admin.ModelAdmin):
+class ModelAliasAdmin(AppAdmin):
     """Names that neither an exact price nor genai-prices' rules recognise, pointed at a priced
     model. Tried last (docs/pricing.md, "Model names"); every change is audited."""
 

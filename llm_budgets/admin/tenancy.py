@@ -17,6 +17,7 @@ from django.utils.http import urlencode
 
 from llm_budgets import clock
 from llm_budgets.admin.base import (
+    AppAdmin,
     actor,
     adopt,
     clean_identifier,
@@ -60,7 +61,7 @@ class _EmptyWhenNone(forms.JSONField):
 
 
 @admin.register(Plan)
-class PlanAdmin(admin.ModelAdmin):
+class PlanAdmin(AppAdmin):
     def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if db_field.name == "warning_thresholds":
             kwargs["form_class"] = _EmptyWhenNone
@@ -133,7 +134,7 @@ class TenantForm(forms.ModelForm):
 
 
 @admin.register(Tenant)
-class TenantAdmin(TenantControlMixin, admin.ModelAdmin):
+class TenantAdmin(TenantControlMixin, AppAdmin):
     """The tenant page also shows where each budget stands and the holds still open."""
 
     form = TenantForm
@@ -354,7 +355,7 @@ class EndUserForm(forms.ModelForm):
 
 
 @admin.register(EndUser)
-class EndUserAdmin(admin.ModelAdmin):
+class EndUserAdmin(AppAdmin):
     """End users are created by end_user_ensure (here or on first request); never edited. An end
     user's page shows where it stands: budgets, holds, ledger lines, refusals, switches."""
 

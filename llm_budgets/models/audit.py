@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
+from llm_budgets import clock
 from llm_budgets.models.tenancy import Tenant
 
 
@@ -27,4 +28,6 @@ class AuditEvent(models.Model):
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
-        return f"{self.created_at:%Y-%m-%d %H:%M} {self.action} {self.target}"
+        return (
+            f"{clock.when(self.created_at, None)} {self.action} {clock.readable(self.target, None)}"
+        )

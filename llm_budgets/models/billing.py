@@ -9,6 +9,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from llm_budgets import clock, money
 from llm_budgets.models.control import KillSwitch
 from llm_budgets.models.ledger import Reservation, UsageKind, UsageRecord
 from llm_budgets.models.tenancy import Plan, Tenant
@@ -178,7 +179,7 @@ class MeterDelivery(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.units} for {self.customer_id} at {self.hour:%Y-%m-%d %H}h"
+        return f"{self.kind} {self.units} for {self.customer_id} at {clock.when(self.hour, None)}"
 
 
 class BillingLine(models.Model):
@@ -225,7 +226,7 @@ class BillingLine(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.amount} {self.currency} for {self.customer_id}"
+        return f"{self.kind} {money.money(self.amount, self.currency)} for {self.customer_id}"
 
 
 class StripeCustomerBalance(models.Model):
@@ -264,8 +265,8 @@ class ReconciliationRun(models.Model):
 
     def __str__(self) -> str:
         if self.error:
-            return f"{self.started_at:%Y-%m-%d %H:%M} failed"
-        return f"{self.started_at:%Y-%m-%d %H:%M}: {self.differences} difference(s)"
+            return f"{clock.when(self.started_at, None)} failed"
+        return f"{clock.when(self.started_at, None)}: {self.differences} difference(s)"
 
     @property
     def is_clean(self) -> bool:
@@ -286,7 +287,7 @@ class ReconciliationDifference(models.Model):
 
     def __str__(self) -> str:
         ours, theirs = self.delivered_units, self.stripe_units
-        return f"{self.customer_id} {self.hour:%Y-%m-%d %H}h: {ours} vs {theirs}"
+        return f"{self.customer_id} {clock.when(self.hour, None)}: {ours} vs {theirs}"
 
 
 class StripeWebhookEvent(models.Model):

@@ -8,11 +8,12 @@ from django.core.exceptions import ValidationError
 from django.db import connections, models
 from django.db.models import Q
 
+from llm_budgets import clock, money
 from llm_budgets.db import statements as sql
 from llm_budgets.models.api import ApiKey
 from llm_budgets.models.fields import validate_thresholds
 from llm_budgets.models.tenancy import EndUser, Tenant
-from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS, display
+from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 from llm_budgets.windows import Window, window_name
 
 
@@ -221,7 +222,7 @@ class Budget(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.scope_label} {self.window} {display(self.limit)} {self.currency}"
+        return f"{self.scope_label} {self.window} {money.money(self.limit, self.currency)}"
 
     @property
     def scope_label(self) -> str:
@@ -387,4 +388,4 @@ class Counter(models.Model):
         if self.api_key_id:
             whose = f" for API key {self.api_key.prefix}"  # type: ignore[union-attr]
         stripe = f" (stripe {self.stripe})" if self.allowance is not None else ""
-        return f"{self.budget}{whose} from {self.period_start:%Y-%m-%d %H:%M}{stripe}"
+        return f"{self.budget}{whose} from {clock.when(self.period_start, None)}{stripe}"

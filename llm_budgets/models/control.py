@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from llm_budgets import clock, money
 from llm_budgets.models.api import ApiKey
 from llm_budgets.models.budgets import Budget, Run
 from llm_budgets.models.tenancy import EndUser, Tenant
@@ -136,7 +137,10 @@ class BudgetRaise(models.Model):
         indexes = [models.Index(fields=["budget", "ends_at"], name="llmb_raise_budget_ends")]
 
     def __str__(self) -> str:
-        return f"+{self.amount} on budget {self.budget_id} until {self.ends_at:%Y-%m-%d %H:%M}"
+        return (
+            f"+{money.money(self.amount, self.budget.currency)} on budget {self.budget_id} "
+            f"until {clock.when(self.ends_at, None)}"
+        )
 
 
 class RefusalKind(models.TextChoices):
@@ -188,4 +192,4 @@ class Refusal(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.created_at:%Y-%m-%d %H:%M} {self.kind}: {self.detail}"
+        return f"{clock.when(self.created_at, None)} {self.kind}: {self.detail}"

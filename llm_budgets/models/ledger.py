@@ -8,6 +8,7 @@ from decimal import Decimal
 from django.db import models
 from django.db.models import Q
 
+from llm_budgets import money
 from llm_budgets.models.budgets import BudgetUnit, Counter
 from llm_budgets.models.pricing import Price, PricingBasis
 from llm_budgets.models.tenancy import EndUser, Tenant
@@ -125,7 +126,8 @@ class Reservation(models.Model):
         indexes = [models.Index(fields=["state", "expires_at"], name="llmb_reservation_due")]
 
     def __str__(self) -> str:
-        return f"{self.id} {self.provider}/{self.model} {self.amount} ({self.state})"
+        held = money.money(self.amount, self.currency)
+        return f"{self.id} {self.provider}/{self.model} {held} ({self.state})"
 
     def amount_for(self, unit: str) -> Decimal:
         """The hold in a budget's unit: provider cost, or customer price."""
@@ -307,7 +309,7 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         target = self.reservation_id or f"counter {self.counter_id}"
-        return f"{self.kind} {self.cost} {self.currency} for {target}"
+        return f"{self.kind} {money.money(self.cost, self.currency)} for {target}"
 
     @property
     def is_spend(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from llm_budgets import clock
 from llm_budgets.money import RATE_DECIMAL_PLACES, RATE_MAX_DIGITS
 
 
@@ -127,7 +128,7 @@ class Price(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.provider}/{self.model} from {self.effective_from:%Y-%m-%d}"
+        return f"{self.provider}/{self.model} from {clock.when(self.effective_from, None)}"
 
 
 class ModelAlias(models.Model):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from llm_budgets import clock, money
 from llm_budgets.models.tenancy import EndUser, Tenant
 from llm_budgets.money import DECIMAL_PLACES, MAX_DIGITS
 
@@ -70,7 +71,8 @@ class DailyUsage(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.day} {self.tenant_id} {self.provider}/{self.model}: {self.cost}"
+        cost = money.money(self.cost, self.currency)
+        return f"{clock.day(self.day)} {self.tenant_id} {self.provider}/{self.model}: {cost}"
 
 
 class TenantDailyUsage(models.Model):
@@ -114,7 +116,8 @@ class TenantDailyUsage(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.day} {self.tenant_id} {self.provider}/{self.model}: {self.cost}"
+        cost = money.money(self.cost, self.currency)
+        return f"{clock.day(self.day)} {self.tenant_id} {self.provider}/{self.model}: {cost}"
 
 
 class RollupWatermark(models.Model):
