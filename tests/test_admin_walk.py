@@ -42,10 +42,13 @@ from django.utils import timezone
 from demo.stripe_demo import stripe_demo_run
 from demo.usage_month import page_users_ensure
 from llm_budgets import budgets
+from llm_budgets.alerts.endpoints import endpoint_create, endpoint_test_send
 from llm_budgets.control.killswitches import kill_switch_trip, switch_scope
 from llm_budgets.control.raises import budget_raise_grant
 from llm_budgets.exceptions import KillSwitchActive
 from llm_budgets.models import (
+    AlertDelivery,
+    AlertEndpoint,
     Budget,
     KillSwitch,
     MeterDelivery,
@@ -135,6 +138,8 @@ PROBE = """() => {
     list: !!document.getElementById('changelist'),
     // Lists of rows across tenants, or of changes by staff: the staff user's zone.
     staff: !!document.querySelector('#changelist, #change-history'),
+    // Payloads shown as sent (an alert's JSON body): the wire's format, not the one for people.
+    wire: [...root.querySelectorAll('[data-wire]')].map(e => e.innerText),
   };
 }"""
 
@@ -214,6 +219,17 @@ def walk_data() -> None:
         webhook_event=event,
         created_at=now,
     )
+    # Alerts: the billing contacts' email endpoint, a webhook and its test event's delivery.
+    budgets.ensure_tenant(tenant="acme", billing_emails="billing@acme.example")
+    webhook, _ = endpoint_create(
+        tenant=acme,
+        kind="webhook",
+        target="https://hooks.acme.example/llm-budgets",
+        event_types=["threshold.crossed", "budget.exhausted", "kill_switch.tripped"],
+        description="Acme's on-call bot",
+        actor="maria",
+    )
+    endpoint_test_send(webhook, actor="maria")
 
 
 def _request(user: Any) -> Any:
@@ -235,6 +251,8 @@ def _kwargs_for(pattern: URLPattern) -> dict[str, Any]:
         "switch_id": KillSwitch.objects.filter(cleared_at__isnull=True).order_by("-pk").first(),
         "budget_id": Budget.objects.filter(tenant=acme, scope=Scope.TENANT).first(),
         "line_id": UsageRecord.objects.filter(tenant=acme, voids__isnull=True).last(),
+        "endpoint_id": AlertEndpoint.objects.filter(kind="webhook").first(),
+        "delivery_id": AlertDelivery.objects.first(),
     }
     kwargs = {}
     for name in pattern.pattern.regex.groupindex:
@@ -283,6 +301,8 @@ def admin_pages(user: Any) -> tuple[list[tuple[str, str]], list[tuple[str, str, 
 def problems(probe: dict[str, Any], *, zones: set[str]) -> list[str]:
     """What is wrong on a page (the probe's answer), as lines for the failure message."""
     text = probe["text"]
+    for payload in probe["wire"]:
+        text = text.replace(payload, "")
     found = [f"scrolls sideways: {w}" for w in probe["wide"]]
     for name, pattern in FINDINGS.items():
         found += [f"{name}: {m!r} in …{_around(text, m)}…" for m in _matches(pattern, text)]

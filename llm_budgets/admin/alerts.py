@@ -25,10 +25,12 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from llm_budgets.admin.base import (
+    AppAdmin,
     LinkStyles,
     ReadOnlyAdmin,
     actor,
     adopt,
+    row_zone,
     truncated,
     when_column,
     when_text,
@@ -220,7 +222,7 @@ class DisableSelectedForm(DisableForm):
 
 
 @admin.register(AlertEndpoint)
-class AlertEndpointAdmin(ObjectActionsMixin, admin.ModelAdmin):
+class AlertEndpointAdmin(ObjectActionsMixin, AppAdmin):
     form = EndpointForm
     change_form_template = CHANGE_FORM
     list_display = ["short_target", "owner", "kind_value", "types", "state", "failures"]
@@ -351,7 +353,7 @@ class AlertEndpointAdmin(ObjectActionsMixin, admin.ModelAdmin):
     def state_detail(self, obj: AlertEndpoint) -> str:
         if obj.enabled:
             return "enabled"
-        since = when_text(obj.disabled_at, str(obj.tenant.timezone) if obj.tenant else None)
+        since = when_text(obj.disabled_at, row_zone(obj))
         return f"disabled {since}: {obj.disabled_reason or '?'}"
 
     @admin.display(description="Signing secret")
@@ -569,11 +571,6 @@ def _test_queued(endpoint: AlertEndpoint, event: AlertEvent) -> str:
     return f"Test event {event.uid} queued for endpoint {_endpoint_label(endpoint)}{later}."
 
 
-def _delivery_zone(delivery: AlertDelivery) -> str | None:
-    tenant = delivery.endpoint.tenant
-    return str(tenant.timezone) if tenant is not None else None
-
-
 class DeliveryStateFilter(admin.SimpleListFilter):
     title = "state"
     parameter_name = "state"
@@ -659,23 +656,23 @@ class AlertDeliveryAdmin(ObjectActionsMixin, ReadOnlyAdmin):
     def next_attempt(self, obj: AlertDelivery) -> str:
         if obj.state != AlertDeliveryState.PENDING:
             return "-"
-        return when_text(obj.next_attempt_at, _delivery_zone(obj))
+        return when_text(obj.next_attempt_at, row_zone(obj))
 
     @admin.display(description="First attempt")
     def first_attempt(self, obj: AlertDelivery) -> str:
-        return when_text(obj.first_attempt_at, _delivery_zone(obj), seconds=True)
+        return when_text(obj.first_attempt_at, row_zone(obj), seconds=True)
 
     @admin.display(description="Last attempt")
     def last_attempt(self, obj: AlertDelivery) -> str:
-        return when_text(obj.last_attempt_at, _delivery_zone(obj), seconds=True)
+        return when_text(obj.last_attempt_at, row_zone(obj), seconds=True)
 
     @admin.display(description="Delivered")
     def delivered(self, obj: AlertDelivery) -> str:
-        return when_text(obj.delivered_at, _delivery_zone(obj), seconds=True)
+        return when_text(obj.delivered_at, row_zone(obj), seconds=True)
 
     @admin.display(description="Created")
     def created(self, obj: AlertDelivery) -> str:
-        return when_text(obj.created_at, _delivery_zone(obj), seconds=True)
+        return when_text(obj.created_at, row_zone(obj), seconds=True)
 
     def get_urls(self) -> list[URLPattern]:
         return [
@@ -770,7 +767,11 @@ class AlertEventAdmin(ReadOnlyAdmin):
 
     @admin.display(description="Body")
     def body_json(self, obj: AlertEvent) -> str:
-        return format_html("<pre>{}</pre>", json.dumps(obj.body, indent=2, sort_keys=True))
+        # The body as receivers get it (ISO times, exact amounts): the wire format, not a figure
+        # for people, so the one-format rule does not apply inside it.
+        return format_html(
+            '<pre data-wire="alert body">{}</pre>', json.dumps(obj.body, indent=2, sort_keys=True)
+        )
 
     @admin.display(description="Deliveries")
     def deliveries_link(self, obj: AlertEvent) -> str:

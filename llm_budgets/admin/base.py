@@ -61,11 +61,11 @@ LIST_ROW = "_llmb_list_row"
 
 
 def tenant_zone(obj: Any) -> str | None:
-    """The timezone of the tenant a row belongs to (``obj.tenant``, or its budget's or end
-    user's), None (the site's own) for rows without a tenant."""
+    """The timezone of the tenant a row belongs to (``obj.tenant``, or its budget's, end user's
+    or alert endpoint's), None (the site's own) for rows without a tenant."""
     if isinstance(obj, Tenant):
         return str(obj.timezone)
-    for path in (("tenant",), ("budget", "tenant"), ("end_user", "tenant")):
+    for path in (("tenant",), ("budget", "tenant"), ("end_user", "tenant"), ("endpoint", "tenant")):
         value = obj
         for name in path:
             value = getattr(value, name, None)
