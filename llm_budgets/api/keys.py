@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from llm_budgets import validation
+from llm_budgets.control.self_serve import TenantAdmin, self_serve_authorize
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import ApiKey, AuditEvent
 from llm_budgets.tenancy.tenants import tenant_get
@@ -20,11 +21,13 @@ def api_key_create(
     name: str,
     expires_at: datetime | None = None,
     actor: str = "",
+    acting: TenantAdmin | None = None,
 ) -> tuple[ApiKey, str]:
     """Create a key for one tenant (by external id), or an operator key (``tenant=None``).
 
     Returns the key row and the key itself, ``<prefix>.<secret>``: show it once, it cannot be
-    recovered."""
+    recovered. ``acting``: a tenant admin creating a key of their own tenant; such a key is never
+    ``self_serve`` (only the operators grant that)."""
     name = validation.identifier("name", name, max_length=50)
     if expires_at is not None:
         if timezone.is_naive(expires_at):
@@ -32,6 +35,9 @@ def api_key_create(
         if expires_at <= timezone.now():
             raise InvalidUsage("expires_at must be in the future.", field="expires_at")
     tenant_obj = None if tenant is None else tenant_get(tenant)
+    if acting is not None:
+        self_serve_authorize(acting, action="api_keys", tenant=tenant_obj)
+        actor = acting.actor
     with transaction.atomic():
         created, key = ApiKey.objects.create_key(
             name=name, tenant=tenant_obj, expiry_date=expires_at
@@ -47,8 +53,14 @@ def api_key_create(
     return api_key, key
 
 
-def api_key_revoke(api_key: ApiKey, *, actor: str = "", reason: str = "") -> None:
-    """Revoke a key for good (revocation cannot be undone)."""
+def api_key_revoke(
+    api_key: ApiKey, *, actor: str = "", reason: str = "", acting: TenantAdmin | None = None
+) -> None:
+    """Revoke a key for good (revocation cannot be undone). ``acting``: a tenant admin revoking
+    one of their own tenant's keys."""
+    if acting is not None:
+        self_serve_authorize(acting, action="api_keys", tenant=api_key.tenant)
+        actor = acting.actor
     with transaction.atomic():
         if api_key.revoked:
             return

@@ -1,0 +1,675 @@
+"""The tenant admin's forms (self-serve, docs/pages.md "Tenant admins act"): budgets for their
+people, keys, runs and tags; raises; a user's period reset; API keys; alert subscriptions.
+
+Thin: each form checks its shape, then calls the one service the support admin calls, with
+``acting=`` (control/self_serve.py), which checks the permission, the tenant and the ceiling again
+and audits the person. Rows named in a URL are looked up within the viewer's tenant only, so
+another tenant's id is a 404 whatever it is; ids typed in a form go to the service with the
+acting tenant, never a tenant from the request.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django import forms
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBase
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import formats, timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+from django.views.decorators.http import require_http_methods
+
+from llm_budgets import validation
+from llm_budgets.alerts.bodies import TYPES
+from llm_budgets.alerts.endpoints import EndpointNotFound, endpoint_get
+from llm_budgets.api.keys import api_key_create, api_key_revoke
+from llm_budgets.control.limits import ALL, budget_remove, budget_set_limit
+from llm_budgets.control.raises import budget_raise_grant, budget_raise_revoke
+from llm_budgets.control.self_serve import (
+    SELF_SERVE_SCOPES,
+    TenantAdmin,
+    self_serve_actions,
+    self_serve_ceiling,
+    self_serve_enabled,
+    self_serve_room,
+    self_serve_subscribe,
+    self_serve_unsubscribe,
+)
+from llm_budgets.engine.adjustments import end_user_spend_reset
+from llm_budgets.exceptions import BudgetError, InvalidUsage, SelfServeDenied
+from llm_budgets.models import (
+    AlertEndpoint,
+    ApiKey,
+    Budget,
+    BudgetRaise,
+    EndpointKind,
+    EndUser,
+    Scope,
+)
+from llm_budgets.money import money as money_text
+from llm_budgets.pages import figures
+from llm_budgets.pages.access import LoginRequired, TenantChoice, Viewer, viewer_for
+from llm_budgets.pages.views import _context, private
+from llm_budgets.reads.statuses import budget_statuses
+from llm_budgets.windows import Window
+
+# What a budget form sets: (value, label, the service's keyword, whether it names one).
+KINDS = [
+    ("end_user", gettext_lazy("One user"), "end_user", True),
+    ("end_user_default", gettext_lazy("Each user (the default)"), "end_user", False),
+    ("api_key", gettext_lazy("One API key"), "api_key", True),
+    ("api_key_default", gettext_lazy("Each API key"), "api_key", False),
+    ("run", gettext_lazy("One run"), "run", True),
+    ("run_default", gettext_lazy("Each run"), "run", False),
+    ("tag", gettext_lazy("One tag (key=value)"), "tag", True),
+]
+WINDOWS = [
+    (Window.DAY, gettext_lazy("Per day")),
+    (Window.MONTH, gettext_lazy("Per billing month")),
+    (Window.HOUR, gettext_lazy("Per hour")),
+    (Window.LIFETIME, gettext_lazy("In total (lifetime)")),
+]
+RAISE_HOURS = [
+    (1, gettext_lazy("1 hour")),
+    (24, gettext_lazy("1 day")),
+    (168, gettext_lazy("7 days")),
+]
+ALERT_KINDS = [(k.value, k.label) for k in EndpointKind]
+
+
+class MoneyField(forms.CharField):
+    """An amount as the viewer's locale writes it (``4,20`` or ``4.20``), then checked by the
+    services' own rule (``validation.money``): exact, non-negative, stored precision."""
+
+    def to_python(self, value: Any) -> Any:
+        text = super().to_python(value)
+        if text in self.empty_values:
+            return None
+        try:
+            return validation.money("amount", formats.sanitize_separators(str(text).strip()))
+        except InvalidUsage as exc:
+            raise forms.ValidationError(exc.message) from None
+
+
+class BudgetForm(forms.Form):
+    kind = forms.ChoiceField(label=gettext_lazy("For"), choices=[(k[0], k[1]) for k in KINDS])
+    who = forms.CharField(
+        label=gettext_lazy("Which one"),
+        required=False,
+        max_length=255,
+        help_text=gettext_lazy(
+            "A user's id, an API key's prefix, a run's id, or a tag as key=value; empty for 'each'."
+        ),
+    )
+    window = forms.ChoiceField(label=gettext_lazy("Window"), choices=WINDOWS)
+    amount = MoneyField(label=gettext_lazy("Limit"))
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        named = next((k[3] for k in KINDS if k[0] == data.get("kind")), False)
+        who = (data.get("who") or "").strip()
+        if named and not who:
+            self.add_error("who", _("Name the user, key, run or tag this budget is for."))
+        if not named and who:
+            self.add_error("who", _("Leave this empty for a default that applies to each one."))
+        if data.get("kind") == "tag" and who and "=" not in who:
+            self.add_error("who", _("Write the tag as key=value, e.g. project=alpha."))
+        return data
+
+    def service_kwargs(self) -> dict[str, Any]:
+        """The scope keyword ``budget_set_limit`` takes for this form."""
+        kind, who = self.cleaned_data["kind"], self.cleaned_data["who"].strip()
+        keyword = next(k[2] for k in KINDS if k[0] == kind)
+        if kind == "tag":
+            return {"tag": tuple(who.split("=", 1))}
+        return {keyword: who or ALL}
+
+
+class RaiseForm(forms.Form):
+    user = forms.CharField(label=gettext_lazy("User id"), max_length=255)
+    window = forms.ChoiceField(label=gettext_lazy("Budget window"), choices=WINDOWS)
+    amount = MoneyField(label=gettext_lazy("Extra amount"))
+    hours = forms.TypedChoiceField(
+        label=gettext_lazy("For"), choices=RAISE_HOURS, coerce=int, initial=24
+    )
+    reason = forms.CharField(label=gettext_lazy("Why"), max_length=500)
+
+
+class ResetForm(forms.Form):
+    user = forms.CharField(label=gettext_lazy("User id"), max_length=255)
+    reason = forms.CharField(label=gettext_lazy("Why"), max_length=500)
+
+
+class KeyForm(forms.Form):
+    name = forms.CharField(label=gettext_lazy("Name"), max_length=50)
+    expires = forms.DateField(
+        label=gettext_lazy("Expires on"),
+        required=False,
+        widget=forms.DateInput(attrs={"type": "date"}),
+        help_text=gettext_lazy("Empty: it never expires (revoke it when it is no longer used)."),
+    )
+
+
+class AlertForm(forms.Form):
+    kind = forms.ChoiceField(label=gettext_lazy("Send to"), choices=ALERT_KINDS)
+    target = forms.CharField(
+        label=gettext_lazy("Address"),
+        max_length=2000,
+        help_text=gettext_lazy("An email address, or the https:// URL of the endpoint."),
+    )
+    event_types = forms.MultipleChoiceField(
+        label=gettext_lazy("Events"),
+        choices=[],
+        widget=forms.CheckboxSelectMultiple,
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["event_types"]
+        assert isinstance(field, forms.MultipleChoiceField)
+        field.choices = [(name, name) for name, t in TYPES.items() if t.tenant_visible]
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(label=gettext_lazy("Why"), max_length=500, required=False)
+
+
+# --- access -------------------------------------------------------------------------------
+
+
+def manage_page(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
+    """A tenant admin's page: anyone else gets 403 (members, support staff looking with
+    ``?tenant=``, who act in the admin), as does everyone when self-serve is off for the tenant.
+    The services check again: this only decides what to show."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        try:
+            viewer = viewer_for(request)
+        except LoginRequired:
+            return redirect_to_login(request.get_full_path())
+        except TenantChoice:
+            raise PermissionDenied(_("Support staff change budgets in the admin.")) from None
+        if viewer.is_member:
+            raise PermissionDenied(_("Only your organisation's admins manage budgets and keys."))
+        if viewer.staff:
+            raise PermissionDenied(_("Support staff change budgets in the admin."))
+        if not self_serve_enabled(viewer.tenant):
+            raise PermissionDenied(
+                _("Managing budgets here is not turned on for your organisation; ask support.")
+            )
+        user = request.user
+        acting = TenantAdmin(tenant=viewer.tenant, person=user.get_username(), user_id=user.pk)
+        return view(request, viewer, acting, *args, **kwargs)
+
+    return require_http_methods(["GET", "POST"])(private(wrapper))
+
+
+def _allowed(viewer: Viewer, action: str) -> None:
+    """A hidden action's URLs answer 403 like a member's."""
+    if action not in self_serve_actions(viewer.tenant):
+        raise PermissionDenied(_("This installation does not offer this action here."))
+
+
+def _home(anchor: str = "") -> str:
+    return reverse("llm_budgets_pages:manage") + (f"#{anchor}" if anchor else "")
+
+
+# --- the page -----------------------------------------------------------------------------
+
+
+def _page(
+    request: HttpRequest,
+    viewer: Viewer,
+    *,
+    status: int = 200,
+    message: str = "",
+    bound: dict[str, forms.Form] | None = None,
+    **named: forms.Form,
+) -> HttpResponse:
+    forms_ = {**named, **(bound or {})}
+    tenant = viewer.tenant
+    now = timezone.now()
+    currency = figures.currency()
+    ceiling = self_serve_ceiling(tenant)
+    budgets = list(
+        Budget.objects.filter(tenant=tenant, scope__in=SELF_SERVE_SCOPES)
+        .select_related("tenant", "end_user", "api_key", "run")
+        .order_by("scope", "pk")
+    )
+    raises = list(
+        BudgetRaise.objects.filter(budget__tenant=tenant, ends_at__gt=now)
+        .select_related("budget__tenant", "budget__end_user")
+        .order_by("ends_at")
+    )
+    keys = list(ApiKey.objects.filter(tenant=tenant).order_by("-created"))
+    endpoints = list(AlertEndpoint.objects.filter(tenant=tenant).order_by("pk"))
+    context = _context(
+        request,
+        viewer,
+        "manage",
+        actions=self_serve_actions(tenant),
+        ceiling=ceiling,
+        rooms=[
+            (label, self_serve_room(tenant, str(value)))
+            for value, label in WINDOWS
+            if value != Window.LIFETIME
+        ],
+        budgets=budgets,
+        raises=raises,
+        keys=keys,
+        endpoints=endpoints,
+        budget_form=forms_.get("budget_form") or BudgetForm(),
+        raise_form=forms_.get("raise_form") or RaiseForm(),
+        reset_form=forms_.get("reset_form") or ResetForm(),
+        key_form=forms_.get("key_form") or KeyForm(),
+        alert_form=forms_.get("alert_form") or AlertForm(),
+        message=message,
+        now=now,
+        money_currency=currency,
+    )
+    return render(request, "llm_budgets/pages/manage.html", context, status=status)
+
+
+@manage_page
+def manage(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> HttpResponseBase:
+    return _page(request, viewer, message=request.GET.get("done", "")[:200])
+
+
+def _refused(
+    request: HttpRequest, viewer: Viewer, form: forms.Form, name: str, exc: BudgetError
+) -> HttpResponse:
+    """The page again with the service's refusal beside the field it names (400), or above the
+    form (403 for a permission, 400 otherwise): nothing was written."""
+    field = getattr(exc, "field", None)
+    if field in form.fields:
+        form.add_error(field, exc.message)
+    else:
+        form.add_error(None, exc.message)
+    status = 403 if isinstance(exc, SelfServeDenied) and field is None else 400
+    return _page(request, viewer, status=status, bound={name: form})
+
+
+def _done(text: str, anchor: str) -> HttpResponse:
+    """Back to the page (POST, redirect, GET), saying what changed."""
+    from urllib.parse import urlencode
+
+    url = reverse("llm_budgets_pages:manage") + "?" + urlencode({"done": text}) + f"#{anchor}"
+    return redirect(url)
+
+
+def _confirm(
+    request: HttpRequest,
+    viewer: Viewer,
+    *,
+    title: str,
+    body: list[str],
+    fields: dict[str, Any],
+    button: str,
+    danger: bool = True,
+) -> HttpResponse:
+    context = _context(
+        request,
+        viewer,
+        "manage",
+        title=title,
+        body=body,
+        fields=fields,
+        button=button,
+        danger=danger,
+        back=_home(),
+    )
+    return render(request, "llm_budgets/pages/confirm.html", context)
+
+
+# --- budgets ------------------------------------------------------------------------------
+
+
+@manage_page
+def budget_set(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> HttpResponseBase:
+    _allowed(viewer, "budgets")
+    if request.method != "POST":
+        return redirect(_home("lb-budgets"))
+    form = BudgetForm(request.POST)
+    if not form.is_valid():
+        return _page(request, viewer, status=400, budget_form=form)
+    data = form.cleaned_data
+    amount: Decimal = data["amount"]
+    if request.POST.get("confirm") != "yes":
+        return _confirm(
+            request,
+            viewer,
+            title=_("Set this budget?"),
+            body=_preview(viewer, form),
+            fields={k: request.POST.get(k, "") for k in ("kind", "who", "window", "amount")},
+            button=_("Set the budget"),
+            danger=False,
+        )
+    try:
+        budget = budget_set_limit(
+            tenant=viewer.tenant.external_id,
+            amount=amount,
+            window=data["window"],
+            acting=acting,
+            reason=_("Set on the usage pages"),
+            **form.service_kwargs(),
+        )
+    except BudgetError as exc:
+        return _refused(request, viewer, form, "budget_form", exc)
+    return _done(_("Budget set: %(label)s.") % {"label": _label(budget)}, "lb-budgets")
+
+
+def _preview(viewer: Viewer, form: BudgetForm) -> list[str]:
+    """What the new limit means now: the user's spend against it ("has spent 4.20 of the new
+    5.00 today"), for one user; the ceiling for the rest."""
+    data = form.cleaned_data
+    currency = figures.currency()
+    new = money_text(data["amount"], currency)
+    window = str(data["window"])
+    lines = []
+    if data["kind"] == "end_user":
+        who = data["who"].strip()
+        user = EndUser.objects.filter(tenant=viewer.tenant, external_id=who).first()
+        spent = Decimal(0)
+        if user is not None:
+            statuses = budget_statuses(viewer.tenant, user, timezone.now())
+            spent = next(
+                (
+                    s.spent
+                    for s in statuses
+                    if s.window == window and s.scope in (Scope.END_USER, Scope.END_USER_DEFAULT)
+                ),
+                Decimal(0),
+            )
+        lines.append(
+            _("%(who)s has spent %(spent)s of the new %(limit)s %(window)s.")
+            % {
+                "who": who,
+                "spent": money_text(spent, currency),
+                "limit": new,
+                "window": _window_phrase(window),
+            }
+        )
+        if spent >= data["amount"]:
+            lines.append(_("Their next call will be refused until the window resets."))
+    else:
+        lines.append(
+            _("The new limit: %(limit)s %(window)s.")
+            % {"limit": new, "window": _window_phrase(window)}
+        )
+    room = self_serve_room(viewer.tenant, window)
+    if room is not None:
+        lines.append(
+            _("The most your organisation may set: %(room)s.")
+            % {"room": money_text(room, currency)}
+        )
+    return lines
+
+
+def _window_phrase(window: str) -> str:
+    phrases: dict[str, str] = {
+        Window.DAY: _("today"),
+        Window.MONTH: _("this billing month"),
+        Window.HOUR: _("this hour"),
+        Window.LIFETIME: _("in total"),
+    }
+    return phrases.get(window, window)
+
+
+def _label(budget: Budget) -> str:
+    return f"{budget.scope_label} {budget.window} {money_text(budget.limit, budget.currency)}"
+
+
+def _tenant_row(model: Any, pk: Any, viewer: Viewer, **lookup: Any) -> Any:
+    """A row of the viewer's tenant named in the URL, else 404 (another tenant's looks absent)."""
+    row = model.objects.filter(pk=pk, **lookup).first()
+    if row is None:
+        raise Http404(_("Nothing with this id in your organisation."))
+    return row
+
+
+@manage_page
+def budget_remove_view(
+    request: HttpRequest, viewer: Viewer, acting: TenantAdmin, pk: int
+) -> HttpResponseBase:
+    _allowed(viewer, "budgets")
+    budget = _tenant_row(Budget, pk, viewer, tenant=viewer.tenant, scope__in=SELF_SERVE_SCOPES)
+    if request.method != "POST":
+        return _confirm(
+            request,
+            viewer,
+            title=_("Remove this budget?"),
+            body=[
+                _("%(label)s will no longer apply; the default for each, if any, applies instead.")
+                % {"label": _label(budget)}
+            ],
+            fields={},
+            button=_("Remove the budget"),
+        )
+    try:
+        budget_remove(budget, acting=acting, reason=_("Removed on the usage pages"))
+    except BudgetError as exc:
+        return _page(request, viewer, status=400, message=exc.message)
+    return _done(_("Budget removed: %(label)s.") % {"label": _label(budget)}, "lb-budgets")
+
+
+# --- raises and resets --------------------------------------------------------------------
+
+
+@manage_page
+def raise_grant(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> HttpResponseBase:
+    _allowed(viewer, "raises")
+    if request.method != "POST":
+        return redirect(_home("lb-raises"))
+    form = RaiseForm(request.POST)
+    if not form.is_valid():
+        return _page(request, viewer, status=400, raise_form=form)
+    data = form.cleaned_data
+    budget = _user_budget(viewer, data["user"], str(data["window"]))
+    if budget is None:
+        form.add_error(
+            "user",
+            _("%(user)s has no budget of this window to raise: set one first (Budgets above).")
+            % {"user": data["user"]},
+        )
+        return _page(request, viewer, status=400, raise_form=form)
+    try:
+        budget_raise_grant(
+            budget=budget,
+            amount=data["amount"],
+            until=timezone.now() + timedelta(hours=data["hours"]),
+            reason=data["reason"],
+            acting=acting,
+        )
+    except BudgetError as exc:
+        return _refused(request, viewer, form, "raise_form", exc)
+    return _done(_("Raise granted to %(user)s.") % {"user": data["user"]}, "lb-raises")
+
+
+def _user_budget(viewer: Viewer, who: str, window: str) -> Budget | None:
+    """The budget a raise for ``who`` adds to: their own of that window, else the default's."""
+    own = Budget.objects.filter(
+        tenant=viewer.tenant, scope=Scope.END_USER, end_user__external_id=who, window=window
+    ).first()
+    if own is not None:
+        return own
+    return Budget.objects.filter(
+        tenant=viewer.tenant, scope=Scope.END_USER_DEFAULT, window=window
+    ).first()
+
+
+@manage_page
+def raise_revoke(
+    request: HttpRequest, viewer: Viewer, acting: TenantAdmin, pk: int
+) -> HttpResponseBase:
+    _allowed(viewer, "raises")
+    raise_ = _tenant_row(BudgetRaise, pk, viewer, budget__tenant=viewer.tenant)
+    if request.method != "POST":
+        return _confirm(
+            request,
+            viewer,
+            title=_("End this raise now?"),
+            body=[
+                _("%(amount)s more on %(label)s ends now instead of at its time.")
+                % {
+                    "amount": money_text(raise_.amount, raise_.budget.currency),
+                    "label": _label(raise_.budget),
+                }
+            ],
+            fields={},
+            button=_("End the raise"),
+        )
+    try:
+        budget_raise_revoke(raise_, acting=acting, reason=_("Ended on the usage pages"))
+    except BudgetError as exc:
+        return _page(request, viewer, status=400, message=exc.message)
+    return _done(_("Raise ended."), "lb-raises")
+
+
+@manage_page
+def spend_reset(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> HttpResponseBase:
+    _allowed(viewer, "reset_spend")
+    if request.method != "POST":
+        return redirect(_home("lb-reset"))
+    form = ResetForm(request.POST)
+    if not form.is_valid():
+        return _page(request, viewer, status=400, reset_form=form)
+    who = form.cleaned_data["user"]
+    user = EndUser.objects.filter(tenant=viewer.tenant, external_id=who).first()
+    if user is None:
+        form.add_error("user", _("No user %(user)s has made calls here.") % {"user": who})
+        return _page(request, viewer, status=400, reset_form=form)
+    if request.POST.get("confirm") != "yes":
+        return _confirm(
+            request,
+            viewer,
+            title=_("Reset this user's spend?"),
+            body=[
+                _(
+                    "%(user)s's spend this period goes back to zero on their own budgets; your "
+                    "organisation's total keeps it (that money was spent)."
+                )
+                % {"user": who}
+            ],
+            fields={"user": who, "reason": form.cleaned_data["reason"]},
+            button=_("Reset the spend"),
+        )
+    try:
+        end_user_spend_reset(end_user=user, reason=form.cleaned_data["reason"], acting=acting)
+    except BudgetError as exc:
+        return _refused(request, viewer, form, "reset_form", exc)
+    return _done(_("Spend reset for %(user)s.") % {"user": who}, "lb-reset")
+
+
+# --- API keys -----------------------------------------------------------------------------
+
+
+@manage_page
+def key_create(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> HttpResponseBase:
+    _allowed(viewer, "api_keys")
+    if request.method != "POST":
+        return redirect(_home("lb-keys"))
+    form = KeyForm(request.POST)
+    if not form.is_valid():
+        return _page(request, viewer, status=400, key_form=form)
+    expires = form.cleaned_data["expires"]
+    expires_at = None
+    if expires is not None:
+        zone = figures.billing_periods(viewer.tenant, timezone.now()).zone
+        # The end of the chosen day in the tenant's timezone.
+        expires_at = datetime.combine(expires + timedelta(days=1), datetime.min.time(), zone)
+    try:
+        key, secret = api_key_create(
+            tenant=viewer.tenant.external_id,
+            name=form.cleaned_data["name"],
+            expires_at=expires_at,
+            acting=acting,
+        )
+    except BudgetError as exc:
+        return _refused(request, viewer, form, "key_form", exc)
+    context = _context(request, viewer, "manage", key=key, secret=secret, back=_home("lb-keys"))
+    return render(request, "llm_budgets/pages/secret.html", context)
+
+
+@manage_page
+def key_revoke(
+    request: HttpRequest, viewer: Viewer, acting: TenantAdmin, pk: str
+) -> HttpResponseBase:
+    _allowed(viewer, "api_keys")
+    key = _tenant_row(ApiKey, pk, viewer, tenant=viewer.tenant)
+    if request.method != "POST":
+        return _confirm(
+            request,
+            viewer,
+            title=_("Revoke this API key?"),
+            body=[
+                _("%(name)s (%(prefix)s) stops working at once; this cannot be undone.")
+                % {"name": key.name, "prefix": key.prefix}
+            ],
+            fields={},
+            button=_("Revoke the key"),
+        )
+    try:
+        api_key_revoke(key, acting=acting, reason=_("Revoked on the usage pages"))
+    except BudgetError as exc:
+        return _page(request, viewer, status=400, message=exc.message)
+    return _done(_("API key %(prefix)s revoked.") % {"prefix": key.prefix}, "lb-keys")
+
+
+# --- alerts -------------------------------------------------------------------------------
+
+
+@manage_page
+def alert_subscribe(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> HttpResponseBase:
+    _allowed(viewer, "alerts")
+    if request.method != "POST":
+        return redirect(_home("lb-alerts"))
+    form = AlertForm(request.POST)
+    if not form.is_valid():
+        return _page(request, viewer, status=400, alert_form=form)
+    data = form.cleaned_data
+    try:
+        endpoint, secret = self_serve_subscribe(
+            acting, kind=data["kind"], target=data["target"], event_types=data["event_types"]
+        )
+    except BudgetError as exc:
+        return _refused(request, viewer, form, "alert_form", exc)
+    if secret:
+        context = _context(
+            request, viewer, "manage", endpoint=endpoint, secret=secret, back=_home("lb-alerts")
+        )
+        return render(request, "llm_budgets/pages/secret.html", context)
+    return _done(_("Alerts go to %(target)s.") % {"target": endpoint.target}, "lb-alerts")
+
+
+@manage_page
+def alert_remove(
+    request: HttpRequest, viewer: Viewer, acting: TenantAdmin, pk: int
+) -> HttpResponseBase:
+    _allowed(viewer, "alerts")
+    try:
+        endpoint = endpoint_get(pk, tenant=viewer.tenant)
+    except EndpointNotFound:
+        raise Http404(_("Nothing with this id in your organisation.")) from None
+    if request.method != "POST":
+        return _confirm(
+            request,
+            viewer,
+            title=_("Stop these alerts?"),
+            body=[_("Nothing more is sent to %(target)s.") % {"target": endpoint.target}],
+            fields={},
+            button=_("Stop the alerts"),
+        )
+    try:
+        self_serve_unsubscribe(acting, endpoint)
+    except BudgetError as exc:
+        return _page(request, viewer, status=400, message=exc.message)
+    return _done(_("Alerts to %(target)s stopped.") % {"target": endpoint.target}, "lb-alerts")
