@@ -99,7 +99,21 @@ class MoneyField(forms.CharField):
             raise forms.ValidationError(exc.message) from None
 
 
-class BudgetForm(forms.Form):
+class PageForm(forms.Form):
+    """The page holds several forms: each has ids of its own (``lb-<form>-<field>``), so no two
+    labels point at one id, and no label suffix (screen readers read the label as written)."""
+
+    id_prefix = "form"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("auto_id", f"lb-{self.id_prefix}-%s")
+        kwargs.setdefault("label_suffix", "")
+        super().__init__(*args, **kwargs)
+
+
+class BudgetForm(PageForm):
+    id_prefix = "budget"
+
     kind = forms.ChoiceField(label=gettext_lazy("For"), choices=[(k[0], k[1]) for k in KINDS])
     who = forms.CharField(
         label=gettext_lazy("Which one"),
@@ -133,7 +147,9 @@ class BudgetForm(forms.Form):
         return {keyword: who or ALL}
 
 
-class RaiseForm(forms.Form):
+class RaiseForm(PageForm):
+    id_prefix = "raise"
+
     user = forms.CharField(label=gettext_lazy("User id"), max_length=255)
     window = forms.ChoiceField(label=gettext_lazy("Budget window"), choices=WINDOWS)
     amount = MoneyField(label=gettext_lazy("Extra amount"))
@@ -143,12 +159,16 @@ class RaiseForm(forms.Form):
     reason = forms.CharField(label=gettext_lazy("Why"), max_length=500)
 
 
-class ResetForm(forms.Form):
+class ResetForm(PageForm):
+    id_prefix = "reset"
+
     user = forms.CharField(label=gettext_lazy("User id"), max_length=255)
     reason = forms.CharField(label=gettext_lazy("Why"), max_length=500)
 
 
-class KeyForm(forms.Form):
+class KeyForm(PageForm):
+    id_prefix = "key"
+
     name = forms.CharField(label=gettext_lazy("Name"), max_length=50)
     expires = forms.DateField(
         label=gettext_lazy("Expires on"),
@@ -158,7 +178,9 @@ class KeyForm(forms.Form):
     )
 
 
-class AlertForm(forms.Form):
+class AlertForm(PageForm):
+    id_prefix = "alert"
+
     kind = forms.ChoiceField(label=gettext_lazy("Send to"), choices=ALERT_KINDS)
     target = forms.CharField(
         label=gettext_lazy("Address"),
@@ -176,10 +198,6 @@ class AlertForm(forms.Form):
         field = self.fields["event_types"]
         assert isinstance(field, forms.MultipleChoiceField)
         field.choices = [(name, name) for name, t in TYPES.items() if t.tenant_visible]
-
-
-class ReasonForm(forms.Form):
-    reason = forms.CharField(label=gettext_lazy("Why"), max_length=500, required=False)
 
 
 # --- access -------------------------------------------------------------------------------

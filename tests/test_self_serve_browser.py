@@ -1,0 +1,118 @@
+"""Self-serve in a real chromium (issue #29): a tenant admin caps one of their users from the
+Budgets tab, the user's next call is refused naming that cap, the admin raises it and the call
+passes; a member sees no Budgets tab and gets 403. Screenshots: test-artifacts/screenshots/
+(copied into docs/images/ for docs/pages.md)."""
+
+from __future__ import annotations
+
+import shutil
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llm_budgets.exceptions import BudgetExceeded
+from llm_budgets.models import AuditEvent, Tenant
+from tests.browser import screenshot
+from tests.factories import reserve_30
+from tests.pages import people, usage_data
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+DOCS_IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
+
+
+@pytest.fixture
+def page(chromium_browser: Any, live_server: Any) -> Any:
+    context = chromium_browser.new_context(viewport={"width": 1200, "height": 900})
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+def log_in(page: Any, base: str, username: str) -> None:
+    page.goto(f"{base}/accounts/login/?next=/usage/")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill("pw")
+    page.get_by_role("button", name="Log in").click()
+    page.wait_for_url(f"{base}/usage/")
+
+
+def keep(page: Any, name: str) -> None:
+    DOCS_IMAGES.mkdir(exist_ok=True)
+    shutil.copyfile(screenshot(page, name), DOCS_IMAGES / f"{name}.png")
+
+
+def test_a_tenant_admin_caps_a_user_who_is_refused_then_raises_it(
+    page: Any, live_server: Any
+) -> None:
+    usage_data()
+    people()
+    Tenant.objects.filter(external_id="acme").update(
+        self_serve=True, self_serve_ceiling=Decimal(100)
+    )
+    base = live_server.url
+    log_in(page, base, "ann")
+    page.get_by_role("link", name="Budgets").click()
+    page.wait_for_url(f"{base}/usage/manage/")
+    assert page.get_by_text("up to 100.00 USD each").is_visible()
+    keep(page, "pages-manage")
+
+    # Keyboard only: fill the budget form and send it with Enter.
+    page.get_by_label("For", exact=True).first.select_option("end_user")
+    page.get_by_label("Which one").fill("carol")
+    page.get_by_label("Window", exact=True).select_option("day")
+    page.get_by_label("Limit").fill("20")
+    page.get_by_label("Limit").press("Enter")
+    page.wait_for_url(f"{base}/usage/manage/budgets/set/")
+    assert page.get_by_text("carol has spent 0.00 USD of the new 20.00 USD today.").is_visible()
+    keep(page, "pages-manage-preview")
+    page.get_by_role("button", name="Set the budget").click()
+    page.wait_for_url(f"{base}/usage/manage/?**")
+    assert page.get_by_role("status").inner_text().startswith("Budget set: end user acme/carol")
+
+    with pytest.raises(BudgetExceeded) as refused:
+        reserve_30(tenant="acme", end_user="carol")
+    assert "end user acme/carol" in str(refused.value)
+    assert "20.00" in str(refused.value)
+
+    raises = page.locator("#lb-raises")
+    raises.get_by_label("User id").fill("carol")
+    raises.get_by_label("Budget window").select_option("day")
+    raises.get_by_label("Extra amount").fill("15")
+    raises.get_by_label("Why").fill("quarter-end report")
+    raises.get_by_role("button", name="Grant the raise").click()
+    page.wait_for_url(f"{base}/usage/manage/?**")
+    assert page.get_by_role("status").inner_text() == "Raise granted to carol."
+    reserve_30(tenant="acme", end_user="carol").release()  # 30 <= 20 + 15
+
+    # A key: the secret is shown once.
+    keys = page.locator("#lb-keys")
+    keys.get_by_label("Name").fill("reporting")
+    keys.get_by_role("button", name="Create the key").click()
+    secret = page.get_by_label("The key").input_value()
+    assert "." in secret
+    keep(page, "pages-manage-key")
+
+    actions = list(
+        AuditEvent.objects.filter(actor="ann (tenant admin of acme)").values_list(
+            "action", flat=True
+        )
+    )
+    assert sorted(actions) == ["api_key.create", "budget.create", "budget.raise"]
+
+
+def test_a_member_sees_no_budgets_tab_and_gets_403(page: Any, live_server: Any) -> None:
+    usage_data()
+    people()
+    Tenant.objects.filter(external_id="acme").update(
+        self_serve=True, self_serve_ceiling=Decimal(100)
+    )
+    base = live_server.url
+    log_in(page, base, "alice")
+    assert page.get_by_role("link", name="Budgets").count() == 0
+    assert page.locator('form[method="post"]').count() == 0
+    response = page.goto(f"{base}/usage/manage/")
+    assert response.status == 403
