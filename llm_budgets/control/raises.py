@@ -51,9 +51,10 @@ def budget_raise_grant(
     with transaction.atomic():
         if acting is not None:
             self_serve_authorize(acting, action="raises", tenant=budget.tenant)
-            if budget.scope not in (Scope.END_USER, Scope.END_USER_DEFAULT):
+            if budget.scope != Scope.END_USER:
+                # The default for each user would lift them all, not the one named.
                 raise SelfServeDenied(
-                    "A tenant admin raises their users' budgets only; ask support for others.",
+                    "A tenant admin raises one user's own budget only; ask support for others.",
                     action="raises",
                     field="budget",
                 )

@@ -201,3 +201,11 @@ def self_serve_unsubscribe(acting: TenantAdmin, endpoint: AlertEndpoint) -> None
     """Remove one of the tenant's alert endpoints (``endpoint_delete``)."""
     self_serve_authorize(acting, action="alerts", tenant=endpoint.tenant)
     endpoint_delete(endpoint, actor=acting.actor)
+
+
+def raise_target(tenant: Tenant, end_user: str, window: str) -> Budget | None:
+    """The budget a raise for ``end_user`` adds to: their own of ``window``. Never the default
+    for each user: a raise on it would lift every user, not the one named."""
+    return Budget.objects.filter(
+        tenant=tenant, scope=Scope.END_USER, end_user__external_id=end_user, window=window
+    ).first()

@@ -36,6 +36,7 @@ from llm_budgets.control.raises import budget_raise_grant, budget_raise_revoke
 from llm_budgets.control.self_serve import (
     SELF_SERVE_SCOPES,
     TenantAdmin,
+    raise_target,
     self_serve_actions,
     self_serve_ceiling,
     self_serve_enabled,
@@ -491,11 +492,14 @@ def raise_grant(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> Ht
     if not form.is_valid():
         return _page(request, viewer, status=400, raise_form=form)
     data = form.cleaned_data
-    budget = _user_budget(viewer, data["user"], str(data["window"]))
+    budget = raise_target(viewer.tenant, data["user"], str(data["window"]))
     if budget is None:
         form.add_error(
             "user",
-            _("%(user)s has no budget of this window to raise: set one first (Budgets above).")
+            _(
+                "%(user)s has no budget of their own in this window to raise: set one first "
+                "(Budgets above); a raise on the default would lift every user."
+            )
             % {"user": data["user"]},
         )
         return _page(request, viewer, status=400, raise_form=form)
@@ -510,18 +514,6 @@ def raise_grant(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> Ht
     except BudgetError as exc:
         return _refused(request, viewer, form, "raise_form", exc)
     return _done(_("Raise granted to %(user)s.") % {"user": data["user"]}, "lb-raises")
-
-
-def _user_budget(viewer: Viewer, who: str, window: str) -> Budget | None:
-    """The budget a raise for ``who`` adds to: their own of that window, else the default's."""
-    own = Budget.objects.filter(
-        tenant=viewer.tenant, scope=Scope.END_USER, end_user__external_id=who, window=window
-    ).first()
-    if own is not None:
-        return own
-    return Budget.objects.filter(
-        tenant=viewer.tenant, scope=Scope.END_USER_DEFAULT, window=window
-    ).first()
 
 
 @manage_page
