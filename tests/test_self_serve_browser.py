@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from llm_budgets.exceptions import BudgetExceeded
-from llm_budgets.models import AuditEvent, Tenant
+from llm_budgets.models import AuditEvent, Budget, Tenant
 from tests.browser import screenshot
 from tests.factories import reserve_30
 from tests.pages import people, usage_data
@@ -116,3 +116,51 @@ def test_a_member_sees_no_budgets_tab_and_gets_403(page: Any, live_server: Any) 
     assert page.locator('form[method="post"]').count() == 0
     response = page.goto(f"{base}/usage/manage/")
     assert response.status == 403
+
+
+def test_every_self_serve_state_meets_wcag_21_aa(chromium_browser: Any, live_server: Any) -> None:
+    """The Budgets tab, a refusal beside its field, the preview, a confirmation and a key shown
+    once: axe-core clean, the Tab walk (1280 px), nothing scrolling sideways (narrow widths)."""
+    from tests.a11y import VIEWPORTS, Audit, require_axe
+
+    require_axe()
+    usage_data()
+    people()
+    Tenant.objects.filter(external_id="acme").update(
+        self_serve=True, self_serve_ceiling=Decimal(100)
+    )
+    budget = Budget.objects.filter(tenant__external_id="acme", scope="tag").get()
+    base = live_server.url
+    audit = Audit()
+    context = chromium_browser.new_context(viewport=VIEWPORTS["1280"]["viewport"])
+    context.set_default_timeout(15_000)
+    try:
+        page = context.new_page()
+        log_in(page, base, "ann")
+        for width, options in VIEWPORTS.items():
+            page.set_viewport_size(options["viewport"])
+            wide = width == "1280"
+            page.goto(f"{base}/usage/manage/")
+            audit.check(page, f"manage @{width}", keyboard=wide, fits=not wide)
+            form = page.locator("#lb-budgets")
+            form.get_by_label("Which one").fill("carol")
+            form.get_by_label("Limit").fill("500")
+            form.get_by_role("button", name="Preview").click()
+            page.wait_for_load_state()
+            audit.check(page, f"preview @{width}", keyboard=wide, fits=not wide)
+            page.get_by_role("button", name="Set the budget").click()
+            page.wait_for_load_state()
+            assert page.locator('[aria-invalid="true"]').count() == 1  # above the ceiling
+            audit.check(page, f"refused @{width}", keyboard=wide, fits=not wide)
+            page.goto(f"{base}/usage/manage/budgets/{budget.pk}/remove/")
+            audit.check(page, f"confirm @{width}", keyboard=wide, fits=not wide)
+            page.goto(f"{base}/usage/manage/")
+            keys = page.locator("#lb-keys")
+            keys.get_by_label("Name").fill(f"key-{width}")
+            keys.get_by_role("button", name="Create the key").click()
+            page.wait_for_load_state()
+            audit.check(page, f"key shown once @{width}", keyboard=wide, fits=not wide)
+    finally:
+        context.close()
+    assert len(audit.states) == 15
+    audit.assert_clean()
