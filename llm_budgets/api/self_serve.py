@@ -15,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from llm_budgets.api import serializers as s
+from llm_budgets.api.exceptions import HttpError
 from llm_budgets.api.keys import api_key_create, api_key_revoke
 from llm_budgets.api.killswitches import actor_of
 from llm_budgets.api.schema import api_schema
@@ -52,16 +53,15 @@ class SelfServeView(ApiView):
     permission_classes = [IsSelfServeKey]
 
 
-class NotFound(InvalidUsage, LookupError):
-    """An id of another tenant's row answers as an unknown one does (404)."""
-
-    code = "not_found"
+def not_found(message: str) -> HttpError:
+    """Another tenant's id answers as an unknown one does (404 not_found)."""
+    return HttpError(message, code="not_found", status_code=status.HTTP_404_NOT_FOUND)
 
 
 def _own(model: Any, pk: object, **lookup: Any) -> Any:
     row = model.objects.filter(pk=pk, **lookup).first()
     if row is None:
-        raise NotFound(f"No {model._meta.verbose_name} {pk!r} in this tenant.", field="id")
+        raise not_found(f"No {model._meta.verbose_name} {pk!r} in this tenant.")
     return row
 
 
@@ -239,7 +239,7 @@ class SelfServeResetView(SelfServeView):
         acting = acting_of(request)
         user = EndUser.objects.filter(tenant=acting.tenant, external_id=data["end_user"]).first()
         if user is None:
-            raise NotFound(f"No end user {data['end_user']!r} in this tenant.", field="end_user")
+            raise not_found(f"No end user {data['end_user']!r} in this tenant.")
         with ledger_guard("adjustments"):
             lines = end_user_spend_reset(end_user=user, reason=data["reason"], acting=acting)
         return Response({"lines": len(lines)})
@@ -278,7 +278,7 @@ class SelfServeKeyRevokeView(SelfServeView):
         acting = acting_of(request)
         key = ApiKey.objects.filter(prefix=prefix, tenant=acting.tenant).first()
         if key is None:
-            raise NotFound(f"No API key {prefix!r} in this tenant.", field="prefix")
+            raise not_found(f"No API key {prefix!r} in this tenant.")
         with ledger_guard("api keys"):
             api_key_revoke(key, reason=data["reason"], acting=acting)
         return Response(status=status.HTTP_204_NO_CONTENT)

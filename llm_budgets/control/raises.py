@@ -100,7 +100,7 @@ def budget_raise_revoke(
         actor = acting.actor
     with transaction.atomic():
         locked = (
-            BudgetRaise.objects.select_for_update()
+            BudgetRaise.objects.select_for_update(of=("self",))
             .select_related("budget__tenant")
             .get(pk=raise_.pk)
         )
