@@ -5,6 +5,7 @@ passes; a member sees no Budgets tab and gets 403. Screenshots: test-artifacts/s
 
 from __future__ import annotations
 
+import os
 import shutil
 from decimal import Decimal
 from pathlib import Path
@@ -41,8 +42,11 @@ def log_in(page: Any, base: str, username: str) -> None:
 
 
 def keep(page: Any, name: str) -> None:
-    DOCS_IMAGES.mkdir(exist_ok=True)
-    shutil.copyfile(screenshot(page, name), DOCS_IMAGES / f"{name}.png")
+    """A screenshot; with LLMB_DOCS_SCREENSHOTS=1 also docs/pages.md's copy (so a test run does
+    not rewrite the docs' images by itself)."""
+    path = screenshot(page, name)
+    if os.environ.get("LLMB_DOCS_SCREENSHOTS") == "1":
+        shutil.copyfile(path, DOCS_IMAGES / f"{name}.png")
 
 
 def test_a_tenant_admin_caps_a_user_who_is_refused_then_raises_it(
