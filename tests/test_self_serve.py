@@ -501,3 +501,24 @@ def test_a_capped_user_is_refused_naming_the_cap_then_passes_after_a_raise(folks
         {"user": "carol", "window": "day", "amount": "15", "hours": "1", "reason": "deadline"},
     )
     reserve_30(tenant="acme", end_user="carol").release()
+
+
+def test_operators_set_a_tenants_switch_and_ceiling_audited(folks: People) -> None:
+    from llm_budgets.control.self_serve import tenant_self_serve_set
+
+    acme = Tenant.objects.get(external_id="acme")
+    tenant_self_serve_set(acme, enabled=True, ceiling="7", actor="maria", reason="pilot")
+    acting = admin_of(folks)
+    with pytest.raises(SelfServeDenied, match=r"7\.00 USD"):
+        budget_set_limit(tenant="acme", end_user="u1", amount="8", window="day", acting=acting)
+    event = AuditEvent.objects.get(action="tenant.self_serve")
+    assert (event.actor, event.after) == ("maria", {"self_serve": True, "ceiling": "7"})
+
+
+def test_only_operators_grant_the_self_serve_scope_and_only_to_tenant_keys(folks: People) -> None:
+    key, _ = api_key_create(tenant="acme", name="admin-tool", self_serve=True)
+    assert key.self_serve
+    with pytest.raises(InvalidUsage, match="self_serve"):
+        api_key_create(tenant=None, name="ops", self_serve=True)
+    with pytest.raises(InvalidUsage, match="self_serve"):
+        api_key_create(tenant="acme", name="mine", self_serve=True, acting=admin_of(folks))

@@ -22,15 +22,18 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from llm_budgets import validation
 from llm_budgets.alerts.bodies import TYPES
 from llm_budgets.alerts.endpoints import endpoint_create, endpoint_delete
 from llm_budgets.conf import SELF_SERVE_ACTIONS, conf
 from llm_budgets.exceptions import SelfServeDenied
 from llm_budgets.models import (
     AlertEndpoint,
+    AuditEvent,
     Budget,
     BudgetRaise,
     Membership,
@@ -209,3 +212,35 @@ def raise_target(tenant: Tenant, end_user: str, window: str) -> Budget | None:
     return Budget.objects.filter(
         tenant=tenant, scope=Scope.END_USER, end_user__external_id=end_user, window=window
     ).first()
+
+
+def tenant_self_serve_set(
+    tenant: Tenant,
+    *,
+    enabled: bool | None,
+    ceiling: object = None,
+    actor: str = "",
+    reason: str = "",
+) -> Tenant:
+    """The operators' override for one tenant: ``enabled`` (None: the plan's switch) and
+    ``ceiling`` (None: the plan's). Audited; never a tenant admin's to call."""
+    amount = None if ceiling is None else validation.money("ceiling", ceiling)
+    with transaction.atomic():
+        locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        before = {"self_serve": locked.self_serve, "ceiling": _text(locked.self_serve_ceiling)}
+        locked.self_serve, locked.self_serve_ceiling = enabled, amount
+        locked.save(update_fields=["self_serve", "self_serve_ceiling"])
+        AuditEvent.objects.create(
+            action="tenant.self_serve",
+            actor=actor,
+            tenant=locked,
+            target=f"tenant {locked.external_id}",
+            before=before,
+            after={"self_serve": enabled, "ceiling": _text(amount)},
+            reason=reason,
+        )
+    return locked
+
+
+def _text(amount: Decimal | None) -> str | None:
+    return None if amount is None else str(amount)
