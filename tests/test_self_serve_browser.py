@@ -75,7 +75,9 @@ def test_a_tenant_admin_caps_a_user_who_is_refused_then_raises_it(
     keep(page, "pages-manage-preview")
     page.get_by_role("button", name="Set the budget").click()
     page.wait_for_url(f"{base}/usage/manage/?**")
-    assert page.get_by_role("status").inner_text().startswith("Budget set: end user acme/carol")
+    assert page.get_by_role("status").inner_text() == "The budget is set."
+    row = page.get_by_role("row", name="User carol")
+    assert row.get_by_role("cell").nth(1).inner_text() == "20.00 USD"
 
     with pytest.raises(BudgetExceeded) as refused:
         reserve_30(tenant="acme", end_user="carol")
@@ -89,7 +91,7 @@ def test_a_tenant_admin_caps_a_user_who_is_refused_then_raises_it(
     raises.get_by_label("Why").fill("quarter-end report")
     raises.get_by_role("button", name="Grant the raise").click()
     page.wait_for_url(f"{base}/usage/manage/?**")
-    assert page.get_by_role("status").inner_text() == "Raise granted to carol."
+    assert page.get_by_role("status").inner_text() == "The raise is granted."
     reserve_30(tenant="acme", end_user="carol").release()  # 30 <= 20 + 15
 
     # A key: the secret is shown once.

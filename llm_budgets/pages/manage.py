@@ -83,7 +83,25 @@ RAISE_HOURS = [
     (24, gettext_lazy("1 day")),
     (168, gettext_lazy("7 days")),
 ]
-ALERT_KINDS = [(k.value, k.label) for k in EndpointKind]
+ALERT_KINDS = [
+    (EndpointKind.EMAIL.value, gettext_lazy("Email")),
+    (EndpointKind.WEBHOOK.value, gettext_lazy("Signed webhook (JSON)")),
+    (EndpointKind.SLACK.value, gettext_lazy("Slack incoming webhook")),
+    (EndpointKind.TEAMS.value, gettext_lazy("Microsoft Teams incoming webhook")),
+]
+# What a tenant's own events are called on the form (docs/alerts.md has their bodies); a type
+# added later shows its name until it gets words here.
+EVENT_LABELS = {
+    "threshold.crossed": gettext_lazy("A budget crosses a warning threshold"),
+    "budget.projected_to_exceed": gettext_lazy("A budget is projected to run out this month"),
+    "budget.exhausted": gettext_lazy("A budget refuses its first call"),
+    "kill_switch.tripped": gettext_lazy("A kill switch stops calls"),
+    "kill_switch.cleared": gettext_lazy("A kill switch is cleared"),
+    "run.closed": gettext_lazy("A run is closed"),
+    "hold.expired": gettext_lazy("A call's hold expires unsettled"),
+    "payment.failed": gettext_lazy("A payment fails"),
+    "alert.test": gettext_lazy("Test alerts"),
+}
 
 
 class MoneyField(forms.CharField):
@@ -96,8 +114,13 @@ class MoneyField(forms.CharField):
             return None
         try:
             return validation.money("amount", formats.sanitize_separators(str(text).strip()))
-        except InvalidUsage as exc:
-            raise forms.ValidationError(exc.message) from None
+        except InvalidUsage:
+            raise forms.ValidationError(
+                _(
+                    "Write an amount such as 5 or 4.20: digits and at most one decimal mark, "
+                    "no sign and no currency."
+                )
+            ) from None
 
 
 class PageForm(forms.Form):
@@ -198,7 +221,9 @@ class AlertForm(PageForm):
         super().__init__(*args, **kwargs)
         field = self.fields["event_types"]
         assert isinstance(field, forms.MultipleChoiceField)
-        field.choices = [(name, name) for name, t in TYPES.items() if t.tenant_visible]
+        field.choices = [
+            (name, EVENT_LABELS.get(name, name)) for name, t in TYPES.items() if t.tenant_visible
+        ]
 
 
 # --- access -------------------------------------------------------------------------------
@@ -282,8 +307,8 @@ def _page(
             for value, label in WINDOWS
             if value != Window.LIFETIME
         ],
-        budgets=budgets,
-        raises=raises,
+        budgets=[(b, budget_who(b), window_label(b.window)) for b in budgets],
+        raises=[(r, budget_who(r.budget), window_label(r.budget.window)) for r in raises],
         keys=keys,
         endpoints=endpoints,
         budget_form=forms_.get("budget_form") or BudgetForm(),
@@ -300,7 +325,8 @@ def _page(
 
 @manage_page
 def manage(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> HttpResponseBase:
-    return _page(request, viewer, message=request.GET.get("done", "")[:200])
+    done = DONE.get(request.GET.get("done", ""))
+    return _page(request, viewer, message=str(done) if done else "")
 
 
 def _refused(
@@ -317,12 +343,23 @@ def _refused(
     return _page(request, viewer, status=status, bound={name: form})
 
 
-def _done(text: str, anchor: str) -> HttpResponse:
-    """Back to the page (POST, redirect, GET), saying what changed."""
-    from urllib.parse import urlencode
+# What the page says after a change (?done=<code>): fixed words, so a link cannot make the page
+# say something else; the lists below show the change itself.
+DONE = {
+    "budget_set": gettext_lazy("The budget is set."),
+    "budget_removed": gettext_lazy("The budget is removed."),
+    "raise_granted": gettext_lazy("The raise is granted."),
+    "raise_ended": gettext_lazy("The raise has ended."),
+    "spend_reset": gettext_lazy("The user's spend is reset."),
+    "key_revoked": gettext_lazy("The API key is revoked."),
+    "alerts_subscribed": gettext_lazy("Alerts are subscribed."),
+    "alerts_stopped": gettext_lazy("Those alerts are stopped."),
+}
 
-    url = reverse("llm_budgets_pages:manage") + "?" + urlencode({"done": text}) + f"#{anchor}"
-    return redirect(url)
+
+def _done(code: str, anchor: str) -> HttpResponse:
+    """Back to the page (POST, redirect, GET), saying what changed."""
+    return redirect(f"{reverse('llm_budgets_pages:manage')}?done={code}#{anchor}")
 
 
 def _confirm(
@@ -373,7 +410,7 @@ def budget_set(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> Htt
             danger=False,
         )
     try:
-        budget = budget_set_limit(
+        budget_set_limit(
             tenant=viewer.tenant.external_id,
             amount=amount,
             window=data["window"],
@@ -383,7 +420,7 @@ def budget_set(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> Htt
         )
     except BudgetError as exc:
         return _refused(request, viewer, form, "budget_form", exc)
-    return _done(_("Budget set: %(label)s.") % {"label": _label(budget)}, "lb-budgets")
+    return _done("budget_set", "lb-budgets")
 
 
 def _preview(viewer: Viewer, form: BudgetForm) -> list[str]:
@@ -443,8 +480,35 @@ def _window_phrase(window: str) -> str:
     return phrases.get(window, window)
 
 
+def budget_who(budget: Budget) -> str:
+    """Whom a self-serve budget limits, in the viewer's language."""
+    labels: dict[str, str] = {
+        Scope.END_USER: _("User %(id)s"),
+        Scope.END_USER_DEFAULT: _("Each user"),
+        Scope.API_KEY: _("API key %(id)s"),
+        Scope.API_KEY_DEFAULT: _("Each API key"),
+        Scope.RUN: _("Run %(id)s"),
+        Scope.RUN_DEFAULT: _("Each run"),
+        Scope.TAG: _("Tag %(id)s"),
+    }
+    ids: dict[str, str] = {
+        Scope.END_USER: budget.end_user.external_id if budget.end_user else "",
+        Scope.API_KEY: budget.api_key.prefix if budget.api_key else "",
+        Scope.RUN: budget.run.external_id if budget.run else "",
+        Scope.TAG: f"{budget.tag_key}={budget.tag_value}",
+    }
+    return labels.get(budget.scope, budget.scope_label) % {"id": ids.get(budget.scope, "")}
+
+
+def window_label(window: str) -> str:
+    return str(dict(WINDOWS).get(window, window))  # type: ignore[call-overload]
+
+
 def _label(budget: Budget) -> str:
-    return f"{budget.scope_label} {budget.window} {money_text(budget.limit, budget.currency)}"
+    return (
+        f"{budget_who(budget)}, {window_label(budget.window).lower()}: "
+        f"{money_text(budget.limit, budget.currency)}"
+    )
 
 
 def _tenant_row(model: Any, pk: Any, viewer: Viewer, **lookup: Any) -> Any:
@@ -477,7 +541,7 @@ def budget_remove_view(
         budget_remove(budget, acting=acting, reason=_("Removed on the usage pages"))
     except BudgetError as exc:
         return _page(request, viewer, status=400, message=exc.message)
-    return _done(_("Budget removed: %(label)s.") % {"label": _label(budget)}, "lb-budgets")
+    return _done("budget_removed", "lb-budgets")
 
 
 # --- raises and resets --------------------------------------------------------------------
@@ -513,7 +577,7 @@ def raise_grant(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> Ht
         )
     except BudgetError as exc:
         return _refused(request, viewer, form, "raise_form", exc)
-    return _done(_("Raise granted to %(user)s.") % {"user": data["user"]}, "lb-raises")
+    return _done("raise_granted", "lb-raises")
 
 
 @manage_page
@@ -541,7 +605,7 @@ def raise_revoke(
         budget_raise_revoke(raise_, acting=acting, reason=_("Ended on the usage pages"))
     except BudgetError as exc:
         return _page(request, viewer, status=400, message=exc.message)
-    return _done(_("Raise ended."), "lb-raises")
+    return _done("raise_ended", "lb-raises")
 
 
 @manage_page
@@ -576,7 +640,7 @@ def spend_reset(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> Ht
         end_user_spend_reset(end_user=user, reason=form.cleaned_data["reason"], acting=acting)
     except BudgetError as exc:
         return _refused(request, viewer, form, "reset_form", exc)
-    return _done(_("Spend reset for %(user)s.") % {"user": who}, "lb-reset")
+    return _done("spend_reset", "lb-reset")
 
 
 # --- API keys -----------------------------------------------------------------------------
@@ -631,7 +695,7 @@ def key_revoke(
         api_key_revoke(key, acting=acting, reason=_("Revoked on the usage pages"))
     except BudgetError as exc:
         return _page(request, viewer, status=400, message=exc.message)
-    return _done(_("API key %(prefix)s revoked.") % {"prefix": key.prefix}, "lb-keys")
+    return _done("key_revoked", "lb-keys")
 
 
 # --- alerts -------------------------------------------------------------------------------
@@ -657,7 +721,7 @@ def alert_subscribe(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -
             request, viewer, "manage", endpoint=endpoint, secret=secret, back=_home("lb-alerts")
         )
         return render(request, "llm_budgets/pages/secret.html", context)
-    return _done(_("Alerts go to %(target)s.") % {"target": endpoint.target}, "lb-alerts")
+    return _done("alerts_subscribed", "lb-alerts")
 
 
 @manage_page
@@ -682,4 +746,4 @@ def alert_remove(
         self_serve_unsubscribe(acting, endpoint)
     except BudgetError as exc:
         return _page(request, viewer, status=400, message=exc.message)
-    return _done(_("Alerts to %(target)s stopped.") % {"target": endpoint.target}, "lb-alerts")
+    return _done("alerts_stopped", "lb-alerts")
