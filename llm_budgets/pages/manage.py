@@ -386,6 +386,27 @@ def _confirm(
     return render(request, "llm_budgets/pages/confirm.html", context)
 
 
+def _destructive(
+    request: HttpRequest,
+    viewer: Viewer,
+    *,
+    title: str,
+    body: str,
+    button: str,
+    act: Callable[[], object],
+    done: tuple[str, str],
+) -> HttpResponse:
+    """A change that cannot be taken back: a confirmation page on GET, the change on POST (its
+    refusal on the page, nothing written), then back to the page saying so."""
+    if request.method != "POST":
+        return _confirm(request, viewer, title=title, body=[body], fields={}, button=button)
+    try:
+        act()
+    except BudgetError as exc:
+        return _page(request, viewer, status=400, message=exc.message)
+    return _done(*done)
+
+
 # --- budgets ------------------------------------------------------------------------------
 
 
@@ -525,23 +546,16 @@ def budget_remove_view(
 ) -> HttpResponseBase:
     _allowed(viewer, "budgets")
     budget = _tenant_row(Budget, pk, viewer, tenant=viewer.tenant, scope__in=SELF_SERVE_SCOPES)
-    if request.method != "POST":
-        return _confirm(
-            request,
-            viewer,
-            title=_("Remove this budget?"),
-            body=[
-                _("%(label)s will no longer apply; the default for each, if any, applies instead.")
-                % {"label": _label(budget)}
-            ],
-            fields={},
-            button=_("Remove the budget"),
-        )
-    try:
-        budget_remove(budget, acting=acting, reason=_("Removed on the usage pages"))
-    except BudgetError as exc:
-        return _page(request, viewer, status=400, message=exc.message)
-    return _done("budget_removed", "lb-budgets")
+    return _destructive(
+        request,
+        viewer,
+        title=_("Remove this budget?"),
+        body=_("%(label)s will no longer apply; the default for each, if any, applies instead.")
+        % {"label": _label(budget)},
+        button=_("Remove the budget"),
+        act=lambda: budget_remove(budget, acting=acting, reason=_("Removed on the usage pages")),
+        done=("budget_removed", "lb-budgets"),
+    )
 
 
 # --- raises and resets --------------------------------------------------------------------
@@ -586,26 +600,21 @@ def raise_revoke(
 ) -> HttpResponseBase:
     _allowed(viewer, "raises")
     raise_ = _tenant_row(BudgetRaise, pk, viewer, budget__tenant=viewer.tenant)
-    if request.method != "POST":
-        return _confirm(
-            request,
-            viewer,
-            title=_("End this raise now?"),
-            body=[
-                _("%(amount)s more on %(label)s ends now instead of at its time.")
-                % {
-                    "amount": money_text(raise_.amount, raise_.budget.currency),
-                    "label": _label(raise_.budget),
-                }
-            ],
-            fields={},
-            button=_("End the raise"),
-        )
-    try:
-        budget_raise_revoke(raise_, acting=acting, reason=_("Ended on the usage pages"))
-    except BudgetError as exc:
-        return _page(request, viewer, status=400, message=exc.message)
-    return _done("raise_ended", "lb-raises")
+    return _destructive(
+        request,
+        viewer,
+        title=_("End this raise now?"),
+        body=_("%(amount)s more on %(label)s ends now instead of at its time.")
+        % {
+            "amount": money_text(raise_.amount, raise_.budget.currency),
+            "label": _label(raise_.budget),
+        },
+        button=_("End the raise"),
+        act=lambda: budget_raise_revoke(
+            raise_, acting=acting, reason=_("Ended on the usage pages")
+        ),
+        done=("raise_ended", "lb-raises"),
+    )
 
 
 @manage_page
@@ -679,23 +688,16 @@ def key_revoke(
 ) -> HttpResponseBase:
     _allowed(viewer, "api_keys")
     key = _tenant_row(ApiKey, pk, viewer, tenant=viewer.tenant)
-    if request.method != "POST":
-        return _confirm(
-            request,
-            viewer,
-            title=_("Revoke this API key?"),
-            body=[
-                _("%(name)s (%(prefix)s) stops working at once; this cannot be undone.")
-                % {"name": key.name, "prefix": key.prefix}
-            ],
-            fields={},
-            button=_("Revoke the key"),
-        )
-    try:
-        api_key_revoke(key, acting=acting, reason=_("Revoked on the usage pages"))
-    except BudgetError as exc:
-        return _page(request, viewer, status=400, message=exc.message)
-    return _done("key_revoked", "lb-keys")
+    return _destructive(
+        request,
+        viewer,
+        title=_("Revoke this API key?"),
+        body=_("%(name)s (%(prefix)s) stops working at once; this cannot be undone.")
+        % {"name": key.name, "prefix": key.prefix},
+        button=_("Revoke the key"),
+        act=lambda: api_key_revoke(key, acting=acting, reason=_("Revoked on the usage pages")),
+        done=("key_revoked", "lb-keys"),
+    )
 
 
 # --- alerts -------------------------------------------------------------------------------
@@ -733,17 +735,12 @@ def alert_remove(
         endpoint = endpoint_get(pk, tenant=viewer.tenant)
     except EndpointNotFound:
         raise Http404(_("Nothing with this id in your organisation.")) from None
-    if request.method != "POST":
-        return _confirm(
-            request,
-            viewer,
-            title=_("Stop these alerts?"),
-            body=[_("Nothing more is sent to %(target)s.") % {"target": endpoint.target}],
-            fields={},
-            button=_("Stop the alerts"),
-        )
-    try:
-        self_serve_unsubscribe(acting, endpoint)
-    except BudgetError as exc:
-        return _page(request, viewer, status=400, message=exc.message)
-    return _done("alerts_stopped", "lb-alerts")
+    return _destructive(
+        request,
+        viewer,
+        title=_("Stop these alerts?"),
+        body=_("Nothing more is sent to %(target)s.") % {"target": endpoint.target},
+        button=_("Stop the alerts"),
+        act=lambda: self_serve_unsubscribe(acting, endpoint),
+        done=("alerts_stopped", "lb-alerts"),
+    )
