@@ -14,7 +14,7 @@ import functools
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from django import forms
 from django.contrib.auth.views import redirect_to_login
@@ -128,6 +128,7 @@ class PageForm(forms.Form):
     labels point at one id, and no label suffix (screen readers read the label as written)."""
 
     id_prefix = "form"
+    section = "lb-manage"  # the page's section that holds it
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("auto_id", f"lb-{self.id_prefix}-%s")
@@ -137,6 +138,7 @@ class PageForm(forms.Form):
 
 class BudgetForm(PageForm):
     id_prefix = "budget"
+    section = "lb-budgets"  # the page's section that holds it
 
     kind = forms.ChoiceField(label=gettext_lazy("For"), choices=[(k[0], k[1]) for k in KINDS])
     who = forms.CharField(
@@ -173,6 +175,7 @@ class BudgetForm(PageForm):
 
 class RaiseForm(PageForm):
     id_prefix = "raise"
+    section = "lb-raises"  # the page's section that holds it
 
     user = forms.CharField(label=gettext_lazy("User id"), max_length=255)
     window = forms.ChoiceField(label=gettext_lazy("Budget window"), choices=WINDOWS)
@@ -185,6 +188,7 @@ class RaiseForm(PageForm):
 
 class ResetForm(PageForm):
     id_prefix = "reset"
+    section = "lb-reset"  # the page's section that holds it
 
     user = forms.CharField(label=gettext_lazy("User id"), max_length=255)
     reason = forms.CharField(label=gettext_lazy("Why"), max_length=500)
@@ -192,6 +196,7 @@ class ResetForm(PageForm):
 
 class KeyForm(PageForm):
     id_prefix = "key"
+    section = "lb-keys"  # the page's section that holds it
 
     name = forms.CharField(label=gettext_lazy("Name"), max_length=50)
     expires = forms.DateField(
@@ -204,6 +209,7 @@ class KeyForm(PageForm):
 
 class AlertForm(PageForm):
     id_prefix = "alert"
+    section = "lb-alerts"  # the page's section that holds it
 
     kind = forms.ChoiceField(label=gettext_lazy("Send to"), choices=ALERT_KINDS)
     target = forms.CharField(
@@ -224,6 +230,9 @@ class AlertForm(PageForm):
         field.choices = [
             (name, EVENT_LABELS.get(name, name)) for name, t in TYPES.items() if t.tenant_visible
         ]
+
+
+F = TypeVar("F", bound=PageForm)
 
 
 # --- access -------------------------------------------------------------------------------
@@ -386,6 +395,20 @@ def _confirm(
     return render(request, "llm_budgets/pages/confirm.html", context)
 
 
+def _posted(
+    request: HttpRequest, viewer: Viewer, action: str, form_class: type[F], name: str
+) -> F | HttpResponse:
+    """A form's POST, valid; else what to answer: the page at its section (GET), or the page
+    with the form's errors beside their fields (400)."""
+    _allowed(viewer, action)
+    if request.method != "POST":
+        return redirect(_home(form_class.section))
+    form = form_class(request.POST)
+    if not form.is_valid():
+        return _page(request, viewer, status=400, bound={name: form})
+    return form
+
+
 def _destructive(
     request: HttpRequest,
     viewer: Viewer,
@@ -412,12 +435,9 @@ def _destructive(
 
 @manage_page
 def budget_set(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> HttpResponseBase:
-    _allowed(viewer, "budgets")
-    if request.method != "POST":
-        return redirect(_home("lb-budgets"))
-    form = BudgetForm(request.POST)
-    if not form.is_valid():
-        return _page(request, viewer, status=400, budget_form=form)
+    form = _posted(request, viewer, "budgets", BudgetForm, "budget_form")
+    if isinstance(form, HttpResponse):
+        return form
     data = form.cleaned_data
     amount: Decimal = data["amount"]
     if request.POST.get("confirm") != "yes":
@@ -563,12 +583,9 @@ def budget_remove_view(
 
 @manage_page
 def raise_grant(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> HttpResponseBase:
-    _allowed(viewer, "raises")
-    if request.method != "POST":
-        return redirect(_home("lb-raises"))
-    form = RaiseForm(request.POST)
-    if not form.is_valid():
-        return _page(request, viewer, status=400, raise_form=form)
+    form = _posted(request, viewer, "raises", RaiseForm, "raise_form")
+    if isinstance(form, HttpResponse):
+        return form
     data = form.cleaned_data
     budget = raise_target(viewer.tenant, data["user"], str(data["window"]))
     if budget is None:
@@ -619,12 +636,9 @@ def raise_revoke(
 
 @manage_page
 def spend_reset(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> HttpResponseBase:
-    _allowed(viewer, "reset_spend")
-    if request.method != "POST":
-        return redirect(_home("lb-reset"))
-    form = ResetForm(request.POST)
-    if not form.is_valid():
-        return _page(request, viewer, status=400, reset_form=form)
+    form = _posted(request, viewer, "reset_spend", ResetForm, "reset_form")
+    if isinstance(form, HttpResponse):
+        return form
     who = form.cleaned_data["user"]
     user = EndUser.objects.filter(tenant=viewer.tenant, external_id=who).first()
     if user is None:
@@ -657,12 +671,9 @@ def spend_reset(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> Ht
 
 @manage_page
 def key_create(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> HttpResponseBase:
-    _allowed(viewer, "api_keys")
-    if request.method != "POST":
-        return redirect(_home("lb-keys"))
-    form = KeyForm(request.POST)
-    if not form.is_valid():
-        return _page(request, viewer, status=400, key_form=form)
+    form = _posted(request, viewer, "api_keys", KeyForm, "key_form")
+    if isinstance(form, HttpResponse):
+        return form
     expires = form.cleaned_data["expires"]
     expires_at = None
     if expires is not None:
@@ -705,12 +716,9 @@ def key_revoke(
 
 @manage_page
 def alert_subscribe(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> HttpResponseBase:
-    _allowed(viewer, "alerts")
-    if request.method != "POST":
-        return redirect(_home("lb-alerts"))
-    form = AlertForm(request.POST)
-    if not form.is_valid():
-        return _page(request, viewer, status=400, alert_form=form)
+    form = _posted(request, viewer, "alerts", AlertForm, "alert_form")
+    if isinstance(form, HttpResponse):
+        return form
     data = form.cleaned_data
     try:
         endpoint, secret = self_serve_subscribe(
