@@ -244,20 +244,8 @@ def test_a_budget_that_held_calls_is_not_removed_but_says_what_to_do(folks: Peop
 def action_urls(folks: People) -> list[tuple[str, str, dict[str, Any]]]:
     """Every action URL with a valid body for acme (method, path, data)."""
     acting = admin_of(folks)
-    budget = budget_set_limit(
-        tenant="acme", end_user="bob-acme", amount="50", window="day", acting=acting
-    )
-    raise_ = budget_raise_grant(
-        budget=budget,
-        amount="1",
-        until=timezone.now() + timedelta(hours=1),
-        reason="r",
-        acting=acting,
-    )
-    key, _ = api_key_create(tenant="acme", name="acme-key", acting=acting)
-    endpoint, _ = self_serve_subscribe(
-        acting, kind="email", target="ops@acme.test", event_types=["threshold.crossed"]
-    )
+    rows = tenant_rows(acting, "bob-acme")
+    raise_, key, endpoint = rows["raise"], rows["key"], rows["endpoint"]
     unused = budget_set_limit(
         tenant="acme", end_user="dave", amount="5", window="day", acting=acting
     )
@@ -318,23 +306,23 @@ def test_the_tab_and_the_forms_are_a_tenant_admins_only_where_self_serve_is_on(
 BETA_IDS = ["budget", "raise", "key", "endpoint"]
 
 
-def beta_rows() -> dict[str, Any]:
-    beta = admin_of_beta()
+def tenant_rows(acting: TenantAdmin, user: str) -> dict[str, Any]:
+    """One of each row a tenant admin acts on, made through the services as ``acting``."""
+    tenant = acting.tenant.external_id
     budget = budget_set_limit(
-        tenant="beta", end_user="zed-beta", amount="50", window="day", acting=beta
+        tenant=tenant, end_user=user, amount="50", window="day", acting=acting
     )
-    raise_ = budget_raise_grant(
-        budget=budget,
-        amount="1",
-        until=timezone.now() + timedelta(hours=1),
-        reason="r",
-        acting=beta,
-    )
-    key, _ = api_key_create(tenant="beta", name="beta-key", acting=beta)
+    until = timezone.now() + timedelta(hours=1)
+    raise_ = budget_raise_grant(budget=budget, amount="1", until=until, reason="r", acting=acting)
+    key, _ = api_key_create(tenant=tenant, name=f"{tenant}-key", acting=acting)
     endpoint, _ = self_serve_subscribe(
-        beta, kind="email", target="ops@beta.test", event_types=["threshold.crossed"]
+        acting, kind="email", target=f"ops@{tenant}.test", event_types=["threshold.crossed"]
     )
-    return {"budget": budget, "raise": raise_, "key": key, "endpoint": endpoint, "user": "zed-beta"}
+    return {"budget": budget, "raise": raise_, "key": key, "endpoint": endpoint}
+
+
+def beta_rows() -> dict[str, Any]:
+    return tenant_rows(admin_of_beta(), "zed-beta")
 
 
 def admin_of_beta() -> TenantAdmin:
