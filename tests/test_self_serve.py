@@ -510,3 +510,13 @@ def test_only_operators_grant_the_self_serve_scope_and_only_to_tenant_keys(folks
         api_key_create(tenant=None, name="ops", self_serve=True)
     with pytest.raises(InvalidUsage, match="self_serve"):
         api_key_create(tenant="acme", name="mine", self_serve=True, acting=admin_of(folks))
+
+
+def test_operators_turn_self_serve_on_for_a_plan_in_the_admin(folks: People) -> None:
+    from django.contrib.auth.models import User
+
+    boss = User.objects.create_superuser("root", password="pw")
+    admin = client_for(boss)
+    form = admin.get("/admin/llm_budgets/plan/add/").content.decode()
+    assert 'name="self_serve"' in form
+    assert 'name="self_serve_ceiling"' in form
