@@ -520,3 +520,51 @@ def test_operators_turn_self_serve_on_for_a_plan_in_the_admin(folks: People) -> 
     form = admin.get("/admin/llm_budgets/plan/add/").content.decode()
     assert 'name="self_serve"' in form
     assert 'name="self_serve_ceiling"' in form
+
+
+def test_a_hidden_action_has_no_form_and_its_urls_answer_403(folks: People, settings: Any) -> None:
+    settings.LLM_BUDGETS = {**settings.LLM_BUDGETS, "SELF_SERVE_HIDDEN_ACTIONS": ["reset_spend"]}
+    admin = client_for(folks.acme_admin)
+    page = admin.get("/usage/manage/").content.decode()
+    assert "/usage/manage/users/reset/" not in page
+    assert "/usage/manage/budgets/set/" in page
+    response = admin.post("/usage/manage/users/reset/", {"user": "bob-acme", "reason": "r"})
+    assert response.status_code == 403
+
+
+def test_a_destructive_action_asks_first_and_changes_nothing_until_confirmed(
+    folks: People,
+) -> None:
+    acting = admin_of(folks)
+    key, _ = api_key_create(tenant="acme", name="ci", acting=acting)
+    admin = client_for(folks.acme_admin)
+    before = AuditEvent.objects.count()
+    confirm = admin.get(f"/usage/manage/keys/{key.pk}/revoke/")
+    assert confirm.status_code == 200
+    text = confirm.content.decode()
+    assert "Revoke this API key?" in text
+    assert "csrfmiddlewaretoken" in text
+    reset = admin.post("/usage/manage/users/reset/", {"user": "bob-acme", "reason": "r"})
+    assert "Reset this user&#x27;s spend?" in reset.content.decode()
+    key.refresh_from_db()
+    assert not key.revoked
+    assert AuditEvent.objects.count() == before
+
+
+def test_forms_need_the_csrf_token(folks: People) -> None:
+    admin = Client(enforce_csrf_checks=True)
+    admin.force_login(folks.acme_admin)
+    body = {"kind": "end_user", "who": "bob-acme", "window": "day", "amount": "5", "confirm": "yes"}
+    assert admin.post("/usage/manage/budgets/set/", body).status_code == 403
+    assert not Budget.objects.filter(end_user__external_id="bob-acme", window="day").exists()
+
+
+def test_support_staff_see_the_changes_in_the_admins_audit_log(folks: People) -> None:
+    from django.contrib.auth.models import User
+
+    budget_set_limit(
+        tenant="acme", end_user="bob-acme", amount="9", window="day", acting=admin_of(folks)
+    )
+    boss = User.objects.create_superuser("root", password="pw")
+    log = client_for(boss).get("/admin/llm_budgets/auditevent/").content.decode()
+    assert "ann (tenant admin of acme)" in log
