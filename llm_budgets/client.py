@@ -106,6 +106,7 @@ API_ERROR_CODES: dict[str, str] = {
     "api_key_expired": "the API key expired",
     # 403, 404, 405, 406, 415: what the key may do, where the request went
     "operator_key_required": "the operation needs an operator key",
+    "self_serve_key_required": "the operation needs a tenant key with the self_serve scope",
     "permission_denied": "the key may not do this",
     "not_found": "no such path or object (or another tenant's)",
     "alert_endpoint_not_found": "no such alert endpoint (or another tenant's)",

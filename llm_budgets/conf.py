@@ -123,6 +123,11 @@ DEFAULTS: dict[str, Any] = {
     "STRIPE_RETRY_BASE_SECONDS": 30,
     # Reconciliation compares this many past days of delivered hours with Stripe's summaries.
     "STRIPE_RECONCILE_DAYS": 3,
+    # Self-serve (docs/pages.md, "Tenant admins act"): actions a host hides from tenant admins
+    # on the pages and the API alike, from SELF_SERVE_ACTIONS ("budgets", "raises",
+    # "reset_spend", "api_keys", "alerts"); which tenants may act at all is the plan's and the
+    # tenant's self_serve switch (off by default).
+    "SELF_SERVE_HIDDEN_ACTIONS": [],
     # Alerts (docs/alerts.md). Plain http:// endpoints: refused unless DEBUG or this is True
     # (local receivers, tests); True outside DEBUG is an error (check llm_budgets.E110).
     "ALERTS_ALLOW_HTTP": False,
@@ -422,6 +427,20 @@ def _webhook_secret(key: str, value: Any) -> str | None:
     )
 
 
+# What a tenant admin may do from the pages and a self-serve key (control/self_serve.py).
+SELF_SERVE_ACTIONS = ("budgets", "raises", "reset_spend", "api_keys", "alerts")
+
+
+def _self_serve_actions(key: str, value: Any) -> list[str]:
+    if isinstance(value, list | tuple) and all(v in SELF_SERVE_ACTIONS for v in value):
+        return list(value)
+    raise SettingError(
+        key,
+        f"LLM_BUDGETS[{key!r}] must be a list of actions from: {', '.join(SELF_SERVE_ACTIONS)}.",
+        f"Got {value!r}.",
+    )
+
+
 def _address_list(key: str, value: Any) -> list[str]:
     import ipaddress
 
@@ -480,6 +499,7 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "STRIPE_MAX_ATTEMPTS": _positive_int,
     "STRIPE_RETRY_BASE_SECONDS": _positive_int,
     "STRIPE_RECONCILE_DAYS": _positive_int,
+    "SELF_SERVE_HIDDEN_ACTIONS": _self_serve_actions,
     "ALERTS_ALLOW_HTTP": _bool,
     "ALERTS_ALLOWED_ADDRESSES": _address_list,
     "ALERTS_TIMEOUT_SECONDS": _positive_int,
@@ -676,6 +696,10 @@ class Settings:
     def API_AUTH_FAILURE_RATE(self) -> str | None:
         rate = self._get("API_AUTH_FAILURE_RATE")
         return None if rate is None else str(rate)
+
+    @property
+    def SELF_SERVE_HIDDEN_ACTIONS(self) -> list[str]:
+        return self._get("SELF_SERVE_HIDDEN_ACTIONS")  # type: ignore[no-any-return]
 
     @property
     def ALERTS_ALLOW_HTTP(self) -> bool:

@@ -257,6 +257,24 @@ class UnknownTenant(InvalidUsage, LookupError):
         )
 
 
+class SelfServeDenied(BudgetError, PermissionError):
+    """A tenant admin (the pages, a self-serve key) asked for what the operators do not allow:
+    self-serve is off for the tenant, the host hid the action, the person is a member, the
+    target is another tenant's, or the amount is above the ceiling. ``field`` names the input
+    to change, when one is."""
+
+    code = "self_serve_denied"
+    wire: ClassVar[tuple[Wire, ...]] = (
+        Wire("action", help="The self-serve action refused, e.g. budgets."),
+        Wire("field", help="The input to change, when one is."),
+    )
+
+    def __init__(self, message: str, *, action: str, field: str | None = None) -> None:
+        self.action = action
+        self.field = field
+        super().__init__(message, action=action, field=field)
+
+
 class NoApplicableBudget(InvalidUsage):
     """No budget covers the request: admitting it would spend without any cap."""
 

@@ -48,6 +48,13 @@ def test_the_schema_is_public_and_covers_every_endpoint() -> None:
             "alerts/deliveries/{delivery_id}",
             "alerts/deliveries/{delivery_id}/redeliver",
             "alerts/events",
+            "self-serve/budgets",
+            "self-serve/budgets/{budget_id}/remove",
+            "self-serve/raises",
+            "self-serve/raises/{raise_id}/revoke",
+            "self-serve/end-users/reset",
+            "self-serve/api-keys",
+            "self-serve/api-keys/{prefix}/revoke",
             "health",
         ]
     }

@@ -15,6 +15,7 @@ from django.contrib.auth.models import Group
 
 from demo.usage_month import page_users_ensure
 from llm_budgets.control.killswitches import kill_switch_trip, switch_scope
+from llm_budgets.models import Tenant
 from llm_budgets.pages import figures
 from llm_budgets.roles import SUPPORT
 from tests.a11y import VIEWPORTS, Audit, require_axe
@@ -33,6 +34,7 @@ ADMIN_PAGES = [
     ("refusals-page-2", "/usage/refusals/?page=2"),
     ("export-reversed-range", "/usage/export.csv?start=2026-11-30&end=2026-11-01"),
     ("export-bad-date", "/usage/export.csv?start=yesterday"),
+    ("manage", "/usage/manage/"),  # self-serve (its other states: test_self_serve_browser.py)
 ]
 MEMBER_PAGES = [
     ("overview", "/usage/"),
@@ -59,6 +61,8 @@ def _data() -> None:
     scope = switch_scope(tenant="acme", model="gpt-4o")
     assert scope is not None
     kill_switch_trip(scope=scope, reason="runaway agent loop", actor="maria")
+    # The Budgets tab exists for acme's admins (docs/pages.md, "Tenant admins act").
+    Tenant.objects.filter(external_id="acme").update(self_serve=True, self_serve_ceiling=100)
 
 
 def _log_in(page: Any, base: str, username: str) -> None:

@@ -24,6 +24,7 @@ from django.test import Client
 from django.utils import translation
 
 import llm_budgets
+from llm_budgets.models import Tenant
 from tests.pages import People, people, usage_data
 from tests.services import require
 
@@ -193,12 +194,32 @@ def _client(user: Any) -> Client:
         ("acme_member", "/usage/", {}),
         ("support", "/usage/", {}),  # the tenant picker
         ("support", "/usage/users/", {"tenant": "acme"}),
+        ("acme_admin", "/usage/manage/", {}),  # self-serve: the Budgets tab
+        # ... its preview, a refusal beside its field, and a key shown once (POSTs)
+        (
+            "acme_admin",
+            "/usage/manage/budgets/set/",
+            {"kind": "end_user", "who": "bob-acme", "window": "day", "amount": "5"},
+        ),
+        (
+            "acme_admin",
+            "/usage/manage/budgets/set/",
+            {"kind": "end_user", "who": "", "window": "day", "amount": "x"},
+        ),
+        ("acme_admin", "/usage/manage/keys/create/", {"name": "ci"}),
     ],
 )
 def test_every_string_on_the_pages_is_found_by_makemessages(
     marked_catalogue: None, folks: People, who: str, path: str, params: dict[str, str]
 ) -> None:
-    response = _client(getattr(folks, who)).get(path, params)
+    Tenant.objects.filter(external_id="acme").update(self_serve=True, self_serve_ceiling=100)
+    client = _client(getattr(folks, who))
+    if path.startswith("/usage/manage/") and params:
+        response = client.post(path, params)
+        assert response.status_code in (200, 400)
+        response.status_code = 200
+    else:
+        response = client.get(path, params)
     assert response.status_code == 200
     html = response.content.decode()
     assert OPEN in html  # the catalogue is in use

@@ -26,6 +26,7 @@ from llm_budgets.windows import rolling_window
 STATUS_BY_CODE: dict[str, int] = {
     "budget_exceeded": status.HTTP_429_TOO_MANY_REQUESTS,
     "kill_switch_active": status.HTTP_403_FORBIDDEN,
+    "self_serve_denied": status.HTTP_403_FORBIDDEN,
     "unknown_price": status.HTTP_422_UNPROCESSABLE_ENTITY,
     "output_ceiling_required": status.HTTP_422_UNPROCESSABLE_ENTITY,
     "no_budget": status.HTTP_422_UNPROCESSABLE_ENTITY,

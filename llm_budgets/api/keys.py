@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from llm_budgets import validation
+from llm_budgets.control.self_serve import TenantAdmin, self_serve_authorize
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import ApiKey, AuditEvent
 from llm_budgets.tenancy.tenants import tenant_get
@@ -20,21 +21,34 @@ def api_key_create(
     name: str,
     expires_at: datetime | None = None,
     actor: str = "",
+    acting: TenantAdmin | None = None,
+    self_serve: bool = False,
 ) -> tuple[ApiKey, str]:
     """Create a key for one tenant (by external id), or an operator key (``tenant=None``).
 
     Returns the key row and the key itself, ``<prefix>.<secret>``: show it once, it cannot be
-    recovered."""
+    recovered. ``acting``: a tenant admin creating a key of their own tenant; such a key is never
+    ``self_serve`` (only the operators grant that: ``self_serve=True``, a tenant key that may use
+    the self-serve routes)."""
     name = validation.identifier("name", name, max_length=50)
     if expires_at is not None:
         if timezone.is_naive(expires_at):
             raise InvalidUsage("expires_at must be timezone-aware.", field="expires_at")
         if expires_at <= timezone.now():
             raise InvalidUsage("expires_at must be in the future.", field="expires_at")
+    if self_serve and (acting is not None or tenant is None):
+        raise InvalidUsage(
+            "Only the operators grant self_serve, and only to a tenant's key (an operator key "
+            "already acts for every tenant).",
+            field="self_serve",
+        )
     tenant_obj = None if tenant is None else tenant_get(tenant)
+    if acting is not None:
+        self_serve_authorize(acting, action="api_keys", tenant=tenant_obj)
+        actor = acting.actor
     with transaction.atomic():
         created, key = ApiKey.objects.create_key(
-            name=name, tenant=tenant_obj, expiry_date=expires_at
+            name=name, tenant=tenant_obj, expiry_date=expires_at, self_serve=self_serve
         )
         api_key = cast(ApiKey, created)
         AuditEvent.objects.create(
@@ -42,13 +56,19 @@ def api_key_create(
             actor=actor,
             tenant=tenant_obj,
             target=f"api key {api_key.prefix}",
-            after={"name": name, "scope": api_key.scope_label},
+            after={"name": name, "scope": api_key.scope_label, "self_serve": self_serve},
         )
     return api_key, key
 
 
-def api_key_revoke(api_key: ApiKey, *, actor: str = "", reason: str = "") -> None:
-    """Revoke a key for good (revocation cannot be undone)."""
+def api_key_revoke(
+    api_key: ApiKey, *, actor: str = "", reason: str = "", acting: TenantAdmin | None = None
+) -> None:
+    """Revoke a key for good (revocation cannot be undone). ``acting``: a tenant admin revoking
+    one of their own tenant's keys."""
+    if acting is not None:
+        self_serve_authorize(acting, action="api_keys", tenant=api_key.tenant)
+        actor = acting.actor
     with transaction.atomic():
         if api_key.revoked:
             return

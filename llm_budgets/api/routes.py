@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver, path
 
-from llm_budgets.api import alerts, health, killswitches, usage, views
+from llm_budgets.api import alerts, health, killswitches, self_serve, usage, views
 
 api_patterns: list[URLPattern | URLResolver] = [
     path("reservations", views.ReservationCreateView.as_view(), name="reservations"),
@@ -86,5 +86,25 @@ api_patterns: list[URLPattern | URLResolver] = [
         name="alert-delivery-redeliver",
     ),
     path("alerts/events", alerts.AlertEventListView.as_view(), name="alert-events"),
+    # Self-serve (tenant keys the operators marked self_serve; docs/api.md#self-serve).
+    path("self-serve/budgets", self_serve.SelfServeBudgetsView.as_view(), name="ss-budgets"),
+    path(
+        "self-serve/budgets/<int:budget_id>/remove",
+        self_serve.SelfServeBudgetRemoveView.as_view(),
+        name="ss-budget-remove",
+    ),
+    path("self-serve/raises", self_serve.SelfServeRaisesView.as_view(), name="ss-raises"),
+    path(
+        "self-serve/raises/<int:raise_id>/revoke",
+        self_serve.SelfServeRaiseRevokeView.as_view(),
+        name="ss-raise-revoke",
+    ),
+    path("self-serve/end-users/reset", self_serve.SelfServeResetView.as_view(), name="ss-reset"),
+    path("self-serve/api-keys", self_serve.SelfServeKeysView.as_view(), name="ss-keys"),
+    path(
+        "self-serve/api-keys/<str:prefix>/revoke",
+        self_serve.SelfServeKeyRevokeView.as_view(),
+        name="ss-key-revoke",
+    ),
     path("health", health.HealthView.as_view(), name="health"),
 ]

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import ProtectedError, Q
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
-from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.control.self_serve import (
+    SELF_SERVE_SCOPES,
+    TenantAdmin,
+    raises_active,
+    self_serve_authorize,
+    self_serve_limit_check,
+)
+from llm_budgets.exceptions import InvalidUsage, SelfServeDenied
 from llm_budgets.models import ApiKey, AuditEvent, Budget, BudgetUnit, Counter, Scope, Tenant
 from llm_budgets.models.budgets import MAX_STRIPES
 from llm_budgets.tags import tags_validate
@@ -33,6 +42,7 @@ def budget_set_limit(
     tag: object = None,
     hot: object = None,
     stripes: object = None,
+    acting: TenantAdmin | None = None,
 ) -> Budget:
     """Create or change the budget for a scope and window.
 
@@ -51,6 +61,9 @@ def budget_set_limit(
     ``hot=True`` splits the budget's counter into ``stripes`` rows (default 8, at most 64) so
     admissions under it do not all lock one row (docs/design/hot-caps.md); ``hot=False`` joins
     them again; None leaves it as it is (a new budget is not hot).
+
+    ``acting``: a tenant admin (control/self_serve.py): only their own tenant's end-user, key,
+    run and tag budgets, within the self-serve ceiling; audited as them.
     """
     if hot is not None and not isinstance(hot, bool):
         raise InvalidUsage(f"hot must be True or False, got {hot!r}.", field="hot")
@@ -82,8 +95,20 @@ def budget_set_limit(
         raise InvalidUsage(
             f"{given[0]} needs a tenant: its budgets belong to one tenant.", field="tenant"
         )
+    if acting is not None:
+        actor = acting.actor
+        if hot is not None or stripes is not None:
+            raise SelfServeDenied(
+                "A budget's shape (hot, stripes) is the operators' to set.",
+                action="budgets",
+                field="hot" if hot is not None else "stripes",
+            )
     with transaction.atomic():
         lookup: dict[str, object]
+        if acting is not None:
+            self_serve_authorize(
+                acting, action="budgets", tenant=None if tenant is None else tenant_get(tenant)
+            )
         if tenant is None:
             lookup = {"scope": Scope.GLOBAL}
         else:
@@ -97,12 +122,22 @@ def budget_set_limit(
             else:
                 user = end_user_ensure(tenant_obj, end_user)
                 lookup = {"scope": Scope.END_USER, "tenant": tenant_obj, "end_user": user}
+        if acting is not None:
+            _self_serve_check(acting, lookup, window=window, limit=limit)
         budget = (
             Budget.objects.select_for_update(of=("self",))
             .select_related("tenant", "end_user", "api_key", "run")
             .filter(window=window, **lookup)
             .first()
         )
+        if acting is not None and budget is not None:
+            # A raise in force counts against the ceiling too.
+            self_serve_limit_check(
+                budget.tenant,  # type: ignore[arg-type]
+                window=window,
+                amount=limit + raises_active(budget),
+                action="budgets",
+            )
         before = None if budget is None else {"limit": str(budget.limit)}
         shape: dict[str, object] = {"hot": hot, "stripes": stripes}
         if budget is None:
@@ -143,6 +178,64 @@ def budget_set_limit(
             reason=reason,
         )
     return budget
+
+
+def _self_serve_check(
+    acting: TenantAdmin, lookup: dict[str, object], *, window: str, limit: Decimal
+) -> None:
+    """What a tenant admin may set: their people's and keys' budgets (never an operator key's),
+    within the ceiling."""
+    if lookup["scope"] not in SELF_SERVE_SCOPES:
+        raise SelfServeDenied(
+            "The organisation's own budget is set by the operators; a tenant admin sets budgets "
+            "for its users, API keys, runs and tags.",
+            action="budgets",
+            field="tenant",
+        )
+    key = lookup.get("api_key")
+    if isinstance(key, ApiKey) and key.tenant_id != acting.tenant.pk:
+        raise SelfServeDenied(
+            "That API key is not one of your organisation's keys.",
+            action="budgets",
+            field="api_key",
+        )
+    self_serve_limit_check(acting.tenant, window=window, amount=limit, action="budgets")
+
+
+def budget_remove(
+    budget: Budget, *, actor: str = "", reason: str = "", acting: TenantAdmin | None = None
+) -> None:
+    """Remove an end user's, key's, run's or tag's budget (the default for each, if any, then
+    applies to it). The tenant's and the global cap are never removed: that would widen
+    spending; set a new limit instead. A budget that has held calls keeps its counters for the
+    ledger, so it cannot be removed either: set its limit instead."""
+    if acting is not None:
+        self_serve_authorize(acting, action="budgets", tenant=budget.tenant)
+        actor = acting.actor
+    if budget.scope not in SELF_SERVE_SCOPES:
+        raise InvalidUsage(
+            f"{budget.scope_label} cannot be removed: removing a cap widens spending. Set a new "
+            "limit instead.",
+            field="budget",
+        )
+    target = f"budget {budget.pk}: {budget.scope_label} {budget.window}"
+    try:
+        with transaction.atomic():
+            AuditEvent.objects.create(
+                action="budget.remove",
+                actor=actor,
+                tenant=budget.tenant,
+                target=target,
+                before={"limit": str(budget.limit)},
+                reason=reason,
+            )
+            budget.delete()
+    except ProtectedError:
+        raise InvalidUsage(
+            f"{budget.scope_label} has already counted calls, and the ledger keeps what it held: "
+            "it cannot be removed. Set its limit instead (the default's amount, for example).",
+            field="budget",
+        ) from None
 
 
 def budget_set_hot(budget: Budget, *, hot: bool | None, stripes: int | None = None) -> bool:

@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from llm_budgets.control.self_serve import TenantAdmin, self_serve_authorize
 from llm_budgets.engine import lines as ledger_lines
 from llm_budgets.engine import outbox
 from llm_budgets.engine.applicable import applicable_budgets
@@ -145,13 +146,22 @@ def usage_void(
 
 
 def end_user_spend_reset(
-    *, end_user: EndUser, reason: str, actor: str = "", now: datetime | None = None
+    *,
+    end_user: EndUser,
+    reason: str,
+    actor: str = "",
+    now: datetime | None = None,
+    acting: TenantAdmin | None = None,
 ) -> list[UsageRecord]:
     """Bring the end user's spend for the current period back to zero on its own budgets and on
     its share of each-end-user (``"*"``) budgets, one adjustment line per counter. Holds in
-    flight stay held. The tenant's and the global budgets are untouched: that money was spent."""
+    flight stay held. The tenant's and the global budgets are untouched: that money was spent.
+    ``acting``: a tenant admin resetting one of their own users (control/self_serve.py)."""
     now = now or timezone.now()
     tenant = end_user.tenant
+    if acting is not None:
+        self_serve_authorize(acting, action="reset_spend", tenant=tenant)
+        actor = acting.actor
     # The end user's own budgets and its share of each "*" budget: never the tenant's or global.
     mine = [
         a

@@ -23,6 +23,11 @@ class ApiKey(AbstractAPIKey):
         related_name="api_keys",
         help_text="Empty: an operator key, acting for every tenant.",
     )
+    self_serve = models.BooleanField(
+        default=False,
+        help_text="A tenant key that may also manage its tenant's budgets, raises, keys and "
+        "alerts (the self-serve routes), within the tenant's self-serve switch and ceiling.",
+    )
 
     class Meta(AbstractAPIKey.Meta):
         verbose_name = "API key"

@@ -114,6 +114,21 @@ class Plan(models.Model):
         blank=True,
         help_text="Automatic trips clear themselves after this long. Empty: only a person clears.",
     )
+    # Self-serve (docs/pages.md, "Tenant admins act"): off unless an operator turns it on, since
+    # a tenant changing its own caps moves money; a tenant may override either field.
+    self_serve = models.BooleanField(
+        default=False,
+        help_text="Tenant admins may manage their own users' budgets, raises, API keys and "
+        "alerts from the usage pages and with a self-serve API key.",
+    )
+    self_serve_ceiling = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="The most a tenant admin may set any one budget to (raises included). Empty: "
+        "no self-serve budget can be set until a ceiling is given here or on the tenant.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -176,6 +191,18 @@ class Tenant(models.Model):
         null=True,
         blank=True,
         help_text="When the current timezone and billing day took or take effect; empty: always.",
+    )
+    self_serve = models.BooleanField(
+        null=True,
+        blank=True,
+        help_text="Overrides the plan's self-serve switch. Empty: the plan's (off without a plan).",
+    )
+    self_serve_ceiling = models.DecimalField(
+        max_digits=MAX_DIGITS,
+        decimal_places=DECIMAL_PLACES,
+        null=True,
+        blank=True,
+        help_text="Overrides the plan's self-serve ceiling. Empty: the plan's.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

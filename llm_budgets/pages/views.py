@@ -26,6 +26,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET
 
 from llm_budgets.billing.totals import billed_so_far
+from llm_budgets.control.self_serve import self_serve_enabled
 from llm_budgets.money import money as money_text
 from llm_budgets.pages import charts, export, figures
 from llm_budgets.pages.access import (
@@ -80,6 +81,10 @@ def _context(request: HttpRequest, viewer: Viewer, section: str, **extra: Any) -
         "currency": figures.currency(),
         "tenant_query": tenant_query,
         "tenant_timezone": viewer.tenant.timezone,
+        # The "Budgets" tab: a tenant admin's, where the operators turned self-serve on.
+        "can_manage": not viewer.is_member
+        and not viewer.staff
+        and self_serve_enabled(viewer.tenant),
         **extra,
     }
 
