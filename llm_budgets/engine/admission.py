@@ -52,6 +52,7 @@ from llm_budgets.models import (
     ApiKey,
     Budget,
     Counter,
+    CreditAccount,
     EndUser,
     KillSwitch,
     PricingBasis,
@@ -819,4 +820,12 @@ def _exceeded(
         end_user=reservation.end_user.external_id if reservation.end_user else None,
         shared=shared,
         period_start=item.period.start,
+        prepaid=budget.prepaid,
+        top_up_url=_top_up_url(budget) if budget.prepaid else "",
     )
+
+
+def _top_up_url(budget: Budget) -> str:
+    """Where the refused tenant tops up its balance (read on refusal only)."""
+    url = CreditAccount.objects.filter(budget_id=budget.pk).values_list("top_up_url", flat=True)
+    return next(iter(url), "")
