@@ -4,6 +4,7 @@ top-ups credited once with their credit grant (through the fault proxy), refunds
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -13,6 +14,7 @@ from django.test import Client
 from django.utils import timezone
 
 from llm_budgets import budgets
+from llm_budgets.alerts.endpoints import endpoint_create
 from llm_budgets.billing.credits import (
     account_of,
     balance_adjust,
@@ -20,10 +22,21 @@ from llm_budgets.billing.credits import (
     balance_state,
     credit_add,
     credits_expire,
+    recharge_set,
 )
+from llm_budgets.billing.recharge import recharges_send
 from llm_budgets.billing.topups import PaymentProviderError, credit_grant, top_up_checkout
-from llm_budgets.exceptions import BudgetExceeded, InvalidUsage
-from llm_budgets.models import AuditEvent, CreditLot, LotKind, StripeWebhookEvent, TopUp
+from llm_budgets.engine.balances import recharge_rules_clear
+from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, KillSwitchActive
+from llm_budgets.models import (
+    AlertEvent,
+    AuditEvent,
+    CreditLot,
+    KillSwitch,
+    LotKind,
+    StripeWebhookEvent,
+    TopUp,
+)
 from llm_budgets.testing.fakes.stripe_server import StripeServer
 from tests.factories import reserve_30
 from tests.faultproxy import FaultProxy
@@ -34,6 +47,13 @@ __all__ = ["fake_stripe"]
 
 URL = "/api/llm-budgets/v1/stripe/webhook"
 TOP_UP_URL = "https://host.example/billing/top-up"
+
+
+@pytest.fixture(autouse=True)
+def rules_forgotten() -> Iterator[None]:
+    recharge_rules_clear()  # the per-process cache of tenants with a rule
+    yield
+    recharge_rules_clear()
 
 
 def deliver(event: dict[str, Any]) -> int:
@@ -307,3 +327,80 @@ def test_a_lifetime_budget_that_is_not_a_balance_is_not_taken_over(
     budgets.set_limit(tenant="acme", amount=Decimal(5), window="lifetime")
     with pytest.raises(InvalidUsage, match="already has a lifetime budget"):
         balance_open(tenant="acme")
+
+
+def test_a_balance_is_not_changed_by_setting_a_limit(fake_stripe: StripeServer) -> None:
+    prepaid(fake_stripe)
+    with pytest.raises(InvalidUsage, match="prepaid balance: change it with a top-up"):
+        budgets.set_limit(tenant="acme", amount=Decimal(500), window="lifetime")
+
+
+def saved_card_and_rule(fake: StripeServer, **rule: str) -> None:
+    prepaid(fake)
+    endpoint_create(
+        tenant=None,
+        kind="webhook",
+        target="https://ops.example/alerts",
+        event_types=["payment.failed"],
+    )
+    _, events = pay(fake, "100")
+    assert deliver(events[1]) == 200
+    recharge_set(tenant="acme", actor="t", **{"below": "80", "amount": "50", **rule})
+
+
+def test_a_commit_crossing_the_threshold_queues_one_recharge_paid_off_session(
+    fake_stripe: StripeServer,
+) -> None:
+    saved_card_and_rule(fake_stripe)
+    reserve_30().commit(input_tokens=0, output_tokens=500)  # 85 left: above 80
+    assert not TopUp.objects.filter(kind="recharge").exists()
+    reserve_30().commit(input_tokens=0, output_tokens=500)  # 70 left: crossed
+    reserve_30().commit(input_tokens=0, output_tokens=500)  # still below: same crossing
+    assert TopUp.objects.filter(kind="recharge").count() == 1
+    assert recharges_send() == {"credited": 1, "failed": 0, "skipped": 0, "retry": 0}
+    assert available() == Decimal(105)
+    intent = next(i for i in fake_stripe.state.payment_intents.values() if i["amount"] == 5000)
+    assert intent["payment_method"] == "pm_card_visa"
+    assert intent["status"] == "succeeded"
+    # The webhook for the recharge's own payment finds it credited.
+    assert deliver(fake_stripe._event("payment_intent.succeeded", intent)) == 200
+    assert available() == Decimal(105)
+    reserve_30().commit(input_tokens=0, output_tokens=1000)  # 75: armed again, crossed again
+    assert TopUp.objects.filter(kind="recharge").count() == 2
+
+
+def test_a_declined_recharge_alerts_trips_the_payment_switch_and_a_top_up_clears_it(
+    fake_stripe: StripeServer, settings: Any
+) -> None:
+    settings.LLM_BUDGETS = {**settings.LLM_BUDGETS, "STRIPE_ON_PAYMENT_FAILED": "trip"}
+    saved_card_and_rule(fake_stripe)
+    fake_stripe.decline(fake_stripe.live_grants()[0]["customer"])
+    reserve_30().commit(input_tokens=0, output_tokens=1000)
+    assert recharges_send()["failed"] == 1
+    assert "declined" in TopUp.objects.get(kind="recharge").error
+    event = AlertEvent.objects.get(type="payment.failed")
+    assert event.body["action"] == "recharge_failed"
+    switch = KillSwitch.objects.get(cleared_at__isnull=True)
+    with pytest.raises(KillSwitchActive):
+        reserve_30()
+    fake_stripe.state.declining.clear()
+    _, events = pay(fake_stripe, "20")
+    assert deliver(events[0]) == 200
+    switch.refresh_from_db()
+    assert switch.cleared_at is not None
+    reserve_30()
+
+
+def test_recharges_beyond_the_daily_maximum_are_skipped_with_an_alert(
+    fake_stripe: StripeServer,
+) -> None:
+    saved_card_and_rule(fake_stripe, daily_max="50")
+    reserve_30().commit(input_tokens=0, output_tokens=1000)  # 70: recharge 1
+    recharges_send()
+    for _ in range(3):  # 120 -> 30: recharge 2, beyond today's 50
+        reserve_30().commit(input_tokens=0, output_tokens=1000)
+    assert recharges_send()["skipped"] == 1
+    assert TopUp.objects.get(kind="recharge", state="skipped").error.startswith(
+        "daily maximum 50.00 USD reached"
+    )
+    assert AlertEvent.objects.filter(body__action="recharge_skipped").count() == 1

@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
+from llm_budgets.engine.balances import recharge_rules_clear
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
     AuditEvent,
@@ -40,6 +41,7 @@ from llm_budgets.models import (
     Scope,
     Tenant,
     TopUp,
+    TopUpKind,
     Window,
 )
 from llm_budgets.money import ZERO, currency_places, display
@@ -158,6 +160,86 @@ def _sync_limit(account: CreditAccount) -> Decimal:
     return limit
 
 
+def _rearm(account: CreditAccount, counter: Counter) -> None:
+    """Arm auto-recharge again once credit lifts the balance back to its threshold."""
+    below = account.recharge_below
+    if account.recharge_armed or below is None:
+        return
+    if account.budget.limit - counter.spent - counter.reserved >= below:
+        account.recharge_armed = True
+        account.save(update_fields=["recharge_armed"])
+
+
+def recharge_set(
+    *,
+    tenant: str,
+    below: object,
+    amount: object,
+    daily_max: object = None,
+    actor: str = "",
+    reason: str = "",
+) -> CreditAccount:
+    """Auto-recharge: when the balance falls below ``below``, charge ``amount`` to the saved card
+    off-session, at most ``daily_max`` (default: ``amount``) per UTC day. ``below=None`` turns it
+    off. Audited."""
+    account = account_of(tenant)
+    places = currency_places(account.currency)
+    if below is None:
+        values: dict[str, object] = {
+            "recharge_below": None,
+            "recharge_amount": None,
+            "recharge_daily_max": None,
+        }
+    else:
+        threshold = validation.money("below", below)
+        charge = validation.money("amount", amount, places=places)
+        if charge <= 0:
+            raise InvalidUsage("amount must be more than 0.", field="amount")
+        cap = charge if daily_max is None else validation.money("daily_max", daily_max)
+        if cap < charge:
+            raise InvalidUsage(
+                f"daily_max {display(cap)} is less than one recharge of {display(charge)}: no "
+                "recharge could ever run. Raise it or lower amount.",
+                field="daily_max",
+            )
+        values = {"recharge_below": threshold, "recharge_amount": charge, "recharge_daily_max": cap}
+    with transaction.atomic():
+        locked, counter = _lock(account)
+        before = {
+            k: None if v is None else str(v)
+            for k, v in (
+                ("recharge_below", locked.recharge_below),
+                ("recharge_amount", locked.recharge_amount),
+                ("recharge_daily_max", locked.recharge_daily_max),
+            )
+        }
+        for key, value in values.items():
+            setattr(locked, key, value)
+        locked.recharge_armed = False
+        locked.save(update_fields=[*values, "recharge_armed"])
+        _rearm(locked, counter)
+        if locked.recharge_amount is not None and not locked.recharge_armed:
+            # Already below the threshold: this is its crossing.
+            TopUp.objects.create(
+                account=locked,
+                kind=TopUpKind.RECHARGE,
+                amount=locked.recharge_amount,
+                currency=locked.currency,
+                created_at=timezone.now(),
+            )
+        AuditEvent.objects.create(
+            action="credits.recharge_rule",
+            actor=actor,
+            tenant=locked.tenant,
+            target=f"balance of {locked.tenant.external_id}",
+            before=before,
+            after={k: None if v is None else str(v) for k, v in values.items()},
+            reason=reason,
+        )
+    transaction.on_commit(recharge_rules_clear)
+    return locked
+
+
 @dataclass(frozen=True)
 class BalanceState:
     """Where a balance stands: its credit (the limit), what is spent and held, what is left."""
@@ -226,7 +308,7 @@ def credit_add(
         raise InvalidUsage("amount must be more than 0.", field="amount")
     expiry = _expiry(expires_at, now)
     with transaction.atomic():
-        locked, _ = _lock(account)
+        locked, counter = _lock(account)
         lot = CreditLot.objects.create(
             account=locked,
             kind=kind,
@@ -240,6 +322,7 @@ def credit_add(
         )
         before = locked.budget.limit
         after = _sync_limit(locked)
+        _rearm(locked, counter)
         AuditEvent.objects.create(
             action="credits.add",
             actor=actor,

@@ -29,6 +29,8 @@ from llm_budgets.billing.credits import (
     minor_units,
     top_up_take_back,
 )
+from llm_budgets.billing.totals import unpaid_invoices
+from llm_budgets.control.killswitches import kill_switch_clear
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
     CreditAccount,
@@ -266,7 +268,7 @@ def top_up_credit(
 ) -> str:
     """Credit a paid top-up once: the Stripe grant, then the balance. What happened, in words."""
     row = (
-        TopUp.objects.select_for_update()
+        TopUp.objects.select_for_update(of=("self",))
         .select_related("account__tenant", "account__budget")
         .filter(pk=top_up_id)
         .first()
@@ -317,7 +319,36 @@ def top_up_credit(
     row.credited_by_event = event_id
     row.credited_at = now
     row.save(update_fields=["state", "payment_intent_id", "credited_by_event", "credited_at"])
-    return f"credited top-up {row.pk}: {display(row.amount)} {row.currency} (grant {grant_id})"
+    cleared = _clear_recharge_switch(account, row, now)
+    return (
+        f"credited top-up {row.pk}: {display(row.amount)} {row.currency} (grant {grant_id})"
+        + cleared
+    )
+
+
+def _clear_recharge_switch(account: CreditAccount, row: TopUp, now: datetime) -> str:
+    """A payment came through: the payment switch a failed recharge tripped clears, unless an
+    invoice it also waits on is still unpaid (billing/webhooks.py clears those)."""
+    link = (
+        StripeCustomerLink.objects.select_for_update(of=("self",))
+        .filter(tenant_id=account.tenant_id, unlinked_at__isnull=True)
+        .select_related("payment_switch")
+        .first()
+    )
+    switch = link.payment_switch if link else None
+    if link is None or switch is None or switch.cleared_at is not None:
+        return ""
+    if unpaid_invoices(account.tenant_id):
+        return f"; kill switch {switch.pk} still waits on unpaid invoices"
+    link.payment_switch = None
+    link.save(update_fields=["payment_switch"])
+    kill_switch_clear(
+        switch_id=switch.pk,
+        reason=f"top-up {row.pk} paid: the balance can be recharged again",
+        actor=ACTOR,
+        now=now,
+    )
+    return f"; cleared kill switch {switch.pk}"
 
 
 def _object(event: dict[str, Any]) -> dict[str, Any]:

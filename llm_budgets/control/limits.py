@@ -103,6 +103,13 @@ def budget_set_limit(
             .filter(window=window, **lookup)
             .first()
         )
+        if budget is not None and budget.prepaid:
+            # Its limit is the sum of its credit lots: only billing/credits.py changes it.
+            raise InvalidUsage(
+                f"budget {budget.pk} is {budget.tenant.external_id}'s prepaid balance: change it "  # type: ignore[union-attr]
+                "with a top-up, a grant or a balance adjustment, not a limit.",
+                field="amount",
+            )
         before = None if budget is None else {"limit": str(budget.limit)}
         shape: dict[str, object] = {"hot": hot, "stripes": stripes}
         if budget is None:
