@@ -7,9 +7,11 @@ import json
 from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 
@@ -404,3 +406,29 @@ def test_recharges_beyond_the_daily_maximum_are_skipped_with_an_alert(
         "daily maximum 50.00 USD reached"
     )
     assert AlertEvent.objects.filter(body__action="recharge_skipped").count() == 1
+
+
+def test_reconciliation_is_clean_after_top_ups_and_grants_and_names_each_difference(
+    fake_stripe: StripeServer,
+) -> None:
+    customer = prepaid(fake_stripe)
+    _, events = pay(fake_stripe, "100")
+    deliver(events[0])
+    credit_grant(tenant="acme", amount="5", actor="t", reason="goodwill")
+    reserve_30().commit(input_tokens=0, output_tokens=1000)
+    fake_stripe.apply_credit(customer, 3000)  # the invoice drew 30 from the grants
+    out = StringIO()
+    call_command("llm_budgets_credits_reconcile", stdout=out)
+    assert "acme: credit 105.00, available 75.00, Stripe available 75.00: clean" in out.getvalue()
+    # A grant voided in Stripe, and one made there by hand with our metadata.
+    voided = fake_stripe.live_grants(customer)[1]["id"]
+    fake_stripe.state.credit_grants[voided]["voided_at"] = 1
+    fake_stripe.state.credit_grants["credgr_x"] = {
+        **fake_stripe.live_grants(customer)[0],
+        "id": "credgr_x",
+    }
+    with pytest.raises(CommandError, match=r"3 difference\(s\) in 1 balance"):
+        call_command("llm_budgets_credits_reconcile", stdout=out)
+    assert "has no live Stripe credit grant" in out.getvalue()
+    assert "Stripe grant credgr_x (100.00 USD) is unknown to the ledger" in out.getvalue()
+    assert "Stripe's available credit 170.00 USD is more than the 105.00 granted" in out.getvalue()
