@@ -445,3 +445,21 @@ class KillSwitchActive(BudgetError):
             tripped_at=tripped_at,
             automatic=automatic,
         )
+
+
+class NoBalance(InvalidUsage):
+    """The tenant has no prepaid balance: open one first (``billing.credits.balance_open``)."""
+
+    code = "no_balance"
+
+
+class NotLinked(InvalidUsage):
+    """The tenant has no Stripe customer to charge or grant credit to."""
+
+    code = "not_linked"
+
+
+class PaymentProviderError(InvalidUsage):
+    """Stripe refused or could not be reached; nothing was charged or credited."""
+
+    code = "payment_provider_error"

@@ -27,9 +27,14 @@ from llm_budgets.billing.credits import (
     recharge_set,
 )
 from llm_budgets.billing.recharge import recharges_send
-from llm_budgets.billing.topups import PaymentProviderError, credit_grant, top_up_checkout
+from llm_budgets.billing.topups import credit_grant, top_up_checkout
 from llm_budgets.engine.balances import recharge_rules_clear
-from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, KillSwitchActive
+from llm_budgets.exceptions import (
+    BudgetExceeded,
+    InvalidUsage,
+    KillSwitchActive,
+    PaymentProviderError,
+)
 from llm_budgets.models import (
     AlertEvent,
     AuditEvent,

@@ -28,7 +28,7 @@ from django.utils import timezone
 from llm_budgets import validation
 from llm_budgets.conf import conf
 from llm_budgets.engine.balances import recharge_rules_clear
-from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.exceptions import InvalidUsage, NoBalance
 from llm_budgets.models import (
     AuditEvent,
     Budget,
@@ -47,12 +47,6 @@ from llm_budgets.models import (
 from llm_budgets.money import ZERO, currency_places, display
 from llm_budgets.tenancy.tenants import tenant_get
 from llm_budgets.windows import LIFETIME_START
-
-
-class NoBalance(InvalidUsage):
-    """The tenant has no prepaid balance: open one first (``balance_open``)."""
-
-    code = "no_balance"
 
 
 def balance_open(

@@ -31,7 +31,7 @@ from llm_budgets.billing.credits import (
 )
 from llm_budgets.billing.totals import unpaid_invoices
 from llm_budgets.control.killswitches import kill_switch_clear
-from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.exceptions import InvalidUsage, NotLinked, PaymentProviderError
 from llm_budgets.models import (
     CreditAccount,
     CreditLot,
@@ -50,18 +50,6 @@ METADATA_KEY = "llmb_top_up"
 # Stripe applies grants of a higher priority (lower number) first: promotional credit before
 # paid, as the local order of use does (billing/credits.py).
 PRIORITY = {LotKind.PROMOTIONAL: 10, LotKind.PAID: 50}
-
-
-class NotLinked(InvalidUsage):
-    """The tenant has no Stripe customer to charge or grant credit to."""
-
-    code = "not_linked"
-
-
-class PaymentProviderError(InvalidUsage):
-    """Stripe refused or could not be reached; nothing was charged or credited."""
-
-    code = "payment_provider_error"
 
 
 def customer_of(account: CreditAccount) -> str:
