@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from llm_budgets.pages import views
+from llm_budgets.pages import balance, views
 
 app_name = "llm_budgets_pages"
 
@@ -15,4 +15,6 @@ urlpatterns = [
     path("refusals/", views.refusals, name="refusals"),
     path("export.csv", views.export_csv, name="export"),
     path("tenants/", views.tenants, name="tenants"),
+    path("balance/", balance.balance, name="balance"),
+    path("balance/top-up", balance.top_up, name="balance_top_up"),
 ]
