@@ -67,3 +67,22 @@ def test_a_top_up_through_the_api_starts_a_checkout(fake_stripe: StripeServer) -
     denied = client_for(keys["globex"]).post(f"{BASE}tenants/acme/top-ups", body, format="json")
     assert denied.status_code == 404
     assert Decimal(account_of("acme").budget.limit) == Decimal(50)
+
+
+def test_a_retried_top_up_request_returns_the_same_checkout(fake_stripe: StripeServer) -> None:
+    keys = prepaid(fake_stripe)
+    body = {
+        "amount": "20",
+        "success_url": "https://h.example/ok",
+        "cancel_url": "https://h.example/no",
+    }
+    client = client_for(keys["acme"])
+    first = client.post(
+        f"{BASE}tenants/acme/top-ups", body, format="json", HTTP_IDEMPOTENCY_KEY="t-1"
+    )
+    again = client.post(
+        f"{BASE}tenants/acme/top-ups", body, format="json", HTTP_IDEMPOTENCY_KEY="t-1"
+    )
+    assert again.json() == first.json()
+    assert again.has_header("Idempotent-Replayed")
+    assert len(fake_stripe.state.checkout_sessions) == 1

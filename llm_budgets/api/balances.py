@@ -11,11 +11,12 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from llm_budgets.api.idempotency import idempotent
 from llm_budgets.api.killswitches import actor_of
 from llm_budgets.api.schema import api_schema
 from llm_budgets.api.scoping import api_key_of, tenant_for
 from llm_budgets.api.serializers import StrictSerializer, money_out
-from llm_budgets.api.views import ApiView, errors
+from llm_budgets.api.views import IDEMPOTENCY_HEADER, ApiView, errors
 from llm_budgets.billing.credits import account_of, balance_state
 from llm_budgets.billing.topups import top_up_checkout
 from llm_budgets.db.boundary import ledger_guard
@@ -126,11 +127,13 @@ class TenantTopUpView(ApiView):
         operation_id="tenants_top_up",
         summary="Start a top-up: a Stripe Checkout session for an amount or a package",
         request=TopUpRequestSerializer,
-        responses={201: CheckoutSerializer, **errors(404)},
+        parameters=[IDEMPOTENCY_HEADER],
+        responses={201: CheckoutSerializer, **errors(404, 409)},
         description="The balance is credited when Stripe reports the payment (webhook), once. "
         "400 `not_linked` without a Stripe customer, `payment_provider_error` when Stripe "
         "failed (nothing was charged).",
     )
+    @idempotent
     def post(self, request: Request, external_id: str) -> Response:
         data = self.valid(TopUpRequestSerializer, request)
         tenant = tenant_for(request, external_id)

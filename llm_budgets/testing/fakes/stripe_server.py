@@ -4,7 +4,10 @@ It implements what llm_budgets uses of Stripe's API, with Stripe's rules: meters
 name), prices, customers, meter events (identifier unique over 24 h, timestamp at most 35 days
 old and 5 minutes ahead, string values of at most 15 significant digits, known customers),
 cancel adjustments (within 24 h of receipt), event summaries (per hour or whole range, paginated)
-and Idempotency-Key replay. Faults are injected per request path:
+and Idempotency-Key replay; for prepaid credits, Checkout sessions (``pay_checkout`` returns the
+events Stripe would send), off-session payment intents (``decline`` a customer's card), credit
+grants (create, list, void) and credit balance summaries (``apply_credit`` draws on them as an
+invoice would), refunds and disputes as events. Faults are injected per request path:
 
 - ``"500"`` / ``"429"``: answer with that status;
 - ``"drop_before"``: close the connection without processing;
