@@ -3,7 +3,6 @@ top-ups credited once with their credit grant (through the fault proxy), refunds
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
@@ -12,7 +11,6 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.test import Client
 from django.utils import timezone
 
 from llm_budgets import budgets
@@ -47,13 +45,11 @@ from llm_budgets.models import (
 from llm_budgets.testing.fakes.stripe_server import StripeServer
 from tests.factories import reserve_30
 from tests.faultproxy import FaultProxy
-from tests.stripe_support import fake_stripe, set_up, sign, stripe_settings
+from tests.prepaid_support import TOP_UP_URL, deliver, pay, prepaid
+from tests.stripe_support import fake_stripe, set_up, stripe_settings
 
 pytestmark = pytest.mark.django_db
 __all__ = ["fake_stripe"]
-
-URL = "/api/llm-budgets/v1/stripe/webhook"
-TOP_UP_URL = "https://host.example/billing/top-up"
 
 
 @pytest.fixture(autouse=True)
@@ -63,35 +59,8 @@ def rules_forgotten() -> Iterator[None]:
     recharge_rules_clear()
 
 
-def deliver(event: dict[str, Any]) -> int:
-    payload = json.dumps(event).encode()
-    return (
-        Client()
-        .post(URL, payload, content_type="application/json", HTTP_STRIPE_SIGNATURE=sign(payload))
-        .status_code
-    )
-
-
-def prepaid(fake: StripeServer) -> str:
-    """acme, linked to a fake customer, its spending prepaid (balance 0, no other limit)."""
-    customer = set_up(fake)
-    budgets.set_limit(tenant="acme", amount=Decimal("1000000"), window="month")
-    balance_open(tenant="acme", top_up_url=TOP_UP_URL, actor="test")
-    return customer
-
-
 def available() -> Decimal:
     return balance_state(account_of("acme")).available
-
-
-def pay(fake: StripeServer, amount: str = "100") -> tuple[TopUp, list[dict[str, Any]]]:
-    started = top_up_checkout(
-        tenant="acme",
-        amount=amount,
-        success_url="https://host.example/ok",
-        cancel_url="https://host.example/cancel",
-    )
-    return started.top_up, fake.pay_checkout(started.session_id)
 
 
 def test_a_balance_at_zero_refuses_saying_top_up_with_the_hosts_url(
