@@ -11,7 +11,7 @@ from django.test import Client
 
 from llm_budgets import budgets
 from llm_budgets.billing.credits import account_of, balance_open, balance_state
-from llm_budgets.models import AuditEvent
+from llm_budgets.models import AuditEvent, TopUp
 from tests.factories import seed
 
 pytestmark = pytest.mark.django_db
@@ -62,3 +62,21 @@ def test_adjusting_needs_the_permission() -> None:
         == 403
     )
     assert balance_state(account_of("acme")).credit == 0
+
+
+def test_the_admin_sets_and_turns_off_auto_recharge_audited() -> None:
+    budgets.ensure_tenant(tenant="acme", name="Acme")
+    balance_open(tenant="acme")
+    client = staff("view_creditaccount", "change_creditaccount")
+    url = f"/admin/llm_budgets/creditaccount/{account_of('acme').pk}/recharge/"
+    refused = client.post(url, {"below": "10", "amount": "50", "daily_max": "20", "reason": "r"})
+    assert "daily_max 20.00 is less than one recharge of 50.00" in refused.content.decode()
+    assert client.post(url, {"below": "10", "amount": "50", "reason": "asked"}).status_code == 302
+    account = account_of("acme")
+    assert (account.recharge_below, account.recharge_amount) == (Decimal(10), Decimal(50))
+    # Set while the balance is already below: that is its crossing, queued once.
+    assert TopUp.objects.get(kind="recharge").state == "pending"
+    assert client.post(url, {"below": "", "amount": "", "reason": "stop"}).status_code == 302
+    assert account_of("acme").recharge_below is None
+    assert TopUp.objects.get(kind="recharge").state == "skipped"  # turned off: never paid
+    assert AuditEvent.objects.filter(action="credits.recharge_rule").count() == 2

@@ -15,7 +15,7 @@ from django.utils.html import format_html
 
 from llm_budgets.admin.base import ReadOnlyAdmin, ReadOnlyInline, actor, money_text
 from llm_budgets.admin.control import _form_page, _require
-from llm_budgets.billing.credits import balance_adjust, balance_state
+from llm_budgets.billing.credits import balance_adjust, balance_state, recharge_set
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import CreditAccount, CreditLot, LotKind, TopUp
 
@@ -58,6 +58,25 @@ class AdjustForm(forms.Form):
     reason = forms.CharField(widget=forms.Textarea, help_text="Recorded in the audit log.")
 
 
+class RechargeForm(forms.Form):
+    below = forms.DecimalField(
+        required=False,
+        min_value=0,
+        max_digits=20,
+        decimal_places=10,
+        help_text="Charge when the balance falls below this. Empty: auto-recharge off.",
+    )
+    amount = forms.DecimalField(required=False, min_value=0, max_digits=20, decimal_places=2)
+    daily_max = forms.DecimalField(
+        required=False,
+        min_value=0,
+        max_digits=20,
+        decimal_places=2,
+        help_text="At most this much recharged per UTC day (default: one recharge).",
+    )
+    reason = forms.CharField(widget=forms.Textarea, help_text="Recorded in the audit log.")
+
+
 @admin.register(CreditAccount)
 class CreditAccountAdmin(ReadOnlyAdmin):
     list_display = ["tenant", "credit", "available", "recharge", "currency"]
@@ -97,8 +116,11 @@ class CreditAccountAdmin(ReadOnlyAdmin):
 
     @admin.display(description="Adjust")
     def adjust(self, obj: CreditAccount) -> Any:
-        url = reverse("admin:llm_budgets_creditaccount_adjust", args=[obj.pk])
-        return format_html('<a href="{}">Adjust balance</a>', url)
+        return format_html(
+            '<a href="{}">Adjust balance</a> · <a href="{}">Auto-recharge</a>',
+            reverse("admin:llm_budgets_creditaccount_adjust", args=[obj.pk]),
+            reverse("admin:llm_budgets_creditaccount_recharge", args=[obj.pk]),
+        )
 
     def get_urls(self) -> list[URLPattern]:
         return [
@@ -107,8 +129,51 @@ class CreditAccountAdmin(ReadOnlyAdmin):
                 self.admin_site.admin_view(self.adjust_view),
                 name="llm_budgets_creditaccount_adjust",
             ),
+            path(
+                "<int:account_id>/recharge/",
+                self.admin_site.admin_view(self.recharge_view),
+                name="llm_budgets_creditaccount_recharge",
+            ),
             *super().get_urls(),
         ]
+
+    def recharge_view(self, request: HttpRequest, account_id: int) -> HttpResponse:
+        _require(request, "change_creditaccount")
+        account = get_object_or_404(CreditAccount.objects.select_related("tenant"), pk=account_id)
+        page = reverse("admin:llm_budgets_creditaccount_change", args=[account.pk])
+        initial = {
+            "below": account.recharge_below,
+            "amount": account.recharge_amount,
+            "daily_max": account.recharge_daily_max,
+        }
+        form = RechargeForm(request.POST or None, initial=initial)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            try:
+                recharge_set(
+                    tenant=account.tenant.external_id,
+                    below=data["below"],
+                    amount=data["amount"],
+                    daily_max=data["daily_max"],
+                    actor=actor(request),
+                    reason=data["reason"],
+                )
+            except InvalidUsage as exc:
+                form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            else:
+                messages.success(request, f"Auto-recharge of {account.tenant.external_id} saved.")
+                return HttpResponseRedirect(page)
+        return _form_page(
+            request,
+            title=f"Auto-recharge of {account.tenant.external_id}",
+            form=form,
+            explanation="When the balance falls below the threshold, the amount is charged to the "
+            "card saved at the tenant's last Checkout, off-session, at most the daily maximum a "
+            "day. Audited.",
+            back_url=page,
+            back_label="Back to the balance",
+            submit_label="Save",
+        )
 
     def adjust_view(self, request: HttpRequest, account_id: int) -> HttpResponse:
         _require(request, "change_creditaccount")

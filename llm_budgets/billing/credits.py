@@ -42,6 +42,7 @@ from llm_budgets.models import (
     Tenant,
     TopUp,
     TopUpKind,
+    TopUpState,
     Window,
 )
 from llm_budgets.money import ZERO, currency_places, display
@@ -212,7 +213,13 @@ def recharge_set(
         locked.recharge_armed = False
         locked.save(update_fields=[*values, "recharge_armed"])
         _rearm(locked, counter)
-        if locked.recharge_amount is not None and not locked.recharge_armed:
+        pending = TopUp.objects.filter(
+            account=locked, kind=TopUpKind.RECHARGE, state=TopUpState.PENDING
+        )
+        if locked.recharge_below is None:
+            # Turned off: a recharge queued under the old rule is not paid.
+            pending.update(state=TopUpState.SKIPPED, error="auto-recharge turned off")
+        elif not locked.recharge_armed and not pending.exists():
             # Already below the threshold: this is its crossing.
             TopUp.objects.create(
                 account=locked,
