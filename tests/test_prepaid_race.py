@@ -3,21 +3,27 @@ credited once whatever deliveries race, one auto-recharge per crossing under a b
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.db import connection, connections, transaction
+from django.utils import timezone
 
 from llm_budgets.billing.credits import (
     account_of,
     balance_state,
     credit_add,
+    credits_expire,
     recharge_set,
 )
 from llm_budgets.billing.recharge import recharges_send
 from llm_budgets.engine.balances import recharge_rules_clear
 from llm_budgets.exceptions import BudgetExceeded
-from llm_budgets.models import CreditLot, TopUp, TopUpKind
+from llm_budgets.models import CreditLot, LotKind, TopUp, TopUpKind
 from llm_budgets.testing.fakes.stripe_server import StripeServer
 from tests.concurrency import overspent_counters, patient_lock_waits, run_threads
 from tests.factories import reserve_30
@@ -86,3 +92,56 @@ def test_a_burst_of_commits_crossing_the_threshold_recharges_once(
     intents = [i for i in fake_stripe.state.payment_intents.values() if i["status"] == "succeeded"]
     assert len(intents) == 2  # the checkout and one recharge
     assert len(fake_stripe.live_grants(customer)) == 2
+
+
+def test_an_admission_waiting_on_a_lowering_sees_the_lowered_balance(
+    fake_stripe: StripeServer, on_postgres: bool
+) -> None:
+    """The admission reads the balance (100) while an expiry holds its counter and has lowered it
+    to 0 uncommitted; it takes the lock after the expiry commits, and must refuse."""
+    if not on_postgres:
+        pytest.skip("SQLite's write lock is taken at BEGIN: the read cannot precede the lowering")
+    prepaid(fake_stripe)
+    now = timezone.now()
+    credit_add(
+        account=account_of("acme"),
+        amount="100",
+        kind=LotKind.PROMOTIONAL,
+        expires_at=now + timedelta(hours=1),
+        actor="t",
+        reason="trial",
+    )
+    lowered, proceed = threading.Event(), threading.Event()
+
+    def expire() -> None:
+        with transaction.atomic():
+            credits_expire(now=now + timedelta(hours=2))
+            lowered.set()
+            assert proceed.wait(30)
+
+    expiry = threading.Thread(target=lambda: (expire(), connections.close_all()))
+    expiry.start()
+    assert lowered.wait(30)
+    outcome: list[str] = []
+    admission = threading.Thread(
+        target=lambda: (outcome.append(_reserve(0)), connections.close_all())
+    )
+    admission.start()
+    deadline = time.monotonic() + 30
+    with connection.cursor() as cursor:  # until the admission waits on the counter's lock
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"
+            )
+            if cursor.fetchone()[0]:
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the admission never waited on the counter's lock")
+    proceed.set()
+    expiry.join(30)
+    admission.join(30)
+    assert outcome == ["refused"]
+    state = balance_state(account_of("acme"))
+    assert (state.credit, state.held) == (0, 0)
