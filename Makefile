@@ -33,6 +33,7 @@ demo: install
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_demo
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_demo_stripe
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_demo_alerts
+	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_demo_prepaid
 	DATABASE_URL=$(DEMO_DB) $(PY) manage.py llm_budgets_demo_data
 	DEBUG=true DATABASE_URL=$(DEMO_DB) $(PY) manage.py runserver 127.0.0.1:8000
 

@@ -55,6 +55,7 @@ CHECK_IDS: dict[str, str] = {
     "STRIPE_RETRY_BASE_SECONDS": "llm_budgets.E076",
     "STRIPE_RECONCILE_DAYS": "llm_budgets.E077",
     "SELF_SERVE_HIDDEN_ACTIONS": "llm_budgets.E130",
+    "PREPAID_PACKAGES": "llm_budgets.E078",
     "ALERTS_ALLOW_HTTP": "llm_budgets.E101",
     "ALERTS_ALLOWED_ADDRESSES": "llm_budgets.E102",
     "ALERTS_TIMEOUT_SECONDS": "llm_budgets.E103",

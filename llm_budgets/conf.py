@@ -128,6 +128,9 @@ DEFAULTS: dict[str, Any] = {
     # "reset_spend", "api_keys", "alerts"); which tenants may act at all is the plan's and the
     # tenant's self_serve switch (off by default).
     "SELF_SERVE_HIDDEN_ACTIONS": [],
+    # Prepaid top-up packages the tenant pages and API offer: {"name": "amount"}, e.g.
+    # {"starter": "10", "team": "100"} (docs/billing.md, "Prepaid balances").
+    "PREPAID_PACKAGES": {},
     # Alerts (docs/alerts.md). Plain http:// endpoints: refused unless DEBUG or this is True
     # (local receivers, tests); True outside DEBUG is an error (check llm_budgets.E110).
     "ALERTS_ALLOW_HTTP": False,
@@ -441,6 +444,27 @@ def _self_serve_actions(key: str, value: Any) -> list[str]:
     )
 
 
+def _packages(key: str, value: Any) -> dict[str, Decimal]:
+    packages: dict[str, Decimal] = {}
+    if isinstance(value, dict):
+        for name, amount in value.items():
+            try:
+                number = Decimal(amount) if isinstance(amount, str | int) else None
+            except InvalidOperation:
+                number = None
+            if not isinstance(name, str) or not name or number is None or not number > 0:
+                break
+            packages[name] = number
+        else:
+            return packages
+    raise SettingError(
+        key,
+        f"LLM_BUDGETS[{key!r}] must be a dict of package names to positive amounts as strings, "
+        'e.g. {"starter": "10"}.',
+        f"Got {value!r}.",
+    )
+
+
 def _address_list(key: str, value: Any) -> list[str]:
     import ipaddress
 
@@ -500,6 +524,7 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "STRIPE_RETRY_BASE_SECONDS": _positive_int,
     "STRIPE_RECONCILE_DAYS": _positive_int,
     "SELF_SERVE_HIDDEN_ACTIONS": _self_serve_actions,
+    "PREPAID_PACKAGES": _packages,
     "ALERTS_ALLOW_HTTP": _bool,
     "ALERTS_ALLOWED_ADDRESSES": _address_list,
     "ALERTS_TIMEOUT_SECONDS": _positive_int,
@@ -671,6 +696,10 @@ class Settings:
     @property
     def STRIPE_METER_EVENT_NAME(self) -> str:
         return str(self._get("STRIPE_METER_EVENT_NAME"))
+
+    @property
+    def PREPAID_PACKAGES(self) -> dict[str, Decimal]:
+        return dict(self._get("PREPAID_PACKAGES"))
 
     @property
     def STRIPE_WEBHOOK_SECRET(self) -> str | None:

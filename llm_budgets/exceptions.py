@@ -94,6 +94,8 @@ class BudgetExceeded(BudgetError):
         end_user: str | None = None,
         shared: bool = False,
         period_start: datetime | None = None,
+        prepaid: bool = False,
+        top_up_url: str = "",
     ) -> None:
         self.scope = scope
         self.period_start = period_start
@@ -121,6 +123,14 @@ class BudgetExceeded(BudgetError):
             f"Budget exceeded: {scope} {window} budget has {display(remaining)} {currency} "
             f"remaining of {display(limit)}; this request needs {display(requested)}. It {when}."
         )
+        if prepaid:
+            # A prepaid balance never resets: only a top-up makes room (billing/credits.py).
+            where = f" at {top_up_url}" if top_up_url else ""
+            message = (
+                f"Budget exceeded: {scope}'s prepaid balance has {display(remaining)} {currency} "
+                f"left; this request needs {display(requested)}. Top up the balance{where} to "
+                "continue."
+            )
         super().__init__(
             message,
             scope=scope,
@@ -455,3 +465,21 @@ class KillSwitchActive(BudgetError):
             tripped_at=tripped_at,
             automatic=automatic,
         )
+
+
+class NoBalance(InvalidUsage):
+    """The tenant has no prepaid balance: open one first (``billing.credits.balance_open``)."""
+
+    code = "no_balance"
+
+
+class NotLinked(InvalidUsage):
+    """The tenant has no Stripe customer to charge or grant credit to."""
+
+    code = "not_linked"
+
+
+class PaymentProviderError(InvalidUsage):
+    """Stripe refused or could not be reached; nothing was charged or credited."""
+
+    code = "payment_provider_error"

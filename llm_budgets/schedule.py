@@ -27,12 +27,16 @@ JOBS: dict[str, tuple[str, int]] = {
     "llm_budgets: retention purge": ("llm_budgets.purge_retention", 24 * 60 * 60),
     "llm_budgets: stripe usage delivery": ("llm_budgets.stripe_push", 60),
     "llm_budgets: stripe reconciliation": ("llm_budgets.stripe_reconcile", 24 * 60 * 60),
+    "llm_budgets: prepaid expiry and reconciliation": ("llm_budgets.credits_daily", 24 * 60 * 60),
+    "llm_budgets: prepaid auto-recharge": ("llm_budgets.recharges_send", 60),
     # Alerts wait at most this long for their first attempt (docs/alerts.md).
     "llm_budgets: alert delivery": ("llm_budgets.deliver_alerts", 10),
 }
 
 # Jobs with nothing to do without a Stripe key (health does not expect them to run).
-STRIPE_TASKS = frozenset({"llm_budgets.stripe_push", "llm_budgets.stripe_reconcile"})
+STRIPE_TASKS = frozenset(
+    {"llm_budgets.stripe_push", "llm_budgets.stripe_reconcile", "llm_budgets.recharges_send"}
+)
 TASKS = frozenset(task for task, _ in JOBS.values())
 
 BEAT_SCHEDULE: dict[str, dict[str, Any]] = {

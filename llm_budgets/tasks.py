@@ -5,6 +5,7 @@ management command, for hosts that run cron instead (docs/operations.md).
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 
 from celery import shared_task
@@ -13,6 +14,8 @@ from django.db import transaction
 from llm_budgets.engine import settlement
 from llm_budgets.jobs import anomalies, retention, rollups, thresholds
 from llm_budgets.jobs.records import job_recorded
+
+logger = logging.getLogger(__name__)
 
 # Every job is idempotent (a sweep, a scan or a push run twice changes nothing the first did not),
 # so each is acknowledged only once it has finished: a worker killed mid-task (SIGKILL, OOM, a
@@ -98,6 +101,38 @@ def stripe_reconcile() -> int:
     if not conf.STRIPE_API_KEY:
         return 0  # nothing was sent, so nothing to compare
     return billing_reconcile().differences
+
+
+@shared_task(name="llm_budgets.credits_daily", **JOB)
+@job_recorded("llm_budgets.credits_daily")
+def credits_daily() -> int:
+    """Expire due credit lots, then reconcile prepaid balances with Stripe; returns the number
+    of differences (each logged)."""
+    from llm_budgets.billing.credit_reconciliation import credits_reconcile
+    from llm_budgets.billing.credits import credits_expire
+    from llm_budgets.conf import conf
+
+    credits_expire()
+    if not conf.STRIPE_API_KEY:
+        return 0
+    differences = 0
+    for report in credits_reconcile():
+        for difference in report.differences:
+            logger.warning("prepaid balance of %s: %s", report.tenant, difference)
+        differences += len(report.differences)
+    return differences
+
+
+@shared_task(name="llm_budgets.recharges_send", **JOB)
+@job_recorded("llm_budgets.recharges_send")
+def recharges_send() -> int:
+    """Pay pending auto-recharges off-session; returns how many were credited."""
+    from llm_budgets.billing.recharge import recharges_send as send
+    from llm_budgets.conf import conf
+
+    if not conf.STRIPE_API_KEY:
+        return 0
+    return send()["credited"]
 
 
 @shared_task(name="llm_budgets.deliver_alerts", **JOB)

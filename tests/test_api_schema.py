@@ -32,6 +32,8 @@ def test_the_schema_is_public_and_covers_every_endpoint() -> None:
             "reservations/{reservation_id}/uncertain",
             "tenants/{external_id}/status",
             "tenants/{external_id}/usage",
+            "tenants/{external_id}/balance",
+            "tenants/{external_id}/top-ups",
             "quote",
             "runs/close",
             "prices",

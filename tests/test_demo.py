@@ -143,3 +143,14 @@ def test_demo_data_is_idempotent_and_resets_the_admin_password() -> None:
     assert refusals.count("needed up to") >= 3
     export = b"".join(pages.get("/usage/export.csv", {"start": "2000-01-01"}).streaming_content)
     assert export.count(b"\n") > 300
+
+
+@pytest.mark.django_db
+def test_the_prepaid_demo_tops_up_once_and_spends_down_to_a_refusal_and_reruns() -> None:
+    from demo.prepaid_demo import prepaid_demo_render, prepaid_demo_run
+
+    for _ in range(2):
+        report = prepaid_demo_run()
+        assert (report.credited, report.grants, report.calls) == (Decimal(100), 1, 3)
+        assert "Top up the balance at http://127.0.0.1:8000/usage/balance/" in report.refusal
+    assert "credited once: 100.00 USD" in prepaid_demo_render(report)

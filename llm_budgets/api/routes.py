@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver, path
 
-from llm_budgets.api import alerts, health, killswitches, self_serve, usage, views
+from llm_budgets.api import alerts, balances, health, killswitches, self_serve, usage, views
 
 api_patterns: list[URLPattern | URLResolver] = [
     path("reservations", views.ReservationCreateView.as_view(), name="reservations"),
@@ -38,6 +38,16 @@ api_patterns: list[URLPattern | URLResolver] = [
         "tenants/<path:external_id>/status", views.TenantStatusView.as_view(), name="tenant-status"
     ),
     path("tenants/<path:external_id>/usage", usage.TenantUsageView.as_view(), name="tenant-usage"),
+    path(
+        "tenants/<path:external_id>/balance",
+        balances.TenantBalanceView.as_view(),
+        name="tenant-balance",
+    ),
+    path(
+        "tenants/<path:external_id>/top-ups",
+        balances.TenantTopUpView.as_view(),
+        name="tenant-top-ups",
+    ),
     path("quote", views.QuoteView.as_view(), name="quote"),
     path("runs/close", views.RunCloseView.as_view(), name="run-close"),
     path("prices", views.PriceListView.as_view(), name="prices"),

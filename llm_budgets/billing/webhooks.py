@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from llm_budgets.alerts.bodies import time_field
 from llm_budgets.alerts.emit import alert_emit
+from llm_budgets.billing import topups
 from llm_budgets.billing.links import stripe_customer_unlink
 from llm_budgets.billing.totals import unpaid_invoices
 from llm_budgets.conf import conf
@@ -108,7 +109,7 @@ def webhook_verify(*, payload: bytes, signature: str | None) -> dict[str, Any]:
     if event["type"] in _INVOICE_EVENTS:
         _text(obj or {}, "id", where="data.object")
         _text(obj or {}, "customer", where="data.object")
-    elif event["type"] == "customer.deleted":
+    elif event["type"] == "customer.deleted" or event["type"] in topups.HANDLERS:
         _text(obj or {}, "id", where="data.object")
     return event
 
@@ -387,4 +388,5 @@ HANDLERS: dict[str, Callable[[dict[str, Any], StripeWebhookEvent, datetime], str
     "customer.deleted": _customer_deleted,
     "v1.billing.meter.error_report_triggered": _meter_error,
     "v1.billing.meter.no_meter_found": _meter_error,
+    **topups.HANDLERS,  # prepaid top-ups, refunds and disputes
 }

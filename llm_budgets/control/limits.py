@@ -130,6 +130,13 @@ def budget_set_limit(
             .filter(window=window, **lookup)
             .first()
         )
+        if budget is not None and budget.prepaid:
+            # Its limit is the sum of its credit lots: only billing/credits.py changes it.
+            raise InvalidUsage(
+                f"budget {budget.pk} is {budget.tenant.external_id}'s prepaid balance: change it "  # type: ignore[union-attr]
+                "with a top-up, a grant or a balance adjustment, not a limit.",
+                field="amount",
+            )
         if acting is not None and budget is not None:
             # A raise in force counts against the ceiling too.
             self_serve_limit_check(

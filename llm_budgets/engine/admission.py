@@ -52,6 +52,7 @@ from llm_budgets.models import (
     ApiKey,
     Budget,
     Counter,
+    CreditAccount,
     EndUser,
     KillSwitch,
     PricingBasis,
@@ -510,7 +511,12 @@ def _hold(
             run_read = _run_closed_read(reservation.run)
             if run_read is not None:
                 batch.append(run_read)
+            balances_read = _balances_read(locked)
+            if balances_read is not None:
+                batch.append(balances_read)
             results = sql.fetch_each([s for s in batch if s is not None])
+            if balances_read is not None:
+                _balances_refresh(locked, results.pop())
             run_rows = results.pop() if run_read is not None else []
             picked_rows = results.pop() if fast else []
             rows = rows_by_key(counters_from(results.pop()) if locked else [])
@@ -534,6 +540,27 @@ def _hold(
             first_sight.forget(reservation)  # rolled back: whatever it created is gone
         raise
     return reservation
+
+
+def _balances_read(locked: list[ApplicableBudget]) -> sql.Statement | None:
+    """A prepaid balance's limit read again once its counter is locked (the same round trip):
+    a lowering (expiry, refund) commits under that lock, so the limit read with the context may
+    be stale by then. None when no balance applies: other limits are not re-read."""
+    ids = [a.budget.pk for a in locked if a.budget.prepaid]
+    if not ids:
+        return None
+    text = (
+        f"SELECT {sql.columns(Budget, 'b')} FROM {sql.table(Budget)} b "  # noqa: S608
+        f"WHERE b.{sql.column(Budget, 'id')} IN ({', '.join(['%s'] * len(ids))})"
+    )
+    return text, ids
+
+
+def _balances_refresh(locked: list[ApplicableBudget], rows: list[Any]) -> None:
+    fresh = {budget.pk: budget.limit for budget in (sql.row_to(Budget, row) for row in rows)}
+    for item in locked:
+        if item.budget.pk in fresh:
+            item.budget.limit = fresh[item.budget.pk]
 
 
 def _counters_create(applicable: list[ApplicableBudget]) -> None:
@@ -819,4 +846,12 @@ def _exceeded(
         end_user=reservation.end_user.external_id if reservation.end_user else None,
         shared=shared,
         period_start=item.period.start,
+        prepaid=budget.prepaid,
+        top_up_url=_top_up_url(budget) if budget.prepaid else "",
     )
+
+
+def _top_up_url(budget: Budget) -> str:
+    """Where the refused tenant tops up its balance (read on refusal only)."""
+    url = CreditAccount.objects.filter(budget_id=budget.pk).values_list("top_up_url", flat=True)
+    return next(iter(url), "")

@@ -27,7 +27,7 @@ from llm_budgets.conf import conf
 from llm_budgets.db import dbclock
 from llm_budgets.db import statements as sql
 from llm_budgets.db.boundary import ledger_guard, ledger_transaction, lock_timeout_statement
-from llm_budgets.engine import lines, outbox
+from llm_budgets.engine import balances, lines, outbox
 from llm_budgets.engine.lines import NONE, Amounts
 from llm_budgets.events import (
     event_log,
@@ -369,14 +369,17 @@ def reservation_commit(
         billed = outbox.settlement_statements(
             reservation, kind=kind, customer_cost=charge.customer, now=now
         )
+        recharges = balances.tenant_may_recharge(reservation.tenant_id)
         _move(
             reservation,
             reserved=-unhold,
             spent=charge,
             transition_writes=[sql.inserting([line]), *billed, *audit, committed],
-            last=True,
+            last=not recharges,
             now=now,
         )
+        if recharges:  # a prepaid balance with auto-recharge: this commit may cross it
+            balances.recharge_trigger(reservation.tenant_id, now)
     if beyond is not None:  # after the commit: the ledger has it
         event_log(
             "settlement.beyond_hold",

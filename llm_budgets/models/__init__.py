@@ -32,6 +32,15 @@ from llm_budgets.models.billing import (
 )
 from llm_budgets.models.budgets import SHARED_BY, Budget, BudgetUnit, Counter, Run, Scope, Window
 from llm_budgets.models.control import BudgetRaise, KillSwitch, Refusal, RefusalKind
+from llm_budgets.models.credits import (
+    CreditAccount,
+    CreditLot,
+    LotKind,
+    LotSource,
+    TopUp,
+    TopUpKind,
+    TopUpState,
+)
 from llm_budgets.models.ledger import (
     LIVE_STATES,
     Reservation,
@@ -61,6 +70,8 @@ __all__ = [
     "BudgetRaise",
     "BudgetUnit",
     "Counter",
+    "CreditAccount",
+    "CreditLot",
     "CrossingKind",
     "DailyUsage",
     "DeliveryKind",
@@ -71,6 +82,8 @@ __all__ = [
     "InvoiceSettlement",
     "JobRun",
     "KillSwitch",
+    "LotKind",
+    "LotSource",
     "Membership",
     "MembershipRole",
     "MeterDelivery",
@@ -101,6 +114,9 @@ __all__ = [
     "Tenant",
     "TenantDailyUsage",
     "ThresholdCrossing",
+    "TopUp",
+    "TopUpKind",
+    "TopUpState",
     "UnknownModelPolicy",
     "UsageKind",
     "UsageRecord",

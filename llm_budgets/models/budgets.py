@@ -133,6 +133,11 @@ class Budget(models.Model):
         default=DEFAULT_STRIPES,
         help_text=f"How many stripes a hot budget's counter is split into (1 to {MAX_STRIPES}).",
     )
+    prepaid = models.BooleanField(
+        default=False,
+        help_text="A tenant's prepaid balance (billing/credits.py): a lifetime limit that only "
+        "credits change; a refusal says to top up.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

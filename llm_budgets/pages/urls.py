@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from llm_budgets.pages import manage, views
+from llm_budgets.pages import balance, manage, views
 
 app_name = "llm_budgets_pages"
 
@@ -26,4 +26,6 @@ urlpatterns = [
     path("manage/keys/<str:pk>/revoke/", manage.key_revoke, name="key_revoke"),
     path("manage/alerts/subscribe/", manage.alert_subscribe, name="alert_subscribe"),
     path("manage/alerts/<int:pk>/remove/", manage.alert_remove, name="alert_remove"),
+    path("balance/", balance.balance, name="balance"),
+    path("balance/top-up", balance.top_up, name="balance_top_up"),
 ]

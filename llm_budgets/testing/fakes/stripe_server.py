@@ -4,7 +4,10 @@ It implements what llm_budgets uses of Stripe's API, with Stripe's rules: meters
 name), prices, customers, meter events (identifier unique over 24 h, timestamp at most 35 days
 old and 5 minutes ahead, string values of at most 15 significant digits, known customers),
 cancel adjustments (within 24 h of receipt), event summaries (per hour or whole range, paginated)
-and Idempotency-Key replay. Faults are injected per request path:
+and Idempotency-Key replay; for prepaid credits, Checkout sessions (``pay_checkout`` returns the
+events Stripe would send), off-session payment intents (``decline`` a customer's card), credit
+grants (create, list, void) and credit balance summaries (``apply_credit`` draws on them as an
+invoice would), refunds and disputes as events. Faults are injected per request path:
 
 - ``"500"`` / ``"429"``: answer with that status;
 - ``"drop_before"``: close the connection without processing;
@@ -82,6 +85,13 @@ class State:
     events: list[MeterEvent] = field(default_factory=list)
     adjustments: list[dict[str, Any]] = field(default_factory=list)
     v2_events: dict[str, dict[str, Any]] = field(default_factory=dict)
+    checkout_sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    payment_intents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    credit_grants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Credit an invoice drew from a customer's grants (``apply_credit``), in minor units.
+    credit_applied: dict[str, int] = field(default_factory=dict)
+    # Customers whose saved card declines off-session charges (``decline``).
+    declining: set[str] = field(default_factory=set)
     idempotency: dict[str, tuple[str, int, bytes]] = field(default_factory=dict)
     requests: list[tuple[str, str]] = field(default_factory=list)
 
@@ -163,6 +173,116 @@ class StripeServer:
             Decimal(0),
         )
 
+    # -- prepaid: what Stripe would send the webhook after a payment, refund or dispute
+    def pay_checkout(
+        self, session_id: str, *, payment_method: str = "pm_card_visa"
+    ) -> list[dict[str, Any]]:
+        """The customer pays a Checkout session: its payment intent succeeds. The two events
+        Stripe then sends (``checkout.session.completed``, ``payment_intent.succeeded``)."""
+        with self.lock:
+            session = self.state.checkout_sessions[session_id]
+            intent = self._intent(
+                customer=session["customer"],
+                amount=session["amount_total"],
+                currency=session["currency"],
+                metadata=dict(session["payment_intent_metadata"]),
+                payment_method=payment_method,
+            )
+            session.update(status="complete", payment_status="paid", payment_intent=intent["id"])
+            self.state.customers[session["customer"]]["saved_payment_method"] = payment_method
+            public = {k: v for k, v in session.items() if k != "payment_intent_metadata"}
+            return [
+                self._event("checkout.session.completed", public),
+                self._event("payment_intent.succeeded", intent),
+            ]
+
+    def refund(self, intent_id: str, amount: int) -> dict[str, Any]:
+        """Refund ``amount`` (minor units) more of a payment: the ``charge.refunded`` event."""
+        with self.lock:
+            intent = self.state.payment_intents[intent_id]
+            intent["amount_refunded"] = min(intent["amount"], intent["amount_refunded"] + amount)
+            charge = {
+                "id": intent["latest_charge"],
+                "object": "charge",
+                "payment_intent": intent_id,
+                "customer": intent["customer"],
+                "amount": intent["amount"],
+                "amount_refunded": intent["amount_refunded"],
+                "currency": intent["currency"],
+                "refunded": intent["amount_refunded"] == intent["amount"],
+            }
+            return self._event("charge.refunded", charge)
+
+    def dispute(self, intent_id: str, amount: int) -> dict[str, Any]:
+        with self.lock:
+            intent = self.state.payment_intents[intent_id]
+            dispute = {
+                "id": f"dp_{secrets.token_hex(7)}",
+                "object": "dispute",
+                "charge": intent["latest_charge"],
+                "payment_intent": intent_id,
+                "amount": amount,
+                "currency": intent["currency"],
+                "status": "needs_response",
+            }
+            return self._event("charge.dispute.created", dispute)
+
+    def decline(self, customer: str) -> None:
+        """The customer's saved card declines off-session charges from now on."""
+        with self.lock:
+            self.state.declining.add(customer)
+
+    def apply_credit(self, customer: str, amount: int) -> None:
+        """An invoice drew ``amount`` (minor units) from the customer's credit grants."""
+        with self.lock:
+            self.state.credit_applied[customer] = (
+                self.state.credit_applied.get(customer, 0) + amount
+            )
+
+    def live_grants(self, customer: str | None = None) -> list[dict[str, Any]]:
+        with self.lock:
+            return [
+                g
+                for g in self.state.credit_grants.values()
+                if g["voided_at"] is None and (customer is None or g["customer"] == customer)
+            ]
+
+    def _event(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "id": f"evt_{secrets.token_hex(8)}",
+            "object": "event",
+            "type": kind,
+            "created": int(self.clock()),
+            "data": {"object": json.loads(json.dumps(obj))},
+        }
+
+    def _intent(
+        self,
+        *,
+        customer: str,
+        amount: int,
+        currency: str,
+        metadata: dict[str, Any],
+        payment_method: str,
+        status: str = "succeeded",
+    ) -> dict[str, Any]:
+        pid = f"pi_{secrets.token_hex(8)}"
+        intent: dict[str, Any] = {
+            "id": pid,
+            "object": "payment_intent",
+            "amount": amount,
+            "amount_received": amount if status == "succeeded" else 0,
+            "amount_refunded": 0,
+            "currency": currency,
+            "customer": customer,
+            "metadata": metadata,
+            "payment_method": payment_method,
+            "latest_charge": f"ch_{secrets.token_hex(8)}",
+            "status": status,
+        }
+        self.state.payment_intents[pid] = intent
+        return intent
+
     # -- routing
     def handle(self, method: str, path: str, params: dict[str, Any]) -> dict[str, Any]:
         routes: list[tuple[str, str, Callable[..., dict[str, Any]]]] = [
@@ -178,6 +298,13 @@ class StripeServer:
             ("GET", r"/v1/customers/(?P<cid>[^/]+)", self._customer_get),
             ("DELETE", r"/v1/customers/(?P<cid>[^/]+)", self._customer_delete),
             ("GET", r"/v2/core/events/(?P<eid>[^/]+)", self._v2_event_get),
+            ("POST", r"/v1/checkout/sessions", self._checkout_create),
+            ("GET", r"/v1/checkout/sessions/(?P<sid>[^/]+)", self._checkout_get),
+            ("POST", r"/v1/payment_intents", self._intent_create),
+            ("POST", r"/v1/billing/credit_grants", self._grant_create),
+            ("GET", r"/v1/billing/credit_grants", self._grant_list),
+            ("POST", r"/v1/billing/credit_grants/(?P<gid>[^/]+)/void", self._grant_void),
+            ("GET", r"/v1/billing/credit_balance_summary", self._balance_summary),
         ]
         for verb, pattern, view in routes:
             match = re.fullmatch(pattern, path)
@@ -395,6 +522,194 @@ class StripeServer:
         self._customer_get(p, cid)
         del self.state.customers[cid]
         return {"id": cid, "object": "customer", "deleted": True}
+
+    def _customer(self, p: dict[str, Any]) -> str:
+        customer = p.get("customer") or ""
+        if customer not in self.state.customers:
+            raise StripeError(400, f"No such customer: '{customer}'", code="resource_missing")
+        return str(customer)
+
+    @staticmethod
+    def _positive_int(value: Any, name: str) -> int:
+        if not isinstance(value, str) or not value.isdigit() or int(value) <= 0:
+            raise StripeError(
+                400, f"Invalid positive integer: {name}", code="parameter_invalid_integer"
+            )
+        return int(value)
+
+    def _checkout_create(self, p: dict[str, Any]) -> dict[str, Any]:
+        if p.get("mode") != "payment":
+            raise StripeError(
+                400, "This fake takes mode=payment only.", code="parameter_invalid_empty"
+            )
+        customer = self._customer(p)
+        items = p.get("line_items")
+        if not isinstance(items, list) or len(items) != 1:
+            raise StripeError(400, "line_items: one item expected.", code="parameter_missing")
+        data = items[0].get("price_data") or {}
+        amount = self._positive_int(
+            data.get("unit_amount"), "line_items[0][price_data][unit_amount]"
+        )
+        quantity = self._positive_int(items[0].get("quantity"), "line_items[0][quantity]")
+        if not (data.get("product_data") or {}).get("name"):
+            raise StripeError(
+                400,
+                "Missing required param: line_items[0][price_data][product_data][name].",
+                code="parameter_missing",
+            )
+        for key in ("success_url", "currency"):
+            if not (p.get(key) if key != "currency" else data.get("currency")):
+                raise StripeError(400, f"Missing required param: {key}.", code="parameter_missing")
+        intent_data = p.get("payment_intent_data") or {}
+        if intent_data.get("setup_future_usage") not in (None, "on_session", "off_session"):
+            raise StripeError(400, "Invalid setup_future_usage.", code="parameter_invalid_empty")
+        sid = f"cs_test_{secrets.token_hex(12)}"
+        session = {
+            "id": sid,
+            "object": "checkout.session",
+            "mode": "payment",
+            "customer": customer,
+            "client_reference_id": p.get("client_reference_id"),
+            "metadata": p.get("metadata") or {},
+            "amount_total": amount * quantity,
+            "currency": data["currency"],
+            "payment_status": "unpaid",
+            "payment_intent": None,
+            "status": "open",
+            "url": f"https://checkout.stripe.test/c/pay/{sid}",
+            "success_url": p["success_url"],
+            "payment_intent_metadata": intent_data.get("metadata") or {},
+        }
+        self.state.checkout_sessions[sid] = session
+        return {k: v for k, v in session.items() if k != "payment_intent_metadata"}
+
+    def _checkout_get(self, p: dict[str, Any], sid: str) -> dict[str, Any]:
+        if sid not in self.state.checkout_sessions:
+            raise StripeError(404, f"No such checkout.session: '{sid}'", code="resource_missing")
+        session = self.state.checkout_sessions[sid]
+        return {k: v for k, v in session.items() if k != "payment_intent_metadata"}
+
+    def _intent_create(self, p: dict[str, Any]) -> dict[str, Any]:
+        customer = self._customer(p)
+        amount = self._positive_int(p.get("amount"), "amount")
+        if not p.get("currency"):
+            raise StripeError(400, "Missing required param: currency.", code="parameter_missing")
+        method = p.get("payment_method")
+        if p.get("off_session") != "true" or p.get("confirm") != "true" or not method:
+            raise StripeError(
+                400,
+                "This fake takes confirmed off-session payments with a payment_method only.",
+                code="parameter_missing",
+            )
+        if method != self.state.customers[customer].get("saved_payment_method"):
+            raise StripeError(
+                400,
+                f"No such PaymentMethod: '{method}' for this customer.",
+                code="resource_missing",
+            )
+        declined = customer in self.state.declining
+        intent = self._intent(
+            customer=customer,
+            amount=amount,
+            currency=p["currency"],
+            metadata=p.get("metadata") or {},
+            payment_method=str(method),
+            status="requires_payment_method" if declined else "succeeded",
+        )
+        if declined:
+            raise StripeError(
+                402, "Your card was declined.", code="card_declined", kind="card_error"
+            )
+        return intent
+
+    def _grant_create(self, p: dict[str, Any]) -> dict[str, Any]:
+        customer = self._customer(p)
+        amount = p.get("amount") or {}
+        monetary = amount.get("monetary") or {}
+        if amount.get("type") != "monetary" or not monetary.get("currency"):
+            raise StripeError(
+                400,
+                "amount[type] must be monetary with a currency.",
+                code="parameter_invalid_empty",
+            )
+        value = self._positive_int(monetary.get("value"), "amount[monetary][value]")
+        scope = (p.get("applicability_config") or {}).get("scope") or {}
+        if scope.get("price_type") != "metered" and not scope.get("prices"):
+            raise StripeError(
+                400,
+                "Missing required param: applicability_config[scope].",
+                code="parameter_missing",
+            )
+        category = p.get("category", "paid")
+        if category not in ("paid", "promotional"):
+            raise StripeError(400, f"Invalid category: {category}", code="parameter_invalid_empty")
+        priority = int(p.get("priority", "50"))
+        if not 0 <= priority <= 100:
+            raise StripeError(400, "priority must be 0 to 100.", code="parameter_invalid_integer")
+        gid = f"credgr_{secrets.token_hex(10)}"
+        grant = {
+            "id": gid,
+            "object": "billing.credit_grant",
+            "customer": customer,
+            "category": category,
+            "priority": priority,
+            "amount": {
+                "type": "monetary",
+                "monetary": {"currency": monetary["currency"], "value": value},
+            },
+            "applicability_config": {"scope": scope},
+            "expires_at": int(p["expires_at"]) if p.get("expires_at") else None,
+            "metadata": p.get("metadata") or {},
+            "name": p.get("name"),
+            "voided_at": None,
+            "created": int(self.clock()),
+        }
+        self.state.credit_grants[gid] = grant
+        return grant
+
+    def _grant_list(self, p: dict[str, Any]) -> dict[str, Any]:
+        customer = p.get("customer")
+        data = [g for g in self.state.credit_grants.values() if customer in (None, g["customer"])]
+        return {
+            "object": "list",
+            "data": data,
+            "has_more": False,
+            "url": "/v1/billing/credit_grants",
+        }
+
+    def _grant_void(self, p: dict[str, Any], gid: str) -> dict[str, Any]:
+        if gid not in self.state.credit_grants:
+            raise StripeError(404, f"No such credit grant: '{gid}'", code="resource_missing")
+        self.state.credit_grants[gid]["voided_at"] = int(self.clock())
+        return self.state.credit_grants[gid]
+
+    def _balance_summary(self, p: dict[str, Any]) -> dict[str, Any]:
+        customer = self._customer(p)
+        if (p.get("filter") or {}).get("type") not in ("applicability_scope", "credit_grant"):
+            raise StripeError(
+                400, "Missing required param: filter[type].", code="parameter_missing"
+            )
+        now = self.clock()
+        by_currency: dict[str, int] = {}
+        for grant in self.state.credit_grants.values():
+            if grant["customer"] != customer or grant["voided_at"] is not None:
+                continue
+            if grant["expires_at"] is not None and grant["expires_at"] <= now:
+                continue
+            money = grant["amount"]["monetary"]
+            by_currency[money["currency"]] = by_currency.get(money["currency"], 0) + money["value"]
+        applied = self.state.credit_applied.get(customer, 0)
+        balances = []
+        for currency, total in by_currency.items():
+            left = max(0, total - applied)
+            amount = {"type": "monetary", "monetary": {"currency": currency, "value": left}}
+            balances.append({"available_balance": amount, "ledger_balance": amount})
+        return {
+            "object": "billing.credit_balance_summary",
+            "customer": customer,
+            "balances": balances,
+            "livemode": False,
+        }
 
     def _v2_event_get(self, p: dict[str, Any], eid: str) -> dict[str, Any]:
         if eid not in self.state.v2_events:

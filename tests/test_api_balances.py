@@ -1,0 +1,88 @@
+"""The prepaid balance over REST (issue 30): a tenant's key reads and tops up only its own."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from llm_budgets import budgets
+from llm_budgets.billing.credits import account_of, balance_open, credit_add
+from llm_budgets.testing.fakes.stripe_server import StripeServer
+from tests.api import BASE, client_for, new_key
+from tests.factories import reserve_30
+from tests.stripe_support import fake_stripe, set_up
+
+pytestmark = pytest.mark.django_db
+__all__ = ["fake_stripe"]
+
+
+def prepaid(fake: StripeServer) -> dict[str, str]:
+    set_up(fake)
+    budgets.ensure_tenant(tenant="globex", name="Globex")
+    balance_open(tenant="acme", top_up_url="https://host.example/top-up")
+    credit_add(account=account_of("acme"), amount="50", actor="t", reason="trial")
+    return {"acme": new_key("acme", name="a"), "globex": new_key("globex", name="g")}
+
+
+def test_the_balance_shows_credit_spent_held_and_history(fake_stripe: StripeServer) -> None:
+    keys = prepaid(fake_stripe)
+    reserve_30().commit(input_tokens=0, output_tokens=500)
+    reserve_30()
+    body = client_for(keys["acme"]).get(f"{BASE}tenants/acme/balance").json()
+    assert (body["credit"], body["spent"], body["held"], body["available"]) == (
+        "50",
+        "15",
+        "30",
+        "5",
+    )
+    assert body["lots"][0]["amount"] == "50"
+    assert body["lots"][0]["origin"] == "grant"
+    assert body["top_up_url"] == "https://host.example/top-up"
+
+
+def test_another_tenants_key_sees_nothing_and_a_tenant_without_balance_is_told(
+    fake_stripe: StripeServer,
+) -> None:
+    keys = prepaid(fake_stripe)
+    assert client_for(keys["globex"]).get(f"{BASE}tenants/acme/balance").status_code == 404
+    answer = client_for(keys["globex"]).get(f"{BASE}tenants/globex/balance")
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "no_balance"
+
+
+def test_a_top_up_through_the_api_starts_a_checkout(fake_stripe: StripeServer) -> None:
+    keys = prepaid(fake_stripe)
+    body = {
+        "amount": "20",
+        "success_url": "https://h.example/ok",
+        "cancel_url": "https://h.example/no",
+    }
+    answer = client_for(keys["acme"]).post(f"{BASE}tenants/acme/top-ups", body, format="json")
+    assert answer.status_code == 201, answer.json()
+    session = fake_stripe.state.checkout_sessions[answer.json()["session_id"]]
+    assert session["amount_total"] == 2000
+    assert answer.json()["top_up"]["state"] == "pending"
+    assert answer.json()["checkout_url"] == session["url"]
+    denied = client_for(keys["globex"]).post(f"{BASE}tenants/acme/top-ups", body, format="json")
+    assert denied.status_code == 404
+    assert Decimal(account_of("acme").budget.limit) == Decimal(50)
+
+
+def test_a_retried_top_up_request_returns_the_same_checkout(fake_stripe: StripeServer) -> None:
+    keys = prepaid(fake_stripe)
+    body = {
+        "amount": "20",
+        "success_url": "https://h.example/ok",
+        "cancel_url": "https://h.example/no",
+    }
+    client = client_for(keys["acme"])
+    first = client.post(
+        f"{BASE}tenants/acme/top-ups", body, format="json", HTTP_IDEMPOTENCY_KEY="t-1"
+    )
+    again = client.post(
+        f"{BASE}tenants/acme/top-ups", body, format="json", HTTP_IDEMPOTENCY_KEY="t-1"
+    )
+    assert again.json() == first.json()
+    assert again.has_header("Idempotent-Replayed")
+    assert len(fake_stripe.state.checkout_sessions) == 1

@@ -1,0 +1,408 @@
+"""Prepaid balances (issue 30): admission against a balance, refusal that says to top up, Stripe
+top-ups credited once with their credit grant (through the fault proxy), refunds, expiry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from decimal import Decimal
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from llm_budgets import budgets
+from llm_budgets.alerts.endpoints import endpoint_create
+from llm_budgets.billing.credits import (
+    account_of,
+    balance_adjust,
+    balance_open,
+    balance_state,
+    credit_add,
+    credits_expire,
+    recharge_set,
+)
+from llm_budgets.billing.recharge import recharges_send
+from llm_budgets.billing.topups import credit_grant, top_up_checkout
+from llm_budgets.engine.balances import recharge_rules_clear
+from llm_budgets.exceptions import (
+    BudgetExceeded,
+    InvalidUsage,
+    KillSwitchActive,
+    PaymentProviderError,
+)
+from llm_budgets.models import (
+    AlertEvent,
+    AuditEvent,
+    CreditLot,
+    KillSwitch,
+    LotKind,
+    StripeWebhookEvent,
+    TopUp,
+)
+from llm_budgets.testing.fakes.stripe_server import StripeServer
+from tests.factories import reserve_30
+from tests.faultproxy import FaultProxy
+from tests.prepaid_support import TOP_UP_URL, deliver, pay, prepaid
+from tests.stripe_support import fake_stripe, set_up, stripe_settings
+
+pytestmark = pytest.mark.django_db
+__all__ = ["fake_stripe"]
+
+
+@pytest.fixture(autouse=True)
+def rules_forgotten() -> Iterator[None]:
+    recharge_rules_clear()  # the per-process cache of tenants with a rule
+    yield
+    recharge_rules_clear()
+
+
+def available() -> Decimal:
+    return balance_state(account_of("acme")).available
+
+
+def test_a_balance_at_zero_refuses_saying_top_up_with_the_hosts_url(
+    fake_stripe: StripeServer,
+) -> None:
+    prepaid(fake_stripe)
+    with pytest.raises(BudgetExceeded) as refused:
+        reserve_30()
+    assert "Top up the balance at " + TOP_UP_URL in str(refused.value)
+    assert refused.value.resets_at is None
+    assert refused.value.remaining == 0
+
+
+def test_spend_draws_the_balance_down_at_customer_price_to_a_refusal(
+    fake_stripe: StripeServer,
+) -> None:
+    prepaid(fake_stripe)
+    credit_add(account=account_of("acme"), amount="65", actor="test", reason="trial")
+    first = reserve_30()
+    assert available() == Decimal(35)  # the worst case is held against the balance
+    first.commit(input_tokens=0, output_tokens=500)  # costs 15
+    assert balance_state(account_of("acme")).spent == Decimal(15)
+    reserve_30().commit(input_tokens=0, output_tokens=1000)  # 30
+    assert available() == Decimal(20)
+    with pytest.raises(BudgetExceeded, match=r"prepaid balance has 20\.00 USD left"):
+        reserve_30()
+
+
+def test_a_checkout_top_up_is_credited_once_with_one_credit_grant(
+    fake_stripe: StripeServer,
+) -> None:
+    customer = prepaid(fake_stripe)
+    top_up, events = pay(fake_stripe, "100")
+    session = fake_stripe.state.checkout_sessions[top_up.checkout_session_id or ""]
+    assert session["amount_total"] == 10000
+    assert session["customer"] == customer
+    for event in [*events, *events, events[1], events[0]]:  # both events, each redelivered
+        assert deliver(event) == 200
+    assert available() == Decimal(100)
+    assert CreditLot.objects.get().top_up_id == top_up.pk
+    grants = fake_stripe.live_grants(customer)
+    assert len(grants) == 1
+    assert grants[0]["amount"]["monetary"] == {"currency": "usd", "value": 10000}
+    assert grants[0]["category"] == "paid"
+    assert grants[0]["applicability_config"] == {"scope": {"price_type": "metered"}}
+    top_up.refresh_from_db()
+    assert top_up.state == "credited"
+    assert top_up.payment_intent_id == events[1]["data"]["object"]["id"]
+    assert account_of("acme").payment_method_id == "pm_card_visa"
+
+
+def test_an_unpaid_checkout_completion_credits_nothing_until_the_payment_succeeds(
+    fake_stripe: StripeServer,
+) -> None:
+    prepaid(fake_stripe)
+    _, events = pay(fake_stripe, "10")
+    events[0]["data"]["object"]["payment_status"] = "unpaid"  # a delayed payment method
+    assert deliver(events[0]) == 200
+    assert available() == 0
+    assert deliver(events[1]) == 200
+    assert available() == Decimal(10)
+
+
+def test_a_package_top_up_and_unknown_packages(fake_stripe: StripeServer, settings: Any) -> None:
+    prepaid(fake_stripe)
+    settings.LLM_BUDGETS = {**settings.LLM_BUDGETS, "PREPAID_PACKAGES": {"starter": "25"}}
+    started = top_up_checkout(
+        tenant="acme", package="starter", success_url="https://h/ok", cancel_url="https://h/no"
+    )
+    assert started.top_up.amount == Decimal(25)
+    with pytest.raises(InvalidUsage, match="Unknown package 'gold'; the packages are: starter"):
+        top_up_checkout(
+            tenant="acme", package="gold", success_url="https://h/ok", cancel_url="https://h/no"
+        )
+    with pytest.raises(InvalidUsage, match="more than 2 decimal places"):
+        top_up_checkout(
+            tenant="acme", amount="1.005", success_url="https://h/ok", cancel_url="https://h/no"
+        )
+
+
+def test_a_paid_amount_that_differs_from_the_top_up_is_not_credited(
+    fake_stripe: StripeServer,
+) -> None:
+    prepaid(fake_stripe)
+    _, events = pay(fake_stripe, "10")
+    events[1]["data"]["object"]["amount_received"] = 999
+    assert deliver(events[1]) == 500
+    assert available() == 0
+    assert "but 9.99 was paid" in StripeWebhookEvent.objects.get().error
+
+
+@pytest.mark.parametrize("fault", ["500", "drop_before", "drop_after"])
+def test_a_failed_credit_grant_rolls_the_credit_back_and_the_redelivery_credits_once(
+    fake_stripe: StripeServer, fault: str
+) -> None:
+    customer = prepaid(fake_stripe)
+    _, events = pay(fake_stripe, "40")
+    fake_stripe.inject("/v1/billing/credit_grants", fault)
+    assert deliver(events[1]) == 500
+    assert available() == 0
+    assert deliver(events[1]) == 200  # Stripe redelivers
+    assert deliver(events[0]) == 200
+    assert available() == Decimal(40)
+    assert len(fake_stripe.live_grants(customer)) == 1
+
+
+def test_an_answer_lost_in_the_network_after_stripe_made_the_grant_is_not_a_second_grant(
+    settings: Any,
+) -> None:
+    """Through the fault proxy: the grant request reaches Stripe, its answer is cut off."""
+    with (
+        StripeServer() as fake,
+        FaultProxy("127.0.0.1", int(fake.base_url.rsplit(":", 1)[1])) as proxy,
+    ):
+        settings.LLM_BUDGETS = stripe_settings(f"http://127.0.0.1:{proxy.port}")
+        customer = prepaid(fake)
+        _, events = pay(fake, "40")
+        proxy.cut_when_client_sends(b"metered", before=False)  # in the body
+        assert deliver(events[1]) == 500
+        assert len(fake.live_grants(customer)) == 1  # Stripe made it; we never heard
+        assert available() == 0
+        assert deliver(events[1]) == 200
+        assert available() == Decimal(40)
+        assert len(fake.live_grants(customer)) == 1
+        assert proxy.counts
+
+
+def test_a_refund_before_spending_takes_the_credit_back_and_after_spending_records_the_rest(
+    fake_stripe: StripeServer,
+) -> None:
+    prepaid(fake_stripe)
+    top_up, events = pay(fake_stripe, "100")
+    deliver(events[1])
+    intent = events[1]["data"]["object"]["id"]
+    assert deliver(fake_stripe.refund(intent, 2000)) == 200  # 20 back
+    assert available() == Decimal(80)
+    for _ in range(2):
+        reserve_30().commit(input_tokens=0, output_tokens=1000)  # 60 spent
+    refund = fake_stripe.refund(intent, 8000)  # the rest: 80, of which 20 is unspent
+    assert deliver(refund) == 200
+    assert deliver(refund) == 200
+    top_up.refresh_from_db()
+    assert (top_up.refunded, top_up.unrecovered) == (Decimal(100), Decimal(60))
+    state = balance_state(account_of("acme"))
+    assert (state.credit, state.spent, state.available) == (Decimal(60), Decimal(60), 0)
+    assert AuditEvent.objects.filter(action="credits.take_back").count() == 2
+
+
+def test_a_dispute_lowers_the_balance_never_below_what_is_held(fake_stripe: StripeServer) -> None:
+    prepaid(fake_stripe)
+    _, events = pay(fake_stripe, "50")
+    deliver(events[0])
+    hold = reserve_30()
+    assert deliver(fake_stripe.dispute(events[1]["data"]["object"]["id"], 5000)) == 200
+    state = balance_state(account_of("acme"))
+    assert (state.credit, state.held) == (Decimal(30), Decimal(30))
+    hold.commit(input_tokens=0, output_tokens=1000)
+    assert balance_state(account_of("acme")).spent == Decimal(30)
+
+
+def test_promotional_credit_is_used_first_and_expires_unused_part_only(
+    fake_stripe: StripeServer,
+) -> None:
+    customer = prepaid(fake_stripe)
+    now = timezone.now()
+    account = account_of("acme")
+    credit_add(account=account, amount="100", kind=LotKind.PAID, actor="t", reason="paid")
+    credit_grant(
+        tenant="acme", amount="50", expires_at=now + timedelta(days=30), actor="t", reason="trial"
+    )
+    grant = fake_stripe.live_grants(customer)[0]
+    assert (grant["category"], grant["priority"]) == ("promotional", 10)
+    assert grant["expires_at"] == int((now + timedelta(days=30)).timestamp())
+    reserve_30().commit(input_tokens=0, output_tokens=1000)  # 30: from the promotional lot
+    assert credits_expire(now=now + timedelta(days=29)) == 0
+    assert credits_expire(now=now + timedelta(days=31)) == 1
+    state = balance_state(account_of("acme"))
+    # 20 promotional unused is forfeited; the paid 100 is untouched.
+    assert (state.credit, state.spent, state.available) == (Decimal(130), Decimal(30), Decimal(100))
+    assert credits_expire(now=now + timedelta(days=32)) == 0
+
+
+def test_expiry_never_takes_the_limit_below_spent_and_held(fake_stripe: StripeServer) -> None:
+    prepaid(fake_stripe)
+    now = timezone.now()
+    account = account_of("acme")
+    credit_add(
+        account=account,
+        amount="40",
+        kind=LotKind.PROMOTIONAL,
+        expires_at=now + timedelta(hours=1),
+        actor="t",
+        reason="r",
+    )
+    credit_add(account=account, amount="10", kind=LotKind.PAID, actor="t", reason="r")
+    reserve_30()  # held 30 of the promotional 40
+    credits_expire(now=now + timedelta(hours=2))
+    state = balance_state(account_of("acme"))
+    assert (state.credit, state.held) == (Decimal(40), Decimal(30))
+
+
+def test_staff_adjustments_need_a_reason_and_never_go_below_spent(
+    fake_stripe: StripeServer,
+) -> None:
+    prepaid(fake_stripe)
+    with pytest.raises(InvalidUsage, match="needs a reason"):
+        balance_adjust(tenant="acme", amount="5", direction="add", actor="s", reason=" ")
+    balance_adjust(tenant="acme", amount="50", direction="add", actor="s", reason="goodwill")
+    reserve_30().commit(input_tokens=0, output_tokens=1000)
+    with pytest.raises(InvalidUsage, match=r"only 20\.00 is neither spent nor held"):
+        balance_adjust(tenant="acme", amount="21", direction="remove", actor="s", reason="oops")
+    assert balance_adjust(
+        tenant="acme", amount="20", direction="remove", actor="s", reason="ok"
+    ) == Decimal(30)
+    assert AuditEvent.objects.filter(action__in=["credits.add", "credits.remove"]).count() == 2
+
+
+def test_checkout_needs_a_linked_customer_and_says_when_stripe_fails(
+    fake_stripe: StripeServer,
+) -> None:
+    prepaid(fake_stripe)
+    fake_stripe.inject("/v1/checkout/sessions", "500")
+    with pytest.raises(PaymentProviderError, match="Nothing was charged"):
+        top_up_checkout(
+            tenant="acme", amount="5", success_url="https://h/ok", cancel_url="https://h/no"
+        )
+    assert TopUp.objects.get().state == "failed"
+    budgets.ensure_tenant(tenant="other", name="Other")
+    balance_open(tenant="other")
+    with pytest.raises(InvalidUsage, match="not linked to a Stripe customer"):
+        top_up_checkout(
+            tenant="other", amount="5", success_url="https://h/ok", cancel_url="https://h/no"
+        )
+
+
+def test_a_lifetime_budget_that_is_not_a_balance_is_not_taken_over(
+    fake_stripe: StripeServer,
+) -> None:
+    set_up(fake_stripe)
+    budgets.set_limit(tenant="acme", amount=Decimal(5), window="lifetime")
+    with pytest.raises(InvalidUsage, match="already has a lifetime budget"):
+        balance_open(tenant="acme")
+
+
+def test_a_balance_is_not_changed_by_setting_a_limit(fake_stripe: StripeServer) -> None:
+    prepaid(fake_stripe)
+    with pytest.raises(InvalidUsage, match="prepaid balance: change it with a top-up"):
+        budgets.set_limit(tenant="acme", amount=Decimal(500), window="lifetime")
+
+
+def saved_card_and_rule(fake: StripeServer, **rule: str) -> None:
+    prepaid(fake)
+    endpoint_create(
+        tenant=None,
+        kind="webhook",
+        target="https://ops.example/alerts",
+        event_types=["payment.failed"],
+    )
+    _, events = pay(fake, "100")
+    assert deliver(events[1]) == 200
+    recharge_set(tenant="acme", actor="t", **{"below": "80", "amount": "50", **rule})
+
+
+def test_a_commit_crossing_the_threshold_queues_one_recharge_paid_off_session(
+    fake_stripe: StripeServer,
+) -> None:
+    saved_card_and_rule(fake_stripe)
+    reserve_30().commit(input_tokens=0, output_tokens=500)  # 85 left: above 80
+    assert not TopUp.objects.filter(kind="recharge").exists()
+    reserve_30().commit(input_tokens=0, output_tokens=500)  # 70 left: crossed
+    reserve_30().commit(input_tokens=0, output_tokens=500)  # still below: same crossing
+    assert TopUp.objects.filter(kind="recharge").count() == 1
+    assert recharges_send() == {"credited": 1, "failed": 0, "skipped": 0, "retry": 0}
+    assert available() == Decimal(105)
+    intent = next(i for i in fake_stripe.state.payment_intents.values() if i["amount"] == 5000)
+    assert intent["payment_method"] == "pm_card_visa"
+    assert intent["status"] == "succeeded"
+    # The webhook for the recharge's own payment finds it credited.
+    assert deliver(fake_stripe._event("payment_intent.succeeded", intent)) == 200
+    assert available() == Decimal(105)
+    reserve_30().commit(input_tokens=0, output_tokens=1000)  # 75: armed again, crossed again
+    assert TopUp.objects.filter(kind="recharge").count() == 2
+
+
+def test_a_declined_recharge_alerts_trips_the_payment_switch_and_a_top_up_clears_it(
+    fake_stripe: StripeServer, settings: Any
+) -> None:
+    settings.LLM_BUDGETS = {**settings.LLM_BUDGETS, "STRIPE_ON_PAYMENT_FAILED": "trip"}
+    saved_card_and_rule(fake_stripe)
+    fake_stripe.decline(fake_stripe.live_grants()[0]["customer"])
+    reserve_30().commit(input_tokens=0, output_tokens=1000)
+    assert recharges_send()["failed"] == 1
+    assert "declined" in TopUp.objects.get(kind="recharge").error
+    event = AlertEvent.objects.get(type="payment.failed")
+    assert event.body["action"] == "recharge_failed"
+    switch = KillSwitch.objects.get(cleared_at__isnull=True)
+    with pytest.raises(KillSwitchActive):
+        reserve_30()
+    fake_stripe.state.declining.clear()
+    _, events = pay(fake_stripe, "20")
+    assert deliver(events[0]) == 200
+    switch.refresh_from_db()
+    assert switch.cleared_at is not None
+    reserve_30()
+
+
+def test_recharges_beyond_the_daily_maximum_are_skipped_with_an_alert(
+    fake_stripe: StripeServer,
+) -> None:
+    saved_card_and_rule(fake_stripe, daily_max="50")
+    reserve_30().commit(input_tokens=0, output_tokens=1000)  # 70: recharge 1
+    recharges_send()
+    for _ in range(3):  # 120 -> 30: recharge 2, beyond today's 50
+        reserve_30().commit(input_tokens=0, output_tokens=1000)
+    assert recharges_send()["skipped"] == 1
+    assert TopUp.objects.get(kind="recharge", state="skipped").error.startswith(
+        "daily maximum 50.00 USD reached"
+    )
+    assert AlertEvent.objects.filter(body__action="recharge_skipped").count() == 1
+
+
+def test_reconciliation_is_clean_after_top_ups_and_grants_and_names_each_difference(
+    fake_stripe: StripeServer,
+) -> None:
+    customer = prepaid(fake_stripe)
+    _, events = pay(fake_stripe, "100")
+    deliver(events[0])
+    credit_grant(tenant="acme", amount="5", actor="t", reason="goodwill")
+    reserve_30().commit(input_tokens=0, output_tokens=1000)
+    fake_stripe.apply_credit(customer, 3000)  # the invoice drew 30 from the grants
+    out = StringIO()
+    call_command("llm_budgets_credits_reconcile", stdout=out)
+    assert "acme: credit 105.00, available 75.00, Stripe available 75.00: clean" in out.getvalue()
+    # A grant voided in Stripe, and one made there by hand with our metadata.
+    voided = fake_stripe.live_grants(customer)[1]["id"]
+    fake_stripe.state.credit_grants[voided]["voided_at"] = 1
+    fake_stripe.state.credit_grants["credgr_x"] = {
+        **fake_stripe.live_grants(customer)[0],
+        "id": "credgr_x",
+    }
+    with pytest.raises(CommandError, match=r"3 difference\(s\) in 1 balance"):
+        call_command("llm_budgets_credits_reconcile", stdout=out)
+    assert "has no live Stripe credit grant" in out.getvalue()
+    assert "Stripe grant credgr_x (100.00 USD) is unknown to the ledger" in out.getvalue()
+    assert "Stripe's available credit 170.00 USD is more than the 105.00 granted" in out.getvalue()
