@@ -15,7 +15,7 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from django_celery_beat.schedulers import DatabaseScheduler
 from hostproj.celery import app
 
-from llm_budgets.schedule import BEAT_SCHEDULE, JOBS
+from llm_budgets.schedule import BEAT_SCHEDULE, JOBS, STRIPE_TASKS
 
 SWEEP = "llm_budgets: expire overdue holds"
 
@@ -61,7 +61,7 @@ def test_health_names_every_overdue_job() -> None:
     assert response.status_code == 503
     detail = response.json()["checks"]["jobs"]["detail"]
     # Every job due more often than hourly, and no other (no Stripe key here).
-    due = {task for task, seconds in JOBS.values() if seconds < 3600 and "stripe" not in task}
+    due = {task for task, seconds in JOBS.values() if seconds < 3600 and task not in STRIPE_TASKS}
     assert due
     for task in due:
         assert task in detail, detail
