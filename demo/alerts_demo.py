@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -85,7 +86,8 @@ def _endpoint(target: str) -> str:
 
 
 def alerts_demo_run() -> AlertsDemoReport:
-    report = AlertsDemoReport(run=f"demo-alerts-{int(time.time())}")
+    # A run of its own each time (two runs in one second included): a fresh budget to cross.
+    report = AlertsDemoReport(run=f"demo-alerts-{int(time.time())}-{uuid.uuid4().hex[:6]}")
     budgets.ensure_tenant(tenant=TENANT)
     if not Price.objects.filter(provider=PROVIDER, model=MODEL).exists():
         budgets.set_price(
