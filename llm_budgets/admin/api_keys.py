@@ -13,7 +13,8 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from llm_budgets.admin.base import AppAdmin, actor, adopt, when_column
-from llm_budgets.api.keys import api_key_create, api_key_revoke
+from llm_budgets.api.keys import api_key_create, api_key_revoke, api_key_self_serve_check
+from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import ApiKey
 
 
@@ -36,7 +37,17 @@ _fold_in_third_party_admin()
 class ApiKeyForm(forms.ModelForm):
     class Meta:
         model = ApiKey
-        fields = ["name", "tenant", "expiry_date"]
+        fields = ["name", "tenant", "expiry_date", "self_serve"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("self_serve") and data.get("tenant") is None and "tenant" not in self.errors:
+            # api_key_create's own refusal, shown beside the field before anything is written.
+            try:
+                api_key_self_serve_check(tenant=None, self_serve=True)
+            except InvalidUsage as exc:
+                self.add_error("self_serve", exc.message)
+        return data
 
     def clean_expiry_date(self) -> datetime | None:
         expiry: datetime | None = self.cleaned_data.get("expiry_date")
@@ -50,8 +61,16 @@ class ApiKeyAdmin(AppAdmin):
     """A key without a tenant is an operator key: it acts for every tenant and may set limits."""
 
     form = ApiKeyForm
-    list_display = ["prefix", "name", "scope", "created_when", "expiry_when", "revoked"]
-    list_filter = ["revoked", ("tenant", admin.EmptyFieldListFilter)]
+    list_display = [
+        "prefix",
+        "name",
+        "scope",
+        "self_serve",
+        "created_when",
+        "expiry_when",
+        "revoked",
+    ]
+    list_filter = ["revoked", "self_serve", ("tenant", admin.EmptyFieldListFilter)]
     search_fields = ["prefix", "name", "tenant__external_id"]
     list_select_related = ["tenant"]
     autocomplete_fields = ["tenant"]
@@ -61,15 +80,15 @@ class ApiKeyAdmin(AppAdmin):
         # Scope and expiry are fixed at creation: a key that needs another scope is a new key.
         if obj is None:
             return []
-        return ["prefix", "name", "tenant", "expiry_when", "revoked", "created_when"]
+        return ["prefix", "name", "tenant", "self_serve", "expiry_when", "revoked", "created_when"]
 
     created_when = when_column("created", "Created")
     expiry_when = when_column("expiry_date", "Expires")
 
     def get_fields(self, request: HttpRequest, obj: Model | None = None) -> Any:
         if obj is None:
-            return ["name", "tenant", "expiry_date"]
-        return ["prefix", "name", "tenant", "expiry_when", "revoked", "created_when"]
+            return ["name", "tenant", "expiry_date", "self_serve"]
+        return ["prefix", "name", "tenant", "self_serve", "expiry_when", "revoked", "created_when"]
 
     def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False  # view only; revoke with the action
@@ -83,6 +102,7 @@ class ApiKeyAdmin(AppAdmin):
             name=obj.name,
             expires_at=obj.expiry_date,
             actor=actor(request),
+            self_serve=bool(form.cleaned_data.get("self_serve")),
         )
         adopt(obj, saved)
         messages.warning(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -15,7 +16,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 
-from llm_budgets import clock
+from llm_budgets import clock, validation
 from llm_budgets.admin.base import (
     AppAdmin,
     actor,
@@ -37,6 +38,12 @@ from llm_budgets.admin.queries import (
     tenant_overview,
 )
 from llm_budgets.conf import conf
+from llm_budgets.control.self_serve import (
+    self_serve_ceiling,
+    self_serve_enabled,
+    tenant_self_serve_set,
+)
+from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
     LIVE_STATES,
     BudgetRaise,
@@ -49,6 +56,7 @@ from llm_budgets.models import (
 )
 from llm_budgets.models.fields import validate_email_list
 from llm_budgets.money import display
+from llm_budgets.money import money as money_words
 from llm_budgets.results import BudgetStatus
 from llm_budgets.tenancy.tenants import end_user_ensure, tenant_ensure
 
@@ -90,6 +98,18 @@ class PlanAdmin(AppAdmin):
         return int(obj.tenant_total)
 
 
+_SWITCH_CHOICES = [
+    ("", "As its plan"),
+    ("on", "On for this tenant"),
+    ("off", "Off for this tenant"),
+]
+_SWITCH_VALUES: dict[str, bool | None] = {"": None, "on": True, "off": False}
+
+
+def _switch_value(enabled: bool | None) -> str:
+    return "" if enabled is None else ("on" if enabled else "off")
+
+
 class TenantForm(forms.ModelForm):
     class Meta:
         model = Tenant
@@ -112,10 +132,45 @@ class TenantForm(forms.ModelForm):
         "or new lines (their email endpoint, under Alerts).",
     )
 
+    # Not model fields on this form: the operators' self-serve override, saved only through
+    # control.self_serve.tenant_self_serve_set (audited ``tenant.self_serve``).
+    self_serve_switch = forms.ChoiceField(
+        label="Self-serve",
+        choices=_SWITCH_CHOICES,
+        required=False,
+        help_text="Whether the tenant's admins may manage their people's budgets, keys and "
+        "alerts from the usage pages: the plan's setting, or on or off for this tenant.",
+    )
+    self_serve_ceiling_override = forms.CharField(
+        label="Self-serve ceiling",
+        required=False,
+        help_text="The most a tenant admin may set for one budget, e.g. 50 or 12.50. "
+        "Empty: the plan's ceiling.",
+    )
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.instance.pk is not None:
             self.fields["billing_emails"].initial = self.instance.billing_emails
+            self.fields["self_serve_switch"].initial = _switch_value(self.instance.self_serve)
+            ceiling = self.instance.self_serve_ceiling
+            self.fields["self_serve_ceiling_override"].initial = (
+                "" if ceiling is None else display(ceiling)
+            )
+
+    def clean_self_serve_switch(self) -> bool | None:
+        return _SWITCH_VALUES[self.cleaned_data.get("self_serve_switch") or ""]
+
+    def clean_self_serve_ceiling_override(self) -> Decimal | None:
+        value = (self.cleaned_data.get("self_serve_ceiling_override") or "").strip()
+        if not value:
+            return None
+        try:
+            # The service's own rule (tenant_self_serve_set validates the same way), so a
+            # refusal shows beside the field before anything is written.
+            return validation.money("ceiling", value)
+        except InvalidUsage as exc:
+            raise ValidationError(exc.message) from None
 
     def clean_billing_emails(self) -> str:
         value: str = self.cleaned_data.get("billing_emails") or ""
@@ -146,9 +201,20 @@ class TenantAdmin(TenantControlMixin, AppAdmin):
         "billing_day",
         "billing_emails",
         "markup_percent",
+        "self_serve_switch",
+        "self_serve_ceiling_override",
+        "self_serve_now",
         "created_when",
     ]
-    list_display = ["external_id", "name", "plan", "timezone", "billing_day", "created_when"]
+    list_display = [
+        "external_id",
+        "name",
+        "plan",
+        "timezone",
+        "billing_day",
+        "self_serve_column",
+        "created_when",
+    ]
     list_filter = ["plan", "timezone"]
     list_select_related = ["plan"]
     search_fields = ["external_id", "name"]
@@ -156,7 +222,9 @@ class TenantAdmin(TenantControlMixin, AppAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
         # The host's id is how tenant_ensure finds the tenant: fixed once created.
-        return ["external_id", "created_when"] if obj is not None else ["created_when"]
+        if obj is not None:
+            return ["external_id", "self_serve_now", "created_when"]
+        return ["self_serve_now", "created_when"]
 
     created_when = when_column("created_at", "Created")
 
@@ -175,7 +243,31 @@ class TenantAdmin(TenantControlMixin, AppAdmin):
             markup_percent=obj.markup_percent,
             actor=actor(request),
         )
+        enabled = form.cleaned_data.get("self_serve_switch")
+        ceiling = form.cleaned_data.get("self_serve_ceiling_override")
+        if (enabled, ceiling) != (saved.self_serve, saved.self_serve_ceiling):
+            # The override's one writer (audited); the admin's change form is atomic, so a
+            # refusal here leaves the tenant_ensure above unwritten too.
+            saved = tenant_self_serve_set(
+                saved,
+                enabled=enabled,
+                ceiling=ceiling,
+                actor=actor(request),
+                reason="set in the admin",
+            )
         adopt(obj, saved)
+
+    @admin.display(description="Self-serve now")
+    def self_serve_now(self, obj: Tenant | None) -> str:
+        if obj is None or obj.pk is None:
+            return "Set by the plan until the tenant is saved."
+        return _self_serve_words(obj)
+
+    @admin.display(description="Self-serve", ordering="self_serve")
+    def self_serve_column(self, obj: Tenant) -> str:
+        on = self_serve_enabled(obj)
+        source = "plan" if obj.self_serve is None else "tenant"
+        return f"{'On' if on else 'Off'} ({source})"
 
     def render_change_form(
         self,
@@ -194,6 +286,23 @@ class TenantAdmin(TenantControlMixin, AppAdmin):
             context.update(control_context(request, obj, timezone.now()))
             context.update(billing_context(obj))
         return super().render_change_form(request, context, add, change, form_url, obj)
+
+
+def _self_serve_words(tenant: Tenant) -> str:
+    """The effective switch and ceiling in words, and whose they are (plan or tenant)."""
+    plan = tenant.plan.name if tenant.plan is not None else ""
+    if tenant.self_serve is not None:
+        switch_from = "set on this tenant"
+    elif plan:
+        switch_from = f"plan {plan}"
+    else:
+        switch_from = "no plan: off by default"
+    switch = f"{'On' if self_serve_enabled(tenant) else 'Off'} ({switch_from})"
+    ceiling = self_serve_ceiling(tenant)
+    if ceiling is None:
+        return f"{switch}; no ceiling set, so tenant admins cannot set budgets."
+    ceiling_from = "set on this tenant" if tenant.self_serve_ceiling is not None else f"plan {plan}"
+    return f"{switch}; at most {money_words(ceiling, conf.CURRENCY)} per budget ({ceiling_from})."
 
 
 # Widest first, as a request meets them.

@@ -36,12 +36,7 @@ def api_key_create(
             raise InvalidUsage("expires_at must be timezone-aware.", field="expires_at")
         if expires_at <= timezone.now():
             raise InvalidUsage("expires_at must be in the future.", field="expires_at")
-    if self_serve and (acting is not None or tenant is None):
-        raise InvalidUsage(
-            "Only the operators grant self_serve, and only to a tenant's key (an operator key "
-            "already acts for every tenant).",
-            field="self_serve",
-        )
+    api_key_self_serve_check(tenant=tenant, self_serve=self_serve, acting=acting)
     tenant_obj = None if tenant is None else tenant_get(tenant)
     if acting is not None:
         self_serve_authorize(acting, action="api_keys", tenant=tenant_obj)
@@ -59,6 +54,19 @@ def api_key_create(
             after={"name": name, "scope": api_key.scope_label, "self_serve": self_serve},
         )
     return api_key, key
+
+
+def api_key_self_serve_check(
+    *, tenant: str | None, self_serve: bool, acting: TenantAdmin | None = None
+) -> None:
+    """Refuse ``self_serve`` for an operator key or from a tenant admin (``InvalidUsage`` on
+    the field ``self_serve``): api_key_create's rule, for forms to check before it."""
+    if self_serve and (acting is not None or tenant is None):
+        raise InvalidUsage(
+            "Only the operators grant self_serve, and only to a tenant's key (an operator key "
+            "already acts for every tenant).",
+            field="self_serve",
+        )
 
 
 def api_key_revoke(
