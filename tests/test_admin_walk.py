@@ -43,6 +43,8 @@ from demo.stripe_demo import stripe_demo_run
 from demo.usage_month import page_users_ensure
 from llm_budgets import budgets
 from llm_budgets.alerts.endpoints import endpoint_create, endpoint_test_send
+from llm_budgets.billing.credits import balance_open
+from llm_budgets.billing.topups import credit_grant
 from llm_budgets.control.killswitches import kill_switch_trip, switch_scope
 from llm_budgets.control.raises import budget_raise_grant
 from llm_budgets.exceptions import KillSwitchActive
@@ -50,6 +52,7 @@ from llm_budgets.models import (
     AlertDelivery,
     AlertEndpoint,
     Budget,
+    CreditAccount,
     KillSwitch,
     MeterDelivery,
     MeterErrorReport,
@@ -230,6 +233,16 @@ def walk_data() -> None:
         actor="maria",
     )
     endpoint_test_send(webhook, actor="maria")
+    # A prepaid balance (docs/billing.md) with a promotional grant, on a tenant of its own.
+    budgets.ensure_tenant(tenant="prepaid-co", name="Prepaid Co")
+    balance_open(tenant="prepaid-co", actor="maria")
+    credit_grant(
+        tenant="prepaid-co",
+        amount=Decimal(50),
+        expires_at=now + timedelta(days=30),
+        actor="maria",
+        reason="free trial",
+    )
 
 
 def _request(user: Any) -> Any:
@@ -253,6 +266,7 @@ def _kwargs_for(pattern: URLPattern) -> dict[str, Any]:
         "line_id": UsageRecord.objects.filter(tenant=acme, voids__isnull=True).last(),
         "endpoint_id": AlertEndpoint.objects.filter(kind="webhook").first(),
         "delivery_id": AlertDelivery.objects.first(),
+        "account_id": CreditAccount.objects.first(),
     }
     kwargs = {}
     for name in pattern.pattern.regex.groupindex:
