@@ -9,10 +9,15 @@ project/gunicorn.conf.py project.wsgi:application`` (docs/reliability.md, "Servi
   once and how many database connections the process may hold (CONN_MAX_AGE keeps one per
   thread): keep it within PostgreSQL's ``max_connections`` (or a pooler's) across every web
   container.
+- Once a worker has loaded the application, the objects it holds for good (Django, the URL
+  conf, the models) are frozen out of the garbage collector's reach (``gc.freeze``): a full
+  collection then walks only what requests made, not the whole framework, which took the tenant
+  pages' 95th percentile from ~200 to ~130 ms (docs/performance.md, "Tenant pages").
 """
 
 from __future__ import annotations
 
+import gc
 import os
 from typing import Any
 
@@ -34,9 +39,11 @@ REQUEST_BODY_MAX_BYTES = int(os.environ.get("REQUEST_BODY_MAX_BYTES", str(16 * 1
 
 
 def post_worker_init(worker: Any) -> None:
-    """Wrap the application each worker loaded with the body deadline."""
+    """Wrap the application each worker loaded with the body deadline; freeze what it loaded."""
     from project.serving import BodyDeadline
 
     worker.wsgi = BodyDeadline(
         worker.wsgi, seconds=REQUEST_BODY_TIMEOUT, max_bytes=REQUEST_BODY_MAX_BYTES
     )
+    gc.collect()
+    gc.freeze()
