@@ -140,7 +140,9 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> Answer:
         response = connection.getresponse()
         cap = conf.ALERTS_MAX_RESPONSE_BYTES
         answer = b""
-        while len(answer) <= cap:
+        # A response that has read its whole body closes the socket (Python 3.13 closes the
+        # descriptor then): stop there rather than set a timeout on a closed socket.
+        while len(answer) <= cap and not response.isclosed():
             sock.settimeout(_remaining(deadline))
             chunk = response.read1(min(65536, cap + 1 - len(answer)))
             if not chunk:
