@@ -87,6 +87,12 @@ class RollingWindow:
         step = int(self.bucket.total_seconds())
         return datetime.fromtimestamp(int(at.timestamp()) // step * step, UTC)
 
+    def span_start(self, at: datetime) -> datetime:
+        """Start of the span of the window's length (aligned to the Unix epoch) that holds
+        ``at``: what a once-per-period warning or alert of a rolling budget re-arms on."""
+        step = int(self.duration.total_seconds())
+        return datetime.fromtimestamp(int(at.timestamp()) // step * step, UTC)
+
     def counted_from(self, at: datetime) -> datetime:
         """Start of the oldest bucket still counted at ``at``."""
         return self.bucket_start(at) - self.buckets * self.bucket

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.db import transaction
 
@@ -74,12 +74,8 @@ def _exhausted(refusal: BudgetExceeded, reservation: Reservation, now: datetime)
     if not subscribed("budget.exhausted", tenant_id):
         return
     rolling = rolling_window(refusal.window)
-    if rolling is not None:
-        # Once per span of the window's length, as warnings re-arm.
-        step = int(rolling.duration.total_seconds())
-        period = datetime.fromtimestamp(int(now.timestamp()) // step * step, UTC)
-    else:
-        period = refusal.period_start or now
+    # Once per span of the window's length for a rolling budget, as warnings re-arm.
+    period = rolling.span_start(now) if rolling is not None else refusal.period_start or now
     share = hashlib.sha256(refusal.scope.encode()).hexdigest()[:16]
     alert_emit(
         "budget.exhausted",

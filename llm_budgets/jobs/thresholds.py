@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -78,10 +78,7 @@ def _warning_period(budget: Budget, period: Period, at: datetime) -> datetime:
     """What a warning is sent once per: the calendar period; for a rolling window, each span of
     the window's length (aligned to the Unix epoch), so a rolling budget re-arms once per length."""
     window = rolling_window(budget.window)
-    if window is None:
-        return period.start
-    step = int(window.duration.total_seconds())
-    return datetime.fromtimestamp(int(at.timestamp()) // step * step, UTC)
+    return period.start if window is None else window.span_start(at)
 
 
 @dataclass(frozen=True)
