@@ -10,10 +10,11 @@ traceback and raised as it is, so it is fixed rather than retried. Either way no
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 
@@ -35,6 +36,13 @@ _PG_OPERATIONAL_STATES = frozenset(
 # SQLite primary result codes with the same meaning: busy/locked (the write lock's busy timeout),
 # out of memory, read-only, interrupted, I/O error, corrupt, disk full, cannot open, protocol.
 _SQLITE_OPERATIONAL_CODES = frozenset({5, 6, 7, 8, 9, 10, 11, 13, 14, 15})
+# How many times a ledger transaction chosen as a deadlock's victim is run again before the
+# call is refused. One victim is rolled back and the other goes on, so a second try nearly
+# always succeeds.
+DEADLOCK_RETRIES = 2
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def operational(exc: DatabaseError) -> bool:
@@ -54,6 +62,44 @@ def operational(exc: DatabaseError) -> bool:
     return isinstance(exc, OperationalError | InterfaceError)
 
 
+def deadlocked(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (Django's error or the driver's) is PostgreSQL choosing this transaction
+    as a deadlock's victim (SQLSTATE 40P01). Its transaction was rolled back whole, so running
+    it again is safe. Lock order is canonical (pk order), but PostgreSQL's ``SKIP LOCKED`` still
+    waits, whatever the wait policy, when it follows a row's update chain to a version another
+    transaction locks ("while locking updated version ... of tuple"): the hot caps' stripe pick
+    can then close a cycle with a transaction that holds stripes in pk order."""
+    while exc is not None:
+        if getattr(exc, "sqlstate", None) == "40P01" or getattr(exc, "pgcode", None) == "40P01":
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def retrying_deadlocks(function: Callable[P, T]) -> Callable[P, T]:
+    """Run ``function`` (one ledger transaction, behind ``ledger_guard``) again, up to
+    ``DEADLOCK_RETRIES`` times, when PostgreSQL rolled it back as a deadlock's victim; any other
+    refusal is raised at once."""
+
+    @functools.wraps(function)
+    def retrying(*args: P.args, **kwargs: P.kwargs) -> T:
+        for attempt in range(DEADLOCK_RETRIES):
+            try:
+                return function(*args, **kwargs)
+            except LedgerUnavailable as exc:
+                if not deadlocked(exc.__cause__):
+                    raise
+                logger.warning(
+                    "llm_budgets: %s was a deadlock's victim; running it again (%d of %d)",
+                    function.__name__,
+                    attempt + 1,
+                    DEADLOCK_RETRIES,
+                )
+        return function(*args, **kwargs)
+
+    return retrying
+
+
 @contextmanager
 def ledger_guard(action: str) -> Iterator[None]:
     """Turn an operational database failure into a refusal that explains itself; let any
@@ -69,8 +115,15 @@ def ledger_guard(action: str) -> Iterator[None]:
             )
             raise
         fix = _sqlite_lock_fix(exc)
-        logger.error(
-            "llm_budgets: ledger unavailable during %s: %s%s", action, exc, fix, exc_info=True
+        # A deadlock's victim is run again by its caller (``retrying_deadlocks``): no traceback.
+        victim = deadlocked(exc)
+        logger.log(
+            logging.WARNING if victim else logging.ERROR,
+            "llm_budgets: ledger unavailable during %s: %s%s",
+            action,
+            exc,
+            fix,
+            exc_info=not victim,
         )
         raise LedgerUnavailable(
             f"The budget ledger could not be read or written during {action} "

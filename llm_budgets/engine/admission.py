@@ -9,12 +9,13 @@ transaction takes the database write lock at BEGIN (``transaction_mode=IMMEDIATE
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, OperationalError, connection
 
 from llm_budgets.conf import conf
 from llm_budgets.control.killswitches import kill_switches_covering, refusal_for
@@ -22,7 +23,9 @@ from llm_budgets.control.refusals import refusal_record
 from llm_budgets.db import dbclock
 from llm_budgets.db import statements as sql
 from llm_budgets.db.boundary import (
+    DEADLOCK_RETRIES,
     bound_lock_wait,
+    deadlocked,
     ledger_guard,
     ledger_transaction,
     lock_timeout_statement,
@@ -66,6 +69,8 @@ from llm_budgets.request import Request
 from llm_budgets.tenancy.runs import run_refuse_if_closed
 from llm_budgets.tenancy.tenants import tenant_with_end_user, tenant_with_plan
 from llm_budgets.windows import rolling_window
+
+logger = logging.getLogger("llm_budgets")
 
 
 class _MissingCounters(Exception):
@@ -385,8 +390,10 @@ def _admit(
     # Whether the transaction creates what is missing: the call's new end user or run, and
     # the counters of every budget that applies.
     create = bool(first_sight)
-    # At most: the fast path, the exact path, missing stripes created, the exact path again.
-    for attempt in range(4):
+    deadlocks = 0
+    # At most: the fast path, the exact path, missing stripes created, the exact path again;
+    # and each of those again if PostgreSQL rolled it back as a deadlock's victim.
+    for attempt in range(4 + DEADLOCK_RETRIES):
         try:
             # A retry follows a rolled back attempt: read switches afresh.
             open_ = switches_open or attempt > 0
@@ -406,6 +413,15 @@ def _admit(
             if create:
                 break
             create = True
+        except OperationalError as exc:
+            if not deadlocked(exc) or deadlocks == DEADLOCK_RETRIES:
+                raise
+            deadlocks += 1
+            logger.warning(
+                "llm_budgets: admission was a deadlock's victim; running it again (%d of %d)",
+                deadlocks,
+                DEADLOCK_RETRIES,
+            )
         except IntegrityError as exc:
             if asked is not None:
                 won = _reservation_with_key(reservation.tenant_id, asked.key)

@@ -26,7 +26,12 @@ from llm_budgets.alerts.emit import alerts_emit_many, subscribed_by_any
 from llm_budgets.conf import conf
 from llm_budgets.db import dbclock
 from llm_budgets.db import statements as sql
-from llm_budgets.db.boundary import ledger_guard, ledger_transaction, lock_timeout_statement
+from llm_budgets.db.boundary import (
+    ledger_guard,
+    ledger_transaction,
+    lock_timeout_statement,
+    retrying_deadlocks,
+)
 from llm_budgets.engine import balances, lines, outbox
 from llm_budgets.engine.lines import NONE, Amounts
 from llm_budgets.events import (
@@ -298,6 +303,7 @@ def _actual(
 
 
 @observed_settlement("commit")
+@retrying_deadlocks
 def reservation_commit(
     reservation_id: object,
     *,
@@ -452,6 +458,7 @@ def _recorded_beyond(
 
 
 @observed_settlement("release")
+@retrying_deadlocks
 def reservation_release(reservation_id: object, *, now: datetime | None = None) -> str:
     """Drop the hold: the call provably produced nothing. Returns the reservation's final state.
 
@@ -503,6 +510,7 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
 
 
 @observed_settlement("extend")
+@retrying_deadlocks
 def reservation_extend(
     reservation_id: object, *, ttl: object, now: datetime | None = None
 ) -> Reservation:
@@ -548,6 +556,7 @@ def _charge_held_as_estimated(
 
 
 @observed_expiry
+@retrying_deadlocks
 def reservation_expire(reservation_id: object, *, now: datetime | None = None) -> bool:
     """Expire one overdue hold. By default its amount is charged as *estimated* spend (a timeout is
     no proof the provider stopped); with ``EXPIRED_HOLD_POLICY="release"`` it is dropped. Returns
@@ -829,6 +838,7 @@ def _in_batches(
 
 
 @observed_settlement("uncertain")
+@retrying_deadlocks
 def reservation_mark_uncertain(reservation_id: object, *, now: datetime | None = None) -> str:
     """The call's outcome is unknown (a timeout, a lost worker): keep the hold counted, stop the
     expiry sweep from touching it, and leave it to a commit, a release or the reconcile job.
@@ -843,6 +853,7 @@ def reservation_mark_uncertain(reservation_id: object, *, now: datetime | None =
         return str(reservation.state)
 
 
+@retrying_deadlocks
 def reservation_settle_uncertain(reservation_id: object, *, now: datetime | None = None) -> bool:
     """Settle one UNCERTAIN reservation older than ``UNCERTAIN_MAX_AGE_SECONDS`` by
     ``UNCERTAIN_SETTLE_RULE``: "charge" moves its hold to spent as an *estimated* charge and
