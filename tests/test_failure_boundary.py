@@ -146,7 +146,7 @@ def test_a_fault_in_admission_sql_surfaces_and_holds_nothing(
     seed(limit="100")
     reserve_30().release()
 
-    def broken(applicable: object) -> sql.Statement:
+    def broken(applicable: object, stripe_ids: object = ()) -> sql.Statement:
         return "SELECT no_such_column FROM llm_budgets_counter", []
 
     with (
@@ -191,7 +191,7 @@ def test_counters_that_stay_missing_are_refused_as_retryable() -> None:
     """Counters created, then gone again before the retry locks them: refused, not leaked."""
     seed(limit="100")
 
-    def nothing_locked(applicable: object) -> sql.Statement:
+    def nothing_locked(applicable: object, stripe_ids: object = ()) -> sql.Statement:
         return "SELECT 1 WHERE 1 = 0", []  # no row: every counter missing
 
     with (

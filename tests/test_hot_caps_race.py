@@ -9,11 +9,14 @@ promising more than its cap has left."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from llm_budgets import budgets
@@ -201,3 +204,71 @@ def test_a_raise_racing_admissions_is_used_and_never_refused_early() -> None:
     assert counters_drift() == []
     assert allowances_excess() == []
     assert Budget.objects.get(pk=budget.id).hot
+
+
+def test_a_call_finding_every_stripe_busy_waits_for_one_instead_of_splitting_again(
+    on_postgres: bool,
+) -> None:
+    """Every stripe of acme's cap is held by another transaction, all with room: the call waits
+    for one of them (the waiting path), takes its hold there and leaves the split alone. The
+    exact path would have waited for both and split the room again (allowances changed)."""
+    if not on_postgres:
+        pytest.skip("SQLite has no row locks: a stripe is never busy")
+    price_fake()
+    budgets.ensure_tenant(tenant="acme")
+    budgets.set_limit(tenant="acme", amount=Decimal(100), window="month", hot=True, stripes=2)
+    _reserve(0).release()  # the stripes exist, split for 100
+    stripes = Counter.objects.filter(budget__scope=Scope.TENANT)
+    # Split unevenly (40 and 60: the invariant holds), so splitting again would change them.
+    for stripe in stripes:
+        stripes.filter(pk=stripe.pk).update(allowance=Decimal(40 if stripe.stripe == 0 else 60))
+    before = {c.pk: (c.allowance, c.reserved) for c in stripes.all()}
+    assert len(before) == 2
+    held, waiting, admitted = threading.Event(), threading.Event(), []
+
+    def admit() -> None:
+        try:
+            admitted.append(_reserve(1))
+        finally:
+            connections.close_all()
+
+    def hold_every_stripe() -> None:
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(
+                    f"SELECT id FROM {Counter._meta.db_table} WHERE id = ANY(%s) FOR UPDATE",
+                    [list(before)],
+                )
+                held.set()
+                waiting.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_every_stripe)
+    holder.start()
+    assert held.wait(30)
+    call = threading.Thread(target=admit)
+    call.start()
+    deadline = time.monotonic() + 30
+    with connection.cursor() as cursor:  # until the call waits for a stripe's lock
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"
+            )
+            if cursor.fetchone()[0]:
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the call never waited for a stripe")
+    waiting.set()
+    holder.join(30)
+    call.join(30)
+
+    assert len(admitted) == 1
+    after = {c.pk: (c.allowance, c.reserved) for c in stripes.all()}
+    assert {pk: allowance for pk, (allowance, _) in after.items()} == {
+        pk: allowance for pk, (allowance, _) in before.items()
+    }
+    assert sorted(reserved - before[pk][1] for pk, (_, reserved) in after.items()) == [0, AMOUNT]
+    _consistent()

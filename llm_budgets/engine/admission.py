@@ -37,6 +37,7 @@ from llm_budgets.engine.counters import (
     Bucket,
     counters_from,
     counters_locking,
+    picked_from,
     rolling_buckets,
     rows_by_key,
     stripes_picking,
@@ -79,9 +80,20 @@ class _MissingCounters(Exception):
 
 
 class _Escalate(Exception):
-    """Leaves the fast path's transaction (releasing the stripes it took) when a hot budget
-    has no stripe free with room: ``_admit`` then takes the exact path. Never escalate while
+    """Leaves the fast or waiting path's transaction (releasing the stripes it took) when a hot
+    budget has no stripe with room: ``_admit`` then takes the exact path. Never escalate while
     holding a stripe: waiting for the other stripes while holding one is how deadlocks start."""
+
+
+class _Busy(Exception):
+    """Leaves the fast path's transaction when a hot budget has stripes with room but every one
+    is busy: ``_admit`` runs it again on the waiting path, which waits for one stripe of each
+    hot budget (``stripes``: by key, the one the fast path took or saw busy), locked with the
+    other counters in pk order."""
+
+    def __init__(self, stripes: dict[CounterKey, int]) -> None:
+        super().__init__()
+        self.stripes = stripes
 
 
 def reservation_create(
@@ -372,8 +384,10 @@ def _admit(
 ) -> Reservation:
     """Run the locking transaction (``_hold``), settling the races it cannot settle inside:
 
-    - a hot budget has no stripe free with room (``_Escalate``): the transaction runs again on
-      the exact path, every stripe locked and the whole cap's numbers decided on.
+    - a hot budget's stripes with room are all busy (``_Busy``): the transaction runs again on
+      the waiting path, which waits for one of them instead of skipping it.
+    - a hot budget has no stripe with room (``_Escalate``): the transaction runs again on the
+      exact path, every stripe locked and the whole cap's numbers decided on.
     - a counter row is missing (the first call of a period, or of a hot budget's stripe): the
       transaction runs once more, creating the rows first, before it locks anything (a
       concurrent creator's row is as good: conflicts are ignored), so a refused call leaves no
@@ -387,13 +401,15 @@ def _admit(
     Any other ``IntegrityError`` is a fault and propagates (``ledger_guard`` logs it).
     """
     exact = False
+    waits: dict[CounterKey, int] | None = None
     # Whether the transaction creates what is missing: the call's new end user or run, and
     # the counters of every budget that applies.
     create = bool(first_sight)
     deadlocks = 0
-    # At most: the fast path, the exact path, missing stripes created, the exact path again;
-    # and each of those again if PostgreSQL rolled it back as a deadlock's victim.
-    for attempt in range(4 + DEADLOCK_RETRIES):
+    # At most: the fast path, the waiting path, the exact path, missing stripes created, the
+    # exact path again; and each of those again if PostgreSQL rolled it back as a deadlock's
+    # victim.
+    for attempt in range(5 + DEADLOCK_RETRIES):
         try:
             # A retry follows a rolled back attempt: read switches afresh.
             open_ = switches_open or attempt > 0
@@ -404,9 +420,12 @@ def _admit(
                 api_key_id,
                 switches_open=open_,
                 exact=exact,
+                waits=None if exact else waits,
                 create=create,
                 first_sight=first_sight,
             )
+        except _Busy as busy:
+            waits = busy.stripes
         except _Escalate:
             exact = True
         except _MissingCounters:
@@ -456,6 +475,7 @@ def _hold(
     *,
     switches_open: bool = True,
     exact: bool = False,
+    waits: dict[CounterKey, int] | None = None,
     create: bool = False,
     first_sight: FirstSight | None = None,
 ) -> Reservation:
@@ -466,10 +486,13 @@ def _hold(
     used; apply the degradation ladder; refuse if any budget cannot take the amount; hold on
     all. A rolled back attempt forgets the ids of what it created (``FirstSight.forget``).
 
-    Hot budgets (``engine.stripes``). On the fast path (not ``exact``) each takes one of its
-    stripes with room, skipping busy ones, after every other counter is locked (so no wait
-    happens while a stripe is held); a hot budget with none raises ``_Escalate``, which rolls
-    the transaction back. On the exact path every stripe is locked with the other counters in
+    Hot budgets (``engine.stripes``). On the fast path (neither ``exact`` nor ``waits``) each
+    takes one of its stripes with room, skipping busy ones, after every other counter is locked
+    (so no wait happens while a stripe is held); a hot budget with none free raises ``_Busy``
+    (some have room) or ``_Escalate`` (none has), which roll the transaction back. On the
+    waiting path (``waits``: a stripe id for each hot budget) those stripes are locked with the
+    other counters in pk order, waiting as for any counter, and taken if they still have room
+    (else ``_Escalate``). On the exact path every stripe is locked with the other counters in
     pk order (the canonical order), the cap is decided on its whole sum, and its allowances
     are split again for its current effective limit. A call that may degrade takes the exact
     path (the ladder reads the whole cap's use).
@@ -481,10 +504,13 @@ def _hold(
     """
     by_key = {a.counter_key: a for a in applicable}
     rolling_ids = sorted(a.budget.pk for a in applicable if rolling_window(a.budget.window))
-    fast = (
+    hot = (
         [] if exact or degrade is not None else [a for a in applicable if stripes.striped(a.budget)]
     )
-    locked = [a for a in applicable if a not in fast]
+    waited = [a for a in hot if waits is not None and a.counter_key in waits]
+    fast = [a for a in hot if a not in waited]
+    locked = [a for a in applicable if a not in hot]
+    waited_ids = [waits[a.counter_key] for a in waited] if waits is not None else []
     # Built before the counters are locked, which then stay locked for the checks, one write
     # and the commit. A degraded request is built again.
     insert_reservation = None if create else sql.inserting([reservation])
@@ -519,9 +545,9 @@ def _hold(
             # stripe pick, which starts only once those counters are held (no wait while a
             # stripe is held); the read of the run's close, once every counter it has is locked.
             batch = [] if switches_open or rolling_ids else [bound]
-            if locked:
-                batch.append(counters_locking(locked))
-            amounts = {a.counter_key: reservation.amount_for(a.budget.unit) for a in fast}
+            if locked or waited_ids:
+                batch.append(counters_locking(locked, waited_ids))
+            amounts = {a.counter_key: reservation.amount_for(a.budget.unit) for a in hot}
             if fast:
                 batch.append(stripes_picking([(a, amounts[a.counter_key]) for a in fast]))
             run_read = _run_closed_read(reservation.run)
@@ -535,10 +561,13 @@ def _hold(
                 _balances_refresh(locked, results.pop())
             run_rows = results.pop() if run_read is not None else []
             picked_rows = results.pop() if fast else []
-            rows = rows_by_key(counters_from(results.pop()) if locked else [])
+            counters = counters_from(results.pop()) if locked or waited_ids else []
+            ids = set(waited_ids)
+            rows = rows_by_key([c for c in counters if c.pk not in ids])
             if any(not _complete(rows.get(a.counter_key), a) for a in locked):
                 raise _MissingCounters
-            picked = _stripes_picked(fast, amounts, counters_from(picked_rows))
+            picked = _stripes_picked(fast, amounts, picked_from(picked_rows))
+            picked += _with_room(waited, amounts, [c for c in counters if c.pk in ids])
             _refuse_if_run_closed(reservation.run, run_rows)
             windows = rolling_buckets(applicable) if rolling_ids else {}
             used = _used(rows, windows)
@@ -601,13 +630,30 @@ def _complete(rows: list[Counter] | None, item: ApplicableBudget) -> bool:
 
 
 def _stripes_picked(
-    fast: list[ApplicableBudget], amounts: dict[CounterKey, Decimal], picked: list[Counter]
+    fast: list[ApplicableBudget],
+    amounts: dict[CounterKey, Decimal],
+    rows: tuple[list[Counter], list[Counter]],
 ) -> list[Counter]:
-    """The fast path: the stripes ``stripes_picking`` locked, one with room of each hot budget,
-    or ``_Escalate``. The room is checked again here in exact ``Decimal`` (SQLite compares
-    decimals as floats)."""
+    """The fast path: the stripes ``stripes_picking`` locked, one with room of each hot budget;
+    ``_Busy`` if a budget's stripes with room were all busy, ``_Escalate`` if one has none."""
+    picked, busy = rows
     by_key = {CounterKey.of(c): c for c in picked}
-    for item in fast:
+    if any(item.counter_key not in by_key for item in fast):
+        by_key.update((CounterKey.of(c), c) for c in busy)
+        if all(item.counter_key in by_key for item in fast):
+            raise _Busy({item.counter_key: by_key[item.counter_key].pk for item in fast})
+    return _with_room(fast, amounts, picked)
+
+
+def _with_room(
+    items: list[ApplicableBudget], amounts: dict[CounterKey, Decimal], rows: list[Counter]
+) -> list[Counter]:
+    """``rows``, one locked stripe of each budget in ``items`` that can take its amount within
+    its allowance, split for the budget's effective limit; else ``_Escalate`` (on the waiting
+    path: another call took the room meanwhile, or the stripes were split again). Checked here in
+    exact ``Decimal`` (SQLite compares decimals as floats)."""
+    by_key = {CounterKey.of(c): c for c in rows}
+    for item in items:
         stripe = by_key.get(item.counter_key)
         if (
             stripe is None
@@ -616,7 +662,7 @@ def _stripes_picked(
             or stripes.used(stripe) + amounts[item.counter_key] > stripe.allowance
         ):
             raise _Escalate
-    return picked
+    return rows
 
 
 def _run_closed_read(run: Run | None) -> sql.Statement | None:

@@ -105,12 +105,18 @@ def counters_locked(
     return counters_from(sql.fetch(*counters_locking(applicable), first=first))
 
 
-def counters_locking(applicable: Sequence[ApplicableBudget]) -> sql.Statement:
+def counters_locking(
+    applicable: Sequence[ApplicableBudget], stripe_ids: Sequence[int] = ()
+) -> sql.Statement:
     """The statement :func:`counters_locked` runs (its rows: :func:`counters_from`), to send
-    with others in one round trip (``statements.fetch_each``)."""
+    with others in one round trip (``statements.fetch_each``). ``stripe_ids``: stripes to lock
+    with them, each by its id (admission's waiting path), in the same pk order."""
     keys = [item.counter_key for item in applicable]
     params = [param for key in keys for param in _key_params(key)]
-    return _counters_locked_sql(tuple(_nulls(k) for k in keys)), params
+    return _counters_locked_sql(tuple(_nulls(k) for k in keys), len(stripe_ids)), [
+        *params,
+        *stripe_ids,
+    ]
 
 
 def counters_from(rows: Sequence[Sequence[Any]]) -> list[Counter]:
@@ -119,8 +125,11 @@ def counters_from(rows: Sequence[Sequence[Any]]) -> list[Counter]:
 
 
 @functools.cache
-def _counters_locked_sql(shapes: tuple[tuple[bool, ...], ...]) -> str:
-    match = " OR ".join(_key_condition(nulls, "c") for nulls in shapes)
+def _counters_locked_sql(shapes: tuple[tuple[bool, ...], ...], stripes: int = 0) -> str:
+    conditions = [_key_condition(nulls, "c") for nulls in shapes]
+    if stripes:
+        conditions.append(f"c.id IN ({', '.join(['%s'] * stripes)})")
+    match = " OR ".join(conditions)
     return (
         f"SELECT {sql.columns(Counter, 'c')} FROM {sql.table(Counter)} c"  # noqa: S608
         f" WHERE {match or 'FALSE'} ORDER BY c.id{sql.lock_clause()}"
@@ -130,35 +139,61 @@ def _counters_locked_sql(shapes: tuple[tuple[bool, ...], ...]) -> str:
 def stripes_picking(picks: Sequence[tuple[ApplicableBudget, Decimal]]) -> sql.Statement:
     """For each ``(hot budget, amount)``: lock one of its stripes that can take ``amount`` within
     its allowance, split for the budget's current effective limit, skipping stripes another
-    transaction holds (``FOR UPDATE SKIP LOCKED``: never waits, so it cannot deadlock). One
-    statement; its rows (:func:`counters_from`) lack any budget none of whose stripes
-    qualifies. Sent after another locking statement in one round trip
-    (``statements.fetch_each``), it starts only once that one holds its locks: no wait happens
-    while a stripe is held."""
-    params: list[object] = []
+    transaction holds (``FOR UPDATE SKIP LOCKED``). One statement. Its rows
+    (:func:`picked_from`) end with a flag: true for a stripe it locked; false for a stripe
+    with room that it could not lock because every such stripe was busy (not locked: the one
+    admission's waiting path waits for); no row for a budget none of whose stripes has room.
+    Sent after another locking statement in one round trip (``statements.fetch_each``), it
+    starts only once that one holds its locks."""
+    with_room: list[object] = []
     for item, amount in picks:
-        params += [
+        with_room += [
             *_key_params(item.counter_key),
             sql.param(Counter, "split_for", item.limit),
             sql.param(Counter, "allowance", amount),
         ]
+    params = with_room * 2  # the picks, then the busy stripes' candidates: the same conditions
     shapes = tuple(_nulls(item.counter_key) for item, _ in picks)
     return _stripes_picked_sql(shapes), params
+
+
+def picked_from(rows: Sequence[Sequence[Any]]) -> tuple[list[Counter], list[Counter]]:
+    """The rows of :func:`stripes_picking`: the stripes it locked, and the busy ones with room."""
+    locked: list[Counter] = []
+    busy: list[Counter] = []
+    for row in rows:
+        (locked if row[-1] else busy).append(sql.row_to(Counter, row))
+    return locked, busy
 
 
 @functools.cache
 def _stripes_picked_sql(shapes: tuple[tuple[bool, ...], ...]) -> str:
     spent, reserved = sql.column(Counter, "spent"), sql.column(Counter, "reserved")
     allowance, split_for = sql.column(Counter, "allowance"), sql.column(Counter, "split_for")
+
+    def with_room(nulls: tuple[bool, ...]) -> str:
+        return (
+            f"{_key_condition(nulls, 'c')} AND c.{split_for} = %s"
+            f" AND c.{spent} + c.{reserved} + %s <= c.{allowance}"
+        )
+
+    table = sql.table(Counter)
     picks = [
-        f"p{i} AS (SELECT {sql.columns(Counter, 'c')} FROM {sql.table(Counter)} c"  # noqa: S608
-        f" WHERE {_key_condition(nulls, 'c')} AND c.{split_for} = %s"
-        f" AND c.{spent} + c.{reserved} + %s <= c.{allowance}"
+        f"p{i} AS (SELECT {sql.columns(Counter, 'c')} FROM {table} c"  # noqa: S608
+        f" WHERE {with_room(nulls)}"
         f" ORDER BY random() LIMIT 1{sql.lock_clause(skip_locked=True)})"
         for i, nulls in enumerate(shapes)
     ]
-    union = " UNION ALL ".join(f"SELECT * FROM p{i}" for i in range(len(shapes)))  # noqa: S608
-    return f"WITH {', '.join(picks)} {union}"
+    taken = [f"SELECT p{i}.*, 1 FROM p{i}" for i in range(len(shapes))]  # noqa: S608
+    # Only where the pick found none free: a stripe with room as this statement's snapshot saw
+    # it, not locked (every one was busy).
+    busy = [
+        f"SELECT * FROM (SELECT {sql.columns(Counter, 'c')}, 0 FROM {table} c"  # noqa: S608
+        f" WHERE NOT EXISTS (SELECT 1 FROM p{i}) AND {with_room(nulls)}"
+        f" ORDER BY random() LIMIT 1) b{i}"
+        for i, nulls in enumerate(shapes)
+    ]
+    return f"WITH {', '.join(picks)} {' UNION ALL '.join(taken + busy)}"
 
 
 @dataclass(frozen=True)
