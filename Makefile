@@ -76,9 +76,19 @@ compose-check:
 
 check: lint typecheck migrations-check schema-check compose-check test
 
-## Admission throughput on PostgreSQL (see docs/performance.md).
+## Admission throughput on this host's PostgreSQL: docs/performance.md's hot-caps table (hot and
+## spread, 8 and 32 workers, app/floor medians of 5 alternating rounds of 4 s, CPU per cycle), in
+## about 4 minutes per RTT_MS value. The database of BENCH_DATABASE_URL is DROPPED and recreated
+## (its name must contain "bench"). STRIPES: stripes per hot budget, as the host sets them.
+## RTT_MS: milliseconds added to each round trip to PostgreSQL (0: direct; e.g. 0,0.5,2).
+## docs/performance.md, "Running the admission bench on your own database".
+BENCH_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/llm_budgets_bench
+STRIPES ?= 8
+RTT_MS ?= 0
+BENCH_ARGS ?= --scenarios hot,spread --workers 8,32 --repeat 5 --duration 4
 bench: install
-	$(PY) bench/admission.py
+	$(PY) bench/admission.py $(BENCH_ARGS) --stripes '$(STRIPES)' --rtt-ms '$(RTT_MS)' \
+		--database-url '$(BENCH_DATABASE_URL)'
 
 ## The REST API under load through gunicorn on PostgreSQL, with an invariant checker (bench/load.py).
 bench-load: install

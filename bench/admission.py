@@ -3,9 +3,10 @@
 Usage (from the repository root)::
 
     python bench/admission.py [--duration 5] [--workers 1,8,32] [--scenarios hot,spread]
-                              [--repeat 5] [--floor-only-global]
+                              [--repeat 5] [--stripes 8] [--rtt-ms 0,0.5,2] [--proxy-overhead]
                               [--database-url postgres://postgres@127.0.0.1:5432/llm_budgets_bench]
     python bench/admission.py --scenarios hot,spread,near-limit --workers 8,32 --repeat 5
+    make bench   # hot and spread, 8 and 32 workers, 5 rounds of 4 s: docs/performance.md
 
 The database named by ``--database-url`` is DROPPED and recreated, then migrated and seeded, so
 every run starts from the same state; its name must contain ``bench``.
@@ -35,15 +36,28 @@ database), released together by a barrier after a short warm-up, for ``--duratio
 - ``floor``: the same logical work in two hand-written psycopg transactions, with everything
   that does not change (counter ids, limits, price, amounts) known in advance. See ``_floor_cycle``.
 
-Prints one row per (scenario, workers, path): cycles/s, p50 and p99 cycle latency, whole-machine
-CPU per cycle (busy time from ``/proc/stat`` around the cell, divided by its cycles: it includes
-PostgreSQL and anything else the machine runs), and the app's throughput as a fraction of the
+Added round-trip time (``--rtt-ms 0,0.5,2``): every cell is run once per value, with that many
+milliseconds added to each round trip between the callers (the workers' app and floor
+connections alike) and PostgreSQL. 0 is the direct connection; any other value goes through the
+project's fault proxy (``tests/faultproxy.py`` as a delay line: half the time each way, chunks
+in flight overlapping as on a network) on 127.0.0.1, one proxy process per worker so that the
+proxy is never the bottleneck. ``--proxy-overhead`` adds a leg through the proxy with nothing
+added: the proxy's own cost, to compare with the direct connection. Before the cells the bench
+prints each link's measured added round trip (``SELECT 1`` on an idle connection). Seeding, the
+``VACUUM`` between cells and the near-limit sampler stay on the direct connection.
+
+Prints one row per (RTT, scenario, workers, path): cycles/s, p50 and p99 cycle latency,
+whole-machine CPU per cycle (busy time from ``/proc/stat`` around the cell, divided by its
+cycles: it includes PostgreSQL, the proxy and anything else the machine runs, and only this
+machine when PostgreSQL is on another host), and the app's throughput as a fraction of the
 floor's. Method and results: ``docs/performance.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import dataclasses
 import functools
 import multiprocessing
@@ -58,6 +72,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
@@ -85,6 +100,33 @@ PATHS = ("floor", "app")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 CounterKey = tuple[int, int | None, datetime]  # budget, end user of a "*" budget, period start
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+@dataclass(frozen=True)
+class Link:
+    """How the callers reach PostgreSQL in a cell: directly, or through the proxy with
+    ``rtt_ms`` added to every round trip (``proxied`` with 0: the proxy's own cost)."""
+
+    rtt_ms: float = 0.0
+    proxied: bool = False
+
+    @property
+    def label(self) -> str:
+        if not self.proxied:
+            return "0"
+        return f"{self.rtt_ms:g}" if self.rtt_ms else "0 proxy"
+
+    @property
+    def description(self) -> str:
+        if not self.proxied:
+            return "0 ms added (direct connection)"
+        if not self.rtt_ms:
+            return "0 ms added, through the proxy (its own cost)"
+        return f"{self.rtt_ms:g} ms added, through the proxy ({self.rtt_ms / 2:g} ms each way)"
+
+
+DIRECT = Link()
 
 
 @dataclass(frozen=True)
@@ -156,6 +198,7 @@ class Cell:
     errors: int
     first_error: str
     round: int = 0  # which repetition of the (floor, app) pair (``--repeat``)
+    link: Link = DIRECT  # the round-trip time added to the callers' connections (``--rtt-ms``)
     cpu_ms_per_cycle: float = float("nan")  # whole machine, /proc/stat
     refused_per_s: float = 0.0
     early: int = 0
@@ -166,12 +209,21 @@ class Cell:
 # --- database -------------------------------------------------------------------------------
 
 
+def bench_database_name(url: str) -> str:
+    """The database's name, refusing any whose name does not say ``bench``: it is dropped."""
+    name = str(conninfo_to_dict(url).get("dbname") or "")
+    if "bench" not in name:
+        raise SystemExit(
+            f"Refusing to use database {name!r}: the bench DROPS and recreates the database it "
+            "is given, so its name must contain 'bench' "
+            "(e.g. postgres://user@host:5432/llm_budgets_bench)."
+        )
+    return name
+
+
 def recreate_database(url: str) -> None:
     """Drop and create the bench database, connecting to the server's ``postgres`` database."""
-    params = conninfo_to_dict(url)
-    name = str(params.get("dbname") or "")
-    if "bench" not in name:
-        raise SystemExit(f"Refusing to drop {name!r}: the bench database's name must say 'bench'.")
+    name = bench_database_name(url)
     admin = make_conninfo(url, dbname="postgres")
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -251,14 +303,14 @@ def seed(
                 )
     from llm_budgets.models import Budget
 
-    stripes = dict(Budget.objects.filter(hot=True).values_list("pk", "stripes"))
+    hot_stripes = dict(Budget.objects.filter(hot=True).values_list("pk", "stripes"))
     Counter.objects.bulk_create(
         (
             Counter(budget_id=budget, end_user_id=user, period_start=start, stripe=stripe)
             for scenario_calls in calls.values()
             for *_, keys in scenario_calls
             for budget, user, start in keys
-            for stripe in range(stripes.get(budget, 1))
+            for stripe in range(hot_stripes.get(budget, 1))
         ),
         ignore_conflicts=True,
     )
@@ -428,6 +480,139 @@ def _floor_cycle(conn: psycopg.Connection[Any], fixed: Fixed, target: Target) ->
         )
 
 
+# --- added round-trip time --------------------------------------------------------------------
+
+
+def is_local(url: str) -> bool:
+    """Whether PostgreSQL runs on this machine (a loopback address or a Unix socket)."""
+    params = conninfo_to_dict(url)
+    host = str(params.get("hostaddr") or params.get("host") or "")
+    return not host or host.startswith("/") or host in LOCAL_HOSTS
+
+
+def upstream_of(url: str) -> tuple[str, int]:
+    """The TCP address the proxy forwards to: the URL's host (or hostaddr) and port."""
+    params = conninfo_to_dict(url)
+    host = str(params.get("hostaddr") or params.get("host") or "")
+    port = str(params.get("port") or "5432")
+    if not host or host.startswith("/") or "," in host or not port.isdigit():
+        raise SystemExit(
+            "--rtt-ms above 0 and --proxy-overhead need PostgreSQL over TCP: one host and port "
+            "in --database-url (e.g. postgres://postgres@127.0.0.1:5432/llm_budgets_bench)."
+        )
+    return host, int(port)
+
+
+def via_proxy(url: str, port: int) -> str:
+    """``url`` through the proxy on 127.0.0.1:``port``: the host name stays (TLS checks,
+    ``.pgpass``), only the address connected to changes."""
+    return make_conninfo(url, hostaddr="127.0.0.1", port=str(port))
+
+
+def _fine_timers() -> None:
+    """Timer slack of 1 ns for this thread and the threads it starts (Linux
+    ``PR_SET_TIMERSLACK``): the default 50 us would land on every delay of a fraction of a
+    millisecond."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(29, 1, 0, 0, 0)
+
+
+def _proxy_process(upstream: tuple[str, int], control: Connection) -> None:
+    """One proxy in a process of its own: sends its port, then takes a latency (seconds each
+    way) at a time, acknowledging each, until told ``None`` or the bench is gone."""
+    _fine_timers()
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tests.faultproxy import FaultProxy
+
+    with FaultProxy(*upstream, delay_line=True) as proxy:
+        control.send(proxy.port)
+        while True:
+            try:
+                seconds = control.recv()
+            except EOFError:
+                return
+            if seconds is None:
+                return
+            proxy.latency_set(seconds)
+            control.send(seconds)
+
+
+class ProxyPool:
+    """``size`` proxies to PostgreSQL on 127.0.0.1 (``tests/faultproxy.py`` as a delay line),
+    each in its own process so that the pumping threads of many connections never share one
+    GIL; worker ``i`` of a cell connects through proxy ``i % size``. Started before the cells,
+    given each cell's round-trip time, closed at the end."""
+
+    def __init__(self, upstream: tuple[str, int], size: int) -> None:
+        context = multiprocessing.get_context("fork")
+        self.controls: list[Connection] = []
+        self.processes: list[multiprocessing.process.BaseProcess] = []
+        self.rtt_ms: float | None = None
+        try:
+            for _ in range(size):
+                mine, theirs = context.Pipe()
+                process = context.Process(
+                    target=_proxy_process, args=(upstream, theirs), daemon=True
+                )
+                process.start()
+                theirs.close()
+                self.controls.append(mine)
+                self.processes.append(process)
+            self.ports = [int(control.recv()) for control in self.controls]
+        except EOFError:
+            self.close()
+            raise SystemExit("a proxy process did not start (its error is above)") from None
+
+    def set_rtt(self, rtt_ms: float) -> None:
+        """Every proxy delays each chunk by half of ``rtt_ms`` each way from now on."""
+        if rtt_ms == self.rtt_ms:
+            return
+        for control in self.controls:
+            control.send(rtt_ms / 2000)
+        for control in self.controls:
+            control.recv()
+        self.rtt_ms = rtt_ms
+
+    def close(self) -> None:
+        for control in self.controls:
+            with contextlib.suppress(OSError):
+                control.send(None)
+        for process in self.processes:
+            process.join(10)
+            if process.is_alive():
+                process.terminate()
+                process.join(5)
+
+
+def idle_round_trip_ms(conninfo: str, rounds: int = 200) -> float:
+    """The median round trip of ``SELECT 1`` on an idle connection, in milliseconds."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        for _ in range(20):
+            conn.execute("SELECT 1").fetchone()
+        times = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            conn.execute("SELECT 1").fetchone()
+            times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000
+
+
+def describe_links(url: str, links: Sequence[Link], pool: ProxyPool | None) -> list[str]:
+    """Each link as set and as measured (``SELECT 1``, idle connection: a lower bound of what
+    a cell pays, where busy CPUs wake the proxy later)."""
+    direct = idle_round_trip_ms(url)
+    lines = [f"round trip of SELECT 1 on an idle direct connection: {direct:.3f} ms (median)"]
+    for link in links:
+        if not link.proxied or pool is None:
+            lines.append(f"RTT {link.label:<8} {link.description}")
+            continue
+        pool.set_rtt(link.rtt_ms)
+        measured = idle_round_trip_ms(via_proxy(url, pool.ports[0])) - direct
+        lines.append(f"RTT {link.label:<8} {link.description}: measured +{measured:.3f} ms")
+    return lines
+
+
 # --- workers ----------------------------------------------------------------------------------
 
 
@@ -440,6 +625,7 @@ def _worker(
     duration: float,
     barrier: Barrier,
     queue: Any,
+    port: int | None = None,
 ) -> None:
     from django.db import connections
 
@@ -447,6 +633,12 @@ def _worker(
     # connections must not (the parent closed its own; make sure none is reused).
     for conn in connections.all(initialized_only=True):
         conn.connection = None
+    if port is not None:  # --rtt-ms: every connection of this worker goes through its proxy
+        url = via_proxy(url, port)
+        for alias in connections:
+            settings = connections[alias].settings_dict
+            settings["PORT"] = port
+            settings["OPTIONS"] = {**settings.get("OPTIONS", {}), "hostaddr": "127.0.0.1"}
     rng = random.Random(index)
     floor_conn: psycopg.Connection[Any] | None = None
     cycle: Callable[[Target], object] = _app_cycle
@@ -502,7 +694,9 @@ def run_cell(
     fixed: Fixed,
     targets: list[Target],
     duration: float,
+    ports: Sequence[int] = (),
 ) -> Cell:
+    """One cell; with ``ports``, worker ``i`` connects through the proxy ``ports[i % len]``."""
     from django.db import connections
 
     context = multiprocessing.get_context("fork")
@@ -511,7 +705,9 @@ def run_cell(
     connections.close_all()
     processes = [
         context.Process(
-            target=_worker, args=(i, path, url, fixed, targets, duration, barrier, queue)
+            target=_worker,
+            args=(i, path, url, fixed, targets, duration, barrier, queue),
+            kwargs={"port": ports[i % len(ports)] if ports else None},
         )
         for i in range(workers)
     ]
@@ -619,21 +815,37 @@ def describe_machine(url: str) -> list[str]:
     ]
 
 
+def _by_link(cells: list[Cell]) -> list[Cell]:
+    """The cells grouped by link (in the order the links were given), each group in run order."""
+    order = {link: i for i, link in enumerate(dict.fromkeys(c.link for c in cells))}
+    return sorted(cells, key=lambda c: order[c.link])
+
+
+def _floor_rates(cells: list[Cell]) -> dict[tuple[Link, str, int, int], float]:
+    """Each floor cell's cycles/s by (link, scenario, workers, round): an app cell's base."""
+    return {
+        (c.link, c.scenario, c.workers, c.round): c.cycles_per_s for c in cells if c.path == "floor"
+    }
+
+
 def print_table(cells: list[Cell]) -> None:
-    """One row per cell; an app cell's ratio is to the floor cell run just before it."""
-    floor = {(c.scenario, c.workers, c.round): c.cycles_per_s for c in cells if c.path == "floor"}
+    """One row per cell; an app cell's ratio is to the floor cell of its round and link.
+    ``RTT ms``: the round-trip time added to the callers' connections (``--rtt-ms``; 0 is the
+    direct connection, ``0 proxy`` through the proxy with nothing added)."""
+    floor = _floor_rates(cells)
     header = (
-        f"{'scenario':<10} {'workers':>7} {'path':<5} {'cycles/s':>9} {'p50 ms':>8} "
-        f"{'p99 ms':>8} {'CPU ms/c':>8} {'app/floor':>9}"
+        f"{'RTT ms':<8} {'scenario':<10} {'workers':>7} {'path':<5} {'cycles/s':>9} "
+        f"{'p50 ms':>8} {'p99 ms':>8} {'CPU ms/c':>8} {'app/floor':>9}"
     )
     print(header)
     print("-" * len(header))
-    for c in cells:
-        base = floor.get((c.scenario, c.workers, c.round))
+    for c in _by_link(cells):
+        base = floor.get((c.link, c.scenario, c.workers, c.round))
         ratio = f"{c.cycles_per_s / base:.2f}" if c.path == "app" and base else ""
         line = (
-            f"{c.scenario:<10} {c.workers:>7} {c.path:<5} {c.cycles_per_s:>9.0f} "
-            f"{c.p50_ms:>8.2f} {c.p99_ms:>8.2f} {c.cpu_ms_per_cycle:>8.2f} {ratio:>9}"
+            f"{c.link.label:<8} {c.scenario:<10} {c.workers:>7} {c.path:<5} "
+            f"{c.cycles_per_s:>9.0f} {c.p50_ms:>8.2f} {c.p99_ms:>8.2f} "
+            f"{c.cpu_ms_per_cycle:>8.2f} {ratio:>9}"
         )
         if c.path == "near":
             line += (
@@ -646,45 +858,53 @@ def print_table(cells: list[Cell]) -> None:
 
 
 def print_ratios(cells: list[Cell]) -> None:
-    """With ``--repeat``: every app/floor ratio of each (scenario, workers), and their median."""
-    floor = {(c.scenario, c.workers, c.round): c.cycles_per_s for c in cells if c.path == "floor"}
-    ratios: dict[tuple[str, int], list[float]] = {}
+    """With ``--repeat``: for each RTT, every app/floor ratio of each (scenario, workers) and
+    their median; then each (RTT, scenario, workers, path)'s median cycles/s and CPU per cycle."""
+    cells = _by_link(cells)
+    floor = _floor_rates(cells)
+    ratios: dict[tuple[Link, str, int], list[float]] = {}
     for c in cells:
-        if c.path == "app" and floor.get((c.scenario, c.workers, c.round)):
-            base = floor[(c.scenario, c.workers, c.round)]
-            ratios.setdefault((c.scenario, c.workers), []).append(c.cycles_per_s / base)
-    print(f"\n{'scenario':<10} {'workers':>7} {'median':>7}  app/floor in each round")
-    for (scenario, workers), values in ratios.items():
+        base = floor.get((c.link, c.scenario, c.workers, c.round))
+        if c.path == "app" and base:
+            ratios.setdefault((c.link, c.scenario, c.workers), []).append(c.cycles_per_s / base)
+    print(f"\n{'RTT ms':<8} {'scenario':<10} {'workers':>7} {'median':>7}  app/floor in each round")
+    for (link, scenario, workers), values in ratios.items():
         each = " ".join(f"{v:.2f}" for v in values)
-        print(f"{scenario:<10} {workers:>7} {statistics.median(values):>7.2f}  {each}")
-    cpu: dict[tuple[str, int, str], list[float]] = {}
+        print(
+            f"{link.label:<8} {scenario:<10} {workers:>7} {statistics.median(values):>7.2f}  {each}"
+        )
+    runs: dict[tuple[Link, str, int, str], list[Cell]] = {}
     for c in cells:
-        cpu.setdefault((c.scenario, c.workers, c.path), []).append(c.cpu_ms_per_cycle)
+        runs.setdefault((c.link, c.scenario, c.workers, c.path), []).append(c)
     print(
-        f"\n{'scenario':<10} {'workers':>7} {'path':<5} {'median CPU ms per cycle (machine)':>34}"
+        f"\n{'RTT ms':<8} {'scenario':<10} {'workers':>7} {'path':<5} {'median cycles/s':>15} "
+        f"{'median CPU ms per cycle (machine)':>34}"
     )
-    for (scenario, workers, path), values in cpu.items():
-        print(f"{scenario:<10} {workers:>7} {path:<5} {statistics.median(values):>34.2f}")
+    for (link, scenario, workers, path), group in runs.items():
+        rate = statistics.median(c.cycles_per_s for c in group)
+        cpu = statistics.median(c.cpu_ms_per_cycle for c in group)
+        print(f"{link.label:<8} {scenario:<10} {workers:>7} {path:<5} {rate:>15.0f} {cpu:>34.2f}")
 
 
 def print_near_limit(cells: list[Cell]) -> None:
     """near-limit: throughput, and the two counts that must be zero."""
-    near = [c for c in cells if c.path == "near"]
+    near = [c for c in _by_link(cells) if c.path == "near"]
     if not near:
         return
     print(
-        f"\n{'near-limit':<10} {'workers':>7} {'admitted/s':>10} {'refused/s':>9} early overspend"
+        f"\n{'RTT ms':<8} {'near-limit':<10} {'workers':>7} {'admitted/s':>10} {'refused/s':>9} "
+        "early overspend"
     )
-    by_workers: dict[int, list[Cell]] = {}
+    by_workers: dict[tuple[Link, int], list[Cell]] = {}
     for c in near:
-        by_workers.setdefault(c.workers, []).append(c)
-    for workers, runs in by_workers.items():
+        by_workers.setdefault((c.link, c.workers), []).append(c)
+    for (link, workers), runs in by_workers.items():
         admitted = statistics.median(c.cycles_per_s - c.refused_per_s for c in runs)
         refused = statistics.median(c.refused_per_s for c in runs)
         early, over = sum(c.early for c in runs), sum(c.overspend for c in runs)
         samples = sum(c.samples for c in runs)
         print(
-            f"{'':<10} {workers:>7} {admitted:>10.0f} {refused:>9.0f} {early:>5} "
+            f"{link.label:<8} {'':<10} {workers:>7} {admitted:>10.0f} {refused:>9.0f} {early:>5} "
             f"{over:>9} (of {samples} samples)"
         )
 
@@ -724,7 +944,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "psycopg's own default and what the floor's connection uses; Django's default is "
         "none: never prepare)",
     )
+    parser.add_argument(
+        "--rtt-ms",
+        default="0",
+        help="comma-separated round-trip times in milliseconds to add between the callers and "
+        "PostgreSQL, each a leg of every cell (default %(default)s: the direct connection; any "
+        "other value goes through tests/faultproxy.py on 127.0.0.1, half of it each way)",
+    )
+    parser.add_argument(
+        "--proxy-overhead",
+        action="store_true",
+        help="also run every cell through the proxy with nothing added (the proxy's own cost) "
+        "and directly (RTT 0), to compare the two",
+    )
     args = parser.parse_args(argv)
+    try:
+        rtts = list(dict.fromkeys(float(v) for v in args.rtt_ms.split(",")))
+    except ValueError:
+        parser.error(f"--rtt-ms: comma-separated milliseconds, not {args.rtt_ms!r}")
+    if any(r < 0 or r != r or r == float("inf") for r in rtts):
+        parser.error("--rtt-ms: round-trip times must be 0 or more")
+    args.links = [Link(r, proxied=r > 0) for r in rtts]
+    if args.proxy_overhead:  # right after the direct connection, which it is compared with
+        if DIRECT not in args.links:
+            args.links.insert(0, DIRECT)
+        args.links.insert(args.links.index(DIRECT) + 1, Link(0.0, proxied=True))
     args.workers = [int(w) for w in args.workers.split(",")]
     args.scenarios = [s.strip() for s in args.scenarios.split(",")]
     if unknown := set(args.scenarios) - set(SHAPES):
@@ -742,6 +986,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     url: str = args.database_url
+    links: list[Link] = args.links
+    bench_database_name(url)
+    proxied = any(link.proxied for link in links)
+    upstream = upstream_of(url) if proxied else None
+    began = time.monotonic()
     recreate_database(url)
     setup_django(url, args.app_prepare_threshold)
     fixed, targets = seed(url, args.scenarios, args.stripes)
@@ -749,6 +998,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         near_limit(fixed, targets["near-limit"])
     for line in describe_machine(url):
         print(line)
+    if not is_local(url):
+        print(
+            "PostgreSQL is on another host: CPU ms/c below is this machine's only (/proc/stat "
+            "of the callers' machine), not the database server's"
+        )
     print(
         f"app connection: prepare_threshold {args.app_prepare_threshold}; "
         f"{args.stripes} stripes per hot budget"
@@ -757,33 +1011,55 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"cells: {args.duration:g} s each after {WARMUP_CYCLES} warm-up cycles per worker; "
         f"hold {fixed.amount} USD, commit {fixed.cost} USD"
     )
-    print()
     cells: list[Cell] = []
-    for scenario in args.scenarios:
-        for workers in args.workers:
-            for round_ in range(args.repeat):
-                for path in ("near",) if scenario == "near-limit" else PATHS:
-                    vacuum(url)
-                    cell = run_cell(
-                        scenario=scenario,
-                        workers=workers,
-                        path=path,
-                        url=url,
-                        fixed=fixed,
-                        targets=targets[scenario],
-                        duration=args.duration,
-                    )
-                    cell = dataclasses.replace(cell, round=round_)
-                    cells.append(cell)
-                    print(
-                        f"  {scenario} x{workers} {path}: {cell.cycles_per_s:.0f} cycles/s",
-                        file=sys.stderr,
-                    )
+    with contextlib.ExitStack() as stack:
+        pool: ProxyPool | None = None
+        if upstream is not None:
+            from django.db import connections
+
+            connections.close_all()  # the proxies are forked: no connection goes with them
+            pool = ProxyPool(upstream, max(args.workers))
+            stack.callback(pool.close)
+            print(
+                f"proxy: tests/faultproxy.py as a delay line, {len(pool.ports)} processes on "
+                f"127.0.0.1 (one per worker) to {upstream[0]}:{upstream[1]}"
+            )
+        if proxied or len(links) > 1:
+            for line in describe_links(url, links, pool):
+                print(line)
+        print()
+        for scenario in args.scenarios:
+            for workers in args.workers:
+                for round_ in range(args.repeat):
+                    for link in links:  # alternating within each round, as floor and app do
+                        if pool is not None and link.proxied:
+                            pool.set_rtt(link.rtt_ms)
+                        ports = pool.ports if pool is not None and link.proxied else ()
+                        for path in ("near",) if scenario == "near-limit" else PATHS:
+                            vacuum(url)
+                            cell = run_cell(
+                                scenario=scenario,
+                                workers=workers,
+                                path=path,
+                                url=url,
+                                fixed=fixed,
+                                targets=targets[scenario],
+                                duration=args.duration,
+                                ports=ports,
+                            )
+                            cell = dataclasses.replace(cell, round=round_, link=link)
+                            cells.append(cell)
+                            print(
+                                f"  RTT {link.label} {scenario} x{workers} {path}: "
+                                f"{cell.cycles_per_s:.0f} cycles/s",
+                                file=sys.stderr,
+                            )
     print_table(cells)
     if args.repeat > 1:
         print_ratios(cells)
     print_near_limit(cells)
     print(f"\nload average at the end: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"the whole run took {(time.monotonic() - began) / 60:.1f} minutes")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ Usage (from the repository root)::
 
     python bench/smoke.py [--database-url postgres://postgres@127.0.0.1:5432/llm_budgets_smoke_bench]
 
-Each bench runs in its own process with the arguments below and must exit 0; the numbers it
-prints at this size mean nothing (docs/performance.md has the real runs). The databases the
-benches drop and recreate are named from ``--database-url`` and contain ``bench``.
+Each bench runs in its own process with the arguments below and must exit 0 (``MORE_RUNS``: a
+second run of a bench, e.g. admission.py through the fault proxy with ``--rtt-ms``, whose output
+is checked too); the numbers it prints at this size mean nothing (docs/performance.md has the
+real runs). The databases the benches drop and recreate are named from ``--database-url`` and
+contain ``bench``.
 ``tests/test_bench_smoke.py`` fails when a bench in ``bench/`` is missing from ``RUNS``.
 """
 
@@ -39,6 +41,20 @@ RUNS: dict[str, list[str]] = {
         "stripe_outbox.py": "--cycles 20 --rounds 1",
     }.items()
 }
+# Further runs of a bench in RUNS, for a path its run above does not take: (label, bench file,
+# arguments, text its output must contain). A cell's errors do not fail a bench, so these runs
+# also fail on any (admission.py prints "(N errors, e.g. ...)" beside the cell).
+MORE_RUNS: list[tuple[str, str, list[str], str]] = [
+    (
+        "admission.py RTT",  # through tests/faultproxy.py in child processes (--rtt-ms)
+        "admission.py",
+        [
+            *("--duration", "0.3", "--workers", "1,2", "--scenarios", "hot"),
+            *("--repeat", "2", "--rtt-ms", "0,0.5"),
+        ],
+        "0.5 ms added, through the proxy (0.25 ms each way): measured +",
+    ),
+]
 # Modules in bench/ that are not benches of their own.
 NOT_BENCHES = {"smoke.py", "load_settings.py"}
 
@@ -48,13 +64,18 @@ def main() -> int:
     parser.add_argument("--database-url", default=DEFAULT_URL)
     args = parser.parse_args()
     failed = []
-    for name, extra in RUNS.items():
+    runs = [(name, name, extra, "") for name, extra in RUNS.items()] + MORE_RUNS
+    for label, name, extra, expected in runs:
         started = time.monotonic()
         command = [sys.executable, str(ROOT / name), *extra, "--database-url", args.database_url]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
-        print(f"{name:<18} exit {done.returncode}  {time.monotonic() - started:5.1f} s", flush=True)
-        if done.returncode:
-            failed.append(name)
+        took = time.monotonic() - started
+        print(f"{label:<18} exit {done.returncode}  {took:5.1f} s", flush=True)
+        wrong = expected and (expected not in done.stdout or " errors, e.g. " in done.stdout)
+        if done.returncode or wrong:
+            failed.append(label)
+            if wrong:
+                print(f"expected {expected!r} in the output and no cell with errors", flush=True)
             print(done.stdout[-4000:], done.stderr[-4000:], sep="\n", flush=True)
     if failed:
         print(f"benches that failed at a tiny size: {', '.join(failed)}")

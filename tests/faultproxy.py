@@ -3,7 +3,8 @@
 
 Faults, each applied to the connections open now and to new ones until ``heal()``:
 
-- ``latency(seconds)``: every chunk in either direction is delayed;
+- ``latency_set(seconds)``: every chunk in either direction is delayed by ``seconds`` (a
+  request and its answer, one chunk each way: ``2 * seconds`` per round trip);
 - ``stall()``: nothing is forwarded (bytes wait in the kernel buffers) until healed;
 - ``blackhole()``: bytes from either side are read and thrown away; new connections are accepted
   and never reach the server (a partition in which the peer's kernel still answers);
@@ -23,6 +24,15 @@ One-shot triggers on the bytes a client sends, for faults at an exact point of a
   are refused until ``heal()``, in the proxy's own thread, before the client can use another.
 
 ``counts`` records how many times each fault was applied, for docs/reliability.md.
+
+``FaultProxy(..., delay_line=True)`` makes the proxy a network link instead (bench/admission.py's
+``--rtt-ms``): ``latency`` is a propagation delay, each chunk forwarded ``latency`` seconds after
+it arrived while the chunks behind it are read meanwhile (chunks in flight overlap, as pipelined
+statements do on a network), and both sockets have ``TCP_NODELAY``, as the client's and the
+server's own have (without it, back-to-back small chunks wait for an ACK). The default keeps the
+behaviour the fault tests were written against: each chunk sleeps ``latency`` in turn, so chunks
+queued behind one another add their delays up. Either way a round trip (one chunk each way)
+gains ``2 * latency``.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ import socket
 import struct
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 PASS, STALL, BLACKHOLE, REFUSE = "pass", "stall", "blackhole", "refuse"
@@ -62,11 +72,17 @@ class _Pair:
         self.stalled = False
 
     def start(self) -> None:
+        pump = self._pump
+        if self.proxy.delay_line:
+            pump = self._pump_delayed
+            for sock in (self.client, self.server):
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for src, dst, upstream in (
             (self.client, self.server, True),
             (self.server, self.client, False),
         ):
-            threading.Thread(target=self._pump, args=(src, dst, upstream), daemon=True).start()
+            threading.Thread(target=pump, args=(src, dst, upstream), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
         try:
@@ -91,6 +107,52 @@ class _Pair:
                 if self.proxy.latency:
                     time.sleep(self.proxy.latency)
                 dst.sendall(chunk)
+        except OSError:
+            self.close(rst=False)
+
+    def _pump_delayed(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
+        """``delay_line``: each chunk leaves ``latency`` after it was read, and reading goes on
+        while chunks wait, so a chunk never waits for the delay of the one before it."""
+        pending: deque[tuple[float, bytes]] = deque()  # (when to forward, chunk), in order
+        # A timer wakes the thread late (tens of microseconds, more on a VM or under load): aim
+        # that much early, its running mean, so that chunks leave on time on average. Capped at
+        # half the delay, so that every chunk still waits on a timer (which keeps the mean fed).
+        early = 0.0
+        try:
+            while not self.closed.is_set():
+                if self.proxy.mode == STALL:
+                    time.sleep(0.01)
+                    continue
+                now = time.monotonic()
+                while pending and pending[0][0] - early <= now:
+                    dst.sendall(pending.popleft()[1])
+                    now = time.monotonic()
+                aim = pending[0][0] - early if pending else now + 0.05
+                ready, _, _ = select.select([src], [], [], min(aim - now, 0.05))
+                if not ready:
+                    if pending and aim - now < 0.05:  # a timed wake-up: how late was it?
+                        cap = self.proxy.latency / 2
+                        late = min(max(time.monotonic() - aim, 0.0), cap)
+                        early = min(early + (late - early) / 8, cap)
+                    continue
+                chunk = src.recv(65536)
+                if not chunk:
+                    for due, held in pending:  # what was in flight still arrives, then the FIN
+                        time.sleep(max(0.0, due - time.monotonic()))
+                        dst.sendall(held)
+                    self.close(rst=False)
+                    return
+                if self.proxy.mode == BLACKHOLE:
+                    continue
+                if upstream and self._trigger(chunk, dst):
+                    return
+                if not upstream and self.discard_server:
+                    self.close(rst=True)
+                    return
+                if not pending and not self.proxy.latency:
+                    dst.sendall(chunk)
+                else:
+                    pending.append((time.monotonic() + self.proxy.latency, chunk))
         except OSError:
             self.close(rst=False)
 
@@ -157,8 +219,9 @@ class _Pair:
 
 
 class FaultProxy:
-    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+    def __init__(self, upstream_host: str, upstream_port: int, *, delay_line: bool = False) -> None:
         self.upstream = (upstream_host, upstream_port)
+        self.delay_line = delay_line  # latency as a link's propagation delay (module docstring)
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self.listener.getsockname()[1])
         self.mode = PASS
@@ -224,6 +287,7 @@ class FaultProxy:
             return list(self.pairs)
 
     def latency_set(self, seconds: float) -> None:
+        """Delay every chunk in each direction by ``seconds``: a round trip gains twice that."""
         self.latency = seconds
         self.count("latency")
 
