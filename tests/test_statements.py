@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 
 from llm_budgets import budgets
 from llm_budgets.db import statements as sql
+from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import (
     Counter,
@@ -155,6 +156,42 @@ def test_prepared_statements_on_postgresql(acme: None, on_postgres: bool) -> Non
     # (1011 uncached x 2.50 + 100 cached x 1.25 + 321 x 10.00) / 10^6
     assert costs == {Decimal("0.0058625")}
     assert counters_drift() == []
+
+
+def _prepared() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refusal_keeps_the_connections_prepared_statements(acme: None, on_postgres: bool) -> None:
+    """A refused call's transaction wrote nothing: it is committed, not rolled back, because
+    psycopg answers a ROLLBACK by deallocating every prepared statement of the connection (and
+    every statement is then parsed and planned again). Likewise for a busy stripe's retry."""
+    if not on_postgres:
+        pytest.skip("prepared statements are a PostgreSQL feature")
+    connection.ensure_connection()
+    raw = connection.connection
+    saved = raw.prepare_threshold
+    raw.prepare_threshold = 0  # prepare from the first execution
+    try:
+        _call()
+        before = _prepared()
+        with pytest.raises(BudgetExceeded):
+            budgets.reserve(
+                tenant="acme",
+                end_user="u-1",
+                provider="openai",
+                model="gpt-4o",
+                input_tokens=10,
+                max_output_tokens=2_000_000,  # 20 USD: past u-1's 5 a day
+            )
+        after = _prepared()
+    finally:
+        raw.prepare_threshold = saved
+    assert before >= 6
+    assert after >= before
 
 
 def _reserve_trips(**scopes: object) -> tuple[list[list[str]], int]:

@@ -297,6 +297,23 @@ def run_committing(statements: Sequence[Statement]) -> None:
         cursor.execute("COMMIT")
 
 
+def commit_unwritten() -> bool:
+    """End the caller's own transaction, which wrote nothing (it only read and locked rows), with
+    a COMMIT rather than a rollback, in one round trip; returns whether it did. The effect is
+    the same (no change, locks released), but psycopg 3 answers any ROLLBACK by forgetting every
+    prepared statement of the connection (and sends DEALLOCATE ALL): each statement is then
+    parsed and planned again, five times, before it is prepared anew. Under contention, where
+    admission leaves many attempts (busy stripes, refusals), that planning was most of
+    PostgreSQL's CPU. The COMMIT does not wait for the WAL flush (``synchronous_commit`` off for
+    this transaction): its row locks need not be durable. False, and nothing sent, where it
+    cannot pipeline or the transaction is not the caller's own: the caller rolls back."""
+    db = _db()
+    if not _pipelines(db.vendor) or not _own_transaction(db):
+        return False
+    run_committing([("SELECT set_config('synchronous_commit', 'off', true)", [])])
+    return True
+
+
 def _own_transaction(db: BaseDatabaseWrapper) -> bool:
     """Whether one ``atomic()`` block is open, the outermost, with nothing marked to roll back."""
     return (

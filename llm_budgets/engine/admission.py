@@ -51,6 +51,7 @@ from llm_budgets.exceptions import (
     KillSwitchActive,
     LedgerUnavailable,
     NoApplicableBudget,
+    RunClosed,
 )
 from llm_budgets.models import (
     ApiKey,
@@ -94,6 +95,11 @@ class _Busy(Exception):
     def __init__(self, stripes: dict[CounterKey, int]) -> None:
         super().__init__()
         self.stripes = stripes
+
+
+# What leaves the locking transaction before it wrote anything (a retry on another path, a
+# refusal): ``_hold`` then commits it instead of rolling it back (``statements.commit_unwritten``).
+_UNWRITTEN = (_Busy, _Escalate, _MissingCounters, BudgetExceeded, KillSwitchActive, RunClosed)
 
 
 def reservation_create(
@@ -514,76 +520,86 @@ def _hold(
     # Built before the counters are locked, which then stay locked for the checks, one write
     # and the commit. A degraded request is built again.
     insert_reservation = None if create else sql.inserting([reservation])
+    unwritten: Exception | None = None
     try:
         with ledger_transaction():
-            # The bound on lock waits comes first, in the round trip of the transaction's first
-            # statement: the kill switch read, the rolling budgets' lock (alone) or the
-            # counters'.
-            bound = lock_timeout_statement()
-            if insert_reservation is None:
-                # Creating waits for a concurrent creator of the same row: bounded too. Nothing
-                # is locked yet, so the lock order below is untouched.
-                bound_lock_wait()
-                bound = None
-                if first_sight:
-                    first_sight.create(reservation)
-                    by_key = {a.counter_key: a for a in applicable}  # now with their ids
-                _counters_create(applicable)
-                insert_reservation = sql.inserting([reservation])
-            blocked_substitutes = (
-                _refuse_if_switched(
-                    reservation, degrade.ladder if degrade else [], api_key_id, first=bound
+            try:
+                # The bound on lock waits comes first, in the round trip of the transaction's first
+                # statement: the kill switch read, the rolling budgets' lock (alone) or the
+                # counters'.
+                bound = lock_timeout_statement()
+                if insert_reservation is None:
+                    # Creating waits for a concurrent creator of the same row: bounded too. Nothing
+                    # is locked yet, so the lock order below is untouched.
+                    bound_lock_wait()
+                    bound = None
+                    if first_sight:
+                        first_sight.create(reservation)
+                        by_key = {a.counter_key: a for a in applicable}  # now with their ids
+                    _counters_create(applicable)
+                    insert_reservation = sql.inserting([reservation])
+                blocked_substitutes = (
+                    _refuse_if_switched(
+                        reservation, degrade.ladder if degrade else [], api_key_id, first=bound
+                    )
+                    if switches_open
+                    else {}
                 )
-                if switches_open
-                else {}
-            )
-            if rolling_ids and not switches_open:
-                bound_lock_wait()
-            _lock_budgets(rolling_ids)
-            # One round trip (where psycopg pipelines), each its own statement, in this order:
-            # the bound on lock waits (unless sent above); the counters' lock; the fast path's
-            # stripe pick, which starts only once those counters are held (no wait while a
-            # stripe is held); the read of the run's close, once every counter it has is locked.
-            batch = [] if switches_open or rolling_ids else [bound]
-            if locked or waited_ids:
-                batch.append(counters_locking(locked, waited_ids))
-            amounts = {a.counter_key: reservation.amount_for(a.budget.unit) for a in hot}
-            if fast:
-                batch.append(stripes_picking([(a, amounts[a.counter_key]) for a in fast]))
-            run_read = _run_closed_read(reservation.run)
-            if run_read is not None:
-                batch.append(run_read)
-            balances_read = _balances_read(locked)
-            if balances_read is not None:
-                batch.append(balances_read)
-            results = sql.fetch_each([s for s in batch if s is not None])
-            if balances_read is not None:
-                _balances_refresh(locked, results.pop())
-            run_rows = results.pop() if run_read is not None else []
-            picked_rows = results.pop() if fast else []
-            counters = counters_from(results.pop()) if locked or waited_ids else []
-            ids = set(waited_ids)
-            rows = rows_by_key([c for c in counters if c.pk not in ids])
-            if any(not _complete(rows.get(a.counter_key), a) for a in locked):
-                raise _MissingCounters
-            picked = _stripes_picked(fast, amounts, picked_from(picked_rows))
-            picked += _with_room(waited, amounts, [c for c in counters if c.pk in ids])
-            _refuse_if_run_closed(reservation.run, run_rows)
-            windows = rolling_buckets(applicable) if rolling_ids else {}
-            used = _used(rows, windows)
-            if degrade is not None and _degrade(
-                reservation,
-                degrade,
-                [(spent, by_key[key].limit) for key, spent in used.items()],
-                blocked_substitutes,
-            ):
-                insert_reservation = sql.inserting([reservation])
-            _refuse_if_exceeding(reservation, by_key, used, windows)
-            _take_holds(reservation, rows, picked, by_key, insert_reservation)
+                if rolling_ids and not switches_open:
+                    bound_lock_wait()
+                _lock_budgets(rolling_ids)
+                # One round trip (where psycopg pipelines), each its own statement, in this order:
+                # the bound on lock waits (unless sent above); the counters' lock; the fast path's
+                # stripe pick, which starts only once those counters are held (no wait while a
+                # stripe is held); the read of the run's close, once every counter it has is locked.
+                batch = [] if switches_open or rolling_ids else [bound]
+                if locked or waited_ids:
+                    batch.append(counters_locking(locked, waited_ids))
+                amounts = {a.counter_key: reservation.amount_for(a.budget.unit) for a in hot}
+                if fast:
+                    batch.append(stripes_picking([(a, amounts[a.counter_key]) for a in fast]))
+                run_read = _run_closed_read(reservation.run)
+                if run_read is not None:
+                    batch.append(run_read)
+                balances_read = _balances_read(locked)
+                if balances_read is not None:
+                    batch.append(balances_read)
+                results = sql.fetch_each([s for s in batch if s is not None])
+                if balances_read is not None:
+                    _balances_refresh(locked, results.pop())
+                run_rows = results.pop() if run_read is not None else []
+                picked_rows = results.pop() if fast else []
+                counters = counters_from(results.pop()) if locked or waited_ids else []
+                ids = set(waited_ids)
+                rows = rows_by_key([c for c in counters if c.pk not in ids])
+                if any(not _complete(rows.get(a.counter_key), a) for a in locked):
+                    raise _MissingCounters
+                picked = _stripes_picked(fast, amounts, picked_from(picked_rows))
+                picked += _with_room(waited, amounts, [c for c in counters if c.pk in ids])
+                _refuse_if_run_closed(reservation.run, run_rows)
+                windows = rolling_buckets(applicable) if rolling_ids else {}
+                used = _used(rows, windows)
+                if degrade is not None and _degrade(
+                    reservation,
+                    degrade,
+                    [(spent, by_key[key].limit) for key, spent in used.items()],
+                    blocked_substitutes,
+                ):
+                    insert_reservation = sql.inserting([reservation])
+                _refuse_if_exceeding(reservation, by_key, used, windows)
+                _take_holds(reservation, rows, picked, by_key, insert_reservation)
+            except _UNWRITTEN as left:
+                # Nothing written: commit rather than roll back, which with psycopg 3 costs
+                # every prepared statement of the connection (statements.commit_unwritten).
+                if create or not sql.commit_unwritten():
+                    raise
+                unwritten = left
     except BaseException:
         if first_sight is not None:
             first_sight.forget(reservation)  # rolled back: whatever it created is gone
         raise
+    if unwritten is not None:
+        raise unwritten
     return reservation
 
 
