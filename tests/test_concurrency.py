@@ -44,17 +44,20 @@ def patient() -> Iterator[None]:
         yield
 
 
-@pytest.fixture(autouse=True, params=["one row", "hot"])
+@pytest.fixture(autouse=True, params=["one row", "hot", "hot, default stripes"])
 def caps(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """``hot``: every budget the test sets is hot, split into 4 stripes (fewer than the racing
-    threads, so calls find every stripe busy and take the exact path too)."""
+    threads, so calls find every stripe busy and wait for one, or take the exact path);
+    ``hot, default stripes``: hot with the stripes a host gets by default (issue #26)."""
     if request.param == "one row":
         yield
         return
     set_limit = limits.budget_set_limit
 
     def hot_set_limit(**kwargs: Any) -> Any:
-        kwargs["hot"], kwargs["stripes"] = True, 4
+        kwargs["hot"] = True
+        if request.param == "hot":
+            kwargs["stripes"] = 4
         return set_limit(**kwargs)
 
     monkeypatch.setattr(limits, "budget_set_limit", hot_set_limit)
