@@ -153,7 +153,7 @@ class _Pair:
                     dst.sendall(chunk)
                 else:
                     pending.append((time.monotonic() + self.proxy.latency, chunk))
-        except OSError:
+        except (OSError, ValueError):  # ValueError: select() on a socket closed meanwhile (fd -1)
             self.close(rst=False)
 
     def _trigger(self, chunk: bytes, dst: socket.socket) -> bool:
