@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
 from django.db.models import Sum
 from django.test import override_settings
 
@@ -118,6 +119,24 @@ def overspent_counters(limits: Mapping[int, Decimal] | None = None) -> list[str]
                 f"{used} > limit {limit} + overage {ran_over}"
             )
     return over
+
+
+def lock_waited(*, others_only: bool = False, seconds: float = 30) -> bool:
+    """Whether, within ``seconds``, some connection to this test database waits on a lock
+    (PostgreSQL's ``pg_stat_activity``, polled): the point at which a race's second party may
+    act. ``others_only``: not counting this thread's own connection."""
+    condition = " AND pid <> pg_backend_pid()" if others_only else ""
+    deadline = time.monotonic() + seconds
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                f"AND datname = current_database(){condition}"
+            )
+            if cursor.fetchone()[0]:
+                return True
+            time.sleep(0.01)
+    return False
 
 
 class RowLocker:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 
@@ -21,7 +20,7 @@ from django.db import connection, connections, transaction
 
 from llm_budgets import budgets
 from llm_budgets.models import Counter
-from tests.concurrency import patient_lock_waits
+from tests.concurrency import lock_waited, patient_lock_waits
 from tests.factories import price_fake, reserve_30
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.concurrency]
@@ -58,16 +57,7 @@ def _cycle(first: int, last: int, started: threading.Event, done: list[str]) -> 
             cursor.execute("SET LOCAL deadlock_timeout = '60s'")
             lock(last)
             started.set()
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                cursor.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                    "AND datname = current_database() AND pid <> pg_backend_pid()"
-                )
-                if cursor.fetchone()[0]:
-                    break
-                time.sleep(0.01)
-            else:
+            if not lock_waited(others_only=True):
                 done.append("the call never waited on the held counter")
                 return
             lock(first)  # the cycle: the call's deadlock check rolls the call back

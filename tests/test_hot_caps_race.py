@@ -10,13 +10,12 @@ promising more than its cap has left."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections
 from django.utils import timezone
 
 from llm_budgets import budgets
@@ -24,7 +23,14 @@ from llm_budgets.control.raises import budget_raise_grant
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.jobs.reconcile import allowances_excess, counters_drift
 from llm_budgets.models import Budget, Counter, Scope
-from tests.concurrency import overspent_counters, patient_lock_waits, run_processes, run_threads
+from tests.concurrency import (
+    RowLocker,
+    lock_waited,
+    overspent_counters,
+    patient_lock_waits,
+    run_processes,
+    run_threads,
+)
 from tests.factories import price_fake, reserve_30
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.concurrency]
@@ -224,7 +230,7 @@ def test_a_call_finding_every_stripe_busy_waits_for_one_instead_of_splitting_aga
         stripes.filter(pk=stripe.pk).update(allowance=Decimal(40 if stripe.stripe == 0 else 60))
     before = {c.pk: (c.allowance, c.reserved) for c in stripes.all()}
     assert len(before) == 2
-    held, waiting, admitted = threading.Event(), threading.Event(), []
+    admitted: list[budgets.Hold] = []
 
     def admit() -> None:
         try:
@@ -232,37 +238,10 @@ def test_a_call_finding_every_stripe_busy_waits_for_one_instead_of_splitting_aga
         finally:
             connections.close_all()
 
-    def hold_every_stripe() -> None:
-        try:
-            with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute(
-                    f"SELECT id FROM {Counter._meta.db_table} WHERE id = ANY(%s) FOR UPDATE",
-                    [list(before)],
-                )
-                held.set()
-                waiting.wait(30)
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=hold_every_stripe)
-    holder.start()
-    assert held.wait(30)
     call = threading.Thread(target=admit)
-    call.start()
-    deadline = time.monotonic() + 30
-    with connection.cursor() as cursor:  # until the call waits for a stripe's lock
-        while time.monotonic() < deadline:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND datname = current_database()"
-            )
-            if cursor.fetchone()[0]:
-                break
-            time.sleep(0.01)
-        else:
-            pytest.fail("the call never waited for a stripe")
-    waiting.set()
-    holder.join(30)
+    with RowLocker(list(before)):  # every stripe, by another transaction
+        call.start()
+        assert lock_waited(), "the call never waited for a stripe"
     call.join(30)
 
     assert len(admitted) == 1

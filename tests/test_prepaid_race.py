@@ -4,13 +4,12 @@ credited once whatever deliveries race, one auto-recharge per crossing under a b
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from llm_budgets.billing.credits import (
@@ -25,7 +24,7 @@ from llm_budgets.engine.balances import recharge_rules_clear
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.models import CreditLot, LotKind, TopUp, TopUpKind
 from llm_budgets.testing.fakes.stripe_server import StripeServer
-from tests.concurrency import overspent_counters, patient_lock_waits, run_threads
+from tests.concurrency import lock_waited, overspent_counters, patient_lock_waits, run_threads
 from tests.factories import reserve_30
 from tests.prepaid_support import deliver, pay, prepaid
 from tests.stripe_support import fake_stripe
@@ -127,18 +126,7 @@ def test_an_admission_waiting_on_a_lowering_sees_the_lowered_balance(
         target=lambda: (outcome.append(_reserve(0)), connections.close_all())
     )
     admission.start()
-    deadline = time.monotonic() + 30
-    with connection.cursor() as cursor:  # until the admission waits on the counter's lock
-        while time.monotonic() < deadline:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND datname = current_database()"
-            )
-            if cursor.fetchone()[0]:
-                break
-            time.sleep(0.01)
-        else:
-            pytest.fail("the admission never waited on the counter's lock")
+    assert lock_waited(), "the admission never waited on the counter's lock"
     proceed.set()
     expiry.join(30)
     admission.join(30)
