@@ -3,6 +3,8 @@ them, the statement count of a call, and prepared statements on PostgreSQL."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -140,22 +142,29 @@ def test_prepared_statements_on_postgresql(acme: None, on_postgres: bool) -> Non
     the server: parameters must bind there with the types PostgreSQL infers."""
     if not on_postgres:
         pytest.skip("prepared statements are a PostgreSQL feature")
-    raw = connection.connection
-    saved = raw.prepare_threshold
-    raw.prepare_threshold = 0  # prepare from the first execution
-    try:
+    with _prepared_at_once():
         results = [_call() for _ in range(3)]
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_prepared_statements")
-            prepared = cursor.fetchone()[0]
-    finally:
-        raw.prepare_threshold = saved
+        prepared = _prepared()
     assert prepared >= 6
     assert {r.state for r in results} == {"committed"}
     costs = set(UsageRecord.objects.values_list("cost", flat=True))
     # (1011 uncached x 2.50 + 100 cached x 1.25 + 321 x 10.00) / 10^6
     assert costs == {Decimal("0.0058625")}
     assert counters_drift() == []
+
+
+@contextmanager
+def _prepared_at_once() -> Iterator[None]:
+    """psycopg prepares every statement from its first execution (as a host's
+    ``OPTIONS["prepare_threshold"]`` would after a few)."""
+    connection.ensure_connection()
+    raw = connection.connection
+    saved = raw.prepare_threshold
+    raw.prepare_threshold = 0
+    try:
+        yield
+    finally:
+        raw.prepare_threshold = saved
 
 
 def _prepared() -> int:
@@ -171,11 +180,7 @@ def test_a_refusal_keeps_the_connections_prepared_statements(acme: None, on_post
     every statement is then parsed and planned again). Likewise for a busy stripe's retry."""
     if not on_postgres:
         pytest.skip("prepared statements are a PostgreSQL feature")
-    connection.ensure_connection()
-    raw = connection.connection
-    saved = raw.prepare_threshold
-    raw.prepare_threshold = 0  # prepare from the first execution
-    try:
+    with _prepared_at_once():
         _call()
         before = _prepared()
         with pytest.raises(BudgetExceeded):
@@ -188,8 +193,6 @@ def test_a_refusal_keeps_the_connections_prepared_statements(acme: None, on_post
                 max_output_tokens=2_000_000,  # 20 USD: past u-1's 5 a day
             )
         after = _prepared()
-    finally:
-        raw.prepare_threshold = saved
     assert before >= 6
     assert after >= before
 
