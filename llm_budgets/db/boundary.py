@@ -89,15 +89,19 @@ def retrying_deadlocks(function: Callable[P, T]) -> Callable[P, T]:
             except LedgerUnavailable as exc:
                 if not deadlocked(exc.__cause__):
                     raise
-                logger.warning(
-                    "llm_budgets: %s was a deadlock's victim; running it again (%d of %d)",
-                    function.__name__,
-                    attempt + 1,
-                    DEADLOCK_RETRIES,
-                )
+                deadlock_retried(function.__name__, attempt + 1)
         return function(*args, **kwargs)
 
     return retrying
+
+
+def deadlock_retried(what: str, attempt: int) -> None:
+    logger.warning(
+        "llm_budgets: %s was a deadlock's victim; running it again (%d of %d)",
+        what,
+        attempt,
+        DEADLOCK_RETRIES,
+    )
 
 
 @contextmanager
@@ -161,9 +165,15 @@ def bound_sqlite_wait() -> None:
 
 
 @contextmanager
-def ledger_transaction() -> Iterator[None]:
+def ledger_transaction(*, unwritten: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
     """``transaction.atomic()`` for a ledger write (admission, settlement, the sweep), its lock
     waits bounded by ``LOCK_TIMEOUT_SECONDS``.
+
+    ``unwritten``: exceptions the block raises only before it has written anything (a refusal,
+    a retry on another path). The transaction then ends with a COMMIT rather than a rollback
+    where it is the caller's own (``statements.commit_unwritten``: psycopg 3 answers a ROLLBACK
+    by deallocating every prepared statement of the connection), and the exception is raised
+    after it.
 
     On SQLite its BEGIN takes the write lock (``BEGIN IMMEDIATE``) whatever the host's
     ``transaction_mode``: a deferred transaction that reads and then writes fails at once with
@@ -175,8 +185,16 @@ def ledger_transaction() -> Iterator[None]:
     wrapper: Any = connection  # the SQLite wrapper's transaction_mode (Django >= 5.1)
     mode = getattr(wrapper, "transaction_mode", "IMMEDIATE")
     if connection.vendor != "sqlite" or connection.in_atomic_block or mode == "IMMEDIATE":
+        left: BaseException | None = None
         with transaction.atomic():
-            yield
+            try:
+                yield
+            except unwritten as exc:
+                if not sql.commit_unwritten():
+                    raise
+                left = exc
+        if left is not None:
+            raise left
         return
     wrapper.transaction_mode = "IMMEDIATE"
     try:

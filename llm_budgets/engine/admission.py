@@ -9,7 +9,6 @@ transaction takes the database write lock at BEGIN (``transaction_mode=IMMEDIATE
 from __future__ import annotations
 
 import functools
-import logging
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -25,6 +24,7 @@ from llm_budgets.db import statements as sql
 from llm_budgets.db.boundary import (
     DEADLOCK_RETRIES,
     bound_lock_wait,
+    deadlock_retried,
     deadlocked,
     ledger_guard,
     ledger_transaction,
@@ -72,8 +72,6 @@ from llm_budgets.tenancy.runs import run_refuse_if_closed
 from llm_budgets.tenancy.tenants import tenant_with_end_user, tenant_with_plan
 from llm_budgets.windows import rolling_window
 
-logger = logging.getLogger("llm_budgets")
-
 
 class _MissingCounters(Exception):
     """Leaves the locking transaction so missing counters are created without holding locks.
@@ -98,7 +96,8 @@ class _Busy(Exception):
 
 
 # What leaves the locking transaction before it wrote anything (a retry on another path, a
-# refusal): ``_hold`` then commits it instead of rolling it back (``statements.commit_unwritten``).
+# refusal), unless it created rows first: ``ledger_transaction`` then commits instead of rolling
+# back.
 _UNWRITTEN = (_Busy, _Escalate, _MissingCounters, BudgetExceeded, KillSwitchActive, RunClosed)
 
 
@@ -426,7 +425,7 @@ def _admit(
                 api_key_id,
                 switches_open=open_,
                 exact=exact,
-                waits=None if exact else waits,
+                waits=waits,
                 create=create,
                 first_sight=first_sight,
             )
@@ -442,11 +441,7 @@ def _admit(
             if not deadlocked(exc) or deadlocks == DEADLOCK_RETRIES:
                 raise
             deadlocks += 1
-            logger.warning(
-                "llm_budgets: admission was a deadlock's victim; running it again (%d of %d)",
-                deadlocks,
-                DEADLOCK_RETRIES,
-            )
+            deadlock_retried("admission", deadlocks)
         except IntegrityError as exc:
             if asked is not None:
                 won = _reservation_with_key(reservation.tenant_id, asked.key)
@@ -520,86 +515,77 @@ def _hold(
     # Built before the counters are locked, which then stay locked for the checks, one write
     # and the commit. A degraded request is built again.
     insert_reservation = None if create else sql.inserting([reservation])
-    unwritten: Exception | None = None
     try:
-        with ledger_transaction():
-            try:
-                # The bound on lock waits comes first, in the round trip of the transaction's first
-                # statement: the kill switch read, the rolling budgets' lock (alone) or the
-                # counters'.
-                bound = lock_timeout_statement()
-                if insert_reservation is None:
-                    # Creating waits for a concurrent creator of the same row: bounded too. Nothing
-                    # is locked yet, so the lock order below is untouched.
-                    bound_lock_wait()
-                    bound = None
-                    if first_sight:
-                        first_sight.create(reservation)
-                        by_key = {a.counter_key: a for a in applicable}  # now with their ids
-                    _counters_create(applicable)
-                    insert_reservation = sql.inserting([reservation])
-                blocked_substitutes = (
-                    _refuse_if_switched(
-                        reservation, degrade.ladder if degrade else [], api_key_id, first=bound
-                    )
-                    if switches_open
-                    else {}
+        with ledger_transaction(unwritten=() if create else _UNWRITTEN):
+            # The bound on lock waits comes first, in the round trip of the transaction's first
+            # statement: the kill switch read, the rolling budgets' lock (alone) or the
+            # counters'.
+            bound = lock_timeout_statement()
+            if insert_reservation is None:
+                # Creating waits for a concurrent creator of the same row: bounded too. Nothing
+                # is locked yet, so the lock order below is untouched.
+                bound_lock_wait()
+                bound = None
+                if first_sight:
+                    first_sight.create(reservation)
+                    by_key = {a.counter_key: a for a in applicable}  # now with their ids
+                _counters_create(applicable)
+                insert_reservation = sql.inserting([reservation])
+            blocked_substitutes = (
+                _refuse_if_switched(
+                    reservation, degrade.ladder if degrade else [], api_key_id, first=bound
                 )
-                if rolling_ids and not switches_open:
-                    bound_lock_wait()
-                _lock_budgets(rolling_ids)
-                # One round trip (where psycopg pipelines), each its own statement, in this order:
-                # the bound on lock waits (unless sent above); the counters' lock; the fast path's
-                # stripe pick, which starts only once those counters are held (no wait while a
-                # stripe is held); the read of the run's close, once every counter it has is locked.
-                batch = [] if switches_open or rolling_ids else [bound]
-                if locked or waited_ids:
-                    batch.append(counters_locking(locked, waited_ids))
-                amounts = {a.counter_key: reservation.amount_for(a.budget.unit) for a in hot}
-                if fast:
-                    batch.append(stripes_picking([(a, amounts[a.counter_key]) for a in fast]))
-                run_read = _run_closed_read(reservation.run)
-                if run_read is not None:
-                    batch.append(run_read)
-                balances_read = _balances_read(locked)
-                if balances_read is not None:
-                    batch.append(balances_read)
-                results = sql.fetch_each([s for s in batch if s is not None])
-                if balances_read is not None:
-                    _balances_refresh(locked, results.pop())
-                run_rows = results.pop() if run_read is not None else []
-                picked_rows = results.pop() if fast else []
-                counters = counters_from(results.pop()) if locked or waited_ids else []
-                ids = set(waited_ids)
-                rows = rows_by_key([c for c in counters if c.pk not in ids])
-                if any(not _complete(rows.get(a.counter_key), a) for a in locked):
-                    raise _MissingCounters
-                picked = _stripes_picked(fast, amounts, picked_from(picked_rows))
-                picked += _with_room(waited, amounts, [c for c in counters if c.pk in ids])
-                _refuse_if_run_closed(reservation.run, run_rows)
-                windows = rolling_buckets(applicable) if rolling_ids else {}
-                used = _used(rows, windows)
-                if degrade is not None and _degrade(
-                    reservation,
-                    degrade,
-                    [(spent, by_key[key].limit) for key, spent in used.items()],
-                    blocked_substitutes,
-                ):
-                    insert_reservation = sql.inserting([reservation])
-                _refuse_if_exceeding(reservation, by_key, used, windows)
-                _take_holds(reservation, rows, picked, by_key, insert_reservation)
-            except _UNWRITTEN as left:
-                # Nothing written: commit rather than roll back, which with psycopg 3 costs
-                # every prepared statement of the connection (statements.commit_unwritten).
-                if create or not sql.commit_unwritten():
-                    raise
-                unwritten = left
+                if switches_open
+                else {}
+            )
+            if rolling_ids and not switches_open:
+                bound_lock_wait()
+            _lock_budgets(rolling_ids)
+            # One round trip (where psycopg pipelines), each its own statement, in this order:
+            # the bound on lock waits (unless sent above); the counters' lock (with the waiting
+            # path's stripes); the fast path's
+            # stripe pick, which starts only once those counters are held (no wait while a
+            # stripe is held); the read of the run's close, once every counter it has is locked.
+            batch = [] if switches_open or rolling_ids else [bound]
+            if locked or waited_ids:
+                batch.append(counters_locking(locked, waited_ids))
+            amounts = {a.counter_key: reservation.amount_for(a.budget.unit) for a in hot}
+            if fast:
+                batch.append(stripes_picking([(a, amounts[a.counter_key]) for a in fast]))
+            run_read = _run_closed_read(reservation.run)
+            if run_read is not None:
+                batch.append(run_read)
+            balances_read = _balances_read(locked)
+            if balances_read is not None:
+                batch.append(balances_read)
+            results = sql.fetch_each([s for s in batch if s is not None])
+            if balances_read is not None:
+                _balances_refresh(locked, results.pop())
+            run_rows = results.pop() if run_read is not None else []
+            picked_rows = results.pop() if fast else []
+            counters = counters_from(results.pop()) if locked or waited_ids else []
+            ids = set(waited_ids)
+            rows = rows_by_key([c for c in counters if c.pk not in ids])
+            if any(not _complete(rows.get(a.counter_key), a) for a in locked):
+                raise _MissingCounters
+            picked = _stripes_picked(fast, amounts, picked_from(picked_rows))
+            picked += _with_room(waited, amounts, [c for c in counters if c.pk in ids])
+            _refuse_if_run_closed(reservation.run, run_rows)
+            windows = rolling_buckets(applicable) if rolling_ids else {}
+            used = _used(rows, windows)
+            if degrade is not None and _degrade(
+                reservation,
+                degrade,
+                [(spent, by_key[key].limit) for key, spent in used.items()],
+                blocked_substitutes,
+            ):
+                insert_reservation = sql.inserting([reservation])
+            _refuse_if_exceeding(reservation, by_key, used, windows)
+            _take_holds(reservation, rows, picked, by_key, insert_reservation)
     except BaseException:
         if first_sight is not None:
             first_sight.forget(reservation)  # rolled back: whatever it created is gone
         raise
-    if unwritten is not None:
-        raise unwritten
     return reservation
 
 
