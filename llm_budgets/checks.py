@@ -41,6 +41,7 @@ CHECK_IDS: dict[str, str] = {
     "POOLER": "llm_budgets.E060",
     "HEALTH_SWEEP_MAX_LAG_SECONDS": "llm_budgets.E061",
     "READ_REPLICA": "llm_budgets.E062",
+    "LEDGER_DATABASE": "llm_budgets.E051",
     "API_KEY_CACHE_SECONDS": "llm_budgets.E063",
     "TENANT_RESOLVER": "llm_budgets.E064",
     "END_USER_ID": "llm_budgets.E065",
@@ -153,28 +154,54 @@ def check_row_locking(**kwargs: Any) -> list[CheckMessage]:
 
 @register(Tags.models)
 def check_database_routing(**kwargs: Any) -> list[CheckMessage]:
-    """The hot path (admission, settlement, their reads) runs on the ``default`` alias: refuse a
-    router that sends the app's models to another database, where the holds, counters and
-    ledger lines would be split from the locks that guard them."""
+    """The hot path (admission, settlement, their reads) runs on the ``default`` database, the
+    ledger's writes on its own connection to it (``LEDGER_DATABASE``): refuse a router that sends
+    the app's models to any other alias, where the holds, counters and ledger lines would be
+    split from the locks that guard them."""
     from django.apps import apps
     from django.db import DEFAULT_DB_ALIAS, router
 
+    from llm_budgets.db.ledger import LEDGER_ALIAS
+
+    allowed = {DEFAULT_DB_ALIAS, LEDGER_ALIAS, setting_or("LEDGER_DATABASE", None)}
     messages: list[CheckMessage] = []
     for model in apps.get_app_config("llm_budgets").get_models():
-        routed = {router.db_for_read(model), router.db_for_write(model)} - {DEFAULT_DB_ALIAS}
+        routed = {router.db_for_read(model), router.db_for_write(model)} - allowed - {None}
         if routed:
             messages.append(
                 Error(
                     f"A database router sends {model._meta.label} to "
                     f"{', '.join(sorted(map(repr, routed)))}; llm_budgets runs on the "
-                    f"{DEFAULT_DB_ALIAS!r} database only.",
+                    f"{DEFAULT_DB_ALIAS!r} database only (its ledger on "
+                    "LLM_BUDGETS['LEDGER_DATABASE'], a route to the same database).",
                     hint="Make your routers return None (or 'default') for the llm_budgets app "
-                    "(model._meta.app_label == 'llm_budgets'); see docs/settings.md.",
+                    "(model._meta.app_label == 'llm_budgets'), or name the alias they route to in "
+                    "LLM_BUDGETS['LEDGER_DATABASE']; see docs/settings.md.",
                     obj=model,
                     id="llm_budgets.E050",
                 )
             )
     return messages
+
+
+@register(Tags.compatibility)
+def check_sqlite_atomic_requests(**kwargs: Any) -> list[CheckMessage]:
+    """SQLite has one writer, so the ledger cannot have a connection of its own there: it joins
+    the caller's transaction, and a request that ``ATOMIC_REQUESTS`` rolls back takes its charges
+    with it (docs/operations.md, "The ledger's own connection")."""
+    default = settings.DATABASES.get("default") or {}
+    if "sqlite" not in str(default.get("ENGINE", "")) or not default.get("ATOMIC_REQUESTS"):
+        return []
+    return [
+        Warning(
+            "ATOMIC_REQUESTS is on with SQLite: llm_budgets' ledger joins each request's "
+            "transaction there (SQLite has one writer), so a view that raises after a provider "
+            "call rolls its charge back with the request.",
+            hint="Use PostgreSQL in production, where the ledger commits on its own connection; "
+            "on SQLite mark views that call providers @transaction.non_atomic_requests.",
+            id="llm_budgets.W051",
+        )
+    ]
 
 
 @register(Tags.database)

@@ -90,6 +90,12 @@ DEFAULTS: dict[str, Any] = {
     # Alias in DATABASES of a read replica for reads that tolerate lag (pages, rollups, reports),
     # used inside llm_budgets.routers.replica_reads() with ReplicaRouter; None: the primary.
     "READ_REPLICA": None,
+    # The connection the ledger's transactions run on (docs/operations.md, "The ledger's own
+    # connection"): None, a second connection to the default database the app adds as
+    # "llm_budgets_ledger"; an alias of DATABASES (the same database through a pooler, say); or
+    # "default", to run them inside the caller's transaction (a host's rollback then erases
+    # charges).
+    "LEDGER_DATABASE": None,
     # Health endpoint (docs/operations.md): a hold overdue by more than this many seconds means
     # the expiry sweep is not keeping up, and the health check fails.
     "HEALTH_SWEEP_MAX_LAG_SECONDS": 300,
@@ -350,6 +356,17 @@ def _read_replica(key: str, value: Any) -> str | None:
     )
 
 
+def _ledger_database(key: str, value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and value in settings.DATABASES):
+        return value
+    raise SettingError(
+        key,
+        "LLM_BUDGETS['LEDGER_DATABASE'] must be None or an alias in DATABASES.",
+        f"Got {value!r}; aliases: {', '.join(sorted(settings.DATABASES))}. None: the app's own "
+        "second connection to the default database.",
+    )
+
+
 def _api_key_cache_seconds(key: str, value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 300:
         return value
@@ -508,6 +525,7 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "ROLLUP_LOOKBACK_DAYS": _positive_int,
     "POOLER": _pooler,
     "READ_REPLICA": _read_replica,
+    "LEDGER_DATABASE": _ledger_database,
     "HEALTH_SWEEP_MAX_LAG_SECONDS": _positive_int,
     "API_KEY_CACHE_SECONDS": _api_key_cache_seconds,
     "TRUSTED_PROXIES": _trusted_proxies,
@@ -654,6 +672,11 @@ class Settings:
     @property
     def READ_REPLICA(self) -> str | None:
         value = self._get("READ_REPLICA")
+        return None if value is None else str(value)
+
+    @property
+    def LEDGER_DATABASE(self) -> str | None:
+        value = self._get("LEDGER_DATABASE")
         return None if value is None else str(value)
 
     @property

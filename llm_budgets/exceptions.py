@@ -267,6 +267,25 @@ class UnknownTenant(InvalidUsage, LookupError):
         )
 
 
+class ConfigurationUncommitted(InvalidUsage):
+    """A call was admitted inside the open transaction that created or changed its tenant's
+    configuration (the tenant, its plan, budgets, raises or prices). The ledger commits on its
+    own connection, which sees neither that configuration nor past its row locks until the
+    transaction commits, so the call is refused at once rather than admitted against the old
+    configuration or left waiting on the caller's own locks. Nothing was held."""
+
+    code = "configuration_uncommitted"
+
+    def __init__(self, tenant: str) -> None:
+        super().__init__(
+            f"Tenant {tenant!r}'s llm_budgets configuration was created or changed in the "
+            "transaction this call runs in, which has not committed yet: the ledger commits "
+            "on its own connection and cannot see it. Nothing was held. Admit the call after "
+            "the transaction commits (transaction.on_commit, or outside the atomic block).",
+            field="tenant",
+        )
+
+
 class SelfServeDenied(BudgetError, PermissionError):
     """A tenant admin (the pages, a self-serve key) asked for what the operators do not allow:
     self-serve is off for the tenant, the host hid the action, the person is a member, the

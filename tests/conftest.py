@@ -24,6 +24,27 @@ collect_ignore.append("hosts/inside")
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Playwright's sync API leaves an event loop running in the main thread (tests/browser.py).
     browser_tests_last(items)
+    ledger_allowed(items)
+
+
+def ledger_allowed(items: list[pytest.Item]) -> None:
+    """Tests that commit for real (``transaction=True``) also allow the ledger's own connection,
+    so they run admission and settlement as production does, on a connection of their own
+    (llm_budgets.db.ledger; a test that does not allow it joins the test's connection)."""
+    from llm_budgets.db.ledger import LEDGER_ALIAS
+
+    for item in items:
+        marker = item.get_closest_marker("django_db")
+        if marker is None:
+            continue
+        kwargs = dict(marker.kwargs)
+        if marker.args:
+            kwargs.setdefault("transaction", marker.args[0])
+        databases = kwargs.get("databases")
+        if not kwargs.get("transaction") or databases == "__all__":
+            continue
+        kwargs["databases"] = [*(databases or ["default"]), LEDGER_ALIAS]
+        item.add_marker(pytest.mark.django_db(**kwargs), append=False)
 
 
 def pytest_report_header() -> str:

@@ -15,6 +15,7 @@ from django.db import DatabaseError, IntegrityError, connection, connections
 
 from llm_budgets.db import statements as sql
 from llm_budgets.db.boundary import ledger_guard, operational
+from llm_budgets.db.ledger import ledger_db
 from llm_budgets.engine import admission
 from llm_budgets.exceptions import LedgerUnavailable
 from llm_budgets.jobs.reconcile import counters_drift
@@ -90,7 +91,8 @@ def test_a_connection_the_server_terminates_is_an_outage(on_postgres: bool) -> N
         pytest.skip("PostgreSQL terminates backends; SQLite has none")
     seed(limit="100")
     reserve_30().release()
-    with connection.cursor() as cursor:
+    ledger = ledger_db()  # the ledger's own connection (llm_budgets.db.ledger)
+    with ledger.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         (pid,) = cursor.fetchone()
     other = connections.create_connection("default")
@@ -102,7 +104,7 @@ def test_a_connection_the_server_terminates_is_an_outage(on_postgres: bool) -> N
     with pytest.raises(LedgerUnavailable) as excinfo:
         reserve_30()
     assert operational(excinfo.value.__cause__)
-    connection.close()  # Django discards a broken connection at the end of a request
+    ledger.close()  # Django discards a broken connection at the end of a request
     assert reserve_30().amount == Decimal(30)
     assert counters_drift() == []
 

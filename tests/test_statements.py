@@ -16,6 +16,7 @@ from django.test.utils import CaptureQueriesContext
 
 from llm_budgets import budgets
 from llm_budgets.db import statements as sql
+from llm_budgets.db.ledger import ledger_db
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import (
@@ -157,8 +158,9 @@ def test_prepared_statements_on_postgresql(acme: None, on_postgres: bool) -> Non
 def _prepared_at_once() -> Iterator[None]:
     """psycopg prepares every statement from its first execution (as a host's
     ``OPTIONS["prepare_threshold"]`` would after a few)."""
-    connection.ensure_connection()
-    raw = connection.connection
+    ledger = ledger_db()
+    ledger.ensure_connection()
+    raw = ledger.connection
     saved = raw.prepare_threshold
     raw.prepare_threshold = 0
     try:
@@ -168,7 +170,7 @@ def _prepared_at_once() -> Iterator[None]:
 
 
 def _prepared() -> int:
-    with connection.cursor() as cursor:
+    with ledger_db().cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_prepared_statements")
         return int(cursor.fetchone()[0])
 
@@ -419,7 +421,7 @@ def test_nothing_runs_in_the_engines_transaction_after_its_commit(
         return result
 
     monkeypatch.setattr(transaction.Atomic, "__exit__", exiting)
-    with connection.execute_wrapper(watch):
+    with ledger_db().execute_wrapper(watch):
         call = {"provider": "openai", "model": "gpt-4o", "input_tokens": 100}
         budgets.reserve(tenant="acme", end_user="u1", **call, max_output_tokens=100).commit(
             input_tokens=100, output_tokens=50

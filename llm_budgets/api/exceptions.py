@@ -35,6 +35,7 @@ STATUS_BY_CODE: dict[str, int] = {
     "reservation_not_found": status.HTTP_404_NOT_FOUND,
     "reservation_state": status.HTTP_409_CONFLICT,
     "run_closed": status.HTTP_409_CONFLICT,
+    "configuration_uncommitted": status.HTTP_409_CONFLICT,
     "new_id_capped": status.HTTP_429_TOO_MANY_REQUESTS,
     "idempotency_key_reused": status.HTTP_409_CONFLICT,
     "ledger_unavailable": status.HTTP_503_SERVICE_UNAVAILABLE,

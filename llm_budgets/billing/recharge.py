@@ -16,7 +16,6 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -31,6 +30,7 @@ from llm_budgets.control.killswitches import (
     kill_switch_trip,
     switch_scope,
 )
+from llm_budgets.db.boundary import ledger_transaction
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import StripeCustomerLink, TopUp, TopUpKind, TopUpState
 from llm_budgets.money import ZERO, display
@@ -57,7 +57,7 @@ def recharge_pay(top_up_id: int, *, now: datetime) -> str:
     """Pay one pending recharge (claimed under its row lock); what became of it."""
     import stripe
 
-    with transaction.atomic():
+    with ledger_transaction():
         row = (
             TopUp.objects.select_for_update(skip_locked=True, of=("self",))
             .select_related("account__tenant")

@@ -17,7 +17,6 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from llm_budgets import validation
@@ -31,6 +30,7 @@ from llm_budgets.billing.credits import (
 )
 from llm_budgets.billing.totals import unpaid_invoices
 from llm_budgets.control.killswitches import kill_switch_clear
+from llm_budgets.db.boundary import ledger_transaction
 from llm_budgets.exceptions import InvalidUsage, NotLinked, PaymentProviderError
 from llm_budgets.models import (
     CreditAccount,
@@ -215,7 +215,7 @@ def credit_grant(
     link = StripeCustomerLink.objects.filter(
         tenant_id=account.tenant_id, unlinked_at__isnull=True
     ).first()
-    with transaction.atomic():
+    with ledger_transaction():
         lot = credit_add(
             account=account,
             amount=amount,

@@ -22,6 +22,7 @@ from llm_budgets.alerts.bodies import time_field
 from llm_budgets.alerts.emit import alert_emit
 from llm_budgets.conf import conf
 from llm_budgets.db import statements as sql
+from llm_budgets.db.boundary import ledger_transaction
 from llm_budgets.exceptions import InvalidUsage, KillSwitchActive
 from llm_budgets.models import ApiKey, AuditEvent, EndUser, KillSwitch, Run, Tenant
 from llm_budgets.signals import kill_switch_cleared, kill_switch_tripped
@@ -143,7 +144,7 @@ def kill_switch_trip(
     if auto_clear_at is not None and auto_clear_at <= now:
         raise InvalidUsage("auto_clear_at must be in the future.", field="auto_clear_at")
     try:
-        with transaction.atomic():
+        with ledger_transaction():
             existing = _open_for_scope(scope, now)
             if existing is not None:
                 return existing
@@ -197,7 +198,7 @@ def kill_switch_clear(
     ``reason`` is required. Audited; signal and email after commit."""
     reason_text = _reason(reason)
     now = now or timezone.now()
-    with transaction.atomic():
+    with ledger_transaction():
         query = KillSwitch.objects.select_for_update().filter(cleared_at__isnull=True)
         if switch_id is not None:
             query = query.filter(pk=switch_id)

@@ -20,6 +20,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from llm_budgets.conf import conf
 from llm_budgets.db import statements as sql
+from llm_budgets.db.ledger import ledger_connection
 from llm_budgets.exceptions import LedgerUnavailable
 
 logger = logging.getLogger("llm_budgets")
@@ -180,7 +181,16 @@ def ledger_transaction(*, unwritten: tuple[type[BaseException], ...] = ()) -> It
     "database is locked" when another writer is ahead (SQLite does not wait there, to avoid a
     deadlock), so concurrent calls were refused as ``LedgerUnavailable`` instead of queueing for
     the busy timeout and being admitted or refused on the budget. Only this transaction's BEGIN
-    changes; the host's own transactions keep their mode."""
+    changes; the host's own transactions keep their mode.
+
+    It runs on the ledger's own connection (``db.ledger``), never inside the caller's
+    transaction: it commits when the block ends, whatever the caller then does."""
+    with ledger_connection(), _transaction(unwritten):
+        yield
+
+
+@contextmanager
+def _transaction(unwritten: tuple[type[BaseException], ...]) -> Iterator[None]:
     bound_sqlite_wait()
     wrapper: Any = connection  # the SQLite wrapper's transaction_mode (Django >= 5.1)
     mode = getattr(wrapper, "transaction_mode", "IMMEDIATE")

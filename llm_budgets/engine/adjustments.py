@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
 from llm_budgets.control.self_serve import TenantAdmin, self_serve_authorize
+from llm_budgets.db.boundary import ledger_transaction
 from llm_budgets.engine import lines as ledger_lines
 from llm_budgets.engine import outbox
 from llm_budgets.engine.applicable import applicable_budgets
@@ -55,7 +55,7 @@ def usage_void(
     """Cancel a charge or true-up line with an adjustment of the opposite cost. Once per line."""
     why = _reason(reason)
     now = now or timezone.now()
-    with transaction.atomic():
+    with ledger_transaction():
         line = UsageRecord.objects.filter(pk=record_id).first()
         if line is None or line.reservation_id is None:
             raise InvalidUsage(f"No charge line has id {record_id}.", field="record_id")
@@ -265,7 +265,7 @@ def _spend_reset(
     why = _reason(reason)
     mine = [a for a in applicable if rolling_window(a.budget.window) is None]
     lines = []
-    with transaction.atomic():
+    with ledger_transaction():
         counters = (
             list(
                 Counter.objects.select_for_update()

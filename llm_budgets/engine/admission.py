@@ -9,6 +9,8 @@ transaction takes the database write lock at BEGIN (``transaction_mode=IMMEDIATE
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -30,6 +32,11 @@ from llm_budgets.db.boundary import (
     ledger_transaction,
     lock_timeout_statement,
 )
+from llm_budgets.db.ledger import (
+    PendingConfiguration,
+    configuration_pending,
+    ledger_connection,
+)
 from llm_budgets.degradation import Rung, effect_at, ladder_parse, substitutes, used_percent
 from llm_budgets.engine import stripes
 from llm_budgets.engine.applicable import admission_context, applicable_budgets, shared_by_tenants
@@ -47,11 +54,13 @@ from llm_budgets.engine.types import ApplicableBudget, CallScopes, CounterKey
 from llm_budgets.events import observed_admission
 from llm_budgets.exceptions import (
     BudgetExceeded,
+    ConfigurationUncommitted,
     IdempotencyKeyReused,
     KillSwitchActive,
     LedgerUnavailable,
     NoApplicableBudget,
     RunClosed,
+    UnknownTenant,
 )
 from llm_budgets.models import (
     ApiKey,
@@ -143,6 +152,18 @@ def reservation_create(
     return reservation_admit(Request(**fields), api_key=api_key, now=now)
 
 
+@contextmanager
+def _uncommitted_refused(pending: PendingConfiguration | None, tenant: str) -> Iterator[None]:
+    """A tenant the ledger does not know, where the caller's open transaction wrote
+    configuration, is most likely that transaction's own: say so rather than "unknown"."""
+    try:
+        yield
+    except UnknownTenant:
+        if pending is None:
+            raise
+        raise ConfigurationUncommitted(tenant) from None
+
+
 @observed_admission
 def reservation_admit(
     call: Request, *, api_key: ApiKey | None = None, now: datetime | None = None
@@ -174,7 +195,14 @@ def reservation_admit(
     )
     ttl = request.lifetime
     given = dbclock.given_or_none(now)
-    with ledger_guard("admission"):
+    # Read on the caller's connection: configuration its open transaction wrote, which the
+    # ledger's connection cannot see (``ConfigurationUncommitted``).
+    pending = configuration_pending()
+    with (
+        ledger_guard("admission"),
+        ledger_connection(),
+        _uncommitted_refused(pending, request.tenant),
+    ):
         scopes = CallScopes(api_key=api_key, tags=tuple(sorted(tag_map.items())))
         # The common call, a known end user and a named provider: one statement reads all that
         # is needed before the transaction (the run it names, the database's clock included).
@@ -202,6 +230,8 @@ def reservation_admit(
                 tenant_obj, user_obj = tenant_with_plan(request.tenant), None
             else:
                 tenant_obj, user_obj = tenant_with_end_user(request.tenant, request.end_user)
+        if pending is not None and pending.covers(tenant_obj.pk):
+            raise ConfigurationUncommitted(request.tenant)
         if run_id is not None and run_obj is None and context is None:
             run_obj = Run.objects.filter(tenant=tenant_obj, external_id=run_id).first()
         # A run not seen yet is created once the key is checked; its budgets are then read on

@@ -32,6 +32,7 @@ from llm_budgets.alerts.bodies import money_field, time_field
 from llm_budgets.alerts.emit import alert_emit
 from llm_budgets.alerts.endpoints import warning_recipients
 from llm_budgets.conf import conf
+from llm_budgets.db.boundary import ledger_transaction
 from llm_budgets.engine.types import DIMENSIONS, ApplicableBudget
 from llm_budgets.models import (
     ApiKey,
@@ -193,7 +194,7 @@ def thresholds_scan(*, now: datetime | None = None) -> list[int]:
             "budget_id", "end_user_id", "run_id", "api_key_id", "period_start", "threshold"
         )
     )
-    with transaction.atomic():
+    with ledger_transaction():
         for item in crossed:
             budget, end_user = item.item.budget, item.item.end_user
             run, api_key = item.item.run, item.item.api_key
@@ -246,7 +247,7 @@ def _projected_crossings(now: datetime) -> list[int]:
         return []
     statuses = statuses_for(items)
     created: list[ThresholdCrossing] = []
-    with transaction.atomic():
+    with ledger_transaction():
         for item, status in zip(items, statuses, strict=True):
             budget = item.budget
             assert budget.tenant is not None
@@ -276,7 +277,7 @@ def _record(created: list[ThresholdCrossing], **fields: Any) -> None:
     """Record one crossing, once: a crossing another scanner (or this one, earlier) recorded
     first is left to it, with its signal and email (the unique constraints decide)."""
     try:
-        with transaction.atomic():
+        with ledger_transaction():
             crossing = ThresholdCrossing.objects.create(**fields)
             # Its alert in the same savepoint: the event exists exactly when the crossing does.
             _alert(crossing)
