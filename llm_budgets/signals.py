@@ -36,6 +36,19 @@ Sent once per (budget, period, threshold), by the warning scan, with ``sender`` 
   carries ``projected`` and ``runs_out_at``)
 """
 
+reservation_settled = Signal()
+"""A hold was committed (the call's cost charged, a late commit or an uncertain hold's included)
+or released. Sent when the *ledger's* transaction commits, on the ledger's own connection: a
+host's rollback of the transaction the call ran in does not stop it (docs/operations.md, "The
+ledger's own connection"). ``sender`` is the ``Reservation`` class, with:
+
+- ``reservation_id``: the hold's id (UUID)
+- ``tenant_id``: the tenant's primary key (int)
+- ``state``: ``"committed"`` or ``"released"``
+- ``cost``: the provider cost this settlement charged (``Decimal``; 0 for a release), in
+  ``currency`` (str)
+"""
+
 stripe_reconciled = Signal()
 """A Stripe reconciliation run finished (``llm_budgets.billing.reconciliation``). Sent after
 commit with ``sender`` the ``ReconciliationRun`` class and:

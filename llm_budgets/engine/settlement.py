@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from uuid import UUID
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
@@ -65,6 +65,7 @@ from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pricing.costs import actual_cost, customer_charge
 from llm_budgets.pricing.prices import price_in_effect
 from llm_budgets.results import CommitResult as CommitResult  # its home until issue #10
+from llm_budgets.signals import reservation_settled
 from llm_budgets.usage import Usage, usage_validate, usage_within_hold
 
 
@@ -302,6 +303,21 @@ def _actual(
     return cost, price.pk, basis
 
 
+def _announce_settled(reservation: Reservation, state: str, cost: Decimal) -> None:
+    """``reservation_settled``, sent once the ledger's transaction commits."""
+    transaction.on_commit(
+        functools.partial(
+            reservation_settled.send,
+            sender=Reservation,
+            reservation_id=reservation.pk,
+            tenant_id=reservation.tenant_id,
+            state=str(state),
+            cost=cost,
+            currency=reservation.currency,
+        )
+    )
+
+
 @observed_settlement("commit")
 @retrying_deadlocks
 def reservation_commit(
@@ -386,6 +402,7 @@ def reservation_commit(
         )
         if recharges:  # a prepaid balance with auto-recharge: this commit may cross it
             balances.recharge_trigger(reservation.tenant_id, now)
+        _announce_settled(reservation, ReservationState.COMMITTED, provider_cost)
     if beyond is not None:  # after the commit: the ledger has it
         event_log(
             "settlement.beyond_hold",
@@ -470,6 +487,7 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
     with _locked(rid, "release") as reservation:
         if reservation.state in (ReservationState.COMMITTED, ReservationState.RELEASED):
             return str(reservation.state)
+        _announce_settled(reservation, ReservationState.RELEASED, ZERO)
         was_live = reservation.state in LIVE_STATES
         estimate = (
             None if was_live else reservation.usage_records.filter(kind=UsageKind.CHARGE).first()
