@@ -371,6 +371,27 @@ def _periodic_tasks_missing(databases: list[str] | None) -> list[CheckMessage]:
 
 
 @register(Tags.compatibility)
+def check_api_key_app(**kwargs: Any) -> list[CheckMessage]:
+    """The REST API's keys are djangorestframework-api-key's model: without its app Django would
+    not even load that model, so the app's models start on a stand-in base
+    (``models/api_key_base.py``) and this says what to add."""
+    from django.apps import apps
+
+    if apps.is_installed("rest_framework_api_key"):
+        return []
+    return [
+        Error(
+            "'rest_framework_api_key' is not in INSTALLED_APPS: llm_budgets' API keys are built "
+            "on djangorestframework-api-key, so no key can be created or checked without it.",
+            hint="Add 'rest_framework_api_key' to INSTALLED_APPS (beside 'rest_framework'), then "
+            "run manage.py migrate. Its own APIKey table stays unused: llm_budgets' keys are "
+            "ApiKey, in the admin's LLM budgets section.",
+            id="llm_budgets.E092",
+        )
+    ]
+
+
+@register(Tags.compatibility)
 def check_docs_apps(**kwargs: Any) -> list[CheckMessage]:
     """The API's schema and Swagger page need drf-spectacular and its sidecar installed as apps:
     without the first they are a 500, without the second a blank page."""

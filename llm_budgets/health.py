@@ -14,7 +14,9 @@ Three checks, each cheap and none tenant-specific:
   finished, as a task or a command, within twice its default interval plus
   ``HEALTH_SWEEP_MAX_LAG_SECONDS``; a job never recorded counts from when the app was installed
   (its first migration). The detail names every overdue job: a schedule that lost some jobs (a
-  scheduler that never got them, cron lines left out) shows here.
+  scheduler that never got them, cron lines left out) shows here. A job whose last run raised
+  fails the check at once, named with its error's class and when, until one of its runs finishes
+  (``jobs/records.py``): a job that runs on time and fails every time is not keeping up either.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.recorder import MigrationRecorder
 from django.utils import timezone
 
+from llm_budgets.clock import when
 from llm_budgets.conf import conf
 from llm_budgets.models import Counter, JobRun, Reservation, ReservationState
 from llm_budgets.schedule import JOBS, STRIPE_TASKS
@@ -160,27 +163,38 @@ def _app_installed_at() -> datetime | None:
 def _jobs(now: datetime) -> Check:
     slack = conf.HEALTH_SWEEP_MAX_LAG_SECONDS
     try:
-        finished = dict(JobRun.objects.values_list("task", "finished_at"))
+        runs = {run.task: run for run in JobRun.objects.all()}
         installed = _app_installed_at()
     except DatabaseError as exc:
         return Check("jobs", False, f"could not be read ({type(exc).__name__})")
     overdue: dict[str, float] = {}
+    failing: dict[str, str] = {}
+    ages: dict[str, float] = {}
     for task, seconds in sorted(JOBS.values()):
         if task in STRIPE_TASKS and not conf.STRIPE_API_KEY:
             continue  # nothing to deliver or compare without Stripe
-        last = finished.get(task, installed)
+        run = runs.get(task)
+        last = run.finished_at if run is not None and run.finished_at is not None else installed
         age = 0.0 if last is None else (now - last).total_seconds()
+        if run is not None and run.failed_at is not None:
+            failing[task] = f"{task} ({run.error} at {when(run.failed_at, None, seconds=True)})"
+            ages[task] = round(age, 1)
         if age > 2 * seconds + slack:
-            overdue[task] = round(age, 1)
-    # Numbers only, as every check's values: each overdue job's age in seconds.
-    values: dict[str, Any] = dict(overdue)
+            overdue[task] = ages[task] = round(age, 1)
+    # Numbers only, as every check's values: each job named, overdue or failing, with the
+    # seconds since it last finished.
+    values: dict[str, Any] = dict(sorted(ages.items()))
+    problems = []
+    if failing:
+        problems.append(
+            f"failing: {', '.join(failing.values())}; the worker's (or cron's) log has the error."
+        )
     if overdue:
         names = ", ".join(f"{task} ({age:.0f} s)" for task, age in overdue.items())
-        return Check(
-            "jobs",
-            False,
+        problems.append(
             f"overdue: {names}; is beat (or cron) running them? See docs/operations.md, "
-            "'Wiring the schedule'.",
-            values,
+            "'Wiring the schedule'."
         )
+    if problems:
+        return Check("jobs", False, " ".join(problems), values)
     return Check("jobs", True, "every job ran in time", values)

@@ -1,7 +1,8 @@
-"""docs/adopting.md, followed start to finish in a fresh ``startproject`` host: every block of the
-main path in order (files written or appended, shell lines run, ``manage.py shell`` blocks fed to
-it, the host's own tests run with the kit, ``runserver`` started and asked for the login and
-usage pages); and every block of its conventions section builds a host of the matrix."""
+"""docs/adopting.md, followed start to finish in a fresh ``startproject`` host that already
+configures pytest in its ``pyproject.toml``: every block of the main path in order (files
+written or added to, shell lines run, ``manage.py shell`` blocks fed to it, the host's own tests
+run with the kit, ``runserver`` started and asked for the login and usage pages); and every block
+of its conventions section builds a host of the matrix."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -21,6 +23,17 @@ from tests.hosts.docs import blocks
 from tests.hosts.run import ROOT
 
 PYTHON_BIN = str(Path(sys.executable).parent)
+
+# The existing project's own pytest configuration, as a host keeps it (cookiecutter-django's
+# shape): the page's settings line must join it, not replace it.
+HOST_PYPROJECT = """\
+[project]
+name = "mysite"
+version = "0.1.0"
+
+[tool.pytest.ini_options]
+python_files = ["tests.py", "test_*.py"]
+"""
 
 
 def _env(project: Path) -> dict[str, str]:
@@ -87,7 +100,20 @@ def _runserver(command: str, project: Path, env: dict[str, str]) -> None:
         server.wait(timeout=30)
 
 
-def _shell_line(line: str, project: Path, env: dict[str, str]) -> None:
+def _add(path: Path, body: str) -> None:
+    """A block labelled "<file>: add": its lines go into the file's table of the same header,
+    if the file has that table (a TOML or INI section), else at the end."""
+    text = path.read_text()
+    header, _, rest = body.partition("\n")
+    lines = text.splitlines(keepends=True)
+    if header.startswith("[") and header + "\n" in lines:
+        at = lines.index(header + "\n") + 1
+        path.write_text("".join([*lines[:at], rest, *lines[at:]]))
+    else:
+        path.write_text(text + "\n" + body)
+
+
+def _shell_line(line: str, project: Path, env: dict[str, str]) -> str:
     if line.startswith("pip install"):
         # Checked, not performed: the suite runs in that install (`pip install -e ".[dev]"`).
         assert line.split("#")[0].split() == ["pip", "install", "-e", "path/to/llm_budgets"]
@@ -98,7 +124,8 @@ def _shell_line(line: str, project: Path, env: dict[str, str]) -> None:
     elif line.rstrip().endswith("manage.py runserver"):
         _runserver(line, project, env)
     else:
-        _run(line, project, env)
+        return _run(line, project, env)
+    return ""
 
 
 def test_adopting_md_start_to_finish(tmp_path: Path) -> None:
@@ -107,7 +134,9 @@ def test_adopting_md_start_to_finish(tmp_path: Path) -> None:
     env = _env(project)
     # The existing project the page starts from.
     _run("python -m django startproject mysite .", project, env)
+    (project / "pyproject.toml").write_text(HOST_PYPROJECT)
     walked = 0
+    outputs: dict[str, str] = {}
     for block in blocks():
         if block.conventions:
             continue
@@ -115,18 +144,26 @@ def test_adopting_md_start_to_finish(tmp_path: Path) -> None:
         if block.lang == "sh":
             for line in block.body.splitlines():
                 if line.strip() and not line.lstrip().startswith("#"):
-                    _shell_line(line, project, env)
+                    outputs[line] = _shell_line(line, project, env)
         elif block.label == "python manage.py shell":
             _run("python manage.py shell", project, env, stdin=block.body)
         elif block.label.endswith(": add"):
-            path = project / block.label.removesuffix(": add")
-            path.write_text(path.read_text() + "\n" + block.body)
+            _add(project / block.label.removesuffix(": add"), block.body)
         else:
             path = project / block.label
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(block.body)
     assert walked >= 15  # the page's main path, not an empty parse
     assert (project / "db.sqlite3").exists()
+    # The host's tests ran on its own pytest configuration, the settings line added to it.
+    assert not (project / "pytest.ini").exists()
+    (tests_run,) = [out for line, out in outputs.items() if "-m pytest" in line]
+    assert "configfile: pyproject.toml" in tests_run
+    options = tomllib.loads((project / "pyproject.toml").read_text())["tool"]["pytest"]
+    assert options["ini_options"] == {
+        "DJANGO_SETTINGS_MODULE": "mysite.settings",
+        "python_files": ["tests.py", "test_*.py"],
+    }
 
 
 def test_every_conventions_block_builds_a_matrix_host() -> None:

@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
+import io
 import json
 from datetime import timedelta
 from unittest import mock
 
 import pytest
+from django.core.management import call_command
 from django.db import OperationalError
 from django.test import override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from llm_budgets import budgets, health
+from llm_budgets.clock import when
+from llm_budgets.conf import SettingError
+from llm_budgets.jobs import records
 from llm_budgets.jobs.records import job_finished
+from llm_budgets.models import JobRun
 from llm_budgets.schedule import TASKS
+from llm_budgets.tasks import purge_retention
 from tests.api import BASE
 from tests.factories import reserve_30, reserve_30_at, seed
 
 pytestmark = pytest.mark.django_db
 
 URL = f"{BASE}health"
+PURGE = "llm_budgets.purge_retention"
+# A retention setting its reader refuses: the purge job really raises, as a task and a command.
+BROKEN_PURGE = {"RETENTION_RELEASED_DAYS": 0}
 
 
 @pytest.fixture(autouse=True)
@@ -119,6 +129,58 @@ def test_a_database_slower_than_the_lock_timeout_bound_fails(
     assert status == 503
     assert body["failing"] == ["database"]
     assert body["checks"]["database"]["values"]["seconds"] == 4.5
+
+
+def test_a_job_whose_runs_fail_fails_the_jobs_check_until_a_run_finishes() -> None:
+    with override_settings(LLM_BUDGETS=BROKEN_PURGE), pytest.raises(SettingError):
+        purge_retention()  # the Celery task, run in process
+    status, body = get()
+    assert status == 503
+    assert body["failing"] == ["jobs"]
+    run = JobRun.objects.get(task=PURGE)
+    jobs = body["checks"]["jobs"]
+    assert jobs["detail"].startswith(
+        f"failing: {PURGE} (llm_budgets.conf.SettingError at "
+        f"{when(run.failed_at, None, seconds=True)}); "
+    )
+    assert "RETENTION" not in jobs["detail"]  # the class, never the message
+    assert list(jobs["values"]) == [PURGE]  # not overdue: it finished a moment before
+
+    # The command fails the same way; a run that finishes clears it.
+    with override_settings(LLM_BUDGETS=BROKEN_PURGE), pytest.raises(SettingError):
+        call_command("llm_budgets_purge", stdout=io.StringIO())
+    assert get()[0] == 503
+    call_command("llm_budgets_purge", stdout=io.StringIO())
+    status, body = get()
+    assert status == 200
+    assert body["checks"]["jobs"]["values"] == {}
+    run.refresh_from_db()
+    assert (run.failed_at, run.error) == (None, "")
+
+
+def test_a_job_that_only_ever_failed_is_named_failing_and_overdue() -> None:
+    JobRun.objects.all().delete()
+    installed = health._app_installed_at()
+    assert installed is not None
+    with override_settings(LLM_BUDGETS=BROKEN_PURGE), pytest.raises(SettingError):
+        purge_retention()
+    for task in TASKS - {PURGE}:
+        job_finished(task, now=installed + timedelta(days=3))
+    report = health.health_check(now=installed + timedelta(days=3))
+    (jobs,) = [check for check in report.checks if check.name == "jobs"]
+    assert report.failing == ["jobs"]
+    assert f"failing: {PURGE} (llm_budgets.conf.SettingError at " in jobs.detail
+    assert f"overdue: {PURGE} (259200 s)" in jobs.detail  # counted from the installation
+    assert jobs.values == {PURGE: 259200.0}
+
+
+def test_a_failure_that_cannot_be_recorded_still_raises_the_jobs_own_error() -> None:
+    with (
+        mock.patch.object(records, "job_failed", side_effect=OperationalError("server closed")),
+        override_settings(LLM_BUDGETS=BROKEN_PURGE),
+        pytest.raises(SettingError),
+    ):
+        purge_retention()
 
 
 def test_it_is_in_the_schema_without_security() -> None:

@@ -3,6 +3,7 @@ shell, and SQLite's missing IMMEDIATE said where it shows."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import sqlite3
@@ -22,7 +23,7 @@ from django.utils import timezone
 
 from llm_budgets import budgets
 from llm_budgets.billing.checks import check_linked_without_key
-from llm_budgets.checks import check_docs_apps, check_row_locking
+from llm_budgets.checks import check_api_key_app, check_docs_apps, check_row_locking
 from llm_budgets.db.boundary import ledger_guard
 from llm_budgets.exceptions import BudgetExceeded, LedgerUnavailable
 from llm_budgets.models import AuditEvent, Membership, StripeCustomerLink, Tenant
@@ -31,7 +32,9 @@ from tests.factories import reserve_30, seed
 from tests.servers import ROOT
 
 
-def test_a_missing_required_app_is_named_not_a_traceback(tmp_path: Path) -> None:
+def test_a_missing_api_key_app_is_a_check_error_not_a_traceback(tmp_path: Path) -> None:
+    """Django starts without 'rest_framework_api_key' (its models module would refuse to load),
+    so plain ``check`` names the app with its id and hint."""
     (tmp_path / "host_settings.py").write_text(
         "from project.settings import *  # noqa\n"
         "INSTALLED_APPS = [a for a in INSTALLED_APPS if a != 'rest_framework_api_key']\n"
@@ -50,10 +53,37 @@ def test_a_missing_required_app_is_named_not_a_traceback(tmp_path: Path) -> None
         check=False,
         timeout=120,
     )
-    assert done.returncode != 0
-    last = done.stderr.strip().splitlines()[-1]
-    assert "ImproperlyConfigured" in last
-    assert "'rest_framework_api_key' in INSTALLED_APPS" in last
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "(llm_budgets.E092) 'rest_framework_api_key' is not in INSTALLED_APPS" in done.stderr
+    assert "HINT: Add 'rest_framework_api_key' to INSTALLED_APPS" in done.stderr
+    assert "System check identified 1 issue" in done.stderr  # nothing else fails for it
+
+
+def test_the_api_key_base_stands_in_with_the_same_fields() -> None:
+    """Without the app, ``models/api_key_base.py`` defines djangorestframework-api-key's fields
+    itself: the same ones, or a host lacking the app would see llm_budgets' models change."""
+    from rest_framework_api_key.models import AbstractAPIKey
+
+    path = ROOT / "llm_budgets" / "models" / "api_key_base.py"
+    spec = importlib.util.spec_from_file_location("llm_budgets.models._stand_in", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    installed = apps.is_installed
+    lacking = {"rest_framework_api_key"}
+    with mock.patch.object(
+        apps, "is_installed", lambda name: name not in lacking and installed(name)
+    ):
+        spec.loader.exec_module(module)
+    stand_in = module.AbstractAPIKey
+    assert stand_in is not AbstractAPIKey
+    assert [f.deconstruct() for f in stand_in._meta.local_fields] == [
+        f.deconstruct() for f in AbstractAPIKey._meta.local_fields
+    ]
+    for option in ("abstract", "ordering", "verbose_name", "verbose_name_plural"):
+        assert getattr(stand_in._meta, option) == getattr(AbstractAPIKey._meta, option), option
+    assert check_api_key_app() == []  # installed here
 
 
 def test_missing_docs_apps_are_named_by_the_checks() -> None:

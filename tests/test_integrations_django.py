@@ -5,6 +5,7 @@ Django's own WSGI and ASGI handlers, as a server would drive them."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from io import BytesIO
 from typing import Any
@@ -16,11 +17,13 @@ from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
-from django.http import HttpRequest, StreamingHttpResponse
-from django.test import override_settings
+from django.http import HttpRequest, HttpResponseBase, StreamingHttpResponse
+from django.test import Client, override_settings
 from django.urls import path
 
-from llm_budgets.integrations.django import stream_response
+from llm_budgets import budgets
+from llm_budgets.exceptions import BudgetError, LedgerUnavailable
+from llm_budgets.integrations.django import error_response, stream_response
 from llm_budgets.integrations.openai import guard
 from llm_budgets.testing.fakes.openai_server import FakeOpenAI
 from llm_budgets.testing.fakes.server import WAIT
@@ -56,7 +59,28 @@ async def async_chat(request: HttpRequest) -> StreamingHttpResponse:
     return stream_response(stream)
 
 
-urlpatterns = [path("chat", sync_chat), path("achat", async_chat)]
+def refusing_chat(request: HttpRequest) -> HttpResponseBase:
+    """The view of docs/adopting.md: every error of the app answered with its own status. Its
+    client points at a port nothing answers: a call that got past admission would fail."""
+    client = guard(
+        openai.OpenAI(base_url="http://127.0.0.1:9/v1", api_key="sk", max_retries=0),
+        tenant=request.GET["tenant"],
+        end_user="u-1",
+    )
+    try:
+        stream = client.chat.completions.create(
+            model=GPT, messages=MESSAGES, max_completion_tokens=1000, stream=True
+        )
+    except BudgetError as error:
+        return error_response(error)
+    return stream_response(stream)
+
+
+urlpatterns = [
+    path("chat", sync_chat),
+    path("achat", async_chat),
+    path("refusing", refusing_chat),
+]
 
 
 @pytest.fixture
@@ -165,3 +189,50 @@ def _environ(path_info: str) -> dict[str, Any]:
         "wsgi.multiprocess": False,
         "wsgi.run_once": False,
     }
+
+
+def _refused(tenant: str = "acme") -> tuple[int, dict[str, Any], str | None]:
+    with override_settings(ROOT_URLCONF=__name__):
+        response = Client().get("/refusing", {"tenant": tenant})
+    return response.status_code, response.json()["error"], response.headers.get("Retry-After")
+
+
+def test_a_view_answers_each_refusal_with_its_own_status() -> None:
+    seed_tenant(limit="3000")  # the view's call holds 2026 (its output ceiling at 2 a token)
+    budgets.reserve(
+        tenant="acme", provider="openai", model=GPT, input_tokens=26, max_output_tokens=1000
+    )
+    status, error, retry_after = _refused()
+    assert (status, error["code"]) == (429, "budget_exceeded")
+    assert error["budget"]["limit"] == "3000"  # the tenant's own budget: its figures
+    assert retry_after is not None
+    assert int(retry_after) >= 1
+
+    budgets.trip(tenant="acme", reason="runaway loop", actor="ops")
+    status, error, retry_after = _refused()
+    assert (status, error["code"], error["reason"]) == (403, "kill_switch_active", "runaway loop")
+    assert retry_after is None
+
+    status, error, _ = _refused(tenant="nobody")
+    assert (status, error["code"]) == (404, "unknown_tenant")
+
+
+def test_a_refusal_by_the_shared_budget_is_told_without_its_figures() -> None:
+    seed_tenant()
+    budgets.set_limit(amount="3000", window="day")  # installation-wide: every tenant's spend
+    budgets.reserve(
+        tenant="acme", provider="openai", model=GPT, input_tokens=26, max_output_tokens=1000
+    )
+    status, error, retry_after = _refused()
+    assert (status, error["code"]) == (429, "budget_exceeded")
+    assert error["budget"]["limit"] is None
+    assert error["budget"]["remaining"] is None
+    assert "installation-wide" in error["message"]
+    assert retry_after is not None
+
+
+def test_a_ledger_that_cannot_answer_is_a_503_with_retry_after() -> None:
+    response = error_response(LedgerUnavailable("the ledger did not answer", retry_after=2))
+    assert response.status_code == 503
+    assert response["Retry-After"] == "2"
+    assert json.loads(response.content)["error"]["code"] == "ledger_unavailable"

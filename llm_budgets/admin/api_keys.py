@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from django import forms
+from django.apps import apps
 from django.contrib import admin, messages
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
@@ -21,7 +22,11 @@ from llm_budgets.models import ApiKey
 def _fold_in_third_party_admin() -> None:
     """One "API keys" entry: djangorestframework-api-key registers an admin for its own
     ``APIKey`` model, which this app never uses (its keys are ``ApiKey``). Registered or not yet
-    (apps load in settings order), the import makes it registered, then it is removed."""
+    (apps load in settings order), the import makes it registered, then it is removed. Without
+    the app there is nothing to fold in (its admin imports its models, which Django would refuse
+    to load), and check ``llm_budgets.E092`` names it."""
+    if not apps.is_installed("rest_framework_api_key"):
+        return
     try:
         from rest_framework_api_key import admin as _third_party  # noqa: F401
         from rest_framework_api_key.models import APIKey

@@ -110,17 +110,27 @@ def budget_error_body(exc: BudgetError, replaced: dict[str, Any] | None = None) 
     return _plain(error)
 
 
-def _budget_error_response(exc: BudgetError, request: Any) -> Response:
+def budget_error_answer(
+    exc: BudgetError, *, for_tenant: bool
+) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """The status, body (``{"error": {...}}``) and headers (``Retry-After`` when the error says
+    when to retry) that answer ``exc``. ``for_tenant``: the asker is a tenant (a tenant's key,
+    a host's view answering a tenant's user), so a refusal by a budget every tenant shares is
+    told without its figures."""
     headers = {}
     retry_after = getattr(exc, "retry_after", None)
     replaced = None
-    if isinstance(exc, BudgetExceeded) and exc.shared and _tenant_key(request):
+    if isinstance(exc, BudgetExceeded) and exc.shared and for_tenant:
         replaced = exc.without_figures(_shared_resets_at(exc))
         retry_after = _seconds_until(replaced["resets_at"])
     if isinstance(retry_after, int):
         headers["Retry-After"] = str(retry_after)
-    body = budget_error_body(exc, replaced)
-    return Response({"error": body}, status=status_for(exc), headers=headers)
+    return status_for(exc), {"error": budget_error_body(exc, replaced)}, headers
+
+
+def _budget_error_response(exc: BudgetError, request: Any) -> Response:
+    status_code, body, headers = budget_error_answer(exc, for_tenant=_tenant_key(request))
+    return Response(body, status=status_code, headers=headers)
 
 
 def _tenant_key(request: Any) -> bool:

@@ -29,7 +29,7 @@ class HealthSerializer(serializers.Serializer):
         child=serializers.CharField(), help_text="Names of the failing checks."
     )
     checks = serializers.DictField(
-        child=HealthCheckSerializer(), help_text="database, migrations, sweep."
+        child=HealthCheckSerializer(), help_text="database, migrations, sweep, jobs."
     )
 
 
@@ -42,7 +42,7 @@ class HealthView(APIView):
 
     @api_schema(
         operation_id="health_retrieve",
-        summary="Health: database, migrations, expiry sweep (no API key)",
+        summary="Health: database, migrations, expiry sweep, jobs (no API key)",
         auth=[],
         responses={
             200: HealthSerializer,

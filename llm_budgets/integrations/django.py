@@ -2,13 +2,17 @@
 
 .. code-block:: python
 
-    from llm_budgets.integrations.django import request_end_user, stream_response
+    from llm_budgets.exceptions import BudgetError
+    from llm_budgets.integrations.django import error_response, request_end_user, stream_response
 
     def chat(request):
         end_user = request_end_user(request)  # LLM_BUDGETS["END_USER_ID"], as the pages
         client = guard(openai.OpenAI(), tenant=request.tenant_id, end_user=end_user)
-        stream = client.chat.completions.create(model="gpt-4o", messages=[...],
-                                                max_completion_tokens=500, stream=True)
+        try:
+            stream = client.chat.completions.create(model="gpt-4o", messages=[...],
+                                                    max_completion_tokens=500, stream=True)
+        except BudgetError as error:  # refused before anything was sent
+            return error_response(error)
         return stream_response(stream)
 
 The response sends the text of each chunk as it arrives. When the user goes away, the server
@@ -22,8 +26,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from django.http import HttpRequest, StreamingHttpResponse
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 
+from llm_budgets.api.exceptions import budget_error_answer
+from llm_budgets.exceptions import BudgetError
 from llm_budgets.host_users import end_user_id
 
 
@@ -35,6 +41,16 @@ def request_end_user(request: HttpRequest) -> str | None:
     if user is None or not user.is_authenticated:
         return None
     return end_user_id(user)
+
+
+def error_response(error: BudgetError) -> JsonResponse:
+    """The answer to a call llm_budgets refused or could not admit (any ``BudgetError``), as the
+    REST API answers a tenant's key: its status (429 a budget, 403 a kill switch, 404 an unknown
+    tenant, 503 the ledger unavailable, ...), ``{"error": {"code", "message", ...}}`` and
+    ``Retry-After`` when the error says when to retry. A refusal by a budget every tenant shares
+    is told without its figures (they are other tenants' spend)."""
+    status, body, headers = budget_error_answer(error, for_tenant=True)
+    return JsonResponse(body, status=status, headers=headers)
 
 
 def chunk_text(chunk: Any) -> str:

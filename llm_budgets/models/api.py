@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from django.db import models
-from rest_framework_api_key.models import AbstractAPIKey
 
+from llm_budgets.models.api_key_base import AbstractAPIKey
 from llm_budgets.models.tenancy import Tenant
 
 

@@ -89,6 +89,14 @@ class Migration(migrations.Migration):
     ]
 """
 
+# docs/adopting.md's step 8 as its "Email login" section writes it: run inside the host
+# (tests/hosts/inside/test_email_login.py, through the generated tests/doc_commands.py).
+EMAIL_LOGIN_COMMANDS = [
+    "DJANGO_SUPERUSER_PASSWORD=change-me python manage.py createsuperuser --noinput "
+    "--email ada@example.com",
+    "python manage.py llm_budgets_membership add ada@example.com acme --role admin",
+]
+
 EMAIL_LOGIN = Host(
     name="email_login",
     apps=["accounts"],
@@ -99,6 +107,7 @@ EMAIL_LOGIN = Host(
         "accounts/admin.py": ACCOUNTS_ADMIN,
         "accounts/migrations/__init__.py": "",
         "accounts/migrations/0001_initial.py": ACCOUNTS_MIGRATION,
+        "tests/doc_commands.py": f"EMAIL_LOGIN_COMMANDS = {EMAIL_LOGIN_COMMANDS!r}\n",
     },
 )
 
@@ -282,7 +291,8 @@ DJANGO_TENANTS = Host(
 )
 
 # The conventions blocks of docs/adopting.md these hosts are built from (tests/test_adopting.py
-# checks that none is left out); the shell block is the celery host's schedule install.
+# checks that none is left out); the shell blocks are the celery host's schedule install and the
+# email-login host's step 8.
 DOC_LABELS = {
     "hostproj/settings.py: strict DRF",
     "hostproj/settings.py: celery beat",
@@ -291,4 +301,4 @@ DOC_LABELS = {
     "customers/apps.py",
     "shop/tenancy.py",
 }
-DOC_COMMANDS = {"python manage.py llm_budgets_install_schedule"}
+DOC_COMMANDS = {"python manage.py llm_budgets_install_schedule", *EMAIL_LOGIN_COMMANDS}
