@@ -39,7 +39,7 @@ from django.utils import timezone
 from llm_budgets import budgets
 from llm_budgets.control.killswitches import kill_switches_covering, refusal_for
 from llm_budgets.engine import admission
-from llm_budgets.exceptions import BudgetError, InvalidUsage, KillSwitchActive
+from llm_budgets.exceptions import BudgetError, Fault, InvalidUsage, KillSwitchActive
 from llm_budgets.pricing.tokens import count_input_tokens
 from llm_budgets.usage import Usage, usage_validate
 
@@ -55,6 +55,7 @@ class NotGuarded(BudgetError, NotImplementedError):
     """A guarded client was asked for a call that costs money and that the guard cannot price."""
 
     code = "not_guarded"
+    fault = Fault.CALLER  # a call to make another way (the message says how), not an outage
 
     def __init__(self, what: str, *, instead: str) -> None:
         self.what = what
