@@ -4,8 +4,9 @@ A ``BudgetError``'s status class follows whose fault it is (its ``fault``,
 :data:`FAULT_STATUSES`): the caller's or the tenant's state a 4xx, a dependency's a 5xx with
 ``Retry-After``, ours a 500. Within it, a class maps by its ``code`` through
 :data:`STATUS_BY_CODE`, walking the class hierarchy; a class with no entry gets its fault's
-default, so a new subclass needs at most one line here. ``status_for`` refuses a status outside
-the fault's class (tests/test_error_faults.py walks every error class).
+default, so a new subclass needs at most one line here. ``status_for`` never answers outside
+its fault's statuses (a parent's entry that does not fit gives way to the fault's default), and
+tests/test_error_faults.py walks every error class and refuses a table entry that does not fit.
 """
 
 from __future__ import annotations
