@@ -51,7 +51,7 @@ from urllib.parse import quote
 
 import httpx
 
-from llm_budgets.exceptions import BudgetError, Wire
+from llm_budgets.exceptions import BudgetError, Fault, Wire
 from llm_budgets.holds import Admission, AsyncHoldPolicy, HoldPolicy, ttl_renamed
 from llm_budgets.request import Request
 from llm_budgets.results import (
@@ -128,13 +128,17 @@ API_ERROR_CODES: dict[str, str] = {
 
 class ApiError(BudgetError):
     """An HTTP-level error with no in-process equivalent (authentication, permission, not found
-    path, idempotency conflict, not implemented, an unexpected status)."""
+    path, idempotency conflict, not implemented, an unexpected status). Its ``fault`` follows
+    the status it came with: a 5xx is the server's (a dependency of the caller), else the
+    caller's."""
 
     code = "api_error"
+    fault = Fault.CALLER
 
     def __init__(self, message: str, *, status_code: int, code: str, **context: Any) -> None:
         self.status_code = status_code
         self.code = code
+        self.fault = Fault.DEPENDENCY if status_code >= 500 else Fault.CALLER
         super().__init__(message, status_code=status_code, **context)
 
 

@@ -1,7 +1,8 @@
 """Every error the app raises, under one base, :class:`BudgetError`.
 
 Errors carry context as attributes (for the REST layer and for logs) and a message a person can
-act on. HTTP mapping lives only in the API layer.
+act on. Each class declares whose fault it is (:class:`Fault`); HTTP mapping lives only in the
+API layer, which derives the status class from it (``llm_budgets.api.exceptions``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
+from enum import StrEnum
 from typing import Any, ClassVar
 
 from llm_budgets import clock
@@ -37,10 +39,34 @@ class Wire:
         return self.path or (self.attr,)
 
 
+class Fault(StrEnum):
+    """Whose fault an error is: what a caller can do about it, and the HTTP status class it is
+    answered with (``llm_budgets.api.exceptions.FAULT_STATUSES``). Every error class declares
+    its own (``fault = Fault.CALLER``), even where its parent's would fit, so that each one was
+    decided (tests/test_error_faults.py walks the whole family)."""
+
+    # The request itself is wrong (a bad or missing argument, an unknown id, a step out of
+    # order): resending it unchanged fails again. A 4xx.
+    CALLER = "caller"
+    # The request is well formed, but the state of the tenant or its configuration refuses it
+    # (a budget spent, a kill switch, no price, no balance, a closed run): it may pass once that
+    # state changes (a reset, a person's action). A 4xx.
+    TENANT_STATE = "tenant_state"
+    # Something we depend on failed or could not be reached (the database, Stripe): the same
+    # request may succeed later. A 5xx (502, 503, 504) with ``Retry-After``; the error carries
+    # ``retry_after``.
+    DEPENDENCY = "dependency"
+    # A fault in this app: a bug to fix, not to retry. A 500.
+    OURS = "ours"
+
+
 class BudgetError(Exception):
     """Base of every llm_budgets error."""
 
     code = "budget_error"
+    # Whose fault it is. The base's stands for a host's subclass that declares none (answered
+    # 400, as before); every class of the app declares its own.
+    fault: Fault = Fault.CALLER
     # The attributes sent beside code and message; a subclass lists its own and its parent's.
     wire: ClassVar[tuple[Wire, ...]] = ()
 
@@ -57,6 +83,7 @@ class BudgetExceeded(BudgetError):
     """Admitting the request would take a budget past its limit."""
 
     code = "budget_exceeded"
+    fault = Fault.TENANT_STATE
     shared = False  # rebuilt by the HTTP client without __init__: not on the wire
     period_start: datetime | None = None  # the refusing period (alerts), not on the wire either
     wire = (
@@ -182,6 +209,7 @@ class UnknownPrice(BudgetError, LookupError):
     """No price is in effect for the model, so the worst case cannot be priced."""
 
     code = "unknown_price"
+    fault = Fault.TENANT_STATE
     wire = (
         Wire("provider", help="The provider asked for, if any."),
         Wire("model", help="The model that has no price in effect."),
@@ -210,6 +238,7 @@ class OutputCeilingRequired(BudgetError, ValueError):
     """The request has no ``max_output_tokens`` and its plan sets no default."""
 
     code = "output_ceiling_required"
+    fault = Fault.CALLER
 
     def __init__(self) -> None:
         super().__init__(
@@ -222,6 +251,7 @@ class InvalidUsage(BudgetError, ValueError):
     """An argument is missing, of the wrong type or out of range; ``field`` names it."""
 
     code = "invalid"
+    fault = Fault.CALLER
     wire: ClassVar[tuple[Wire, ...]] = (Wire("field", help="The bad field, when one is."),)
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
@@ -235,6 +265,7 @@ class UsageExceedsHold(InvalidUsage):
     recorded; the hold stays open for a correct commit."""
 
     code = "usage_exceeds_hold"
+    fault = Fault.CALLER
     wire = (
         *InvalidUsage.wire,
         Wire("reservation_id", help="The hold the commit was for."),
@@ -256,6 +287,7 @@ class UnknownTenant(InvalidUsage, LookupError):
     """No tenant has that external id."""
 
     code = "unknown_tenant"
+    fault = Fault.CALLER
     wire = (*InvalidUsage.wire, Wire("external_id", help="The tenant id that is unknown."))
 
     def __init__(self, external_id: str) -> None:
@@ -275,6 +307,7 @@ class ConfigurationUncommitted(InvalidUsage):
     configuration or left waiting on the caller's own locks. Nothing was held."""
 
     code = "configuration_uncommitted"
+    fault = Fault.CALLER
 
     def __init__(self, tenant: str) -> None:
         super().__init__(
@@ -293,6 +326,7 @@ class SelfServeDenied(BudgetError, PermissionError):
     to change, when one is."""
 
     code = "self_serve_denied"
+    fault = Fault.TENANT_STATE
     wire: ClassVar[tuple[Wire, ...]] = (
         Wire("action", help="The self-serve action refused, e.g. budgets."),
         Wire("field", help="The input to change, when one is."),
@@ -308,6 +342,7 @@ class NoApplicableBudget(InvalidUsage):
     """No budget covers the request: admitting it would spend without any cap."""
 
     code = "no_budget"
+    fault = Fault.TENANT_STATE
 
     def __init__(self, tenant: str) -> None:
         super().__init__(
@@ -322,6 +357,7 @@ class RunClosed(BudgetError):
     """The run the call names was closed (``budgets.close_run``): its lifetime has ended."""
 
     code = "run_closed"
+    fault = Fault.TENANT_STATE
     wire = (
         Wire("tenant", help="The run's tenant."),
         Wire("run", help="The run that was closed."),
@@ -348,6 +384,7 @@ class NewIdCapped(BudgetError):
     ``NEW_RUNS_PER_DAY`` allow. Nothing was held or created; ids seen before still run."""
 
     code = "new_id_capped"
+    fault = Fault.TENANT_STATE
     wire = (
         Wire("tenant", help="The request's tenant."),
         Wire("kind", help="end_user or run: which kind of id was new."),
@@ -382,6 +419,7 @@ class IdempotencyKeyReused(BudgetError):
     must repeat the request it retries. Nothing was held."""
 
     code = "idempotency_key_reused"
+    fault = Fault.CALLER
     wire = (
         Wire("idempotency_key", help="The key, used before for another request."),
         Wire("reservation_id", help="The reservation the key belongs to."),
@@ -406,6 +444,7 @@ class ReservationNotFound(BudgetError, LookupError):
     """No reservation has that id."""
 
     code = "reservation_not_found"
+    fault = Fault.CALLER
 
     def __init__(self, reservation_id: object) -> None:
         self.reservation_id = reservation_id
@@ -416,6 +455,7 @@ class ReservationStateError(BudgetError):
     """The reservation's state does not allow the operation (e.g. commit after release)."""
 
     code = "reservation_state"
+    fault = Fault.CALLER
     wire = (Wire("state", help="The reservation's state, which does not allow this."),)
 
     def __init__(self, message: str, *, state: str) -> None:
@@ -424,10 +464,16 @@ class ReservationStateError(BudgetError):
 
 
 class LedgerUnavailable(BudgetError):
-    """The ledger could not be read or written in time; the call is refused (fail closed)."""
+    """The ledger could not be read or written in time; the call is refused (fail closed). The
+    message says what the refused action may have left behind: for a settlement the outcome is
+    unknown (the database may have committed before its answer was lost; retrying the same
+    request is safe, settlements are idempotent); for an admission a hold may have been taken
+    the same way (retry with the same idempotency key to get it back rather than hold twice)."""
 
     code = "ledger_unavailable"
+    fault = Fault.DEPENDENCY
     wire = (Wire("retry_after", "int", help="Seconds to wait before retrying."),)
+    retry_after: int = 1
 
     def __init__(self, message: str, *, retry_after: int = 1) -> None:
         self.retry_after = retry_after
@@ -438,6 +484,7 @@ class KillSwitchActive(BudgetError):
     """A kill switch covers the request: nothing in its scope is admitted until it is cleared."""
 
     code = "kill_switch_active"
+    fault = Fault.TENANT_STATE
     wire = (
         Wire("switch_id", "int", help="The kill switch that refused."),
         Wire("scope", help="What it stops, e.g. tenant acme, model gpt-4o."),
@@ -490,15 +537,26 @@ class NoBalance(InvalidUsage):
     """The tenant has no prepaid balance: open one first (``billing.credits.balance_open``)."""
 
     code = "no_balance"
+    fault = Fault.TENANT_STATE
 
 
 class NotLinked(InvalidUsage):
     """The tenant has no Stripe customer to charge or grant credit to."""
 
     code = "not_linked"
+    fault = Fault.TENANT_STATE
 
 
-class PaymentProviderError(InvalidUsage):
-    """Stripe refused or could not be reached; nothing was charged or credited."""
+class PaymentProviderError(BudgetError):
+    """Stripe refused or could not be reached during a top-up or a credit grant; nothing was
+    charged or credited. A dependency's fault, not the request's: the same request may succeed
+    later (``retry_after``)."""
 
     code = "payment_provider_error"
+    fault = Fault.DEPENDENCY
+    wire = (Wire("retry_after", "int", help="Seconds to wait before retrying."),)
+    retry_after: int = 10  # Stripe's own retries back off over seconds, not milliseconds
+
+    def __init__(self, message: str, *, retry_after: int = 10) -> None:
+        self.retry_after = retry_after
+        super().__init__(message, retry_after=retry_after)

@@ -86,3 +86,23 @@ def test_a_retried_top_up_request_returns_the_same_checkout(fake_stripe: StripeS
     assert again.json() == first.json()
     assert again.has_header("Idempotent-Replayed")
     assert len(fake_stripe.state.checkout_sessions) == 1
+
+
+def test_stripe_failing_a_top_up_is_a_503_with_retry_after_not_a_bad_request(
+    fake_stripe: StripeServer,
+) -> None:
+    """Stripe's failure is a dependency's, not the request's (issue #38): it was a 400."""
+    keys = prepaid(fake_stripe)
+    fake_stripe.inject("/v1/checkout/sessions", "500")
+    body = {
+        "amount": "20",
+        "success_url": "https://h.example/ok",
+        "cancel_url": "https://h.example/no",
+    }
+    answer = client_for(keys["acme"]).post(f"{BASE}tenants/acme/top-ups", body, format="json")
+    assert answer.status_code == 503, answer.json()
+    assert answer["Retry-After"] == "10"
+    error = answer.json()["error"]
+    assert error["code"] == "payment_provider_error"
+    assert "Nothing was charged" in error["message"]
+    assert "field" not in error

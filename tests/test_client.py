@@ -56,6 +56,27 @@ def test_a_post_carries_a_fresh_idempotency_key_and_is_retried_with_it() -> None
     assert seen[0].url == "http://api.test/v1/reservations"
 
 
+def test_each_logical_call_has_a_key_of_its_own_and_a_settlement_retries_with_it() -> None:
+    """One key per call, the same on each of its retries (issue #38): a commit whose answer was
+    lost is retried as the same request, which settles once; a second reserve is another call."""
+    committed = {"id": HOLD["id"], "state": "committed", "currency": "USD"}
+    committed.update(cost="15", reserved="0", overage="0")
+    client, seen = scripted(
+        httpx.Response(201, json=HOLD),
+        httpx.Response(201, json=HOLD),
+        httpx.Response(503, json=LEDGER_DOWN, headers={"Retry-After": "1"}),
+        httpx.Response(200, json=committed),
+    )
+    client.reserve(model="m30", input_tokens=0, max_output_tokens=1000)
+    hold = client.reserve(model="m30", input_tokens=0, max_output_tokens=1000)
+    hold.commit(input_tokens=0, output_tokens=500)
+    keys = [r.headers.get("Idempotency-Key") for r in seen]
+    assert all(keys)
+    assert keys[0] != keys[1]  # two reserves: two calls
+    assert keys[2] == keys[3] != keys[1]  # the commit and its retry: one call
+    assert seen[3].url.path.endswith(f"reservations/{HOLD['id']}/commit")
+
+
 def test_a_post_without_a_key_is_never_retried() -> None:
     client, seen = scripted(httpx.Response(503, json=LEDGER_DOWN), httpx.Response(201, json=HOLD))
     client.auto_idempotency_keys = False

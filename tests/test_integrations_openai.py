@@ -4,6 +4,7 @@ way a call ends, and the ledger and counters after each."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -911,6 +912,147 @@ def test_a_retried_rate_limit_releases_the_first_attempt(fake: FakeOpenAI) -> No
     assert states == ["released", "committed"]
     assert len(fake.requests) == 2
     assert_conserved()
+
+
+def test_each_attempt_holds_under_an_idempotency_key_of_its_own(fake: FakeOpenAI) -> None:
+    """The guard sends a key with every hold (issue #38): one per attempt, so the SDK's retry
+    of a failed attempt is a hold of its own, never the first one replayed."""
+    fake.then(kind="status", status=429)
+    sdk = openai.OpenAI(base_url=f"{fake.base_url}/v1", api_key="sk-test", max_retries=1)
+    client = guard(sdk, tenant="acme")
+    for _ in range(2):
+        client.chat.completions.create(  # type: ignore[attr-defined]
+            model=GPT, messages=MESSAGES, max_completion_tokens=100
+        )
+    keys = list(
+        Reservation.objects.order_by("created_at").values_list("idempotency_key", flat=True)
+    )
+    assert len(keys) == 3  # the 429'd attempt, its retry, the second call
+    assert all(key and key.startswith("guard-") for key in keys)
+    assert len(set(keys)) == 3
+
+
+def test_an_attempts_own_key_is_not_looked_up_before_its_first_hold(
+    fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The key was made for the attempt: its first admission cannot find it, so it costs no
+    query (measured: the look-up was about a fifth of an in-process reserve)."""
+    from llm_budgets.engine import admission
+
+    looked: list[str] = []
+    real = admission._reservation_with_key
+
+    def counted(tenant_id: int, key: str) -> Reservation | None:
+        looked.append(key)
+        return real(tenant_id, key)
+
+    monkeypatch.setattr(admission, "_reservation_with_key", counted)
+    _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
+        model=GPT, messages=MESSAGES, max_completion_tokens=100
+    )
+    assert looked == []
+    assert only_reservation().idempotency_key.startswith("guard-")  # type: ignore[union-attr]
+
+
+def _answer_lost_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[list[object], list[float], list[bool]]:
+    """Admission takes its hold, then the ledger's answer is lost once (``LedgerUnavailable``
+    after the commit, as a connection cut after COMMIT): the keys each admission was asked
+    with, the guard's waits (not slept) and each admission's ``new_key``."""
+    from llm_budgets.engine import admission
+    from llm_budgets.integrations import guarding
+
+    real = admission.reservation_create
+    asked: list[object] = []
+    waits: list[float] = []
+    new_keys: list[bool] = []
+
+    def lost_once(**kwargs: object) -> Reservation:
+        asked.append(kwargs.get("idempotency_key"))
+        new_keys.append(bool(kwargs.get("new_key")))
+        reservation = real(**kwargs)  # type: ignore[arg-type]
+        if len(asked) == 1:
+            raise LedgerUnavailable("The answer was lost.", retry_after=2)
+        return reservation
+
+    real_sleep = time.sleep
+
+    def guards_wait(seconds: float) -> None:  # the guard's waits, recorded; others, slept
+        if sys._getframe(1).f_globals["__name__"] == guarding.__name__:
+            waits.append(seconds)
+        else:
+            real_sleep(seconds)
+
+    monkeypatch.setattr(admission, "reservation_create", lost_once)
+    monkeypatch.setattr(time, "sleep", guards_wait)
+    return asked, waits, new_keys
+
+
+def test_an_admission_whose_answer_was_lost_is_asked_again_with_its_key(
+    fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its retry gets back the hold the lost answer took: one hold, one request, charged once
+    (without the key the retry held again, and the first hold expired charged as estimated)."""
+    asked, waits, new_keys = _answer_lost_once(monkeypatch)
+    sdk = openai.OpenAI(base_url=f"{fake.base_url}/v1", api_key="sk-test", max_retries=1)
+    guard(sdk, tenant="acme").chat.completions.create(  # type: ignore[attr-defined]
+        model=GPT, messages=MESSAGES, max_completion_tokens=100
+    )
+    assert len(asked) == 2
+    assert asked[0] == asked[1] == only_reservation().idempotency_key
+    assert new_keys == [True, False]  # the retry looks its key up: that is how it finds the hold
+    assert waits == [2.0]  # the refusal's retry_after
+    assert only_reservation().state == "committed"
+    assert len(fake.requests) == 1
+    assert tenant_counter().reserved == 0
+    assert_conserved()
+
+
+def test_without_retries_a_lost_admission_answer_is_raised_before_anything_is_sent(
+    fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked, waits, _ = _answer_lost_once(monkeypatch)
+    with pytest.raises(LedgerUnavailable):
+        _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
+            model=GPT, messages=MESSAGES, max_completion_tokens=100
+        )
+    assert (len(asked), waits, fake.requests) == (1, [], [])
+    assert str(asked[0]).startswith("guard-")
+    # The hold it took stays until it expires (its key is in the log line a retry would use).
+    assert only_reservation().idempotency_key == asked[0]
+
+
+def test_the_async_client_asks_admission_again_with_the_same_key(
+    fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llm_budgets.integrations import guarding
+
+    asked, _, _ = _answer_lost_once(monkeypatch)
+    waited: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def guards_wait(seconds: float) -> None:
+        if sys._getframe(1).f_globals["__name__"] == guarding.__name__:
+            waited.append(seconds)
+        else:
+            await real_sleep(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", guards_wait)
+    sdk = openai.AsyncOpenAI(base_url=f"{fake.base_url}/v1", api_key="sk-test", max_retries=1)
+    client = guard(sdk, tenant="acme")
+
+    async def call() -> object:
+        return await client.chat.completions.create(  # type: ignore[attr-defined]
+            model=GPT, messages=MESSAGES, max_completion_tokens=100
+        )
+
+    async_to_sync(call)()
+    assert len(asked) == 2
+    assert asked[0] == asked[1]
+    assert waited == [2.0]
+    assert only_reservation().state == "committed"
+    assert len(fake.requests) == 1
 
 
 # -- what the caller sees ----------------------------------------------------------------------

@@ -73,3 +73,15 @@ def test_members_support_and_other_tenants_cannot_top_up(folks: Any) -> None:
     assert "not prepaid" in beta
     assert "40" not in beta.split("<main", 1)[-1]
     assert not TopUp.objects.exists()
+
+
+def test_stripe_failing_a_top_up_says_retry_not_a_bad_amount(folks: Any) -> None:
+    """Stripe's failure is not the form's: the page says so with a 503 and Retry-After (issue
+    #38); before, the page answered 400 as for a bad amount."""
+    who, fake = folks
+    fake.inject("/v1/checkout/sessions", "500")
+    answer = client_for(who.acme_admin).post(FORM, {"amount": "15"})
+    assert answer.status_code == 503
+    assert answer["Retry-After"] == "10"
+    assert "Nothing was charged" in answer.content.decode()
+    assert TopUp.objects.get().state == "failed"

@@ -130,8 +130,8 @@ class TenantTopUpView(ApiView):
         parameters=[IDEMPOTENCY_HEADER],
         responses={201: CheckoutSerializer, **errors(404, 409)},
         description="The balance is credited when Stripe reports the payment (webhook), once. "
-        "400 `not_linked` without a Stripe customer, `payment_provider_error` when Stripe "
-        "failed (nothing was charged).",
+        "400 `not_linked` without a Stripe customer; 503 `payment_provider_error` with "
+        "`Retry-After` when Stripe failed or could not be reached (nothing was charged).",
     )
     @idempotent
     def post(self, request: Request, external_id: str) -> Response:

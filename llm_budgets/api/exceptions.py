@@ -1,7 +1,12 @@
 """The one place where errors become HTTP responses: ``{"error": {"code", "message", ...}}``.
 
-``BudgetError`` subclasses map by their ``code`` through :data:`STATUS_BY_CODE`, walking the
-class hierarchy, so a new subclass needs one line here (or none, if its parent's status fits).
+A ``BudgetError``'s status class follows whose fault it is (its ``fault``,
+:data:`FAULT_STATUSES`): the caller's or the tenant's state a 4xx, a dependency's a 5xx with
+``Retry-After``, ours a 500. Within it, a class maps by its ``code`` through
+:data:`STATUS_BY_CODE`, walking the class hierarchy; a class with no entry gets its fault's
+default, so a new subclass needs at most one line here. ``status_for`` never answers outside
+its fault's statuses (a parent's entry that does not fit gives way to the fault's default), and
+tests/test_error_faults.py walks every error class and refuses a table entry that does not fit.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.utils.encoders import JSONEncoder
 
-from llm_budgets.exceptions import BudgetError, BudgetExceeded, Wire
+from llm_budgets.exceptions import BudgetError, BudgetExceeded, Fault, Wire
 from llm_budgets.models import ApiKey
 from llm_budgets.windows import rolling_window
 
@@ -39,8 +44,17 @@ STATUS_BY_CODE: dict[str, int] = {
     "new_id_capped": status.HTTP_429_TOO_MANY_REQUESTS,
     "idempotency_key_reused": status.HTTP_409_CONFLICT,
     "ledger_unavailable": status.HTTP_503_SERVICE_UNAVAILABLE,
+    "payment_provider_error": status.HTTP_503_SERVICE_UNAVAILABLE,
     "invalid": status.HTTP_400_BAD_REQUEST,
     "budget_error": status.HTTP_400_BAD_REQUEST,
+}
+
+# The statuses each fault may be answered with; the first is its default.
+FAULT_STATUSES: dict[Fault, tuple[int, ...]] = {
+    Fault.CALLER: (400, 401, 403, 404, 405, 406, 409, 410, 413, 415, 422, 429),
+    Fault.TENANT_STATE: (409, 400, 402, 403, 404, 422, 423, 429),
+    Fault.DEPENDENCY: (503, 502, 504),
+    Fault.OURS: (500,),
 }
 
 
@@ -59,11 +73,17 @@ class HttpError(exceptions.APIException):
 
 
 def status_for(exc: BudgetError) -> int:
+    """The error's HTTP status: its code's (or its nearest parent's) in :data:`STATUS_BY_CODE`
+    if that fits its fault, else its fault's default (e.g. a dependency's error under a parent
+    that is the caller's). An instance may say otherwise than its class (the client's
+    ``ApiError``, rebuilt from a status)."""
+    allowed = FAULT_STATUSES[exc.fault]
     for cls in type(exc).__mro__:
         code = cls.__dict__.get("code")
         if code in STATUS_BY_CODE:
-            return STATUS_BY_CODE[code]
-    return status.HTTP_400_BAD_REQUEST
+            found = STATUS_BY_CODE[code]
+            return found if found in allowed else allowed[0]
+    return allowed[0]
 
 
 def _plain(value: Any) -> Any:

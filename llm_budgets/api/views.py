@@ -56,7 +56,9 @@ ERROR_TEXT = {
     "commit's usage beyond its hold (usage_exceeds_hold).",
     429: "A budget would be exceeded (`error.budget`), or the key is throttled. See Retry-After.",
     501: "Not available in this version.",
-    503: "The ledger is unavailable; nothing was changed. See Retry-After.",
+    503: "A dependency is unavailable (the ledger's database; Stripe, for a top-up). A write "
+    "whose answer was lost may have been applied: retry the same request (settlements are "
+    "idempotent; a reservation with the same Idempotency-Key). See Retry-After.",
 }
 
 

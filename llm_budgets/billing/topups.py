@@ -151,8 +151,8 @@ def top_up_checkout(
     except stripe.StripeError as exc:
         TopUp.objects.filter(pk=row.pk).update(state=TopUpState.FAILED, error=str(exc)[:1000])
         raise PaymentProviderError(
-            f"Stripe did not create the Checkout session: {exc}. Nothing was charged; try again.",
-            field="amount",
+            f"Stripe did not create the Checkout session: {exc}. Nothing was charged; try again "
+            "in a few seconds (Stripe's failure, not the request's)."
         ) from None
     TopUp.objects.filter(pk=row.pk).update(checkout_session_id=session.id)
     row.checkout_session_id = session.id
@@ -191,8 +191,8 @@ def _grant(params: dict[str, Any], key: str) -> str:
         )
     except stripe.StripeError as exc:
         raise PaymentProviderError(
-            f"Stripe did not create the credit grant: {exc}. The balance was not changed.",
-            field="amount",
+            f"Stripe did not create the credit grant: {exc}. The balance was not changed; try "
+            "again in a few seconds (Stripe's failure, not the request's)."
         ) from None
     return str(grant.id)
 

@@ -38,7 +38,7 @@ from llm_budgets.control.killswitches import (
     kill_switch_trip,
     switch_scope,
 )
-from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.exceptions import Fault, InvalidUsage
 from llm_budgets.models import (
     InvoiceSettlement,
     MeterDelivery,
@@ -57,9 +57,13 @@ DETECTOR = PAYMENT_FAILED_DETECTOR
 class WebhookSignatureError(InvalidUsage):
     """The request is not signed by Stripe with the configured secret: nothing was stored."""
 
+    fault = Fault.CALLER  # the sender's (a forger, or a secret that does not match)
+
 
 class WebhookPayloadError(InvalidUsage):
     """Signed, but not the shape of a Stripe event this app reads: nothing was stored."""
+
+    fault = Fault.CALLER
 
 
 # Stripe's ids are far shorter; the columns that keep them hold 255 characters.

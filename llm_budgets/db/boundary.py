@@ -132,10 +132,40 @@ def ledger_guard(action: str) -> Iterator[None]:
         )
         raise LedgerUnavailable(
             f"The budget ledger could not be read or written during {action} "
-            f"({type(exc).__name__}: {str(exc).strip() or 'no detail'}). The call was refused; "
-            f"retry shortly.{fix}",
+            f"({type(exc).__name__}: {str(exc).strip() or 'no detail'}). {_left(action)}{fix}",
             retry_after=max(1, int(conf.LOCK_TIMEOUT_SECONDS)),
         ) from exc
+
+
+# The actions a refusal's message tells apart (issue #38): the database may commit a write and
+# lose its answer (a connection cut after COMMIT), so a refused write is "unknown", never
+# "nothing changed".
+SETTLEMENTS = frozenset({"commit", "release", "extend", "mark uncertain"})
+# Reads, and the REST layer's steps before a request runs (its key, its rate, its
+# Idempotency-Key): what the request asked for was not done.
+NOT_RUN = frozenset({"read", "quote", "status", "authentication", "throttle", "idempotency"})
+
+
+def _left(action: str) -> str:
+    """What a refused ``action`` may have left behind, and how to retry it safely."""
+    if action in SETTLEMENTS:
+        return (
+            "Its outcome is unknown: the database may have applied it before its answer was "
+            "lost. Retry the same request: settling is idempotent (a reservation settled "
+            "already answers as it was settled)."
+        )
+    if action == "admission":
+        return (
+            "The call was refused. If the database took the hold before its answer was lost, "
+            "the hold exists: retry with the same idempotency key to get that hold back (a new "
+            "key holds again; an unclaimed hold expires and is charged as estimated)."
+        )
+    if action in NOT_RUN:
+        return "Nothing the request asked for was done; retry shortly."
+    return (
+        "Its outcome is unknown: the database may have applied it before its answer was lost. "
+        "Check before repeating it."
+    )
 
 
 def _sqlite_lock_fix(exc: DatabaseError) -> str:

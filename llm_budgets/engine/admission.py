@@ -129,6 +129,7 @@ def reservation_create(
     api_key: ApiKey | None = None,
     now: datetime | None = None,
     service_tier: object = None,
+    new_key: bool = False,
 ) -> Reservation:
     """:func:`reservation_admit` of the :class:`~llm_budgets.request.Request` these fields
     describe (checked there, as every door's)."""
@@ -149,7 +150,7 @@ def reservation_create(
         "run": run,
         "service_tier": service_tier,
     }
-    return reservation_admit(Request(**fields), api_key=api_key, now=now)
+    return reservation_admit(Request(**fields), api_key=api_key, now=now, new_key=new_key)
 
 
 @contextmanager
@@ -166,7 +167,11 @@ def _uncommitted_refused(pending: PendingConfiguration | None, tenant: str) -> I
 
 @observed_admission
 def reservation_admit(
-    call: Request, *, api_key: ApiKey | None = None, now: datetime | None = None
+    call: Request,
+    *,
+    api_key: ApiKey | None = None,
+    now: datetime | None = None,
+    new_key: bool = False,
 ) -> Reservation:
     """Admit a call: hold its worst-case cost on every budget that applies, or raise.
 
@@ -180,6 +185,9 @@ def reservation_admit(
     degradation ladder may grant a cheaper model or a lower output ceiling (see
     :mod:`llm_budgets.degradation`); the reservation says what was granted. ``api_key``: the
     REST API key the call came through, so kill switches on that key and its budgets apply.
+    ``new_key``: the caller made the idempotency key for this call just now (the guards' first
+    attempt), so no earlier call can have it: it is not looked up before the hold (a query saved;
+    a key taken meanwhile still meets the unique constraint, as any race does).
     """
     request = call.checked()
     assert request.tenant is not None  # checked
@@ -255,7 +263,7 @@ def reservation_admit(
                 tags=tag_map,
                 service_tier=tier,
             )
-            existing = _reservation_with_key(tenant_obj.pk, asked.key)
+            existing = None if new_key else _reservation_with_key(tenant_obj.pk, asked.key)
             if existing is not None:
                 return asked.replay(existing)
         # An end user or run not seen yet is created by the transaction that admits the call,

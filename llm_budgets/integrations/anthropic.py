@@ -240,7 +240,7 @@ class AsyncGuardedStreamManager(_StreamManager):
         attempt = 0
         while True:
             call = self._call
-            await sync_to_async(call.admit)()
+            await call.aadmit()
             try:
                 self._manager = self._method(**_send(call, self._kwargs))
                 stream = await self._manager.__aenter__()

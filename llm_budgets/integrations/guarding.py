@@ -24,24 +24,36 @@ within about ``switch_check_seconds``, stalled stream or not.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import json
 import logging
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from llm_budgets import budgets
 from llm_budgets.control.killswitches import kill_switches_covering, refusal_for
 from llm_budgets.engine import admission
-from llm_budgets.exceptions import BudgetError, InvalidUsage, KillSwitchActive
+from llm_budgets.exceptions import (
+    BudgetError,
+    Fault,
+    InvalidUsage,
+    KillSwitchActive,
+    LedgerUnavailable,
+)
 from llm_budgets.pricing.tokens import count_input_tokens
 from llm_budgets.usage import Usage, usage_validate
+
+if TYPE_CHECKING:
+    from llm_budgets.models import Reservation
 
 logger = logging.getLogger("llm_budgets")
 
@@ -55,6 +67,7 @@ class NotGuarded(BudgetError, NotImplementedError):
     """A guarded client was asked for a call that costs money and that the guard cannot price."""
 
     code = "not_guarded"
+    fault = Fault.CALLER  # a call to make another way (the message says how), not an outage
 
     def __init__(self, what: str, *, instead: str) -> None:
         self.what = what
@@ -189,6 +202,12 @@ class SdkErrors:
     connection: type[BaseException]
 
 
+def _attempt_key() -> str:
+    """The idempotency key of one attempt's hold: made here, since the SDK call has no place
+    for one."""
+    return f"guard-{uuid.uuid4()}"
+
+
 @dataclass
 class Call:
     """One guarded provider request, from admission to its one settlement."""
@@ -217,31 +236,53 @@ class Call:
     state: dict[str, Any] = field(default_factory=dict)
     _settled: bool = False
     _last_check: float = field(default=0.0)
+    # The hold's idempotency key: an admission refused as ``LedgerUnavailable`` may still have
+    # taken the hold (its answer lost after the database committed), so the retry asks with
+    # the same key and gets that hold back instead of holding twice (issue #38).
+    idempotency_key: str = field(default_factory=_attempt_key)
 
     # -- admission ---------------------------------------------------------------------------
 
     def admit(self) -> budgets.Hold:
-        """Reserve, or raise the refusal; nothing has been sent yet."""
-        # Through admission itself: the public reserve() takes no service tier yet (the REST API
-        # and its client would need it too); admission prices the tier and records it.
-        self.hold = budgets.Hold(
-            admission.reservation_create(
-                tenant=self.options.tenant,
-                end_user=self.options.end_user,
-                provider=self.options.provider,
-                model=self.model,
-                input_tokens=count_input_tokens(
-                    provider=self.options.provider, model=self.model, messages=self.messages
-                )
-                + self.extra_input_tokens,
-                max_output_tokens=self.ceiling,
-                allow_degrade=self.options.allow_degrade,
-                tags=dict(self.options.tags) if self.options.tags else None,
-                ttl=self.options.ttl,
-                max_tool_calls=self.max_tool_calls,
-                service_tier=self.service_tier or None,
-            )
+        """Reserve, or raise the refusal; nothing has been sent yet. A ledger that could not
+        answer (``LedgerUnavailable``) is asked again with the same idempotency key, as many
+        times as the SDK's retries (``max_retries``), after its ``retry_after`` (at most
+        ``MAX_RETRY_DELAY``)."""
+        attempt = 0
+        while True:
+            try:
+                return self._admitted(again=attempt > 0)
+            except LedgerUnavailable as exc:
+                time.sleep(self._readmit_delay(exc, attempt))
+                attempt += 1
+
+    async def aadmit(self) -> budgets.Hold:
+        """``admit`` for async clients: the ledger through ``sync_to_async``, the wait on the
+        event loop (never a sleeping thread that every sync call shares)."""
+        attempt = 0
+        while True:
+            try:
+                return await sync_to_async(self._admitted)(again=attempt > 0)
+            except LedgerUnavailable as exc:
+                await asyncio.sleep(self._readmit_delay(exc, attempt))
+                attempt += 1
+
+    def _readmit_delay(self, exc: LedgerUnavailable, attempt: int) -> float:
+        """Seconds to wait before asking admission again (``attempt`` from 0), or ``exc``
+        raised when the retries are spent."""
+        if attempt >= self.options.max_retries:
+            raise exc
+        logger.warning(
+            "llm_budgets: admission refused (%s); asking again with idempotency key %s (%d of %d)",
+            exc.code,
+            self.idempotency_key,
+            attempt + 1,
+            self.options.max_retries,
         )
+        return min(float(exc.retry_after), MAX_RETRY_DELAY)
+
+    def _admitted(self, *, again: bool) -> budgets.Hold:
+        self.hold = budgets.Hold(self._reserve(again=again))
         self.counter = OutputCounter(
             provider=self.options.provider,
             model=self.hold.model,
@@ -249,6 +290,30 @@ class Call:
         )
         self._last_check = time.monotonic()
         return self.hold
+
+    def _reserve(self, *, again: bool) -> Reservation:
+        """The hold, under this attempt's key: looked up first only when asking ``again``
+        (the key was made for this attempt, so its first admission cannot find it)."""
+        # Through admission itself: the public reserve() takes no service tier yet (the REST API
+        # and its client would need it too); admission prices the tier and records it.
+        return admission.reservation_create(
+            tenant=self.options.tenant,
+            end_user=self.options.end_user,
+            provider=self.options.provider,
+            model=self.model,
+            input_tokens=count_input_tokens(
+                provider=self.options.provider, model=self.model, messages=self.messages
+            )
+            + self.extra_input_tokens,
+            max_output_tokens=self.ceiling,
+            allow_degrade=self.options.allow_degrade,
+            tags=dict(self.options.tags) if self.options.tags else None,
+            ttl=self.options.ttl,
+            max_tool_calls=self.max_tool_calls,
+            service_tier=self.service_tier or None,
+            idempotency_key=self.idempotency_key,
+            new_key=not again,
+        )
 
     def answered_at_tier(self, tier: object, *, standard: frozenset[str]) -> None:
         """The tier an answer says it was served at: one the hold did not price (a project or
@@ -270,6 +335,7 @@ class Call:
             reasons=False,
             streamed=False,
             _settled=False,
+            idempotency_key=_attempt_key(),  # another attempt: another hold
         )
 
     @property

@@ -97,7 +97,7 @@ async def asend(
     """``send`` for async clients (the ledger is reached through ``sync_to_async``)."""
     attempt = 0
     while True:
-        await sync_to_async(call.admit)()
+        await call.aadmit()
         try:
             result = await method(**pin(call, kwargs))
         except BaseException as exc:

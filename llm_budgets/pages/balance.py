@@ -16,7 +16,7 @@ from django.views.decorators.http import require_POST
 
 from llm_budgets.billing.credits import account_of, balance_state
 from llm_budgets.billing.topups import packages, top_up_checkout
-from llm_budgets.exceptions import InvalidUsage, NoBalance
+from llm_budgets.exceptions import InvalidUsage, NoBalance, PaymentProviderError
 from llm_budgets.models import CreditLot, TopUp
 from llm_budgets.pages.access import LoginRequired, TenantChoice, Viewer, viewer_for
 from llm_budgets.pages.views import _context, private, tenant_page
@@ -81,4 +81,8 @@ def top_up(request: HttpRequest) -> HttpResponseBase:
         )
     except InvalidUsage as exc:
         return _page(request, viewer, error=exc.message, status=400)
+    except PaymentProviderError as exc:  # Stripe's fault, not the form's: the page says retry
+        page = _page(request, viewer, error=exc.message, status=503)
+        page["Retry-After"] = str(exc.retry_after)
+        return page
     return HttpResponseRedirect(started.url)
