@@ -94,7 +94,9 @@ def row_to(model: type[M], row: Sequence[Any], offset: int = 0) -> M:
     for index, col, converters in _converters(model, db.vendor):
         for convert in converters:
             values[index] = convert(values[index], col, db)
-    return model.from_db(db.alias, (), values)  # every field: the names are not read
+    # Loaded for the default database whichever connection stands in for it (``db.ledger``):
+    # the ORM's relations compare these aliases.
+    return model.from_db(DEFAULT_DB_ALIAS, (), values)
 
 
 def row_to_or_none(model: type[M], row: Sequence[Any], offset: int = 0) -> M | None:
@@ -220,7 +222,7 @@ def inserting(objs: Sequence[Model]) -> Statement:
     params = [f.get_db_prep_save(f.pre_save(obj, True), db) for obj in objs for f in fields]
     for obj in objs:
         obj._state.adding = False
-        obj._state.db = db.alias
+        obj._state.db = DEFAULT_DB_ALIAS
     return _insert_sql(model, len(objs)), params
 
 
