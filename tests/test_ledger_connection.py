@@ -23,7 +23,7 @@ from django.urls import path
 
 from llm_budgets import budgets, signals
 from llm_budgets.db.ledger import LEDGER_ALIAS, ledger_db, ledger_joins_caller
-from llm_budgets.exceptions import ConfigurationUncommitted, LedgerUnavailable
+from llm_budgets.exceptions import BudgetExceeded, ConfigurationUncommitted, LedgerUnavailable
 from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import (
     BillingLine,
@@ -375,3 +375,19 @@ def test_a_lost_ledger_connection_is_refused_then_reopened(postgres: None) -> No
 
     close_old_connections()  # what request_finished does
     reserve_30().release()
+
+
+@override_settings(LLM_BUDGETS={"LOCK_TIMEOUT_SECONDS": 1})
+def test_a_refusal_while_the_host_locks_its_budget_row_does_not_wait_forever(
+    postgres: None,
+) -> None:
+    """The host locked the budget row by hand (no service noted it). The refused call's record
+    references that row: its foreign key is checked at commit, where it waits for the host's
+    transaction, which waits for the call. The ledger bounds that wait too (it hung before)."""
+    seed(limit="100")
+    reserve_30().release()
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT id FROM {Budget._meta.db_table} FOR UPDATE")
+        with pytest.raises(BudgetExceeded):
+            reserve_30(max_output_tokens=100_000)

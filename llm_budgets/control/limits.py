@@ -16,6 +16,7 @@ from llm_budgets.control.self_serve import (
     self_serve_authorize,
     self_serve_limit_check,
 )
+from llm_budgets.db.ledger import configuration_written
 from llm_budgets.exceptions import InvalidUsage, SelfServeDenied
 from llm_budgets.models import ApiKey, AuditEvent, Budget, BudgetUnit, Counter, Scope, Tenant
 from llm_budgets.models.budgets import MAX_STRIPES
@@ -130,6 +131,8 @@ def budget_set_limit(
             .filter(window=window, **lookup)
             .first()
         )
+        # Locked in the caller's transaction: admission of its tenant must not wait on it.
+        configuration_written(getattr(lookup.get("tenant"), "pk", None))
         if budget is not None and budget.prepaid:
             # Its limit is the sum of its credit lots: only billing/credits.py changes it.
             raise InvalidUsage(

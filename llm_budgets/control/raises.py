@@ -18,6 +18,7 @@ from llm_budgets.control.self_serve import (
     self_serve_authorize,
     self_serve_limit_check,
 )
+from llm_budgets.db.ledger import configuration_written
 from llm_budgets.exceptions import InvalidUsage, SelfServeDenied
 from llm_budgets.models import AuditEvent, Budget, BudgetRaise, Scope
 
@@ -59,6 +60,7 @@ def budget_raise_grant(
                     field="budget",
                 )
             locked = Budget.objects.select_for_update().get(pk=budget.pk)  # one raise at a time
+            configuration_written(locked.tenant_id)
             self_serve_limit_check(
                 budget.tenant,  # type: ignore[arg-type]
                 window=locked.window,

@@ -10,10 +10,9 @@ import hashlib
 import logging
 from datetime import datetime
 
-from django.db import transaction
-
 from llm_budgets.alerts.bodies import money_field, time_field
 from llm_budgets.alerts.emit import alert_emit, subscribed
+from llm_budgets.db.boundary import ledger_transaction
 from llm_budgets.exceptions import BudgetExceeded, KillSwitchActive
 from llm_budgets.models import Refusal, RefusalKind, Reservation
 from llm_budgets.money import money
@@ -55,7 +54,7 @@ def refusal_record(
             row.detail = f"{refusal.scope} {refusal.window} budget, limit {limit}"[:255]
             row.remaining = refusal.remaining
             row.requested = refusal.requested
-        with transaction.atomic():
+        with ledger_transaction():  # bounded: the caller may hold the budget's row
             row.save(force_insert=True)
     except Exception:
         logger.exception("llm_budgets: could not record a refusal (the refusal stands)")

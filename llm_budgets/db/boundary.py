@@ -196,7 +196,9 @@ def bound_sqlite_wait() -> None:
 
 
 @contextmanager
-def ledger_transaction(*, unwritten: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+def ledger_transaction(
+    *, unwritten: tuple[type[BaseException], ...] = (), bounded: bool = True
+) -> Iterator[None]:
     """``transaction.atomic()`` for a ledger write (admission, settlement, the sweep), its lock
     waits bounded by ``LOCK_TIMEOUT_SECONDS``.
 
@@ -214,8 +216,14 @@ def ledger_transaction(*, unwritten: tuple[type[BaseException], ...] = ()) -> It
     changes; the host's own transactions keep their mode.
 
     It runs on the ledger's own connection (``db.ledger``), never inside the caller's
-    transaction: it commits when the block ends, whatever the caller then does."""
+    transaction: it commits when the block ends, whatever the caller then does. ``bounded``:
+    its first statement bounds its lock waits (``bound_lock_wait``), its commit's included (a
+    foreign key checked at commit waits for a row the caller's own transaction locked: without
+    the bound, forever). Admission and settlement pass False: they send the bound with their
+    first statement, in its round trip."""
     with ledger_connection(), _transaction(unwritten):
+        if bounded:
+            bound_lock_wait()
         yield
 
 

@@ -554,7 +554,7 @@ def _hold(
     # and the commit. A degraded request is built again.
     insert_reservation = None if create else sql.inserting([reservation])
     try:
-        with ledger_transaction(unwritten=() if create else _UNWRITTEN):
+        with ledger_transaction(unwritten=() if create else _UNWRITTEN, bounded=False):
             # The bound on lock waits comes first, in the round trip of the transaction's first
             # statement: the kill switch read, the rolling budgets' lock (alone) or the
             # counters'.

@@ -104,7 +104,7 @@ def _locked(reservation_id: UUID, action: str) -> Iterator[Reservation]:
     """One settlement transition: a bounded lock wait, one transaction, and the reservation row
     locked before anything else, so each reservation ends in exactly one terminal state however
     many processes try. A database failure becomes ``LedgerUnavailable`` (fail closed)."""
-    with ledger_guard(action), ledger_transaction():
+    with ledger_guard(action), ledger_transaction(bounded=False):
         yield _lock_reservation(reservation_id)
 
 

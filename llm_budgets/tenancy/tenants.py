@@ -14,6 +14,7 @@ from django.utils import timezone as django_timezone
 from llm_budgets import validation
 from llm_budgets.alerts.endpoints import billing_contacts_set
 from llm_budgets.db import statements as sql
+from llm_budgets.db.ledger import configuration_written
 from llm_budgets.exceptions import InvalidUsage, UnknownTenant
 from llm_budgets.models import AuditEvent, EndUser, Plan, Tenant, Window
 from llm_budgets.windows import period_for
@@ -101,6 +102,7 @@ def tenant_ensure(
         tenant, created = Tenant.objects.select_for_update().get_or_create(
             external_id=external_id, defaults=changes
         )
+        configuration_written(tenant.pk)
         before = {key: _plain(getattr(tenant, key)) for key in changes}
         if not created:
             _schedule_calendar_change(tenant, changes, now or django_timezone.now())
