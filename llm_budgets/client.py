@@ -258,6 +258,8 @@ class RemoteQuote:
     currency: str
     budgets: list[dict[str, Any]]
     admissible: bool
+    input_tolerance: Decimal = Decimal(0)  # of amount, the input tolerance
+    customer_input_tolerance: Decimal = Decimal(0)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RemoteQuote:
@@ -283,6 +285,8 @@ class RemoteQuote:
                 for draw in data["budgets"]
             ],
             admissible=bool(data["admissible"]),
+            input_tolerance=_money(data["input_tolerance"]),
+            customer_input_tolerance=_money(data["customer_input_tolerance"]),
         )
 
 
