@@ -14,6 +14,7 @@ from llm_budgets.engine.admission import reservation_create
 from llm_budgets.engine.settlement import (
     reservation_commit,
     reservation_expire,
+    reservation_extend,
     reservation_release,
     reservations_sweep,
 )
@@ -33,6 +34,7 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
+from llm_budgets.usage import input_allowed
 from tests.api import BASE, client_for, new_key
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed
 
@@ -180,6 +182,44 @@ def test_a_tenant_key_over_rest_cannot_add_the_tolerance_up_past_its_cap() -> No
     assert refused["requested"] == "0.0006525"
     assert refused["input_tolerance"] == "0.00064"  # 256 tokens at 2.5 per million
     assert "of which 0.00064 is the input tolerance" in refused["message"]
+
+
+def test_an_extension_into_a_dearer_time_of_day_price_is_refused() -> None:
+    """Issue #38: a hold prices the dearest rates of its lifetime, a charge the rates at
+    settlement clamped to that lifetime. Extending a hold taken off-peak into peak let a commit
+    within the rule cost three times its hold, call after call: refused now, nothing changed."""
+    off_peak = {"start": "16:30:00", "end": "00:30:00", "prices": {"input_per_mtok": "1"}}
+    budgets.set_price(
+        provider="p",
+        model="m",
+        input_per_mtok=Decimal(3),
+        output_per_mtok=Decimal(0),
+        daily_spans=[off_peak],
+        effective_from=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    budgets.ensure_tenant(tenant="acme")
+    budgets.set_limit(tenant="acme", amount=Decimal(10), window="month")
+    at = datetime(2026, 3, 2, 20, 0, tzinfo=UTC)
+    held = reservation_create(
+        tenant="acme",
+        provider="p",
+        model="m",
+        input_tokens=1_000_000,
+        max_output_tokens=1,
+        ttl=60,
+        now=at,
+    )
+    assert held.amount == Decimal("1.100256")  # off-peak, the input tolerance included
+    with pytest.raises(InvalidUsage, match="time-of-day price its hold does not cover") as info:
+        reservation_extend(held.pk, ttl=6 * 3600, now=at)  # to 02:00, past 00:30
+    assert info.value.field == "ttl"
+    assert Reservation.objects.get().expires_at == at + timedelta(seconds=60)
+    reservation_extend(held.pk, ttl=3600, now=at)  # still off-peak: extended
+    late = at + timedelta(minutes=59)
+    result = reservation_commit(
+        held.pk, input_tokens=input_allowed(1_000_000), output_tokens=1, now=late
+    )
+    assert (result.cost, result.overage) == (Decimal("1.100256"), 0)
 
 
 def test_usage_beyond_the_hold_is_a_422_over_rest_and_leaves_the_hold_open() -> None:
