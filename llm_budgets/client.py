@@ -285,8 +285,9 @@ class RemoteQuote:
                 for draw in data["budgets"]
             ],
             admissible=bool(data["admissible"]),
-            input_tolerance=_money(data["input_tolerance"]),
-            customer_input_tolerance=_money(data["customer_input_tolerance"]),
+            # A server older than issue #38 sends neither (its holds did not include it).
+            input_tolerance=_money(data.get("input_tolerance", 0)),
+            customer_input_tolerance=_money(data.get("customer_input_tolerance", 0)),
         )
 
 
