@@ -262,6 +262,8 @@ class RemoteQuote:
     currency: str
     budgets: list[dict[str, Any]]
     admissible: bool
+    input_tolerance: Decimal = Decimal(0)  # of amount, the input tolerance
+    customer_input_tolerance: Decimal = Decimal(0)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RemoteQuote:
@@ -287,6 +289,9 @@ class RemoteQuote:
                 for draw in data["budgets"]
             ],
             admissible=bool(data["admissible"]),
+            # A server older than issue #38 sends neither (its holds did not include it).
+            input_tolerance=_money(data.get("input_tolerance", 0)),
+            customer_input_tolerance=_money(data.get("customer_input_tolerance", 0)),
         )
 
 

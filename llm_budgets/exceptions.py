@@ -102,6 +102,13 @@ class BudgetExceeded(BudgetError):
         Wire("currency", "str", ("budget", "currency")),
         Wire("resets_at", "time", ("budget", "resets_at"), "When it has room.", nullable=True),
         Wire("requested", "money", (), "What the request needed."),
+        Wire(
+            "input_tolerance",
+            "money",
+            (),
+            "Of requested, the input tolerance: the input a commit may report beyond the held "
+            "count (10% + 256 tokens), held too so that it cannot add up past the limit.",
+        ),
         Wire("tenant", "str", (), "The request's tenant."),
         Wire("end_user", "str", (), "The request's end user, if any."),
     )
@@ -123,6 +130,7 @@ class BudgetExceeded(BudgetError):
         period_start: datetime | None = None,
         prepaid: bool = False,
         top_up_url: str = "",
+        input_tolerance: Decimal | None = None,
     ) -> None:
         self.scope = scope
         self.period_start = period_start
@@ -132,6 +140,7 @@ class BudgetExceeded(BudgetError):
         self.limit = limit
         self.remaining = remaining
         self.requested = requested
+        self.input_tolerance = input_tolerance
         self.resets_at = resets_at
         self.currency = currency
         self.budget_id = budget_id
@@ -146,17 +155,19 @@ class BudgetExceeded(BudgetError):
                 "is larger than the whole limit, so no reset makes room for it: lower its "
                 "output ceiling (or its input), or raise the limit"
             )
+            if input_tolerance:
+                when += " (every call holds its input tolerance: see docs/limits.md)"
+        needs = f"this request needs {display(requested)}{self._of_which()}"
         message = (
             f"Budget exceeded: {scope} {window} budget has {display(remaining)} {currency} "
-            f"remaining of {display(limit)}; this request needs {display(requested)}. It {when}."
+            f"remaining of {display(limit)}; {needs}. It {when}."
         )
         if prepaid:
             # A prepaid balance never resets: only a top-up makes room (billing/credits.py).
             where = f" at {top_up_url}" if top_up_url else ""
             message = (
                 f"Budget exceeded: {scope}'s prepaid balance has {display(remaining)} {currency} "
-                f"left; this request needs {display(requested)}. Top up the balance{where} to "
-                "continue."
+                f"left; {needs}. Top up the balance{where} to continue."
             )
         super().__init__(
             message,
@@ -166,6 +177,15 @@ class BudgetExceeded(BudgetError):
             remaining=remaining,
             requested=requested,
             resets_at=resets_at,
+        )
+
+    def _of_which(self) -> str:
+        """What part of ``requested`` the input tolerance is, for the message."""
+        if not self.input_tolerance:
+            return ""
+        return (
+            f", of which {display(self.input_tolerance)} is the input tolerance (the input a "
+            "commit may report beyond the held count: 10% + 256 tokens)"
         )
 
     @property
@@ -186,7 +206,8 @@ class BudgetExceeded(BudgetError):
         return {
             "message": (
                 f"Budget exceeded: the installation-wide {self.window} budget cannot admit this "
-                f"request now; it needs {display(self.requested)} {self.currency}. It {when}."
+                f"request now; it needs {display(self.requested)} {self.currency}"
+                f"{self._of_which()}. It {when}."
             ),
             "limit": None,
             "remaining": None,

@@ -223,6 +223,11 @@ class QuoteEstimate:
     amount: Decimal  # the hold at provider cost
     markup_percent: Decimal
     customer_amount: Decimal  # the hold at customer price
+    # Of amount and customer_amount, the input tolerance's part: the input a commit may report
+    # beyond ``input_tokens`` (10% + 256 tokens), held so that it can never add up past a limit.
+    # Its item is ``items``' ``input_tolerance``.
+    input_tolerance: Decimal = Decimal(0)
+    customer_input_tolerance: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,10 @@ from django.db.models import Sum
 from django.test import override_settings
 
 from llm_budgets.engine.counters import rows_by_key
+from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.models import Counter, UsageRecord
-from llm_budgets.money import ZERO, round_charge
+from llm_budgets.money import MILLION, ZERO, round_charge, round_hold
+from llm_budgets.usage import input_allowed
 
 
 def run_threads(count: int, work: Callable[[int], Any], *, timeout: float = 60) -> list[Any]:
@@ -119,6 +121,23 @@ def overspent_counters(limits: Mapping[int, Decimal] | None = None) -> list[str]
                 f"{used} > limit {limit} + overage {ran_over}"
             )
     return over
+
+
+def worst_case(
+    *, input_tokens: int, max_output_tokens: int, input_per_mtok: Decimal, output_per_mtok: Decimal
+) -> Decimal:
+    """A plain request's worst case as the races expect admission to hold it: its input and the
+    input tolerance a commit may report beyond it (issue #38), and its output ceiling."""
+    held_input = input_allowed(input_tokens) * input_per_mtok
+    return round_hold((held_input + max_output_tokens * output_per_mtok) / MILLION)
+
+
+def refused_early(refusal: BudgetExceeded, worst_case: Decimal) -> bool:
+    """An early (or wrong) refusal: one that did not ask for the call's ``worst_case`` (the input
+    tolerance included), or came while its budget, as a whole, had room for it."""
+    if refusal.requested != worst_case:
+        return True
+    return refusal.remaining is not None and refusal.remaining >= worst_case
 
 
 def lock_waited(*, others_only: bool = False, seconds: float = 30) -> bool:

@@ -63,8 +63,8 @@ def test_worst_case_is_input_times_input_price_plus_ceiling_times_output_price(a
     hold = budgets.reserve(
         tenant="acme", end_user="u-1", model="gpt-4o", input_tokens=1200, max_output_tokens=500
     )
-    # 1200 x 2.50 / 1e6 + 500 x 10.00 / 1e6 = 0.003 + 0.005
-    assert hold.amount == Decimal("0.008")
+    # (1200 + its input tolerance, 120 + 256) x 2.50 / 1e6 + 500 x 10.00 / 1e6 = 0.00394 + 0.005
+    assert hold.amount == Decimal("0.00894")
     assert hold.state == ReservationState.HELD
 
 
@@ -78,10 +78,10 @@ def test_reserve_holds_on_every_applicable_budget(acme: None) -> None:
     }
     # u-1's own monthly budget, plus the "*" daily default (u-1 has no daily budget of its own).
     assert held == {
-        (Scope.GLOBAL, "month"): Decimal("0.008"),
-        (Scope.TENANT, "month"): Decimal("0.008"),
-        (Scope.END_USER, "month"): Decimal("0.008"),
-        (Scope.END_USER_DEFAULT, "day"): Decimal("0.008"),
+        (Scope.GLOBAL, "month"): Decimal("0.00894"),
+        (Scope.TENANT, "month"): Decimal("0.00894"),
+        (Scope.END_USER, "month"): Decimal("0.00894"),
+        (Scope.END_USER_DEFAULT, "day"): Decimal("0.00894"),
     }
 
 
@@ -105,17 +105,20 @@ def test_refusal_takes_the_hold_on_none_of_the_budgets(acme: None) -> None:
     assert refusal.scope == "end user acme/*"
     assert refusal.window == "day"
     assert refusal.limit == Decimal("0.01")
-    assert refusal.remaining == Decimal("0.002")
-    assert refusal.requested == Decimal("0.008")
+    # Each call holds 0.00864: 800 output tokens, and 256 input tokens of tolerance (issue #38).
+    assert refusal.remaining == Decimal("0.00136")
+    assert refusal.requested == Decimal("0.00864")
+    assert refusal.input_tolerance == Decimal("0.00064")
     assert refusal.resets_at is not None
     assert refusal.resets_at > timezone.now()
     assert refusal.retry_after is not None
     assert refusal.retry_after >= 1
     assert "end user acme/*" in str(refusal)
-    assert "0.002" in str(refusal)
+    assert "0.00136" in str(refusal)
+    assert "needs 0.00864, of which 0.00064 is the input tolerance" in str(refusal)
     # Only the first call's hold exists, on every counter; the global and tenant were untouched.
     assert Reservation.objects.count() == 1
-    assert {c.reserved for c in Counter.objects.all()} == {Decimal("0.008")}
+    assert {c.reserved for c in Counter.objects.all()} == {Decimal("0.00864")}
 
 
 def test_the_tightest_budget_is_the_one_reported(acme: None) -> None:
@@ -186,7 +189,7 @@ def test_missing_output_ceiling_refuses_unless_the_plan_sets_one(acme: None) -> 
     budgets.ensure_tenant(tenant="acme", plan="pro")
     hold = budgets.reserve(tenant="acme", model="gpt-4o", input_tokens=0)
     assert hold.max_output_tokens == 1000
-    assert hold.amount == Decimal("0.01")
+    assert hold.amount == Decimal("0.01064")  # 1000 output tokens and 256 of input tolerance
 
 
 @pytest.mark.parametrize(

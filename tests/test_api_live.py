@@ -178,7 +178,14 @@ def test_quote_reserve_by_messages_and_commit_translated_usage(client: BudgetsCl
     assert quote.price is not None
     assert quote.price["model"] == "claude-x"
     assert quote.amount == sum(item["amount"] for item in quote.items)
-    assert {item["dimension"] for item in quote.items} >= {"output_per_mtok", "tool:web_search"}
+    assert {item["dimension"] for item in quote.items} >= {
+        "output_per_mtok",
+        "tool:web_search",
+        "input_tolerance",
+    }
+    # The input tolerance (issue #38): 10% of the counted input + 256 tokens at 3.75 per million.
+    tolerance = counted // 10 + 256
+    assert quote.input_tolerance == Decimal(tolerance) * Decimal("3.75") / 1_000_000
     [draw] = quote.budgets
     assert (draw["scope_label"], draw["would_hold"], draw["fits"]) == (
         "tenant acme",

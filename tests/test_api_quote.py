@@ -64,20 +64,22 @@ def test_quote_itemises_the_worst_case_and_holds_nothing(acme: Any) -> None:
     assert body["price"]["id"] == Price.objects.get(model="claude-x").pk
     assert [tuple(item.values()) for item in body["items"]] == [
         ("cache_write_per_mtok", 1000, "3.75", "0.00375"),
+        ("input_tolerance", 356, "3.75", "0.001335"),
         ("output_per_mtok", 2000, "15", "0.03"),
         ("per_request", 1, "0.001", "0.001"),
     ]
     assert set(body["items"][0]) == {"dimension", "quantity", "rate", "amount"}
     assert (body["amount"], body["markup_percent"], body["customer_amount"]) == (
-        "0.03475",
+        "0.036085",
         "25",
-        "0.0434375",
+        "0.04510625",
     )
+    assert (body["input_tolerance"], body["customer_input_tolerance"]) == ("0.001335", "0.00166875")
     assert body["currency"] == "USD"
     draws = {(d["budget"]["scope_label"], d["budget"]["window"]): d for d in body["budgets"]}
     assert draws[("tenant acme", "month")]["fits"] is True
-    assert draws[("tenant acme", "month")]["would_hold"] == "0.03475"
-    assert draws[("end user acme/*", "day")]["fits"] is False  # 0.03475 > 0.01
+    assert draws[("tenant acme", "month")]["would_hold"] == "0.036085"
+    assert draws[("end user acme/*", "day")]["fits"] is False  # 0.036085 > 0.01
     assert ("global", "month") not in draws  # every tenant's spend: not a tenant key's to see
     assert body["admissible"] is False
     operator = quote(
@@ -88,7 +90,7 @@ def test_quote_itemises_the_worst_case_and_holds_nothing(acme: Any) -> None:
         max_output_tokens=2000,
     ).json()
     shared = next(d for d in operator["budgets"] if d["budget"]["scope"] == "global")
-    assert shared["would_hold"] == "0.0434375"  # customer price
+    assert shared["would_hold"] == "0.04510625"  # customer price
     assert shared["budget"]["unit"] == "customer_price"
 
 

@@ -32,7 +32,13 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
-from tests.concurrency import overspent_counters, patient_lock_waits, run_threads
+from tests.concurrency import (
+    overspent_counters,
+    patient_lock_waits,
+    refused_early,
+    run_threads,
+    worst_case,
+)
 from tests.factories import price_fake, reserve_30, seed
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.concurrency]
@@ -191,6 +197,46 @@ def test_churn_under_shared_caps_never_shows_a_counter_past_its_limit() -> None:
     total = sum(r for r in results[:workers] if isinstance(r, Decimal))
     assert _counter(budget__scope="global").spent == total
     assert _counter(budget__scope="global").reserved == 0
+    _assert_ledger_consistent()
+
+
+def test_racing_tiny_calls_committed_at_the_tolerance_never_pass_the_cap() -> None:
+    """Issue #38 under concurrency: 16 threads each reserve one-token calls and commit each at
+    the input tolerance (257 input tokens, within the rule) until refused. Every commit costs
+    exactly its hold, so the cap admits exactly ``floor(cap / hold)`` calls in all, whatever the
+    interleaving; no commit runs over, and no refusal is early by the worst case with the
+    tolerance."""
+    rates = {"input_per_mtok": Decimal("2.5"), "output_per_mtok": Decimal(10)}  # gpt-4o's
+    budgets.set_price(provider="openai", model="gpt-4o", **rates)
+    held = worst_case(input_tokens=1, max_output_tokens=1, **rates)
+    assert held == Decimal("0.0006525")
+    budgets.ensure_tenant(tenant="acme")
+    budgets.set_limit(tenant="acme", amount=held * 10 + held / 2, window="month")
+
+    def work(_: int) -> tuple[int, BudgetExceeded]:
+        calls = 0
+        while True:
+            try:
+                hold = budgets.reserve(
+                    tenant="acme",
+                    provider="openai",
+                    model="gpt-4o",
+                    input_tokens=1,
+                    max_output_tokens=1,
+                )
+            except BudgetExceeded as refusal:
+                return calls, refusal
+            assert hold.commit(input_tokens=257, output_tokens=1).overage == 0
+            calls += 1
+
+    results = run_threads(16, work)
+
+    assert all(isinstance(r, tuple) for r in results), results
+    assert sum(calls for calls, _ in results) == 10
+    assert [r for _, r in results if refused_early(r, held)] == []
+    counter = _counter()
+    assert (counter.spent, counter.reserved) == (held * 10, 0)
+    assert not UsageRecord.objects.filter(overage__gt=0).exists()
     _assert_ledger_consistent()
 
 

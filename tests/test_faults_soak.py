@@ -3,6 +3,9 @@ idempotent retries, sweeps (with the clock moved ahead), kill-switch trips and c
 raises, in several processes on PostgreSQL at once, while the fault proxy resets their database
 connections at random. Checked continuously (no overspend beyond recorded overage, from another
 connection while it runs) and at the end (conservation, every hold settled after the sweep).
+Commits report input up to the tolerance (issue #38) and output past the ceiling (refused); a
+limit holds in total: no line carries overage, and no refusal is early by the worst case with
+the tolerance.
 
 CI runs it at a reduced size; the full size is a documented command (docs/reliability.md):
 
@@ -21,6 +24,7 @@ import threading
 import time
 from collections import Counter as Tally
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +38,13 @@ from llm_budgets.engine import settlement
 from llm_budgets.engine.adjustments import end_user_spend_reset
 from llm_budgets.exceptions import (
     BudgetError,
+    BudgetExceeded,
     LedgerUnavailable,
 )
 from llm_budgets.jobs.reconcile import counters_drift
-from llm_budgets.models import Budget, EndUser, Reservation, ReservationState
-from tests.concurrency import run_processes
+from llm_budgets.models import Budget, EndUser, Reservation, ReservationState, UsageRecord
+from llm_budgets.usage import input_allowed
+from tests.concurrency import refused_early, run_processes, worst_case
 from tests.factories import seed
 from tests.faultproxy import FaultProxy
 
@@ -49,6 +55,8 @@ TOTAL_OPS = int(os.environ.get("LLMB_SOAK_OPS", "2000"))
 VAR = Path(__file__).resolve().parent.parent / "var"
 PROGRESS_EVERY = 500
 END_USERS = [f"u{n}" for n in range(8)]
+# The soak's model: input and output at 0.03 a token, so the input tolerance costs something.
+MODEL, RATE = "soak", Decimal(30000)
 
 
 def overspent_counters() -> list[str]:
@@ -84,7 +92,7 @@ def soak_worker(index: int, proxy_port: int, ops: int) -> dict[str, int]:
     connection.close()
     rng = random.Random(1000 + index)
     tally: Tally[str] = Tally()
-    open_holds: list[Any] = []
+    open_holds: list[Any] = []  # (reservation id, input tokens held)
     # Each admitted key's request and reservation: a retry repeats the request exactly, as a
     # client retrying after a lost answer does, and must get the same reservation back.
     sent: dict[str, tuple[dict[str, Any], Any]] = {}
@@ -108,7 +116,7 @@ def soak_worker(index: int, proxy_port: int, ops: int) -> dict[str, int]:
                 if rng.random() < 0.1:  # the key reused for another request: never admitted
                     op = "retry (changed)"
                     request = {**request, "max_output_tokens": request["max_output_tokens"] + 1}
-                hold = budgets.reserve(**request, idempotency_key=key)
+                hold = _reserve(request, key)
                 if hold.id != first:
                     tally["retry answered another reservation"] += 1
             elif op in ("reserve", "retry"):
@@ -117,22 +125,28 @@ def soak_worker(index: int, proxy_port: int, ops: int) -> dict[str, int]:
                     "tenant": "acme",
                     "end_user": rng.choice(END_USERS),
                     "provider": "fake",
-                    "model": "m30",
-                    "input_tokens": 0,
+                    "model": MODEL,
+                    "input_tokens": rng.randint(0, 40),
                     "max_output_tokens": rng.randint(1, 1000),
                     "ttl": rng.randint(1, 60),
                 }
-                hold = budgets.reserve(**request, idempotency_key=key)
+                hold = _reserve(request, key)
                 sent[key] = (request, hold.id)
-                open_holds.append(hold.id)
+                open_holds.append((hold.id, request["input_tokens"]))
             elif op == "commit" and open_holds:
-                hold_id = open_holds.pop(rng.randrange(len(open_holds)))
-                # under and over the hold (overage is recorded, never refused)
-                budgets.commit(hold_id, input_tokens=0, output_tokens=rng.randint(0, 1500))
+                hold_id, held_input = open_holds.pop(rng.randrange(len(open_holds)))
+                # Input up to the tolerance (within the rule: never over the hold); output
+                # under the ceiling and over it (refused, usage_exceeds_hold).
+                budgets.commit(
+                    hold_id,
+                    input_tokens=rng.randint(0, input_allowed(held_input)),
+                    output_tokens=rng.randint(0, 1500),
+                )
             elif op == "release" and open_holds:
-                budgets.release(open_holds.pop(rng.randrange(len(open_holds))))
+                budgets.release(open_holds.pop(rng.randrange(len(open_holds)))[0])
             elif op == "extend" and open_holds:
-                settlement.reservation_extend(rng.choice(open_holds), ttl=rng.randint(1, 60))
+                hold_id = rng.choice(open_holds)[0]
+                settlement.reservation_extend(hold_id, ttl=rng.randint(1, 60))
             elif op == "sweep":
                 # The clock moved ahead: holds whose TTL passed are settled by the sweep.
                 budgets.sweep(now=timezone.now() + timedelta(seconds=rng.randint(0, 90)))
@@ -170,9 +184,27 @@ def soak_worker(index: int, proxy_port: int, ops: int) -> dict[str, int]:
             connection.close()
         except EndUser.DoesNotExist:
             tally[f"{op} skipped (end user not seen yet)"] += 1
+        except BudgetExceeded as exc:
+            tally[f"{op} {exc.code}"] += 1
+            if refused_early(exc, _worst_case(request)):
+                tally[f"{op} refused early"] += 1
         except BudgetError as exc:
             tally[f"{op} {exc.code}"] += 1
     return dict(tally)
+
+
+def _reserve(request: dict[str, Any], key: str) -> budgets.Hold:
+    return budgets.reserve(**request, idempotency_key=key)
+
+
+def _worst_case(request: dict[str, Any]) -> Decimal:
+    """What a request holds: its input, the input tolerance and its output ceiling (#38)."""
+    return worst_case(
+        input_tokens=request["input_tokens"],
+        max_output_tokens=request["max_output_tokens"],
+        input_per_mtok=RATE,
+        output_per_mtok=RATE,
+    )
 
 
 def test_soak(tmp_path: Path) -> None:
@@ -183,6 +215,7 @@ def test_soak(tmp_path: Path) -> None:
     # now and then by a spend reset) and the kill switches decide. (A raise widens a limit only
     # while it lasts, so raises alone cannot keep a long run admitting.)
     seed(limit=str(max(3000, TOTAL_OPS * 3 // 2)))
+    budgets.set_price(provider="fake", model=MODEL, input_per_mtok=RATE, output_per_mtok=RATE)
     VAR.mkdir(exist_ok=True)
     budgets.set_limit(tenant="acme", end_user="*", amount="400", window="day")
     db = connection.settings_dict
@@ -230,6 +263,9 @@ def test_soak(tmp_path: Path) -> None:
     budgets.sweep(now=timezone.now() + timedelta(hours=2))
     assert not Reservation.objects.filter(state=ReservationState.HELD).exists()
     assert overspent_counters() == []
+    # A limit holds in total (#38): every commit within the rule costs at most its hold, so no
+    # line carries overage, and no refusal came while its budget had room for the worst case.
+    assert not UsageRecord.objects.filter(overage__gt=0).exists()
     assert counters_drift() == []
     ops = sum(tally.values())
     assert ops == TOTAL_OPS // PROCESSES * PROCESSES
@@ -241,6 +277,7 @@ def test_soak(tmp_path: Path) -> None:
     assert tally["retry ok"] > 0, tally
     assert tally["retry answered another reservation"] == 0, tally
     assert tally["retry (changed) ok"] == 0, tally
+    assert not [k for k in tally if k.endswith("refused early")], tally
     (VAR / "faults-soak.json").write_text(
         json.dumps(
             {

@@ -28,15 +28,24 @@ from tests.concurrency import (
     lock_waited,
     overspent_counters,
     patient_lock_waits,
+    refused_early,
     run_processes,
     run_threads,
+    worst_case,
 )
 from tests.factories import price_fake, reserve_30
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.concurrency]
 
-# One output token of fake/m30 costs 0.03: 100 tokens hold exactly 3.
-AMOUNT, TOKENS = Decimal(3), 100
+# Each call's worst case: 100 output tokens of fake/m30 at 0.03, and the input tolerance at its
+# free input: exactly 3.
+TOKENS = 100
+AMOUNT = worst_case(
+    input_tokens=0,
+    max_output_tokens=TOKENS,
+    input_per_mtok=Decimal(0),
+    output_per_mtok=Decimal(30000),
+)
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +85,7 @@ def _refusals_justified(results: list[object]) -> list[budgets.Hold]:
     below the amount (never early)."""
     unexpected = [r for r in results if not isinstance(r, budgets.Hold | BudgetExceeded)]
     assert not unexpected, unexpected
-    early = [r for r in results if isinstance(r, BudgetExceeded) and r.remaining >= r.requested]
+    early = [r for r in results if isinstance(r, BudgetExceeded) and refused_early(r, AMOUNT)]
     assert not early, early
     return [r for r in results if isinstance(r, budgets.Hold)]
 
@@ -130,7 +139,7 @@ def _outcome(index: int) -> str:
     try:
         _reserve(index)
     except BudgetExceeded as exc:
-        return "early" if exc.remaining >= exc.requested else "refused"
+        return "early" if refused_early(exc, AMOUNT) else "refused"
     return "admitted"
 
 

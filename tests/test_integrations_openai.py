@@ -30,6 +30,7 @@ from llm_budgets.models import Plan, Reservation, UsageRecord
 from llm_budgets.pricing.tokens import count_input_tokens
 from llm_budgets.testing.fakes.openai_server import FakeOpenAI
 from llm_budgets.testing.fakes.server import WAIT, Behaviour
+from llm_budgets.usage import input_allowed
 from tests.factories import PRICES_START
 from tests.integrations import (
     GPT,
@@ -457,9 +458,11 @@ def test_the_degraded_model_and_ceiling_are_what_is_sent(fake: FakeOpenAI) -> No
         degradation_ladder=[{"at_percent": 50, "models": {GPT: GPT_MINI}, "max_output_tokens": 40}],
     )
     budgets.ensure_tenant(tenant="acme", plan="degrading")
-    budgets.set_limit(tenant="acme", amount=Decimal("1000"), window="month")
+    budgets.set_limit(tenant="acme", amount=Decimal("3000"), window="month")
+    # 600 output tokens and 256 of input tolerance at 2 a token (the dearest input-side rate):
+    # 1712 held, past the rung at 50%.
     budgets.reserve(
-        tenant="acme", provider="openai", model=GPT, input_tokens=0, max_output_tokens=300
+        tenant="acme", provider="openai", model=GPT, input_tokens=0, max_output_tokens=600
     )
     _client(fake.base_url, allow_degrade=True).chat.completions.create(  # type: ignore[attr-defined]
         model=GPT, messages=MESSAGES, max_completion_tokens=100
@@ -479,14 +482,14 @@ def test_a_dated_name_is_degraded_by_the_ladder_of_its_model(fake: FakeOpenAI) -
         name="degrading", degradation_ladder=[{"at_percent": 50, "models": {GPT: GPT_MINI}}]
     )
     budgets.ensure_tenant(tenant="acme", plan="degrading")
-    budgets.set_limit(tenant="acme", amount=Decimal("1000"), window="month")
+    budgets.set_limit(tenant="acme", amount=Decimal("3000"), window="month")
     client = _client(fake.base_url, allow_degrade=True)
     client.chat.completions.create(  # type: ignore[attr-defined]
         model="gpt-4o-2024-08-06", messages=MESSAGES, max_completion_tokens=10
     )
     assert fake.last.body["model"] == "gpt-4o-2024-08-06"  # below the rung: as spelled
     budgets.reserve(
-        tenant="acme", provider="openai", model=GPT, input_tokens=0, max_output_tokens=300
+        tenant="acme", provider="openai", model=GPT, input_tokens=0, max_output_tokens=600
     )
     client.chat.completions.create(  # type: ignore[attr-defined]
         model="gpt-4o-2024-08-06", messages=MESSAGES, max_completion_tokens=10
@@ -746,7 +749,9 @@ def test_priority_is_held_and_charged_at_the_price_tables_tier_rates(fake: FakeO
     )
     reservation = only_reservation()
     assert reservation.service_tier == "priority"
-    assert reservation.amount == Decimal("1.7") * reservation.input_tokens + Decimal("3.4") * 100
+    # The held input and its tolerance (issue #38) at the tier's input rate, and the ceiling.
+    held_input = input_allowed(reservation.input_tokens)
+    assert reservation.amount == Decimal("1.7") * held_input + Decimal("3.4") * 100
     line = charge_line(reservation)
     # 15 uncached x 1.7 + 5 cached x 0.85 + 12 output x 3.4 (standard: 41.5)
     assert line.cost == Decimal("70.55")
@@ -816,7 +821,7 @@ def test_file_search_and_code_interpreter_fees_are_held_per_allowed_call_and_cha
         ],
     )
     assert reservation.input_tokens == prompt + 2 * SEARCH_CONTENT_TOKENS_PER_USE
-    assert reservation.amount == reservation.input_tokens + 2 * 50 + 2 * 3 + 2 * 30
+    assert reservation.amount == input_allowed(reservation.input_tokens) + 2 * 50 + 2 * 3 + 2 * 30
     line = charge_line(reservation)
     assert line.tool_calls == {"file_search": 1, "code_interpreter": 1}
     assert line.cost == Decimal("41.5") + 3 + 30

@@ -57,6 +57,8 @@ def _price(model: str = "m", *, output: str = "10", at: datetime = T0, **fields:
 
 
 def _reserve(model: str = "m", *, at: datetime, **kwargs: object) -> Reservation:
+    """A million input tokens and a million output tokens: 1 + 10 at ``_price``'s default, and
+    the input tolerance (100,256 tokens: 0.100256) besides."""
     values: dict[str, object] = {"input_tokens": 1_000_000, "max_output_tokens": 1_000_000}
     values.update(kwargs)
     return reservation_create(tenant="acme", provider="p", model=model, now=at, **values)
@@ -71,7 +73,7 @@ def test_a_reservation_made_before_a_price_change_settles_at_the_old_price() -> 
     before = _reserve(at=T0 + timedelta(hours=1))
     _price(output="20", at=T0 + timedelta(hours=2))  # a new version, from T0+2h
     after = _reserve(at=T0 + timedelta(hours=3))
-    assert (before.amount, after.amount) == (Decimal(11), Decimal(21))
+    assert (before.amount, after.amount) == (Decimal("11.100256"), Decimal("21.100256"))
     settled_late = reservation_commit(
         before.pk, input_tokens=1_000_000, output_tokens=1_000_000, now=T0 + timedelta(hours=4)
     )
@@ -187,7 +189,11 @@ def test_price_as_uses_the_other_models_price_and_marks_the_ledger() -> None:
     )
     _tenant(plan)
     held = _reserve("unknown", at=T0 + timedelta(hours=1))
-    assert (held.amount, held.pricing_basis, held.model) == (Decimal(11), "price_as", "unknown")
+    assert (held.amount, held.pricing_basis, held.model) == (
+        Decimal("11.100256"),
+        "price_as",
+        "unknown",
+    )
     reservation_commit(held.pk, input_tokens=0, output_tokens=100_000, now=T0 + timedelta(hours=1))
     line = UsageRecord.objects.get()
     assert (line.cost, line.pricing_basis, line.model) == (Decimal(1), "price_as", "unknown")
@@ -214,7 +220,7 @@ def test_the_ceiling_is_clamped_to_the_models_known_maximum() -> None:
     asked = _reserve(at=T0, max_output_tokens=100_000)
     defaulted = _reserve(at=T0, max_output_tokens=None)
     assert asked.max_output_tokens == defaulted.max_output_tokens == 8_000
-    assert asked.amount == Decimal("1.08")
+    assert asked.amount == Decimal("1.180256")
 
 
 def test_the_context_window_bounds_the_ceiling_when_no_maximum_is_known() -> None:
@@ -237,14 +243,17 @@ def test_budgets_in_customer_price_hold_and_spend_the_marked_up_amount() -> None
     _price()
     _tenant(Plan.objects.create(name="markup", markup_percent=Decimal(20)))
     budgets.set_limit(tenant="acme", amount=Decimal(1000), window="month", unit="customer_price")
-    held = _reserve(at=T0)  # 11 at provider cost
+    held = _reserve(at=T0)  # 11.100256 at provider cost
     assert (held.amount, held.customer_amount, held.markup_percent) == (
-        Decimal(11),
-        Decimal("13.2"),
+        Decimal("11.100256"),
+        Decimal("13.3203072"),
         Decimal(20),
     )
     reserved = {c.budget.unit: c.reserved for c in Counter.objects.select_related("budget")}
-    assert reserved == {"provider_cost": Decimal(11), "customer_price": Decimal("13.2")}
+    assert reserved == {
+        "provider_cost": Decimal("11.100256"),
+        "customer_price": Decimal("13.3203072"),
+    }
     assert counters_drift() == []
     result = reservation_commit(held.pk, input_tokens=1_000_000, output_tokens=0, now=T0)
     assert (result.cost, result.customer_cost) == (Decimal(1), Decimal("1.2"))
@@ -260,7 +269,7 @@ def test_a_tenant_markup_overrides_the_plan() -> None:
     _price()
     _tenant(Plan.objects.create(name="markup", markup_percent=Decimal(20)))
     budgets.ensure_tenant(tenant="acme", markup_percent="50")
-    assert _reserve(at=T0).customer_amount == Decimal("16.5")
+    assert _reserve(at=T0).customer_amount == Decimal("16.650384")
     assert AuditEvent.objects.filter(
         action="tenant.update", after={"markup_percent": "50"}
     ).exists()
@@ -274,8 +283,9 @@ def test_a_customer_price_budget_refuses_on_the_marked_up_amount() -> None:
     _tenant(Plan.objects.create(name="markup", markup_percent=Decimal(100)), limit="1000")
     budgets.set_limit(tenant="acme", amount=Decimal(20), window="day", unit="customer_price")
     with pytest.raises(BudgetExceeded) as info:
-        _reserve(at=T0)  # 11 provider cost fits 1000, but 22 customer price exceeds 20
-    assert info.value.requested == Decimal(22)
+        _reserve(at=T0)  # 11.1 provider cost fits 1000, but 22.2 customer price exceeds 20
+    assert info.value.requested == Decimal("22.200512")
+    assert info.value.input_tolerance == Decimal("0.200512")  # in the budget's unit
 
 
 def test_expiry_release_and_late_commit_keep_both_units_conserved() -> None:
@@ -308,7 +318,8 @@ def test_the_hold_covers_the_tool_calls_the_request_may_make() -> None:
     _price(tool_fees={"web_search": "0.01"}, per_request="0.001")
     _tenant()
     held = _reserve(at=T0, input_tokens=0, max_output_tokens=1, max_tool_calls={"web_search": 3})
-    assert held.amount == Decimal("0.03101")  # 3 searches + request fee + 1e-5 of output
+    # 3 searches + request fee + 1e-5 of output + 256 input tokens of tolerance
+    assert held.amount == Decimal("0.031266")
     with pytest.raises(InvalidUsage) as info:
         _reserve(at=T0, max_tool_calls={"web_search": -1})
     assert info.value.field == "max_tool_calls['web_search']"
@@ -322,4 +333,4 @@ def test_the_hold_covers_the_tool_calls_the_request_may_make() -> None:
         result = reservation_commit(
             held.pk, input_tokens=0, output_tokens=0, tool_calls={"web_search": 4}, now=T0
         )
-    assert (result.cost, result.overage) == (Decimal("0.041"), Decimal("0.00999"))
+    assert (result.cost, result.overage) == (Decimal("0.041"), Decimal("0.009734"))

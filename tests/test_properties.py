@@ -3,7 +3,11 @@ clock moves / run closes, over two tenants and their end users under global, ten
 end-user budgets, and (issue #16) t1's each-run budget and a tag budget, for calls naming a run,
 a tag, both or neither. Issue 22: staff corrections interleave with them (spend resets of an end
 user, a run and a tag budget; voids; temporary raises; limit changes), and commits report usage
-beyond their hold too (refused, the hold left as it was).
+beyond their hold too (refused, the hold left as it was). Issue 38: bursts of tiny holds (one
+input token, one output token) reserved until refused or done, each committed at the input
+tolerance (all the plausibility rule admits), and commits of any hold at the tolerance: a commit
+within the rule never costs more than its hold, and with expired holds charged (the default) no
+counter ever passes its limit, overage or not: a limit holds in total.
 
 After every step the ledger conserves (each counter's spent is the sum of its ledger lines and
 its reserved the sum of its live holds), no counter is past its limit by more than the overage
@@ -115,6 +119,12 @@ RELEASED, EXPIRED = ReservationState.RELEASED, ReservationState.EXPIRED
 def _cost(input_tokens: int, output_tokens: int) -> Decimal:
     # Exact at the stored precision for these prices: no rounding to model.
     return (input_tokens * INPUT_PER_MTOK + output_tokens * OUTPUT_PER_MTOK) / 1_000_000
+
+
+def _worst_case(input_tokens: int, max_output_tokens: int) -> Decimal:
+    """A request's worst case as the model sees it: the held input and the input tolerance a
+    commit may report beyond it (issue 38), and the output ceiling."""
+    return _cost(input_allowed(input_tokens), max_output_tokens)
 
 
 def _counters() -> list[tuple[int, Decimal, Decimal]]:
@@ -241,7 +251,8 @@ class LedgerMachine(RuleBasedStateMachine):
             reservation = reservation_create(**call)  # type: ignore[arg-type]
         except BudgetExceeded as exc:
             event(f"reserve refused by a {exc.scope.split()[0]} budget")
-            self._assert_justified(exc, before, caller, key, run, tags)
+            worst_case = _worst_case(input_tokens, max_output_tokens)
+            self._assert_justified(exc, before, caller, key, run, tags, worst_case)
             return multiple()
         if key is not None and (tenant, key) in self.keys:
             # Same key, same tenant: the same reservation, and nothing more is reserved.
@@ -267,6 +278,7 @@ class LedgerMachine(RuleBasedStateMachine):
         key: str | None,
         run: str | None,
         tags: dict[str, str] | None,
+        worst_case: Decimal,
     ) -> None:
         """A refusal names a budget that has no room for the request, and holds nothing."""
         tenant, end_user = caller
@@ -285,6 +297,8 @@ class LedgerMachine(RuleBasedStateMachine):
             for s in budget_statuses(tenant_obj, user_obj, self.now, scopes)
             if s.budget_id == exc.budget_id
         ]
+        # Refused only when its worst case, the input tolerance included, has no room.
+        assert exc.requested == worst_case
         assert status.spent + status.reserved + exc.requested > status.limit
         # A refusal adds no row (issue #22.9) and changes none.
         assert _counters() == before
@@ -321,16 +335,50 @@ class LedgerMachine(RuleBasedStateMachine):
             assert result == self.results[rid]  # settling twice returns the first result
             return
         cost = _cost(input_tokens, output_tokens)
-        over = "over" if cost > result.reserved else "within"
-        event(f"commit of a {state} hold ({self.policy}), {over} it")
+        event(f"commit of a {state} hold ({self.policy})")
         assert (result.state, result.cost) == (COMMITTED, cost)
         if state == EXPIRED and self.policy == "release":
             # Its hold was dropped at expiry: the whole cost lands without one, as overage.
             assert result.overage == cost
         else:
-            assert result.overage == max(Decimal(0), cost - result.reserved)
+            # Issue 38: usage within the rule never costs more than the hold (which prices the
+            # input tolerance): no overage, whatever the caller reports.
+            assert cost <= result.reserved == _worst_case(held_input, ceiling)
+            assert result.overage == 0
         self.states[rid] = COMMITTED
         self.results[rid] = result
+
+    @rule(rid=holds)
+    def commit_at_the_tolerance(self, rid: UUID) -> None:
+        """All the rule admits: the held input plus the tolerance, and the output ceiling."""
+        held_input, ceiling = self.held[rid]
+        self.commit(rid, input_allowed(held_input), ceiling)
+
+    @rule(
+        caller=st.sampled_from(list(CALLERS)),
+        count=st.integers(1, 12),
+        scopes=st.sampled_from(SCOPES),
+        input_tokens=st.integers(0, 2),
+    )
+    def tiny_calls_at_the_tolerance(
+        self,
+        caller: tuple[str, str | None],
+        count: int,
+        scopes: tuple[str | None, str | None],
+        input_tokens: int,
+    ) -> None:
+        """Issue 38's probe: tiny holds reserved until one is refused (or ``count``), then each
+        committed at the tolerance. Priced outside the hold, each such commit added the
+        tolerance's cost past the limit; now the limit holds in total."""
+        admitted = []
+        for _ in range(count):
+            rid = self.reserve(caller, input_tokens, 1, 3600, None, scopes)
+            if not isinstance(rid, UUID):
+                break  # refused
+            admitted.append(rid)
+        event(f"tiny calls: {'all admitted' if len(admitted) == count else 'until refused'}")
+        for rid in admitted:
+            self.commit_at_the_tolerance(rid)
 
     @rule(rid=holds)
     def release(self, rid: UUID) -> None:
@@ -438,6 +486,11 @@ class LedgerMachine(RuleBasedStateMachine):
             for b in Budget.objects.all()
         }
         assert overspent_counters(limits) == []
+        if self.policy == "charge":
+            # A limit holds in total (issue 38): with no hold dropped at expiry (the host's
+            # "release" opt-in) and no usage beyond a hold recorded, no line carries overage, so
+            # no counter is past its limit at all.
+            assert not UsageRecord.objects.filter(overage__gt=0).exists()
         assert allowances_excess() == []
         assert dict(Reservation.objects.values_list("pk", "state")) == self.states
 

@@ -57,15 +57,19 @@ def test_quote_itemises_the_worst_case_and_holds_nothing() -> None:
     )
     assert [(i.dimension, i.quantity, i.rate) for i in estimate.items] == [
         ("cache_write_per_mtok", 1_000, Decimal("3.75")),
+        # What a commit may report beyond the held input (10% + 256), held at the same rate.
+        ("input_tolerance", 356, Decimal("3.75")),
         ("output_per_mtok", 2_000, Decimal(15)),
         ("per_request", 1, Decimal("0.001")),
     ]
-    assert estimate.amount == Decimal("0.03475")
-    assert estimate.customer_amount == Decimal("0.0434375")
+    assert estimate.amount == Decimal("0.036085")
+    assert estimate.customer_amount == Decimal("0.04510625")
+    assert estimate.input_tolerance == Decimal("0.001335")
+    assert estimate.customer_input_tolerance == Decimal("0.00166875")
     draws = {(d.status.scope_label, d.status.window): d for d in quote.budgets}
     assert draws[("tenant acme", "month")].fits
-    assert not draws[("end user acme/*", "day")].fits  # 0.03475 > 0.01
-    assert draws[("global", "month")].would_hold == Decimal("0.0434375")
+    assert not draws[("end user acme/*", "day")].fits  # 0.036085 > 0.01
+    assert draws[("global", "month")].would_hold == Decimal("0.04510625")
     assert not quote.admissible
 
 

@@ -14,10 +14,12 @@ from llm_budgets.engine.admission import reservation_create
 from llm_budgets.engine.settlement import (
     reservation_commit,
     reservation_expire,
+    reservation_extend,
     reservation_release,
     reservations_sweep,
 )
 from llm_budgets.exceptions import (
+    BudgetExceeded,
     InvalidUsage,
     ReservationNotFound,
     ReservationStateError,
@@ -32,6 +34,7 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
+from llm_budgets.usage import input_allowed
 from tests.api import BASE, client_for, new_key
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed
 
@@ -87,6 +90,136 @@ def test_usage_the_hold_could_not_have_produced_is_refused_and_the_hold_stays_op
     assert Reservation.objects.get().state == ReservationState.HELD
     assert hold.commit(input_tokens=256, output_tokens=1000).cost == Decimal(30)
     assert counters_drift() == []
+
+
+# gpt-4o's list price (per million tokens); the issue's probe ran on it.
+GPT_4O = {"input_per_mtok": Decimal("2.5"), "output_per_mtok": Decimal(10)}
+
+
+def _tiny_calls_until_refused(reserve: Any, commit: Any) -> tuple[int, Decimal, Decimal]:
+    """The probe of issue #38: reserve 1-input-token, 1-output-token calls until one is refused,
+    then commit each at the input tolerance (257 input tokens: within the rule). Returns how
+    many were admitted, what they cost in total and the overage recorded."""
+    holds = []
+    while True:
+        held = reserve()
+        if held is None:
+            break
+        holds.append(held)
+        assert len(holds) < 1000, "never refused"
+    results = [commit(held) for held in holds]
+    return (
+        len(holds),
+        sum((Decimal(r["cost"]) for r in results), Decimal(0)),
+        sum((Decimal(r["overage"]) for r in results), Decimal(0)),
+    )
+
+
+@pytest.mark.parametrize(("cap", "admitted"), [(Decimal("0.0005"), 0), (Decimal("0.0005") * 10, 7)])
+def test_a_limit_holds_in_total_when_every_commit_reports_the_input_tolerance(
+    cap: Decimal, admitted: int
+) -> None:
+    """Issue #38: each commit may report 10% + 256 input tokens beyond its hold. Priced outside
+    the hold, that allowance added up: 40 one-token calls under a 0.0005 cap on gpt-4o, each
+    committed at 257 input tokens, spent 0.0261 (52 times the cap). A call's worst case now
+    prices the tolerance: the smallest call holds 0.0006525 (257 x 2.5 + 1 x 10 per million),
+    a commit within the rule never costs more than its hold, and the cap holds in total."""
+    budgets.set_price(provider="openai", model="gpt-4o", **GPT_4O)
+    budgets.ensure_tenant(tenant="acme")
+    budgets.set_limit(tenant="acme", amount=cap, window="month")
+
+    def reserve() -> budgets.Hold | None:
+        try:
+            return budgets.reserve(
+                tenant="acme",
+                provider="openai",
+                model="gpt-4o",
+                input_tokens=1,
+                max_output_tokens=1,
+            )
+        except BudgetExceeded:
+            return None
+
+    def commit(hold: budgets.Hold) -> dict[str, Decimal]:
+        result = hold.commit(input_tokens=257, output_tokens=1)  # within the rule: 1 + 256
+        return {"cost": result.cost, "overage": result.overage}
+
+    calls, spent, overage = _tiny_calls_until_refused(reserve, commit)
+    assert (calls, overage) == (admitted, 0)
+    assert spent <= cap
+    counter = Counter.objects.filter(budget__tenant__external_id="acme").first()
+    assert counter is None or counter.spent + counter.reserved <= cap
+    assert counters_drift() == []
+
+
+def test_a_tenant_key_over_rest_cannot_add_the_tolerance_up_past_its_cap() -> None:
+    """The probe over REST, as a tenant key would run it: the first tiny call is refused, and
+    the refusal says how much of what the call needs is the input tolerance."""
+    budgets.set_price(provider="openai", model="gpt-4o", **GPT_4O)
+    budgets.ensure_tenant(tenant="acme")
+    budgets.set_limit(tenant="acme", amount=Decimal("0.003"), window="month")
+    client = client_for(new_key("acme"))
+    refusals = []
+
+    def reserve() -> str | None:
+        body = {"provider": "openai", "model": "gpt-4o", "input_tokens": 1, "max_output_tokens": 1}
+        response = client.post(f"{BASE}reservations", body, format="json")
+        if response.status_code == 429:
+            refusals.append(response.json()["error"])
+            return None
+        assert response.status_code == 201, response.content
+        return str(response.json()["id"])
+
+    def commit(rid: str) -> dict[str, str]:
+        url = f"{BASE}reservations/{rid}/commit"
+        response = client.post(url, {"input_tokens": 257, "output_tokens": 1}, format="json")
+        assert response.status_code == 200, response.content
+        return dict(response.json())
+
+    calls, spent, overage = _tiny_calls_until_refused(reserve, commit)
+    assert (calls, spent, overage) == (4, Decimal("0.00261"), 0)
+    (refused,) = refusals
+    assert refused["requested"] == "0.0006525"
+    assert refused["input_tolerance"] == "0.00064"  # 256 tokens at 2.5 per million
+    assert "of which 0.00064 is the input tolerance" in refused["message"]
+
+
+def test_an_extension_into_a_dearer_time_of_day_price_is_refused() -> None:
+    """Issue #38: a hold prices the dearest rates of its lifetime, a charge the rates at
+    settlement clamped to that lifetime. Extending a hold taken off-peak into peak let a commit
+    within the rule cost three times its hold, call after call: refused now, nothing changed."""
+    off_peak = {"start": "16:30:00", "end": "00:30:00", "prices": {"input_per_mtok": "1"}}
+    budgets.set_price(
+        provider="p",
+        model="m",
+        input_per_mtok=Decimal(3),
+        output_per_mtok=Decimal(0),
+        daily_spans=[off_peak],
+        effective_from=datetime(2026, 1, 1, tzinfo=UTC),
+    )
+    budgets.ensure_tenant(tenant="acme")
+    budgets.set_limit(tenant="acme", amount=Decimal(10), window="month")
+    at = datetime(2026, 3, 2, 20, 0, tzinfo=UTC)
+    held = reservation_create(
+        tenant="acme",
+        provider="p",
+        model="m",
+        input_tokens=1_000_000,
+        max_output_tokens=1,
+        ttl=60,
+        now=at,
+    )
+    assert held.amount == Decimal("1.100256")  # off-peak, the input tolerance included
+    with pytest.raises(InvalidUsage, match="time-of-day price its hold does not cover") as info:
+        reservation_extend(held.pk, ttl=6 * 3600, now=at)  # to 02:00, past 00:30
+    assert info.value.field == "ttl"
+    assert Reservation.objects.get().expires_at == at + timedelta(seconds=60)
+    reservation_extend(held.pk, ttl=3600, now=at)  # still off-peak: extended
+    late = at + timedelta(minutes=59)
+    result = reservation_commit(
+        held.pk, input_tokens=input_allowed(1_000_000), output_tokens=1, now=late
+    )
+    assert (result.cost, result.overage) == (Decimal("1.100256"), 0)
 
 
 def test_usage_beyond_the_hold_is_a_422_over_rest_and_leaves_the_hold_open() -> None:

@@ -593,7 +593,9 @@ class QuoteQuerySerializer(StrictSerializer):
 
 class QuoteItemSerializer(serializers.Serializer):
     dimension = serializers.CharField(
-        read_only=True, help_text="The price dimension, e.g. output_per_mtok or per_request."
+        read_only=True,
+        help_text="The price dimension, e.g. output_per_mtok or per_request; input_tolerance: "
+        "the input a commit may report beyond the held count, at the input rate.",
     )
     quantity = serializers.IntegerField(read_only=True, help_text="Tokens, or calls.")
     rate = MoneyField(read_only=True, help_text="Per million tokens, or per call.")
@@ -646,6 +648,15 @@ class QuoteSerializer(serializers.Serializer):
     markup_percent = money_out(source="estimate.markup_percent")
     customer_amount = money_out(
         source="estimate.customer_amount", help_text="The hold at customer price."
+    )
+    input_tolerance = money_out(
+        source="estimate.input_tolerance",
+        help_text="Of amount, the input tolerance: the input a commit may report beyond "
+        "input_tokens (10% + 256 tokens), held too (item input_tolerance).",
+    )
+    customer_input_tolerance = money_out(
+        source="estimate.customer_input_tolerance",
+        help_text="Of customer_amount, the input tolerance.",
     )
     currency = serializers.CharField(read_only=True)
     budgets = BudgetDrawSerializer(many=True, read_only=True)

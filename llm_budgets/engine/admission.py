@@ -75,7 +75,7 @@ from llm_budgets.models import (
     Run,
 )
 from llm_budgets.money import ZERO
-from llm_budgets.pricing.estimates import input_token_count, request_estimate
+from llm_budgets.pricing.estimates import Estimate, input_token_count, request_estimate
 from llm_budgets.request import Request
 from llm_budgets.tenancy.runs import run_refuse_if_closed
 from llm_budgets.tenancy.tenants import tenant_with_end_user, tenant_with_plan
@@ -330,6 +330,7 @@ def reservation_admit(
             created_at=now,
             expires_at=now + ttl,
         )
+        _tolerance(reservation, estimate)
         degrade = _Degrade(ladder, ttl, tool_calls, tier) if ladder else None
         try:
             return _admit(
@@ -903,8 +904,15 @@ def _degrade(
     reservation.max_output_tokens = estimate.max_output_tokens
     reservation.amount = estimate.amount
     reservation.customer_amount = estimate.customer_amount
+    _tolerance(reservation, estimate)
     reservation.degraded = True
     return True
+
+
+def _tolerance(reservation: Reservation, estimate: Estimate) -> None:
+    """Keep the estimate's input tolerance on the reservation (not stored) for its refusal."""
+    reservation.input_tolerance = estimate.input_tolerance
+    reservation.customer_input_tolerance = estimate.customer_input_tolerance
 
 
 def _ladder_name(ladder: list[Rung], reservation: Reservation) -> str:
@@ -950,6 +958,7 @@ def _exceeded(
         period_start=item.period.start,
         prepaid=budget.prepaid,
         top_up_url=_top_up_url(budget) if budget.prepaid else "",
+        input_tolerance=reservation.input_tolerance_for(budget.unit),
     )
 
 

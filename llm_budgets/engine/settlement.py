@@ -62,7 +62,7 @@ from llm_budgets.models import (
     UsageRecord,
 )
 from llm_budgets.money import ZERO, round_charge
-from llm_budgets.pricing.costs import actual_cost, customer_charge
+from llm_budgets.pricing.costs import actual_cost, customer_charge, worst_case
 from llm_budgets.pricing.prices import price_in_effect
 from llm_budgets.results import CommitResult as CommitResult  # its home until issue #10
 from llm_budgets.signals import reservation_settled
@@ -549,9 +549,42 @@ def reservation_extend(
             )
         expires_at = now + timedelta(seconds=seconds)
         if expires_at > reservation.expires_at:
+            _refuse_a_dearer_span(reservation, expires_at)
             reservation.expires_at = expires_at
             reservation.save(update_fields=["expires_at"])
         return reservation
+
+
+def _refuse_a_dearer_span(reservation: Reservation, expires_at: datetime) -> None:
+    """A hold prices the dearest time-of-day rates of its lifetime, and a charge uses the rates
+    at settlement clamped to that lifetime: an extension that reaches dearer rates would let a
+    commit within the rule cost more than its hold, an allowance that adds up call after call
+    (issue #38). Refused, nothing changed; a price without daily spans never refuses."""
+    price = reservation.price
+    if price is None or not price.daily_spans:
+        return
+
+    def held_for(end: datetime) -> Decimal:
+        return worst_case(
+            price,
+            input_tokens=reservation.input_tokens,
+            max_output_tokens=reservation.max_output_tokens,
+            start=reservation.created_at,
+            end=end,
+            tool_calls=reservation.max_tool_calls or {},
+            service_tier=reservation.service_tier,
+        )
+
+    held, needed = held_for(reservation.expires_at), held_for(expires_at)
+    if needed > held:
+        raise InvalidUsage(
+            f"Extending reservation {reservation.pk} to {expires_at.isoformat()} would take it "
+            f"into a time-of-day price its hold does not cover (it may then cost up to {needed} "
+            f"{reservation.currency}, its hold priced {held}). Nothing was changed: settle the "
+            f"call by {reservation.expires_at.isoformat()}, or release it and reserve again for "
+            "the longer call.",
+            field="ttl",
+        )
 
 
 def _charge_held_as_estimated(

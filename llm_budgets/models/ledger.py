@@ -133,6 +133,17 @@ class Reservation(models.Model):
         """The hold in a budget's unit: provider cost, or customer price."""
         return self.customer_amount if unit == BudgetUnit.CUSTOMER_PRICE else self.amount
 
+    # Not stored: of amount and customer_amount, the input tolerance's part, set by admission
+    # from the estimate it holds (pricing.estimates.Estimate) so that a refusal can say it.
+    input_tolerance = Decimal(0)
+    customer_input_tolerance = Decimal(0)
+
+    def input_tolerance_for(self, unit: str) -> Decimal:
+        """Of :meth:`amount_for`, the input tolerance's part (0 on a reservation read back)."""
+        if unit == BudgetUnit.CUSTOMER_PRICE:
+            return self.customer_input_tolerance
+        return self.input_tolerance
+
 
 class ReservationHold(models.Model):
     """Which counters a reservation holds on; ``unit`` (the budget's, when the hold was taken)

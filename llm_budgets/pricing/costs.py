@@ -17,6 +17,11 @@ Which rates apply:
   writes at ``cache_write_1h_per_mtok``); an empty rate prices those tokens as plain input. The
   worst case prices every input token at the highest input-side rate (a cache write can cost more
   than plain input) and every output token at the higher of output and reasoning.
+- **The input tolerance**: a commit may report more input than the hold counted
+  (``usage.input_allowed``: 10% + 256 tokens). The worst case holds those tokens too, as their own
+  item (``input_tolerance``), and at every tier an input count up to that allowance can reach: a
+  commit within the rule never costs more than its hold, so the allowance cannot add up past a
+  limit (docs/limits.md, "How far a counter can pass its limit").
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from llm_budgets.exceptions import UnknownPrice
 from llm_budgets.models import Price
 from llm_budgets.money import MILLION, ZERO, round_charge, round_hold
 from llm_budgets.results import Item
-from llm_budgets.usage import Usage
+from llm_budgets.usage import Usage, input_allowed
 
 # The per-million-token rates of a version, in the order they are itemised.
 TOKEN_RATES = (
@@ -42,6 +47,8 @@ TOKEN_RATES = (
     "reasoning_per_mtok",
 )
 INPUT_RATES = TOKEN_RATES[:4]
+# The worst case's item for the input a commit may report beyond the held count.
+INPUT_TOLERANCE = "input_tolerance"
 ONE = Decimal(1)
 HUNDRED = Decimal(100)
 
@@ -173,6 +180,13 @@ def usage_items(price: Price, usage: Usage, *, at: datetime, service_tier: str =
     return items + _fee_items(price, usage.tool_calls)
 
 
+def _tier_inputs(price: Price, most: int) -> list[int]:
+    """An input count for each tier some count from 0 to ``most`` picks (tiers change only just
+    above a threshold): the worst case takes the dearest of them."""
+    thresholds = {tier["above_input_tokens"] for tier in price.tiers or []}
+    return [0, *sorted(t + 1 for t in thresholds if t < most)]
+
+
 def worst_case_items(
     price: Price,
     *,
@@ -183,26 +197,37 @@ def worst_case_items(
     tool_calls: Mapping[str, int] | None = None,
     service_tier: str = "",
 ) -> list[Item]:
-    """The most a request can cost, itemised: every input token at the highest input-side rate,
-    every output token at the higher of output and reasoning, in the dearest span that may apply
-    between ``start`` and ``end`` (at ``service_tier``)."""
+    """The most a request can cost, itemised: the held input and the input tolerance
+    (``usage.input_allowed``) at the highest input-side rate, every output token at the higher
+    of output and reasoning, at the dearest tier an input count up to that allowance picks, in
+    the dearest span that may apply between ``start`` and ``end`` (at ``service_tier``). A commit
+    within the plausibility rule (``usage.usage_within_hold``) never costs more."""
+    tolerance = input_allowed(input_tokens) - input_tokens
     candidates = []
     for span in _spans_between(price, start, end):
-        rate = rates(price, input_tokens=input_tokens, span=span, service_tier=service_tier)
-        input_name = max(
-            (n for n in INPUT_RATES if rate[n] is not None),
-            key=lambda n: rate[n],  # type: ignore[arg-type,return-value]
-        )
-        output_name = "output_per_mtok"
-        if (rate["reasoning_per_mtok"] or ZERO) > (rate["output_per_mtok"] or ZERO):
-            output_name = "reasoning_per_mtok"
-        items = [
-            _token_item(input_name, input_tokens, rate[input_name] or ZERO),
-            _token_item(output_name, max_output_tokens, rate[output_name] or ZERO),
-            *_fee_items(price, tool_calls or {}),
-        ]
-        candidates.append(items)
+        for tier_input in _tier_inputs(price, input_tokens + tolerance):
+            rate = rates(price, input_tokens=tier_input, span=span, service_tier=service_tier)
+            input_name = max(
+                (n for n in INPUT_RATES if rate[n] is not None),
+                key=lambda n: rate[n],  # type: ignore[arg-type,return-value]
+            )
+            input_rate = rate[input_name] or ZERO
+            output_name = "output_per_mtok"
+            if (rate["reasoning_per_mtok"] or ZERO) > (rate["output_per_mtok"] or ZERO):
+                output_name = "reasoning_per_mtok"
+            items = [
+                _token_item(input_name, input_tokens, input_rate),
+                _token_item(INPUT_TOLERANCE, tolerance, input_rate),
+                _token_item(output_name, max_output_tokens, rate[output_name] or ZERO),
+                *_fee_items(price, tool_calls or {}),
+            ]
+            candidates.append(items)
     return max(candidates, key=total)
+
+
+def input_tolerance(items: list[Item]) -> Decimal:
+    """Of a worst case's ``items``, the input tolerance's part (unrounded)."""
+    return sum((item.amount for item in items if item.dimension == INPUT_TOLERANCE), ZERO)
 
 
 def total(items: list[Item]) -> Decimal:

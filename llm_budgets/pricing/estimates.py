@@ -13,7 +13,7 @@ from llm_budgets import validation
 from llm_budgets.exceptions import InvalidUsage, OutputCeilingRequired
 from llm_budgets.models import Price, Tenant
 from llm_budgets.money import round_hold
-from llm_budgets.pricing.costs import Item, customer_hold, worst_case_items
+from llm_budgets.pricing.costs import Item, customer_hold, input_tolerance, worst_case_items
 from llm_budgets.pricing.prices import output_ceiling, pricing_for_request
 from llm_budgets.pricing.tokens import count_input_tokens
 
@@ -28,6 +28,10 @@ class Estimate:
     amount: Decimal  # the hold at provider cost
     markup_percent: Decimal
     customer_amount: Decimal  # the hold at customer price
+    # Of ``amount`` and ``customer_amount``, the input tolerance's part (rounded up as they are):
+    # what the hold keeps for the input a commit may report beyond the held count.
+    input_tolerance: Decimal = Decimal(0)
+    customer_input_tolerance: Decimal = Decimal(0)
 
 
 def tenant_markup(tenant: Tenant) -> Decimal:
@@ -65,9 +69,11 @@ def request_estimate(
     in_effect: Price | None = None,
     service_tier: str = "",
 ) -> Estimate:
-    """Price a request's worst case for ``tenant``. Raises ``UnknownPrice`` (per the plan's
-    policy) or ``OutputCeilingRequired``. ``in_effect``: the model's price version in effect at
-    ``start``, when the caller has already read it."""
+    """Price a request's worst case for ``tenant``, the input tolerance included
+    (``costs.worst_case_items``): what admission holds, a quote shows and a refusal names.
+    Raises ``UnknownPrice`` (per the plan's policy) or ``OutputCeilingRequired``.
+    ``in_effect``: the model's price version in effect at ``start``, when the caller has
+    already read it."""
     pricing = pricing_for_request(
         plan=tenant.plan, provider=provider, model=model, at=start, in_effect=in_effect
     )
@@ -88,6 +94,7 @@ def request_estimate(
             service_tier=service_tier,
         )
     amount = round_hold(sum((item.amount for item in items), Decimal(0)))
+    tolerance = round_hold(input_tolerance(items))
     markup = tenant_markup(tenant)
     return Estimate(
         price=pricing.price,
@@ -98,4 +105,6 @@ def request_estimate(
         amount=amount,
         markup_percent=markup,
         customer_amount=customer_hold(amount, markup),
+        input_tolerance=tolerance,
+        customer_input_tolerance=customer_hold(tolerance, markup),
     )

@@ -46,6 +46,8 @@ def quote_estimate(estimate: Estimate) -> QuoteEstimate:
         amount=estimate.amount,
         markup_percent=estimate.markup_percent,
         customer_amount=estimate.customer_amount,
+        input_tolerance=estimate.input_tolerance,
+        customer_input_tolerance=estimate.customer_input_tolerance,
     )
 
 
