@@ -457,7 +457,7 @@ def swapped(payload: bytes, marker: str, raw: bytes) -> bytes:
 
 
 ODD: list[tuple[str, Callable[[Paid], bytes], str]] = [
-    # The nine that were 500s.
+    # The nine of the issue (each a 500 on PostgreSQL before).
     ("NUL in id", lambda p: changed(p.checkout, "id", "evt_\x00x"), "id"),
     ("NUL in type", lambda p: changed(p.intent, "type", "payment_intent.succeeded\x00"), "type"),
     (
