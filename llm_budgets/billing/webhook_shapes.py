@@ -19,6 +19,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from llm_budgets.billing.topups import METADATA_KEY
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.validation import first_unstorable, json_depth_exceeds, storable
 
@@ -29,8 +30,6 @@ MAX_ID_LENGTH = 255
 MAX_DEPTH = 64
 # Amounts in minor units: Stripe charges at most 12 digits; more is not an amount it charged.
 MAX_MINOR_UNITS = 10**12 - 1
-# The metadata key naming the top-up a payment pays (billing/topups.py writes it).
-TOP_UP_KEY = "llmb_top_up"
 # A top-up's id: the primary key's range (a 64-bit integer).
 MAX_TOP_UP_ID = 2**63 - 1
 
@@ -170,7 +169,7 @@ def _object(event: dict[str, Any]) -> dict[str, Any]:
 def _top_up(obj: dict[str, Any]) -> int | None:
     """The top-up ``metadata.llmb_top_up`` names (None when the payment names none)."""
     metadata = _dict(obj, "metadata", "data.object")
-    value = (metadata or {}).get(TOP_UP_KEY)
+    value = (metadata or {}).get(METADATA_KEY)
     if value is None:
         return None
     if (
@@ -181,7 +180,7 @@ def _top_up(obj: dict[str, Any]) -> int | None:
         or int(value) > MAX_TOP_UP_ID
     ):
         raise _refused(
-            f"data.object.metadata.{TOP_UP_KEY}",
+            f"data.object.metadata.{METADATA_KEY}",
             f"must be the id of a top-up (ASCII digits, at most {MAX_TOP_UP_ID}); "
             f"got {_shown(value)}",
         )
