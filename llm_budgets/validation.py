@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Mapping
 from decimal import Decimal, InvalidOperation
+from typing import Any
 
 from llm_budgets.conf import conf
 from llm_budgets.exceptions import InvalidUsage
@@ -174,6 +176,51 @@ def storable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def json_depth_exceeds(text: str, limit: int) -> bool:
+    """Whether ``text`` opens more than ``limit`` nested arrays/objects (strings skipped), found
+    without recursion."""
+    depth = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif char in "]}":
+            depth -= 1
+    return False
+
+
+def first_unstorable(value: Any) -> str | None:
+    """The path of the first string (or key) no database can store, walking without recursion."""
+    pending: list[tuple[str, Any]] = [("", value)]
+    while pending:
+        path, item = pending.pop()
+        if isinstance(item, str):
+            if not storable(item):
+                return path or "body"
+        elif isinstance(item, Mapping):
+            for key, child in item.items():
+                if not storable(key):
+                    return f"{path}.{key!r}" if path else repr(key)
+                pending.append((f"{path}.{key}" if path else str(key), child))
+        elif isinstance(item, list):
+            pending.extend(
+                (f"{path}.{index}" if path else str(index), child)
+                for index, child in enumerate(item)
+            )
+    return None
 
 
 def ttl_seconds(field: str, value: object) -> int:

@@ -207,11 +207,26 @@ def walk_data() -> None:
     event = StripeWebhookEvent.objects.create(
         id="evt_walk_1",
         type="invoice.payment_failed",
-        payload="{}",
+        body=b"{}",
         received_at=now,
+        state="processed",
         processed_at=now,
         attempts=1,
         outcome="switch tripped",
+    )
+    # One Stripe sent that could not be read (its change page is the one walked: first by pk): a
+    # long line, as received.
+    odd = {"id": "evt_walk_0", "type": "payment_intent.succeeded", "data": {"object": {}}}
+    odd["data"]["object"] = {"metadata": ["llmb_top_up"], "description": "x\u0000" * 600}
+    StripeWebhookEvent.objects.create(
+        id="evt_walk_0",
+        type="payment_intent.succeeded",
+        body=json.dumps(odd).encode(),
+        received_at=now,
+        state="unprocessable",
+        attempts=1,
+        error="data.object.metadata must be an object; got a list.",
+        outcome="unprocessable",
     )
     StripeInvoice.objects.create(
         tenant=acme, invoice_id="in_walk_1", payment_failed_at=now, failed_event=event.id

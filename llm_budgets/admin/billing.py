@@ -1,8 +1,10 @@
 """Stripe billing in the admin: links (written through the link services), deliveries (read-only,
-parked ones retried by an action), reconciliation runs, webhook events."""
+parked ones retried by an action), reconciliation runs, webhook events (unprocessable and failed
+ones reprocessed by an action)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from django import forms
@@ -26,6 +28,8 @@ from llm_budgets.admin.base import (
 from llm_budgets.billing.delivery import delivery_retry
 from llm_budgets.billing.links import stripe_customer_link, stripe_customer_unlink
 from llm_budgets.billing.totals import billing_status, unpaid_invoices
+from llm_budgets.billing.webhook_shapes import body_text
+from llm_budgets.billing.webhooks import webhook_reprocess
 from llm_budgets.conf import conf
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (
@@ -41,6 +45,7 @@ from llm_budgets.models import (
     StripePlanMeter,
     StripeWebhookEvent,
     Tenant,
+    WebhookEventState,
 )
 
 
@@ -231,9 +236,63 @@ class ReconciliationRunAdmin(ReadOnlyAdmin):
 
 @admin.register(StripeWebhookEvent)
 class StripeWebhookEventAdmin(ReadOnlyAdmin):
-    list_display = ["id", "type", "received_at", "processed_at", "attempts", "outcome", "error"]
-    list_filter = ["type", "processed_at"]
+    """Every event Stripe delivered, its body as received. *Unprocessable* ones were answered 200
+    and not acted on (the error names the field); reprocess them once a release reads them."""
+
+    list_display = [
+        "id",
+        "type",
+        "state",
+        "received_at",
+        "processed_at",
+        "attempts",
+        "outcome",
+        "error",
+    ]
+    list_filter = ["state", "type", "processed_at"]
     search_fields = ["id", "type"]
+    fields = readonly_fields = (
+        "id",
+        "type",
+        "state",
+        "received_at",
+        "processed_at",
+        "attempts",
+        "outcome",
+        "error",
+        "body_text",
+    )
+    actions = ["reprocess"]
+
+    @admin.display(description="Body (as received)")
+    def body_text(self, obj: StripeWebhookEvent) -> str:
+        return format_html(
+            '<pre class="llmb-body" data-wire="stripe event body">{}</pre>',
+            body_text(bytes(obj.body)),
+        )
+
+    def has_reprocess_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("llm_budgets.reprocess_stripewebhookevent"))
+
+    @admin.action(
+        description="Reprocess (unprocessable or failed events, read from their body again)",
+        permissions=["reprocess"],
+    )
+    def reprocess(self, request: HttpRequest, queryset: QuerySet[StripeWebhookEvent]) -> None:
+        states = Counter(
+            webhook_reprocess(event_id=event.pk, actor=actor(request)).state
+            for event in queryset.exclude(state=WebhookEventState.PROCESSED).only("pk")
+        )
+        self.message_user(
+            request,
+            f"Reprocessed {sum(states.values())} event(s): "
+            f"{states[WebhookEventState.PROCESSED]} processed, "
+            f"{states[WebhookEventState.UNPROCESSABLE]} still unprocessable, "
+            f"{states[WebhookEventState.RECEIVED]} failed again (see each event's error).",
+            messages.SUCCESS
+            if states[WebhookEventState.PROCESSED] == sum(states.values())
+            else messages.WARNING,
+        )
 
 
 @admin.register(StripeInvoice)

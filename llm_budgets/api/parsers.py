@@ -24,7 +24,7 @@ from rest_framework.parsers import BaseParser
 from rest_framework.renderers import JSONRenderer
 
 from llm_budgets.api.exceptions import HttpError
-from llm_budgets.validation import storable
+from llm_budgets.validation import first_unstorable, json_depth_exceeds
 
 # Far deeper than any request of this API (messages with content parts are about 5 deep).
 MAX_DEPTH = 64
@@ -45,51 +45,6 @@ def too_large(limit: int) -> HttpError:
         code="request_too_large",
         status_code=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
     )
-
-
-def json_depth_exceeds(text: str, limit: int) -> bool:
-    """Whether ``text`` opens more than ``limit`` nested arrays/objects (strings skipped), found
-    without recursion."""
-    depth = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif char in "]}":
-            depth -= 1
-    return False
-
-
-def first_unstorable(value: Any) -> str | None:
-    """The path of the first string (or key) no database can store, walking without recursion."""
-    pending: list[tuple[str, Any]] = [("", value)]
-    while pending:
-        path, item = pending.pop()
-        if isinstance(item, str):
-            if not storable(item):
-                return path or "body"
-        elif isinstance(item, Mapping):
-            for key, child in item.items():
-                if not storable(key):
-                    return f"{path}.{key!r}" if path else repr(key)
-                pending.append((f"{path}.{key}" if path else str(key), child))
-        elif isinstance(item, list):
-            pending.extend(
-                (f"{path}.{index}" if path else str(index), child)
-                for index, child in enumerate(item)
-            )
-    return None
 
 
 class BoundedJSONParser(BaseParser):

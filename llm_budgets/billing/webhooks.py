@@ -1,12 +1,17 @@
 """Stripe webhooks: verify, store raw, process once, in a transaction.
 
 The view (:mod:`llm_budgets.billing.views`) refuses a request whose signature does not verify
-before anything is stored. :func:`webhook_receive` stores the event by its id (Stripe retries a
-delivery until it gets a 2xx, so the same id may arrive many times), processes it once in a
-transaction, and on failure stores the error and raises, so the view answers 500 and Stripe
-retries. A signed event whose shape is not a Stripe event's (a field of the wrong type, an id
-longer than any Stripe writes, JSON nested deeper than :data:`MAX_DEPTH`) is refused with
-:class:`WebhookPayloadError` (400, logged) before anything is stored.
+before anything is stored. :func:`webhook_receive` reads the event from the body
+(:mod:`llm_budgets.billing.webhook_shapes`), stores it by its id with the body byte for byte
+(Stripe retries a delivery until it gets a 2xx, so the same id may arrive many times), processes
+it once in a transaction, and on failure stores the error and raises, so the view answers 500
+and Stripe retries.
+
+A signed event this app cannot read (a field of the wrong type, text no database stores, JSON
+nested deeper than any Stripe event) is stored *unprocessable* with the reason naming the field,
+before anything acts on it, and answered 200: Stripe would retry it for days and it would never
+read better. Staff reprocess it from the admin (:func:`webhook_reprocess`) once a release reads
+it. An event whose id cannot be stored is kept under the digest of its body.
 
 The payment switch (``STRIPE_ON_PAYMENT_FAILED="trip"``): a failed invoice trips the tenant's
 switch, and it clears only once every invoice whose failure it waits on is settled: paid or
@@ -17,7 +22,8 @@ person decides).
 
 from __future__ import annotations
 
-import json
+import contextlib
+import hashlib
 import logging
 from collections.abc import Callable
 from datetime import datetime
@@ -31,6 +37,12 @@ from llm_budgets.alerts.emit import alert_emit
 from llm_budgets.billing import topups
 from llm_budgets.billing.links import stripe_customer_unlink
 from llm_budgets.billing.totals import unpaid_invoices
+from llm_budgets.billing.webhook_shapes import (
+    MAX_ID_LENGTH,
+    WebhookPayloadError,
+    event_identity,
+    event_read,
+)
 from llm_budgets.conf import conf
 from llm_budgets.control.killswitches import (
     PAYMENT_FAILED_DETECTOR,
@@ -40,18 +52,32 @@ from llm_budgets.control.killswitches import (
 )
 from llm_budgets.exceptions import Fault, InvalidUsage
 from llm_budgets.models import (
+    AuditEvent,
     InvoiceSettlement,
     MeterDelivery,
     MeterErrorReport,
     StripeCustomerLink,
     StripeInvoice,
     StripeWebhookEvent,
+    WebhookEventState,
 )
 
 logger = logging.getLogger(__name__)
 
 ACTOR = "stripe webhook"
 DETECTOR = PAYMENT_FAILED_DETECTOR
+UNPROCESSABLE = "unprocessable"
+
+__all__ = [
+    "ACTOR",
+    "HANDLERS",
+    "WebhookPayloadError",
+    "WebhookSignatureError",
+    "error_text",
+    "webhook_receive",
+    "webhook_reprocess",
+    "webhook_verify",
+]
 
 
 class WebhookSignatureError(InvalidUsage):
@@ -60,22 +86,10 @@ class WebhookSignatureError(InvalidUsage):
     fault = Fault.CALLER  # the sender's (a forger, or a secret that does not match)
 
 
-class WebhookPayloadError(InvalidUsage):
-    """Signed, but not the shape of a Stripe event this app reads: nothing was stored."""
-
-    fault = Fault.CALLER
-
-
-# Stripe's ids are far shorter; the columns that keep them hold 255 characters.
-MAX_ID_LENGTH = 255
-# Stripe's events nest a few levels; deeper JSON is refused before it is decoded (the decoder
-# would recurse once per level).
-MAX_DEPTH = 64
-
-
-def webhook_verify(*, payload: bytes, signature: str | None) -> dict[str, Any]:
-    """The event if ``payload`` is signed with ``STRIPE_WEBHOOK_SECRET`` (and fresh), and has the
-    shape of a Stripe event (else ``WebhookPayloadError``)."""
+def webhook_verify(*, payload: bytes, signature: str | None) -> None:
+    """Returns if ``payload`` is signed with ``STRIPE_WEBHOOK_SECRET`` and fresh; else
+    ``WebhookSignatureError``. Says nothing of what the payload holds (:func:`webhook_receive`
+    reads it)."""
     import stripe
 
     secret = conf.STRIPE_WEBHOOK_SECRET
@@ -86,70 +100,12 @@ def webhook_verify(*, payload: bytes, signature: str | None) -> dict[str, Any]:
     if not signature:
         raise WebhookSignatureError("Missing Stripe-Signature header.", field="signature")
     try:
+        # Stripe signs the body's text: a body that is not UTF-8 cannot be verified.
         stripe.WebhookSignature.verify_header(payload.decode(), signature, secret, 300)
     except (stripe.SignatureVerificationError, ValueError, UnicodeDecodeError) as exc:
         raise WebhookSignatureError(
             f"Invalid signature or payload: {exc}", field="signature"
         ) from None
-    if _depth(payload) > MAX_DEPTH:
-        raise WebhookPayloadError(
-            f"The payload nests deeper than {MAX_DEPTH} levels: not a Stripe event.",
-            field="payload",
-        )
-    try:
-        event = json.loads(payload)
-    except ValueError as exc:
-        raise WebhookPayloadError(f"The payload is not JSON: {exc}", field="payload") from None
-    if not isinstance(event, dict):
-        raise WebhookPayloadError("The payload is not a Stripe event.", field="payload")
-    _text(event, "id", where="event")
-    _text(event, "type", where="event")
-    data = event.get("data")
-    if data is not None and not isinstance(data, dict):
-        raise WebhookPayloadError("The event's data is not an object.", field="data")
-    obj = (data or {}).get("object")
-    if obj is not None and not isinstance(obj, dict):
-        raise WebhookPayloadError("The event's data.object is not an object.", field="data.object")
-    if event["type"] in _INVOICE_EVENTS:
-        _text(obj or {}, "id", where="data.object")
-        _text(obj or {}, "customer", where="data.object")
-    elif event["type"] == "customer.deleted" or event["type"] in topups.HANDLERS:
-        _text(obj or {}, "id", where="data.object")
-    return event
-
-
-def _text(obj: dict[str, Any], key: str, *, where: str) -> str:
-    """``obj[key]``, a non-empty string of at most MAX_ID_LENGTH characters."""
-    value = obj.get(key)
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_ID_LENGTH:
-        shown = type(value).__name__ if not isinstance(value, str) else f"{len(value)} characters"
-        raise WebhookPayloadError(
-            f"{where}.{key} must be a string of 1 to {MAX_ID_LENGTH} characters; got {shown}.",
-            field=f"{where}.{key}",
-        )
-    return value
-
-
-def _depth(payload: bytes) -> int:
-    """How deep the JSON text nests (brackets outside strings), without decoding it."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for byte in payload:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif byte == 0x5C:  # backslash
-                escaped = True
-            elif byte == 0x22:  # quote
-                in_string = False
-        elif byte == 0x22:
-            in_string = True
-        elif byte in (0x5B, 0x7B):  # [ {
-            depth += 1
-            deepest = max(deepest, depth)
-        elif byte in (0x5D, 0x7D):  # ] }
-            depth -= 1
-    return deepest
 
 
 def error_text(exc: Exception) -> str:
@@ -160,41 +116,112 @@ def error_text(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"[:1000]
 
 
-def webhook_receive(
-    *, payload: bytes, event: dict[str, Any], now: datetime | None = None
-) -> StripeWebhookEvent:
-    """Store ``event`` (verified) and process it once. Raises the processing error after storing
-    it (the caller answers 5xx so Stripe retries)."""
+def webhook_receive(*, payload: bytes, now: datetime | None = None) -> StripeWebhookEvent:
+    """Store the event ``payload`` holds (verified: :func:`webhook_verify`) and process it once.
+    An event this app cannot read is stored unprocessable, with the reason, and returned (the
+    caller answers 200). Raises the processing error after storing it (the caller answers 5xx so
+    Stripe retries)."""
     now = now or timezone.now()
+    try:
+        event = event_read(payload)
+    except WebhookPayloadError as exc:
+        return _unprocessable(payload, exc.message, now)
     row, _ = StripeWebhookEvent.objects.get_or_create(
-        id=event["id"],
-        defaults={"type": event["type"], "payload": payload.decode(), "received_at": now},
+        id=event["id"], defaults={"type": event["type"], "body": payload, "received_at": now}
     )
-    if row.processed_at is not None:
-        return row
+    if row.state != WebhookEventState.RECEIVED:
+        return row  # processed, or unprocessable (a person reprocesses it): a redelivery
+    return _process(row, event, now)
+
+
+def _unprocessable(payload: bytes, reason: str, now: datetime) -> StripeWebhookEvent:
+    """Store an event that cannot be read, by its id (or its body's digest, when the id cannot
+    be stored: Stripe redelivers the same body), with the reason; nothing acts on it."""
+    ident, kind = event_identity(payload)
+    key = ident or f"sha256:{hashlib.sha256(payload).hexdigest()}"
+    row, created = StripeWebhookEvent.objects.get_or_create(
+        id=key,
+        defaults={
+            "type": kind,
+            "body": payload,
+            "received_at": now,
+            "state": WebhookEventState.UNPROCESSABLE,
+            "attempts": 1,
+            "error": reason,
+            "outcome": UNPROCESSABLE,
+        },
+    )
+    if created:
+        logger.warning("Stripe webhook %s unprocessable (stored, answered 200): %s", key, reason)
+    elif row.state == WebhookEventState.RECEIVED:
+        # An earlier delivery failed while processing; this release cannot read it at all.
+        StripeWebhookEvent.objects.filter(pk=key, state=WebhookEventState.RECEIVED).update(
+            state=WebhookEventState.UNPROCESSABLE, error=reason, outcome=UNPROCESSABLE
+        )
+        row.refresh_from_db()
+    return row
+
+
+def _process(row: StripeWebhookEvent, event: dict[str, Any], now: datetime) -> StripeWebhookEvent:
+    """Run the event's handler once, in a transaction; store the failure and raise it."""
     try:
         with transaction.atomic():
             locked = StripeWebhookEvent.objects.select_for_update().get(pk=row.pk)
-            if locked.processed_at is not None:
+            if locked.state == WebhookEventState.PROCESSED:
                 return locked
             handler = HANDLERS.get(event["type"])
             outcome = handler(event, locked, now) if handler else "ignored (type not handled)"
+            locked.state = WebhookEventState.PROCESSED
             locked.processed_at = now
             locked.outcome = outcome[:255]
             locked.attempts += 1
             locked.error = ""
-            locked.save(update_fields=["processed_at", "outcome", "attempts", "error"])
+            locked.save(update_fields=["state", "processed_at", "outcome", "attempts", "error"])
             return locked
     except Exception as exc:
         StripeWebhookEvent.objects.filter(pk=row.pk).update(
             error=error_text(exc), attempts=row.attempts + 1
         )
-        logger.exception("Stripe webhook %s (%s) failed", event["id"], event["type"])
+        logger.exception("Stripe webhook %s (%s) failed", row.pk, row.type)
         raise
 
 
-# The events whose data.object is an invoice naming its customer (checked by webhook_verify).
-_INVOICE_EVENTS = ("invoice.payment_failed", "invoice.paid", "invoice.voided")
+def webhook_reprocess(
+    *, event_id: str, actor: str, now: datetime | None = None
+) -> StripeWebhookEvent:
+    """A person runs a stored event again, read from its body as if just delivered (for an
+    unprocessable event once a release reads it; for a failed one without waiting for Stripe's
+    next retry). A processed event is left as it is. Audited; a failure is stored on the event,
+    which keeps its state, and not raised."""
+    now = now or timezone.now()
+    row = StripeWebhookEvent.objects.get(pk=event_id)
+    if row.state == WebhookEventState.PROCESSED:
+        return row
+    before = {"state": row.state, "error": row.error}
+    try:
+        event = event_read(bytes(row.body))
+    except WebhookPayloadError as exc:
+        StripeWebhookEvent.objects.filter(pk=row.pk).exclude(
+            state=WebhookEventState.PROCESSED
+        ).update(
+            state=WebhookEventState.UNPROCESSABLE,
+            error=exc.message,
+            outcome=UNPROCESSABLE,
+            attempts=row.attempts + 1,
+        )
+    else:
+        with contextlib.suppress(Exception):  # stored on the row and logged by _process
+            _process(row, event, now)
+    row.refresh_from_db()
+    AuditEvent.objects.create(
+        action="stripe.webhook_reprocess",
+        actor=actor,
+        target=f"Stripe event {row.pk}"[:MAX_ID_LENGTH],
+        before=before,
+        after={"state": row.state, "outcome": row.outcome, "error": row.error},
+        reason="reprocessed in the admin",
+    )
+    return row
 
 
 def _object(event: dict[str, Any]) -> dict[str, Any]:

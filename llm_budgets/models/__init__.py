@@ -29,6 +29,7 @@ from llm_budgets.models.billing import (
     StripeMeter,
     StripePlanMeter,
     StripeWebhookEvent,
+    WebhookEventState,
 )
 from llm_budgets.models.budgets import SHARED_BY, Budget, BudgetUnit, Counter, Run, Scope, Window
 from llm_budgets.models.control import BudgetRaise, KillSwitch, Refusal, RefusalKind
@@ -120,5 +121,6 @@ __all__ = [
     "UnknownModelPolicy",
     "UsageKind",
     "UsageRecord",
+    "WebhookEventState",
     "Window",
 ]

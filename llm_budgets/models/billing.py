@@ -290,13 +290,24 @@ class ReconciliationDifference(models.Model):
         return f"{self.customer_id} {clock.when(self.hour, None)}: {ours} vs {theirs}"
 
 
+class WebhookEventState(models.TextChoices):
+    RECEIVED = "received", "Received (processing failed or under way; Stripe retries it)"
+    PROCESSED = "processed", "Processed"
+    UNPROCESSABLE = "unprocessable", "Unprocessable (not acted on; a person reprocesses it)"
+
+
 class StripeWebhookEvent(models.Model):
-    """A webhook event as received (raw), processed once; ``error`` keeps the last failure."""
+    """A webhook event as received (its body byte for byte), processed once; ``error`` keeps the
+    last failure, or why the event is unprocessable. An event whose own id cannot be stored is
+    kept under ``sha256:`` and its body's digest (Stripe redelivers the same body)."""
 
     id = models.CharField(max_length=255, primary_key=True)
     type = models.CharField(max_length=255)
-    payload = models.TextField()
+    body = models.BinaryField(help_text="The request body as received, byte for byte.")
     received_at = models.DateTimeField()
+    state = models.CharField(
+        max_length=16, choices=WebhookEventState.choices, default=WebhookEventState.RECEIVED
+    )
     processed_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
@@ -305,6 +316,8 @@ class StripeWebhookEvent(models.Model):
     class Meta:
         ordering = ["-received_at"]
         verbose_name = "Stripe webhook event"
+        permissions = [("reprocess_stripewebhookevent", "Can reprocess a Stripe webhook event")]
+        indexes = [models.Index(fields=["state", "received_at"], name="llmb_webhook_state")]
 
     def __str__(self) -> str:
         return f"{self.id} {self.type}"
