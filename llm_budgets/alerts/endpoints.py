@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from llm_budgets.alerts.addresses import NOT_ALLOWED, host_refused
 from llm_budgets.alerts.bodies import TYPES, WARNING_EMAIL_TYPES, time_field
 from llm_budgets.alerts.emit import alert_emit, subscriptions_cache_clear
 from llm_budgets.conf import conf, email_address_valid
@@ -58,7 +59,8 @@ def http_allowed() -> bool:
 
 def target_validate(kind: str, target: object) -> str:
     """The endpoint's target, checked for its kind: an https URL (http only where allowed) with a
-    host and no credentials, or email addresses."""
+    host and no credentials that reaches only addresses alerts may call (checked again at each
+    delivery), or email addresses."""
     if kind not in EndpointKind.values:
         raise InvalidUsage(f"kind must be one of {', '.join(EndpointKind.values)}.", field="kind")
     if not isinstance(target, str) or not target.strip():
@@ -82,6 +84,8 @@ def target_validate(kind: str, target: object) -> str:
         raise InvalidUsage("target must not carry credentials.", field="target")
     if len(text) > 2000:
         raise InvalidUsage("target is too long (2000 characters at most).", field="target")
+    if host_refused(parts.hostname):
+        raise InvalidUsage(f"target: {NOT_ALLOWED}.", field="target")
     return text
 
 
