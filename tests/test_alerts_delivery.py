@@ -28,6 +28,7 @@ from llm_budgets.alerts.endpoints import (
     endpoint_test_send,
     endpoint_update,
 )
+from llm_budgets.alerts.signing import signature
 from llm_budgets.alerts.transport import address_allowed
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import AlertDelivery, AlertDeliveryState, AlertEndpoint, Tenant
@@ -106,6 +107,18 @@ def test_verify_refuses_wrong_secret_tampering_and_replay(
     header = sign(b'{"a":1}', [header_secret], timestamp=1_000)
     with pytest.raises(SignatureInvalid, match=reason):
         verify(body, header, receiver_secret, now=now)
+
+
+@pytest.mark.parametrize("secret", ["", [], [""], ["s1", ""]])
+def test_verify_refuses_an_empty_secret_whatever_the_header(secret: Any) -> None:
+    # Anyone can sign with an empty key: a receiver whose secret setting is unset must accept
+    # nothing, and say why (a ValueError, not a bad request).
+    header = sign(b"{}", ["s1"], timestamp=1_000)
+    forged = "t=1000,v1=" + signature("", 1_000, b"{}")
+    for given in (header, forged):
+        with pytest.raises(ValueError, match="empty") as refused:
+            verify(b"{}", given, secret, now=1_000)
+        assert not isinstance(refused.value, SignatureInvalid)
 
 
 @pytest.mark.parametrize("header", [None, "", "t=abc,v1=00", "v1=00", "t=1000"])

@@ -108,6 +108,61 @@ def test_rotate_returns_a_new_secret_once_and_keeps_the_old_one_for_the_overlap(
     assert new not in again.content.decode()
 
 
+def test_a_rotation_overlap_has_a_maximum(keys: dict[str, str]) -> None:
+    endpoint = endpoint_of("acme")
+    old = endpoint.secret
+    acme = client_for(keys["acme"])
+    rotate = f"{ENDPOINTS}/{endpoint.pk}/rotate-secret"
+    for asked in (10**9, 7 * 24 * 3600 + 1, 10**30):
+        response = acme.post(rotate, {"overlap_seconds": asked}, format="json")
+        assert response.status_code == 400, response.content
+        (says,) = error(response)["fields"]["overlap_seconds"]
+        assert "from 0 to 604800" in says
+        assert "ALERTS_SECRET_OVERLAP_MAX_SECONDS" in says
+        endpoint.refresh_from_db()
+        assert (endpoint.secret, endpoint.previous_secret) == (old, "")  # nothing written
+    assert acme.post(rotate, {"overlap_seconds": 7 * 24 * 3600}, format="json").status_code == 200
+    with override_settings(
+        LLM_BUDGETS={**settings.LLM_BUDGETS, "ALERTS_SECRET_OVERLAP_MAX_SECONDS": 3600}
+    ):
+        assert acme.post(rotate, {"overlap_seconds": 3601}, format="json").status_code == 400
+
+
+def test_a_tenants_endpoint_is_refused_operators_only_event_types_naming_them(
+    keys: dict[str, str],
+) -> None:
+    types = ["threshold.crossed", "stripe.delivery_parked"]
+    for key, body in [
+        (keys["acme"], {}),
+        (keys["operator"], {"tenant": "acme"}),  # the operators too: it would never arrive
+    ]:
+        response = create(key, event_types=types, **body)
+        assert response.status_code == 400, response.content
+        (says,) = error(response)["fields"]["event_types"]
+        assert says.startswith("event_types: stripe.delivery_parked is for the operators'")
+        assert "threshold.crossed" in says  # what may be chosen
+    assert AlertEndpoint.objects.count() == 0
+    assert create(keys["operator"], event_types=types).status_code == 201  # installation-wide
+    endpoint = endpoint_of("acme")
+    changed = client_for(keys["acme"]).patch(
+        f"{ENDPOINTS}/{endpoint.pk}", {"event_types": types}, format="json"
+    )
+    assert changed.status_code == 400
+    assert list(error(changed)["fields"]) == ["event_types"]
+    endpoint.refresh_from_db()
+    assert endpoint.event_types == ["alert.test", "threshold.crossed"]
+
+
+def test_a_target_that_reaches_a_private_address_is_a_field_error(keys: dict[str, str]) -> None:
+    for target in ("https://127.0.0.1/in", "https://[64:ff9b::7f00:1]/in", "https://localhost/x"):
+        response = create(keys["acme"], target=target)
+        assert response.status_code == 400, response.content
+        (says,) = error(response)["fields"]["target"]
+        assert "target is not allowed" in says
+        assert "127.0.0.1" not in says
+    assert AlertEndpoint.objects.count() == 0
+
+
 def test_an_email_endpoint_has_no_secret_to_rotate(keys: dict[str, str]) -> None:
     response = create(keys["acme"], kind="email", target="ops@acme.example")
     assert response.status_code == 201, response.content

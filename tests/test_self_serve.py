@@ -216,10 +216,11 @@ def test_alerts_subscriptions_are_the_tenants_own_and_tenant_events_only(
     )
     assert endpoint.tenant == acting.tenant
     assert secret == ""
-    with pytest.raises(SelfServeDenied, match="operators only"):
+    with pytest.raises(InvalidUsage, match=r"stripe\.delivery_parked is for the operators'") as e:
         self_serve_subscribe(
             acting, kind="email", target="ops@acme.test", event_types=["stripe.delivery_parked"]
         )
+    assert e.value.field == "event_types"
 
 
 def test_a_budget_that_held_calls_is_not_removed_but_says_what_to_do(folks: People) -> None:

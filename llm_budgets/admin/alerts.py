@@ -191,7 +191,8 @@ class EndpointForm(forms.ModelForm):
             self.add_error("target", exc.message)
         try:
             if "event_types" in data:
-                data["event_types"] = event_types_validate(data["event_types"])
+                owner = self.instance.tenant if self.instance.pk else data.get("tenant")
+                data["event_types"] = event_types_validate(data["event_types"], tenant=owner)
         except InvalidUsage as exc:
             self.add_error("event_types", exc.message)
         return data
@@ -201,7 +202,8 @@ class RotateForm(forms.Form):
     overlap_seconds = forms.IntegerField(
         min_value=0,
         help_text="How long the old secret stays valid beside the new one (each delivery is "
-        "signed with both meanwhile); 0: it stops at once.",
+        "signed with both meanwhile); 0: it stops at once. At most "
+        "ALERTS_SECRET_OVERLAP_MAX_SECONDS (7 days by default).",
     )
 
 
@@ -424,12 +426,16 @@ class AlertEndpointAdmin(ObjectActionsMixin, AppAdmin):
             _posted(request), initial={"overlap_seconds": conf.ALERTS_SECRET_OVERLAP_SECONDS}
         )
         if request.method == "POST" and form.is_valid():
-            secret = endpoint_secret_rotate(
-                endpoint,
-                actor=actor(request),
-                overlap_seconds=form.cleaned_data["overlap_seconds"],
-            )
-            return _secret_page(request, endpoint, secret, "rotated")
+            try:
+                secret = endpoint_secret_rotate(
+                    endpoint,
+                    actor=actor(request),
+                    overlap_seconds=form.cleaned_data["overlap_seconds"],
+                )
+            except InvalidUsage as exc:  # above ALERTS_SECRET_OVERLAP_MAX_SECONDS
+                form.add_error("overlap_seconds", exc.message)
+            else:
+                return _secret_page(request, endpoint, secret, "rotated")
         return _action_page(
             request,
             endpoint,

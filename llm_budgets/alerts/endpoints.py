@@ -89,7 +89,10 @@ def target_validate(kind: str, target: object) -> str:
     return text
 
 
-def event_types_validate(event_types: object) -> list[str]:
+def event_types_validate(event_types: object, *, tenant: Tenant | None = None) -> list[str]:
+    """The event types an endpoint subscribes to: known ones, at least one; for a tenant's
+    endpoint only the types a tenant receives (an operators-only type would never reach it:
+    refused, named, rather than stored and silently never sent)."""
     if isinstance(event_types, str) or not isinstance(event_types, Iterable):
         raise InvalidUsage("event_types must be a list of event types.", field="event_types")
     chosen = list(dict.fromkeys(event_types))
@@ -98,6 +101,15 @@ def event_types_validate(event_types: object) -> list[str]:
         raise InvalidUsage(
             f"event_types must name at least one of: {', '.join(TYPES)}"
             + (f" (unknown: {', '.join(map(str, unknown))})." if unknown else "."),
+            field="event_types",
+        )
+    operators_only = [t for t in chosen if not TYPES[t].tenant_visible]
+    if tenant is not None and operators_only:
+        raise InvalidUsage(
+            f"event_types: {', '.join(operators_only)} "
+            f"{'is' if len(operators_only) == 1 else 'are'} for the operators' "
+            "(installation-wide) endpoints only and never reach a tenant's; choose from: "
+            f"{', '.join(t for t, schema in TYPES.items() if schema.tenant_visible)}.",
             field="event_types",
         )
     return [str(t) for t in chosen]
@@ -171,7 +183,7 @@ def endpoint_create(
         tenant=tenant,
         kind=kind,
         target=clean_target,
-        event_types=event_types_validate(event_types),
+        event_types=event_types_validate(event_types, tenant=tenant),
         description=str(description or "")[:255],
         contact_emails=_contacts(contact_emails),
         created_by=actor,
@@ -198,7 +210,7 @@ def endpoint_update(
     if target is not None:
         endpoint.target = target_validate(endpoint.kind, target)
     if event_types is not None:
-        endpoint.event_types = event_types_validate(event_types)
+        endpoint.event_types = event_types_validate(event_types, tenant=endpoint.tenant)
     if description is not None:
         endpoint.description = str(description)[:255]
     if contact_emails is not None:
@@ -217,14 +229,21 @@ def endpoint_secret_rotate(
     now: datetime | None = None,
 ) -> str:
     """A new signing secret, returned this once. The old one stays valid for
-    ``overlap_seconds`` (default ALERTS_SECRET_OVERLAP_SECONDS; 0: at once), each delivery
+    ``overlap_seconds`` (default ALERTS_SECRET_OVERLAP_SECONDS; 0: at once; at most
+    ALERTS_SECRET_OVERLAP_MAX_SECONDS: a leaked old secret must stop signing), each delivery
     signed with both meanwhile, so receivers can switch without losing any."""
     if endpoint.kind != EndpointKind.WEBHOOK:
         raise InvalidUsage("Only a webhook endpoint has a signing secret.", field="kind")
     now = now or timezone.now()
     overlap = conf.ALERTS_SECRET_OVERLAP_SECONDS if overlap_seconds is None else overlap_seconds
-    if overlap < 0:
-        raise InvalidUsage("overlap_seconds must be 0 or more.", field="overlap_seconds")
+    most = conf.ALERTS_SECRET_OVERLAP_MAX_SECONDS
+    if isinstance(overlap, bool) or not isinstance(overlap, int) or not 0 <= overlap <= most:
+        raise InvalidUsage(
+            f"overlap_seconds must be a whole number of seconds from 0 to {most} "
+            f"(LLM_BUDGETS['ALERTS_SECRET_OVERLAP_MAX_SECONDS']), got {overlap!r}: the old "
+            "secret signs no longer than that.",
+            field="overlap_seconds",
+        )
     before = _snapshot(endpoint)
     secret = _new_secret()
     endpoint.previous_secret = endpoint.secret if overlap else ""

@@ -231,7 +231,8 @@ class RotateSerializer(StrictSerializer):
         required=False,
         min_value=0,
         help_text="How long the old secret stays valid beside the new one (each delivery is "
-        "signed with both meanwhile). Default: ALERTS_SECRET_OVERLAP_SECONDS; 0: at once.",
+        "signed with both meanwhile). Default: ALERTS_SECRET_OVERLAP_SECONDS; 0: at once; at "
+        "most ALERTS_SECRET_OVERLAP_MAX_SECONDS (7 days by default).",
     )
 
 
