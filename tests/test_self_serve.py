@@ -5,6 +5,7 @@ alerts, through the services the support admin calls, checked in those services
 from __future__ import annotations
 
 import re
+import threading
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -205,6 +206,62 @@ def test_keys_a_tenant_admin_creates_are_their_tenants_and_never_self_serve(
     assert key.tenant.external_id == "acme"
     assert not key.self_serve
     assert secret.startswith(key.prefix)
+
+
+def test_a_tenant_admin_mints_at_most_the_maximum_of_live_keys(
+    folks: People, settings: Any
+) -> None:
+    settings.LLM_BUDGETS = {**settings.LLM_BUDGETS, "SELF_SERVE_MAX_API_KEYS": 3}
+    acting = admin_of(folks)
+    live = ApiKey.objects.filter(tenant__external_id="acme", revoked=False).count()
+    made = [api_key_create(tenant="acme", name=f"k{n}", acting=acting)[0] for n in range(3 - live)]
+    before = (ApiKey.objects.count(), AuditEvent.objects.count())
+    with pytest.raises(SelfServeDenied, match=r"has 3 live API keys.*SELF_SERVE_MAX_API_KEYS"):
+        api_key_create(tenant="acme", name="one-more", acting=acting)
+    assert (ApiKey.objects.count(), AuditEvent.objects.count()) == before  # nothing written
+    # Other tenants count their own; the operators may create more; revoked and expired keys
+    # no longer count.
+    api_key_create(tenant="beta", name="b", acting=admin_of(folks, "beta"))
+    api_key_create(tenant="acme", name="by-ops", actor="ops")
+    api_key_revoke(made[0], acting=acting)
+    api_key_revoke(ApiKey.objects.get(name="by-ops"), actor="ops")
+    key, _ = api_key_create(tenant="acme", name="again", acting=acting)
+    ApiKey.objects.filter(pk=key.pk).update(expiry_date=timezone.now() - timedelta(seconds=1))
+    api_key_create(tenant="acme", name="after-expiry", acting=acting)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_admins_minting_the_last_key_at_once_get_one(
+    folks: People, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llm_budgets.api import keys
+    from tests.concurrency import run_threads
+
+    live = ApiKey.objects.filter(tenant__external_id="acme", revoked=False).count()
+    settings.LLM_BUDGETS = {**settings.LLM_BUDGETS, "SELF_SERVE_MAX_API_KEYS": live + 1}
+    acting = admin_of(folks)
+    counted = keys.api_key_live_count
+    second = threading.Event()
+    arrivals: list[int] = []
+
+    def counting(tenant: Any) -> int:
+        found = counted(tenant)
+        arrivals.append(found)
+        if len(arrivals) == 1:
+            # The first to count waits until the second has counted too: without the tenant's
+            # lock both see room and both create. With it the second cannot count before the
+            # first commits, and the wait ends unanswered (nothing is asserted on its time).
+            second.wait(timeout=2)
+        else:
+            second.set()
+        return found
+
+    monkeypatch.setattr(keys, "api_key_live_count", counting)
+    results = run_threads(
+        2, lambda n: api_key_create(tenant="acme", name=f"race-{n}", acting=acting)
+    )
+    assert sorted(type(r).__name__ for r in results) == ["SelfServeDenied", "tuple"]
+    assert ApiKey.objects.filter(tenant__external_id="acme", revoked=False).count() == live + 1
 
 
 def test_alerts_subscriptions_are_the_tenants_own_and_tenant_events_only(
