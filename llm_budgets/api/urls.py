@@ -13,7 +13,7 @@ app_name = "llm_budgets_api"
 urlpatterns = [
     *api_patterns,
     # Outside the documented REST API: no API key, Stripe's signature authenticates.
-    path("stripe/webhook", stripe_webhook, name="stripe-webhook"),
+    path("stripe/webhook", views.no_store(stripe_webhook), name="stripe-webhook"),
     path(docs.SCHEMA_PATH, docs.SchemaView.as_view(), name="schema"),
     path("docs/", docs.SwaggerView.as_view(), name="docs"),
     # Any other path, newlines included, gets a JSON 404.
