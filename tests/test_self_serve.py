@@ -37,6 +37,9 @@ from tests.pages import People, people, usage_data
 
 pytestmark = pytest.mark.django_db
 
+# Where a tenant admin's email addresses are sent their confirmation links.
+SITE = {"confirm_site": "https://host.example/"}
+
 
 @pytest.fixture
 def folks(settings: Any) -> People:
@@ -269,13 +272,17 @@ def test_alerts_subscriptions_are_the_tenants_own_and_tenant_events_only(
 ) -> None:
     acting = admin_of(folks)
     endpoint, secret = self_serve_subscribe(
-        acting, kind="email", target="ops@acme.test", event_types=["threshold.crossed"]
+        acting, kind="email", target="ops@acme.test", event_types=["threshold.crossed"], **SITE
     )
     assert endpoint.tenant == acting.tenant
     assert secret == ""
     with pytest.raises(InvalidUsage, match=r"stripe\.delivery_parked is for the operators'") as e:
         self_serve_subscribe(
-            acting, kind="email", target="ops@acme.test", event_types=["stripe.delivery_parked"]
+            acting,
+            kind="email",
+            target="ops@acme.test",
+            event_types=["stripe.delivery_parked"],
+            **SITE,
         )
     assert e.value.field == "event_types"
 
@@ -374,7 +381,11 @@ def tenant_rows(acting: TenantAdmin, user: str) -> dict[str, Any]:
     raise_ = budget_raise_grant(budget=budget, amount="1", until=until, reason="r", acting=acting)
     key, _ = api_key_create(tenant=tenant, name=f"{tenant}-key", acting=acting)
     endpoint, _ = self_serve_subscribe(
-        acting, kind="email", target=f"ops@{tenant}.test", event_types=["threshold.crossed"]
+        acting,
+        kind="email",
+        target=f"ops@{tenant}.test",
+        event_types=["threshold.crossed"],
+        **SITE,
     )
     return {"budget": budget, "raise": raise_, "key": key, "endpoint": endpoint}
 
@@ -626,3 +637,28 @@ def test_support_staff_see_the_changes_in_the_admins_audit_log(folks: People) ->
     boss = User.objects.create_superuser("root", password="pw")
     log = client_for(boss).get("/admin/llm_budgets/auditevent/").content.decode()
     assert "ann (tenant admin of acme)" in log
+
+
+def test_an_email_address_a_tenant_admin_subscribes_on_the_page_confirms_first(
+    folks: People,
+) -> None:
+    from django.core import mail
+
+    from llm_budgets.alerts.endpoints import AWAITING_CONFIRMATION
+
+    page = client_for(folks.acme_admin).post(
+        "/usage/manage/alerts/subscribe/",
+        {"kind": "email", "target": "someone@else.test", "event_types": ["threshold.crossed"]},
+    )
+    assert page.status_code == 302
+    endpoint = AlertEndpoint.objects.get(target="someone@else.test")
+    assert (endpoint.enabled, endpoint.disabled_reason) == (False, AWAITING_CONFIRMATION)
+    (message,) = mail.outbox
+    assert message.to == ["someone@else.test"]
+    link = re.search(r"http://testserver/api/llm-budgets/v1/alerts/confirm/\S+", message.body)
+    assert link is not None
+    shown = client_for(folks.acme_admin).get("/usage/manage/").content.decode()
+    assert "awaiting confirmation by someone@else.test" in shown
+    assert Client().post(link.group(0)).status_code == 200
+    endpoint.refresh_from_db()
+    assert (endpoint.enabled, endpoint.unconfirmed_emails) == (True, {})

@@ -174,10 +174,18 @@ def raises_active(budget: Budget, now: datetime | None = None) -> Decimal:
 
 
 def self_serve_subscribe(
-    acting: TenantAdmin, *, kind: str, target: object, event_types: object, description: str = ""
+    acting: TenantAdmin,
+    *,
+    kind: str,
+    target: object,
+    event_types: object,
+    confirm_site: str,
+    description: str = "",
 ) -> tuple[AlertEndpoint, str]:
     """Subscribe an email address or an endpoint of the tenant to alerts: ``endpoint_create``,
-    the alerts' one writer, for ``acting.tenant`` only."""
+    the alerts' one writer, for ``acting.tenant`` only. Email addresses are each sent a link to
+    ``confirm_site`` (where the tenant's people reach this app) and receive nothing until it is
+    followed."""
     self_serve_authorize(acting, action="alerts", tenant=acting.tenant)
     # endpoint_create refuses the operators-only event types for any tenant's endpoint.
     return endpoint_create(
@@ -187,6 +195,7 @@ def self_serve_subscribe(
         event_types=event_types,
         description=description,
         actor=acting.actor,
+        confirm_site=confirm_site,
     )
 
 
