@@ -29,10 +29,10 @@ def email_confirm(request: HttpRequest, token: str) -> HttpResponse:
         else:
             endpoint, address, confirmed = confirmation_target(token)
     except ConfirmationInvalid as exc:
-        context = {"title": "This link cannot be used", "problem": exc.reason}
-        return render(request, TEMPLATE, context, status=400)
+        problem = {"title": "This link cannot be used", "problem": exc.reason}
+        return render(request, TEMPLATE, problem, status=400)
     tenant = endpoint.tenant
-    context = {
+    context: dict[str, object] = {
         "title": "Alerts confirmed" if confirmed else "Confirm budget alerts",
         "address": address,
         "owner": (tenant.name or tenant.external_id) if tenant else "The operators",

@@ -91,8 +91,8 @@ class NoStore:
     through ``finalize_response`` too)."""
 
     def finalize_response(
-        self, request: HttpRequest, response: HttpResponseBase, *args: Any, **kwargs: Any
-    ) -> HttpResponseBase:
+        self, request: Request, response: Response, *args: Any, **kwargs: Any
+    ) -> Response:
         response = super().finalize_response(  # type: ignore[misc]
             request, response, *args, **kwargs
         )
