@@ -240,6 +240,7 @@ class AlertEndpointAdmin(ObjectActionsMixin, AppAdmin):
         "kind",
         "secret_hint",
         "state_detail",
+        "awaiting_confirmation",
         "consecutive_failures",
         "created_by",
         "created_when",
@@ -262,6 +263,7 @@ class AlertEndpointAdmin(ObjectActionsMixin, AppAdmin):
             "contact_emails",
             "secret_hint",
             "state_detail",
+            "awaiting_confirmation",
             "consecutive_failures",
             "deliveries_link",
             "created_by",
@@ -357,6 +359,16 @@ class AlertEndpointAdmin(ObjectActionsMixin, AppAdmin):
             return "enabled"
         since = when_text(obj.disabled_at, row_zone(obj))
         return f"disabled {since}: {obj.disabled_reason or '?'}"
+
+    @admin.display(description="Awaiting confirmation")
+    def awaiting_confirmation(self, obj: AlertEndpoint) -> str:
+        pending = sorted(obj.unconfirmed_emails or {})
+        if not pending:
+            return "-"
+        return (
+            f"{', '.join(pending)}: added by the tenant, each was emailed a link and receives "
+            "nothing until it is followed"
+        )
 
     @admin.display(description="Signing secret")
     def secret_hint(self, obj: AlertEndpoint) -> str:
@@ -464,7 +476,10 @@ class AlertEndpointAdmin(ObjectActionsMixin, AppAdmin):
         endpoint = self._endpoint(request, endpoint_id)
         form = form_class(_posted(request))
         if request.method == "POST" and form.is_valid():
-            messages.success(request, act(endpoint, form.cleaned_data))
+            try:
+                messages.success(request, act(endpoint, form.cleaned_data))
+            except InvalidUsage as exc:  # e.g. enabling an email endpoint nobody confirmed
+                messages.error(request, exc.message)
             return HttpResponseRedirect(_endpoint_url(endpoint))
         label = _endpoint_label(endpoint)
         return _action_page(
@@ -539,11 +554,21 @@ class AlertEndpointAdmin(ObjectActionsMixin, AppAdmin):
 
     @admin.action(description="Enable the selected endpoints", permissions=["manage"])
     def enable_selected(self, request: HttpRequest, queryset: QuerySet[AlertEndpoint]) -> None:
-        count = 0
+        count, waiting = 0, []
         for endpoint in queryset.filter(enabled=False).select_related("tenant"):
-            endpoint_enable(endpoint, actor=actor(request))
+            try:
+                endpoint_enable(endpoint, actor=actor(request))
+            except InvalidUsage:  # an email endpoint none of whose addresses confirmed
+                waiting.append(_endpoint_label(endpoint))
+                continue
             count += 1
         messages.success(request, f"Enabled {count} endpoint(s).")
+        if waiting:
+            messages.warning(
+                request,
+                f"Not enabled: {', '.join(waiting)}: no address has confirmed yet (each was "
+                "sent a link).",
+            )
 
     @admin.action(description="Disable the selected endpoints…", permissions=["manage"])
     def disable_selected(
