@@ -582,3 +582,24 @@ def test_the_operators_and_the_host_vouch_for_the_addresses_they_add(
         "ops@acme.example",
         "billing@acme.example",
     ]
+
+
+def test_a_link_that_could_not_be_emailed_is_sent_when_the_addresses_are_saved_again(
+    keys: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llm_budgets.alerts import endpoints
+
+    sending = endpoints.confirmation_send
+
+    def down(**kwargs: Any) -> None:
+        raise ConnectionRefusedError("smtp down")
+
+    monkeypatch.setattr(endpoints, "confirmation_send", down)
+    made = create(keys["acme"], kind="email", target="ops@acme.example").json()
+    assert made["unconfirmed_emails"] == ["ops@acme.example"]
+    assert AlertEndpoint.objects.get(pk=made["id"]).unconfirmed_emails == {"ops@acme.example": ""}
+    monkeypatch.setattr(endpoints, "confirmation_send", sending)
+    client_for(keys["acme"]).patch(
+        f"{ENDPOINTS}/{made['id']}", {"target": "ops@acme.example"}, format="json"
+    )
+    assert list(links(mail.outbox)) == ["ops@acme.example"]  # at once, not 24 h later
