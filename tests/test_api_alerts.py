@@ -603,3 +603,25 @@ def test_a_link_that_could_not_be_emailed_is_sent_when_the_addresses_are_saved_a
         f"{ENDPOINTS}/{made['id']}", {"target": "ops@acme.example"}, format="json"
     )
     assert list(links(mail.outbox)) == ["ops@acme.example"]  # at once, not 24 h later
+
+
+def test_consent_is_per_tenant_and_address_one_link_covers_every_endpoint(
+    keys: dict[str, str],
+) -> None:
+    # A tenant cannot mail an address over and over by creating endpoint after endpoint: while a
+    # link is valid no other is sent, following it confirms the address on each endpoint of the
+    # tenant, and an address that receives the tenant's alerts is not asked again.
+    first = create(keys["acme"], kind="email", target="someone@else.example").json()
+    second = create(keys["acme"], kind="email", target="someone@else.example").json()
+    assert second["unconfirmed_emails"] == ["someone@else.example"]
+    (message,) = mail.outbox
+    globex = create(keys["globex"], kind="email", target="someone@else.example").json()
+    assert len(mail.outbox) == 2  # another tenant asks for itself
+    assert Client().post(links([message])["someone@else.example"]).status_code == 200
+    for made in (first, second):
+        endpoint = AlertEndpoint.objects.get(pk=made["id"])
+        assert (endpoint.enabled, endpoint.unconfirmed_emails) == (True, {})
+    assert not AlertEndpoint.objects.get(pk=globex["id"]).enabled
+    third = create(keys["acme"], kind="email", target="someone@else.example").json()
+    assert (third["enabled"], third["unconfirmed_emails"]) == (True, [])
+    assert len(mail.outbox) == 2

@@ -162,13 +162,36 @@ def _link_due(sent: object, now: datetime) -> bool:
     return expires <= now
 
 
+def _tenant_addresses(endpoint: AlertEndpoint) -> tuple[set[str], dict[str, str]]:
+    """Of the tenant's other email endpoints: the addresses that receive (confirmed, or added by
+    the operators), and those awaiting confirmation with when their link was last sent."""
+    receiving: set[str] = set()
+    waiting: dict[str, str] = {}
+    if endpoint.tenant_id is None:
+        return receiving, waiting
+    others = (
+        AlertEndpoint.objects.filter(tenant_id=endpoint.tenant_id, kind=EndpointKind.EMAIL)
+        .exclude(pk=endpoint.pk)
+        .only("target", "unconfirmed_emails", "kind")
+    )
+    for other in others:
+        pending = other.unconfirmed_emails or {}
+        receiving.update(endpoint_recipients(other))
+        for address, sent in pending.items():
+            if isinstance(sent, str) and sent > waiting.get(address, ""):
+                waiting[address] = sent
+    return receiving, waiting
+
+
 def _pending(
     endpoint: AlertEndpoint, before: str | None, confirm_site: str | None, now: datetime
 ) -> list[str]:
     """Set ``unconfirmed_emails`` for the endpoint's target (``before``: its target until now,
     None when new) and return the addresses to send a link to. An address a tenant adds is
-    unconfirmed (``confirm_site`` given); one the operators add is theirs to vouch for; one
-    that was confirmed stays so, one that was not stays unconfirmed."""
+    unconfirmed (``confirm_site`` given) unless it already receives the tenant's alerts through
+    another endpoint; one the operators add is theirs to vouch for; one that was confirmed stays
+    so. Consent is per tenant and address: a link still valid for another endpoint of the tenant
+    covers this one too (one link per address per validity), and following it confirms both."""
     if endpoint.kind != EndpointKind.EMAIL:
         endpoint.unconfirmed_emails = {}
         return []
@@ -177,10 +200,17 @@ def _pending(
     if confirm_site is None:
         endpoint.unconfirmed_emails = pending
         return []
+    receiving, waiting = _tenant_addresses(endpoint)
     confirmed = set() if before is None else set(split_emails(before)) - set(pending)
     for address in addresses:
-        if address not in confirmed:
+        if address in receiving:
+            pending.pop(address, None)
+        elif address not in confirmed:
             pending.setdefault(address, "")
+    for address, sent in pending.items():
+        elsewhere = waiting.get(address, "")
+        if _link_due(sent, now) and not _link_due(elsewhere, now):
+            pending[address] = elsewhere  # its live link covers this endpoint too
     due = [a for a, sent in pending.items() if _link_due(sent, now)]
     for address in due:
         pending[address] = now.isoformat()
@@ -559,17 +589,27 @@ def confirmation_target(token: str) -> tuple[AlertEndpoint, str, bool]:
 
 
 def endpoint_email_confirm(token: str, *, now: datetime | None = None) -> tuple[AlertEndpoint, str]:
-    """Confirm the address a link names: it receives the endpoint's alerts from now on (the
-    endpoint is enabled if it was waiting for its first confirmation). Audited, with the address
-    as the actor. Following a link twice confirms once."""
+    """Confirm the address a link names: it receives the tenant's alerts from now on, on every
+    email endpoint of the tenant where it waited (each one waiting for its first confirmation is
+    enabled). Audited per endpoint, with the address as the actor. Following a link twice
+    confirms once."""
     now = now or timezone.now()
     endpoint, address, confirmed = confirmation_target(token)
     if confirmed:
         return endpoint, address
+    same_owner = (
+        {"tenant_id": endpoint.tenant_id} if endpoint.tenant_id is not None else {"pk": endpoint.pk}
+    )
     with transaction.atomic():
-        locked = AlertEndpoint.objects.select_for_update().get(pk=endpoint.pk)
-        pending = dict(locked.unconfirmed_emails or {})
-        if address in pending and address in split_emails(locked.target):
+        # Locked in pk order, as every writer of several endpoints would: no lock cycle.
+        for locked in (
+            AlertEndpoint.objects.select_for_update()
+            .filter(kind=EndpointKind.EMAIL, **same_owner)
+            .order_by("pk")
+        ):
+            pending = dict(locked.unconfirmed_emails or {})
+            if address not in pending or address not in split_emails(locked.target):
+                continue
             before = _snapshot(locked)
             del pending[address]
             locked.unconfirmed_emails = pending
@@ -578,5 +618,5 @@ def endpoint_email_confirm(token: str, *, now: datetime | None = None) -> tuple[
                 update_fields=["unconfirmed_emails", "enabled", "disabled_reason", "disabled_at"]
             )
             _audit(locked, "confirm_email", address, before)
-    locked.tenant = endpoint.tenant
-    return locked, address
+    endpoint.refresh_from_db()
+    return endpoint, address
