@@ -56,7 +56,9 @@ CHECK_IDS: dict[str, str] = {
     "STRIPE_RETRY_BASE_SECONDS": "llm_budgets.E076",
     "STRIPE_RECONCILE_DAYS": "llm_budgets.E077",
     "SELF_SERVE_HIDDEN_ACTIONS": "llm_budgets.E130",
+    "SELF_SERVE_MAX_API_KEYS": "llm_budgets.E131",
     "PREPAID_PACKAGES": "llm_budgets.E078",
+    "PREPAID_TOP_UP_MAX": "llm_budgets.E079",
     "ALERTS_ALLOW_HTTP": "llm_budgets.E101",
     "ALERTS_ALLOWED_ADDRESSES": "llm_budgets.E102",
     "ALERTS_TIMEOUT_SECONDS": "llm_budgets.E103",
@@ -66,6 +68,8 @@ CHECK_IDS: dict[str, str] = {
     "ALERTS_RETRY_HORIZON_SECONDS": "llm_budgets.E107",
     "ALERTS_DISABLE_AFTER_FAILURES": "llm_budgets.E108",
     "ALERTS_SECRET_OVERLAP_SECONDS": "llm_budgets.E109",
+    "ALERTS_SECRET_OVERLAP_MAX_SECONDS": "llm_budgets.E112",
+    "ALERTS_EMAIL_CONFIRM_SECONDS": "llm_budgets.E113",
 }
 
 

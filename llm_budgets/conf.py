@@ -134,9 +134,16 @@ DEFAULTS: dict[str, Any] = {
     # "reset_spend", "api_keys", "alerts"); which tenants may act at all is the plan's and the
     # tenant's self_serve switch (off by default).
     "SELF_SERVE_HIDDEN_ACTIONS": [],
+    # API keys a tenant may hold (live: not revoked, not expired) for its admins to create more
+    # themselves; each key has its own rate limit (API_THROTTLE_RATE), so this bounds a tenant's
+    # total rate too. The operators may create more.
+    "SELF_SERVE_MAX_API_KEYS": 10,
     # Prepaid top-up packages the tenant pages and API offer: {"name": "amount"}, e.g.
     # {"starter": "10", "team": "100"} (docs/billing.md, "Prepaid balances").
     "PREPAID_PACKAGES": {},
+    # The most one top-up of a typed amount may pay (the tenant pages and the REST API), in the
+    # installation's currency; None: no maximum. Packages are the operators' own.
+    "PREPAID_TOP_UP_MAX": "10000",
     # Alerts (docs/alerts.md). Plain http:// endpoints: refused unless DEBUG or this is True
     # (local receivers, tests); True outside DEBUG is an error (check llm_budgets.E110).
     "ALERTS_ALLOW_HTTP": False,
@@ -156,8 +163,12 @@ DEFAULTS: dict[str, Any] = {
     "ALERTS_RETRY_HORIZON_SECONDS": 3 * 24 * 60 * 60,
     # An endpoint whose attempts failed this many times in a row is disabled, its owner emailed.
     "ALERTS_DISABLE_AFTER_FAILURES": 20,
-    # How long the old secret stays valid after a rotation (both sign meanwhile).
+    # How long the old secret stays valid after a rotation (both sign meanwhile), by default and
+    # at most (a rotation asking more is refused).
     "ALERTS_SECRET_OVERLAP_SECONDS": 24 * 60 * 60,
+    "ALERTS_SECRET_OVERLAP_MAX_SECONDS": 7 * 24 * 60 * 60,
+    # How long the link that confirms an email address of a tenant's endpoint stays valid.
+    "ALERTS_EMAIL_CONFIRM_SECONDS": 24 * 60 * 60,
 }
 
 EXPIRED_HOLD_POLICIES = ("charge", "release")
@@ -482,6 +493,39 @@ def _packages(key: str, value: Any) -> dict[str, Decimal]:
     )
 
 
+def _overlap(key: str, value: Any) -> int:
+    """ALERTS_SECRET_OVERLAP_SECONDS: a positive integer, no more than the maximum."""
+    most = _get("ALERTS_SECRET_OVERLAP_MAX_SECONDS")
+    valid_most = isinstance(most, int) and not isinstance(most, bool) and most > 0
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and value > 0
+        and not (valid_most and value > most)
+    ):
+        return value
+    raise SettingError(
+        key,
+        f"LLM_BUDGETS[{key!r}] must be a positive integer no larger than "
+        "ALERTS_SECRET_OVERLAP_MAX_SECONDS.",
+        f"Got {value!r}.",
+    )
+
+
+def _optional_amount(key: str, value: Any) -> Decimal | None:
+    if value is None:
+        return None
+    text = str(value) if isinstance(value, str | int) and not isinstance(value, bool) else ""
+    if re.fullmatch(r"[0-9]+(\.[0-9]+)?", text) and Decimal(text) > 0:
+        return Decimal(text)
+    raise SettingError(
+        key,
+        f"LLM_BUDGETS[{key!r}] must be a positive amount as a plain decimal string (e.g. "
+        '"10000"), or None.',
+        f"Got {value!r}. It is the most one top-up may pay; None: no maximum.",
+    )
+
+
 def _address_list(key: str, value: Any) -> list[str]:
     import ipaddress
 
@@ -542,7 +586,9 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "STRIPE_RETRY_BASE_SECONDS": _positive_int,
     "STRIPE_RECONCILE_DAYS": _positive_int,
     "SELF_SERVE_HIDDEN_ACTIONS": _self_serve_actions,
+    "SELF_SERVE_MAX_API_KEYS": _positive_int,
     "PREPAID_PACKAGES": _packages,
+    "PREPAID_TOP_UP_MAX": _optional_amount,
     "ALERTS_ALLOW_HTTP": _bool,
     "ALERTS_ALLOWED_ADDRESSES": _address_list,
     "ALERTS_TIMEOUT_SECONDS": _positive_int,
@@ -551,7 +597,9 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "ALERTS_RETRY_MAX_SECONDS": _positive_int,
     "ALERTS_RETRY_HORIZON_SECONDS": _positive_int,
     "ALERTS_DISABLE_AFTER_FAILURES": _positive_int,
-    "ALERTS_SECRET_OVERLAP_SECONDS": _positive_int,
+    "ALERTS_SECRET_OVERLAP_SECONDS": _overlap,
+    "ALERTS_SECRET_OVERLAP_MAX_SECONDS": _positive_int,
+    "ALERTS_EMAIL_CONFIRM_SECONDS": _positive_int,
 }
 
 
@@ -754,6 +802,15 @@ class Settings:
         return self._get("SELF_SERVE_HIDDEN_ACTIONS")  # type: ignore[no-any-return]
 
     @property
+    def SELF_SERVE_MAX_API_KEYS(self) -> int:
+        return int(self._get("SELF_SERVE_MAX_API_KEYS"))
+
+    @property
+    def PREPAID_TOP_UP_MAX(self) -> Decimal | None:
+        value = self._get("PREPAID_TOP_UP_MAX")
+        return None if value is None else Decimal(value)
+
+    @property
     def ALERTS_ALLOW_HTTP(self) -> bool:
         return bool(self._get("ALERTS_ALLOW_HTTP"))
 
@@ -788,6 +845,14 @@ class Settings:
     @property
     def ALERTS_SECRET_OVERLAP_SECONDS(self) -> int:
         return int(self._get("ALERTS_SECRET_OVERLAP_SECONDS"))
+
+    @property
+    def ALERTS_SECRET_OVERLAP_MAX_SECONDS(self) -> int:
+        return int(self._get("ALERTS_SECRET_OVERLAP_MAX_SECONDS"))
+
+    @property
+    def ALERTS_EMAIL_CONFIRM_SECONDS(self) -> int:
+        return int(self._get("ALERTS_EMAIL_CONFIRM_SECONDS"))
 
 
 conf = Settings()

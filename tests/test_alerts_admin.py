@@ -323,3 +323,31 @@ def test_delete_goes_through_the_service_one_or_many(admin_client: Client, acme:
     assert AlertEndpoint.objects.count() == 0
     assert AuditEvent.objects.filter(action="alert_endpoint.delete", actor="admin").count() == 3
     assert AlertEvent.objects.count() == 1  # the events stay
+
+
+def test_an_email_endpoint_awaiting_confirmation_says_so_and_is_not_enabled(
+    admin_client: Client, acme: Tenant
+) -> None:
+    # A tenant added the address (confirm_site): staff see it waits, and enabling it is refused
+    # with the reason, one by one or from the list, not a server error.
+    endpoint, _ = endpoint_create(
+        tenant=acme,
+        kind="email",
+        target="ops@acme.example",
+        event_types=["run.closed"],
+        confirm_site="https://host.example/",
+    )
+    page = admin_client.get(_url("alertendpoint_change", endpoint.pk)).content.decode()
+    assert "ops@acme.example: added by the tenant, each was emailed a link" in page
+    answer = admin_client.post(_url("alertendpoint_enable", endpoint.pk), {})
+    assert answer.status_code == 302
+    (message,) = get_messages(answer.wsgi_request)
+    assert "No address of this endpoint has confirmed yet" in str(message)
+    listed = admin_client.post(
+        _url("alertendpoint_changelist"),
+        {"_selected_action": [endpoint.pk], "action": "enable_selected"},
+    )
+    assert listed.status_code == 302
+    assert any("no address has confirmed yet" in str(m) for m in get_messages(listed.wsgi_request))
+    endpoint.refresh_from_db()
+    assert not endpoint.enabled

@@ -26,7 +26,9 @@ from llm_budgets.alerts.endpoints import (
     endpoint_enable,
     endpoint_secret_rotate,
     endpoint_test_send,
+    endpoint_update,
 )
+from llm_budgets.alerts.signing import signature
 from llm_budgets.alerts.transport import address_allowed
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import AlertDelivery, AlertDeliveryState, AlertEndpoint, Tenant
@@ -105,6 +107,18 @@ def test_verify_refuses_wrong_secret_tampering_and_replay(
     header = sign(b'{"a":1}', [header_secret], timestamp=1_000)
     with pytest.raises(SignatureInvalid, match=reason):
         verify(body, header, receiver_secret, now=now)
+
+
+@pytest.mark.parametrize("secret", ["", [], [""], ["s1", ""]])
+def test_verify_refuses_an_empty_secret_whatever_the_header(secret: Any) -> None:
+    # Anyone can sign with an empty key: a receiver whose secret setting is unset must accept
+    # nothing, and say why (a ValueError, not a bad request).
+    header = sign(b"{}", ["s1"], timestamp=1_000)
+    forged = "t=1000,v1=" + signature("", 1_000, b"{}")
+    for given in (header, forged):
+        with pytest.raises(ValueError, match="empty") as refused:
+            verify(b"{}", given, secret, now=1_000)
+        assert not isinstance(refused.value, SignatureInvalid)
 
 
 @pytest.mark.parametrize("header", [None, "", "t=abc,v1=00", "v1=00", "t=1000"])
@@ -323,26 +337,113 @@ def test_repeated_failures_disable_the_endpoint_and_tell_its_owner(receiver: Rec
         ("::ffff:127.0.0.1", False),
         ("fd00::1", False),
         ("0.0.0.0", False),
+        # IPv6 forms that carry an IPv4 address are judged by it (issue 38).
+        ("::ffff:0:127.0.0.1", False),  # IPv4-translated
+        ("::127.0.0.1", False),  # IPv4-compatible
+        ("::10.0.0.1", False),
+        ("::8.8.8.8", True),
+        ("64:ff9b::127.0.0.1", False),  # NAT64, well-known prefix
+        ("64:ff9b::a9fe:a9fe", False),  # ... to the cloud metadata address
+        ("64:ff9b::8.8.8.8", True),
+        ("64:ff9b:1::a00:1", False),  # NAT64, local-use prefix: never public
+        ("2002:7f00:1::1", False),  # 6to4 of 127.0.0.1
+        ("2002:a00:1::", False),  # 6to4 of 10.0.0.1
+        ("2002:808:808::1", True),  # 6to4 of 8.8.8.8
+        ("2606:4700::1111", True),
+        ("::", False),
     ],
 )
 def test_only_public_addresses_are_called(address: str, ok: bool) -> None:
     assert address_allowed(address) is ok
 
 
+def test_an_embedded_address_is_allowed_by_the_ipv4_the_settings_name() -> None:
+    with local(ALERTS_ALLOWED_ADDRESSES=["127.0.0.1"]):
+        assert address_allowed("64:ff9b::127.0.0.1")
+        assert address_allowed("::ffff:127.0.0.1")
+        assert not address_allowed("64:ff9b::127.0.0.2")
+    with local(ALERTS_ALLOWED_ADDRESSES=["::1"]):
+        assert address_allowed("::1")
+
+
 def test_a_loopback_endpoint_is_refused_unless_allowed(receiver: Receiver) -> None:
-    with local(ALERTS_ALLOWED_ADDRESSES=[]):
+    with local():
         seed()
-        hook(receiver.url)
+        hook(receiver.url)  # allowed when created; no longer when delivered
+    with local(ALERTS_ALLOWED_ADDRESSES=[]):
         close_runs(1)
         alerts_deliver()
         (delivery,) = deliveries()
-        assert "127.0.0.1" in delivery.last_error
-        assert "refused" in delivery.last_error
+        assert "not allowed" in delivery.last_error
         assert receiver.seen == []
     with local():
         due_now()
         alerts_deliver()
         assert len(receiver.wait_for(1)) == 1
+
+
+def test_a_refused_delivery_never_says_what_the_host_resolves_to(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    with local(ALERTS_ALLOWED_ADDRESSES=["127.0.0.0/8", "::1"]):
+        seed()
+        hook(receiver.url.replace("127.0.0.1", "localhost"))  # a name, resolved at delivery
+    with local(ALERTS_ALLOWED_ADDRESSES=[]):
+        close_runs(1)
+        alerts_deliver()
+    (delivery,) = deliveries()
+    # The tenant reads this: that the target is not allowed, not what its host resolves to.
+    assert "localhost: the target is not allowed" in delivery.last_error
+    assert "127.0.0.1" not in delivery.last_error
+    assert "::1" not in delivery.last_error
+    assert receiver.seen == []
+    # The operators' log says it.
+    assert "localhost refused: it resolves to" in caplog.text
+
+
+def test_a_disabled_endpoints_reason_never_says_where_it_resolves() -> None:
+    with local(ALERTS_ALLOWED_ADDRESSES=["127.0.0.0/8", "::1"]):
+        seed()
+        endpoint, _ = hook("http://localhost:9/never")  # a name: resolved at delivery
+    with local(ALERTS_ALLOWED_ADDRESSES=[], ALERTS_DISABLE_AFTER_FAILURES=1):
+        close_runs(1)
+        alerts_deliver()
+    endpoint.refresh_from_db()
+    assert not endpoint.enabled
+    assert "not allowed" in endpoint.disabled_reason
+    assert "127.0.0.1" not in endpoint.disabled_reason
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://localhost/in",
+        "https://127.0.0.1/in",
+        "https://[::1]/in",
+        "https://[::ffff:127.0.0.1]/in",
+        "https://[64:ff9b::a9fe:a9fe]/latest/meta-data",
+        "https://[2002:a00:1::]/in",
+        "https://169.254.169.254/latest/meta-data",
+        "https://10.0.0.1/in",
+    ],
+)
+def test_a_target_that_reaches_a_private_address_is_refused_when_created_or_changed(
+    url: str,
+) -> None:
+    seed()
+    with local(ALERTS_ALLOWED_ADDRESSES=[]):
+        with pytest.raises(InvalidUsage, match="not allowed") as refused:
+            hook(url)
+        assert refused.value.field == "target"
+        assert "127.0.0.1" not in refused.value.message
+        assert not AlertEndpoint.objects.exists()  # nothing half-written
+        endpoint, _ = hook("https://hooks.example.com/in")  # does not resolve here: accepted
+        with pytest.raises(InvalidUsage, match="not allowed"):
+            endpoint_update(endpoint, target=url)
+        endpoint.refresh_from_db()
+        assert endpoint.target == "https://hooks.example.com/in"
+    with local(ALERTS_ALLOWED_ADDRESSES=["127.0.0.0/8", "::1", "10.0.0.0/8", "169.254.0.0/16"]):
+        hook(url)  # what the operators allow
 
 
 def test_plain_http_is_refused_at_creation_and_checked_in_production() -> None:

@@ -23,12 +23,17 @@ from tests.factories import reserve_30, reserve_30_at, seed
 pytestmark = pytest.mark.django_db
 
 ALL = [schema.type for schema in SCHEMAS]
+# What a tenant's endpoint may subscribe to (the operators-only types are refused for it).
+TENANTS = [schema.type for schema in SCHEMAS if schema.tenant_visible]
 
 
 def webhook(tenant: str | None = None, types: list[str] | None = None) -> object:
     owner = Tenant.objects.get(external_id=tenant) if tenant else None
     endpoint, _ = endpoint_create(
-        tenant=owner, kind="webhook", target="https://hooks.example.com/x", event_types=types or ALL
+        tenant=owner,
+        kind="webhook",
+        target="https://hooks.example.com/x",
+        event_types=types or (TENANTS if owner else ALL),
     )
     return endpoint
 

@@ -3,17 +3,25 @@ installation-wide endpoints and any tenant's, tenant keys for their own; secrets
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.conf import settings
-from django.test import override_settings
+from django.core import mail, signing
+from django.test import Client, override_settings
 from django.utils import timezone
 
 from llm_budgets import budgets
 from llm_budgets.alerts.delivery import alerts_deliver
-from llm_budgets.alerts.endpoints import endpoint_create, endpoint_disable
+from llm_budgets.alerts.endpoints import (
+    AWAITING_CONFIRMATION,
+    endpoint_create,
+    endpoint_disable,
+    warning_recipients,
+)
 from llm_budgets.models import (
     AlertDelivery,
     AlertDeliveryState,
@@ -106,6 +114,61 @@ def test_rotate_returns_a_new_secret_once_and_keeps_the_old_one_for_the_overlap(
     assert (endpoint.secret, endpoint.previous_secret) == (new, old)
     again = client_for(keys["acme"]).get(f"{ENDPOINTS}/{endpoint.pk}")
     assert new not in again.content.decode()
+
+
+def test_a_rotation_overlap_has_a_maximum(keys: dict[str, str]) -> None:
+    endpoint = endpoint_of("acme")
+    old = endpoint.secret
+    acme = client_for(keys["acme"])
+    rotate = f"{ENDPOINTS}/{endpoint.pk}/rotate-secret"
+    for asked in (10**9, 7 * 24 * 3600 + 1, 10**30):
+        response = acme.post(rotate, {"overlap_seconds": asked}, format="json")
+        assert response.status_code == 400, response.content
+        (says,) = error(response)["fields"]["overlap_seconds"]
+        assert "from 0 to 604800" in says
+        assert "ALERTS_SECRET_OVERLAP_MAX_SECONDS" in says
+        endpoint.refresh_from_db()
+        assert (endpoint.secret, endpoint.previous_secret) == (old, "")  # nothing written
+    assert acme.post(rotate, {"overlap_seconds": 7 * 24 * 3600}, format="json").status_code == 200
+    with override_settings(
+        LLM_BUDGETS={**settings.LLM_BUDGETS, "ALERTS_SECRET_OVERLAP_MAX_SECONDS": 3600}
+    ):
+        assert acme.post(rotate, {"overlap_seconds": 3601}, format="json").status_code == 400
+
+
+def test_a_tenants_endpoint_is_refused_operators_only_event_types_naming_them(
+    keys: dict[str, str],
+) -> None:
+    types = ["threshold.crossed", "stripe.delivery_parked"]
+    for key, body in [
+        (keys["acme"], {}),
+        (keys["operator"], {"tenant": "acme"}),  # the operators too: it would never arrive
+    ]:
+        response = create(key, event_types=types, **body)
+        assert response.status_code == 400, response.content
+        (says,) = error(response)["fields"]["event_types"]
+        assert says.startswith("event_types: stripe.delivery_parked is for the operators'")
+        assert "threshold.crossed" in says  # what may be chosen
+    assert AlertEndpoint.objects.count() == 0
+    assert create(keys["operator"], event_types=types).status_code == 201  # installation-wide
+    endpoint = endpoint_of("acme")
+    changed = client_for(keys["acme"]).patch(
+        f"{ENDPOINTS}/{endpoint.pk}", {"event_types": types}, format="json"
+    )
+    assert changed.status_code == 400
+    assert list(error(changed)["fields"]) == ["event_types"]
+    endpoint.refresh_from_db()
+    assert endpoint.event_types == ["alert.test", "threshold.crossed"]
+
+
+def test_a_target_that_reaches_a_private_address_is_a_field_error(keys: dict[str, str]) -> None:
+    for target in ("https://127.0.0.1/in", "https://[64:ff9b::7f00:1]/in", "https://localhost/x"):
+        response = create(keys["acme"], target=target)
+        assert response.status_code == 400, response.content
+        (says,) = error(response)["fields"]["target"]
+        assert "target is not allowed" in says
+        assert "127.0.0.1" not in says
+    assert AlertEndpoint.objects.count() == 0
 
 
 def test_an_email_endpoint_has_no_secret_to_rotate(keys: dict[str, str]) -> None:
@@ -360,3 +423,205 @@ def test_a_redelivered_delivery_reaches_the_receiver_once_more_with_its_id(
     assert receiver.seen == [stored.delivery, stored.delivery]
     again = acme.get(f"{DELIVERIES}/{delivered['id']}").json()
     assert (again["state"], again["attempts"]) == ("delivered", 2)
+
+
+# --- Email addresses a tenant adds are confirmed first (issue 38) ------------------------------
+
+LINK = re.compile(r"https?://\S+/alerts/confirm/\S+")
+
+
+def links(outbox: list[Any]) -> dict[str, str]:
+    """The confirmation link mailed to each address (the last one, if several)."""
+    return {message.to[0]: LINK.search(message.body).group(0) for message in outbox}  # type: ignore[union-attr]
+
+
+def test_a_tenant_keys_email_endpoint_sends_nothing_until_an_address_follows_its_link(
+    keys: dict[str, str],
+) -> None:
+    acme = client_for(keys["acme"])
+    response = create(
+        keys["acme"],
+        kind="email",
+        target="ops@acme.example, victim@elsewhere.example",
+        event_types=["run.closed", "threshold.crossed"],
+    )
+    assert response.status_code == 201, response.content
+    made = response.json()
+    assert made["unconfirmed_emails"] == ["ops@acme.example", "victim@elsewhere.example"]
+    assert (made["enabled"], made["disabled_reason"]) == (False, AWAITING_CONFIRMATION)
+    sent = links(mail.outbox)
+    assert set(sent) == {"ops@acme.example", "victim@elsewhere.example"}
+    assert "Nothing is sent to this address until you confirm" in mail.outbox[0].body
+    assert sent["ops@acme.example"].startswith("http://testserver/api/llm-budgets/v1/")
+    endpoint = AlertEndpoint.objects.get(pk=made["id"])
+    tenant = Tenant.objects.get(external_id="acme")
+    # Nothing reaches the addresses meanwhile: no delivery, no warning email, no enabling.
+    budgets.close_run(tenant="acme", run="r-1", actor="a", reason="done")
+    assert not AlertDelivery.objects.filter(endpoint=endpoint).exists()
+    assert warning_recipients(tenant, "threshold.crossed") == []
+    enabling = acme.post(f"{ENDPOINTS}/{endpoint.pk}/enable", {}, format="json")
+    assert enabling.status_code == 400
+    assert "No address of this endpoint has confirmed yet" in error(enabling)["message"]
+    # Opening the link (a person, or a mail scanner) confirms nothing; the button does.
+    page = Client().get(sent["ops@acme.example"])
+    assert page.status_code == 200
+    assert b"Nothing is sent to this address until you confirm" in page.content
+    assert page["Cache-Control"] == "no-store"
+    endpoint.refresh_from_db()
+    assert not endpoint.enabled
+    confirmed = Client().post(sent["ops@acme.example"])
+    assert confirmed.status_code == 200
+    assert b"receives Acme's budget alerts from now on" in confirmed.content
+    endpoint.refresh_from_db()
+    assert endpoint.enabled
+    assert list(endpoint.unconfirmed_emails) == ["victim@elsewhere.example"]
+    assert AuditEvent.objects.filter(
+        action="alert_endpoint.confirm_email", actor="ops@acme.example"
+    ).exists()
+    assert Client().post(sent["ops@acme.example"]).status_code == 200  # twice: confirmed once
+    assert AuditEvent.objects.filter(action="alert_endpoint.confirm_email").count() == 1
+    # From now on the confirmed address receives; the other still nothing.
+    assert warning_recipients(tenant, "threshold.crossed") == ["ops@acme.example"]
+    mail.outbox.clear()
+    budgets.close_run(tenant="acme", run="r-2", actor="a", reason="done")
+    alerts_deliver()
+    (alert,) = mail.outbox
+    assert alert.to == ["ops@acme.example"]
+    assert "r-2" in alert.subject
+
+
+def test_a_confirmation_link_is_signed_and_valid_24_hours(keys: dict[str, str]) -> None:
+    import time_machine
+
+    start = timezone.now()
+    with time_machine.travel(start, tick=False):
+        made = create(
+            keys["acme"], kind="email", target="ops@acme.example", event_types=["run.closed"]
+        ).json()
+    link = links(mail.outbox)["ops@acme.example"]
+    token = link.rsplit("/", 1)[1]
+    endpoint_id, address = confirmation_read_at(token, start)
+    assert (endpoint_id, address) == (made["id"], "ops@acme.example")
+    forged = [
+        link[:-3] + ("aaa" if not link.endswith("aaa") else "bbb"),  # tampered signature
+        link.replace(token, signing.dumps({"endpoint": made["id"], "address": "x@y.example"})),
+    ]
+    for url in forged:
+        with time_machine.travel(start, tick=False):
+            answer = Client().post(url)
+        assert answer.status_code == 400
+        assert b"This link is not valid" in answer.content
+    with time_machine.travel(start + timedelta(hours=24, seconds=1), tick=False):
+        expired = Client().post(link)
+    assert expired.status_code == 400
+    assert b"This link has expired (links are valid 24 hours)" in expired.content
+    endpoint = AlertEndpoint.objects.get(pk=made["id"])
+    assert not endpoint.enabled
+    # Saving the addresses again sends a new link, but only once the last one has expired:
+    # a tenant cannot make the installation mail an address over and over.
+    acme = client_for(keys["acme"])
+    mail.outbox.clear()
+    with time_machine.travel(start + timedelta(hours=23), tick=False):
+        acme.patch(f"{ENDPOINTS}/{endpoint.pk}", {"target": "ops@acme.example"}, format="json")
+    assert mail.outbox == []
+    with time_machine.travel(start + timedelta(hours=25), tick=False):
+        acme.patch(f"{ENDPOINTS}/{endpoint.pk}", {"target": "ops@acme.example"}, format="json")
+        (again,) = mail.outbox
+        assert Client().post(links([again])["ops@acme.example"]).status_code == 200
+    endpoint.refresh_from_db()
+    assert (endpoint.enabled, endpoint.unconfirmed_emails) == (True, {})
+
+
+def confirmation_read_at(token: str, moment: Any) -> tuple[int, str]:
+    import time_machine
+
+    from llm_budgets.alerts.confirmation import confirmation_read
+
+    with time_machine.travel(moment, tick=False):
+        return confirmation_read(token)
+
+
+def test_an_address_a_tenant_adds_later_is_confirmed_first_and_the_others_keep_receiving(
+    keys: dict[str, str],
+) -> None:
+    acme = client_for(keys["acme"])
+    made = create(keys["acme"], kind="email", target="ops@acme.example").json()
+    Client().post(links(mail.outbox)["ops@acme.example"])
+    mail.outbox.clear()
+    changed = acme.patch(
+        f"{ENDPOINTS}/{made['id']}",
+        {"target": "ops@acme.example, new@elsewhere.example"},
+        format="json",
+    )
+    assert changed.json()["unconfirmed_emails"] == ["new@elsewhere.example"]
+    assert changed.json()["enabled"] is True  # ops still receives
+    assert list(links(mail.outbox)) == ["new@elsewhere.example"]
+    replaced = acme.patch(
+        f"{ENDPOINTS}/{made['id']}", {"target": "other@elsewhere.example"}, format="json"
+    )
+    assert replaced.json()["unconfirmed_emails"] == ["other@elsewhere.example"]
+    assert (replaced.json()["enabled"], replaced.json()["disabled_reason"]) == (
+        False,
+        AWAITING_CONFIRMATION,
+    )
+    # A link for an address that was taken out confirms nothing.
+    stale = Client().post(links(mail.outbox)["new@elsewhere.example"])
+    assert stale.status_code == 400
+    assert b"no longer one these alerts go to" in stale.content
+
+
+def test_the_operators_and_the_host_vouch_for_the_addresses_they_add(
+    keys: dict[str, str],
+) -> None:
+    made = create(keys["operator"], tenant="acme", kind="email", target="ops@acme.example").json()
+    assert (made["enabled"], made["unconfirmed_emails"]) == (True, [])
+    budgets.ensure_tenant(tenant="acme", billing_emails="billing@acme.example")
+    assert mail.outbox == []
+    tenant = Tenant.objects.get(external_id="acme")
+    assert warning_recipients(tenant, "threshold.crossed") == [
+        "ops@acme.example",
+        "billing@acme.example",
+    ]
+
+
+def test_a_link_that_could_not_be_emailed_is_sent_when_the_addresses_are_saved_again(
+    keys: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llm_budgets.alerts import endpoints
+
+    sending = endpoints.confirmation_send
+
+    def down(**kwargs: Any) -> None:
+        raise ConnectionRefusedError("smtp down")
+
+    monkeypatch.setattr(endpoints, "confirmation_send", down)
+    made = create(keys["acme"], kind="email", target="ops@acme.example").json()
+    assert made["unconfirmed_emails"] == ["ops@acme.example"]
+    assert AlertEndpoint.objects.get(pk=made["id"]).unconfirmed_emails == {"ops@acme.example": ""}
+    monkeypatch.setattr(endpoints, "confirmation_send", sending)
+    client_for(keys["acme"]).patch(
+        f"{ENDPOINTS}/{made['id']}", {"target": "ops@acme.example"}, format="json"
+    )
+    assert list(links(mail.outbox)) == ["ops@acme.example"]  # at once, not 24 h later
+
+
+def test_consent_is_per_tenant_and_address_one_link_covers_every_endpoint(
+    keys: dict[str, str],
+) -> None:
+    # A tenant cannot mail an address over and over by creating endpoint after endpoint: while a
+    # link is valid no other is sent, following it confirms the address on each endpoint of the
+    # tenant, and an address that receives the tenant's alerts is not asked again.
+    first = create(keys["acme"], kind="email", target="someone@else.example").json()
+    second = create(keys["acme"], kind="email", target="someone@else.example").json()
+    assert second["unconfirmed_emails"] == ["someone@else.example"]
+    (message,) = mail.outbox
+    globex = create(keys["globex"], kind="email", target="someone@else.example").json()
+    assert len(mail.outbox) == 2  # another tenant asks for itself
+    assert Client().post(links([message])["someone@else.example"]).status_code == 200
+    for made in (first, second):
+        endpoint = AlertEndpoint.objects.get(pk=made["id"])
+        assert (endpoint.enabled, endpoint.unconfirmed_emails) == (True, {})
+    assert not AlertEndpoint.objects.get(pk=globex["id"]).enabled
+    third = create(keys["acme"], kind="email", target="someone@else.example").json()
+    assert (third["enabled"], third["unconfirmed_emails"]) == (True, [])
+    assert len(mail.outbox) == 2

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
 from llm_budgets import budgets
 from llm_budgets.billing.credits import account_of, balance_open, credit_add
+from llm_budgets.billing.topups import top_up_checkout
+from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.models import TopUp
 from llm_budgets.testing.fakes.stripe_server import StripeServer
 from tests.api import BASE, client_for, new_key
 from tests.factories import reserve_30
@@ -86,6 +90,63 @@ def test_a_retried_top_up_request_returns_the_same_checkout(fake_stripe: StripeS
     assert again.json() == first.json()
     assert again.has_header("Idempotent-Replayed")
     assert len(fake_stripe.state.checkout_sessions) == 1
+
+
+@pytest.mark.parametrize(
+    ("amount", "says"),
+    [
+        ("1e3", "no sign, exponent or spaces"),
+        ("1E+3", "no sign, exponent or spaces"),
+        (1000.0, "not a float"),
+        (20.5, "not a float"),
+        ("-5", "no sign"),
+        ("10000.01", "more than one top-up may pay, 10,000.00 USD"),
+        ("250000", "PREPAID_TOP_UP_MAX"),
+    ],
+)
+def test_a_top_up_amount_is_refused_as_the_page_refuses_it_with_a_field_error(
+    fake_stripe: StripeServer, amount: object, says: str
+) -> None:
+    # The page hands the typed text to top_up_checkout, which refuses an exponent; the API's
+    # serializer used to turn "1e3" and JSON floats into Decimals first, and had no maximum.
+    keys = prepaid(fake_stripe)
+    body = {
+        "amount": amount,
+        "success_url": "https://h.example/ok",
+        "cancel_url": "https://h.example/no",
+    }
+    answer = client_for(keys["acme"]).post(f"{BASE}tenants/acme/top-ups", body, format="json")
+    assert answer.status_code == 400, answer.content
+    problem = answer.json()["error"]
+    assert list(problem["fields"]) == ["amount"]
+    assert says in problem["fields"]["amount"][0]
+    assert fake_stripe.state.checkout_sessions == {}
+    assert not TopUp.objects.exists()  # nothing half-written
+
+
+def test_the_top_up_maximum_is_a_setting_held_by_the_service_the_page_calls_too(
+    fake_stripe: StripeServer, settings: Any
+) -> None:
+    keys = prepaid(fake_stripe)
+    body = {
+        "amount": "10000",
+        "success_url": "https://h.example/ok",
+        "cancel_url": "https://h.example/no",
+    }
+    client = client_for(keys["acme"])
+    assert client.post(f"{BASE}tenants/acme/top-ups", body, format="json").status_code == 201
+    settings.LLM_BUDGETS = {**settings.LLM_BUDGETS, "PREPAID_TOP_UP_MAX": "100"}
+    refused = client.post(f"{BASE}tenants/acme/top-ups", body, format="json")
+    assert refused.status_code == 400
+    assert "100.00 USD" in refused.json()["error"]["fields"]["amount"][0]
+    with pytest.raises(InvalidUsage, match="PREPAID_TOP_UP_MAX") as raised:
+        top_up_checkout(
+            tenant="acme", amount="100.01", success_url="https://h/o", cancel_url="https://h/n"
+        )
+    assert raised.value.field == "amount"
+    settings.LLM_BUDGETS = {**settings.LLM_BUDGETS, "PREPAID_TOP_UP_MAX": None}
+    body["amount"] = "250000"
+    assert client.post(f"{BASE}tenants/acme/top-ups", body, format="json").status_code == 201
 
 
 def test_stripe_failing_a_top_up_is_a_503_with_retry_after_not_a_bad_request(

@@ -54,6 +54,14 @@ def test_the_settings_must_be_a_dict() -> None:
         ({"TRUSTED_PROXIES": True}, "llm_budgets.E091"),
         ({"NEW_END_USERS_PER_DAY": 0}, "llm_budgets.E012"),
         ({"NEW_RUNS_PER_DAY": "many"}, "llm_budgets.E013"),
+        # Issue 38: the maximums of the alerts, keys and top-ups.
+        ({"ALERTS_SECRET_OVERLAP_SECONDS": 10**9}, "llm_budgets.E109"),  # above the maximum
+        ({"ALERTS_SECRET_OVERLAP_MAX_SECONDS": 0}, "llm_budgets.E112"),
+        ({"ALERTS_EMAIL_CONFIRM_SECONDS": "1 day"}, "llm_budgets.E113"),
+        ({"SELF_SERVE_MAX_API_KEYS": 0}, "llm_budgets.E131"),
+        ({"PREPAID_TOP_UP_MAX": "1e4"}, "llm_budgets.E079"),
+        ({"PREPAID_TOP_UP_MAX": 10000.0}, "llm_budgets.E079"),
+        ({"PREPAID_TOP_UP_MAX": "0"}, "llm_budgets.E079"),
     ],
 )
 def test_each_bad_value_has_its_own_check(settings: dict[str, Any], expected: str) -> None:
@@ -189,3 +197,20 @@ def test_drf_num_proxies_alone_gets_a_warning() -> None:
         assert check_forwarded_for() == []
     with override_settings(REST_FRAMEWORK={}, LLM_BUDGETS={}):
         assert check_forwarded_for() == []
+
+
+def test_the_issue_38_maximums_have_their_defaults_and_may_be_set() -> None:
+    assert conf.ALERTS_SECRET_OVERLAP_MAX_SECONDS == 7 * 24 * 3600
+    assert conf.ALERTS_EMAIL_CONFIRM_SECONDS == 24 * 3600
+    assert conf.SELF_SERVE_MAX_API_KEYS == 10
+    assert conf.PREPAID_TOP_UP_MAX == 10000
+    with override_settings(
+        LLM_BUDGETS={
+            "ALERTS_SECRET_OVERLAP_SECONDS": 10**6,
+            "ALERTS_SECRET_OVERLAP_MAX_SECONDS": 10**6,
+            "PREPAID_TOP_UP_MAX": None,
+        }
+    ):
+        assert check_settings() == []
+        assert conf.ALERTS_SECRET_OVERLAP_SECONDS == 10**6
+        assert conf.PREPAID_TOP_UP_MAX is None

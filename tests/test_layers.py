@@ -85,6 +85,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "llm_budgets.checks",
             "llm_budgets.billing.checks",  # system checks, beside llm_budgets.checks
             "llm_budgets.alerts.checks",
+            "llm_budgets.alerts.views",  # the page an email confirmation link opens
             "llm_budgets.apps",
             "llm_budgets.celery_worker",
             "llm_budgets.management",

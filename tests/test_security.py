@@ -32,7 +32,7 @@ from llm_budgets.models import (
     Tenant,
     UsageRecord,
 )
-from tests.api import BASE, client_for
+from tests.api import BASE, client_for, new_key
 from tests.factories import reserve_30, seed
 from tests.servers import ROOT
 
@@ -403,3 +403,67 @@ def test_no_provider_api_key_in_logs_errors_or_the_ledger(caplog: Any) -> None:
         for key in keys.values():
             assert key not in text, place
             assert key.split("-")[-1] not in text, place
+
+
+# --- Cache-Control: no-store on every API response (issue 38) ----------------------------------
+
+
+def test_every_view_of_the_api_sends_no_store() -> None:
+    """Each view mounted under the API's prefix is one that sets it (a new view that is not an
+    ApiView, nor wrapped, fails here)."""
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    from llm_budgets.api import urls
+    from llm_budgets.api.views import NoStore
+
+    def views(patterns: list[Any]) -> list[Any]:
+        found = []
+        for pattern in patterns:
+            if isinstance(pattern, URLResolver):
+                found += views(pattern.url_patterns)
+            elif isinstance(pattern, URLPattern):
+                found.append(pattern.callback)
+        return found
+
+    assert get_resolver().resolve(BASE + "health").func.__module__ == "llm_budgets.api.health"
+    for callback in views(urls.urlpatterns):
+        view_class = getattr(callback, "cls", None)
+        if view_class is not None:
+            assert issubclass(view_class, NoStore), view_class
+        else:
+            assert callback.__wrapped__.__name__ in {"stripe_webhook", "email_confirm"}
+
+
+def test_api_answers_and_errors_are_never_cached(settings: Any) -> None:
+    seed()
+    key = client_for(new_key("acme", name="k"))
+    body = {"provider": "fake", "model": "m30", "input_tokens": 0, "max_output_tokens": 1000}
+    answers = {
+        "created": key.post(BASE + "reservations", body, format="json"),
+        "read": key.get(BASE + "tenants/acme/status"),
+        "bad body": key.post(BASE + "reservations", {"colour": 1}, format="json"),
+        "no key": client_for(None).get(BASE + "tenants/acme/status"),
+        "bad key": client_for("nope.nope").get(BASE + "tenants/acme/status"),
+        "not found": key.get(BASE + "no/such/path"),
+        "another tenant": key.get(BASE + "tenants/globex/status"),
+        "operators only": key.post(BASE + "kill-switches", {}, format="json"),
+        "health": client_for(None).get(BASE + "health"),
+        "webhook": Client().post(BASE + "stripe/webhook", b"{}", content_type="application/json"),
+    }
+    first = key.post(BASE + "reservations", body, format="json", HTTP_IDEMPOTENCY_KEY="r-1")
+    answers["replayed"] = key.post(
+        BASE + "reservations", body, format="json", HTTP_IDEMPOTENCY_KEY="r-1"
+    )
+    assert first.status_code == 201
+    assert answers["replayed"].has_header("Idempotent-Replayed")
+    settings.LLM_BUDGETS = {**settings.LLM_BUDGETS, "API_THROTTLE_RATE": "1/minute"}
+    from django.core.cache import cache
+
+    cache.clear()
+    key.get(BASE + "tenants/acme/status")
+    answers["throttled"] = key.get(BASE + "tenants/acme/status")
+    assert answers["throttled"].status_code == 429
+    statuses = {name: answer.status_code for name, answer in answers.items()}
+    assert {200, 201, 400, 401, 403, 404, 429} <= set(statuses.values()), statuses
+    for name, answer in answers.items():
+        assert answer.get("Cache-Control") == "no-store", (name, answer.status_code)

@@ -5,6 +5,7 @@ alerts, through the services the support admin calls, checked in those services
 from __future__ import annotations
 
 import re
+import threading
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -35,6 +36,9 @@ from tests.factories import reserve_30
 from tests.pages import People, people, usage_data
 
 pytestmark = pytest.mark.django_db
+
+# Where a tenant admin's email addresses are sent their confirmation links.
+SITE = {"confirm_site": "https://host.example/"}
 
 
 @pytest.fixture
@@ -207,19 +211,80 @@ def test_keys_a_tenant_admin_creates_are_their_tenants_and_never_self_serve(
     assert secret.startswith(key.prefix)
 
 
+def test_a_tenant_admin_mints_at_most_the_maximum_of_live_keys(
+    folks: People, settings: Any
+) -> None:
+    settings.LLM_BUDGETS = {**settings.LLM_BUDGETS, "SELF_SERVE_MAX_API_KEYS": 3}
+    acting = admin_of(folks)
+    live = ApiKey.objects.filter(tenant__external_id="acme", revoked=False).count()
+    made = [api_key_create(tenant="acme", name=f"k{n}", acting=acting)[0] for n in range(3 - live)]
+    before = (ApiKey.objects.count(), AuditEvent.objects.count())
+    with pytest.raises(SelfServeDenied, match=r"has 3 live API keys.*SELF_SERVE_MAX_API_KEYS"):
+        api_key_create(tenant="acme", name="one-more", acting=acting)
+    assert (ApiKey.objects.count(), AuditEvent.objects.count()) == before  # nothing written
+    # Other tenants count their own; the operators may create more; revoked and expired keys
+    # no longer count.
+    api_key_create(tenant="beta", name="b", acting=admin_of(folks, "beta"))
+    api_key_create(tenant="acme", name="by-ops", actor="ops")
+    api_key_revoke(made[0], acting=acting)
+    api_key_revoke(ApiKey.objects.get(name="by-ops"), actor="ops")
+    key, _ = api_key_create(tenant="acme", name="again", acting=acting)
+    ApiKey.objects.filter(pk=key.pk).update(expiry_date=timezone.now() - timedelta(seconds=1))
+    api_key_create(tenant="acme", name="after-expiry", acting=acting)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_admins_minting_the_last_key_at_once_get_one(
+    folks: People, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llm_budgets.api import keys
+    from tests.concurrency import run_threads
+
+    live = ApiKey.objects.filter(tenant__external_id="acme", revoked=False).count()
+    settings.LLM_BUDGETS = {**settings.LLM_BUDGETS, "SELF_SERVE_MAX_API_KEYS": live + 1}
+    acting = admin_of(folks)
+    counted = keys.api_key_live_count
+    second = threading.Event()
+    arrivals: list[int] = []
+
+    def counting(tenant: Any) -> int:
+        found = counted(tenant)
+        arrivals.append(found)
+        if len(arrivals) == 1:
+            # The first to count waits until the second has counted too: without the tenant's
+            # lock both see room and both create. With it the second cannot count before the
+            # first commits, and the wait ends unanswered (nothing is asserted on its time).
+            second.wait(timeout=2)
+        else:
+            second.set()
+        return found
+
+    monkeypatch.setattr(keys, "api_key_live_count", counting)
+    results = run_threads(
+        2, lambda n: api_key_create(tenant="acme", name=f"race-{n}", acting=acting)
+    )
+    assert sorted(type(r).__name__ for r in results) == ["SelfServeDenied", "tuple"]
+    assert ApiKey.objects.filter(tenant__external_id="acme", revoked=False).count() == live + 1
+
+
 def test_alerts_subscriptions_are_the_tenants_own_and_tenant_events_only(
     folks: People,
 ) -> None:
     acting = admin_of(folks)
     endpoint, secret = self_serve_subscribe(
-        acting, kind="email", target="ops@acme.test", event_types=["threshold.crossed"]
+        acting, kind="email", target="ops@acme.test", event_types=["threshold.crossed"], **SITE
     )
     assert endpoint.tenant == acting.tenant
     assert secret == ""
-    with pytest.raises(SelfServeDenied, match="operators only"):
+    with pytest.raises(InvalidUsage, match=r"stripe\.delivery_parked is for the operators'") as e:
         self_serve_subscribe(
-            acting, kind="email", target="ops@acme.test", event_types=["stripe.delivery_parked"]
+            acting,
+            kind="email",
+            target="ops@acme.test",
+            event_types=["stripe.delivery_parked"],
+            **SITE,
         )
+    assert e.value.field == "event_types"
 
 
 def test_a_budget_that_held_calls_is_not_removed_but_says_what_to_do(folks: People) -> None:
@@ -316,7 +381,11 @@ def tenant_rows(acting: TenantAdmin, user: str) -> dict[str, Any]:
     raise_ = budget_raise_grant(budget=budget, amount="1", until=until, reason="r", acting=acting)
     key, _ = api_key_create(tenant=tenant, name=f"{tenant}-key", acting=acting)
     endpoint, _ = self_serve_subscribe(
-        acting, kind="email", target=f"ops@{tenant}.test", event_types=["threshold.crossed"]
+        acting,
+        kind="email",
+        target=f"ops@{tenant}.test",
+        event_types=["threshold.crossed"],
+        **SITE,
     )
     return {"budget": budget, "raise": raise_, "key": key, "endpoint": endpoint}
 
@@ -568,3 +637,28 @@ def test_support_staff_see_the_changes_in_the_admins_audit_log(folks: People) ->
     boss = User.objects.create_superuser("root", password="pw")
     log = client_for(boss).get("/admin/llm_budgets/auditevent/").content.decode()
     assert "ann (tenant admin of acme)" in log
+
+
+def test_an_email_address_a_tenant_admin_subscribes_on_the_page_confirms_first(
+    folks: People,
+) -> None:
+    from django.core import mail
+
+    from llm_budgets.alerts.endpoints import AWAITING_CONFIRMATION
+
+    page = client_for(folks.acme_admin).post(
+        "/usage/manage/alerts/subscribe/",
+        {"kind": "email", "target": "someone@else.test", "event_types": ["threshold.crossed"]},
+    )
+    assert page.status_code == 302
+    endpoint = AlertEndpoint.objects.get(target="someone@else.test")
+    assert (endpoint.enabled, endpoint.disabled_reason) == (False, AWAITING_CONFIRMATION)
+    (message,) = mail.outbox
+    assert message.to == ["someone@else.test"]
+    link = re.search(r"http://testserver/api/llm-budgets/v1/alerts/confirm/\S+", message.body)
+    assert link is not None
+    shown = client_for(folks.acme_admin).get("/usage/manage/").content.decode()
+    assert "awaiting confirmation by someone@else.test" in shown
+    assert Client().post(link.group(0)).status_code == 200
+    endpoint.refresh_from_db()
+    assert (endpoint.enabled, endpoint.unconfirmed_emails) == (True, {})

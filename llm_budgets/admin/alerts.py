@@ -191,7 +191,8 @@ class EndpointForm(forms.ModelForm):
             self.add_error("target", exc.message)
         try:
             if "event_types" in data:
-                data["event_types"] = event_types_validate(data["event_types"])
+                owner = self.instance.tenant if self.instance.pk else data.get("tenant")
+                data["event_types"] = event_types_validate(data["event_types"], tenant=owner)
         except InvalidUsage as exc:
             self.add_error("event_types", exc.message)
         return data
@@ -201,7 +202,8 @@ class RotateForm(forms.Form):
     overlap_seconds = forms.IntegerField(
         min_value=0,
         help_text="How long the old secret stays valid beside the new one (each delivery is "
-        "signed with both meanwhile); 0: it stops at once.",
+        "signed with both meanwhile); 0: it stops at once. At most "
+        "ALERTS_SECRET_OVERLAP_MAX_SECONDS (7 days by default).",
     )
 
 
@@ -238,6 +240,7 @@ class AlertEndpointAdmin(ObjectActionsMixin, AppAdmin):
         "kind",
         "secret_hint",
         "state_detail",
+        "awaiting_confirmation",
         "consecutive_failures",
         "created_by",
         "created_when",
@@ -260,6 +263,7 @@ class AlertEndpointAdmin(ObjectActionsMixin, AppAdmin):
             "contact_emails",
             "secret_hint",
             "state_detail",
+            "awaiting_confirmation",
             "consecutive_failures",
             "deliveries_link",
             "created_by",
@@ -356,6 +360,16 @@ class AlertEndpointAdmin(ObjectActionsMixin, AppAdmin):
         since = when_text(obj.disabled_at, row_zone(obj))
         return f"disabled {since}: {obj.disabled_reason or '?'}"
 
+    @admin.display(description="Awaiting confirmation")
+    def awaiting_confirmation(self, obj: AlertEndpoint) -> str:
+        pending = sorted(obj.unconfirmed_emails or {})
+        if not pending:
+            return "-"
+        return (
+            f"{', '.join(pending)}: added by the tenant, each was emailed a link and receives "
+            "nothing until it is followed"
+        )
+
     @admin.display(description="Signing secret")
     def secret_hint(self, obj: AlertEndpoint) -> str:
         if obj.kind != EndpointKind.WEBHOOK:
@@ -424,12 +438,16 @@ class AlertEndpointAdmin(ObjectActionsMixin, AppAdmin):
             _posted(request), initial={"overlap_seconds": conf.ALERTS_SECRET_OVERLAP_SECONDS}
         )
         if request.method == "POST" and form.is_valid():
-            secret = endpoint_secret_rotate(
-                endpoint,
-                actor=actor(request),
-                overlap_seconds=form.cleaned_data["overlap_seconds"],
-            )
-            return _secret_page(request, endpoint, secret, "rotated")
+            try:
+                secret = endpoint_secret_rotate(
+                    endpoint,
+                    actor=actor(request),
+                    overlap_seconds=form.cleaned_data["overlap_seconds"],
+                )
+            except InvalidUsage as exc:  # above ALERTS_SECRET_OVERLAP_MAX_SECONDS
+                form.add_error("overlap_seconds", exc.message)
+            else:
+                return _secret_page(request, endpoint, secret, "rotated")
         return _action_page(
             request,
             endpoint,
@@ -458,7 +476,10 @@ class AlertEndpointAdmin(ObjectActionsMixin, AppAdmin):
         endpoint = self._endpoint(request, endpoint_id)
         form = form_class(_posted(request))
         if request.method == "POST" and form.is_valid():
-            messages.success(request, act(endpoint, form.cleaned_data))
+            try:
+                messages.success(request, act(endpoint, form.cleaned_data))
+            except InvalidUsage as exc:  # e.g. enabling an email endpoint nobody confirmed
+                messages.error(request, exc.message)
             return HttpResponseRedirect(_endpoint_url(endpoint))
         label = _endpoint_label(endpoint)
         return _action_page(
@@ -533,11 +554,21 @@ class AlertEndpointAdmin(ObjectActionsMixin, AppAdmin):
 
     @admin.action(description="Enable the selected endpoints", permissions=["manage"])
     def enable_selected(self, request: HttpRequest, queryset: QuerySet[AlertEndpoint]) -> None:
-        count = 0
+        count, waiting = 0, []
         for endpoint in queryset.filter(enabled=False).select_related("tenant"):
-            endpoint_enable(endpoint, actor=actor(request))
+            try:
+                endpoint_enable(endpoint, actor=actor(request))
+            except InvalidUsage:  # an email endpoint none of whose addresses confirmed
+                waiting.append(_endpoint_label(endpoint))
+                continue
             count += 1
         messages.success(request, f"Enabled {count} endpoint(s).")
+        if waiting:
+            messages.warning(
+                request,
+                f"Not enabled: {', '.join(waiting)}: no address has confirmed yet (each was "
+                "sent a link).",
+            )
 
     @admin.action(description="Disable the selected endpoints…", permissions=["manage"])
     def disable_selected(

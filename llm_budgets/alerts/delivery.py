@@ -30,7 +30,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from llm_budgets.alerts import formats, transport
-from llm_budgets.alerts.endpoints import endpoint_disable, endpoint_secrets
+from llm_budgets.alerts.endpoints import endpoint_disable, endpoint_recipients, endpoint_secrets
 from llm_budgets.alerts.signing import DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, sign
 from llm_budgets.conf import conf
 from llm_budgets.models import AlertDelivery, AlertDeliveryState, AlertEndpoint, EndpointKind
@@ -139,6 +139,11 @@ def _send(delivery: AlertDelivery) -> int | None:
     endpoint, event = delivery.endpoint, delivery.event
     headers = {DELIVERY_HEADER: delivery.uid, EVENT_HEADER: event.type}
     if endpoint.kind == EndpointKind.EMAIL:
+        recipients = endpoint_recipients(endpoint)  # only addresses that confirmed
+        if not recipients:
+            raise transport.DeliveryFailed(
+                "no address of this endpoint has confirmed yet (each was sent a link)"
+            )
         subject, body = formats.email(event)
         sender = conf.WARNING_FROM_EMAIL
         domain = sender.rpartition("@")[2].rstrip(">") or "localhost"
@@ -146,7 +151,7 @@ def _send(delivery: AlertDelivery) -> int | None:
             subject=subject,
             body=body,
             from_email=sender,
-            to=split_emails(endpoint.target),
+            to=recipients,
             # Stable across attempts: a duplicate is recognisable.
             headers={"Message-ID": f"<{delivery.uid}@{domain}>", **headers},
         )

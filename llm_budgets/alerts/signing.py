@@ -54,10 +54,19 @@ def verify(
 ) -> int:
     """Check a delivery: ``payload`` is the raw body as received, ``header`` the value of
     ``LLM-Budgets-Signature``, ``secret`` the endpoint's secret (or several, while the receiver
-    rotates). Returns the signed timestamp; raises ``SignatureInvalid`` otherwise."""
+    rotates). Returns the signed timestamp; raises ``SignatureInvalid`` otherwise.
+
+    An empty secret (or none) raises ``ValueError`` before anything is checked: anyone can sign
+    with an empty key, so a receiver whose secret setting is unset must refuse everything, and
+    loudly (it is the receiver's configuration that is wrong, not the request)."""
     if isinstance(payload, str):
         payload = payload.encode()
     secrets = [secret] if isinstance(secret, str) else list(secret)
+    if not secrets or not all(isinstance(key, str) and key for key in secrets):
+        raise ValueError(
+            "verify needs the endpoint's signing secret (llmbsec_...): got an empty one. Is the "
+            "setting that holds it unset? Nothing can be verified without it."
+        )
     if not header:
         raise SignatureInvalid("no signature header")
     timestamp: int | None = None

@@ -1,10 +1,11 @@
 """One HTTP POST to an alert endpoint, with the guards an outbound call to a URL someone typed
 needs (docs/alerts.md, "Delivery"):
 
-- the host is resolved once and every address it resolves to must be public: private, loopback,
-  link-local, reserved and multicast addresses are refused outside DEBUG (server-side request
-  forgery), except those ``ALERTS_ALLOWED_ADDRESSES`` names; the connection goes to the address
-  checked, so a second resolution cannot swap in another (DNS rebinding);
+- the host is resolved once and every address it resolves to must be allowed
+  (``alerts.addresses``: public ones, an IPv6 address judged by the IPv4 it embeds); the
+  connection goes to the address checked, so a second resolution cannot swap in another (DNS
+  rebinding); the failure says only that the target is not allowed, never what it resolved to
+  (the log says that, for the operators);
 - https is required unless DEBUG or ``ALERTS_ALLOW_HTTP``; certificates are verified;
 - one deadline for the whole attempt (connect, send, the answer), and at most
   ``ALERTS_MAX_RESPONSE_BYTES`` of the answer read;
@@ -14,7 +15,7 @@ needs (docs/alerts.md, "Delivery"):
 from __future__ import annotations
 
 import http.client
-import ipaddress
+import logging
 import socket
 import ssl
 import time
@@ -22,10 +23,13 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from urllib.parse import urlsplit
 
-from django.conf import settings
-
+from llm_budgets.alerts.addresses import NOT_ALLOWED, address_allowed, refused, resolved
 from llm_budgets.alerts.endpoints import http_allowed
 from llm_budgets.conf import conf
+
+logger = logging.getLogger("llm_budgets")
+
+__all__ = ["AddressRefused", "Answer", "DeliveryFailed", "address_allowed", "post"]
 
 USER_AGENT = "llm-budgets-alerts/1"
 
@@ -52,34 +56,23 @@ class Answer:
     body: bytes
 
 
-def address_allowed(address: str) -> bool:
-    """Whether alerts may connect to ``address``: a public one, or one the settings allow (or
-    anything under DEBUG)."""
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip.is_global and not ip.is_multicast:
-        return True
-    if settings.DEBUG:
-        return True
-    return any(ip in ipaddress.ip_network(n) for n in conf.ALERTS_ALLOWED_ADDRESSES)
-
-
 def _resolve(host: str, port: int, deadline: float) -> tuple[int, str]:
     try:
-        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        addresses = resolved(host, port)
     except OSError as exc:
         raise DeliveryFailed(f"cannot resolve {host}: {exc}") from exc
     if time.monotonic() > deadline:
         raise DeliveryFailed(f"resolving {host} took longer than the timeout")
-    addresses = [(family, str(sockaddr[0])) for family, _, _, _, sockaddr in found]
-    refused = sorted({a for _, a in addresses if not address_allowed(a)})
-    if refused or not addresses:
-        # One bad address refuses the host: a resolver may hand out either.
-        raise AddressRefused(
-            f"{host} resolves to {', '.join(refused) or 'nothing'}: private, loopback or reserved "
-            "addresses are refused (LLM_BUDGETS['ALERTS_ALLOWED_ADDRESSES'] allows some)"
+    bad = refused(addresses)
+    if bad or not addresses:
+        # Who reads the delivery (a tenant) learns only that it is refused: what an internal
+        # name resolves to stays in the operators' log.
+        logger.warning(
+            "llm_budgets: alert endpoint host %s refused: it resolves to %s",
+            host,
+            ", ".join(bad) or "nothing",
         )
+        raise AddressRefused(f"{host}: {NOT_ALLOWED}")
     return addresses[0]
 
 

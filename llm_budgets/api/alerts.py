@@ -68,6 +68,12 @@ def _no_idempotency_key(request: Request) -> None:
         )
 
 
+def _confirm_site(request: Request) -> str | None:
+    """Where a tenant key's email addresses are sent their confirmation links: this app as the
+    request reached it. None for an operator key: the operators vouch for what they add."""
+    return None if api_key_of(request).tenant is None else request.build_absolute_uri("/")
+
+
 def _owner(request: Request) -> Tenant | None:
     """Whose endpoints the key may see: its tenant's, or (operator key) everyone's."""
     return api_key_of(request).tenant
@@ -136,6 +142,14 @@ class AlertEndpointSerializer(serializers.ModelSerializer[AlertEndpoint]):
         "for kinds without one. The secret itself is shown once, on create and rotate.",
     )
     event_types = serializers.ListField(child=serializers.CharField(), read_only=True)
+    unconfirmed_emails = serializers.SerializerMethodField(
+        help_text="Email addresses a tenant added that have not followed the confirmation link "
+        "they were sent (valid ALERTS_EMAIL_CONFIRM_SECONDS, 24 h): nothing is sent to them. "
+        "Sending the target again sends a new link to any whose link expired."
+    )
+
+    def get_unconfirmed_emails(self, endpoint: AlertEndpoint) -> list[str]:
+        return sorted(endpoint.unconfirmed_emails or {})
 
     class Meta:
         model = AlertEndpoint
@@ -147,6 +161,7 @@ class AlertEndpointSerializer(serializers.ModelSerializer[AlertEndpoint]):
             "event_types",
             "description",
             "contact_emails",
+            "unconfirmed_emails",
             "secret_hint",
             "enabled",
             "disabled_reason",
@@ -198,7 +213,9 @@ class EndpointCreateSerializer(StrictSerializer):
     )
     target = serializers.CharField(
         max_length=2000,
-        help_text="The https:// URL (webhook, Slack, Teams) or comma-separated email addresses.",
+        help_text="The https:// URL (webhook, Slack, Teams) or comma-separated email addresses. "
+        "A tenant key's email addresses are each sent a confirmation link first: the endpoint "
+        "waits disabled until one is followed.",
     )
     event_types = _event_types_field(required=True)
     description = serializers.CharField(required=False, allow_blank=True, max_length=255)
@@ -231,7 +248,8 @@ class RotateSerializer(StrictSerializer):
         required=False,
         min_value=0,
         help_text="How long the old secret stays valid beside the new one (each delivery is "
-        "signed with both meanwhile). Default: ALERTS_SECRET_OVERLAP_SECONDS; 0: at once.",
+        "signed with both meanwhile). Default: ALERTS_SECRET_OVERLAP_SECONDS; 0: at once; at "
+        "most ALERTS_SECRET_OVERLAP_MAX_SECONDS (7 days by default).",
     )
 
 
@@ -331,6 +349,7 @@ class AlertEndpointListView(ApiView, generics.ListAPIView[AlertEndpoint]):
                 description=data.get("description", ""),
                 contact_emails=data.get("contact_emails", ""),
                 actor=actor_of(key),
+                confirm_site=_confirm_site(request),
             )
         return Response(_with_secret(endpoint, secret), status=status.HTTP_201_CREATED)
 
@@ -354,7 +373,12 @@ class AlertEndpointDetailView(ApiView):
         data = self.valid(EndpointUpdateSerializer, request)
         endpoint = _endpoint(request, endpoint_id)
         with ledger_guard("alert endpoint update"):
-            endpoint_update(endpoint, **data, actor=actor_of(api_key_of(request)))
+            endpoint_update(
+                endpoint,
+                **data,
+                actor=actor_of(api_key_of(request)),
+                confirm_site=_confirm_site(request),
+            )
         return Response(AlertEndpointSerializer(endpoint).data)
 
     @api_schema(

@@ -15,7 +15,7 @@ from llm_budgets.api.idempotency import idempotent
 from llm_budgets.api.killswitches import actor_of
 from llm_budgets.api.schema import api_schema
 from llm_budgets.api.scoping import api_key_of, tenant_for
-from llm_budgets.api.serializers import StrictSerializer, money_out
+from llm_budgets.api.serializers import MoneyField, StrictSerializer, money_out
 from llm_budgets.api.views import IDEMPOTENCY_HEADER, ApiView, errors
 from llm_budgets.billing.credits import account_of, balance_state
 from llm_budgets.billing.topups import top_up_checkout
@@ -73,8 +73,10 @@ class BalanceSerializer(serializers.Serializer):
 
 
 class TopUpRequestSerializer(StrictSerializer):
-    amount = serializers.DecimalField(
-        max_digits=20, decimal_places=10, required=False, help_text="Give amount or package."
+    amount = MoneyField(
+        required=False,
+        help_text="Give amount or package. A decimal string (or an integer), never a float nor "
+        "an exponent; at most PREPAID_TOP_UP_MAX (10000 by default).",
     )
     package = serializers.CharField(required=False, max_length=64, help_text="PREPAID_PACKAGES")
     success_url = serializers.URLField(max_length=2000)

@@ -17,6 +17,7 @@ from rest_framework.response import Response
 
 import llm_budgets
 from llm_budgets.api.schema import api_schema, own_schema
+from llm_budgets.api.views import NoStore
 from llm_budgets.conf import conf
 
 SCHEMA_PATH = "schema/"
@@ -97,7 +98,7 @@ so each process builds and renders it once (about 50-300 ms, docs/performance.md
 request."""
 
 
-class SchemaView(SpectacularAPIView):
+class SchemaView(NoStore, SpectacularAPIView):
     """``GET schema/``: OpenAPI 3 (YAML; ``?format=json`` for JSON). No data, but the operator
     endpoints it describes are the host's business: ``DocsAccess`` decides who reads it."""
 
@@ -131,7 +132,7 @@ class SchemaView(SpectacularAPIView):
         )
 
 
-class SwaggerView(SpectacularSwaggerView):
+class SwaggerView(NoStore, SpectacularSwaggerView):
     authentication_classes = [SessionAuthentication]
     permission_classes = [DocsAccess]
     url_name = "llm_budgets_api:schema"

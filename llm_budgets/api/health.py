@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from llm_budgets.api.schema import AppAutoSchema, api_schema
+from llm_budgets.api.views import NoStore
 from llm_budgets.health import health_check
 
 
@@ -33,7 +34,7 @@ class HealthSerializer(serializers.Serializer):
     )
 
 
-class HealthView(APIView):
+class HealthView(NoStore, APIView):
     authentication_classes: list[Any] = []
     permission_classes = [AllowAny]
     throttle_classes: list[Any] = []
@@ -60,6 +61,4 @@ class HealthView(APIView):
                 c.name: {"ok": c.ok, "detail": c.detail, "values": c.values} for c in report.checks
             },
         }
-        return Response(
-            body, status=200 if report.ok else 503, headers={"Cache-Control": "no-store"}
-        )
+        return Response(body, status=200 if report.ok else 503)

@@ -6,12 +6,14 @@ from datetime import datetime
 from typing import cast
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from llm_budgets import validation
+from llm_budgets.conf import conf
 from llm_budgets.control.self_serve import TenantAdmin, self_serve_authorize
-from llm_budgets.exceptions import InvalidUsage
-from llm_budgets.models import ApiKey, AuditEvent
+from llm_budgets.exceptions import InvalidUsage, SelfServeDenied
+from llm_budgets.models import ApiKey, AuditEvent, Tenant
 from llm_budgets.tenancy.tenants import tenant_get
 
 
@@ -42,6 +44,8 @@ def api_key_create(
         self_serve_authorize(acting, action="api_keys", tenant=tenant_obj)
         actor = acting.actor
     with transaction.atomic():
+        if acting is not None and tenant_obj is not None:
+            _self_serve_room_check(tenant_obj)
         created, key = ApiKey.objects.create_key(
             name=name, tenant=tenant_obj, expiry_date=expires_at, self_serve=self_serve
         )
@@ -54,6 +58,28 @@ def api_key_create(
             after={"name": name, "scope": api_key.scope_label, "self_serve": self_serve},
         )
     return api_key, key
+
+
+def api_key_live_count(tenant: Tenant) -> int:
+    """The tenant's keys that authenticate: neither revoked nor expired."""
+    unexpired = Q(expiry_date__isnull=True) | Q(expiry_date__gt=timezone.now())
+    return ApiKey.objects.filter(unexpired, tenant=tenant, revoked=False).count()
+
+
+def _self_serve_room_check(tenant: Tenant) -> None:
+    """Refuse a tenant admin's key beyond ``SELF_SERVE_MAX_API_KEYS`` live ones: each key has
+    its own rate limit, so unlimited keys would be an unlimited rate. The tenant's row is locked
+    first, so two admins creating at once count each other (call in the creating transaction)."""
+    Tenant.objects.select_for_update().filter(pk=tenant.pk).values_list("pk").first()
+    most = conf.SELF_SERVE_MAX_API_KEYS
+    live = api_key_live_count(tenant)
+    if live >= most:
+        raise SelfServeDenied(
+            f"{tenant.external_id} has {live} live API keys, the most its admins may hold "
+            f"(LLM_BUDGETS['SELF_SERVE_MAX_API_KEYS'] = {most}): revoke one it no longer uses, "
+            "or ask the operators for another.",
+            action="api_keys",
+        )
 
 
 def api_key_self_serve_check(

@@ -3,11 +3,13 @@ may see, call one service, serialize. Errors are rendered by :mod:`llm_budgets.a
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
 
 from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponseBase
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
@@ -81,7 +83,38 @@ IDEMPOTENCY_HEADER = OpenApiParameter(
 )
 
 
-class ApiView(APIView):
+# Every answer of the API: a tenant's figures, a secret shown once, a refusal and its
+# Retry-After are never kept by a browser or a shared cache, nor served from one again.
+CACHE_CONTROL = "no-store"
+
+
+class NoStore:
+    """``Cache-Control: no-store`` on every response of a DRF view, errors included (they pass
+    through ``finalize_response`` too)."""
+
+    def finalize_response(
+        self, request: Request, response: Response, *args: Any, **kwargs: Any
+    ) -> Response:
+        response = super().finalize_response(  # type: ignore[misc]
+            request, response, *args, **kwargs
+        )
+        response["Cache-Control"] = CACHE_CONTROL
+        return response
+
+
+def no_store(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
+    """The same for a plain Django view mounted beside the API (the Stripe webhook)."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        response = view(request, *args, **kwargs)
+        response["Cache-Control"] = CACHE_CONTROL
+        return response
+
+    return wrapper
+
+
+class ApiView(NoStore, APIView):
     # Settings of every llm_budgets endpoint, set here rather than in the host's REST_FRAMEWORK.
 
     authentication_classes = [ApiKeyAuthentication]

@@ -29,6 +29,7 @@ from llm_budgets.billing.credits import (
     top_up_take_back,
 )
 from llm_budgets.billing.totals import unpaid_invoices
+from llm_budgets.conf import conf
 from llm_budgets.control.killswitches import kill_switch_clear
 from llm_budgets.db.boundary import ledger_transaction
 from llm_budgets.exceptions import InvalidUsage, NotLinked, PaymentProviderError
@@ -44,6 +45,7 @@ from llm_budgets.models import (
     TopUpState,
 )
 from llm_budgets.money import currency_places, display
+from llm_budgets.money import money as money_text
 
 ACTOR = "stripe webhook"
 METADATA_KEY = "llmb_top_up"
@@ -67,8 +69,6 @@ def customer_of(account: CreditAccount) -> str:
 
 def packages() -> dict[str, Decimal]:
     """The operator's top-up packages (``LLM_BUDGETS["PREPAID_PACKAGES"]``: name -> amount)."""
-    from llm_budgets.conf import conf
-
     return conf.PREPAID_PACKAGES
 
 
@@ -108,6 +108,14 @@ def top_up_checkout(
         value = offered[package]
     else:
         value = validation.money("amount", amount, places=currency_places(account.currency))
+        most = conf.PREPAID_TOP_UP_MAX
+        if most is not None and value > most:
+            raise InvalidUsage(
+                f"amount {money_text(value, account.currency)} is more than one top-up may pay, "
+                f"{money_text(most, account.currency)} (LLM_BUDGETS['PREPAID_TOP_UP_MAX']): "
+                "top up in several payments, or ask the operators.",
+                field="amount",
+            )
     if value <= 0:
         raise InvalidUsage("amount must be more than 0.", field="amount")
     for field, url in (("success_url", success_url), ("cancel_url", cancel_url)):

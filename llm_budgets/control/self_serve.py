@@ -27,7 +27,6 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from llm_budgets import validation
-from llm_budgets.alerts.bodies import TYPES
 from llm_budgets.alerts.endpoints import endpoint_create, endpoint_delete
 from llm_budgets.conf import SELF_SERVE_ACTIONS, conf
 from llm_budgets.exceptions import SelfServeDenied
@@ -175,21 +174,20 @@ def raises_active(budget: Budget, now: datetime | None = None) -> Decimal:
 
 
 def self_serve_subscribe(
-    acting: TenantAdmin, *, kind: str, target: object, event_types: object, description: str = ""
+    acting: TenantAdmin,
+    *,
+    kind: str,
+    target: object,
+    event_types: object,
+    confirm_site: str,
+    description: str = "",
 ) -> tuple[AlertEndpoint, str]:
     """Subscribe an email address or an endpoint of the tenant to alerts: ``endpoint_create``,
-    the alerts' one writer, for ``acting.tenant`` only."""
+    the alerts' one writer, for ``acting.tenant`` only. Email addresses are each sent a link to
+    ``confirm_site`` (where the tenant's people reach this app) and receive nothing until it is
+    followed."""
     self_serve_authorize(acting, action="alerts", tenant=acting.tenant)
-    chosen = event_types if isinstance(event_types, list | tuple) else []
-    hidden = [t for t in chosen if t in TYPES and not TYPES[t].tenant_visible]
-    if hidden:
-        # An installation-wide event never reaches a tenant's endpoint: say so, not store it.
-        raise SelfServeDenied(
-            f"{', '.join(map(str, hidden))} is for the operators only; choose your "
-            "organisation's events.",
-            action="alerts",
-            field="event_types",
-        )
+    # endpoint_create refuses the operators-only event types for any tenant's endpoint.
     return endpoint_create(
         tenant=acting.tenant,
         kind=kind,
@@ -197,6 +195,7 @@ def self_serve_subscribe(
         event_types=event_types,
         description=description,
         actor=acting.actor,
+        confirm_site=confirm_site,
     )
 
 

@@ -60,6 +60,16 @@ class AlertEndpoint(models.Model):
         help_text="Told when the endpoint is disabled; empty: the tenant's billing contacts "
         "(installation-wide: OPERATOR_EMAILS).",
     )
+    # Addresses of an email endpoint a tenant added that receive nothing yet: each was sent a
+    # signed link (alerts/confirmation.py) and is sent to once it is followed. Address -> when
+    # its link was sent (ISO 8601; "" when sending it failed). Empty: every address confirmed.
+    unconfirmed_emails = models.JSONField(
+        default=dict,
+        blank=True,
+        editable=False,
+        help_text="Addresses awaiting confirmation (a link was sent to each): nothing is sent to "
+        "them until it is followed.",
+    )
     # One sender at a time per endpoint, so its deliveries go out in order.
     lease_token = models.CharField(max_length=32, blank=True, editable=False)
     leased_until = models.DateTimeField(null=True, blank=True, editable=False)

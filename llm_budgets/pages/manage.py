@@ -722,7 +722,11 @@ def alert_subscribe(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -
     data = form.cleaned_data
     try:
         endpoint, secret = self_serve_subscribe(
-            acting, kind=data["kind"], target=data["target"], event_types=data["event_types"]
+            acting,
+            kind=data["kind"],
+            target=data["target"],
+            event_types=data["event_types"],
+            confirm_site=request.build_absolute_uri("/"),
         )
     except BudgetError as exc:
         return _refused(request, viewer, form, "alert_form", exc)
