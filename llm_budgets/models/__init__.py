@@ -35,6 +35,7 @@ from llm_budgets.models.control import BudgetRaise, KillSwitch, Refusal, Refusal
 from llm_budgets.models.credits import (
     CreditAccount,
     CreditLot,
+    DisputeStatus,
     LotKind,
     LotSource,
     TopUp,
@@ -76,6 +77,7 @@ __all__ = [
     "DailyUsage",
     "DeliveryKind",
     "DeliveryState",
+    "DisputeStatus",
     "EndUser",
     "EndpointKind",
     "IdempotencyRecord",
