@@ -588,3 +588,20 @@ def test_reconciliation_flags_a_grant_left_above_the_live_part(fake_stripe: Stri
     assert "but Stripe 200.00" in out
     assert "Stripe's available credit 200.00 USD is more than the 50.00" in out
     assert len(fake_stripe.live_grants(customer)) == 1
+
+
+@pytest.mark.parametrize(
+    ("kind", "obj"),
+    [
+        ("charge.refunded", {"id": "ch_1", "payment_intent": "pi_other"}),
+        ("charge.dispute.created", {"id": "dp_1", "payment_intent": "pi_other"}),
+        ("charge.dispute.closed", {"id": "dp_1", "payment_intent": "pi_other", "status": "won"}),
+    ],
+)
+def test_money_going_back_for_a_payment_that_is_not_a_top_up_is_ignored(
+    fake_stripe: StripeServer, kind: str, obj: dict[str, Any]
+) -> None:
+    """Another product's payment (no amount this app reads): ignored, not a failed event."""
+    prepaid(fake_stripe)
+    assert deliver({"id": f"evt_{kind}", "type": kind, "data": {"object": obj}}) == 200
+    assert "of no credited top-up: ignored" in StripeWebhookEvent.objects.get().outcome

@@ -554,16 +554,22 @@ def _minor(obj: dict[str, Any], key: str, what: str) -> int:
     return value
 
 
+def _top_up_of(obj: dict[str, Any]) -> TopUp | None:
+    intent = obj.get("payment_intent")
+    return TopUp.objects.filter(payment_intent_id=intent).first() if intent else None
+
+
 def charge_refunded(event: dict[str, Any], row: StripeWebhookEvent, now: datetime) -> str:
     charge = _object(event)
+    top_up = _top_up_of(charge)
+    if top_up is None:
+        return "refund of no credited top-up: ignored"
     minor = _minor(charge, "amount_refunded", "refund")
-    top_up = TopUp.objects.filter(payment_intent_id=charge.get("payment_intent")).first()
-    currency = top_up.currency if top_up else "USD"
     return _taken_back(
         charge.get("payment_intent"),
         event,
         "refund",
-        refunded=from_minor_units(minor, currency),
+        refunded=from_minor_units(minor, top_up.currency),
     )
 
 
@@ -577,14 +583,15 @@ _CLOSED = {
 
 def _dispute(event: dict[str, Any], status: str) -> str:
     dispute = _object(event)
+    top_up = _top_up_of(dispute)
+    if top_up is None:
+        return "dispute of no credited top-up: ignored"
     minor = _minor(dispute, "amount", "dispute")
-    top_up = TopUp.objects.filter(payment_intent_id=dispute.get("payment_intent")).first()
-    currency = top_up.currency if top_up else "USD"
     return _taken_back(
         dispute.get("payment_intent"),
         event,
         f"dispute ({status})",
-        dispute=(status, from_minor_units(minor, currency)),
+        dispute=(status, from_minor_units(minor, top_up.currency)),
     )
 
 
