@@ -607,3 +607,19 @@ def test_money_going_back_for_a_payment_that_is_not_a_top_up_is_ignored(
     prepaid(fake_stripe)
     assert deliver({"id": f"evt_{kind}", "type": kind, "data": {"object": obj}}) == 200
     assert "of no credited top-up: ignored" in StripeWebhookEvent.objects.get().outcome
+
+
+def test_a_redelivered_take_back_records_the_grant_a_failed_replacement_left_out(
+    fake_stripe: StripeServer,
+) -> None:
+    customer = prepaid(fake_stripe)
+    _, events = pay(fake_stripe, "100")
+    deliver(events[1])
+    refund = fake_stripe.refund(events[1]["data"]["object"]["id"], 3000)
+    fake_stripe.inject("/v1/billing/credit_grants", "500")
+    assert deliver(refund) == 200  # taken back; the replacement failed
+    StripeWebhookEvent.objects.all().delete()  # as if this delivery were new to the ledger
+    assert deliver(refund) == 200  # nothing more to take: the grant is put in step
+    (grant,) = fake_stripe.live_grants(customer)
+    lot = CreditLot.objects.get()
+    assert (lot.stripe_grant_id, lot.stripe_granted, available()) == (grant["id"], 70, 70)

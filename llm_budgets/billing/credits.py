@@ -551,7 +551,13 @@ def top_up_take_back(
             gone.disputed,
             gone.dispute_status,
         ):
-            return TakeBack(ZERO, ZERO)  # a redelivered or older event
+            # A redelivered or older event: the ledger has it; a grant put in step is recorded.
+            if mirror is not None:
+                _lock(account)
+                lot = CreditLot.objects.select_for_update().filter(top_up=row).first()
+                if lot is not None:
+                    lot.save(update_fields=mirror_fields(lot, mirror))
+            return TakeBack(ZERO, ZERO)
         locked, counter = _lock(account)
         lot = CreditLot.objects.select_for_update().filter(top_up=row).first()
         before_total = GoneBack(row.refunded, row.disputed, "").total(row.amount)
