@@ -623,3 +623,22 @@ def test_a_redelivered_take_back_records_the_grant_a_failed_replacement_left_out
     (grant,) = fake_stripe.live_grants(customer)
     lot = CreditLot.objects.get()
     assert (lot.stripe_grant_id, lot.stripe_granted, available()) == (grant["id"], 70, 70)
+
+
+def test_an_expired_lot_reconciles_once_stripe_has_expired_its_grant_too(
+    fake_stripe: StripeServer,
+) -> None:
+    import time_machine
+
+    customer = prepaid(fake_stripe)
+    now = timezone.now()
+    credit_grant(
+        tenant="acme", amount="40", expires_at=now + timedelta(hours=1), actor="t", reason="trial"
+    )
+    reserve_30().commit(input_tokens=0, output_tokens=500)  # 15 spent
+    fake_stripe.apply_credit(customer, 1500)  # and invoiced
+    credits_expire(now=now + timedelta(hours=2))
+    assert balance_state(account_of("acme")).credit == 15  # the unspent 25 forfeited
+    assert "expired but its Stripe grant" in reconciled()  # Stripe's clock is not there yet
+    with time_machine.travel(now + timedelta(hours=2)):
+        assert "acme: credit 15.00, available 0.00, Stripe available 0.00: clean" in reconciled()
