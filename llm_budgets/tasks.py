@@ -106,15 +106,18 @@ def stripe_reconcile() -> int:
 @shared_task(name="llm_budgets.credits_daily", **JOB)
 @job_recorded("llm_budgets.credits_daily")
 def credits_daily() -> int:
-    """Expire due credit lots, then reconcile prepaid balances with Stripe; returns the number
-    of differences (each logged)."""
+    """Expire due credit lots, bring the Stripe grants of lots whose live part changed into
+    step, then reconcile prepaid balances with Stripe; returns the number of differences (each
+    logged)."""
     from llm_budgets.billing.credit_reconciliation import credits_reconcile
     from llm_budgets.billing.credits import credits_expire
+    from llm_budgets.billing.topups import grants_follow
     from llm_budgets.conf import conf
 
     credits_expire()
     if not conf.STRIPE_API_KEY:
         return 0
+    grants_follow()
     differences = 0
     for report in credits_reconcile():
         for difference in report.differences:

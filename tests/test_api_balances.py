@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.billing.credits import account_of, balance_open, credit_add
+from llm_budgets.billing.credits import (
+    account_of,
+    balance_adjust,
+    balance_open,
+    credit_add,
+    credits_expire,
+)
 from llm_budgets.billing.topups import top_up_checkout
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import TopUp
@@ -43,6 +51,40 @@ def test_the_balance_shows_credit_spent_held_and_history(fake_stripe: StripeServ
     assert body["lots"][0]["amount"] == "50"
     assert body["lots"][0]["origin"] == "grant"
     assert body["top_up_url"] == "https://host.example/top-up"
+
+
+def spent_past_the_credit() -> None:
+    """acme's credit falls below a hold of 30 (staff remove 30, a promotional 10 expires); the
+    call then commits: 10 owed."""
+    now = timezone.now()
+    credit_add(
+        account=account_of("acme"),
+        amount="10",
+        kind="promotional",
+        expires_at=now + timedelta(hours=1),
+        actor="t",
+        reason="trial",
+    )
+    hold = reserve_30()
+    balance_adjust(tenant="acme", amount="30", direction="remove", actor="t", reason="test")
+    credits_expire(now=now + timedelta(hours=2))
+    hold.commit(input_tokens=0, output_tokens=1000)
+
+
+def test_a_balance_spent_past_its_credit_shows_the_debt(fake_stripe: StripeServer) -> None:
+    """Issue #38: the answer said available "0" and hid what was owed."""
+    keys = prepaid(fake_stripe)
+    spent_past_the_credit()
+    body = client_for(keys["acme"]).get(f"{BASE}tenants/acme/balance").json()
+    assert (body["credit"], body["spent"], body["available"], body["debt"]) == (
+        "20",
+        "30",
+        "0",
+        "10",
+    )
+    credit_add(account=account_of("acme"), amount="25", actor="t", reason="top-up")
+    body = client_for(keys["acme"]).get(f"{BASE}tenants/acme/balance").json()
+    assert (body["available"], body["debt"]) == ("15", "0")  # the debt was paid first
 
 
 def test_another_tenants_key_sees_nothing_and_a_tenant_without_balance_is_told(

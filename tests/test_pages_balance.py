@@ -3,6 +3,7 @@ form that only they may use, nothing for members or other tenants."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -10,8 +11,9 @@ from django.test import Client
 
 from llm_budgets import budgets
 from llm_budgets.billing.credits import account_of, balance_open, credit_add
-from llm_budgets.models import TopUp
+from llm_budgets.models import Counter, TopUp
 from llm_budgets.testing.fakes.stripe_server import StripeServer
+from llm_budgets.windows import LIFETIME_START
 from tests.pages import People, people, usage_data
 from tests.stripe_support import stripe_settings
 
@@ -85,3 +87,27 @@ def test_stripe_failing_a_top_up_says_retry_not_a_bad_amount(folks: Any) -> None
     assert answer["Retry-After"] == "10"
     assert "Nothing was charged" in answer.content.decode()
     assert TopUp.objects.get().state == "failed"
+
+
+def test_a_balance_spent_past_its_credit_shows_what_is_owed(folks: Any) -> None:
+    """Issue #38: the page said 0 available and nothing more."""
+    who, _ = folks
+    account = account_of("acme")
+    Counter.objects.update_or_create(  # 55 spent of the 40 credit (a hold on expired credit)
+        budget_id=account.budget_id,
+        end_user=None,
+        run=None,
+        api_key=None,
+        period_start=LIFETIME_START,
+        stripe=0,
+        defaults={"spent": Decimal(55)},
+    )
+    text = client_for(who.acme_admin).get(PAGE).content.decode()
+    assert 'data-available="0' in text
+    assert 'data-debt="15' in text
+    assert "spent beyond the credit: the next top-up pays it first" in text
+
+
+def test_no_debt_is_shown_without_one(folks: Any) -> None:
+    who, _ = folks
+    assert "data-debt" not in client_for(who.acme_admin).get(PAGE).content.decode()

@@ -133,3 +133,26 @@ def test_an_admission_waiting_on_a_lowering_sees_the_lowered_balance(
     assert outcome == ["refused"]
     state = balance_state(account_of("acme"))
     assert (state.credit, state.held) == (0, 0)
+
+
+def test_racing_refund_and_dispute_of_one_top_up_take_back_each_once_with_one_live_grant(
+    fake_stripe: StripeServer,
+) -> None:
+    """Issue #38: a refund and a dispute of the same top-up, each delivered four times at once:
+    each takes back its own amount once, and Stripe is left with one grant for what is live."""
+    customer = prepaid(fake_stripe)
+    top_up, events = pay(fake_stripe, "100")
+    assert deliver(events[1]) == 200
+    intent = events[1]["data"]["object"]["id"]
+    both = [fake_stripe.refund(intent, 3000), fake_stripe.dispute(intent, 2000)]
+    results = run_threads(8, lambda i: deliver(both[i % 2]))
+    assert all(status in (200, 500) for status in results), results
+    for event in both:  # Stripe redelivers whatever was answered 500
+        assert deliver(event) == 200
+    top_up.refresh_from_db()
+    assert (top_up.refunded, top_up.disputed, top_up.unrecovered) == (30, 20, 0)
+    assert balance_state(account_of("acme")).credit == Decimal(50)
+    (grant,) = fake_stripe.live_grants(customer)
+    assert grant["amount"]["monetary"]["value"] == 5000
+    lot = CreditLot.objects.get()
+    assert (lot.stripe_grant_id, lot.stripe_granted, lot.taken_back) == (grant["id"], 50, 50)

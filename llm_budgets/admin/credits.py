@@ -27,6 +27,7 @@ class LotInline(ReadOnlyInline):
         "source",
         "amount",
         "forfeited",
+        "taken_back",
         "expires_at",
         "expired_at",
         "reason",
@@ -42,6 +43,8 @@ class TopUpInline(ReadOnlyInline):
         "state",
         "amount",
         "refunded",
+        "disputed",
+        "dispute_status",
         "unrecovered",
         "payment_intent_id",
         "error",
@@ -94,15 +97,16 @@ class CreditAccountAdmin(ReadOnlyAdmin):
     def available(self, obj: CreditAccount) -> Any:
         return money_text(balance_state(obj).available, obj.currency)
 
-    @admin.display(description="Credit, spent, held, available")
+    @admin.display(description="Credit, spent, held, available, debt")
     def figures(self, obj: CreditAccount) -> Any:
         state = balance_state(obj)
         return format_html(
-            "{} credit, {} spent, {} held, {} available",
+            "{} credit, {} spent, {} held, {} available, {} debt",
             money_text(state.credit, obj.currency),
             money_text(state.spent, obj.currency),
             money_text(state.held, obj.currency),
             money_text(state.available, obj.currency),
+            money_text(state.debt, obj.currency),
         )
 
     @admin.display(description="Auto-recharge")

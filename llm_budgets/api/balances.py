@@ -33,7 +33,10 @@ class LotSerializer(serializers.Serializer):
         source="source", read_only=True, help_text="top_up, recharge, grant, adjustment"
     )
     amount = money_out()
-    forfeited = money_out(help_text="Expired unused, or taken back by a refund or a correction.")
+    forfeited = money_out(
+        help_text="Expired unspent, taken back by a refund or dispute, or removed by staff."
+    )
+    taken_back = money_out(help_text="The part of forfeited a refund or dispute took back.")
     expires_at = serializers.DateTimeField(read_only=True, allow_null=True)
     expired_at = serializers.DateTimeField(read_only=True, allow_null=True)
     created_at = serializers.DateTimeField(read_only=True)
@@ -46,8 +49,12 @@ class TopUpSerializer(serializers.Serializer):
     amount = money_out()
     currency = serializers.CharField(read_only=True)
     package = serializers.CharField(read_only=True)
-    refunded = money_out()
-    unrecovered = money_out(help_text="Refunded after it was spent: not taken from the balance.")
+    refunded = money_out(help_text="Refunded to the payer (Stripe's cumulative figure).")
+    disputed = money_out(help_text="Withdrawn by the payment's dispute while open or lost.")
+    dispute_status = serializers.CharField(read_only=True, help_text="'', open, won or lost")
+    unrecovered = money_out(
+        help_text="Gone back to the payer but no longer in its lot to take (expired or removed)."
+    )
     created_at = serializers.DateTimeField(read_only=True)
     credited_at = serializers.DateTimeField(read_only=True, allow_null=True)
 
@@ -65,7 +72,13 @@ class BalanceSerializer(serializers.Serializer):
     credit = money_out(help_text="The balance's limit: the live parts of its lots.")
     spent = money_out()
     held = money_out(help_text="Worst cases of calls in flight.")
-    available = money_out()
+    available = money_out(
+        help_text="What new calls may still hold: credit - spent - held, at least 0."
+    )
+    debt = money_out(
+        help_text="Spent beyond the credit (an expiry or a refund or dispute of spent or held "
+        "credit, a call's overage): the next top-up pays it first. 0 without debt."
+    )
     top_up_url = serializers.CharField(read_only=True)
     auto_recharge = RechargeSerializer(read_only=True)
     lots = LotSerializer(many=True, read_only=True)
@@ -99,6 +112,7 @@ def balance_body(tenant: Any) -> dict[str, Any]:
         "spent": state.spent,
         "held": state.held,
         "available": state.available,
+        "debt": state.debt,
         "top_up_url": account.top_up_url,
         "auto_recharge": {
             "below": account.recharge_below,

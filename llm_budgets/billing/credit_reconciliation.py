@@ -6,12 +6,14 @@ Checked per balance:
 
 - its limit is the sum of its lots' live parts (the ledger against itself);
 - every credited top-up has its lot, of its amount, and every top-up lot a credited top-up;
-- for a linked tenant: every lot mirrored to Stripe has a live grant of the same amount and
-  category, and Stripe has no live grant of ours (metadata ``llmb_top_up`` / ``llmb_lot``) the
-  ledger does not know;
-- Stripe's available credit (summary, metered scope) is at most what its grants add up to, and at
-  least the ledger's unspent credit minus what was billed and not yet invoiced: both figures are
-  reported, and a Stripe balance above the grants is a difference.
+- for a linked tenant, what is live on both sides: each lot's live part (``amount`` less what
+  was taken back, removed or expired: ``amount - forfeited``) equals what Stripe applied from its
+  voided grants (``stripe_applied``) plus its live grant, of its category; an expired lot's grant
+  is expired or voided in Stripe too; and Stripe has no live grant of ours (metadata
+  ``llmb_top_up`` / ``llmb_lot``) the ledger does not know;
+- Stripe's available credit (summary, metered scope) is at most what the ledger keeps live in
+  the grants (the lots' live parts less what Stripe already applied): both figures are reported
+  (they differ by usage not yet invoiced), and a Stripe balance above it is a difference.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import F, Sum
+from django.utils import timezone
 
 from llm_budgets.billing.client import stripe_client
-from llm_budgets.billing.credits import balance_state, from_minor_units, minor_units
-from llm_budgets.billing.topups import METADATA_KEY
+from llm_budgets.billing.credits import balance_state, from_minor_units
+from llm_budgets.billing.topups import METADATA_KEY, mirrored
 from llm_budgets.models import (
     CreditAccount,
     CreditLot,
@@ -34,6 +36,9 @@ from llm_budgets.models import (
     TopUpState,
 )
 from llm_budgets.money import display
+
+# Lots that Stripe should mirror as credit grants (an adjustment is the ledger's alone).
+STRIPE_SOURCES = (LotSource.TOP_UP, LotSource.RECHARGE, LotSource.GRANT)
 
 
 @dataclass
@@ -81,23 +86,49 @@ def _reconcile(account: CreditAccount) -> BalanceReport:
     if link is None:
         return report
     client = stripe_client()
+    now = timezone.now().timestamp()
     grants = _ours(client, link.customer_id)
+    kept = Decimal(0)  # what the live grants should still hold, by the ledger
     for lot in lots:
-        if lot.source in (LotSource.TOP_UP, LotSource.RECHARGE, LotSource.GRANT):
-            grant = grants.pop(lot.stripe_grant_id, None) if lot.stripe_grant_id else None
-            if grant is None:
+        if not mirrored(lot) and lot.source not in STRIPE_SOURCES:
+            continue
+        grant = grants.pop(lot.stripe_grant_id, None) if lot.stripe_grant_id else None
+        live = lot.amount - lot.forfeited
+        if lot.expired_at is not None:
+            if grant is not None and not _expired(grant, now):
                 report.differences.append(
-                    f"lot {lot.pk} ({display(lot.amount)} {cur}) has no live Stripe credit grant"
+                    f"lot {lot.pk} expired but its Stripe grant {grant['id']} is still live"
                 )
-                continue
-            value = grant["amount"]["monetary"]["value"]
-            if value != minor_units(lot.amount, cur) or grant["category"] != lot.kind:
+            continue
+        if not mirrored(lot):
+            report.differences.append(
+                f"lot {lot.pk} ({display(lot.amount)} {cur}) has no live Stripe credit grant"
+            )
+            continue
+        granted = Decimal(0)
+        if grant is not None:
+            granted = from_minor_units(grant["amount"]["monetary"]["value"], cur)
+            if grant["category"] != lot.kind:
                 report.differences.append(
-                    f"lot {lot.pk} is {display(lot.amount)} {cur} {lot.kind}; grant "
-                    f"{grant['id']} is {display(from_minor_units(value, cur))} "
-                    f"{grant['category']}"
+                    f"lot {lot.pk} is {lot.kind}; grant {grant['id']} is {grant['category']}"
                 )
+        kept += max(Decimal(0), live - lot.stripe_applied)
+        if grant is None and lot.stripe_grant_id:
+            report.differences.append(
+                f"lot {lot.pk} ({display(live)} {cur} live) has no live Stripe credit grant "
+                f"({lot.stripe_grant_id} is voided or unknown)"
+            )
+        elif lot.stripe_applied + granted != live:
+            report.differences.append(
+                f"lot {lot.pk} has {display(live)} {cur} live (amount {display(lot.amount)}, "
+                f"{display(lot.forfeited)} taken back, removed or expired) but Stripe "
+                f"{display(lot.stripe_applied + granted)} (applied {display(lot.stripe_applied)}"
+                f" from voided grants, grant {grant['id'] if grant else 'none'} of "
+                f"{display(granted)})"
+            )
     for grant in grants.values():
+        if _expired(grant, now):
+            continue
         value = from_minor_units(grant["amount"]["monetary"]["value"], cur)
         report.differences.append(
             f"Stripe grant {grant['id']} ({display(value)} {cur}) is unknown to the ledger"
@@ -120,14 +151,16 @@ def _reconcile(account: CreditAccount) -> BalanceReport:
         Decimal(0),
     )
     report.stripe_available = available
-    granted = CreditLot.objects.filter(account=account).exclude(stripe_grant_id="")
-    total = granted.aggregate(total=Sum(F("amount")))["total"] or Decimal(0)
-    if available > total:
+    if available > kept:
         report.differences.append(
             f"Stripe's available credit {display(available)} {cur} is more than the "
-            f"{display(total)} granted"
+            f"{display(kept)} the ledger keeps live in its grants"
         )
     return report
+
+
+def _expired(grant: dict[str, Any], now: float) -> bool:
+    return grant.get("expires_at") is not None and grant["expires_at"] <= now
 
 
 def _ours(client: Any, customer: str) -> dict[str, dict[str, Any]]:

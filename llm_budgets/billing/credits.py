@@ -7,8 +7,15 @@ limit is the sum of its lots' live parts (``amount - forfeited``), rewritten by 
 
 **Order of use** (docs/billing.md, "Prepaid balances"): spend is attributed to lots promotional
 first, then soonest-expiring first (no expiry last), then oldest first; a lot already expired
-counts as used up to its live part. When a lot expires, it forfeits what that attribution leaves
-unused, so the limit never drops below what is spent and held.
+counts as used up to its live part. When a lot expires, it forfeits everything that attribution
+leaves unspent, held or not: the limit may then fall below spent + held, and no call is admitted
+until there is room again (a hold on expired credit that commits becomes debt).
+
+**Take-backs**: a refund and a dispute of a top-up each take back their own amount from its lot
+(the top-up's ``refunded`` and ``disputed``, each set from Stripe's figure, so a redelivered
+event changes nothing and neither hides the other), spent or not; what the lot no longer has is
+``unrecovered``. Spent credit taken back is **debt**: the balance shows it (``BalanceState.debt``)
+and the next credit pays it first. A won dispute gives its amount back.
 
 **Locks**: the balance's lifetime counter first (as admission and settlement lock it), then the
 account row. Every change here takes both, so changes to one balance are serialised with each
@@ -36,6 +43,7 @@ from llm_budgets.models import (
     Counter,
     CreditAccount,
     CreditLot,
+    DisputeStatus,
     LotKind,
     LotSource,
     Scope,
@@ -243,7 +251,12 @@ def recharge_set(
 
 @dataclass(frozen=True)
 class BalanceState:
-    """Where a balance stands: its credit (the limit), what is spent and held, what is left."""
+    """Where a balance stands: its credit (the limit), what is spent and held, what is left,
+    and what is owed.
+
+    ``available`` is what new calls may still hold (never below 0); ``debt`` is what was spent
+    beyond the credit (an expiry or a take-back that found the credit spent or held, a call's
+    overage), paid first by the next credit. Both are 0 when the balance is exactly used up."""
 
     currency: str
     credit: Decimal
@@ -253,6 +266,10 @@ class BalanceState:
     @property
     def available(self) -> Decimal:
         return max(ZERO, self.credit - self.spent - self.held)
+
+    @property
+    def debt(self) -> Decimal:
+        return max(ZERO, self.spent - self.credit)
 
 
 def balance_state(account: CreditAccount) -> BalanceState:
@@ -285,6 +302,14 @@ def _expiry(value: object, now: datetime) -> datetime | None:
     return value
 
 
+@dataclass(frozen=True)
+class Deposit:
+    """A lot added, and how much of it paid the balance's debt first (0 without debt)."""
+
+    lot: CreditLot
+    debt_paid: Decimal
+
+
 def credit_add(
     *,
     account: CreditAccount,
@@ -299,6 +324,34 @@ def credit_add(
 ) -> CreditLot:
     """Add a lot of credit to the balance and raise its limit, audited. Promotional credit may
     expire; paid credit expires only if ``expires_at`` is given (the operator's choice)."""
+    return credit_deposit(
+        account=account,
+        amount=amount,
+        kind=kind,
+        source=source,
+        expires_at=expires_at,
+        top_up=top_up,
+        actor=actor,
+        reason=reason,
+        now=now,
+    ).lot
+
+
+def credit_deposit(
+    *,
+    account: CreditAccount,
+    amount: object,
+    kind: str = LotKind.PAID,
+    source: str = LotSource.GRANT,
+    expires_at: object = None,
+    top_up: TopUp | None = None,
+    actor: str = "",
+    reason: str = "",
+    now: datetime | None = None,
+) -> Deposit:
+    """:func:`credit_add`, saying how much of the lot paid the balance's debt first: a balance
+    spent past its credit owes that, and the new credit covers it before anything else (the
+    limit rises by the whole lot; what is left to spend is the lot less the debt)."""
     now = now or timezone.now()
     if kind not in LotKind.values:
         raise InvalidUsage(
@@ -322,6 +375,7 @@ def credit_add(
             created_at=now,
         )
         before = locked.budget.limit
+        debt_paid = min(value, max(ZERO, counter.spent - before))
         after = _sync_limit(locked)
         _rearm(locked, counter)
         AuditEvent.objects.create(
@@ -329,7 +383,7 @@ def credit_add(
             actor=actor,
             tenant=locked.tenant,
             target=f"balance of {locked.tenant.external_id}",
-            before={"credit": str(before)},
+            before={"credit": str(before), "debt": str(max(ZERO, counter.spent - before))},
             after={
                 "credit": str(after),
                 "lot": lot.pk,
@@ -337,10 +391,11 @@ def credit_add(
                 "source": source,
                 "amount": str(value),
                 "expires_at": expiry.isoformat() if expiry else None,
+                "debt_paid": str(debt_paid),
             },
             reason=reason,
         )
-    return lot
+    return Deposit(lot, debt_paid)
 
 
 def _order_of_use(lot: CreditLot) -> tuple[object, ...]:
@@ -357,7 +412,7 @@ def _order_of_use(lot: CreditLot) -> tuple[object, ...]:
 
 
 def attribution(lots: list[CreditLot], used: Decimal) -> dict[int, Decimal]:
-    """How much of ``used`` (spent + held) each lot covers, in order of use."""
+    """How much of ``used`` each lot covers, in order of use."""
     left = used
     covered: dict[int, Decimal] = {}
     for lot in sorted(lots, key=_order_of_use):
@@ -368,8 +423,11 @@ def attribution(lots: list[CreditLot], used: Decimal) -> dict[int, Decimal]:
 
 
 def credits_expire(*, now: datetime | None = None) -> int:
-    """Expire every lot whose ``expires_at`` has passed: each forfeits what the order of use
-    leaves unused of it. Returns how many lots expired. (Daily job; safe to run any time.)"""
+    """Expire every lot whose ``expires_at`` has passed: each forfeits all that the order of use
+    leaves unspent of it, held or not (a hold is not spending: released, it must not make
+    expired credit spendable again). Returns how many lots expired; each expires once (its
+    ``expired_at``). The limit may fall below spent + held. (Daily job; safe to run any
+    time.)"""
     now = now or timezone.now()
     due = (
         CreditLot.objects.filter(expires_at__lte=now, expired_at__isnull=True)
@@ -386,7 +444,7 @@ def credits_expire(*, now: datetime | None = None) -> int:
             for lot in sorted(lots, key=lambda x: (x.expires_at is None, x.expires_at, x.pk)):
                 if lot.expires_at is None or lot.expires_at > now or lot.expired_at is not None:
                     continue
-                covered = attribution(lots, counter.spent + counter.reserved)
+                covered = attribution(lots, counter.spent)
                 unused = lot.amount - lot.forfeited - covered[lot.pk]
                 lot.forfeited += unused
                 lot.expired_at = now
@@ -407,39 +465,126 @@ def credits_expire(*, now: datetime | None = None) -> int:
 
 @dataclass(frozen=True)
 class TakeBack:
-    """What a refund or dispute did to the balance: taken from it, and what it could not take
-    because it was already spent or held (``unrecovered``, for the host to collect)."""
+    """What a refund or dispute event did to the balance: ``taken`` from the top-up's lot (the
+    limit fell by it, into debt if it was spent), ``unrecovered`` (gone back to the payer but no
+    longer in the lot to take: it had expired or staff removed it), and ``restored`` (a won
+    dispute: given back to the lot, or first cancelling what was unrecovered)."""
 
     taken: Decimal
     unrecovered: Decimal
+    restored: Decimal = ZERO
+    lot: CreditLot | None = None
+
+
+@dataclass(frozen=True)
+class GoneBack:
+    """A top-up's money gone back to the payer, each part from its own Stripe figure."""
+
+    refunded: Decimal
+    disputed: Decimal
+    dispute_status: str
+
+    def total(self, amount: Decimal) -> Decimal:
+        return min(amount, self.refunded + self.disputed)
+
+
+def gone_back(
+    row: TopUp, *, refunded: object = None, dispute: tuple[str, object] | None = None
+) -> GoneBack:
+    """The top-up's money gone back once this event counts: ``refunded`` is the charge's
+    cumulative refunded amount (an older, smaller figure changes nothing); ``dispute`` is the
+    dispute's new status (``open``, ``won``, ``lost``) and amount. A won dispute stays won."""
+    total = row.refunded
+    if refunded is not None:
+        total = max(total, min(validation.money("refunded", refunded), row.amount))
+    disputed, status = row.disputed, row.dispute_status
+    if dispute is not None and status != DisputeStatus.WON:
+        status, amount = dispute
+        if status not in (DisputeStatus.OPEN, DisputeStatus.WON, DisputeStatus.LOST):
+            raise InvalidUsage(
+                f"dispute status must be open, won or lost, got {status!r}.", field="dispute"
+            )
+        value = min(validation.money("disputed", amount), row.amount)
+        disputed = ZERO if status == DisputeStatus.WON else value
+    return GoneBack(total, disputed, status)
+
+
+def take_back_plan(row: TopUp, lot: CreditLot | None, gone: GoneBack) -> tuple[Decimal, Decimal]:
+    """What ``gone`` does to the lot: (its new live part, its new ``taken_back``). Pure, so that
+    the Stripe grant can follow before the ledger changes (billing/topups.py)."""
+    live, taken_back = (lot.amount - lot.forfeited, lot.taken_back) if lot else (ZERO, ZERO)
+    delta = gone.total(row.amount) - GoneBack(row.refunded, row.disputed, "").total(row.amount)
+    if delta > 0:
+        take = min(delta, live)
+        return live - take, taken_back + take
+    give = max(ZERO, -delta - row.unrecovered)  # what was unrecovered is recovered first
+    restored = min(give, taken_back)
+    if lot is not None and lot.expired_at is not None:
+        return live, taken_back - restored  # given back to expired credit: stays forfeited
+    return live + restored, taken_back - restored
 
 
 def top_up_take_back(
-    *, top_up: TopUp, refunded_total: object, actor: str, reason: str, now: datetime | None = None
+    *,
+    top_up: TopUp,
+    refunded: object = None,
+    dispute: tuple[str, object] | None = None,
+    mirror: GrantMirror | None = None,
+    actor: str,
+    reason: str,
+    now: datetime | None = None,
 ) -> TakeBack:
-    """Record that ``refunded_total`` of a credited top-up went back to the customer (a refund
-    or dispute; cumulative, so a repeated event changes nothing) and lower the balance by the
-    new part, never below what is spent and held: the rest is ``unrecovered`` (audited)."""
+    """Record money of a credited top-up gone back to the payer (a refund: the cumulative
+    ``refunded``; a dispute: ``(status, amount)``) and lower its lot by the new part, spent or
+    held or not: the limit may fall below spent + held, and spent credit taken back is debt the
+    next credit pays. What the lot no longer has is ``unrecovered``. A won dispute gives its
+    amount back (what was unrecovered first). A repeated event changes nothing. ``mirror``
+    (:class:`GrantMirror`) is the lot's Stripe grant after this, saved with it. Audited."""
     now = now or timezone.now()
-    total = validation.money("refunded_total", refunded_total)
     with transaction.atomic():
         # The top-up's row first, as crediting takes it (billing/topups.py), then the balance.
         row = TopUp.objects.select_for_update().get(pk=top_up.pk)
         account = CreditAccount.objects.select_related("budget").get(pk=top_up.account_id)
-        locked, counter = _lock(account)
-        total = min(total, row.amount)
-        new = total - row.refunded
-        if new <= 0:
+        gone = gone_back(row, refunded=refunded, dispute=dispute)
+        if (row.refunded, row.disputed, row.dispute_status) == (
+            gone.refunded,
+            gone.disputed,
+            gone.dispute_status,
+        ):
+            # A redelivered or older event: the ledger has it; a grant put in step is recorded.
+            if mirror is not None:
+                _lock(account)
+                lot = CreditLot.objects.select_for_update().filter(top_up=row).first()
+                if lot is not None:
+                    lot.save(update_fields=mirror_fields(lot, mirror))
             return TakeBack(ZERO, ZERO)
+        locked, counter = _lock(account)
         lot = CreditLot.objects.select_for_update().filter(top_up=row).first()
-        room = max(ZERO, locked.budget.limit - counter.spent - counter.reserved)
-        taken = min(new, room, lot.amount - lot.forfeited) if lot else ZERO
-        if lot is not None and taken > 0:
-            lot.forfeited += taken
-            lot.save(update_fields=["forfeited"])
-        row.refunded = total
-        row.unrecovered += new - taken
-        row.save(update_fields=["refunded", "unrecovered"])
+        before_total = GoneBack(row.refunded, row.disputed, "").total(row.amount)
+        delta = gone.total(row.amount) - before_total
+        live, taken_back = take_back_plan(row, lot, gone)
+        taken = restored = unrecovered = ZERO
+        if delta > 0:
+            taken = (lot.amount - lot.forfeited - live) if lot else ZERO
+            unrecovered = delta - taken
+            row.unrecovered += unrecovered
+        elif delta < 0:
+            recovered = min(-delta, row.unrecovered)
+            row.unrecovered -= recovered
+            restored = recovered + (lot.taken_back - taken_back if lot else ZERO)
+        if lot is not None:
+            lot.forfeited = lot.amount - live
+            lot.taken_back = taken_back
+            fields = ["forfeited", "taken_back"]
+            if mirror is not None:
+                fields += mirror_fields(lot, mirror)
+            lot.save(update_fields=fields)
+        row.refunded, row.disputed, row.dispute_status = (
+            gone.refunded,
+            gone.disputed,
+            gone.dispute_status,
+        )
+        row.save(update_fields=["refunded", "disputed", "dispute_status", "unrecovered"])
         before = locked.budget.limit
         after = _sync_limit(locked)
         AuditEvent.objects.create(
@@ -447,16 +592,54 @@ def top_up_take_back(
             actor=actor,
             tenant=locked.tenant,
             target=f"top-up {row.pk} of {locked.tenant.external_id}",
-            before={"credit": str(before), "refunded": str(total - new)},
+            before={"credit": str(before), "gone_back": str(before_total)},
             after={
                 "credit": str(after),
-                "refunded": str(total),
+                "refunded": str(gone.refunded),
+                "disputed": str(gone.disputed),
+                "dispute_status": gone.dispute_status,
                 "taken": str(taken),
-                "unrecovered": str(new - taken),
+                "unrecovered": str(unrecovered),
+                "restored": str(restored),
+                "debt": str(max(ZERO, counter.spent - after)),
             },
             reason=reason,
         )
-    return TakeBack(taken, new - taken)
+    return TakeBack(taken, unrecovered, restored, lot)
+
+
+@dataclass(frozen=True)
+class GrantMirror:
+    """A lot's Stripe side (billing/topups.py makes it): its live grant (``""``: none) of
+    ``granted``, what Stripe ``applied`` from its voided grants, and the replacement count."""
+
+    grant_id: str
+    granted: Decimal
+    applied: Decimal
+    generation: int
+
+
+def mirror_fields(lot: CreditLot, mirror: GrantMirror) -> list[str]:
+    """Set the lot's Stripe mirror; the fields to save."""
+    lot.stripe_grant_id = mirror.grant_id
+    lot.stripe_granted = mirror.granted
+    lot.stripe_applied = mirror.applied
+    lot.stripe_generation = mirror.generation
+    return ["stripe_grant_id", "stripe_granted", "stripe_applied", "stripe_generation"]
+
+
+def lot_mirror_save(*, lot_id: int, generation: int, mirror: GrantMirror) -> bool:
+    """Save a lot's new Stripe mirror, made from the lot as it was at ``generation``: under the
+    balance's locks, and only if no other writer replaced its grant since (False then: the caller
+    reads the lot again)."""
+    lot = CreditLot.objects.select_related("account__budget").get(pk=lot_id)
+    with transaction.atomic():
+        _lock(lot.account)
+        locked = CreditLot.objects.select_for_update().get(pk=lot_id)
+        if locked.stripe_generation != generation:
+            return False
+        locked.save(update_fields=mirror_fields(locked, mirror))
+    return True
 
 
 def balance_adjust(

@@ -2,6 +2,13 @@
 the balance once per payment with the matching Stripe credit grant, refunds and disputes, staff
 grants mirrored to Stripe.
 
+Money going back (``charge.refunded``, ``charge.dispute.created`` / ``.closed``): the lot's new
+live part is worked out first (``credits.take_back_plan``), the Stripe grant follows it
+(:func:`grant_follow`: the grant is voided and a replacement issued for what Stripe has not
+applied yet of the new live part, Idempotency-Key ``llmb-grant-lot-<lot>-r<n>-<cents>``), then
+the ledger takes it back with the new grant recorded. If Stripe fails, the ledger takes it back
+all the same and the daily job (:func:`grants_follow`) brings the grant into step later.
+
 Exactly once: a top-up is one ``TopUp`` row; both ``checkout.session.completed`` (paid) and
 ``payment_intent.succeeded`` name it (metadata ``llmb_top_up``), and whichever is processed first
 credits it under the row's lock; the other finds it credited. The credit grant is created before
@@ -22,10 +29,15 @@ from django.utils import timezone
 from llm_budgets import validation
 from llm_budgets.billing.client import stripe_client
 from llm_budgets.billing.credits import (
+    GrantMirror,
     account_of,
     credit_add,
+    credit_deposit,
     from_minor_units,
+    gone_back,
+    lot_mirror_save,
     minor_units,
+    take_back_plan,
     top_up_take_back,
 )
 from llm_budgets.billing.totals import unpaid_invoices
@@ -36,6 +48,7 @@ from llm_budgets.exceptions import InvalidUsage, NotLinked, PaymentProviderError
 from llm_budgets.models import (
     CreditAccount,
     CreditLot,
+    DisputeStatus,
     LotKind,
     LotSource,
     StripeCustomerLink,
@@ -44,7 +57,7 @@ from llm_budgets.models import (
     TopUpKind,
     TopUpState,
 )
-from llm_budgets.money import currency_places, display
+from llm_budgets.money import ZERO, currency_places, display
 from llm_budgets.money import money as money_text
 
 ACTOR = "stripe webhook"
@@ -243,7 +256,8 @@ def credit_grant(
                 extra["expires_at"] = int(expires_at.timestamp())
             params = grant_params(account, link.customer_id, lot.amount, kind, **extra)
             lot.stripe_grant_id = _grant(params, f"llmb-grant-lot-{lot.pk}")
-            lot.save(update_fields=["stripe_grant_id"])
+            lot.stripe_granted = lot.amount
+            lot.save(update_fields=["stripe_grant_id", "stripe_granted"])
     return lot
 
 
@@ -298,7 +312,7 @@ def top_up_credit(
         ),
         f"llmb-grant-topup-{row.pk}",
     )
-    lot = credit_add(
+    deposit = credit_deposit(
         account=account,
         amount=row.amount,
         kind=LotKind.PAID,
@@ -308,16 +322,23 @@ def top_up_credit(
         reason=f"Stripe payment {payment_intent} (event {event_id})",
         now=now,
     )
-    lot.stripe_grant_id = grant_id
-    lot.save(update_fields=["stripe_grant_id"])
+    lot = deposit.lot
+    lot.stripe_grant_id, lot.stripe_granted = grant_id, row.amount
+    lot.save(update_fields=["stripe_grant_id", "stripe_granted"])
     row.state = TopUpState.CREDITED
     row.payment_intent_id = payment_intent
     row.credited_by_event = event_id
     row.credited_at = now
     row.save(update_fields=["state", "payment_intent_id", "credited_by_event", "credited_at"])
     cleared = _clear_recharge_switch(account, row, now)
+    debt = (
+        f"; {display(deposit.debt_paid)} of it paid the balance's debt first"
+        if deposit.debt_paid
+        else ""
+    )
     return (
         f"credited top-up {row.pk}: {display(row.amount)} {row.currency} (grant {grant_id})"
+        + debt
         + cleared
     )
 
@@ -390,32 +411,207 @@ def payment_succeeded(event: dict[str, Any], row: StripeWebhookEvent, now: datet
     return outcome
 
 
-def _taken_back(intent: object, total_minor: object, event: dict[str, Any], what: str) -> str:
-    row = TopUp.objects.filter(payment_intent_id=intent).first() if intent else None
+def _applied(client: Any, grant_id: str, currency: str) -> Decimal:
+    """What Stripe applied to invoices from a grant: its credit balance transactions (debits
+    ``credits_applied``, less credits reinstated by a voided invoice). Read from the
+    transactions, not the grant's balance, so it is the same before and after a void."""
+    minor = 0
+    for item in client.v1.billing.credit_balance_transactions.list(
+        params={"credit_grant": grant_id, "limit": 100}
+    ).auto_paging_iter():
+        data = item.to_dict()
+        debit, credit = data.get("debit") or {}, data.get("credit") or {}
+        if data.get("type") == "debit" and debit.get("type") == "credits_applied":
+            minor += debit["amount"]["monetary"]["value"]
+        elif data.get("type") == "credit" and credit.get("type") == (
+            "credits_application_invoice_voided"
+        ):
+            minor -= credit["amount"]["monetary"]["value"]
+    return from_minor_units(minor, currency)
+
+
+def _void(client: Any, grant_id: str) -> None:
+    """Void a grant unless it is voided already (a retry after a void whose answer was lost)."""
+    import stripe
+
+    try:
+        grant = client.v1.billing.credit_grants.retrieve(grant_id)
+        if grant.to_dict().get("voided_at") is None:
+            client.v1.billing.credit_grants.void_grant(grant_id)
+    except stripe.StripeError as exc:
+        raise PaymentProviderError(
+            f"Stripe did not void credit grant {grant_id}: {exc}.", field="amount"
+        ) from None
+
+
+def mirrored(lot: CreditLot) -> bool:
+    """Whether the lot has (or had) a Stripe grant."""
+    return bool(lot.stripe_grant_id) or lot.stripe_generation > 0
+
+
+def grant_follow(lot: CreditLot, live: Decimal) -> GrantMirror | None:
+    """Bring the lot's Stripe grant to a live part of ``live``: when it is not in step, void the
+    grant and issue a replacement for ``live`` less what Stripe applied from this lot's grants
+    (none when nothing is left), so Stripe never applies credit the ledger took back. Idempotent
+    (the replacement's key names the lot, the replacement count and the amount). The mirror to
+    save, or None when in step or never mirrored (a lot of an unlinked tenant, an adjustment)."""
+    if not mirrored(lot) or lot.expired_at is not None:
+        return None  # Stripe expires an expired lot's grant itself
+    if live == lot.stripe_applied + lot.stripe_granted and bool(lot.stripe_grant_id) == (
+        lot.stripe_granted > 0
+    ):
+        return None
+    account = CreditAccount.objects.select_related("tenant").get(pk=lot.account_id)
+    customer = customer_of(account)
+    client = stripe_client()
+    applied = lot.stripe_applied
+    if lot.stripe_grant_id:
+        import stripe
+
+        try:
+            applied += _applied(client, lot.stripe_grant_id, account.currency)
+        except stripe.StripeError as exc:
+            raise PaymentProviderError(
+                f"Stripe did not list credit grant {lot.stripe_grant_id}'s transactions: {exc}.",
+                field="amount",
+            ) from None
+        _void(client, lot.stripe_grant_id)
+    remainder = max(ZERO, live - applied)
+    generation = lot.stripe_generation + 1
+    grant_id = ""
+    if remainder > 0:
+        metadata = {"llmb_lot": str(lot.pk), "llmb_replaces": lot.stripe_grant_id or "-"}
+        if lot.top_up_id:
+            metadata[METADATA_KEY] = str(lot.top_up_id)
+        extra: dict[str, Any] = {"name": f"Lot {lot.pk}, replacement {generation}"}
+        if lot.expires_at is not None:
+            extra["expires_at"] = int(lot.expires_at.timestamp())
+        cents = minor_units(remainder, account.currency)
+        grant_id = _grant(
+            grant_params(account, customer, remainder, lot.kind, metadata=metadata, **extra),
+            f"llmb-grant-lot-{lot.pk}-r{generation}-{cents}",
+        )
+    return GrantMirror(grant_id, remainder, applied, generation)
+
+
+def grants_follow() -> int:
+    """Bring every mirrored lot's Stripe grant into step with its live part (after an expiry,
+    a staff removal, a take-back whose Stripe call failed). Returns how many were replaced;
+    a lot Stripe fails on is left for the next run (the reconciliation shows it)."""
+    moved = 0
+    lots = CreditLot.objects.filter(expired_at__isnull=True).exclude(
+        stripe_grant_id="", stripe_generation=0
+    )
+    for lot in lots:
+        for _ in range(2):  # again, once, if a take-back replaced the grant meanwhile
+            try:
+                mirror = grant_follow(lot, lot.amount - lot.forfeited)
+            except (PaymentProviderError, NotLinked):
+                break
+            if mirror is None:
+                break
+            if lot_mirror_save(lot_id=lot.pk, generation=lot.stripe_generation, mirror=mirror):
+                moved += 1
+                break
+            lot.refresh_from_db()
+    return moved
+
+
+def _taken_back(
+    intent: object,
+    event: dict[str, Any],
+    what: str,
+    *,
+    refunded: object = None,
+    dispute: tuple[str, object] | None = None,
+) -> str:
+    row = (
+        TopUp.objects.select_for_update(of=("self",)).filter(payment_intent_id=intent).first()
+        if intent
+        else None
+    )
     if row is None:
         return f"{what} of no credited top-up: ignored"
-    if not isinstance(total_minor, int):
-        raise ValueError(f"The {what} has no amount.")
+    lot = CreditLot.objects.filter(top_up=row).first()
+    mirror, stripe_note = None, ""
+    if lot is not None:
+        live, _ = take_back_plan(row, lot, gone_back(row, refunded=refunded, dispute=dispute))
+        try:
+            mirror = grant_follow(lot, live)
+        except (PaymentProviderError, NotLinked) as exc:
+            stripe_note = f"; grant not in step yet ({exc}): the daily job retries"
     result = top_up_take_back(
         top_up=row,
-        refunded_total=from_minor_units(total_minor, row.currency),
+        refunded=refunded,
+        dispute=dispute,
+        mirror=mirror,
         actor=ACTOR,
         reason=f"Stripe {what} (event {event['id']})",
     )
+    grant = f"; grant replaced by {mirror.grant_id or 'none'}" if mirror else stripe_note
     return (
         f"{what} of top-up {row.pk}: took back {display(result.taken)}, unrecovered "
-        f"{display(result.unrecovered)} {row.currency}"
+        f"{display(result.unrecovered)}, restored {display(result.restored)} {row.currency}" + grant
     )
+
+
+def _minor(obj: dict[str, Any], key: str, what: str) -> int:
+    value = obj.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"The {what} has no {key}.")
+    return value
+
+
+def _top_up_of(obj: dict[str, Any]) -> TopUp | None:
+    intent = obj.get("payment_intent")
+    return TopUp.objects.filter(payment_intent_id=intent).first() if intent else None
 
 
 def charge_refunded(event: dict[str, Any], row: StripeWebhookEvent, now: datetime) -> str:
     charge = _object(event)
-    return _taken_back(charge.get("payment_intent"), charge.get("amount_refunded"), event, "refund")
+    top_up = _top_up_of(charge)
+    if top_up is None:
+        return "refund of no credited top-up: ignored"
+    minor = _minor(charge, "amount_refunded", "refund")
+    return _taken_back(
+        charge.get("payment_intent"),
+        event,
+        "refund",
+        refunded=from_minor_units(minor, top_up.currency),
+    )
+
+
+# A dispute's status as Stripe closes it, and what it means for the money.
+_CLOSED = {
+    "won": DisputeStatus.WON,
+    "warning_closed": DisputeStatus.WON,
+    "lost": DisputeStatus.LOST,
+}
+
+
+def _dispute(event: dict[str, Any], status: str) -> str:
+    dispute = _object(event)
+    top_up = _top_up_of(dispute)
+    if top_up is None:
+        return "dispute of no credited top-up: ignored"
+    minor = _minor(dispute, "amount", "dispute")
+    return _taken_back(
+        dispute.get("payment_intent"),
+        event,
+        f"dispute ({status})",
+        dispute=(status, from_minor_units(minor, top_up.currency)),
+    )
 
 
 def dispute_created(event: dict[str, Any], row: StripeWebhookEvent, now: datetime) -> str:
-    dispute = _object(event)
-    return _taken_back(dispute.get("payment_intent"), dispute.get("amount"), event, "dispute")
+    return _dispute(event, DisputeStatus.OPEN)
+
+
+def dispute_closed(event: dict[str, Any], row: StripeWebhookEvent, now: datetime) -> str:
+    status = _CLOSED.get(str(_object(event).get("status")))
+    if status is None:
+        return f"dispute closed as {_object(event).get('status')!r}: nothing to change"
+    return _dispute(event, status)
 
 
 HANDLERS = {
@@ -424,4 +620,5 @@ HANDLERS = {
     "payment_intent.succeeded": payment_succeeded,
     "charge.refunded": charge_refunded,
     "charge.dispute.created": dispute_created,
+    "charge.dispute.closed": dispute_closed,
 }

@@ -36,6 +36,7 @@ from llm_budgets.models.control import BudgetRaise, KillSwitch, Refusal, Refusal
 from llm_budgets.models.credits import (
     CreditAccount,
     CreditLot,
+    DisputeStatus,
     LotKind,
     LotSource,
     TopUp,
@@ -77,6 +78,7 @@ __all__ = [
     "DailyUsage",
     "DeliveryKind",
     "DeliveryState",
+    "DisputeStatus",
     "EndUser",
     "EndpointKind",
     "IdempotencyRecord",

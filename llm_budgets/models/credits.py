@@ -67,7 +67,14 @@ class LotSource(models.TextChoices):
 
 class CreditLot(models.Model):
     """Credit added to a balance. Its live part, ``amount - forfeited``, counts in the limit;
-    ``forfeited`` grows when it expires unused or its payment is refunded (billing/credits.py)."""
+    ``forfeited`` grows when it expires unspent, when staff remove it, and when its payment is
+    refunded or disputed (``taken_back``, the part of ``forfeited`` a won dispute gives back)
+    (billing/credits.py).
+
+    Its Stripe mirror: ``stripe_grant_id`` is the live credit grant, of ``stripe_granted``;
+    ``stripe_applied`` is what Stripe applied to invoices from the lot's earlier grants, voided
+    when a take-back replaced them. In step: ``amount - forfeited == stripe_applied +
+    stripe_granted`` (billing/topups.py keeps it, billing/credit_reconciliation.py checks it)."""
 
     account = models.ForeignKey(CreditAccount, on_delete=models.CASCADE, related_name="lots")
     kind = models.CharField(max_length=12, choices=LotKind.choices)
@@ -79,7 +86,12 @@ class CreditLot(models.Model):
     top_up = models.OneToOneField(
         "TopUp", null=True, blank=True, on_delete=models.PROTECT, related_name="lot"
     )
+    taken_back = _money(default=0)
     stripe_grant_id = models.CharField(max_length=255, blank=True)
+    stripe_granted = _money(default=0)
+    stripe_applied = _money(default=0)
+    # How many times the grant was replaced: the replacement's Idempotency-Key names it.
+    stripe_generation = models.PositiveIntegerField(default=0)
     actor = models.CharField(max_length=255, blank=True)
     reason = models.TextField(blank=True)
     created_at = models.DateTimeField()
@@ -91,6 +103,10 @@ class CreditLot(models.Model):
             models.CheckConstraint(
                 condition=Q(forfeited__gte=0, forfeited__lte=F("amount")),
                 name="llmb_lot_forfeited_in_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(taken_back__gte=0, taken_back__lte=F("forfeited")),
+                name="llmb_lot_taken_back_in_range",
             ),
         ]
         indexes = [
@@ -107,6 +123,13 @@ class CreditLot(models.Model):
     @property
     def live(self) -> object:
         return self.amount - self.forfeited
+
+
+class DisputeStatus(models.TextChoices):
+    NONE = "", "No dispute"
+    OPEN = "open", "Open"  # the disputed amount is withdrawn from the payment
+    WON = "won", "Won"  # the funds were reinstated
+    LOST = "lost", "Lost"
 
 
 class TopUpKind(models.TextChoices):
@@ -135,8 +158,16 @@ class TopUp(models.Model):
     checkout_session_id = models.CharField(max_length=255, null=True, blank=True, unique=True)
     payment_intent_id = models.CharField(max_length=255, null=True, blank=True, unique=True)
     credited_by_event = models.CharField(max_length=255, blank=True)
+    # Money gone back to the payer, each from its own Stripe figure: refunds (the charge's
+    # cumulative ``amount_refunded``) and the charge's dispute (its ``amount`` while it is open
+    # or lost; 0 once won). Their sum, at most ``amount``, is what the lot gives back.
     refunded = _money(default=0)
-    # Refunded after it was spent: what the balance could not take back (docs/billing.md).
+    disputed = _money(default=0)
+    dispute_status = models.CharField(
+        max_length=4, choices=DisputeStatus.choices, default=DisputeStatus.NONE, blank=True
+    )
+    # What went back that the lot no longer had to give (already expired or removed by staff):
+    # not taken from the balance (docs/billing.md).
     unrecovered = _money(default=0)
     attempts = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)

@@ -6,8 +6,10 @@ old and 5 minutes ahead, string values of at most 15 significant digits, known c
 cancel adjustments (within 24 h of receipt), event summaries (per hour or whole range, paginated)
 and Idempotency-Key replay; for prepaid credits, Checkout sessions (``pay_checkout`` returns the
 events Stripe would send), off-session payment intents (``decline`` a customer's card), credit
-grants (create, list, void) and credit balance summaries (``apply_credit`` draws on them as an
-invoice would), refunds and disputes as events. Faults are injected per request path:
+grants (create, retrieve, list, void; ``apply_credit`` draws on them as an invoice would, in
+Stripe's order, and records each draw as a credit balance transaction of its grant) and credit
+balance summaries (per customer or per grant), refunds and disputes (opened and closed) as
+events. Faults are injected per request path:
 
 - ``"500"`` / ``"429"``: answer with that status;
 - ``"drop_before"``: close the connection without processing;
@@ -88,8 +90,10 @@ class State:
     checkout_sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
     payment_intents: dict[str, dict[str, Any]] = field(default_factory=dict)
     credit_grants: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Credit an invoice drew from a customer's grants (``apply_credit``), in minor units.
+    # Credit invoices drew from each grant (``apply_credit``), in minor units, and the credit
+    # balance transactions that record it.
     credit_applied: dict[str, int] = field(default_factory=dict)
+    credit_transactions: list[dict[str, Any]] = field(default_factory=list)
     # Customers whose saved card declines off-session charges (``decline``).
     declining: set[str] = field(default_factory=set)
     idempotency: dict[str, tuple[str, int, bytes]] = field(default_factory=dict)
@@ -232,12 +236,55 @@ class StripeServer:
         with self.lock:
             self.state.declining.add(customer)
 
-    def apply_credit(self, customer: str, amount: int) -> None:
-        """An invoice drew ``amount`` (minor units) from the customer's credit grants."""
+    def dispute_close(self, dispute: dict[str, Any], status: str) -> dict[str, Any]:
+        """Close a dispute (``dispute`` is a ``charge.dispute.created`` event): ``won``,
+        ``lost`` or ``warning_closed``. The ``charge.dispute.closed`` event."""
         with self.lock:
-            self.state.credit_applied[customer] = (
-                self.state.credit_applied.get(customer, 0) + amount
+            closed = {**dispute["data"]["object"], "status": status}
+            return self._event("charge.dispute.closed", closed)
+
+    def apply_credit(self, customer: str, amount: int) -> int:
+        """An invoice drew up to ``amount`` (minor units) from the customer's live credit
+        grants, highest priority (lowest number) first, then oldest; returns what it drew."""
+        with self.lock:
+            now, left = self.clock(), amount
+            grants = sorted(
+                (g for g in self.state.credit_grants.values() if g["customer"] == customer),
+                key=lambda g: (g["priority"], g["created"], g["id"]),
             )
+            for grant in grants:
+                take = min(left, self._remaining(grant, now))
+                if take <= 0:
+                    continue
+                left -= take
+                self.state.credit_applied[grant["id"]] = (
+                    self.state.credit_applied.get(grant["id"], 0) + take
+                )
+                money = {"currency": grant["amount"]["monetary"]["currency"], "value": take}
+                self.state.credit_transactions.append(
+                    {
+                        "id": f"cbtxn_{secrets.token_hex(8)}",
+                        "object": "billing.credit_balance_transaction",
+                        "created": int(now),
+                        "credit_grant": grant["id"],
+                        "type": "debit",
+                        "debit": {
+                            "type": "credits_applied",
+                            "amount": {"type": "monetary", "monetary": money},
+                        },
+                        "credit": None,
+                    }
+                )
+            return amount - left
+
+    def _remaining(self, grant: dict[str, Any], now: float) -> int:
+        """What is left to apply of a grant: 0 once voided or expired."""
+        if grant["voided_at"] is not None:
+            return 0
+        if grant["expires_at"] is not None and grant["expires_at"] <= now:
+            return 0
+        value = int(grant["amount"]["monetary"]["value"])
+        return value - self.state.credit_applied.get(grant["id"], 0)
 
     def live_grants(self, customer: str | None = None) -> list[dict[str, Any]]:
         with self.lock:
@@ -304,6 +351,8 @@ class StripeServer:
             ("POST", r"/v1/billing/credit_grants", self._grant_create),
             ("GET", r"/v1/billing/credit_grants", self._grant_list),
             ("POST", r"/v1/billing/credit_grants/(?P<gid>[^/]+)/void", self._grant_void),
+            ("GET", r"/v1/billing/credit_grants/(?P<gid>[^/]+)", self._grant_get),
+            ("GET", r"/v1/billing/credit_balance_transactions", self._transactions),
             ("GET", r"/v1/billing/credit_balance_summary", self._balance_summary),
         ]
         for verb, pattern, view in routes:
@@ -677,11 +726,37 @@ class StripeServer:
             "url": "/v1/billing/credit_grants",
         }
 
-    def _grant_void(self, p: dict[str, Any], gid: str) -> dict[str, Any]:
+    def _grant_get(self, p: dict[str, Any], gid: str) -> dict[str, Any]:
         if gid not in self.state.credit_grants:
             raise StripeError(404, f"No such credit grant: '{gid}'", code="resource_missing")
-        self.state.credit_grants[gid]["voided_at"] = int(self.clock())
         return self.state.credit_grants[gid]
+
+    def _grant_void(self, p: dict[str, Any], gid: str) -> dict[str, Any]:
+        grant = self._grant_get(p, gid)
+        if grant["voided_at"] is not None:
+            raise StripeError(400, f"Credit grant {gid} is already voided.", code="invalid_state")
+        grant["voided_at"] = int(self.clock())
+        return grant
+
+    def _transactions(self, p: dict[str, Any]) -> dict[str, Any]:
+        gid = p.get("credit_grant")
+        if not gid and not p.get("customer"):
+            raise StripeError(400, "Missing required param: customer.", code="parameter_missing")
+        data = [
+            t
+            for t in self.state.credit_transactions
+            if (not gid or t["credit_grant"] == gid)
+            and (
+                not p.get("customer")
+                or self.state.credit_grants[t["credit_grant"]]["customer"] == p["customer"]
+            )
+        ]
+        return {
+            "object": "list",
+            "data": data,
+            "has_more": False,
+            "url": "/v1/billing/credit_balance_transactions",
+        }
 
     def _balance_summary(self, p: dict[str, Any]) -> dict[str, Any]:
         customer = self._customer(p)
@@ -690,18 +765,15 @@ class StripeServer:
                 400, "Missing required param: filter[type].", code="parameter_missing"
             )
         now = self.clock()
+        only = ((p.get("filter") or {}).get("credit_grant") or {}).get("credit_grant")
         by_currency: dict[str, int] = {}
         for grant in self.state.credit_grants.values():
-            if grant["customer"] != customer or grant["voided_at"] is not None:
+            if grant["customer"] != customer or only not in (None, grant["id"]):
                 continue
-            if grant["expires_at"] is not None and grant["expires_at"] <= now:
-                continue
-            money = grant["amount"]["monetary"]
-            by_currency[money["currency"]] = by_currency.get(money["currency"], 0) + money["value"]
-        applied = self.state.credit_applied.get(customer, 0)
+            currency = grant["amount"]["monetary"]["currency"]
+            by_currency[currency] = by_currency.get(currency, 0) + self._remaining(grant, now)
         balances = []
-        for currency, total in by_currency.items():
-            left = max(0, total - applied)
+        for currency, left in by_currency.items():
             amount = {"type": "monetary", "monetary": {"currency": currency, "value": left}}
             balances.append({"available_balance": amount, "ledger_balance": amount})
         return {
