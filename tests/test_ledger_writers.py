@@ -161,6 +161,7 @@ def _self_serve_subscribe() -> object:
         kind="webhook",
         target="https://hooks.example.com/y",
         event_types=["budget.exhausted"],
+        confirm_site="https://host.example",
     )
 
 

@@ -595,15 +595,18 @@ def test_reconciliation_flags_a_grant_left_above_the_live_part(fake_stripe: Stri
 @pytest.mark.parametrize(
     ("kind", "obj"),
     [
-        ("charge.refunded", {"id": "ch_1", "payment_intent": "pi_other"}),
-        ("charge.dispute.created", {"id": "dp_1", "payment_intent": "pi_other"}),
-        ("charge.dispute.closed", {"id": "dp_1", "payment_intent": "pi_other", "status": "won"}),
+        ("charge.refunded", {"id": "ch_1", "payment_intent": "pi_other", "amount_refunded": 500}),
+        ("charge.dispute.created", {"id": "dp_1", "payment_intent": "pi_other", "amount": 500}),
+        (
+            "charge.dispute.closed",
+            {"id": "dp_1", "payment_intent": "pi_other", "amount": 500, "status": "won"},
+        ),
     ],
 )
 def test_money_going_back_for_a_payment_that_is_not_a_top_up_is_ignored(
     fake_stripe: StripeServer, kind: str, obj: dict[str, Any]
 ) -> None:
-    """Another product's payment (no amount this app reads): ignored, not a failed event."""
+    """Another product's payment: ignored, not a failed event."""
     prepaid(fake_stripe)
     assert deliver({"id": f"evt_{kind}", "type": kind, "data": {"object": obj}}) == 200
     assert "of no credited top-up: ignored" in StripeWebhookEvent.objects.get().outcome

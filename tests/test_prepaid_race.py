@@ -9,7 +9,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
-from django.db import connections, transaction
+from django.db import connections
 from django.utils import timezone
 
 from llm_budgets.billing.credits import (
@@ -20,6 +20,7 @@ from llm_budgets.billing.credits import (
     recharge_set,
 )
 from llm_budgets.billing.recharge import recharges_send
+from llm_budgets.db.boundary import ledger_transaction
 from llm_budgets.engine.balances import recharge_rules_clear
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.models import CreditLot, LotKind, TopUp, TopUpKind
@@ -113,7 +114,8 @@ def test_an_admission_waiting_on_a_lowering_sees_the_lowered_balance(
     lowered, proceed = threading.Event(), threading.Event()
 
     def expire() -> None:
-        with transaction.atomic():
+        # The ledger's own transaction, held open: the expiry's lowering stays uncommitted.
+        with ledger_transaction():
             credits_expire(now=now + timedelta(hours=2))
             lowered.set()
             assert proceed.wait(30)

@@ -34,6 +34,7 @@ from django.utils import timezone
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
+from llm_budgets.db.boundary import ledger_transaction
 from llm_budgets.engine.balances import recharge_rules_clear
 from llm_budgets.exceptions import InvalidUsage, NoBalance
 from llm_budgets.models import (
@@ -361,7 +362,7 @@ def credit_deposit(
     if value <= 0:
         raise InvalidUsage("amount must be more than 0.", field="amount")
     expiry = _expiry(expires_at, now)
-    with transaction.atomic():
+    with ledger_transaction():
         locked, counter = _lock(account)
         lot = CreditLot.objects.create(
             account=locked,
@@ -437,7 +438,7 @@ def credits_expire(*, now: datetime | None = None) -> int:
     expired = 0
     for account_id in dict.fromkeys(due):
         account = CreditAccount.objects.select_related("budget").get(pk=account_id)
-        with transaction.atomic():
+        with ledger_transaction():
             locked, counter = _lock(account)
             lots = list(CreditLot.objects.select_for_update().filter(account=locked))
             before = locked.budget.limit
@@ -541,7 +542,7 @@ def top_up_take_back(
     amount back (what was unrecovered first). A repeated event changes nothing. ``mirror``
     (:class:`GrantMirror`) is the lot's Stripe grant after this, saved with it. Audited."""
     now = now or timezone.now()
-    with transaction.atomic():
+    with ledger_transaction():
         # The top-up's row first, as crediting takes it (billing/topups.py), then the balance.
         row = TopUp.objects.select_for_update().get(pk=top_up.pk)
         account = CreditAccount.objects.select_related("budget").get(pk=top_up.account_id)
@@ -633,7 +634,7 @@ def lot_mirror_save(*, lot_id: int, generation: int, mirror: GrantMirror) -> boo
     balance's locks, and only if no other writer replaced its grant since (False then: the caller
     reads the lot again)."""
     lot = CreditLot.objects.select_related("account__budget").get(pk=lot_id)
-    with transaction.atomic():
+    with ledger_transaction():
         _lock(lot.account)
         locked = CreditLot.objects.select_for_update().get(pk=lot_id)
         if locked.stripe_generation != generation:
@@ -676,7 +677,7 @@ def balance_adjust(
             f"direction must be 'add' or 'remove', got {direction!r}.", field="direction"
         )
     value = validation.money("amount", amount)
-    with transaction.atomic():
+    with ledger_transaction():
         locked, counter = _lock(account)
         room = locked.budget.limit - counter.spent - counter.reserved
         if value > room:

@@ -259,4 +259,5 @@ READERS: dict[str, Callable[[dict[str, Any]], None]] = {
     "payment_intent.succeeded": _payment,
     "charge.refunded": _taken_back("amount_refunded"),
     "charge.dispute.created": _taken_back("amount"),
+    "charge.dispute.closed": _taken_back("amount"),
 }

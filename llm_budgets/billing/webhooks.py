@@ -50,6 +50,7 @@ from llm_budgets.control.killswitches import (
     kill_switch_trip,
     switch_scope,
 )
+from llm_budgets.db.ledger import on_ledger
 from llm_budgets.exceptions import Fault, InvalidUsage
 from llm_budgets.models import (
     AuditEvent,
@@ -116,6 +117,7 @@ def error_text(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"[:1000]
 
 
+@on_ledger
 def webhook_receive(*, payload: bytes, now: datetime | None = None) -> StripeWebhookEvent:
     """Store the event ``payload`` holds (verified: :func:`webhook_verify`) and process it once.
     An event this app cannot read is stored unprocessable, with the reason, and returned (the
@@ -186,6 +188,7 @@ def _process(row: StripeWebhookEvent, event: dict[str, Any], now: datetime) -> S
         raise
 
 
+@on_ledger
 def webhook_reprocess(
     *, event_id: str, actor: str, now: datetime | None = None
 ) -> StripeWebhookEvent:

@@ -31,15 +31,19 @@ for the block, so the services' ORM and SQL run on it unchanged; what they regis
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from llm_budgets.conf import SettingError, conf
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 LEDGER_ALIAS = "llm_budgets_ledger"
 # What makes two settings dicts the same database through the same route.
@@ -156,6 +160,19 @@ def ledger_connection() -> Iterator[None]:
         yield
     finally:
         connections[DEFAULT_DB_ALIAS] = caller
+
+
+def on_ledger(function: Callable[P, T]) -> Callable[P, T]:
+    """Run ``function`` wholly on the ledger's connection (:func:`ledger_connection`): a service
+    whose every write is the ledger's, such as processing a Stripe event that credits a balance,
+    so it never locks rows in the caller's transaction that its ledger writes then wait for."""
+
+    @functools.wraps(function)
+    def on_its_connection(*args: P.args, **kwargs: P.kwargs) -> T:
+        with ledger_connection():
+            return function(*args, **kwargs)
+
+    return on_its_connection
 
 
 def _hooks_with_caller(ledger: BaseDatabaseWrapper, caller: BaseDatabaseWrapper) -> None:
