@@ -21,7 +21,7 @@ import environ
 import pytest
 
 from tests.hosts.generate import Host
-from tests.hosts.hosts import DJANGO_TENANTS, SQLITE_HOSTS
+from tests.hosts.hosts import ATOMIC_REQUESTS, DJANGO_TENANTS, SQLITE_HOSTS
 from tests.hosts.run import Run, finish, start
 
 ON_POSTGRES = os.environ.get("DATABASE_URL", "").startswith(("postgres", "pgsql"))
@@ -38,7 +38,11 @@ COMMON = [
     "test_kit_moves_admission_with_time_machine",
 ]
 
-HOSTS: dict[str, Host] = {host.name: host for host in [*SQLITE_HOSTS, DJANGO_TENANTS]}
+HOSTS: dict[str, Host] = {
+    host.name: host for host in [*SQLITE_HOSTS, DJANGO_TENANTS, ATOMIC_REQUESTS]
+}
+# Hosts on a PostgreSQL database of their own, beside the suite's (its name, suffixed).
+POSTGRES_HOSTS = {"django_tenants": "_tenants", "atomic_requests": "_atomic"}
 
 # Why a host cannot run here: a documented condition, never a silent skip.
 EXCLUDED: dict[str, tuple[bool, str]] = {
@@ -53,6 +57,13 @@ EXCLUDED: dict[str, tuple[bool, str]] = {
     "django_tenants": (
         not ON_POSTGRES,
         "django-tenants needs PostgreSQL (schemas): runs when DATABASE_URL is PostgreSQL",
+    ),
+    # The ledger's own connection is PostgreSQL's: on SQLite (one writer) it joins the request's
+    # transaction, and parallel requests queue for the write lock (docs/operations.md).
+    "atomic_requests": (
+        not ON_POSTGRES,
+        "the ledger has a connection of its own on PostgreSQL only: runs when DATABASE_URL is "
+        "PostgreSQL",
     ),
 }
 
@@ -82,10 +93,10 @@ def _cases() -> Iterator[object]:
             yield pytest.param(name, check, marks=marks, id=f"{name}-{check}")
 
 
-def _postgres_env() -> dict[str, str]:
-    """The django-tenants host's own database, beside the suite's (same server and user)."""
+def _postgres_env(suffix: str) -> dict[str, str]:
+    """A PostgreSQL host's own database, beside the suite's (same server and user)."""
     config = environ.Env.db_url_config(os.environ["DATABASE_URL"])
-    name = f"{config['NAME']}_tenants"
+    name = f"{config['NAME']}{suffix}"
     return {
         "HOST_PG_NAME": name,
         "HOST_PG_TEST_NAME": f"{name}_test",
@@ -106,7 +117,7 @@ class Matrix:
         for name, host in HOSTS.items():
             if EXCLUDED.get(name, (False, ""))[0] or name not in wanted:
                 continue
-            env = _postgres_env() if name == "django_tenants" else None
+            env = _postgres_env(POSTGRES_HOSTS[name]) if name in POSTGRES_HOSTS else None
             self.running[name] = start(host, root, env)
 
     def run(self, name: str) -> Run:

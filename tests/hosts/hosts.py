@@ -187,6 +187,59 @@ OTHER_BLOCKS = Host(
 
 SQLITE_HOSTS = [EMAIL_LOGIN, STRICT_DRF, CELERY_BEAT, OTHER_BLOCKS]
 
+# cookiecutter-django's default, every request in one transaction, on PostgreSQL (its own
+# database beside the suite's): a guarded view that holds a reservation across a slow provider
+# call, under parallel requests of one tenant through a real server (issue #37).
+ATOMIC_REQUESTS_SETTINGS = """\
+import os
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": os.environ["HOST_PG_NAME"],
+        "USER": os.environ["HOST_PG_USER"],
+        "PASSWORD": os.environ["HOST_PG_PASSWORD"],
+        "HOST": os.environ["HOST_PG_HOST"],
+        "PORT": os.environ["HOST_PG_PORT"],
+        "ATOMIC_REQUESTS": True,
+        "TEST": {"NAME": os.environ["HOST_PG_TEST_NAME"]},
+    }
+}
+"""
+
+GUARDED_VIEW = """\
+import threading
+
+from django.http import HttpResponse
+
+from llm_budgets import budgets
+
+REQUESTS = 4
+# The fake provider answers only once every request has been admitted: a barrier, not a clock.
+provider = threading.Barrier(REQUESTS)
+
+
+def guarded(request):
+    hold = budgets.reserve(
+        tenant="acme",
+        end_user=f"u{request.GET.get('u', '0')}",
+        provider="openai",
+        model="gpt-4o",
+        input_tokens=100,
+        max_output_tokens=100,
+    )
+    provider.wait(timeout=30)  # BrokenBarrierError: an admission waited on another's locks
+    hold.commit(input_tokens=100, output_tokens=50)
+    return HttpResponse("ok")
+"""
+
+ATOMIC_REQUESTS = Host(
+    name="atomic_requests",
+    settings=ATOMIC_REQUESTS_SETTINGS,
+    files={"shop/guarded.py": GUARDED_VIEW},
+    urls='path("guarded/", __import__("shop.guarded").guarded.guarded),\n',
+)
+
 # django-tenants: schema per tenant. llm_budgets lives in the shared (public) schema with the
 # users; a host tenant (Client) maps to the llm_budgets tenant of the same id (its schema name).
 CUSTOMERS_MODELS = """\
