@@ -1,5 +1,6 @@
 """docs/adopting.md, followed start to finish in a fresh ``startproject`` host that already
-configures pytest in its ``pyproject.toml``: every block of the main path in order (files
+configures pytest in its ``pyproject.toml`` and wraps every request in a transaction
+(``ATOMIC_REQUESTS``): every block of the main path in order (files
 written or added to, shell lines run, ``manage.py shell`` blocks fed to it, the host's own tests
 run with the kit, ``runserver`` started and asked for the login and usage pages); and every block
 of its conventions section builds a host of the matrix."""
@@ -135,6 +136,9 @@ def test_adopting_md_start_to_finish(tmp_path: Path) -> None:
     # The existing project the page starts from.
     _run("python -m django startproject mysite .", project, env)
     (project / "pyproject.toml").write_text(HOST_PYPROJECT)
+    # Every request in a transaction, as cookiecutter-django sets it (issue #37).
+    settings = project / "mysite" / "settings.py"
+    settings.write_text(settings.read_text() + '\nDATABASES["default"]["ATOMIC_REQUESTS"] = True\n')
     walked = 0
     outputs: dict[str, str] = {}
     for block in blocks():
