@@ -651,6 +651,13 @@ def _worker(
             cycle = functools.partial(_floor_cycle, floor_conn, fixed)
         elif path == "near":
             cycle = _near_cycle
+        elif path == "joined":  # the app's cycle, its ledger in the caller's connection
+            from django.conf import settings
+
+            settings.LLM_BUDGETS = {
+                **getattr(settings, "LLM_BUDGETS", {}),
+                "LEDGER_DATABASE": "default",
+            }
         for _ in range(WARMUP_CYCLES):
             cycle(rng.choice(targets))
         barrier.wait(120)
@@ -878,6 +885,27 @@ def print_ratios(cells: list[Cell]) -> None:
         print(
             f"{link.label:<8} {scenario:<10} {workers:>7} {statistics.median(values):>7.2f}  {each}"
         )
+    joined = {
+        (c.link, c.scenario, c.workers, c.round): c.cycles_per_s
+        for c in cells
+        if c.path == "joined"
+    }
+    if joined:
+        own: dict[tuple[Link, str, int], list[float]] = {}
+        for c in cells:
+            base = joined.get((c.link, c.scenario, c.workers, c.round))
+            if c.path == "app" and base:
+                own.setdefault((c.link, c.scenario, c.workers), []).append(c.cycles_per_s / base)
+        print(
+            f"\n{'RTT ms':<8} {'scenario':<10} {'workers':>7} {'median':>7}  app/joined in each "
+            "round (the ledger's own connection against the caller's)"
+        )
+        for (link, scenario, workers), values in own.items():
+            each = " ".join(f"{v:.2f}" for v in values)
+            print(
+                f"{link.label:<8} {scenario:<10} {workers:>7} "
+                f"{statistics.median(values):>7.2f}  {each}"
+            )
     runs: dict[tuple[Link, str, int, str], list[Cell]] = {}
     for c in cells:
         runs.setdefault((c.link, c.scenario, c.workers, c.path), []).append(c)
@@ -962,6 +990,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="also run every cell through the proxy with nothing added (the proxy's own cost) "
         "and directly (RTT 0), to compare the two",
     )
+    parser.add_argument(
+        "--joined",
+        action="store_true",
+        help="also run the app's cycle with its ledger joining the caller's connection "
+        "(LEDGER_DATABASE='default', the behaviour before the ledger had its own) in each "
+        "round, and print app/joined: what the ledger's own connection costs",
+    )
     args = parser.parse_args(argv)
     try:
         rtts = list(dict.fromkeys(float(v) for v in args.rtt_ms.split(",")))
@@ -1040,7 +1075,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         if pool is not None and link.proxied:
                             pool.set_rtt(link.rtt_ms)
                         ports = pool.ports if pool is not None and link.proxied else ()
-                        for path in ("near",) if scenario == "near-limit" else PATHS:
+                        paths = PATHS + (("joined",) if args.joined else ())
+                        for path in ("near",) if scenario == "near-limit" else paths:
                             vacuum(url)
                             cell = run_cell(
                                 scenario=scenario,

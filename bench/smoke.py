@@ -54,6 +54,24 @@ MORE_RUNS: list[tuple[str, str, list[str], str]] = [
         ],
         "0.5 ms added, through the proxy (0.25 ms each way): measured +",
     ),
+    (
+        "admission.py joined",  # the ledger in the caller's connection, against its own
+        "admission.py",
+        [
+            *(
+                "--duration",
+                "0.3",
+                "--workers",
+                "1",
+                "--scenarios",
+                "spread",
+                "--repeat",
+                "2",
+                "--joined",
+            )
+        ],
+        "app/joined in each round",
+    ),
 ]
 # Modules in bench/ that are not benches of their own.
 NOT_BENCHES = {"smoke.py", "load_settings.py"}
