@@ -25,6 +25,7 @@ from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from llm_budgets.control import killswitches, limits
+from llm_budgets.db.boundary import ledger_guard
 from llm_budgets.engine import admission, settlement
 from llm_budgets.engine.applicable import scopes_for_read
 from llm_budgets.engine.settlement import CommitResult
@@ -249,6 +250,7 @@ class Hold(HoldPolicy, AsyncHoldPolicy):
         return await sync_to_async(self.mark_uncertain, thread_sensitive=True)()
 
 
+@ledger_guard("prices")
 def set_price(
     *,
     provider: str,
@@ -276,6 +278,7 @@ def set_price(
     return pricing.price_result(price)
 
 
+@ledger_guard("tenants")
 def ensure_tenant(
     external_id: str | None = None,
     /,
@@ -325,6 +328,7 @@ def ensure_tenant(
     )
 
 
+@ledger_guard("limits")
 def set_limit(
     *,
     amount: Decimal | int | str,
@@ -374,6 +378,7 @@ def set_limit(
     )
 
 
+@ledger_guard("runs")
 def close_run(*, tenant: str, run: str, actor: str = "", reason: str = "") -> ClosedRun:
     """Close a run: its lifetime budgets end, and later reservations naming it are refused
     (``RunClosed``). Holds already taken settle as usual. Returns the run and when it was
@@ -438,6 +443,7 @@ def reserve(
     )
 
 
+@ledger_guard("quote")
 def quote(
     *,
     tenant: str,
@@ -524,6 +530,7 @@ def mark_uncertain(hold_id: UUID | str) -> HoldState:
     return hold_state(settlement.reservation_mark_uncertain(hold_id))
 
 
+@ledger_guard("status")
 def status(
     *,
     tenant: str,
@@ -544,6 +551,7 @@ def status(
     return budget_statuses(tenant_obj, user_obj, timezone.now(), scopes)
 
 
+@ledger_guard("kill switch trip")
 def trip(
     *,
     tenant: str | None = None,
@@ -571,6 +579,7 @@ def trip(
     )
 
 
+@ledger_guard("kill switch clear")
 def clear(
     *,
     tenant: str | None = None,
@@ -624,6 +633,7 @@ def _switch_result(switch: KillSwitch) -> KillSwitchResult:
     )
 
 
+@ledger_guard("explain")
 def explain(
     *,
     tenant: str,
@@ -667,6 +677,7 @@ def sweep(*, now: datetime | None = None, batch_size: int = settlement.SWEEP_BAT
     return settlement.reservations_sweep(now=now, batch_size=batch_size)
 
 
+@ledger_guard("stripe link")
 def link_stripe_customer(*, tenant: str, customer_id: str, actor: str = "") -> StripeLinkResult:
     """Bill the tenant's usage to a Stripe customer (``cus_...``), from now on and for its unsent
     usage of the last 35 days; relinking moves unsent usage to the new customer. Audited.
@@ -676,6 +687,7 @@ def link_stripe_customer(*, tenant: str, customer_id: str, actor: str = "") -> S
     return _link_result(stripe_customer_link(tenant=tenant, customer_id=customer_id, actor=actor))
 
 
+@ledger_guard("stripe link")
 def unlink_stripe_customer(*, tenant: str, reason: str = "", actor: str = "") -> StripeLinkResult:
     """Stop delivering the tenant's new usage to Stripe; what is already owed is still delivered.
     ``InvalidUsage`` if it is not linked. Audited."""

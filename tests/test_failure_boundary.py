@@ -13,6 +13,7 @@ from unittest import mock
 import pytest
 from django.db import DatabaseError, IntegrityError, connection, connections
 
+from llm_budgets import budgets
 from llm_budgets.db import statements as sql
 from llm_budgets.db.boundary import ledger_guard, operational
 from llm_budgets.db.ledger import ledger_db
@@ -20,7 +21,7 @@ from llm_budgets.engine import admission
 from llm_budgets.exceptions import LedgerUnavailable
 from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import Budget, Counter, Reservation
-from tests.factories import reserve_30, seed
+from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed
 
 
 def raise_sqlstate(code: str) -> None:
@@ -202,3 +203,53 @@ def test_counters_that_stay_missing_are_refused_as_retryable() -> None:
     ):
         reserve_30()
     assert Reservation.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_in_process_staff_services_and_reads_refuse_as_ledger_unavailable(
+    on_postgres: bool,
+) -> None:
+    """An outage reaches an in-process caller as the app's own ``LedgerUnavailable`` on every
+    path, as the REST API's 503 (issue #38, item 7: the fault soak saw raw OperationalError from
+    ``status``, ``set_limit``, the spend resets, ``trip`` and ``clear``)."""
+    if not on_postgres:
+        pytest.skip("PostgreSQL terminates backends; SQLite has none")
+    from llm_budgets.engine.adjustments import budget_spend_reset
+
+    seed(limit="100")
+    reserve_30().commit(input_tokens=0, output_tokens=100)
+    budgets.trip(tenant="acme", reason="r", actor="a")
+    budget = Budget.objects.get()
+    calls = {
+        "status": lambda: budgets.status(tenant="acme"),
+        "set_limit": lambda: budgets.set_limit(tenant="acme", amount=Decimal(5), window="month"),
+        "spend reset": lambda: budget_spend_reset(budget=budget, reason="r", actor="a"),
+        "trip": lambda: budgets.trip(tenant="acme", end_user="u", reason="r", actor="a"),
+        "clear": lambda: budgets.clear(tenant="acme", reason="r", actor="a"),
+        "explain": lambda: budgets.explain(
+            tenant="acme",
+            provider=FAKE_PROVIDER,
+            model=FAKE_MODEL,
+            input_tokens=0,
+            max_output_tokens=100,
+        ),
+    }
+    for name, call in calls.items():
+        for db in {id(c): c for c in (connections["default"], ledger_db())}.values():
+            db.ensure_connection()
+            pid = db.connection.info.backend_pid
+            other = connections.create_connection("default")
+            try:
+                with other.cursor() as cursor:
+                    cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+            finally:
+                other.close()
+        try:
+            call()
+        except LedgerUnavailable:
+            pass
+        else:
+            raise AssertionError(f"{name} was not refused")
+        finally:
+            connection.close()
+            ledger_db().close()

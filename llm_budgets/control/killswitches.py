@@ -22,7 +22,7 @@ from llm_budgets.alerts.bodies import time_field
 from llm_budgets.alerts.emit import alert_emit
 from llm_budgets.conf import conf
 from llm_budgets.db import statements as sql
-from llm_budgets.db.boundary import ledger_transaction
+from llm_budgets.db.boundary import ledger_guard, ledger_transaction
 from llm_budgets.exceptions import InvalidUsage, KillSwitchActive
 from llm_budgets.models import ApiKey, AuditEvent, EndUser, KillSwitch, Run, Tenant
 from llm_budgets.signals import kill_switch_cleared, kill_switch_tripped
@@ -127,6 +127,7 @@ def _snapshot(switch: KillSwitch) -> dict[str, object]:
     }
 
 
+@ledger_guard("kill switch trip")
 def kill_switch_trip(
     *,
     scope: SwitchScope,
@@ -186,6 +187,7 @@ def kill_switch_trip(
     return switch
 
 
+@ledger_guard("kill switch clear")
 def kill_switch_clear(
     *,
     scope: SwitchScope | None = None,

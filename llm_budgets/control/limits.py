@@ -16,6 +16,7 @@ from llm_budgets.control.self_serve import (
     self_serve_authorize,
     self_serve_limit_check,
 )
+from llm_budgets.db.boundary import ledger_guard
 from llm_budgets.db.ledger import configuration_written
 from llm_budgets.exceptions import InvalidUsage, SelfServeDenied
 from llm_budgets.models import ApiKey, AuditEvent, Budget, BudgetUnit, Counter, Scope, Tenant
@@ -29,6 +30,7 @@ ALL_END_USERS = "*"
 ALL = "*"  # each API key / each run of the tenant, on a counter of its own
 
 
+@ledger_guard("limits")
 def budget_set_limit(
     *,
     amount: object,

@@ -18,11 +18,13 @@ from llm_budgets.control.self_serve import (
     self_serve_authorize,
     self_serve_limit_check,
 )
+from llm_budgets.db.boundary import ledger_guard
 from llm_budgets.db.ledger import configuration_written
 from llm_budgets.exceptions import InvalidUsage, SelfServeDenied
 from llm_budgets.models import AuditEvent, Budget, BudgetRaise, Scope
 
 
+@ledger_guard("raises")
 def budget_raise_grant(
     *,
     budget: Budget,
@@ -87,6 +89,7 @@ def budget_raise_grant(
     return raise_
 
 
+@ledger_guard("raises")
 def budget_raise_revoke(
     raise_: BudgetRaise,
     *,

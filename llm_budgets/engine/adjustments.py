@@ -16,7 +16,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from llm_budgets.control.self_serve import TenantAdmin, self_serve_authorize
-from llm_budgets.db.boundary import ledger_transaction
+from llm_budgets.db.boundary import ledger_guard, ledger_transaction
 from llm_budgets.engine import lines as ledger_lines
 from llm_budgets.engine import outbox
 from llm_budgets.engine.applicable import applicable_budgets
@@ -49,6 +49,7 @@ def _reason(reason: str) -> str:
     return reason.strip()
 
 
+@ledger_guard("adjustments")
 def usage_void(
     *, record_id: int, reason: str, actor: str = "", now: datetime | None = None
 ) -> UsageRecord:
@@ -145,6 +146,7 @@ def usage_void(
     return adjustment
 
 
+@ledger_guard("adjustments")
 def end_user_spend_reset(
     *,
     end_user: EndUser,
@@ -180,6 +182,7 @@ def end_user_spend_reset(
     )
 
 
+@ledger_guard("adjustments")
 def run_spend_reset(
     *, tenant: str, run: str, reason: str, actor: str = "", now: datetime | None = None
 ) -> list[UsageRecord]:
@@ -208,6 +211,7 @@ def run_spend_reset(
     )
 
 
+@ledger_guard("adjustments")
 def budget_spend_reset(
     *,
     budget: Budget,

@@ -14,6 +14,7 @@ from django.utils import timezone as django_timezone
 from llm_budgets import validation
 from llm_budgets.alerts.endpoints import billing_contacts_set
 from llm_budgets.db import statements as sql
+from llm_budgets.db.boundary import ledger_guard
 from llm_budgets.db.ledger import configuration_written
 from llm_budgets.exceptions import InvalidUsage, UnknownTenant
 from llm_budgets.models import AuditEvent, EndUser, Plan, Tenant, Window
@@ -51,6 +52,7 @@ def _tenant_with_plan_sql() -> str:
     )
 
 
+@ledger_guard("tenants")
 def tenant_ensure(
     external_id: str,
     *,
