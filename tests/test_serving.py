@@ -9,6 +9,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -99,6 +100,28 @@ def test_more_stalled_clients_than_threads_delay_a_request_but_never_stop_it(
         assert answer.status_code == 401  # answered (no key), not stalled
         for sock in stalled:
             assert sock.recv(200).startswith(b"HTTP/1.1 408"), web.log.read_text()[-2000:]
+
+
+def test_a_trickled_body_gets_its_408_within_the_deadline(tmp_path: Path) -> None:
+    """The deadline holds in total, whatever the rhythm of the bytes (issue #38): a client that
+    declares 1000 bytes and sends one at a time, each well within the deadline, is answered 408
+    once the whole body's deadline has passed (before: after 88 s with one byte every 2 s)."""
+    with shipped_gunicorn(tmp_path, REQUEST_BODY_TIMEOUT="1") as web:
+        sock = stalled_client(web.port)
+        with sock:
+            started = time.monotonic()
+            sock.settimeout(0.2)
+            answer = b""
+            for _ in range(200):  # at most 200 bytes, one per 0.2 s wait: 40 s at the most
+                sock.sendall(b" ")
+                try:
+                    answer = sock.recv(200)
+                except TimeoutError:
+                    continue
+                break
+            elapsed = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408"), web.log.read_text()[-2000:]
+    assert elapsed < 3  # the one timing assertion: the behaviour is itself a deadline
 
 
 def test_a_body_sent_in_time_reaches_the_application(tmp_path: Path) -> None:
