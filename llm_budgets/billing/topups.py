@@ -439,9 +439,7 @@ def _void(client: Any, grant_id: str) -> None:
         if grant.to_dict().get("voided_at") is None:
             client.v1.billing.credit_grants.void_grant(grant_id)
     except stripe.StripeError as exc:
-        raise PaymentProviderError(
-            f"Stripe did not void credit grant {grant_id}: {exc}.", field="amount"
-        ) from None
+        raise PaymentProviderError(f"Stripe did not void credit grant {grant_id}: {exc}.") from None
 
 
 def mirrored(lot: CreditLot) -> bool:
@@ -472,8 +470,7 @@ def grant_follow(lot: CreditLot, live: Decimal) -> GrantMirror | None:
             applied += _applied(client, lot.stripe_grant_id, account.currency)
         except stripe.StripeError as exc:
             raise PaymentProviderError(
-                f"Stripe did not list credit grant {lot.stripe_grant_id}'s transactions: {exc}.",
-                field="amount",
+                f"Stripe did not list credit grant {lot.stripe_grant_id}'s transactions: {exc}."
             ) from None
         _void(client, lot.stripe_grant_id)
     remainder = max(ZERO, live - applied)
