@@ -23,13 +23,18 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("application_clock"
 __all__ = ["fake_stripe"]
 
 ALL = [schema.type for schema in SCHEMAS]
+# What a tenant's endpoint may subscribe to (operators-only types are refused for it).
+TENANTS = [schema.type for schema in SCHEMAS if schema.tenant_visible]
 URL = "/api/llm-budgets/v1/stripe/webhook"
 
 
 def subscribe(tenant: str | None) -> Any:
     owner = Tenant.objects.get(external_id=tenant) if tenant else None
     endpoint, _ = endpoint_create(
-        tenant=owner, kind="webhook", target="https://hooks.example.com/x", event_types=ALL
+        tenant=owner,
+        kind="webhook",
+        target="https://hooks.example.com/x",
+        event_types=TENANTS if owner else ALL,
     )
     return endpoint
 
