@@ -10,6 +10,7 @@ so there every write rolls back (the documented risk, check W051)."""
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, timedelta
@@ -404,6 +405,9 @@ def test_every_writer_has_a_case() -> None:
 
 @pytest.mark.parametrize("name", sorted([*CASES, "billing/links.py"]))
 def test_a_writer_in_a_host_block_that_rolls_back(name: str) -> None:
+    if name == "schedule.py" and sys.version_info >= (3, 12):
+        # As the host matrix says (EXCLUDED["celery_beat"]): not installed there.
+        pytest.skip("django-celery-beat is not installed on Python >= 3.12 (it caps Django < 6.1)")
     case = LINK if name == "billing/links.py" else CASES[name]
     case.setup()
     before = case.rows()
