@@ -185,27 +185,36 @@ OTHER_BLOCKS = Host(
     },
 )
 
-SQLITE_HOSTS = [EMAIL_LOGIN, STRICT_DRF, CELERY_BEAT, OTHER_BLOCKS]
 
-# cookiecutter-django's default, every request in one transaction, on PostgreSQL (its own
-# database beside the suite's): a guarded view that holds a reservation across a slow provider
-# call, under parallel requests of one tenant through a real server (issue #37).
-ATOMIC_REQUESTS_SETTINGS = """\
+def postgres_database(engine: str) -> str:
+    """A host's settings for its own PostgreSQL database beside the suite's (same server and
+    user; the matrix passes them as HOST_PG_* variables)."""
+    return f"""\
 import os
 
-DATABASES = {
-    "default": {
-        "ENGINE": "django.db.backends.postgresql",
+DATABASES = {{
+    "default": {{
+        "ENGINE": "{engine}",
         "NAME": os.environ["HOST_PG_NAME"],
         "USER": os.environ["HOST_PG_USER"],
         "PASSWORD": os.environ["HOST_PG_PASSWORD"],
         "HOST": os.environ["HOST_PG_HOST"],
         "PORT": os.environ["HOST_PG_PORT"],
-        "ATOMIC_REQUESTS": True,
-        "TEST": {"NAME": os.environ["HOST_PG_TEST_NAME"]},
-    }
-}
+        "TEST": {{"NAME": os.environ["HOST_PG_TEST_NAME"]}},
+    }}
+}}
 """
+
+
+SQLITE_HOSTS = [EMAIL_LOGIN, STRICT_DRF, CELERY_BEAT, OTHER_BLOCKS]
+
+# cookiecutter-django's default, every request in one transaction, on PostgreSQL (its own
+# database beside the suite's): a guarded view that holds a reservation across a slow provider
+# call, under parallel requests of one tenant through a real server (issue #37).
+ATOMIC_REQUESTS_SETTINGS = (
+    postgres_database("django.db.backends.postgresql")
+    + 'DATABASES["default"]["ATOMIC_REQUESTS"] = True\n'
+)
 
 GUARDED_VIEW = """\
 import threading
@@ -273,21 +282,9 @@ def create_host_tenant(external_id, name):
 )
 
 # The host's database (the suite's server, a database of its own), then the recipe.
-DJANGO_TENANTS_SETTINGS = """\
-import os
-
-DATABASES = {
-    "default": {
-        "ENGINE": "django_tenants.postgresql_backend",
-        "NAME": os.environ["HOST_PG_NAME"],
-        "USER": os.environ["HOST_PG_USER"],
-        "PASSWORD": os.environ["HOST_PG_PASSWORD"],
-        "HOST": os.environ["HOST_PG_HOST"],
-        "PORT": os.environ["HOST_PG_PORT"],
-        "TEST": {"NAME": os.environ["HOST_PG_TEST_NAME"]},
-    }
-}
-""" + convention("hostproj/settings.py: django-tenants")
+DJANGO_TENANTS_SETTINGS = postgres_database("django_tenants.postgresql_backend") + convention(
+    "hostproj/settings.py: django-tenants"
+)
 
 CUSTOMERS_MIGRATION = """\
 import django.db.models.deletion
