@@ -149,7 +149,12 @@ def budget_error_answer(
 
 
 def _budget_error_response(exc: BudgetError, request: Any) -> Response:
-    status_code, body, headers = budget_error_answer(exc, for_tenant=_tenant_key(request))
+    # Only a refusal by the shared budget depends on who asks: asking ``request.auth`` runs
+    # authentication again where it was what failed (a ledger outage: a 500 from the handler).
+    shared = isinstance(exc, BudgetExceeded) and exc.shared
+    status_code, body, headers = budget_error_answer(
+        exc, for_tenant=shared and _tenant_key(request)
+    )
     return Response(body, status=status_code, headers=headers)
 
 
