@@ -391,3 +391,19 @@ def test_a_refusal_while_the_host_locks_its_budget_row_does_not_wait_forever(
             cursor.execute(f"SELECT id FROM {Budget._meta.db_table} FOR UPDATE")
         with pytest.raises(BudgetExceeded):
             reserve_30(max_output_tokens=100_000)
+
+
+def test_a_process_without_requests_heals_its_ledger_connection(postgres: None) -> None:
+    """No request boundary closes it (a worker's loop, a command): the next ledger call finds
+    the connection broken, closes it and reconnects (the fault soak's processes)."""
+    seed(limit="100")
+    reserve_30().release()
+    ledger = ledger_db()
+    with ledger.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    with pytest.raises(LedgerUnavailable):
+        reserve_30()
+    reserve_30().release()  # no close_old_connections() in between

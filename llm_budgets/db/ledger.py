@@ -104,6 +104,11 @@ def _own_connection() -> BaseDatabaseWrapper | None:
         _follow(ledger, default)
     if ledger.connection is None and _forbidden(ledger):
         return None  # a test that does not allow the alias
+    if ledger.errors_occurred and not ledger.in_atomic_block:
+        # After an error (an outage, a cut), as Django does at a request's end: keep it if it
+        # still answers, else close it so this call reconnects. A process without requests (a
+        # worker's loop, a command) heals on its own.
+        ledger.close_if_unusable_or_obsolete()
     return ledger
 
 
