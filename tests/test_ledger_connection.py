@@ -363,14 +363,7 @@ def test_a_lost_ledger_connection_is_refused_then_reopened(postgres: None) -> No
     """The ledger's connection is an ordinary alias: Django closes it like the request's."""
     seed(limit="100")
     reserve_30().release()
-    ledger = ledger_db()
-    with ledger.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        (pid,) = cursor.fetchone()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-    with pytest.raises(LedgerUnavailable):
-        reserve_30()
+    _ledger_connection_lost()
     from django.db import close_old_connections
 
     close_old_connections()  # what request_finished does
@@ -398,12 +391,16 @@ def test_a_process_without_requests_heals_its_ledger_connection(postgres: None) 
     the connection broken, closes it and reconnects (the fault soak's processes)."""
     seed(limit="100")
     reserve_30().release()
-    ledger = ledger_db()
-    with ledger.cursor() as cursor:
+    _ledger_connection_lost()
+    reserve_30().release()  # no close_old_connections() in between
+
+
+def _ledger_connection_lost() -> None:
+    """The server ends the ledger's connection (an admin shutdown); the next call is refused."""
+    with ledger_db().cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         (pid,) = cursor.fetchone()
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
     with pytest.raises(LedgerUnavailable):
         reserve_30()
-    reserve_30().release()  # no close_old_connections() in between
