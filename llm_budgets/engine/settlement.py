@@ -34,6 +34,7 @@ from llm_budgets.db.boundary import (
 )
 from llm_budgets.engine import balances, lines, outbox
 from llm_budgets.engine.lines import NONE, Amounts
+from llm_budgets.engine.underestimates import GuardUnderestimate
 from llm_budgets.events import (
     event_log,
     holds_expired,
@@ -64,6 +65,7 @@ from llm_budgets.models import (
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pricing.costs import actual_cost, customer_charge, worst_case
 from llm_budgets.pricing.prices import price_in_effect
+from llm_budgets.request import service_tier_validate
 from llm_budgets.results import CommitResult as CommitResult  # its home until issue #10
 from llm_budgets.signals import reservation_settled
 from llm_budgets.usage import Usage, usage_validate, usage_within_hold
@@ -337,8 +339,8 @@ def reservation_commit(
     convention, see ``llm_budgets.usage``) or a translated ``usage``.
 
     Settling twice returns the first result; a late commit after expiry trues the estimated
-    charge up (or down) to the actual cost."""
-    rid = _reservation_id(reservation_id)
+    charge up (or down) to the actual cost. Usage the hold could not have produced is refused
+    (``usage.usage_within_hold``) unless the host records it (``USAGE_BEYOND_HOLD``)."""
     if usage is None:
         usage = usage_validate(
             input_tokens=input_tokens,
@@ -349,8 +351,40 @@ def reservation_commit(
             reasoning_tokens=reasoning_tokens,
             tool_calls=tool_calls,
         )
-    now = now or timezone.now()
+    return _commit(_reservation_id(reservation_id), usage, now or timezone.now(), billed=None)
+
+
+@observed_settlement("commit")
+@retrying_deadlocks
+def reservation_commit_provider_usage(
+    reservation_id: object,
+    *,
+    usage: Usage,
+    service_tier: str | None = None,
+    now: datetime | None = None,
+) -> CommitResult:
+    """The SDK guards' commit: ``usage`` is what the provider reported for the call (or the
+    guard's worst case of what it billed), so it is the bill and is charged as it is, even
+    beyond the hold (DESIGN.md invariant 9). The excess is overage on the line, an audit row
+    (``guard.underestimate``), a WARNING event and the ``guard_underestimate`` metric, so a
+    systematic miss is seen. ``service_tier``: the billing modifiers the answer says it was
+    billed at, when not the ones held (a project whose default tier is priority).
+
+    Internal to the guards: the plausibility rule exists for usage a caller reports itself,
+    which this path would skip, so neither ``budgets`` nor the REST API reach it."""
+    tier = _billed_tier(service_tier)
+    return _commit(_reservation_id(reservation_id), usage, now or timezone.now(), billed=tier)
+
+
+def _billed_tier(value: str | None) -> str | None:
+    return None if value is None else service_tier_validate(value) if value else ""
+
+
+def _commit(rid: UUID, usage: Usage, now: datetime, *, billed: str | None) -> CommitResult:
+    """One commit. ``billed``: None for usage a caller reports (the plausibility rule applies);
+    the tier the provider billed at for usage the provider reported (recorded as it is)."""
     beyond: UsageExceedsHold | None = None
+    under: GuardUnderestimate | None = None
     with _locked(rid, "commit") as reservation:
         if reservation.state == ReservationState.COMMITTED:
             return _result(reservation)
@@ -360,9 +394,15 @@ def reservation_commit(
                 "says the call produced nothing. Reserve again for a new call.",
                 state=reservation.state,
             )
-        beyond = _beyond_hold(reservation, usage)
-        provider_cost, price_id, basis = _actual(reservation, usage, now)
-        audit = [] if beyond is None else [_recorded_beyond(reservation, beyond, provider_cost)]
+        if billed is None:
+            beyond = _beyond_hold(reservation, usage)
+            provider_cost, price_id, basis = _actual(reservation, usage, now)
+            audit = [] if beyond is None else [_recorded_beyond(reservation, beyond, provider_cost)]
+        else:
+            held_tier, reservation.service_tier = reservation.service_tier, billed  # on the line
+            provider_cost, price_id, basis = _actual(reservation, usage, now)
+            under = GuardUnderestimate.of(reservation, usage, held_tier, provider_cost)
+            audit = [] if under is None else [under.audit_row()]
         cost = Amounts(provider_cost, customer_charge(provider_cost, reservation.markup_percent))
         overage = max(ZERO, provider_cost - reservation.amount)
         kind, charge, unhold = UsageKind.CHARGE, cost, _held(reservation)
@@ -388,7 +428,7 @@ def reservation_commit(
             priced=(price_id, basis),
         )
         committed = _settled(reservation, ReservationState.COMMITTED, now)
-        billed = outbox.settlement_statements(
+        outbox_rows = outbox.settlement_statements(
             reservation, kind=kind, customer_cost=charge.customer, now=now
         )
         recharges = balances.tenant_may_recharge(reservation.tenant_id)
@@ -396,7 +436,7 @@ def reservation_commit(
             reservation,
             reserved=-unhold,
             spent=charge,
-            transition_writes=[sql.inserting([line]), *billed, *audit, committed],
+            transition_writes=[sql.inserting([line]), *outbox_rows, *audit, committed],
             last=not recharges,
             now=now,
         )
@@ -412,6 +452,8 @@ def reservation_commit(
             action="commit",
             detail=beyond.message,
         )
+    if under is not None:
+        under.announce()
     # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
     return CommitResult(
         reservation_id=reservation.pk,
