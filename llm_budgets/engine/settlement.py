@@ -351,7 +351,7 @@ def reservation_commit(
             reasoning_tokens=reasoning_tokens,
             tool_calls=tool_calls,
         )
-    return _commit(_reservation_id(reservation_id), usage, now or timezone.now(), billed=None)
+    return _commit(_reservation_id(reservation_id), usage, now or timezone.now())
 
 
 @observed_settlement("commit")
@@ -372,17 +372,27 @@ def reservation_commit_provider_usage(
 
     Internal to the guards: the plausibility rule exists for usage a caller reports itself,
     which this path would skip, so neither ``budgets`` nor the REST API reach it."""
-    tier = _billed_tier(service_tier)
-    return _commit(_reservation_id(reservation_id), usage, now or timezone.now(), billed=tier)
+    tier = service_tier_validate(service_tier) if service_tier else service_tier
+    return _commit(
+        _reservation_id(reservation_id),
+        usage,
+        now or timezone.now(),
+        provider_reported=True,
+        billed_tier=tier,
+    )
 
 
-def _billed_tier(value: str | None) -> str | None:
-    return None if value is None else service_tier_validate(value) if value else ""
-
-
-def _commit(rid: UUID, usage: Usage, now: datetime, *, billed: str | None) -> CommitResult:
-    """One commit. ``billed``: None for usage a caller reports (the plausibility rule applies);
-    the tier the provider billed at for usage the provider reported (recorded as it is)."""
+def _commit(
+    rid: UUID,
+    usage: Usage,
+    now: datetime,
+    *,
+    provider_reported: bool = False,
+    billed_tier: str | None = None,
+) -> CommitResult:
+    """One commit of usage a caller reports (the plausibility rule applies) or, with
+    ``provider_reported``, of usage the provider reported (recorded as it is) at the tier it
+    says it billed at (``billed_tier``; None: the one held)."""
     beyond: UsageExceedsHold | None = None
     under: GuardUnderestimate | None = None
     with _locked(rid, "commit") as reservation:
@@ -394,12 +404,14 @@ def _commit(rid: UUID, usage: Usage, now: datetime, *, billed: str | None) -> Co
                 "says the call produced nothing. Reserve again for a new call.",
                 state=reservation.state,
             )
-        if billed is None:
+        if not provider_reported:
             beyond = _beyond_hold(reservation, usage)
             provider_cost, price_id, basis = _actual(reservation, usage, now)
             audit = [] if beyond is None else [_recorded_beyond(reservation, beyond, provider_cost)]
         else:
-            held_tier, reservation.service_tier = reservation.service_tier, billed  # on the line
+            held_tier = reservation.service_tier
+            if billed_tier is not None:
+                reservation.service_tier = billed_tier  # the line records the tier it charged
             provider_cost, price_id, basis = _actual(reservation, usage, now)
             under = GuardUnderestimate.of(reservation, usage, held_tier, provider_cost)
             audit = [] if under is None else [under.audit_row()]
