@@ -370,7 +370,7 @@ def _multipliers(key: str, value: Any) -> dict[str, dict[str, Decimal]]:
     """``{provider: {modifier: multiplier}}``."""
     rows = [_multiplier_row(*item) for item in value.items()] if isinstance(value, dict) else [None]
     if None not in rows:
-        return dict(zip(value, rows, strict=True))  # type: ignore[arg-type]
+        return dict(zip(value, rows, strict=True))
     raise SettingError(
         key,
         f"LLM_BUDGETS[{key!r}] must map providers to {{modifier: multiplier}}, each multiplier "
