@@ -413,7 +413,8 @@ def _commit(
             if billed_tier is not None:
                 reservation.service_tier = billed_tier  # the line records the tier it charged
             provider_cost, price_id, basis = _actual(reservation, usage, now)
-            under = GuardUnderestimate.of(reservation, usage, held_tier, provider_cost)
+            beyond_rule = _outside_rule(reservation, usage)
+            under = GuardUnderestimate.of(reservation, beyond_rule, held_tier, provider_cost)
             audit = [] if under is None else [under.audit_row()]
         cost = Amounts(provider_cost, customer_charge(provider_cost, reservation.markup_percent))
         overage = max(ZERO, provider_cost - reservation.amount)
@@ -479,9 +480,8 @@ def _commit(
     )
 
 
-def _beyond_hold(reservation: Reservation, usage: Usage) -> UsageExceedsHold | None:
-    """Refuse usage the hold could not have produced (``usage.usage_within_hold``), unless the
-    host records it (``USAGE_BEYOND_HOLD="record"``): then the error, to record with the line."""
+def _outside_rule(reservation: Reservation, usage: Usage) -> UsageExceedsHold | None:
+    """Why ``usage`` is more than the hold admits (``usage.usage_within_hold``), or None."""
     try:
         usage_within_hold(
             usage,
@@ -491,11 +491,20 @@ def _beyond_hold(reservation: Reservation, usage: Usage) -> UsageExceedsHold | N
             max_tool_calls=reservation.max_tool_calls,
         )
     except UsageExceedsHold as beyond:
-        # Cache counts beyond the input are malformed, not merely large: never recorded.
-        if conf.USAGE_BEYOND_HOLD != "record" or beyond.field == "cached_input_tokens":
-            raise
         return beyond
     return None
+
+
+def _beyond_hold(reservation: Reservation, usage: Usage) -> UsageExceedsHold | None:
+    """Refuse usage the hold could not have produced, unless the host records it
+    (``USAGE_BEYOND_HOLD="record"``): then the error, to record with the line."""
+    beyond = _outside_rule(reservation, usage)
+    # Cache counts beyond the input are malformed, not merely large: never recorded.
+    if beyond is not None and (
+        conf.USAGE_BEYOND_HOLD != "record" or beyond.field == "cached_input_tokens"
+    ):
+        raise beyond
+    return beyond
 
 
 def _recorded_beyond(

@@ -19,7 +19,6 @@ from llm_budgets.db import statements as sql
 from llm_budgets.events import event_log
 from llm_budgets.exceptions import UsageExceedsHold
 from llm_budgets.models import AuditEvent, Reservation
-from llm_budgets.usage import Usage, usage_within_hold
 
 ACTION = "guard.underestimate"
 # What went past the hold, in the metric's label: the rule's field names, the tier, the cost.
@@ -45,22 +44,16 @@ class GuardUnderestimate:
 
     @classmethod
     def of(
-        cls, reservation: Reservation, usage: Usage, held_tier: str, cost: Decimal
+        cls,
+        reservation: Reservation,
+        beyond: UsageExceedsHold | None,
+        held_tier: str,
+        cost: Decimal,
     ) -> GuardUnderestimate | None:
-        """The underestimate, if any: usage the hold's rule would not admit (more input than
-        its tolerance, output above the ceiling, tool calls it did not hold), a tier other than
-        the one held that costs more, or a cost above the hold. None when the hold covered it."""
-        beyond: UsageExceedsHold | None = None
-        try:
-            usage_within_hold(
-                usage,
-                reservation_id=reservation.pk,
-                input_tokens=reservation.input_tokens,
-                max_output_tokens=reservation.max_output_tokens,
-                max_tool_calls=reservation.max_tool_calls,
-            )
-        except UsageExceedsHold as exc:
-            beyond = exc
+        """The underestimate, if any: usage the hold's rule would not admit (``beyond``: more
+        input than its tolerance, output above the ceiling, tool calls it did not hold), a tier
+        other than the one held that costs more, or a cost above the hold. None when the hold
+        covered it."""
         billed_tier = reservation.service_tier
         if beyond is None and cost <= reservation.amount:
             return None
