@@ -18,6 +18,9 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import rule, run_state_machine_as_test
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_budgets import metrics
@@ -26,14 +29,14 @@ from llm_budgets.exceptions import UsageExceedsHold
 from llm_budgets.integrations import anthropic as guarded_anthropic
 from llm_budgets.integrations import openai as guarded_openai
 from llm_budgets.integrations.guarding import SEARCH_CONTENT_TOKENS_PER_USE
-from llm_budgets.models import AuditEvent, Counter, Reservation, UsageRecord
+from llm_budgets.models import AuditEvent, Counter, Reservation, ReservationState, UsageRecord
 from llm_budgets.pricing.costs import actual_cost
 from llm_budgets.testing.fakes.anthropic_server import FakeAnthropic
 from llm_budgets.testing.fakes.openai_server import FakeOpenAI
 from llm_budgets.testing.fakes.server import WAIT, Behaviour, Seen
 from llm_budgets.usage import from_anthropic, from_openai, usage_validate
 from tests.api import BASE, client_for, new_key
-from tests.factories import reserve_30, seed
+from tests.factories import price_fake, reserve_30, seed
 from tests.integrations import (
     CLAUDE,
     GPT,
@@ -43,6 +46,7 @@ from tests.integrations import (
     seed_tenant,
     tenant_counter,
 )
+from tests.test_ledger_machine import HOSTS, HostTransactionMachine, in_host
 
 pytestmark = pytest.mark.django_db
 
@@ -428,3 +432,38 @@ def test_a_stream_read_to_the_end_is_charged_the_providers_usage_not_the_worst_c
     assert line.cost == _bill(reservation, bill)
     assert tenant_counter().reserved == 0
     assert_conserved()
+
+
+# -- conservation and exactly-once under host transactions -------------------------------------
+
+
+class ProviderCommitMachine(HostTransactionMachine):
+    """The ledger machine (tests/test_ledger_machine.py) with the guards' commit among its
+    moves: provider usage up to three times the hold's ceiling is recorded, never refused, and
+    conservation and every hold's one terminal state still hold."""
+
+    @rule(rid=HostTransactionMachine.holds, host=HOSTS, times=st.sampled_from([1, 3]))
+    def provider_commit(self, rid: object, host: str, times: int) -> None:
+        if self.expected.get(rid) != ReservationState.HELD:
+            return
+        ceiling = Reservation.objects.get(pk=rid).max_output_tokens
+        usage = usage_validate(input_tokens=0, output_tokens=ceiling * times)
+
+        def commit() -> object:
+            result = settlement.reservation_commit_provider_usage(rid, usage=usage)
+            assert result.state == ReservationState.COMMITTED
+            assert result.overage == result.cost - result.reserved  # the hold priced 1x
+            return result
+
+        in_host(host, commit)
+        if self._stands(host):
+            self.expected[rid] = ReservationState.COMMITTED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_provider_commits_keep_conservation_and_exactly_once_under_host_transactions() -> None:
+    price_fake()
+    run_state_machine_as_test(
+        ProviderCommitMachine,
+        settings=settings(max_examples=8, stateful_step_count=20, deadline=None, database=None),
+    )
