@@ -18,6 +18,7 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+from asgiref.sync import async_to_sync
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import rule, run_state_machine_as_test
@@ -298,6 +299,30 @@ def test_a_search_stream_stopped_at_its_first_text_is_charged_the_search(
     bill = from_anthropic(searching.final_usage(searching.last))
     assert line.cost >= _bill(reservation, bill)
     assert line.cost <= reservation.amount
+    assert_conserved()
+
+
+def test_an_async_search_stream_stopped_at_its_first_text_is_charged_the_search(
+    searching: SearchingAnthropic,
+) -> None:
+    searching.then(chunks=200, delay=0.01)
+    sdk = anthropic.AsyncAnthropic(base_url=searching.base_url, api_key="sk-test", max_retries=0)
+    client = guarded_anthropic.guard(sdk, tenant="acme", end_user="u-1")
+    search = {"type": "web_search_20250305", "name": "web_search", "max_uses": 3}
+
+    async def call() -> None:
+        async with client.messages.stream(
+            model=CLAUDE, max_tokens=1000, messages=MESSAGES, tools=[search]
+        ) as stream:
+            async for _text in stream.text_stream:
+                break
+
+    async_to_sync(call)()
+    assert searching.last.client_closed.wait(WAIT)
+    reservation = only_reservation()
+    line = charge_line(reservation)
+    assert line.tool_calls == {"web_search": 1}
+    assert line.cost >= _bill(reservation, from_anthropic(searching.final_usage(searching.last)))
     assert_conserved()
 
 
