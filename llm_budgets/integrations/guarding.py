@@ -5,7 +5,9 @@ One :class:`Call` is one provider request. It reserves before anything is sent (
 offline from the request, the output ceiling taken from it or from the plan), tells the SDK wrapper
 which model and ceiling to send (the ones held), and settles exactly once:
 
-- a response with usage: ``commit`` of that usage (the provider's own count);
+- a response with usage: ``commit`` of that usage (the provider's own count, which is the bill:
+  charged even beyond the hold, the excess flagged, ``engine.underestimates``), at the tier,
+  speed and region the answer says it was billed at;
 - a failure that proves nothing was billed (an HTTP 4xx, 503 or 529 answer, a refused connection,
   a call the SDK could not bind): ``release``; an SDK error that carries the answer: ``commit``
   of its usage;
@@ -14,7 +16,9 @@ which model and ceiling to send (the ones held), and settles exactly once:
   until real usage arrives or the reconcile job settles it);
 - a stream the consumer stopped early, or one a kill switch stopped: ``commit`` of what was
   produced, counted from the deltas (:class:`OutputCounter`), with the provider's input count when
-  it sent one (Anthropic's ``message_start``) and the request's offline count otherwise.
+  it sent one (Anthropic's ``message_start``) and the request's offline count otherwise, plus
+  the worst case of what it had not shown yet: the ceiling for a model that thinks or reasons
+  unseen, and every server tool it showed starting at its fee and result bound.
 
 Kill switches are checked while a stream runs, at most every ``switch_check_seconds`` (one indexed
 query, :func:`llm_budgets.control.killswitches.kill_switches_covering`), when a chunk arrives and

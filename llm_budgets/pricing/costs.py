@@ -17,6 +17,10 @@ Which rates apply:
   writes at ``cache_write_1h_per_mtok``); an empty rate prices those tokens as plain input. The
   worst case prices every input token at the highest input-side rate (a cache write can cost more
   than plain input) and every output token at the higher of output and reasoning.
+- **Billing modifiers** (a service tier, fast mode, a region; ``"fast+geo_us"`` for several):
+  rates a version lists for one replace its own; any other multiplies the rates that apply by
+  the provider's figure in ``SERVICE_TIER_MULTIPLIERS``; one in neither place is
+  ``UnknownPrice`` (:func:`tier_rates`), never the standard rates.
 - **The input tolerance**: a commit may report more input than the hold counted
   (``usage.input_allowed``: 10% + 256 tokens). The worst case holds those tokens too, as their own
   item (``input_tolerance``), and at every tier an input count up to that allowance can reach: a
