@@ -172,21 +172,18 @@ RESULT_TOKENS_PER_USE = {
     "file_search": SEARCH_CONTENT_TOKENS_PER_USE,
 }
 
-# The dimensions of a call's billing modifiers, in the order ``Call.service_tier`` joins them
-# ("priority", "fast+geo_us"): the service tier, the speed, the region of inference.
-DIMENSIONS = ("tier", "speed", "geo")
-
 
 def _dimension(modifier: str) -> str:
-    """Which dimension a modifier prices."""
+    """Which dimension a modifier prices (``billing_modifiers``' argument)."""
     if modifier == "fast":
         return "speed"
     return "geo" if modifier.startswith("geo_") else "tier"
 
 
 def billing_modifiers(*, tier: str = "", speed: str = "", geo: str = "") -> str:
-    """A call's modifiers as ``Call.service_tier`` holds them: the non-standard ones, joined
-    in the fixed order (``billing_modifiers(speed="fast", geo="geo_us") == "fast+geo_us"``)."""
+    """A call's modifiers as ``Call.service_tier`` holds them: the non-standard ones of its
+    service tier, speed and region of inference, joined in that fixed order
+    (``billing_modifiers(speed="fast", geo="geo_us") == "fast+geo_us"``)."""
     return MODIFIER_JOIN.join(m for m in (tier, speed, geo) if m)
 
 
@@ -368,8 +365,7 @@ class Call:
         if not self.billed:
             return None
         held = {_dimension(m): m for m in self.service_tier.split(MODIFIER_JOIN) if m}
-        held.update(self.billed)
-        return MODIFIER_JOIN.join(held[d] for d in DIMENSIONS if held.get(d))
+        return billing_modifiers(**{**held, **self.billed})
 
     def tool_started(self, name: str) -> None:
         """A stream showed a server tool call starting (its fee is billed whatever follows)."""
