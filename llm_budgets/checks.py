@@ -37,6 +37,7 @@ CHECK_IDS: dict[str, str] = {
     "ROLLUP_LOOKBACK_DAYS": "llm_budgets.E027",
     "RETENTION_REFUSALS_DAYS": "llm_budgets.E028",
     "TOKEN_ESTIMATE_SAFETY_MARGIN": "llm_budgets.E030",
+    "SERVICE_TIER_MULTIPLIERS": "llm_budgets.E031",
     "OPERATOR_EMAILS": "llm_budgets.E040",
     "POOLER": "llm_budgets.E060",
     "HEALTH_SWEEP_MAX_LAG_SECONDS": "llm_budgets.E061",

@@ -47,6 +47,14 @@ DEFAULTS: dict[str, Any] = {
     # Multiplier (>= 1) on the conservative token bound used for prompts of models that tiktoken
     # cannot count (see llm_budgets/pricing/tokens.py).
     "TOKEN_ESTIMATE_SAFETY_MARGIN": "1.10",
+    # Billing modifiers a price does not list rates for (``Price.service_tiers``), priced as a
+    # multiplier of the rates that apply, per provider: the providers' published figures
+    # (docs/pricing.md, "Billing modifiers"). An operator may override or add a provider or a
+    # modifier; a modifier in neither place is refused (UnknownPrice), never charged standard.
+    "SERVICE_TIER_MULTIPLIERS": {
+        "openai": {"priority": "2", "flex": "0.5"},
+        "anthropic": {"fast": "6", "geo_us": "1.1"},
+    },
     # Requests per API key for the REST API (DRF rate syntax "N/second|minute|hour|day"), or None
     # for no limit. Counted in Django's default cache: use a shared one with several processes.
     "API_THROTTLE_RATE": "600/minute",
@@ -334,6 +342,43 @@ def _safety_margin(key: str, value: Any) -> Decimal:
     )
 
 
+def _multiplier(figure: Any) -> Decimal | None:
+    """A positive, finite Decimal from an int or a numeric string (never a float, whose binary
+    value is not the figure written), else None."""
+    try:
+        number = None if isinstance(figure, bool | float) else Decimal(str(figure))
+    except (ArithmeticError, InvalidOperation):
+        return None
+    return number if number is not None and number.is_finite() and number > 0 else None
+
+
+def _multiplier_row(provider: Any, modifiers: Any) -> dict[str, Decimal] | None:
+    """One provider's ``{modifier: multiplier}``, or None if any part is unusable (a modifier
+    name has no ``+``: it joins several)."""
+    if not isinstance(provider, str) or not isinstance(modifiers, dict):
+        return None
+    row = {}
+    for name, figure in modifiers.items():
+        number = _multiplier(figure)
+        if not isinstance(name, str) or not name or "+" in name or number is None:
+            return None
+        row[name] = number
+    return row
+
+
+def _multipliers(key: str, value: Any) -> dict[str, dict[str, Decimal]]:
+    """``{provider: {modifier: multiplier}}``."""
+    rows = [_multiplier_row(*item) for item in value.items()] if isinstance(value, dict) else [None]
+    if None not in rows:
+        return dict(zip(value, rows, strict=True))
+    raise SettingError(
+        key,
+        f"LLM_BUDGETS[{key!r}] must map providers to {{modifier: multiplier}}, each multiplier "
+        'a positive int or numeric string, e.g. {"openai": {"priority": "2", "flex": "0.5"}}.',
+        f"Got {value!r}. Modifier names have no '+' (it joins several); see docs/pricing.md.",
+    )
+
+
 def _throttle_rate(key: str, value: Any) -> str | None:
     if value is None or (
         isinstance(value, str) and re.fullmatch(r"[1-9][0-9]*/(s|m|h|d)[a-z]*", value)
@@ -556,6 +601,7 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "NEW_RUNS_PER_DAY": _optional_cap,
     "OPERATOR_EMAILS": _email_list,
     "TOKEN_ESTIMATE_SAFETY_MARGIN": _safety_margin,
+    "SERVICE_TIER_MULTIPLIERS": _multipliers,
     "API_THROTTLE_RATE": _throttle_rate,
     "API_AUTH_FAILURE_RATE": _throttle_rate,
     "UNCERTAIN_SETTLE_RULE": _choice(*UNCERTAIN_SETTLE_RULES),
@@ -750,6 +796,10 @@ class Settings:
     @property
     def TOKEN_ESTIMATE_SAFETY_MARGIN(self) -> Decimal:
         return Decimal(self._get("TOKEN_ESTIMATE_SAFETY_MARGIN"))
+
+    @property
+    def SERVICE_TIER_MULTIPLIERS(self) -> dict[str, dict[str, Decimal]]:
+        return dict(self._get("SERVICE_TIER_MULTIPLIERS"))
 
     @property
     def API_THROTTLE_RATE(self) -> str | None:

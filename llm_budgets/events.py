@@ -7,7 +7,7 @@ that copies extra attributes) writes as top-level keys. Field names never change
 fields may be added.
 
 Events: ``admission.refused``, ``kill_switch.tripped``, ``kill_switch.cleared``, ``hold.expired``,
-``settlement.failed``, ``sweep.finished``.
+``settlement.failed``, ``sweep.finished``, ``guard.underestimate``.
 
 The decorators below wrap the engine's entry points (one line each there): they time the call for
 the metrics (:mod:`llm_budgets.metrics`, a no-op without ``prometheus_client``) and log the
@@ -55,6 +55,8 @@ FIELDS = (
     "detail",  # human text: a kill switch's reason
     "expired",  # sweep: holds expired in this run
     "duration_ms",
+    "held",  # guard.underestimate: the hold's amount and what the provider billed, in `currency`
+    "cost",
 )
 """The documented field names, in the order a plain-text line shows them."""
 

@@ -237,18 +237,34 @@ class UnknownPrice(BudgetError, LookupError):
         Wire("policy", help="The plan's unknown-model policy, when it could not price it."),
     )
 
-    def __init__(self, *, provider: str | None, model: str, policy: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        provider: str | None,
+        model: str,
+        policy: str | None = None,
+        service_tier: str | None = None,
+    ) -> None:
         self.provider = provider
         self.model = model
         self.policy = policy
         name = f"{provider}/{model}" if provider else f"{model} (from any provider)"
         why = f" and the plan's unknown-model policy ({policy}) cannot price it" if policy else ""
-        super().__init__(
-            f"No price is in effect for {name}{why}, so the call cannot be admitted "
-            "(an unpriced model is never treated as free). "
+        fix = (
             f'Set one with budgets.set_price(provider=..., model="{model}", ...), import the '
             "catalogue with `manage.py llm_budgets_sync_prices`, or give the tenant's plan an "
-            "unknown-model policy (reserve_fixed or price_as).",
+            "unknown-model policy (reserve_fixed or price_as)."
+        )
+        if service_tier:
+            # A billing modifier (docs/pricing.md, "Billing modifiers"): never charged standard.
+            name = f"{name} at service tier {service_tier!r}"
+            fix = (
+                f"Give the model's price rates for {service_tier!r} (service_tiers), or the "
+                f"provider a multiplier for it in LLM_BUDGETS['SERVICE_TIER_MULTIPLIERS']."
+            )
+        super().__init__(
+            f"No price is in effect for {name}{why}, so the call cannot be admitted "
+            f"(an unpriced model is never treated as free). {fix}",
             provider=provider,
             model=model,
             policy=policy,

@@ -74,6 +74,13 @@ if ENABLED:
         "for the database's view.",
         multiprocess_mode="max",
     )
+    GUARD_UNDERESTIMATES = Counter(
+        "llm_budgets_guard_underestimate",
+        "Guarded calls the provider billed beyond their hold (charged as reported, the excess "
+        "as overage), by what went past it (input_tokens, output_tokens, tool_calls, "
+        "service_tier, cost).",
+        ["reason"],
+    )
     TRIPS = Counter(
         "llm_budgets_kill_switch_trips",
         "Kill switches tripped, by scope kind and whether a detector tripped them.",
@@ -108,6 +115,11 @@ def admission_observe(outcome: str, reason: str, scope_kind: str, seconds: float
 def settlement_observe(action: str, result: str) -> None:
     if ENABLED:
         SETTLEMENTS.labels(action, result).inc()
+
+
+def guard_underestimate_observe(reason: str) -> None:
+    if ENABLED:
+        GUARD_UNDERESTIMATES.labels(reason).inc()
 
 
 def expiry_observe(count: int = 1) -> None:

@@ -214,3 +214,25 @@ def test_the_issue_38_maximums_have_their_defaults_and_may_be_set() -> None:
         assert check_settings() == []
         assert conf.ALERTS_SECRET_OVERLAP_SECONDS == 10**6
         assert conf.PREPAID_TOP_UP_MAX is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"openai": {"priority": 2.0}},  # a float is not the figure written
+        {"openai": {"priority": "0"}},
+        {"openai": {"priority": "-1"}},
+        {"openai": {"fast+geo": "2"}},  # "+" joins modifiers
+        {"openai": ["priority"]},
+        ["openai"],
+    ],
+)
+def test_service_tier_multipliers_are_positive_decimals_by_provider(value: Any) -> None:
+    assert ids(SERVICE_TIER_MULTIPLIERS=value) == ["llm_budgets.E031"]
+
+
+def test_service_tier_multipliers_default_to_the_published_figures() -> None:
+    assert {
+        "openai": {"priority": Decimal(2), "flex": Decimal("0.5")},
+        "anthropic": {"fast": Decimal(6), "geo_us": Decimal("1.1")},
+    } == conf.SERVICE_TIER_MULTIPLIERS

@@ -278,3 +278,83 @@ def test_a_commit_within_the_rule_never_costs_more_than_its_hold(
     )
     at = start + (end - start) * data.draw(st.floats(0, 1))
     assert actual_cost(TIERED_SPANNED, usage, at=at) <= hold
+
+
+# -- billing modifiers (issue #39, interface 2) -------------------------------------------------
+
+
+def _provider_price(provider: str, **fields: object) -> Price:
+    values: dict[str, object] = {"input_per_mtok": Decimal(3), "output_per_mtok": Decimal(15)}
+    values.update(fields)
+    return Price(provider=provider, model="m", **values)
+
+
+def _charge(price: Price, tier: str) -> Decimal:
+    usage = usage_validate(input_tokens=1000, output_tokens=200)  # 0.006 at the standard rates
+    return actual_cost(price, usage, at=T, service_tier=tier)
+
+
+def _held(price: Price, tier: str) -> Decimal:
+    return worst_case(
+        price, input_tokens=1000, max_output_tokens=500, start=T, end=T, service_tier=tier
+    )
+
+
+def test_a_modifier_the_price_does_not_list_is_its_published_multiplier() -> None:
+    openai, anthropic = _provider_price("openai"), _provider_price("anthropic")
+    assert _charge(openai, "priority") == Decimal("0.012")
+    assert _charge(openai, "flex") == Decimal("0.003")  # held and charged at flex, not standard
+    assert _held(openai, "flex") == _held(openai, "") / 2
+    assert _charge(anthropic, "fast") == Decimal("0.036")
+    assert _charge(anthropic, "geo_us") == Decimal("0.0066")
+    assert _charge(anthropic, "fast+geo_us") == Decimal("0.0396")  # 6 x 1.1
+    assert _held(anthropic, "fast+geo_us") == _held(anthropic, "") * Decimal("6.6")
+
+
+def test_a_listed_modifier_gives_its_rates_and_the_others_multiply_them() -> None:
+    fast = {"input_per_mtok": "30", "output_per_mtok": "150"}
+    price = _provider_price("anthropic", service_tiers={"fast": fast})
+    assert _charge(price, "fast") == Decimal("0.06")  # 1000 x 30 + 200 x 150, per million
+    assert _charge(price, "fast+geo_us") == Decimal("0.066")
+    both = _provider_price("anthropic", service_tiers={"fast": fast, "fast+geo_us": fast})
+    assert _charge(both, "fast+geo_us") == Decimal("0.06")  # the combination as listed
+
+
+def test_a_modifier_neither_listed_nor_multiplied_is_refused_never_standard() -> None:
+    import pytest
+
+    from llm_budgets.exceptions import UnknownPrice
+
+    with pytest.raises(UnknownPrice, match="'scale'") as refused:
+        _charge(_provider_price("openai"), "scale")
+    assert "SERVICE_TIER_MULTIPLIERS" in refused.value.message
+    with pytest.raises(UnknownPrice, match="'fast'"):
+        _held(_provider_price("openai"), "priority+fast")  # fast is Anthropic's
+    listed = {"input_per_mtok": "6"}
+    two = _provider_price("openai", service_tiers={"priority": listed, "flex": listed})
+    with pytest.raises(UnknownPrice, match="priority\\+flex"):
+        _charge(two, "priority+flex")  # each would replace the same rates
+
+
+def test_the_operator_overrides_or_adds_multipliers() -> None:
+    from django.test import override_settings
+
+    table = {"openai": {"priority": "2.5"}, "azure": {"priority": 3}}
+    with override_settings(LLM_BUDGETS={"SERVICE_TIER_MULTIPLIERS": table}):
+        assert _charge(_provider_price("openai"), "priority") == Decimal("0.015")
+        assert _charge(_provider_price("azure"), "priority") == Decimal("0.018")
+
+
+def test_a_multiplier_applies_on_top_of_a_prompt_size_tier() -> None:
+    """A long-context call in fast mode pays both: the tier's rates, times the multiplier."""
+    price = _provider_price(
+        "anthropic",
+        tiers=[
+            {
+                "above_input_tokens": 500,
+                "prices": {"input_per_mtok": "6", "output_per_mtok": "22.5"},
+            }
+        ],
+    )
+    assert _charge(price, "") == Decimal("0.0105")
+    assert _charge(price, "fast") == Decimal("0.0630")

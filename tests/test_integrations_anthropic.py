@@ -11,6 +11,7 @@ from decimal import Decimal
 import anthropic
 import pytest
 from asgiref.sync import async_to_sync
+from django.test import override_settings
 
 from llm_budgets import budgets
 from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, KillSwitchActive, UnknownPrice
@@ -342,30 +343,37 @@ def test_unpriced_tools_and_premiums_are_refused_before_sending(
     assert fake.requests == []
 
 
-def test_fast_mode_is_refused_without_its_price_and_charged_at_it_with_one(
+def test_fast_mode_is_charged_at_its_multiplier_or_the_prices_own_fast_rates(
     fake: FakeAnthropic,
 ) -> None:
     client = _client(fake.base_url)
-    with pytest.raises(UnknownPrice, match="fast"):
+    fake.usage = {"input_tokens": 30, "output_tokens": 15, "speed": "fast"}
+    none = override_settings(LLM_BUDGETS={"SERVICE_TIER_MULTIPLIERS": {"anthropic": {}}})
+    with none, pytest.raises(UnknownPrice, match="fast"):  # neither listed nor multiplied
         client.messages.create(  # type: ignore[attr-defined]
             model=CLAUDE, max_tokens=100, messages=MESSAGES, speed="fast"
         )
     assert fake.requests == []
+    client.messages.create(  # type: ignore[attr-defined]
+        model=CLAUDE, max_tokens=100, messages=MESSAGES, speed="fast"
+    )
+    first = Reservation.objects.get()
+    assert first.service_tier == "fast"
+    assert charge_line(first).cost == (30 * 1 + 15 * 2) * 6  # the published multiplier
     budgets.set_price(
         provider="anthropic",
         model=CLAUDE,
         input_per_mtok=Decimal(1000000),
         output_per_mtok=Decimal(2000000),
-        service_tiers={"fast": {"input_per_mtok": "6000000", "output_per_mtok": "12000000"}},
+        service_tiers={"fast": {"input_per_mtok": "5000000", "output_per_mtok": "11000000"}},
         effective_from=PRICES_START + timedelta(seconds=1),
     )
-    fake.usage = {"input_tokens": 30, "output_tokens": 15}
     client.messages.create(  # type: ignore[attr-defined]
         model=CLAUDE, max_tokens=100, messages=MESSAGES, speed="fast"
     )
     assert fake.last.body["speed"] == "fast"
-    line = charge_line(only_reservation())
-    assert line.cost == 30 * 6 + 15 * 12  # six times the standard rates
+    line = charge_line(Reservation.objects.exclude(pk=first.pk).get())
+    assert line.cost == 30 * 5 + 15 * 11  # the price's own fast rates win over the multiplier
     assert_conserved()
 
 

@@ -14,8 +14,10 @@ import openai
 import pydantic
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
+from django.test import override_settings
 
 from llm_budgets import budgets
+from llm_budgets.engine import settlement
 from llm_budgets.exceptions import (
     BudgetExceeded,
     InvalidUsage,
@@ -130,7 +132,7 @@ def test_a_ledger_down_after_the_call_still_returns_the_answer_and_keeps_the_hol
     def ledger_down(*args: object, **kwargs: object) -> None:
         raise LedgerUnavailable("database gone")
 
-    monkeypatch.setattr(budgets.Hold, "commit", ledger_down)
+    monkeypatch.setattr(settlement, "reservation_commit_provider_usage", ledger_down)
     response = _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
         model=GPT, messages=MESSAGES, max_completion_tokens=100
     )
@@ -719,12 +721,24 @@ def test_audio_search_and_predicted_outputs_are_refused_before_sending(
 # -- tiers -------------------------------------------------------------------------------------
 
 
-def test_priority_is_refused_when_the_price_has_no_rates_for_it(fake: FakeOpenAI) -> None:
-    with pytest.raises(UnknownPrice, match="priority"):
+def test_priority_without_rates_is_held_at_its_multiplier_or_refused_without_one(
+    fake: FakeOpenAI,
+) -> None:
+    none = override_settings(LLM_BUDGETS={"SERVICE_TIER_MULTIPLIERS": {}})
+    with none, pytest.raises(UnknownPrice, match="priority"):
         _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
             model=GPT, messages=MESSAGES, max_completion_tokens=100, service_tier="priority"
         )
     assert fake.requests == []
+    fake.service_tier = "priority"
+    _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
+        model=GPT, messages=MESSAGES, max_completion_tokens=100, service_tier="priority"
+    )
+    reservation = only_reservation()
+    # The dearest input-side rate (the 1-hour cache write, 2) and the output rate (2), doubled.
+    assert reservation.amount == 2 * (2 * input_allowed(reservation.input_tokens) + 2 * 100)
+    assert charge_line(reservation).cost == 2 * Decimal("41.5")  # the published multiplier
+    assert_conserved()
 
 
 def test_priority_is_held_and_charged_at_the_price_tables_tier_rates(fake: FakeOpenAI) -> None:
@@ -759,7 +773,7 @@ def test_priority_is_held_and_charged_at_the_price_tables_tier_rates(fake: FakeO
     assert_conserved()
 
 
-@pytest.mark.parametrize("tier", ["default", "flex", "auto"])
+@pytest.mark.parametrize("tier", ["default", "auto"])
 def test_standard_tiers_are_held_and_charged_at_the_versions_own_rates(
     fake: FakeOpenAI, tier: str
 ) -> None:
@@ -769,13 +783,38 @@ def test_standard_tiers_are_held_and_charged_at_the_versions_own_rates(
     )
     assert fake.last.body["service_tier"] == tier
     line = charge_line(only_reservation())
-    # 15 uncached x 1 + 5 cached x 0.5 + 12 output x 2: flex is never charged above standard
+    # 15 uncached x 1 + 5 cached x 0.5 + 12 output x 2
     assert line.cost == Decimal("41.5")
     assert_conserved()
 
 
-def test_an_answer_served_at_an_unpriced_tier_is_left_uncertain(fake: FakeOpenAI) -> None:
+def test_flex_is_charged_at_flex_rates(fake: FakeOpenAI) -> None:
+    fake.service_tier = "flex"
+    _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
+        model=GPT, messages=MESSAGES, max_completion_tokens=100, service_tier="flex"
+    )
+    line = charge_line(only_reservation())
+    assert (line.cost, line.service_tier) == (Decimal("41.5") / 2, "flex")
+    assert_conserved()
+
+
+def test_an_answer_billed_at_the_projects_priority_default_is_charged_at_priority(
+    fake: FakeOpenAI,
+) -> None:
     fake.service_tier = "priority"  # the project's default tier, not asked for
+    _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
+        model=GPT, messages=MESSAGES, max_completion_tokens=100
+    )
+    reservation = only_reservation()
+    line = charge_line(reservation)
+    # The provider's bill: twice the standard 41.5, at the tier the answer names.
+    assert (reservation.state, line.service_tier, line.cost) == ("committed", "priority", 83)
+    assert line.overage == max(Decimal(0), line.cost - reservation.amount)
+    assert_conserved()
+
+
+def test_an_answer_billed_at_a_tier_nothing_prices_is_left_uncertain(fake: FakeOpenAI) -> None:
+    fake.service_tier = "scale"  # no rates in the price, no multiplier
     _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
         model=GPT, messages=MESSAGES, max_completion_tokens=100
     )

@@ -34,6 +34,7 @@ from llm_budgets.db.boundary import (
 )
 from llm_budgets.engine import balances, lines, outbox
 from llm_budgets.engine.lines import NONE, Amounts
+from llm_budgets.engine.underestimates import GuardUnderestimate
 from llm_budgets.events import (
     event_log,
     holds_expired,
@@ -64,6 +65,7 @@ from llm_budgets.models import (
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pricing.costs import actual_cost, customer_charge, worst_case
 from llm_budgets.pricing.prices import price_in_effect
+from llm_budgets.request import service_tier_validate
 from llm_budgets.results import CommitResult as CommitResult  # its home until issue #10
 from llm_budgets.signals import reservation_settled
 from llm_budgets.usage import Usage, usage_validate, usage_within_hold
@@ -337,8 +339,8 @@ def reservation_commit(
     convention, see ``llm_budgets.usage``) or a translated ``usage``.
 
     Settling twice returns the first result; a late commit after expiry trues the estimated
-    charge up (or down) to the actual cost."""
-    rid = _reservation_id(reservation_id)
+    charge up (or down) to the actual cost. Usage the hold could not have produced is refused
+    (``usage.usage_within_hold``) unless the host records it (``USAGE_BEYOND_HOLD``)."""
     if usage is None:
         usage = usage_validate(
             input_tokens=input_tokens,
@@ -349,8 +351,50 @@ def reservation_commit(
             reasoning_tokens=reasoning_tokens,
             tool_calls=tool_calls,
         )
-    now = now or timezone.now()
+    return _commit(_reservation_id(reservation_id), usage, now or timezone.now())
+
+
+@observed_settlement("commit")
+@retrying_deadlocks
+def reservation_commit_provider_usage(
+    reservation_id: object,
+    *,
+    usage: Usage,
+    service_tier: str | None = None,
+    now: datetime | None = None,
+) -> CommitResult:
+    """The SDK guards' commit: ``usage`` is what the provider reported for the call (or the
+    guard's worst case of what it billed), so it is the bill and is charged as it is, even
+    beyond the hold (DESIGN.md invariant 9). The excess is overage on the line, an audit row
+    (``guard.underestimate``), a WARNING event and the ``guard_underestimate`` metric, so a
+    systematic miss is seen. ``service_tier``: the billing modifiers the answer says it was
+    billed at, when not the ones held (a project whose default tier is priority).
+
+    Internal to the guards: the plausibility rule exists for usage a caller reports itself,
+    which this path would skip, so neither ``budgets`` nor the REST API reach it."""
+    tier = service_tier_validate(service_tier) if service_tier else service_tier
+    return _commit(
+        _reservation_id(reservation_id),
+        usage,
+        now or timezone.now(),
+        provider_reported=True,
+        billed_tier=tier,
+    )
+
+
+def _commit(
+    rid: UUID,
+    usage: Usage,
+    now: datetime,
+    *,
+    provider_reported: bool = False,
+    billed_tier: str | None = None,
+) -> CommitResult:
+    """One commit of usage a caller reports (the plausibility rule applies) or, with
+    ``provider_reported``, of usage the provider reported (recorded as it is) at the tier it
+    says it billed at (``billed_tier``; None: the one held)."""
     beyond: UsageExceedsHold | None = None
+    under: GuardUnderestimate | None = None
     with _locked(rid, "commit") as reservation:
         if reservation.state == ReservationState.COMMITTED:
             return _result(reservation)
@@ -360,9 +404,18 @@ def reservation_commit(
                 "says the call produced nothing. Reserve again for a new call.",
                 state=reservation.state,
             )
-        beyond = _beyond_hold(reservation, usage)
-        provider_cost, price_id, basis = _actual(reservation, usage, now)
-        audit = [] if beyond is None else [_recorded_beyond(reservation, beyond, provider_cost)]
+        if not provider_reported:
+            beyond = _beyond_hold(reservation, usage)
+            provider_cost, price_id, basis = _actual(reservation, usage, now)
+            audit = [] if beyond is None else [_recorded_beyond(reservation, beyond, provider_cost)]
+        else:
+            held_tier = reservation.service_tier
+            if billed_tier is not None:
+                reservation.service_tier = billed_tier  # the line records the tier it charged
+            provider_cost, price_id, basis = _actual(reservation, usage, now)
+            beyond_rule = _outside_rule(reservation, usage)
+            under = GuardUnderestimate.of(reservation, beyond_rule, held_tier, provider_cost)
+            audit = [] if under is None else [under.audit_row()]
         cost = Amounts(provider_cost, customer_charge(provider_cost, reservation.markup_percent))
         overage = max(ZERO, provider_cost - reservation.amount)
         kind, charge, unhold = UsageKind.CHARGE, cost, _held(reservation)
@@ -388,7 +441,7 @@ def reservation_commit(
             priced=(price_id, basis),
         )
         committed = _settled(reservation, ReservationState.COMMITTED, now)
-        billed = outbox.settlement_statements(
+        outbox_rows = outbox.settlement_statements(
             reservation, kind=kind, customer_cost=charge.customer, now=now
         )
         recharges = balances.tenant_may_recharge(reservation.tenant_id)
@@ -396,7 +449,7 @@ def reservation_commit(
             reservation,
             reserved=-unhold,
             spent=charge,
-            transition_writes=[sql.inserting([line]), *billed, *audit, committed],
+            transition_writes=[sql.inserting([line]), *outbox_rows, *audit, committed],
             last=not recharges,
             now=now,
         )
@@ -412,6 +465,8 @@ def reservation_commit(
             action="commit",
             detail=beyond.message,
         )
+    if under is not None:
+        under.announce()
     # The charge (and any true-up) lines sum to ``cost``: no need to read them back.
     return CommitResult(
         reservation_id=reservation.pk,
@@ -425,9 +480,8 @@ def reservation_commit(
     )
 
 
-def _beyond_hold(reservation: Reservation, usage: Usage) -> UsageExceedsHold | None:
-    """Refuse usage the hold could not have produced (``usage.usage_within_hold``), unless the
-    host records it (``USAGE_BEYOND_HOLD="record"``): then the error, to record with the line."""
+def _outside_rule(reservation: Reservation, usage: Usage) -> UsageExceedsHold | None:
+    """Why ``usage`` is more than the hold admits (``usage.usage_within_hold``), or None."""
     try:
         usage_within_hold(
             usage,
@@ -437,11 +491,20 @@ def _beyond_hold(reservation: Reservation, usage: Usage) -> UsageExceedsHold | N
             max_tool_calls=reservation.max_tool_calls,
         )
     except UsageExceedsHold as beyond:
-        # Cache counts beyond the input are malformed, not merely large: never recorded.
-        if conf.USAGE_BEYOND_HOLD != "record" or beyond.field == "cached_input_tokens":
-            raise
         return beyond
     return None
+
+
+def _beyond_hold(reservation: Reservation, usage: Usage) -> UsageExceedsHold | None:
+    """Refuse usage the hold could not have produced, unless the host records it
+    (``USAGE_BEYOND_HOLD="record"``): then the error, to record with the line."""
+    beyond = _outside_rule(reservation, usage)
+    # Cache counts beyond the input are malformed, not merely large: never recorded.
+    if beyond is not None and (
+        conf.USAGE_BEYOND_HOLD != "record" or beyond.field == "cached_input_tokens"
+    ):
+        raise beyond
+    return beyond
 
 
 def _recorded_beyond(

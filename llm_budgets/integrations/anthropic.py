@@ -271,11 +271,21 @@ def _usage(usage: object) -> Usage | None:
 
 
 def _note_tier(call: Call, usage: object) -> None:
-    """Priority Tier capacity used under ``service_tier="auto"`` is not what was held."""
-    call.answered_at_tier(_as_dict(usage).get("service_tier"), standard=_STANDARD_TIERS)
+    """What the answer's usage says it was billed at: the commit charges at it (Priority Tier
+    capacity used under ``service_tier="auto"``, fast mode, US-only inference), the hold's
+    modifiers for what it does not say."""
+    found = _as_dict(usage)
+    tier, speed, geo = found.get("service_tier"), found.get("speed"), found.get("inference_geo")
+    call.billed_at(
+        tier=_ANSWERED_TIERS.get(tier, tier) if isinstance(tier, str) else None,
+        speed=("" if speed == "standard" else speed) if isinstance(speed, str) else None,
+        geo=("" if geo in _GLOBAL_GEOS else f"geo_{geo}") if isinstance(geo, str) else None,
+    )
 
 
-_STANDARD_TIERS = frozenset({"standard", "batch"})
+# Tiers billed at most the standard rates; any other is a modifier of its own.
+_ANSWERED_TIERS = {"standard": "", "batch": ""}
+_GLOBAL_GEOS = frozenset({"", "global"})
 
 
 # Anthropic's tool-use system prompt, added to the input of any call with tools: tokens for
@@ -492,6 +502,8 @@ def _observe(call: Call, event: Any) -> None:
         call.state["usage"] = start
         call.partial_usage = from_anthropic(start)
         _note_tier(call, start)
+    elif kind == "content_block_start":
+        _block_started(call, getattr(event, "content_block", None))
     elif kind == "content_block_delta":
         delta = getattr(event, "delta", None)
         for name in ("text", "partial_json", "thinking"):
@@ -503,6 +515,22 @@ def _observe(call: Call, event: Any) -> None:
         )
         call.state["usage"] = merged
         call.final_usage = from_anthropic(merged)
+        _note_tier(call, merged)
+
+
+# Content blocks that show Claude thinking: what it bills is more than the summary shown.
+_THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+
+
+def _block_started(call: Call, block: object) -> None:
+    """A content block's start: a server tool call (``server_tool_use``, e.g. a web search) is
+    billed its fee and results, which ``message_delta`` reports only at the end; a thinking
+    block means the output billed may reach the ceiling whatever the summary shows."""
+    kind = getattr(block, "type", None)
+    if kind == "server_tool_use":
+        call.tool_started(str(getattr(block, "name", "") or "server_tool"))
+    elif kind in _THINKING_BLOCKS:
+        call.reasons = True
 
 
 # Checked against the installed SDK at import (see llm_budgets.integrations.openai).

@@ -5,7 +5,9 @@ One :class:`Call` is one provider request. It reserves before anything is sent (
 offline from the request, the output ceiling taken from it or from the plan), tells the SDK wrapper
 which model and ceiling to send (the ones held), and settles exactly once:
 
-- a response with usage: ``commit`` of that usage (the provider's own count);
+- a response with usage: ``commit`` of that usage (the provider's own count, which is the bill:
+  charged even beyond the hold, the excess flagged, ``engine.underestimates``), at the tier,
+  speed and region the answer says it was billed at;
 - a failure that proves nothing was billed (an HTTP 4xx, 503 or 529 answer, a refused connection,
   a call the SDK could not bind): ``release``; an SDK error that carries the answer: ``commit``
   of its usage;
@@ -14,7 +16,9 @@ which model and ceiling to send (the ones held), and settles exactly once:
   until real usage arrives or the reconcile job settles it);
 - a stream the consumer stopped early, or one a kill switch stopped: ``commit`` of what was
   produced, counted from the deltas (:class:`OutputCounter`), with the provider's input count when
-  it sent one (Anthropic's ``message_start``) and the request's offline count otherwise.
+  it sent one (Anthropic's ``message_start``) and the request's offline count otherwise, plus
+  the worst case of what it had not shown yet: the ceiling for a model that thinks or reasons
+  unseen, and every server tool it showed starting at its fee and result bound.
 
 Kill switches are checked while a stream runs, at most every ``switch_check_seconds`` (one indexed
 query, :func:`llm_budgets.control.killswitches.kill_switches_covering`), when a chunk arrives and
@@ -41,14 +45,16 @@ from django.utils import timezone
 
 from llm_budgets import budgets
 from llm_budgets.control.killswitches import kill_switches_covering, refusal_for
-from llm_budgets.engine import admission
+from llm_budgets.engine import admission, settlement
 from llm_budgets.exceptions import (
     BudgetError,
     Fault,
     InvalidUsage,
     KillSwitchActive,
     LedgerUnavailable,
+    UnknownPrice,
 )
+from llm_budgets.pricing.costs import MODIFIER_JOIN
 from llm_budgets.pricing.tokens import count_input_tokens
 from llm_budgets.usage import Usage, usage_validate
 
@@ -159,6 +165,27 @@ def proves_nothing_billed(exc: BaseException, *, sdk_errors: SdkErrors) -> bool:
 # Held per allowed search: this bound, the guard's own (the providers publish none; OpenAI bills
 # some models a fixed 8,000-token block): a call whose results exceed it is billed past its hold.
 SEARCH_CONTENT_TOKENS_PER_USE = 20_000
+# Each server tool's result bound per use, where the guard has one of its own (a web fetch's is
+# the request's ``max_content_tokens``, set by the call builder).
+RESULT_TOKENS_PER_USE = {
+    "web_search": SEARCH_CONTENT_TOKENS_PER_USE,
+    "file_search": SEARCH_CONTENT_TOKENS_PER_USE,
+}
+
+
+def _dimension(modifier: str) -> str:
+    """Which dimension a modifier prices (``billing_modifiers``' argument)."""
+    if modifier == "fast":
+        return "speed"
+    return "geo" if modifier.startswith("geo_") else "tier"
+
+
+def billing_modifiers(*, tier: str = "", speed: str = "", geo: str = "") -> str:
+    """A call's modifiers as ``Call.service_tier`` holds them: the non-standard ones of its
+    service tier, speed and region of inference, joined in that fixed order
+    (``billing_modifiers(speed="fast", geo="geo_us") == "fast+geo_us"``)."""
+    return MODIFIER_JOIN.join(m for m in (tier, speed, geo) if m)
+
 
 _RETRIED_STATUSES = frozenset({408, 409, 429})
 INITIAL_RETRY_DELAY = 0.5
@@ -223,6 +250,11 @@ class Call:
     service_tier: str = ""
     # Input the provider adds that the messages do not show (Anthropic's tool-use system prompt).
     extra_input_tokens: int = 0
+    # The most input one use of a server tool may bring (its result), by fee name: charged
+    # per started use when a stream is stopped before the results are reported.
+    result_tokens_per_use: Mapping[str, int] = field(
+        default_factory=lambda: dict(RESULT_TOKENS_PER_USE)
+    )
     # Whether the model sent may think or reason unseen (set when the request is pinned): an
     # answer whose usage is unknown is then charged the held ceiling, never the visible text.
     reasons: bool = False
@@ -234,6 +266,11 @@ class Call:
     final_usage: Usage | None = None
     # What an SDK module keeps between a stream's events (e.g. Anthropic's message_start usage).
     state: dict[str, Any] = field(default_factory=dict)
+    # Server tools a stream showed it started, by fee name: billed even if the stream is
+    # stopped before their fees and results are reported (``_counted_usage``).
+    started_tools: dict[str, int] = field(default_factory=dict)
+    # The billing modifiers an answer says it was billed at, by dimension (``billed_at``).
+    billed: dict[str, str] = field(default_factory=dict)
     _settled: bool = False
     _last_check: float = field(default=0.0)
     # The hold's idempotency key: an admission refused as ``LedgerUnavailable`` may still have
@@ -315,13 +352,24 @@ class Call:
             new_key=not again,
         )
 
-    def answered_at_tier(self, tier: object, *, standard: frozenset[str]) -> None:
-        """The tier an answer says it was served at: one the hold did not price (a project or
-        organisation whose default is a premium tier) leaves the call uncertain rather than
-        charged at the wrong rates. ``standard``: the names of tiers billed at most the
-        standard rates."""
-        if isinstance(tier, str) and tier not in standard and tier != self.service_tier:
-            self.state["unpriced"] = f"at service tier {tier!r}"
+    def billed_at(self, **modifiers: str | None) -> None:
+        """What an answer says of its own billing, by dimension (``tier``: ``"priority"``,
+        ``"flex"``; ``speed``: ``"fast"``; ``geo``: ``"geo_us"``; ``""`` for standard, None when
+        the answer does not say): the commit charges at these, the hold's for the rest."""
+        self.billed.update({k: v for k, v in modifiers.items() if v is not None})
+
+    @property
+    def billed_tier(self) -> str | None:
+        """The modifiers the provider billed at (``Call.service_tier``'s form), or None when no
+        answer said: the ones held."""
+        if not self.billed:
+            return None
+        held = {_dimension(m): m for m in self.service_tier.split(MODIFIER_JOIN) if m}
+        return billing_modifiers(**{**held, **self.billed})
+
+    def tool_started(self, name: str) -> None:
+        """A stream showed a server tool call starting (its fee is billed whatever follows)."""
+        self.started_tools[name] = self.started_tools.get(name, 0) + 1
 
     def fresh(self) -> Call:
         """The same request as a new, unadmitted call: the SDK's retry of it gets its own hold."""
@@ -332,6 +380,8 @@ class Call:
             partial_usage=None,
             final_usage=None,
             state={},
+            started_tools={},
+            billed={},
             reasons=False,
             streamed=False,
             _settled=False,
@@ -362,18 +412,30 @@ class Call:
         if self._settled or self.hold is None:
             return
         self._settled = True
-        if self.state.get("unpriced"):
-            logger.warning(
-                "llm_budgets: reservation %s was answered %s, which its price does not cover; "
-                "its hold stays counted (uncertain).",
-                self.hold.id,
-                self.state["unpriced"],
-            )
-            with self._settling("mark uncertain"):
-                self.hold.mark_uncertain()
-            return
+        self._commit(usage if usage is not None else self._counted_usage())
+
+    def _commit(self, usage: Usage) -> None:
+        """Commit what the provider billed: its usage is the bill, charged even beyond the hold
+        (as overage, flagged: ``engine.underestimates``), at the modifiers the answer says it
+        was billed at. An answer billed at modifiers no price covers leaves the hold counted
+        (uncertain) rather than charged at the wrong rates."""
+        assert self.hold is not None
         with self._settling("commit"):
-            self.hold.commit(usage=usage if usage is not None else self._counted_usage())
+            try:
+                result = settlement.reservation_commit_provider_usage(
+                    self.hold.id, usage=usage, service_tier=self.billed_tier
+                )
+            except UnknownPrice as exc:
+                logger.warning(
+                    "llm_budgets: reservation %s was answered at service tier %r, which its "
+                    "price does not cover (%s); its hold stays counted (uncertain).",
+                    self.hold.id,
+                    self.billed_tier,
+                    exc,
+                )
+                self.hold.mark_uncertain()
+                return
+            self.hold.reservation.state = result.state
 
     def failed(self, exc: BaseException) -> None:
         """The request failed before a response body: release if that proves nothing was
@@ -414,8 +476,7 @@ class Call:
         if self._settled or self.hold is None:
             return
         self._settled = True
-        with self._settling("commit"):
-            self.hold.commit(usage=self.final_usage or self._counted_usage())
+        self._commit(self.final_usage or self._counted_usage())
 
     @contextlib.contextmanager
     def _settling(self, action: str) -> Iterator[None]:
@@ -434,23 +495,51 @@ class Call:
             )
 
     def _counted_usage(self) -> Usage:
-        """Usage when the provider's own count is missing: the output counted from a stream's
-        deltas, or the held ceiling when more may have been billed than was seen (a model that
-        thinks or reasons unseen, or an answer that was not streamed). Never above the ceiling
-        the call was sent with."""
+        """Usage when the provider's own count is missing (a stream stopped before its final
+        usage, an answer without one): what was produced plus the worst case of what could not
+        be seen. Output: the held ceiling when the model may think or reason unseen (asked for,
+        or a thinking or reasoning item shown) or the answer was not streamed, else the output
+        counted from the deltas; never above the ceiling sent. Every server tool the stream
+        showed starting, at its fee, and its result at the per-use bound as input where the
+        input count is the provider's (Anthropic's ``message_start``, which precedes the
+        results); the offline count already holds every allowed use's result."""
         assert self.hold is not None
         assert self.counter is not None
         if self.reasons or not self.streamed:
             produced = self.hold.max_output_tokens
         else:
             produced = self.counter.produced
-        if self.partial_usage is not None:
-            return replace(
-                self.partial_usage, output_tokens=max(self.partial_usage.output_tokens, produced)
+        tools = dict(self.started_tools) or None
+        if self.partial_usage is None:
+            return usage_validate(
+                input_tokens=self.hold.reservation.input_tokens,
+                output_tokens=produced,
+                tool_calls=tools,
             )
-        return usage_validate(
-            input_tokens=self.hold.reservation.input_tokens, output_tokens=produced
+        partial = self.partial_usage
+        results = self._started_results()
+        return replace(
+            partial,
+            input_tokens=(
+                max(partial.input_tokens, self.hold.reservation.input_tokens)
+                if results is None
+                else partial.input_tokens + results
+            ),
+            output_tokens=max(partial.output_tokens, produced),
+            tool_calls={**partial.tool_calls, **(tools or {})},
         )
+
+    def _started_results(self) -> int | None:
+        """The input the started server tools' results may bring, at each use's bound
+        (``result_tokens_per_use``); None when a started tool has none (the whole held input,
+        which holds every allowed use's result, is then charged)."""
+        total = 0
+        for name, uses in self.started_tools.items():
+            per_use = self.result_tokens_per_use.get(name)
+            if per_use is None:
+                return None
+            total += uses * per_use
+        return total
 
     # -- while streaming ---------------------------------------------------------------------
 

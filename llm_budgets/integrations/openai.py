@@ -490,8 +490,17 @@ def _observe_chat(call: Call, chunk: Any) -> bool:
     return True
 
 
+# An answer's ``service_tier`` as the modifier it was billed at: "default" is the standard
+# rates; OpenAI's fast mode answers "priority" (billed at priority rates).
+_ANSWERED_TIERS = {"default": "", "auto": "", "fast": "priority"}
+
+
 def _note_tier(call: Call, answer: object) -> None:
-    call.answered_at_tier(_field(answer, "service_tier"), standard=_STANDARD_TIERS)
+    """The tier the answer was served (and billed) at: the commit charges at it, whatever was
+    asked (a project whose default tier is priority answers "priority" to every call)."""
+    tier = _field(answer, "service_tier")
+    if isinstance(tier, str) and tier:
+        call.billed_at(tier=_ANSWERED_TIERS.get(tier, tier))
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -601,11 +610,27 @@ _RESPONSE_TEXT_EVENTS = frozenset(
 _RESPONSE_FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
 
+# Output items that show the model reasoning unseen (billed as output whatever is shown).
+_REASONING_ITEMS = frozenset({"reasoning"})
+_SERVER_TOOL_ITEMS = {item: name for name, item in SERVER_TOOLS.items()}
+
+
 def _observe_responses(call: Call, event: Any) -> bool:
+    """Count an event: text deltas as output; an output item that starts a server tool call (its
+    fee and results are billed even if the stream stops before they are reported) or shows
+    reasoning (billed up to the ceiling); the final usage."""
     assert call.counter is not None
     kind = getattr(event, "type", "")
     if kind in _RESPONSE_TEXT_EVENTS:
         call.counter.add(getattr(event, "delta", None) or "")
+        if kind.startswith("response.reasoning"):
+            call.reasons = True
+    elif kind == "response.output_item.added":
+        item_type = _field(getattr(event, "item", None), "type")
+        if item_type in _SERVER_TOOL_ITEMS:
+            call.tool_started(_SERVER_TOOL_ITEMS[item_type])
+        elif item_type in _REASONING_ITEMS:
+            call.reasons = True
     elif kind in _RESPONSE_FINAL_EVENTS:
         response = getattr(event, "response", None)
         _note_tier(call, response)

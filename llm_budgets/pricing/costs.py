@@ -17,6 +17,10 @@ Which rates apply:
   writes at ``cache_write_1h_per_mtok``); an empty rate prices those tokens as plain input. The
   worst case prices every input token at the highest input-side rate (a cache write can cost more
   than plain input) and every output token at the higher of output and reasoning.
+- **Billing modifiers** (a service tier, fast mode, a region; ``"fast+geo_us"`` for several):
+  rates a version lists for one replace its own; any other multiplies the rates that apply by
+  the provider's figure in ``SERVICE_TIER_MULTIPLIERS``; one in neither place is
+  ``UnknownPrice`` (:func:`tier_rates`), never the standard rates.
 - **The input tolerance**: a commit may report more input than the hold counted
   (``usage.input_allowed``: 10% + 256 tokens). The worst case holds those tokens too, as their own
   item (``input_tolerance``), and at every tier an input count up to that allowance can reach: a
@@ -29,8 +33,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
+from llm_budgets.conf import conf
 from llm_budgets.exceptions import UnknownPrice
 from llm_budgets.models import Price
 from llm_budgets.money import MILLION, ZERO, round_charge, round_hold
@@ -92,25 +97,57 @@ def _spans_between(price: Price, start: datetime, end: datetime) -> set[int | No
     return {_span_at(price, moment) for moment in moments}
 
 
-def tier_rates(price: Price, service_tier: str) -> Mapping[str, str | None]:
-    """The rates a premium service tier replaces (none for the standard tier, ``""``);
-    ``UnknownPrice`` when the version does not price the tier (nothing widens spending)."""
+# Joins the billing modifiers of one call in ``Reservation.service_tier`` ("fast+geo_us").
+MODIFIER_JOIN = "+"
+
+
+class TierRates(NamedTuple):
+    """What a call's billing modifiers do to a version's rates: ``listed`` replaces rates by
+    name (the one modifier the version lists in ``service_tiers``), then every token rate is
+    multiplied by ``multiplier`` (the product of the other modifiers' multipliers)."""
+
+    listed: Mapping[str, str | None]
+    multiplier: Decimal
+
+
+STANDARD = TierRates({}, ONE)
+
+
+def tier_rates(price: Price, service_tier: str) -> TierRates:
+    """The rates of ``service_tier``: one modifier (``"priority"``, ``"flex"``, ``"fast"``,
+    ``"geo_us"``) or several joined with ``+`` (``"fast+geo_us"``). A modifier the version lists
+    in ``service_tiers`` gives its rates (at most one may: two would each replace the same
+    rates); any other is its multiplier from ``SERVICE_TIER_MULTIPLIERS`` for the price's
+    provider. A whole composite the version lists is taken as it is. A modifier with neither is
+    ``UnknownPrice``: never the standard rates (nothing widens spending)."""
     if not service_tier:
-        return {}
-    listed = (price.service_tiers or {}).get(service_tier)
-    if listed is None:
-        raise UnknownPrice(
-            provider=price.provider, model=f"{price.model} at service tier {service_tier!r}"
-        )
-    return listed
+        return STANDARD
+    tiers = price.service_tiers or {}
+    if service_tier in tiers:
+        return TierRates(tiers[service_tier], ONE)
+    listed: list[str] = []
+    multiplier = ONE
+    known = conf.SERVICE_TIER_MULTIPLIERS.get(price.provider, {})
+    for modifier in service_tier.split(MODIFIER_JOIN):
+        if modifier in tiers:
+            listed.append(modifier)
+        elif modifier in known:
+            multiplier *= known[modifier]
+        else:
+            raise UnknownPrice(provider=price.provider, model=price.model, service_tier=modifier)
+    if len(listed) > 1:
+        # Each listed modifier's rates replace the same rates: the combination needs its own.
+        raise UnknownPrice(provider=price.provider, model=price.model, service_tier=service_tier)
+    return TierRates(tiers[listed[0]] if listed else {}, multiplier)
 
 
 def rates(
     price: Price, *, input_tokens: int, span: int | None = None, service_tier: str = ""
 ) -> Rates:
     """The rates for a request of ``input_tokens`` (which picks the tier) in ``span``, at
-    ``service_tier`` (whose rates replace the others: prompt-size tiers and daily spans do not
-    apply on top of a premium tier)."""
+    ``service_tier``: rates the version lists for it replace the others (prompt-size tiers and
+    daily spans do not apply on top of a listed premium tier); a modifier priced by multiplier
+    multiplies whatever rates apply (a long-context call in fast mode costs both)."""
     result: Rates = {name: getattr(price, name) for name in TOKEN_RATES}
     if span is not None:
         overrides = price.daily_spans[span]["prices"]
@@ -119,8 +156,11 @@ def rates(
         for tier in price.tiers or []:
             if input_tokens > tier["above_input_tokens"]:
                 overrides = tier["prices"]
-    for name, value in {**overrides, **tier_rates(price, service_tier)}.items():
+    tier = tier_rates(price, service_tier)
+    for name, value in {**overrides, **tier.listed}.items():
         result[name] = None if value is None else Decimal(value)
+    if tier.multiplier != ONE:
+        result = {name: None if v is None else v * tier.multiplier for name, v in result.items()}
     return result
 
 
