@@ -439,3 +439,24 @@ def test_embeddings_of_an_unpriced_model_are_refused_before_sending(fake: FakeOp
 def test_moderations_pass_through_unrefused(fake: FakeOpenAI) -> None:
     client = _client(fake.base_url)
     assert client.moderations is client.unguarded.moderations
+
+
+def test_a_project_whose_default_tier_is_priority_holds_calls_without_a_tier_at_it(
+    fake: FakeOpenAI,
+) -> None:
+    _price_gpt(
+        service_tiers={"priority": {"input_per_mtok": "2000000", "output_per_mtok": "4000000"}}
+    )
+    fake.service_tier = "priority"  # what the project's default bills
+    sdk = openai.OpenAI(base_url=f"{fake.base_url}/v1", api_key="sk-test", max_retries=0)
+    client = guard(sdk, tenant="acme", project_tier="priority")
+    client.chat.completions.create(model=GPT, messages=MESSAGES, max_completion_tokens=50)
+    reservation = only_reservation()
+    assert reservation.service_tier == "priority"
+    assert reservation.amount == 2 * _held(reservation.input_tokens, 50)
+    assert "service_tier" not in fake.last.body  # the request is sent as the caller made it
+    line = charge_line(reservation)
+    assert (line.service_tier, line.cost) == ("priority", Decimal("80.5"))
+    assert line.overage == 0
+    with pytest.raises(InvalidUsage, match="project_tier"):
+        guard(sdk, tenant="acme", project_tier="auto")

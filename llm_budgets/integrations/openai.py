@@ -145,13 +145,17 @@ def guard(
     provider: str = "openai",
     ttl: int | None = None,
     switch_check_seconds: float = SWITCH_CHECK_SECONDS,
+    project_tier: str = "",
 ) -> Any:
     """Wrap ``client`` so every priced call is admitted and settled against ``tenant``'s
     budgets. ``provider``: whose prices apply (e.g. ``"azure"`` for an Azure endpoint).
     ``allow_degrade``: the plan's degradation ladder may change the model and the ceiling sent.
     ``switch_check_seconds``: how often a running stream looks for a kill switch (default 0.5).
+    ``project_tier``: the service tier the OpenAI project bills a call that asks for none (or
+    ``"auto"``) at, when its default is not the standard one (``"priority"``): such calls are
+    held at it, and charged at the tier each answer reports.
     The result has the client's own call shapes and return types."""
-    options = GuardOptions(
+    options = OpenAIGuardOptions(
         tenant=tenant,
         end_user=end_user,
         tags=tags,
@@ -159,8 +163,24 @@ def guard(
         provider=provider,
         ttl=ttl,
         switch_check_seconds=switch_check_seconds,
+        project_tier=project_tier,
     )
     return GuardedOpenAI(*without_sdk_retries(client, options, {"max_retries": client.max_retries}))
+
+
+@dataclass(frozen=True)
+class OpenAIGuardOptions(GuardOptions):
+    """``GuardOptions`` and the project's default service tier (``guard(project_tier=...)``)."""
+
+    project_tier: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.project_tier, str) or self.project_tier in _STANDARD_TIERS:
+            raise InvalidUsage(
+                'project_tier must be a premium tier such as "priority", or "" (standard).',
+                field="project_tier",
+            )
 
 
 class _Proxy(ClientProxy):
@@ -466,13 +486,16 @@ def _body(kwargs: dict[str, Any], parameters: Parameters, *, where: str) -> dict
     return body
 
 
-def _service_tier(body: dict[str, Any]) -> str:
-    """The tier to hold and charge at (``""``: standard); audio output refused."""
+def _service_tier(options: GuardOptions, body: dict[str, Any]) -> str:
+    """The tier to hold at (``""``: standard): the one asked for; for none or ``"auto"``, the
+    project's default (``guard(project_tier=...)``). Audio output refused."""
     modalities = body.get("modalities")
     if isinstance(modalities, list | tuple) and "audio" in modalities:
         raise NotGuarded("openai modalities=['audio']", instead=_AUDIO)
     tier = body.get("service_tier")
-    return str(tier) if given(tier) and tier not in _STANDARD_TIERS else ""
+    if not given(tier) or tier == "auto":
+        return getattr(options, "project_tier", "")
+    return "" if tier == "default" else str(tier)
 
 
 def _choices(body: dict[str, Any]) -> int:
@@ -603,7 +626,7 @@ def _model_price(call: Call) -> Any:
 def _chat_call(options: GuardOptions, kwargs: dict[str, Any]) -> tuple[Call, _Kind]:
     body = _body(kwargs, CHAT_PARAMETERS, where="openai chat.completions.create")
     model = _model(body)
-    tier = _service_tier(body)
+    tier = _service_tier(options, body)
     choices = _choices(body)
     image_tokens = 0
     messages = []
@@ -700,7 +723,7 @@ def _note_tier(call: Call, answer: object) -> None:
 def _responses_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
     body = _body(kwargs, RESPONSES_PARAMETERS, where="openai responses.create")
     model = _model(body)
-    tier = _service_tier(body)
+    tier = _service_tier(options, body)
     image_tokens = 0
     messages = []
     if given(body.get("instructions")):
