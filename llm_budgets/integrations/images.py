@@ -143,11 +143,11 @@ def _openai_tiles(width: int, height: int) -> int:
     """The 512 px tiles of an image after OpenAI's scaling; scaled up to a 768 px short side as
     well as down, whichever gives more (the guide does not say whether small images grow)."""
     scale = min(1.0, 2048 / max(width, height))
-    width, height = width * scale, height * scale
-    shortest = 768 / min(width, height)
+    fitted = (width * scale, height * scale)
+    shortest = 768 / min(fitted)
     most = 0
     for factor in {1.0, shortest} if shortest > 1 else {shortest}:
-        tiles = math.ceil(width * factor / _TILE) * math.ceil(height * factor / _TILE)
+        tiles = math.ceil(fitted[0] * factor / _TILE) * math.ceil(fitted[1] * factor / _TILE)
         most = max(most, tiles)
     return min(most, OPENAI_MAX_TILES)
 

@@ -27,9 +27,10 @@ retries are made by the guard, one hold per attempt (``without_sdk_retries``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import openai
 from asgiref.sync import sync_to_async
@@ -70,7 +71,6 @@ from llm_budgets.integrations.proxy import (
 from llm_budgets.integrations.streams import (
     AsyncStreamGuard,
     Observe,
-    Pin,
     Sdk,
     SyncStreamGuard,
     asend,
@@ -224,7 +224,7 @@ class _ChatCompletions(_Proxy):
         """The SDK's ``stream()`` helper, its own stream manager, whose request is this guarded
         ``create(stream=True)``: the same rules, held when the manager is entered."""
         helper = chat_module.async_stream if self.is_async else chat_module.stream
-        return helper(self, **kwargs)
+        return helper(cast(Any, self), **kwargs)
 
 
 class _Chat(_Proxy):
@@ -250,7 +250,7 @@ class _Responses(_Proxy):
         """The SDK's ``stream()`` helper: a new response is this guarded ``create(stream=True)``;
         resuming a stored one (``response_id``) is the free ``retrieve``."""
         helper = responses_module.async_stream if self.is_async else responses_module.stream
-        return helper(self, **kwargs)
+        return helper(cast(Any, self), **kwargs)
 
 
 class _Embeddings(_Proxy):
@@ -503,9 +503,10 @@ def _choices(body: dict[str, Any]) -> int:
     n = body.get("n")
     if not given(n):
         return 1
-    if bound(n) is None:
+    count = bound(n)
+    if count is None:
         raise InvalidUsage(f"n must be a whole number, 1 or more, got {n!r}.", field="n")
-    return int(n)
+    return count
 
 
 def _pin(sent: dict[str, Any], kwargs: dict[str, Any], name: str, value: Any) -> None:
@@ -652,10 +653,12 @@ def _chat_call(options: GuardOptions, kwargs: dict[str, Any]) -> tuple[Call, _Ki
     ceiling = body.get("max_completion_tokens")
     if not given(ceiling):
         ceiling = body.get("max_tokens")
+    # n choices: n outputs held (a ceiling that is no count is admission's to refuse).
+    per_choice = bound(ceiling)
     call = Call(
         options=options,
         model=model,
-        ceiling=ceiling * choices if given(ceiling) else None,
+        ceiling=per_choice * choices if per_choice else (ceiling if given(ceiling) else None),
         messages=messages,
         sdk_errors=ERRORS,
         service_tier=tier,
@@ -929,7 +932,7 @@ class _Kind:
     """How one kind of request is sent: its SDK glue, its pin and its stream observer."""
 
     sdk: Sdk
-    pin: Pin
+    pin: Callable[..., dict[str, Any]]  # a Pin, with the model_ceiling the guard held
     observe: Observe
 
 
