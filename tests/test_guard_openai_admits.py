@@ -21,9 +21,11 @@ from asgiref.sync import async_to_sync
 
 from llm_budgets import budgets
 from llm_budgets.exceptions import InvalidUsage, OutputCeilingRequired
+from llm_budgets.integrations.chains import chains_clear
 from llm_budgets.integrations.guarding import SEARCH_CONTENT_TOKENS_PER_USE, NotGuarded
 from llm_budgets.integrations.images import openai_image_tokens
 from llm_budgets.integrations.openai import guard
+from llm_budgets.models import Reservation
 from llm_budgets.pricing.tokens import count_input_tokens
 from llm_budgets.testing.fakes.openai_server import FakeOpenAI
 from llm_budgets.testing.fakes.server import WAIT, Behaviour, Seen
@@ -89,9 +91,11 @@ class FakeOpenAIWithEmbeddings(FakeOpenAI):
 def fake() -> Iterator[FakeOpenAIWithEmbeddings]:
     seed_tenant()
     budgets.set_limit(tenant="acme", amount=Decimal("10000000"), window="month")
+    chains_clear()
     server = FakeOpenAIWithEmbeddings()
     yield server
     server.stop()
+    chains_clear()
 
 
 def _client(base_url: str) -> Any:
@@ -460,3 +464,30 @@ def test_a_project_whose_default_tier_is_priority_holds_calls_without_a_tier_at_
     assert line.overage == 0
     with pytest.raises(InvalidUsage, match="project_tier"):
         guard(sdk, tenant="acme", project_tier="auto")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_previous_response_the_guard_recorded_holds_its_chain_not_the_window(
+    fake: FakeOpenAI, stream: bool
+) -> None:
+    client = _client(fake.base_url)
+    first = client.responses.create(model=GPT, input="Hi.", max_output_tokens=50, stream=stream)
+    if stream:
+        for _ in first:
+            pass
+    # The answer (resp_fake) reported 20 input and 12 output tokens: no context window needed.
+    client.responses.create(
+        model=GPT, input="go on", max_output_tokens=50, previous_response_id="resp_fake"
+    )
+    second = Reservation.objects.order_by("created_at").last()
+    assert second is not None
+    assert second.input_tokens == _counted([{"role": "user", "content": "go on"}]) + 20 + 12
+    assert second.state == "committed"
+    # Another tenant naming that id is not held at acme's record: at the window, or refused.
+    budgets.ensure_tenant(tenant="other", name="Other")
+    budgets.set_limit(tenant="other", amount=Decimal("100000"), window="month")
+    sdk = openai.OpenAI(base_url=f"{fake.base_url}/v1", api_key="sk-test", max_retries=0)
+    with pytest.raises(InvalidUsage, match="context_window"):
+        guard(sdk, tenant="other").responses.create(
+            model=GPT, input="go on", max_output_tokens=50, previous_response_id="resp_fake"
+        )

@@ -42,6 +42,7 @@ from openai.resources.chat.completions import completions as chat_module
 from openai.resources.responses import responses as responses_module
 
 from llm_budgets.exceptions import InvalidUsage, UnknownPrice
+from llm_budgets.integrations.chains import chain_record, chain_tokens
 from llm_budgets.integrations.guarding import (
     NEUTRAL_PARAMETERS,
     SEARCH_CONTENT_TOKENS_PER_USE,
@@ -592,6 +593,10 @@ def _bound_by_model(call: Call) -> int | None:
         if most:
             call.ceiling = model_ceiling = most * call.state.get("choices", 1)
     if "input" in left:
+        recorded = _recorded_chain(call)
+        if recorded is not None:
+            call.extra_input_tokens += recorded
+            return model_ceiling
         window = _model_price(call).context_window
         if not window:
             raise InvalidUsage(
@@ -602,6 +607,41 @@ def _bound_by_model(call: Call) -> int | None:
             )
         call.extra_input_tokens += window
     return model_ceiling
+
+
+def _recorded_chain(call: Call) -> int | None:
+    """The tokens the chain of the response the request continues billed, when this guard
+    recorded it (``chains``) and nothing else stored is named."""
+    previous = call.state.get("previous_response_id")
+    if not isinstance(previous, str):
+        return None
+    return chain_tokens(
+        tenant=call.options.tenant, provider=call.options.provider, response_id=previous
+    )
+
+
+def _record_chain(call: Call, response: object) -> None:
+    """Remember what a stored response's chain billed, for a next turn that names it."""
+    response_id, usage = _field(response, "id"), _response_usage(response)
+    if isinstance(response_id, str) and usage is not None:
+        chain_record(
+            tenant=call.options.tenant,
+            provider=call.options.provider,
+            response_id=response_id,
+            tokens=usage.input_tokens + usage.output_tokens,
+        )
+
+
+def _note_response(call: Call, answer: object) -> None:
+    SDK.note(call, answer)
+    _record_chain(call, answer)
+
+
+def _observe_recorded_responses(call: Call, event: Any) -> bool | None:
+    shown = _observe_responses(call, event)
+    if getattr(event, "type", "") == "response.completed":
+        _record_chain(call, getattr(event, "response", None))
+    return shown
 
 
 def _plan_default(call: Call) -> int | None:
@@ -775,6 +815,8 @@ def _responses_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
     if stored:
         left.add("input")
         call.state["stored_context"] = stored[0]
+        if stored == ["previous_response_id"]:
+            call.state["previous_response_id"] = body["previous_response_id"]
     if left:
         call.state[_LEFT_TO_MODEL] = left
     return call
@@ -938,7 +980,7 @@ class _Kind:
 
 _CHAT = _Kind(SDK, _chat_send, _observe_chat)
 _CHAT_SEARCHED = _Kind(replace(SDK, usage=_searched_chat_usage), _chat_send, _observe_searched_chat)
-_RESPONSES = _Kind(SDK, _responses_send, _observe_responses)
+_RESPONSES = _Kind(replace(SDK, note=_note_response), _responses_send, _observe_recorded_responses)
 _EMBEDDINGS = _Kind(replace(SDK, usage=_embeddings_usage), _embeddings_send, _observe_responses)
 
 
