@@ -41,6 +41,7 @@ from openai.resources import responses as responses_resources
 from openai.resources.chat.completions import completions as chat_module
 from openai.resources.responses import responses as responses_module
 
+from llm_budgets.db.boundary import ledger_guard
 from llm_budgets.exceptions import InvalidUsage, UnknownPrice
 from llm_budgets.integrations.chains import chain_record, chain_tokens
 from llm_budgets.integrations.guarding import (
@@ -575,6 +576,13 @@ def _without_images(content: object, *, model: str) -> tuple[object, int]:
 
 
 def _bound_by_model(call: Call) -> int | None:
+    """``_bounded``, failing closed as admission does (``LedgerUnavailable``) when the ledger
+    cannot be read."""
+    with ledger_guard("reading the model's limits"):
+        return _bounded(call)
+
+
+def _bounded(call: Call) -> int | None:
     """What the request leaves to the model, bounded by the model's price version before the
     hold: stored context (a previous response, a conversation, a stored prompt) at its context
     window, an omitted ceiling at its maximum output (unless the tenant's plan sets a default,
