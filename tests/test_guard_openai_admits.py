@@ -491,3 +491,33 @@ def test_a_previous_response_the_guard_recorded_holds_its_chain_not_the_window(
         guard(sdk, tenant="other").responses.create(
             model=GPT, input="go on", max_output_tokens=50, previous_response_id="resp_fake"
         )
+
+
+def test_max_tool_calls_in_extra_body_is_held_as_the_parameter(fake: FakeOpenAI) -> None:
+    _client(fake.base_url).responses.create(
+        model=GPT,
+        input="news?",
+        tools=[{"type": "web_search"}],
+        max_output_tokens=50,
+        extra_body={"max_tool_calls": 7},
+    )
+    reservation = only_reservation()
+    assert reservation.max_tool_calls == {"web_search": 7}
+    assert fake.last.body["max_tool_calls"] == 7
+
+
+def test_a_ledger_that_cannot_be_read_for_the_models_limits_fails_closed(
+    fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import OperationalError
+
+    from llm_budgets.exceptions import LedgerUnavailable
+    from llm_budgets.integrations import openai as guarded_openai
+
+    def down(call: object) -> None:
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(guarded_openai, "_plan_default", down)
+    with pytest.raises(LedgerUnavailable):
+        _client(fake.base_url).chat.completions.create(model=GPT, messages=MESSAGES)
+    assert fake.requests == []
