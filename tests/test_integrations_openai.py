@@ -250,16 +250,8 @@ def test_no_ceiling_and_no_plan_default_is_refused_before_sending(fake: FakeOpen
     assert fake.requests == []
 
 
-def test_several_choices_are_refused_before_sending(fake: FakeOpenAI) -> None:
-    with pytest.raises(InvalidUsage, match="n must be 1"):
-        _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
-            model=GPT, messages=MESSAGES, max_completion_tokens=10, n=3
-        )
-    assert fake.requests == []
-
-
-def test_extra_body_cannot_override_what_was_priced(fake: FakeOpenAI) -> None:
-    with pytest.raises(InvalidUsage, match="extra_body sets max_completion_tokens"):
+def test_extra_body_cannot_give_a_parameter_twice(fake: FakeOpenAI) -> None:
+    with pytest.raises(InvalidUsage, match="max_completion_tokens given both"):
         _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
             model=GPT,
             messages=MESSAGES,
@@ -281,8 +273,8 @@ def test_priced_calls_it_cannot_guard_are_refused_and_the_rest_passes_through(
     fake: FakeOpenAI,
 ) -> None:
     client = _client(fake.base_url)
-    with pytest.raises(NotGuarded, match="embeddings"):
-        client.embeddings.create(model="text-embedding-3-small", input="x")  # type: ignore[attr-defined]
+    with pytest.raises(NotGuarded, match="images"):
+        client.images.generate(model="gpt-image-1", prompt="x")  # type: ignore[attr-defined]
     with pytest.raises(NotGuarded):
         client.chat.completions.with_raw_response  # type: ignore[attr-defined]  # noqa: B018
     assert client.files is client.unguarded.files  # type: ignore[attr-defined]
@@ -637,8 +629,6 @@ def test_breaking_out_of_a_responses_stream_closes_upstream(fake: FakeOpenAI) ->
         "vector_stores",
         "responses.compact",
         "responses.connect",
-        "responses.stream",
-        "chat.completions.stream",
         "with_raw_response",
     ],
 )
@@ -688,27 +678,14 @@ def test_a_file_or_image_in_a_tool_result_is_refused_before_sending(
     assert fake.requests == []
 
 
-def test_an_image_in_a_chat_tool_message_is_refused(fake: FakeOpenAI) -> None:
-    image = {"type": "image_url", "image_url": {"url": "https://example.com/x.png"}}
-    with pytest.raises(InvalidUsage):
-        _client(fake.base_url).chat.completions.create(  # type: ignore[attr-defined]
-            model=GPT,
-            messages=[*MESSAGES, {"role": "tool", "tool_call_id": "c1", "content": [image]}],
-            max_completion_tokens=10,
-        )
-    assert fake.requests == []
-
-
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
         ({"modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"}}, "audio"),
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
-        ({"web_search_options": {}}, "web_search_options"),
-        ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
     ],
 )
-def test_audio_search_and_predicted_outputs_are_refused_before_sending(
+def test_audio_is_refused_before_sending(
     fake: FakeOpenAI, kwargs: dict[str, object], match: str
 ) -> None:
     with pytest.raises(NotGuarded, match=match):
@@ -1166,16 +1143,9 @@ def test_with_options_max_retries_is_the_guards_and_the_sdk_sends_none(fake: Fak
 
 @pytest.mark.parametrize(
     "kwargs",
-    [
-        {"previous_response_id": "resp_1"},
-        {"conversation": "conv_1"},
-        {"prompt": {"id": "pmpt_1"}},
-        {"context_management": [{"type": "compaction"}]},
-    ],
+    [{"context_management": [{"type": "compaction"}]}],
 )
-def test_input_by_reference_and_second_model_runs_are_refused(
-    fake: FakeOpenAI, kwargs: dict[str, object]
-) -> None:
+def test_second_model_runs_are_refused(fake: FakeOpenAI, kwargs: dict[str, object]) -> None:
     with pytest.raises(NotGuarded):
         _client(fake.base_url).responses.create(  # type: ignore[attr-defined]
             model=GPT, input="go on", max_output_tokens=10, **kwargs

@@ -719,6 +719,31 @@ def refuse_priced_extra_body(kwargs: Mapping[str, Any]) -> None:
             )
 
 
+def with_extra_body(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters as the provider receives them: the SDK merges ``extra_body`` into the
+    JSON body over the named parameters, so its keys are checked and priced as the same
+    parameter would be. A key given both ways is refused (which one is sent is the SDK's
+    detail, not the caller's intent)."""
+    merged = {name: value for name, value in kwargs.items() if name != "extra_body"}
+    extra = kwargs.get("extra_body")
+    if not given(extra):
+        return merged
+    if not isinstance(extra, Mapping):
+        raise InvalidUsage(
+            "extra_body must be a dict of request fields (each is checked and priced as the "
+            "same parameter would be).",
+            field="extra_body",
+        )
+    twice = sorted(name for name in extra if given(merged.get(name)))
+    if twice:
+        raise InvalidUsage(
+            f"{', '.join(twice)} given both as a parameter and in extra_body: give each once.",
+            field="extra_body",
+        )
+    merged.update(extra)
+    return merged
+
+
 def given(value: object) -> bool:
     """Whether a keyword argument was given (the SDKs' ``omit``/``NOT_GIVEN`` sentinels and None
     mean not given)."""

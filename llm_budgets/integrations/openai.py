@@ -11,11 +11,13 @@
 on ``OpenAI`` and ``AsyncOpenAI``) are admitted, sent with the model and output ceiling that were
 held, and settled from the response's usage (see :mod:`llm_budgets.integrations.guarding` for
 every way a call can end). Streams ask for usage (``stream_options={"include_usage": True}``).
-``parse`` (structured outputs) is guarded like ``create``. Calls that cost money but cannot be
-priced (embeddings, images, audio, the legacy completions, the ``stream`` helpers, raw
-responses and raw HTTP, batches, background responses...) raise ``NotGuarded``; what bills
-nothing (files, models, moderations...) passes through untouched. docs/integrations.md has an
-example of every path.
+``parse`` (structured outputs) and the ``stream()`` helpers are guarded like ``create`` (they
+call it); ``embeddings.create`` is priced by its input. What can be bounded is held at its worst
+case (images by OpenAI's published rule, ``n`` choices as n outputs, stored context at the
+model's context window, an omitted ceiling at the model's maximum). Calls that cost money but
+cannot be priced (image generation, audio, the legacy completions, raw responses and raw HTTP,
+batches, background responses...) raise ``NotGuarded``; what bills nothing (files, models,
+moderations...) passes through untouched. docs/integrations.md has an example of every path.
 
 The client denies by default (:mod:`llm_budgets.integrations.proxy`): every attribute and every
 parameter of a guarded method is classified here, and anything else is refused. The SDK's own
@@ -25,13 +27,23 @@ retries are made by the guard, one hold per attempt (``without_sdk_retries``).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any, cast
 
 import openai
+from asgiref.sync import sync_to_async
+from django.utils import timezone
 from openai.resources import chat as chat_resources
+from openai.resources import embeddings as embeddings_resources
 from openai.resources import responses as responses_resources
+from openai.resources.chat.completions import completions as chat_module
+from openai.resources.responses import responses as responses_module
 
-from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.db.boundary import ledger_guard
+from llm_budgets.exceptions import InvalidUsage, UnknownPrice
+from llm_budgets.integrations.chains import chain_record, chain_tokens
 from llm_budgets.integrations.guarding import (
     NEUTRAL_PARAMETERS,
     SEARCH_CONTENT_TOKENS_PER_USE,
@@ -46,9 +58,10 @@ from llm_budgets.integrations.guarding import (
     given,
     json_text,
     refuse_media,
-    refuse_priced_extra_body,
     text_of,
+    with_extra_body,
 )
+from llm_budgets.integrations.images import data_url_size, openai_image_tokens
 from llm_budgets.integrations.proxy import (
     CLIENT_CONFIG,
     RAW_HTTP,
@@ -59,6 +72,7 @@ from llm_budgets.integrations.proxy import (
 )
 from llm_budgets.integrations.streams import (
     AsyncStreamGuard,
+    Observe,
     Sdk,
     SyncStreamGuard,
     asend,
@@ -93,13 +107,13 @@ _CLIENT_CONFIG = CLIENT_CONFIG | {
 _FREE_RESOURCES = frozenset(
     {"files", "uploads", "models", "moderations", "conversations", "webhooks"}
 )
+# Moderations bill nothing (OpenAI's moderation endpoint is free): they pass through unrecorded.
 # Refused on purpose: they cost money and the guard does not price them, or they send requests
 # the guard cannot see (raw HTTP, raw responses).
 _REFUSED_CLIENT = (
     frozenset(
         {
             "completions",
-            "embeddings",
             "images",
             "audio",
             "batches",
@@ -133,13 +147,17 @@ def guard(
     provider: str = "openai",
     ttl: int | None = None,
     switch_check_seconds: float = SWITCH_CHECK_SECONDS,
+    project_tier: str = "",
 ) -> Any:
     """Wrap ``client`` so every priced call is admitted and settled against ``tenant``'s
     budgets. ``provider``: whose prices apply (e.g. ``"azure"`` for an Azure endpoint).
     ``allow_degrade``: the plan's degradation ladder may change the model and the ceiling sent.
     ``switch_check_seconds``: how often a running stream looks for a kill switch (default 0.5).
+    ``project_tier``: the service tier the OpenAI project bills a call that asks for none (or
+    ``"auto"``) at, when its default is not the standard one (``"priority"``): such calls are
+    held at it, and charged at the tier each answer reports.
     The result has the client's own call shapes and return types."""
-    options = GuardOptions(
+    options = OpenAIGuardOptions(
         tenant=tenant,
         end_user=end_user,
         tags=tags,
@@ -147,8 +165,24 @@ def guard(
         provider=provider,
         ttl=ttl,
         switch_check_seconds=switch_check_seconds,
+        project_tier=project_tier,
     )
     return GuardedOpenAI(*without_sdk_retries(client, options, {"max_retries": client.max_retries}))
+
+
+@dataclass(frozen=True)
+class OpenAIGuardOptions(GuardOptions):
+    """``GuardOptions`` and the project's default service tier (``guard(project_tier=...)``)."""
+
+    project_tier: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.project_tier, str) or self.project_tier in _STANDARD_TIERS:
+            raise InvalidUsage(
+                'project_tier must be a premium tier such as "priority", or "" (standard).',
+                field="project_tier",
+            )
 
 
 class _Proxy(ClientProxy):
@@ -157,24 +191,42 @@ class _Proxy(ClientProxy):
     _instead = _INSTEAD
 
 
+def _guarded(proxy: _Proxy, method: Any, call: Call, kwargs: dict[str, Any], kind: _Kind) -> Any:
+    """Send ``call`` through ``method``: the model's limits read first where the request leaves
+    something to them (in a thread for async clients, as admission is)."""
+    if proxy.is_async:
+        return _asend_bounded(method, call, kwargs, kind)
+    pin = partial(kind.pin, model_ceiling=_bound_by_model(call))
+    return send(kind.sdk, method, call, kwargs, pin, kind.observe)
+
+
+async def _asend_bounded(method: Any, call: Call, kwargs: dict[str, Any], kind: _Kind) -> Any:
+    model_ceiling = None
+    if _LEFT_TO_MODEL in call.state:  # a thread only when the ledger must be read
+        model_ceiling = await sync_to_async(_bound_by_model)(call)
+    pin = partial(kind.pin, model_ceiling=model_ceiling)
+    return await asend(kind.sdk, method, call, kwargs, pin, kind.observe)
+
+
 class _ChatCompletions(_Proxy):
     # Stored completions: reading, listing, updating metadata and deleting bill nothing.
     _free = frozenset({"retrieve", "list", "update", "delete", "messages"})
-    _refused = _RAW | {"stream"}
 
     def create(self, **kwargs: Any) -> Any:
-        call = _chat_call(self._options, kwargs)
-        if self.is_async:
-            return asend(SDK, self._target.create, call, kwargs, _chat_send, _observe_chat)
-        return send(SDK, self._target.create, call, kwargs, _chat_send, _observe_chat)
+        call, kind = _chat_call(self._options, kwargs)
+        return _guarded(self, self._target.create, call, kwargs, kind)
 
     def parse(self, **kwargs: Any) -> Any:
         """``parse`` (structured outputs) with ``response_format`` a type: guarded as
         ``create``; the schema the SDK sends is counted as input."""
-        call = _chat_call(self._options, kwargs)
-        if self.is_async:
-            return asend(SDK, self._target.parse, call, kwargs, _chat_send, _observe_chat)
-        return send(SDK, self._target.parse, call, kwargs, _chat_send, _observe_chat)
+        call, kind = _chat_call(self._options, kwargs)
+        return _guarded(self, self._target.parse, call, kwargs, kind)
+
+    def stream(self, **kwargs: Any) -> Any:
+        """The SDK's ``stream()`` helper, its own stream manager, whose request is this guarded
+        ``create(stream=True)``: the same rules, held when the manager is entered."""
+        helper = chat_module.async_stream if self.is_async else chat_module.stream
+        return helper(cast(Any, self), **kwargs)
 
 
 class _Chat(_Proxy):
@@ -185,29 +237,36 @@ class _Responses(_Proxy):
     # Reading, cancelling and deleting stored responses and counting input tokens bill nothing;
     # compaction runs the model and the WebSocket mode (connect) is not priced.
     _free = frozenset({"retrieve", "cancel", "delete", "input_items", "input_tokens"})
-    _refused = _RAW | {"stream", "compact", "connect"}
+    _refused = _RAW | {"compact", "connect"}
 
     def create(self, **kwargs: Any) -> Any:
         call = _responses_call(self._options, kwargs)
-        if self.is_async:
-            return asend(
-                SDK, self._target.create, call, kwargs, _responses_send, _observe_responses
-            )
-        return send(SDK, self._target.create, call, kwargs, _responses_send, _observe_responses)
+        return _guarded(self, self._target.create, call, kwargs, _RESPONSES)
 
     def parse(self, **kwargs: Any) -> Any:
         """``parse`` with ``text_format`` a type: guarded as ``create``."""
         call = _responses_call(self._options, kwargs)
-        method = self._target.parse
-        if self.is_async:
-            return asend(SDK, method, call, kwargs, _responses_send, _observe_responses)
-        return send(SDK, method, call, kwargs, _responses_send, _observe_responses)
+        return _guarded(self, self._target.parse, call, kwargs, _RESPONSES)
+
+    def stream(self, **kwargs: Any) -> Any:
+        """The SDK's ``stream()`` helper: a new response is this guarded ``create(stream=True)``;
+        resuming a stored one (``response_id``) is the free ``retrieve``."""
+        helper = responses_module.async_stream if self.is_async else responses_module.stream
+        return helper(cast(Any, self), **kwargs)
+
+
+class _Embeddings(_Proxy):
+    def create(self, **kwargs: Any) -> Any:
+        """Held at the input's tokens (counted offline; token arrays by their length) and one
+        output token, charged the input the answer reports at the model's input rate."""
+        call = _embeddings_call(self._options, kwargs)
+        return _guarded(self, self._target.create, call, kwargs, _EMBEDDINGS)
 
 
 class GuardedOpenAI(_Proxy):
     """An ``OpenAI`` / ``AsyncOpenAI`` client whose priced calls go through the guard."""
 
-    _children = {"chat": _Chat, "responses": _Responses}
+    _children = {"chat": _Chat, "responses": _Responses, "embeddings": _Embeddings}
     _free = _CLIENT_CONFIG | _FREE_RESOURCES
     _refused = _REFUSED_CLIENT
 
@@ -223,6 +282,7 @@ SDK_CLASSES: dict[str, tuple[type, ...]] = {
     "chat": (chat_resources.Chat, chat_resources.AsyncChat),
     "chat.completions": (chat_resources.Completions, chat_resources.AsyncCompletions),
     "responses": (responses_resources.Responses, responses_resources.AsyncResponses),
+    "embeddings": (embeddings_resources.Embeddings, embeddings_resources.AsyncEmbeddings),
 }
 
 
@@ -313,14 +373,13 @@ def _model(kwargs: dict[str, Any]) -> str:
     return model
 
 
-# Service tiers billed at most the standard rates (flex costs less, and is held and charged as
-# standard). Any other tier is held and charged at the price's rates for it (``service_tiers``),
-# refused when the price has none; "auto" (the project's default) is checked against the tier
-# the answer reports.
-_STANDARD_TIERS = frozenset({"auto", "default", "flex"})
+# Service tiers billed at the standard rates. "flex" and "priority" are held and charged at their
+# own rates (the price's ``service_tiers``, else the operator's multiplier table); "auto" (the
+# project's default) is checked against the tier the answer reports.
+_STANDARD_TIERS = frozenset({"auto", "default"})
 _AUDIO = (
     "Audio tokens are billed at audio rates the price table does not have: reserve yourself "
-    "around the unguarded client."
+    "around the unguarded client (budgets.reserve with the audio's cost as input)."
 )
 CHAT_PARAMETERS = Parameters(
     priced=frozenset(
@@ -339,17 +398,15 @@ CHAT_PARAMETERS = Parameters(
             "reasoning_effort",
             "service_tier",
             "modalities",
+            "web_search_options",
+            # Rejected prediction tokens are billed as output, within the ceiling sent.
+            "prediction",
             "extra_body",
         }
     ),
     neutral=NEUTRAL_PARAMETERS,
     refused={
         "audio": _AUDIO,
-        "web_search_options": (
-            "Chat Completions web search has a per-call fee and search content the guard "
-            "cannot bound: use responses.create with a web_search tool and max_tool_calls."
-        ),
-        "prediction": "Rejected prediction tokens are billed as output the guard cannot bound.",
         "moderation": "Not classified: the guard does not know what it costs.",
         "prompt_cache_options": "Not classified: the guard does not know what it costs.",
     },
@@ -368,6 +425,10 @@ RESPONSES_PARAMETERS = Parameters(
             "stream",
             "reasoning",
             "service_tier",
+            # Stored context the request does not show: held at the model's context window.
+            "previous_response_id",
+            "conversation",
+            "prompt",
             "extra_body",
         }
     ),
@@ -378,9 +439,6 @@ RESPONSES_PARAMETERS = Parameters(
             "usage to settle on: call without background (stream=True for long answers)."
         ),
         "background_options": "Background responses are not guarded.",
-        "previous_response_id": "It brings input the guard cannot count offline.",
-        "conversation": "It brings input the guard cannot count offline.",
-        "prompt": "A stored prompt brings input the guard cannot count offline.",
         "image": "Image input cannot be counted offline.",
         "context_management": "Server-side compaction runs the model again, unpriced.",
         "access_programs": "Not classified: the guard does not know what it costs.",
@@ -389,9 +447,20 @@ RESPONSES_PARAMETERS = Parameters(
         "parse_as": "Not classified: the guard does not know what it costs.",
     },
 )
+EMBEDDINGS_PARAMETERS = Parameters(
+    priced=frozenset({"model", "input", "extra_body"}),
+    neutral=frozenset({"dimensions", "encoding_format", "user", "extra_headers", "extra_query"})
+    | {"timeout"},
+    refused={},
+)
 # Models that answer with what they show: every other OpenAI model is taken to reason unseen
 # (o-series, gpt-5 and later, deployments with names of their own).
 _NON_REASONING = ("gpt-4o", "gpt-4.1", "gpt-4-", "gpt-3.5", "chatgpt-4o")
+# Fields the SDK needs as its own arguments (it reads them to parse the answer): in extra_body
+# they would reach the provider while the SDK parsed the answer as something else.
+_NOT_IN_EXTRA_BODY = frozenset({"stream"})
+# call.state: what the request leaves to the model's own limits, read before the hold.
+_LEFT_TO_MODEL = "left_to_model"
 
 
 def _may_reason(model: str, kwargs: dict[str, Any]) -> bool:
@@ -403,30 +472,219 @@ def _may_reason(model: str, kwargs: dict[str, Any]) -> bool:
     return not (name == "gpt-4" or name.startswith(_NON_REASONING))
 
 
-def _service_tier(kwargs: dict[str, Any]) -> str:
-    """The premium tier to hold and charge at (``""``: standard); audio output refused."""
-    modalities = kwargs.get("modalities")
+def _body(kwargs: dict[str, Any], parameters: Parameters, *, where: str) -> dict[str, Any]:
+    """The request as the provider receives it (``extra_body`` merged, each key checked as the
+    same parameter would be): unknown and refused keys raise before anything is sent."""
+    body = with_extra_body(kwargs)
+    parameters.check(body, where=where)
+    extra = kwargs.get("extra_body")
+    if isinstance(extra, dict):
+        for name in sorted(_NOT_IN_EXTRA_BODY & set(extra)):
+            raise InvalidUsage(
+                f"extra_body sets {name}: pass it as the method's own argument (the SDK reads "
+                "it to parse the answer).",
+                field="extra_body",
+            )
+    return body
+
+
+def _service_tier(options: GuardOptions, body: dict[str, Any]) -> str:
+    """The tier to hold at (``""``: standard): the one asked for; for none or ``"auto"``, the
+    project's default (``guard(project_tier=...)``). Audio output refused."""
+    modalities = body.get("modalities")
     if isinstance(modalities, list | tuple) and "audio" in modalities:
         raise NotGuarded("openai modalities=['audio']", instead=_AUDIO)
-    tier = kwargs.get("service_tier")
-    return str(tier) if given(tier) and tier not in _STANDARD_TIERS else ""
+    tier = body.get("service_tier")
+    if not given(tier) or tier == "auto":
+        return getattr(options, "project_tier", "")
+    return "" if tier == "default" else str(tier)
 
 
-def _chat_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
-    CHAT_PARAMETERS.check(kwargs, where="openai chat.completions.create")
-    refuse_priced_extra_body(kwargs)
-    tier = _service_tier(kwargs)
-    if given(kwargs.get("n")) and kwargs["n"] != 1:
+def _choices(body: dict[str, Any]) -> int:
+    """``n``: each choice bills its own output (the input once), so n outputs are held."""
+    n = body.get("n")
+    if not given(n):
+        return 1
+    count = bound(n)
+    if count is None:
+        raise InvalidUsage(f"n must be a whole number, 1 or more, got {n!r}.", field="n")
+    return count
+
+
+def _pin(sent: dict[str, Any], kwargs: dict[str, Any], name: str, value: Any) -> None:
+    """Set what was held where the caller put it: in ``extra_body`` if it came from there (the
+    SDK merges it over the named parameters), else as the named parameter."""
+    extra = kwargs.get("extra_body")
+    if isinstance(extra, dict) and name in extra:
+        sent["extra_body"] = {**sent.get("extra_body", extra), name: value}
+    else:
+        sent[name] = value
+
+
+def _per_choice_ceiling(call: Call, choices: int) -> int:
+    """The ceiling each of ``choices`` is sent: the held output shared between them."""
+    ceiling = call.ceiling_sent // choices
+    if ceiling < 1:
         raise InvalidUsage(
-            "n must be 1 through the guard: each choice can use the whole output ceiling, so "
-            "n choices are n calls; make them one at a time.",
+            f"n={choices} choices do not fit the {call.ceiling_sent} output tokens held: ask "
+            "for fewer choices or a larger ceiling.",
             field="n",
         )
+    return ceiling
+
+
+def _ceiling_left_to_model(call: Call, model_ceiling: int | None) -> bool:
+    """Whether the caller gave no ceiling and the guard held the model's own maximum
+    (``model_ceiling``): then no ceiling is sent, unless degradation lowered the one held (a
+    context window is no valid ``max_tokens`` for a model whose output maximum is lower)."""
+    return model_ceiling is not None and call.ceiling_sent >= model_ceiling
+
+
+# -- images ------------------------------------------------------------------------------------
+
+
+def _image_tokens(part: dict[str, Any], *, model: str) -> int:
+    """An image part at the most it can cost on ``model`` (OpenAI's published rule): its size
+    read from a ``data:`` URL's header, a remote URL or file id held at any size's worst case
+    (never fetched)."""
+    if part.get("type") == "image_url":  # chat: {"image_url": {"url": ..., "detail": ...}}
+        image = part.get("image_url")
+        image = image if isinstance(image, dict) else {"url": image}
+        url, detail = image.get("url"), image.get("detail")
+    else:  # responses: {"type": "input_image", "image_url": ..., "detail": ...}
+        url, detail = part.get("image_url"), part.get("detail")
+    return openai_image_tokens(model=model, detail=detail, size=data_url_size(url))
+
+
+_IMAGE_PARTS = frozenset({"image_url", "input_image"})
+
+
+def _without_images(content: object, *, model: str) -> tuple[object, int]:
+    """A message's content without its image parts, and their tokens."""
+    if not isinstance(content, list | tuple):
+        return content, 0
+    kept, tokens = [], 0
+    for part in content:
+        if isinstance(part, dict) and part.get("type") in _IMAGE_PARTS:
+            tokens += _image_tokens(part, model=model)
+        else:
+            kept.append(part)
+    return kept, tokens
+
+
+# -- the model's own limits --------------------------------------------------------------------
+
+
+def _bound_by_model(call: Call) -> int | None:
+    """``_bounded``, failing closed as admission does (``LedgerUnavailable``) when the ledger
+    cannot be read."""
+    with ledger_guard("reading the model's limits"):
+        return _bounded(call)
+
+
+def _bounded(call: Call) -> int | None:
+    """What the request leaves to the model, bounded by the model's price version before the
+    hold: stored context (a previous response, a conversation, a stored prompt) at its context
+    window, an omitted ceiling at its maximum output (unless the tenant's plan sets a default,
+    which admission applies). Refused, saying what to set, when the price does not know. Returns
+    the model's maximum when it was held as the ceiling."""
+    left = call.state.pop(_LEFT_TO_MODEL, set())
+    model_ceiling = None
+    if call.ceiling is None and "ceiling" in left and _plan_default(call) is None:
+        try:
+            price = _model_price(call)
+        except UnknownPrice:  # the plan's unknown-model policy decides, in admission
+            price = None
+        most = price and (price.max_output_tokens or price.context_window)
+        # Without a known maximum the ceiling stays missing: admission refuses it
+        # (OutputCeilingRequired), or applies a plan default set since.
+        if most:
+            call.ceiling = model_ceiling = most * call.state.get("choices", 1)
+    if "input" in left:
+        recorded = _recorded_chain(call)
+        if recorded is not None:
+            call.extra_input_tokens += recorded
+            return model_ceiling
+        window = _model_price(call).context_window
+        if not window:
+            raise InvalidUsage(
+                f"{call.state.get('stored_context', 'stored context')} brings input the request "
+                f"does not show: set the context_window of {call.model}'s price so the guard can "
+                "hold it at the most the model can read, or send the whole input.",
+                field=call.state.get("stored_context", "input"),
+            )
+        call.extra_input_tokens += window
+    return model_ceiling
+
+
+def _recorded_chain(call: Call) -> int | None:
+    """The tokens the chain of the response the request continues billed, when this guard
+    recorded it (``chains``) and nothing else stored is named."""
+    previous = call.state.get("previous_response_id")
+    if not isinstance(previous, str):
+        return None
+    return chain_tokens(
+        tenant=call.options.tenant, provider=call.options.provider, response_id=previous
+    )
+
+
+def _record_chain(call: Call, response: object) -> None:
+    """Remember what a stored response's chain billed, for a next turn that names it."""
+    response_id, usage = _field(response, "id"), _response_usage(response)
+    if isinstance(response_id, str) and usage is not None:
+        chain_record(
+            tenant=call.options.tenant,
+            provider=call.options.provider,
+            response_id=response_id,
+            tokens=usage.input_tokens + usage.output_tokens,
+        )
+
+
+def _note_response(call: Call, answer: object) -> None:
+    SDK.note(call, answer)
+    _record_chain(call, answer)
+
+
+def _observe_recorded_responses(call: Call, event: Any) -> bool | None:
+    shown = _observe_responses(call, event)
+    if getattr(event, "type", "") == "response.completed":
+        _record_chain(call, getattr(event, "response", None))
+    return shown
+
+
+def _plan_default(call: Call) -> int | None:
+    from llm_budgets.models import Tenant
+
+    found = (
+        Tenant.objects.filter(external_id=call.options.tenant)
+        .values_list("plan__default_max_output_tokens", flat=True)
+        .first()
+    )
+    return found
+
+
+def _model_price(call: Call) -> Any:
+    from llm_budgets.pricing.prices import price_in_effect
+
+    return price_in_effect(provider=call.options.provider, model=call.model, at=timezone.now())
+
+
+# -- chat completions --------------------------------------------------------------------------
+
+
+def _chat_call(options: GuardOptions, kwargs: dict[str, Any]) -> tuple[Call, _Kind]:
+    body = _body(kwargs, CHAT_PARAMETERS, where="openai chat.completions.create")
+    model = _model(body)
+    tier = _service_tier(options, body)
+    choices = _choices(body)
+    image_tokens = 0
     messages = []
-    for message in kwargs.get("messages") or []:
+    for message in body.get("messages") or []:
         if not isinstance(message, dict) or "role" not in message:
             raise InvalidUsage('each message needs a "role".', field="messages")
-        text = text_of(message.get("content"), field_name="messages", text_types=_TEXT_PARTS)
+        content, images = _without_images(message.get("content"), model=model)
+        image_tokens += images
+        text = text_of(content, field_name="messages", text_types=_TEXT_PARTS)
         refuse_media(message.get("audio"), field_name="messages")
         if message.get("audio"):  # an earlier audio answer, referred to by id
             raise NotGuarded("openai messages with audio", instead=_AUDIO)
@@ -435,31 +693,47 @@ def _chat_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
         if message.get("name"):
             text = f"{message['name']}: {text}"
         messages.append(as_text_message(str(message["role"]), text))
-    for name in ("tools", "functions", "response_format"):
-        if given(kwargs.get(name)):
-            messages.append(as_text_message("system", _schema_text(kwargs[name])))
-    ceiling = kwargs.get("max_completion_tokens")
+    for name in ("tools", "functions", "response_format", "prediction"):
+        if given(body.get(name)):
+            messages.append(as_text_message("system", _schema_text(body[name])))
+    # Chat web search: one search per request (its fee), its results billed as input.
+    searched = given(body.get("web_search_options"))
+    ceiling = body.get("max_completion_tokens")
     if not given(ceiling):
-        ceiling = kwargs.get("max_tokens")
-    return Call(
+        ceiling = body.get("max_tokens")
+    # n choices: n outputs held (a ceiling that is no count is admission's to refuse).
+    per_choice = bound(ceiling)
+    call = Call(
         options=options,
-        model=_model(kwargs),
-        ceiling=ceiling if given(ceiling) else None,
+        model=model,
+        ceiling=per_choice * choices if per_choice else (ceiling if given(ceiling) else None),
         messages=messages,
         sdk_errors=ERRORS,
         service_tier=tier,
+        max_tool_calls={"web_search": 1} if searched else None,
+        extra_input_tokens=image_tokens + (SEARCH_CONTENT_TOKENS_PER_USE if searched else 0),
     )
+    call.state["choices"] = choices
+    if not given(ceiling):
+        call.state[_LEFT_TO_MODEL] = {"ceiling"}
+    return call, _CHAT_SEARCHED if searched else _CHAT
 
 
-def _chat_send(call: Call, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _chat_send(
+    call: Call, kwargs: dict[str, Any], *, model_ceiling: int | None = None
+) -> dict[str, Any]:
+    body = with_extra_body(kwargs)
     sent = dict(kwargs)
-    sent["model"] = call.model_sent
-    call.reasons = _may_reason(call.model_sent, kwargs)
+    _pin(sent, kwargs, "model", call.model_sent)
+    call.reasons = _may_reason(call.model_sent, body)
+    ceiling = _per_choice_ceiling(call, _choices(body))
     # The held ceiling in the parameter the caller used (both, if both were given).
-    if given(kwargs.get("max_tokens")):
-        sent["max_tokens"] = call.ceiling_sent
-    if given(kwargs.get("max_completion_tokens")) or not given(kwargs.get("max_tokens")):
-        sent["max_completion_tokens"] = call.ceiling_sent
+    if given(body.get("max_tokens")):
+        _pin(sent, kwargs, "max_tokens", ceiling)
+    if given(body.get("max_completion_tokens")) or not (
+        given(body.get("max_tokens")) or _ceiling_left_to_model(call, model_ceiling)
+    ):
+        _pin(sent, kwargs, "max_completion_tokens", ceiling)
     if kwargs.get("stream") is True:
         stream_options = dict(kwargs.get("stream_options") or {})
         # The guard needs the usage chunk; a caller who did not ask for it never sees it.
@@ -507,13 +781,14 @@ def _note_tier(call: Call, answer: object) -> None:
 
 
 def _responses_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
-    RESPONSES_PARAMETERS.check(kwargs, where="openai responses.create")
-    refuse_priced_extra_body(kwargs)
-    tier = _service_tier(kwargs)
+    body = _body(kwargs, RESPONSES_PARAMETERS, where="openai responses.create")
+    model = _model(body)
+    tier = _service_tier(options, body)
+    image_tokens = 0
     messages = []
-    if given(kwargs.get("instructions")):
-        messages.append(as_text_message("system", str(kwargs["instructions"])))
-    given_input = kwargs.get("input")
+    if given(body.get("instructions")):
+        messages.append(as_text_message("system", str(body["instructions"])))
+    given_input = body.get("input")
     if isinstance(given_input, str):
         messages.append(as_text_message("user", given_input))
     elif isinstance(given_input, list | tuple):
@@ -521,32 +796,51 @@ def _responses_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
             if not isinstance(item, dict):
                 raise InvalidUsage("each input item must be an object.", field="input")
             if "role" in item:
-                text = text_of(item.get("content"), field_name="input", text_types=_TEXT_PARTS)
+                content, images = _without_images(item.get("content"), model=model)
+                image_tokens += images
+                text = text_of(content, field_name="input", text_types=_TEXT_PARTS)
                 messages.append(as_text_message(str(item["role"]), text))
             else:  # tool calls and their outputs, reasoning items: files and images refused
                 refuse_media([item], field_name="input")
                 messages.append(as_text_message("user", json_text(item)))
-    if not messages:
+    stored = [name for name in _STORED_CONTEXT if given(body.get(name))]
+    if not messages and not stored:
         raise InvalidUsage("input is required.", field="input")
-    for name in ("tools", "text", "text_format"):
-        if given(kwargs.get(name)):
-            messages.append(as_text_message("system", _schema_text(kwargs[name])))
-    ceiling = kwargs.get("max_output_tokens")
-    tool_calls = _server_tools(kwargs)
-    return Call(
+    for name in ("tools", "text", "text_format", "prompt"):
+        if given(body.get(name)):
+            messages.append(as_text_message("system", _schema_text(body[name])))
+    ceiling = body.get("max_output_tokens")
+    tool_calls = _server_tools(body)
+    call = Call(
         options=options,
-        model=_model(kwargs),
+        model=model,
         ceiling=ceiling if given(ceiling) else None,
         messages=messages,
         sdk_errors=ERRORS,
         max_tool_calls=tool_calls,
         service_tier=tier,
-        extra_input_tokens=sum(
+        extra_input_tokens=image_tokens
+        + sum(
             SEARCH_CONTENT_TOKENS_PER_USE * calls
             for name, calls in (tool_calls or {}).items()
             if name in _SEARCHES
         ),
     )
+    left = set()
+    if not given(ceiling):
+        left.add("ceiling")
+    if stored:
+        left.add("input")
+        call.state["stored_context"] = stored[0]
+        if stored == ["previous_response_id"]:
+            call.state["previous_response_id"] = body["previous_response_id"]
+    if left:
+        call.state[_LEFT_TO_MODEL] = left
+    return call
+
+
+# Parameters that bring earlier input the request does not show (billed as input of this call).
+_STORED_CONTEXT = ("previous_response_id", "conversation", "prompt")
 
 
 # Built-in tools the provider runs (with a fee per call where the price lists one), by the
@@ -590,12 +884,80 @@ def _server_tools(kwargs: dict[str, Any]) -> dict[str, int] | None:
     return held or None
 
 
-def _responses_send(call: Call, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _responses_send(
+    call: Call, kwargs: dict[str, Any], *, model_ceiling: int | None = None
+) -> dict[str, Any]:
+    body = with_extra_body(kwargs)
     sent = dict(kwargs)
-    sent["model"] = call.model_sent
-    call.reasons = _may_reason(call.model_sent, kwargs)
-    sent["max_output_tokens"] = call.ceiling_sent
+    _pin(sent, kwargs, "model", call.model_sent)
+    call.reasons = _may_reason(call.model_sent, body)
+    if given(body.get("max_output_tokens")) or not _ceiling_left_to_model(call, model_ceiling):
+        _pin(sent, kwargs, "max_output_tokens", call.ceiling_sent)
     return sent
+
+
+# -- embeddings --------------------------------------------------------------------------------
+
+
+def _embeddings_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
+    body = _body(kwargs, EMBEDDINGS_PARAMETERS, where="openai embeddings.create")
+    given_input = body.get("input")
+    items = [given_input] if isinstance(given_input, str) else given_input
+    if not isinstance(items, list | tuple) or not items:
+        raise InvalidUsage("input is required: text, or a list of texts or tokens.", field="input")
+    texts: list[str] = []
+    tokens = 0
+    for item in items:
+        if isinstance(item, str):
+            texts.append(item)
+        elif isinstance(item, int):  # one array of token ids
+            tokens += 1
+        elif isinstance(item, list | tuple):  # a list of token-id arrays
+            tokens += len(item)
+        else:
+            raise InvalidUsage("input must be text, or lists of token ids.", field="input")
+    return Call(
+        options=options,
+        model=_model(body),
+        ceiling=1,  # embeddings bill no output; the smallest ceiling admission takes
+        messages=[as_text_message("user", text) for text in texts],
+        sdk_errors=ERRORS,
+        extra_input_tokens=tokens,
+    )
+
+
+def _embeddings_send(
+    call: Call, kwargs: dict[str, Any], *, model_ceiling: int | None = None
+) -> dict[str, Any]:
+    sent = dict(kwargs)
+    _pin(sent, kwargs, "model", call.model_sent)
+    return sent
+
+
+def _embeddings_usage(result: object) -> Usage | None:
+    usage = _field(result, "usage")
+    if usage is None:
+        return None
+    return usage_validate(input_tokens=_field(usage, "prompt_tokens") or 0, output_tokens=0)
+
+
+def _searched_chat_usage(result: object) -> Usage | None:
+    """A chat answer's usage plus its one web search (the fee Chat Completions bills per
+    request with ``web_search_options``; the answer does not itemise it)."""
+    return _with_search(_response_usage(result))
+
+
+def _with_search(usage: Usage | None) -> Usage | None:
+    if usage is None:
+        return None
+    return replace(usage, tool_calls={**usage.tool_calls, "web_search": 1})
+
+
+def _observe_searched_chat(call: Call, chunk: Any) -> bool:
+    shown = _observe_chat(call, chunk)
+    if getattr(chunk, "usage", None) is not None:
+        call.final_usage = _with_search(call.final_usage)
+    return shown
 
 
 _RESPONSE_TEXT_EVENTS = frozenset(
@@ -638,6 +1000,21 @@ def _observe_responses(call: Call, event: Any) -> bool:
         if usage is not None:
             call.final_usage = usage
     return True
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """How one kind of request is sent: its SDK glue, its pin and its stream observer."""
+
+    sdk: Sdk
+    pin: Callable[..., dict[str, Any]]  # a Pin, with the model_ceiling the guard held
+    observe: Observe
+
+
+_CHAT = _Kind(SDK, _chat_send, _observe_chat)
+_CHAT_SEARCHED = _Kind(replace(SDK, usage=_searched_chat_usage), _chat_send, _observe_searched_chat)
+_RESPONSES = _Kind(replace(SDK, note=_note_response), _responses_send, _observe_recorded_responses)
+_EMBEDDINGS = _Kind(replace(SDK, usage=_embeddings_usage), _embeddings_send, _observe_responses)
 
 
 # Checked against the installed SDK at import: what it has that the guard does not classify is
