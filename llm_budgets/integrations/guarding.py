@@ -630,6 +630,29 @@ def refuse_priced_extra_body(kwargs: Mapping[str, Any]) -> None:
             )
 
 
+def with_extra_body(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters as the provider receives them: the SDK merges ``extra_body`` into the
+    JSON body over the named parameters, so its keys are checked and priced as the same
+    parameter would be. A key given both ways is refused (which one is sent is the SDK's
+    detail, not the caller's intent)."""
+    named = {name: value for name, value in kwargs.items() if name != "extra_body"}
+    extra = kwargs.get("extra_body")
+    if not given(extra):
+        return named
+    if not isinstance(extra, Mapping):
+        raise InvalidUsage(
+            "extra_body must be a dict of request fields (or left out).", field="extra_body"
+        )
+    both = sorted(name for name in extra if given(named.get(name)))
+    if both:
+        raise InvalidUsage(
+            f"{', '.join(both)} given both as an argument and in extra_body: pass each once "
+            "(as the method's own argument where it has one).",
+            field="extra_body",
+        )
+    return {**named, **extra}
+
+
 def given(value: object) -> bool:
     """Whether a keyword argument was given (the SDKs' ``omit``/``NOT_GIVEN`` sentinels and None
     mean not given)."""
