@@ -101,7 +101,7 @@ def document_tokens(block: dict[str, Any]) -> tuple[str, int]:
     raise InvalidUsage(
         f"a document by {kind!r} source cannot be priced before the call: its pages are not "
         "known until Anthropic fetches it. Send the PDF inline (source type 'base64': the guard "
-        "counts its pages) or its text (source type 'text').",
+        "counts its pages) or its text as a text document (source type 'text').",
         field="messages",
     )
 

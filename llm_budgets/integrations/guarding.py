@@ -635,22 +635,24 @@ def with_extra_body(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     JSON body over the named parameters, so its keys are checked and priced as the same
     parameter would be. A key given both ways is refused (which one is sent is the SDK's
     detail, not the caller's intent)."""
-    named = {name: value for name, value in kwargs.items() if name != "extra_body"}
+    merged = {name: value for name, value in kwargs.items() if name != "extra_body"}
     extra = kwargs.get("extra_body")
     if not given(extra):
-        return named
+        return merged
     if not isinstance(extra, Mapping):
         raise InvalidUsage(
-            "extra_body must be a dict of request fields (or left out).", field="extra_body"
-        )
-    both = sorted(name for name in extra if given(named.get(name)))
-    if both:
-        raise InvalidUsage(
-            f"{', '.join(both)} given both as an argument and in extra_body: pass each once "
-            "(as the method's own argument where it has one).",
+            "extra_body must be a dict of request fields (each is checked and priced as the "
+            "same parameter would be).",
             field="extra_body",
         )
-    return {**named, **extra}
+    twice = sorted(name for name in extra if given(merged.get(name)))
+    if twice:
+        raise InvalidUsage(
+            f"{', '.join(twice)} given both as a parameter and in extra_body: give each once.",
+            field="extra_body",
+        )
+    merged.update(extra)
+    return merged
 
 
 def given(value: object) -> bool:
