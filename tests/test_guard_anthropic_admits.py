@@ -16,6 +16,7 @@ import anthropic
 import pydantic
 import pytest
 from asgiref.sync import async_to_sync
+from django.test import override_settings
 
 from llm_budgets import budgets
 from llm_budgets.exceptions import InvalidUsage, UnknownPrice
@@ -106,7 +107,9 @@ def test_a_billing_modifier_in_extra_body_is_held_and_charged_at_its_rates(
     assert_conserved()
 
 
+@override_settings(LLM_BUDGETS={"SERVICE_TIER_MULTIPLIERS": {"anthropic": {}}})
 def test_a_modifier_without_a_price_is_refused_never_held_at_standard(fake: FakeAnthropic) -> None:
+    # Neither listed by the price nor given a multiplier by the operator.
     with pytest.raises(UnknownPrice, match="geo_us"):
         _create(fake, extra_body={"inference_geo": "us"})
     assert fake.requests == []
@@ -187,33 +190,47 @@ def test_a_thinking_budget_in_extra_body_is_pinned_below_the_clamped_ceiling_the
 # -- what the answer says it was billed at ------------------------------------------------------
 
 
+FAST = Decimal(30 * 6 + 15 * 12)
+GEO_US = Decimal("30") * Decimal("1.1") + 15 * Decimal("2.2")
+
+
+def _billed_at(cost: Decimal, *, held: bool) -> None:
+    """The call is charged what the answer says it was billed at; an answer at a mode the hold
+    did not price may instead be left uncertain (counted at its hold), never charged at the
+    standard rates."""
+    reservation = only_reservation()
+    if held or reservation.state != "uncertain":
+        assert reservation.state == "committed"
+        assert charge_line(reservation).cost == cost
+    assert_conserved()
+
+
 @pytest.mark.parametrize(
-    ("asked", "answered", "state"),
+    ("asked", "answered", "cost"),
     [
-        ({}, {"speed": "fast"}, "uncertain"),
-        ({}, {"inference_geo": "us"}, "uncertain"),
-        ({"inference_geo": "us"}, {"inference_geo": "us"}, "committed"),
-        ({"speed": "fast"}, {"speed": "fast", "inference_geo": "global"}, "committed"),
-        ({}, {"speed": "standard", "inference_geo": "global"}, "committed"),
+        ({}, {"speed": "fast"}, FAST),
+        ({}, {"inference_geo": "us"}, GEO_US),
+        ({"inference_geo": "us"}, {"inference_geo": "us"}, GEO_US),
+        ({"speed": "fast"}, {"speed": "fast", "inference_geo": "global"}, FAST),
+        ({}, {"speed": "standard", "inference_geo": "global"}, STANDARD),
     ],
 )
 def test_an_answer_billed_at_a_mode_the_hold_did_not_price_is_never_charged_at_standard(
-    fake: FakeAnthropic, asked: dict[str, str], answered: dict[str, str], state: str
+    fake: FakeAnthropic, asked: dict[str, str], answered: dict[str, str], cost: Decimal
 ) -> None:
     _price_modifiers()
     fake.usage = {**USAGE, **answered}
     _create(fake, **asked)
-    assert only_reservation().state == state
-    assert_conserved()
+    _billed_at(cost, held=bool(asked) or cost == STANDARD)
 
 
-def test_a_stream_whose_start_reports_fast_mode_unasked_is_left_uncertain(
+def test_a_stream_whose_start_reports_fast_mode_unasked_is_not_charged_at_standard(
     fake: FakeAnthropic,
 ) -> None:
+    _price_modifiers()
     fake.usage = {**USAGE, "speed": "fast"}
     list(_create(fake, stream=True))  # type: ignore[call-overload]
-    assert only_reservation().state == "uncertain"
-    assert_conserved()
+    _billed_at(FAST, held=False)
 
 
 # -- documents and images -----------------------------------------------------------------------
