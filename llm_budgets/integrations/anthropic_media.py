@@ -4,9 +4,10 @@ call that carries them is held instead of refused.
 - An image is scaled down (never up) to fit the model's limits before it is counted: at most
   :data:`IMAGE_MAX_TOKENS` on any current model (Opus 4.7 and later read up to 2,576 px on the
   long edge, ``ceil(w/28) * ceil(h/28)`` <= 4,784 tokens; earlier models about 1,600). An image
-  sent inline is counted from its own header by the published rule
-  (:func:`llm_budgets.integrations.images.anthropic_image_tokens`); one by URL or file id is
-  never fetched, and is held at that maximum.
+  sent inline is counted from its own header by the published rules, the larger of
+  ``w * h / 750`` (:func:`llm_budgets.integrations.images.anthropic_image_tokens`) and the newer
+  models' 28 px patches (more for a small image); one by URL or file id is never fetched, and is
+  held at that maximum.
 - A plain-text document (``source.type`` "text", or "content" with text and image parts) is its
   text (and images).
 - A PDF sent inline (base64) is counted by its pages: each page is billed as its extracted text
@@ -20,14 +21,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
 import re
 import zlib
 from typing import Any
 
 from llm_budgets.exceptions import InvalidUsage
-from llm_budgets.integrations.images import anthropic_image_tokens
+from llm_budgets.integrations.images import anthropic_image_tokens, image_size
 
 IMAGE_MAX_TOKENS = 4_784
+PATCH_PIXELS = 28
 PDF_TEXT_TOKENS_PER_PAGE = 3_000
 PDF_PAGE_TOKENS = PDF_TEXT_TOKENS_PER_PAGE + IMAGE_MAX_TOKENS
 
@@ -71,7 +74,11 @@ def image_tokens(block: dict[str, Any]) -> int:
     """An image's tokens by the published rule when it is inline and readable, else the most
     any image costs (by URL or file id it is never fetched)."""
     counted = anthropic_image_tokens(block)
-    return IMAGE_MAX_TOKENS if counted is None else counted
+    if counted is None:
+        return IMAGE_MAX_TOKENS
+    # Readable, so inline base64 with a size (anthropic_image_tokens checked both).
+    width, height = image_size(base64.b64decode(block["source"]["data"]))  # type: ignore[misc]
+    return max(counted, math.ceil(width / PATCH_PIXELS) * math.ceil(height / PATCH_PIXELS))
 
 
 def document_tokens(block: dict[str, Any]) -> tuple[str, int]:

@@ -2,9 +2,8 @@
 from the image's own header (PNG, GIF, JPEG, WebP), for images sent inline (base64). An image
 by URL has no size until it is fetched, and so cannot be counted.
 
-Anthropic: an image costs about ``width * height / 750`` tokens (newer models: one a 28 x 28 px
-patch, ``ceil(w/28) * ceil(h/28)``), after it is scaled down to fit the model's limits (never
-up): the larger of the two rules, on the size as sent, is an upper bound.
+Anthropic: an image costs about ``width * height / 750`` tokens, after it is scaled down to fit
+the model's limits (never up): the rule on the size as sent is an upper bound.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import math
 import struct
 
 ANTHROPIC_PIXELS_PER_TOKEN = 750
-ANTHROPIC_PATCH_PIXELS = 28
 # JPEG start-of-frame markers (they carry the size): SOF0-SOF15 but DHT, JPG and DAC.
 _JPEG_FRAMES = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 
@@ -77,7 +75,4 @@ def anthropic_image_tokens(block: object) -> int | None:
     size = image_size(data)
     if size is None or 0 in size:
         return None
-    width, height = size
-    # Newer models count 28 x 28 px patches: more than w * h / 750 for a small image.
-    patches = math.ceil(width / ANTHROPIC_PATCH_PIXELS) * math.ceil(height / ANTHROPIC_PATCH_PIXELS)
-    return max(math.ceil(width * height / ANTHROPIC_PIXELS_PER_TOKEN), patches)
+    return math.ceil(size[0] * size[1] / ANTHROPIC_PIXELS_PER_TOKEN)
