@@ -30,6 +30,7 @@ from typing import Any
 
 import anthropic
 from asgiref.sync import sync_to_async
+from pydantic import TypeAdapter
 
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.integrations.anthropic_media import split_media
@@ -538,8 +539,6 @@ def _schema_text(value: object) -> str:
     """``output_format`` as the JSON schema sent: ``parse()`` / ``stream()`` take a type and
     send its schema; a dict is sent as it is."""
     if isinstance(value, type):
-        from pydantic import TypeAdapter
-
         return json_text(TypeAdapter(value).json_schema())
     return json_text(value)
 
@@ -557,32 +556,31 @@ def _messages_call(
     parameters.check(body, where=where)
     _check_betas(body, where)
     tier = _service_tier(body)
-    kwargs = body
-    model = kwargs.get("model")
+    model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidUsage("model is required.", field="model")
     messages = []
-    system = kwargs.get("system")
+    system = body.get("system")
     if given(system):
         messages.append(
             as_text_message("system", text_of(system, field_name="system", text_types=_TEXT_PARTS))
         )
     extra = 0
-    for message in kwargs.get("messages") or []:
+    for message in body.get("messages") or []:
         if not isinstance(message, dict) or "role" not in message:
             raise InvalidUsage('each message needs a "role".', field="messages")
         content, media_tokens = split_media(message.get("content"))
         extra += media_tokens
         text = text_of(content, field_name="messages", text_types=_TEXT_PARTS)
         messages.append(as_text_message(str(message["role"]), text))
-    if given(kwargs.get("tools")):
-        messages.append(as_text_message("system", json_text(kwargs["tools"])))
-        extra += tool_prompt_tokens(model, kwargs.get("tool_choice"))
+    if given(body.get("tools")):
+        messages.append(as_text_message("system", json_text(body["tools"])))
+        extra += tool_prompt_tokens(model, body.get("tool_choice"))
     for name in ("output_format", "output_config"):
-        if given(kwargs.get(name)):
-            messages.append(as_text_message("system", _schema_text(kwargs[name])))
-    tool_calls, search_content = _server_tools(kwargs.get("tools"))
-    ceiling = kwargs.get("max_tokens")
+        if given(body.get(name)):
+            messages.append(as_text_message("system", _schema_text(body[name])))
+    tool_calls, search_content = _server_tools(body.get("tools"))
+    ceiling = body.get("max_tokens")
     return Call(
         options=options,
         model=model,
