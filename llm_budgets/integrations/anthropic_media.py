@@ -83,28 +83,29 @@ def image_tokens(block: dict[str, Any]) -> int:
 
 def document_tokens(block: dict[str, Any]) -> tuple[str, int]:
     """A document block as ``(text to count, tokens held besides that text)``."""
-    source = block.get("source")
+    source: dict[str, Any] = block.get("source") or {}
     kind = source.get("type") if isinstance(source, dict) else None
     labels = [str(block[name]) for name in ("title", "context") if block.get(name)]
     if kind == "text":
-        return "\n".join([*labels, str(source.get("data", ""))]), 0  # type: ignore[union-attr]
+        return "\n".join([*labels, str(source.get("data", ""))]), 0
     if kind == "content":
-        inner = source.get("content")  # type: ignore[union-attr]
+        inner = source.get("content")
         if isinstance(inner, str):
             return "\n".join([*labels, inner]), 0
         kept, tokens = split_media(inner)
+        parts = kept if isinstance(kept, list) else []
         texts = [
             str(part.get("text", ""))
-            for part in kept  # type: ignore[union-attr]
+            for part in parts
             if isinstance(part, dict) and part.get("type") == "text"
         ]
-        if len(texts) != len(kept):  # type: ignore[arg-type]
+        if len(texts) != len(parts):
             raise InvalidUsage(
                 "a document's content may hold only text and image parts.", field="messages"
             )
         return "\n".join([*labels, *texts]), tokens
-    if kind == "base64" and source.get("media_type") == "application/pdf":  # type: ignore[union-attr]
-        return "\n".join(labels), pdf_pages(source) * PDF_PAGE_TOKENS  # type: ignore[arg-type]
+    if kind == "base64" and source.get("media_type") == "application/pdf":
+        return "\n".join(labels), pdf_pages(source) * PDF_PAGE_TOKENS
     raise InvalidUsage(
         f"a document by {kind!r} source cannot be priced before the call: its pages are not "
         "known until Anthropic fetches it. Send the PDF inline (source type 'base64': the guard "
