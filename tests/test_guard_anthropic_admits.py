@@ -385,13 +385,19 @@ def test_the_async_beta_messages_and_parse(fake: FakeAnthropic) -> None:
             model=CLAUDE,
             max_tokens=100,
             messages=MESSAGES,
+            betas=["context-management-2025-06-27"],
             context_management={"edits": [{"type": "clear_tool_uses_20250919"}]},
         )
         parsed = await client.messages.parse(
             model=CLAUDE, max_tokens=100, messages=MESSAGES, output_format=Greeting
         )
+        async with client.beta.messages.stream(
+            model=CLAUDE, max_tokens=100, messages=MESSAGES
+        ) as stream:
+            assert "".join([text async for text in stream.text_stream])
         return parsed.parsed_output
 
     assert async_to_sync(call)() == Greeting(greeting="hi")
-    assert [r.state for r in Reservation.objects.all()] == ["committed"] * 2
+    assert [r.state for r in Reservation.objects.all()] == ["committed"] * 3
+    assert charge_line(Reservation.objects.order_by("created_at").last()).cost == STANDARD
     assert_conserved()
