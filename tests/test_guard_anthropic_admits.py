@@ -123,6 +123,7 @@ def test_a_modifier_without_a_price_is_refused_never_held_at_standard(fake: Fake
         ({"extra_body": {"speed": "ludicrous"}}, NotGuarded, "speed"),
         ({"speed": "standard", "extra_body": {"speed": "fast"}}, InvalidUsage, "both"),
         ({"extra_body": ["speed", "fast"]}, InvalidUsage, "extra_body"),
+        ({"extra_body": {"stream": True}}, InvalidUsage, "stream=True"),
         (
             {"extra_body": {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}},
             InvalidUsage,

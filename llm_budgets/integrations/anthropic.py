@@ -559,6 +559,13 @@ def _messages_call(
     # The body as Anthropic receives it: extra_body's keys are checked and priced as the same
     # parameters (one the guard does not know is refused, nothing sent).
     body = with_extra_body(kwargs)
+    if isinstance(kwargs.get("extra_body"), Mapping) and "stream" in kwargs["extra_body"]:
+        # The SDK reads the answer as it was asked by its own argument, not by the body.
+        raise InvalidUsage(
+            "stream in extra_body: pass stream=True as the method's own argument (or use "
+            "messages.stream()).",
+            field="extra_body",
+        )
     parameters.check(body, where=where)
     _check_betas(body, where)
     tier = _service_tier(body)
