@@ -109,10 +109,10 @@ def test_a_refusal_sends_nothing(fake: FakeAnthropic) -> None:
 def test_content_that_cannot_be_counted_offline_is_refused_before_sending(
     fake: FakeAnthropic,
 ) -> None:
-    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}}
+    upload = {"type": "container_upload", "file_id": "file_1"}
     with pytest.raises(InvalidUsage, match="only text can be counted"):
         _client(fake.base_url).messages.create(  # type: ignore[attr-defined]
-            model=CLAUDE, max_tokens=100, messages=[{"role": "user", "content": [image]}]
+            model=CLAUDE, max_tokens=100, messages=[{"role": "user", "content": [upload]}]
         )
     assert fake.requests == []
 
@@ -263,7 +263,16 @@ def test_a_connection_lost_mid_stream_is_uncertain(fake: FakeAnthropic) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["with_middleware", "post", "request", "beta", "messages.parse", "skills"]
+    "path",
+    [
+        "with_middleware",
+        "post",
+        "request",
+        "beta.agents",
+        "beta.messages.tool_runner",
+        "beta.messages.batches",
+        "skills",
+    ],
 )
 def test_middleware_raw_http_and_unpriced_paths_are_refused(fake: FakeAnthropic, path: str) -> None:
     with pytest.raises(NotGuarded):
@@ -274,11 +283,11 @@ def test_middleware_raw_http_and_unpriced_paths_are_refused(fake: FakeAnthropic,
 @pytest.mark.parametrize(
     "block",
     [
-        {"type": "image", "source": {"type": "url", "url": "https://example.com/chart.png"}},
         {"type": "document", "source": {"type": "url", "url": "https://example.com/a.pdf"}},
+        {"type": "document", "source": {"type": "file", "file_id": "file_1"}},
     ],
 )
-def test_a_file_or_image_in_a_tool_result_is_refused_before_sending(
+def test_a_pdf_by_reference_in_a_tool_result_is_refused_before_sending(
     fake: FakeAnthropic, block: dict[str, object]
 ) -> None:
     messages = [
@@ -292,7 +301,7 @@ def test_a_file_or_image_in_a_tool_result_is_refused_before_sending(
             "content": [{"type": "tool_result", "tool_use_id": "tu_1", "content": [block]}],
         },
     ]
-    with pytest.raises(InvalidUsage, match="tool result"):
+    with pytest.raises(InvalidUsage, match="Send the PDF inline"):
         _client(fake.base_url).messages.create(  # type: ignore[attr-defined]
             model=CLAUDE, max_tokens=100, messages=messages, tools=[TOOL]
         )
@@ -329,7 +338,8 @@ def test_the_tool_use_system_prompt_is_held(
             {"tools": [{"type": "web_fetch_20250910", "name": "web_fetch", "max_uses": 2}]},
             InvalidUsage,
         ),
-        ({"inference_geo": "us"}, NotGuarded),
+        ({"inference_geo": "eu"}, NotGuarded),
+        ({"speed": "turbo"}, NotGuarded),
         ({"container": "cntr_1"}, NotGuarded),
     ],
 )
@@ -546,8 +556,9 @@ def test_inline_images_are_held_by_anthropics_published_rule_tool_results_includ
         ],
     )
     without, with_result = Reservation.objects.order_by("created_at")
-    # The first image is in both; the tool result's adds 300 x 200 / 750 = 80 tokens.
-    assert with_result.input_tokens == without.input_tokens + 80
+    # The first image is in both; the tool result's adds the larger of 300 x 200 / 750 = 80
+    # and the 28 px patches of newer models, 11 x 8 = 88 tokens.
+    assert with_result.input_tokens == without.input_tokens + 88
     assert fake.last.body["messages"][2]["content"][0]["content"][0]["type"] == "image"
 
 

@@ -7,13 +7,15 @@
     client = guard(anthropic.Anthropic(), tenant="acme", end_user="u-1")
     client.messages.create(model="claude-3-5-haiku-latest", max_tokens=500, messages=[...])
 
-``client.messages.create`` (plain and ``stream=True``) and ``client.messages.stream()``, on
-``Anthropic`` and ``AsyncAnthropic``, are admitted, sent with the model and ``max_tokens`` that
-were held, and settled from the usage Anthropic reports (``input_tokens`` plus cache reads and
-writes, with the 5-minute / 1-hour split, ``output_tokens``, server tool use), through
+``client.messages.create`` (plain and ``stream=True``), ``client.messages.stream()`` and
+``client.messages.parse()``, and the same three of ``client.beta.messages``, on ``Anthropic`` and
+``AsyncAnthropic``, are admitted, sent with the model and ``max_tokens`` that were held, and
+settled from the usage Anthropic reports (``input_tokens`` plus cache reads and writes, with the
+5-minute / 1-hour split, ``output_tokens``, server tool use), through
 :func:`llm_budgets.usage.from_anthropic`. In a stream the usage comes from ``message_start``
-(input) and ``message_delta`` (output). Calls that cost money but cannot be priced (batches,
-``parse``, beta, raw responses and raw HTTP, middleware) raise ``NotGuarded``; what bills nothing
+(input) and ``message_delta`` (output). ``extra_body`` keys are checked and priced as the same
+parameters. Calls that cost money but cannot be priced (batches, raw responses and raw HTTP,
+middleware, the beta namespace's other resources) raise ``NotGuarded``; what bills nothing
 (models, files, ``count_tokens``) passes through; anything unclassified is refused.
 """
 
@@ -22,13 +24,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
 import anthropic
 from asgiref.sync import sync_to_async
+from pydantic import TypeAdapter
 
 from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.integrations.anthropic_media import split_media
 from llm_budgets.integrations.guarding import (
     NEUTRAL_PARAMETERS,
     SEARCH_CONTENT_TOKENS_PER_USE,
@@ -42,11 +47,10 @@ from llm_budgets.integrations.guarding import (
     bound,
     given,
     json_text,
-    refuse_priced_extra_body,
     retry_delay,
     text_of,
+    with_extra_body,
 )
-from llm_budgets.integrations.images import anthropic_image_tokens
 from llm_budgets.integrations.proxy import (
     CLIENT_CONFIG,
     RAW_HTTP,
@@ -74,7 +78,7 @@ ERRORS = SdkErrors(
 _TEXT_PARTS = frozenset({"text"})
 _INSTEAD = (
     "Reserve with budgets.reserve(...) and call the unguarded client inside the with-block, "
-    "or use messages.create / messages.stream."
+    "or use messages.create / messages.stream / messages.parse."
 )
 
 
@@ -116,25 +120,70 @@ class _Proxy(ClientProxy):
 
 class _Messages(_Proxy):
     _free = frozenset({"count_tokens"})
-    _refused = _RAW | {"batches", "parse"}
+    _refused = _RAW | {"batches"}
+    _parameters: Parameters
+    _where = "anthropic messages"
+
+    def _call(self, method: str, kwargs: dict[str, Any]) -> Call:
+        return _messages_call(
+            self._options, kwargs, parameters=self._parameters, where=f"{self._where}.{method}"
+        )
 
     def create(self, **kwargs: Any) -> Any:
-        call = _messages_call(self._options, kwargs)
+        call = self._call("create", kwargs)
         if self.is_async:
             return asend(SDK, self._target.create, call, kwargs, _send, _observe)
         return send(SDK, self._target.create, call, kwargs, _send, _observe)
 
+    def parse(self, **kwargs: Any) -> Any:
+        """``parse`` sends one plain request (never a stream) and parses its answer."""
+        call = self._call("parse", kwargs)
+        if self.is_async:
+            return asend(SDK, self._target.parse, call, kwargs, _send, _observe)
+        return send(SDK, self._target.parse, call, kwargs, _send, _observe)
+
     def stream(self, **kwargs: Any) -> Any:
-        call = _messages_call(self._options, kwargs)
+        call = self._call("stream", kwargs)
         if self.is_async:
             return AsyncGuardedStreamManager(self._target.stream, call, kwargs)
         return GuardedStreamManager(self._target.stream, call, kwargs)
 
 
+class _BetaMessages(_Messages):
+    # The tool runner and threads make calls of their own the guard does not see.
+    _refused = _RAW | {"batches", "tool_runner", "thread"}
+    _where = "anthropic beta.messages"
+
+
+class _Beta(_Proxy):
+    """``client.beta``: its messages are guarded like ``client.messages``; models and files
+    bill nothing; its other resources (agents, sessions, skills...) are refused."""
+
+    _children = {"messages": _BetaMessages}
+    _free = frozenset({"models", "files"})
+    # Agents, sessions and the like run (and bill) calls the guard never sees.
+    _refused = _RAW | {
+        "agents",
+        "compliance",
+        "deployment_runs",
+        "deployments",
+        "dreams",
+        "environments",
+        "memory_stores",
+        "organization",
+        "sessions",
+        "skills",
+        "tunnels",
+        "user_profiles",
+        "vaults",
+        "webhooks",
+    }
+
+
 class GuardedAnthropic(_Proxy):
     """An ``Anthropic`` / ``AsyncAnthropic`` client whose priced calls go through the guard."""
 
-    _children = {"messages": _Messages}
+    _children = {"messages": _Messages, "beta": _Beta}
     # Client configuration, model lists and file uploads bill nothing.
     _free = CLIENT_CONFIG | {
         "auth_token",
@@ -148,7 +197,6 @@ class GuardedAnthropic(_Proxy):
     # Middleware sees and may send requests the guard does not; raw HTTP likewise.
     _refused = RAW_HTTP | {
         "completions",
-        "beta",
         "skills",
         "user_profiles",
         "organization",
@@ -164,6 +212,11 @@ class GuardedAnthropic(_Proxy):
 SDK_CLASSES: dict[str, tuple[type, ...]] = {
     "": (anthropic.Anthropic, anthropic.AsyncAnthropic),
     "messages": (anthropic.resources.Messages, anthropic.resources.AsyncMessages),
+    "beta": (anthropic.resources.beta.Beta, anthropic.resources.beta.AsyncBeta),
+    "beta.messages": (
+        anthropic.resources.beta.messages.Messages,
+        anthropic.resources.beta.messages.AsyncMessages,
+    ),
 }
 
 
@@ -307,6 +360,11 @@ def tool_prompt_tokens(model: str, tool_choice: object) -> int:
     return forced if kind in {"any", "tool"} else auto
 
 
+# Web search results are billed as input of the call; Anthropic publishes no bound. Held per
+# allowed search (the probe of issue #39 saw about 24k a search past the old 20k bound).
+WEB_SEARCH_CONTENT_TOKENS_PER_USE = 2 * SEARCH_CONTENT_TOKENS_PER_USE
+
+
 def _server_tools(tools: object) -> tuple[dict[str, int] | None, int]:
     """The web search / web fetch calls a request may make (each tool's ``max_uses``,
     required: without it the fees are unbounded and the call is refused, before anything is
@@ -324,8 +382,8 @@ def _server_tools(tools: object) -> tuple[dict[str, int] | None, int]:
             raise NotGuarded(
                 f"anthropic tool {kind!r}",
                 instead="Only your own tools and web_search / web_fetch (with max_uses) are "
-                "priced: Anthropic-defined tools add system prompt tokens and code execution "
-                "bills container time.",
+                "priced: Anthropic-defined tools add system prompt tokens, and code execution "
+                "bills container time the guard cannot bound. " + _INSTEAD,
             )
         uses = bound(tool.get("max_uses"))
         if uses is None:
@@ -337,7 +395,7 @@ def _server_tools(tools: object) -> tuple[dict[str, int] | None, int]:
         per_use = (
             bound(tool.get("max_content_tokens"))
             if name == "web_fetch"
-            else SEARCH_CONTENT_TOKENS_PER_USE
+            else WEB_SEARCH_CONTENT_TOKENS_PER_USE
         )
         if per_use is None:
             raise InvalidUsage(
@@ -375,55 +433,156 @@ MESSAGES_PARAMETERS = Parameters(
         "diagnostics": "Not classified: the guard does not know what it costs.",
     },
 )
+_Messages._parameters = MESSAGES_PARAMETERS
+
+# ``betas`` (the anthropic-beta header) that change nothing the guard does not already price:
+# fast mode is priced by ``speed``, PDFs by their pages, server tools by their uses, output by
+# the ceiling held, cache writes at the dearest input rate; context management only clears
+# (checked below). Any other beta may change the price: refused until classified. (The same
+# list as the header check's free betas, plus the ones these parameters need.)
+PRICED_BETAS = frozenset(
+    {
+        "prompt-caching-2024-07-31",
+        "extended-cache-ttl-2025-04-11",
+        "pdfs-2024-09-25",
+        "token-counting-2024-11-01",
+        "message-batches-2024-09-24",
+        "files-api-2025-04-14",
+        "output-128k-2025-02-19",
+        "output-300k-2026-03-24",
+        "interleaved-thinking-2025-05-14",
+        "fine-grained-tool-streaming-2025-05-14",
+        "token-efficient-tools-2025-02-19",
+        "structured-outputs-2025-11-13",
+        "search-results-2025-06-09",
+        "web-search-2025-03-05",
+        "web-fetch-2025-09-10",
+        "fast-mode-2026-02-01",
+        "context-management-2025-06-27",
+    }
+)
+BETA_MESSAGES_PARAMETERS = Parameters(
+    priced=MESSAGES_PARAMETERS.priced | {"betas", "context_management"},
+    neutral=MESSAGES_PARAMETERS.neutral,
+    refused={
+        **MESSAGES_PARAMETERS.refused,
+        "billing_policy": "Not classified: the guard does not know what it costs.",
+        "compaction": "Compaction samples a summary the request does not bound.",
+        "fallbacks": "A fallback model would serve the call at a price that was not held.",
+        "fallback_credit_token": "A fallback model would serve the call at a price that was "
+        "not held.",
+        "mcp_servers": "MCP tool results come back as input the guard cannot bound.",
+        "thread": "Not classified: the guard does not know what it costs.",
+    },
+)
+_BetaMessages._parameters = BETA_MESSAGES_PARAMETERS
 
 
-def _service_tier(kwargs: dict[str, Any]) -> str:
-    """Fast mode is held and charged at the price's ``"fast"`` rates (refused without them);
-    regional inference (billed above the standard rates) is refused."""
-    geo = kwargs.get("inference_geo")
-    if given(geo) and geo != "global":
-        raise NotGuarded(
-            f"anthropic inference_geo={geo!r}",
-            instead="Regional inference is billed above the price table's rates.",
-        )
-    speed = kwargs.get("speed")
-    return str(speed) if given(speed) and speed != "standard" else ""
+def _check_betas(body: Mapping[str, Any], where: str) -> None:
+    """Each beta asked for is one that changes nothing unpriced; context management only
+    clears (a compacting edit samples a summary, billed as output the request does not bound)."""
+    betas = body.get("betas")
+    for beta in betas if given(betas) and isinstance(betas, list | tuple) else []:
+        if beta not in PRICED_BETAS:
+            raise NotGuarded(
+                f"{where}(betas=[{beta!r}])",
+                instead="This beta may change what the call costs and the guard does not "
+                "classify it. " + _INSTEAD,
+            )
+    edits = body.get("context_management")
+    edits = edits.get("edits") if isinstance(edits, Mapping) else None
+    for edit in edits if isinstance(edits, list | tuple) else []:
+        kind = str(edit.get("type", "")) if isinstance(edit, Mapping) else ""
+        if not kind.startswith("clear_"):
+            raise NotGuarded(
+                f"{where}(context_management={{'edits': [{kind!r}]}})",
+                instead="Only edits that clear (clear_tool_uses, clear_thinking) are priced.",
+            )
 
 
-def _thinks(kwargs: dict[str, Any]) -> bool:
+# Billing modifiers, in the fixed order they are joined with "+" (``Call.service_tier``):
+# fast mode (6x on the models that offer it) and US-only inference (1.1x).
+_SPEEDS = {"standard": "", "fast": "fast"}
+_GEOS = {"global": "", "us": "geo_us"}
+
+
+def _service_tier(kwargs: Mapping[str, Any]) -> str:
+    """The billing modifiers the call is held and charged at (``"fast"``, ``"geo_us"``,
+    ``"fast+geo_us"``; ``""``: standard), priced from the price's ``service_tiers`` or the
+    modifier's multiplier (``UnknownPrice`` without either: never at standard)."""
+    parts = []
+    for name, known in (("speed", _SPEEDS), ("inference_geo", _GEOS)):
+        value = kwargs.get(name)
+        if not given(value):
+            continue
+        if value not in known:
+            raise NotGuarded(
+                f"anthropic {name}={value!r}",
+                instead=f"Only {name} {' / '.join(map(repr, known))} are priced.",
+            )
+        if known[value]:
+            parts.append(known[value])
+    return "+".join(parts)
+
+
+def _thinks(kwargs: Mapping[str, Any]) -> bool:
     thinking = kwargs.get("thinking")
     return isinstance(thinking, dict) and thinking.get("type") not in {None, "disabled"}
 
 
-def _messages_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
-    MESSAGES_PARAMETERS.check(kwargs, where="anthropic messages.create")
-    refuse_priced_extra_body(kwargs)
-    tier = _service_tier(kwargs)
-    model = kwargs.get("model")
+def _schema_text(value: object) -> str:
+    """``output_format`` as the JSON schema sent: ``parse()`` / ``stream()`` take a type and
+    send its schema; a dict is sent as it is."""
+    if isinstance(value, type):
+        return json_text(TypeAdapter(value).json_schema())
+    return json_text(value)
+
+
+def _messages_call(
+    options: GuardOptions,
+    kwargs: dict[str, Any],
+    *,
+    parameters: Parameters = MESSAGES_PARAMETERS,
+    where: str = "anthropic messages.create",
+) -> Call:
+    # The body as Anthropic receives it: extra_body's keys are checked and priced as the same
+    # parameters (one the guard does not know is refused, nothing sent).
+    body = with_extra_body(kwargs)
+    if isinstance(kwargs.get("extra_body"), Mapping) and "stream" in kwargs["extra_body"]:
+        # The SDK reads the answer as it was asked by its own argument, not by the body.
+        raise InvalidUsage(
+            "stream in extra_body: pass stream=True as the method's own argument (or use "
+            "messages.stream()).",
+            field="extra_body",
+        )
+    parameters.check(body, where=where)
+    _check_betas(body, where)
+    tier = _service_tier(body)
+    model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidUsage("model is required.", field="model")
     messages = []
-    system = kwargs.get("system")
+    system = body.get("system")
     if given(system):
         messages.append(
             as_text_message("system", text_of(system, field_name="system", text_types=_TEXT_PARTS))
         )
     extra = 0
-    for message in kwargs.get("messages") or []:
+    for message in body.get("messages") or []:
         if not isinstance(message, dict) or "role" not in message:
             raise InvalidUsage('each message needs a "role".', field="messages")
-        content, image_tokens = _without_inline_images(message.get("content"))
-        extra += image_tokens
+        content, media_tokens = split_media(message.get("content"))
+        extra += media_tokens
         text = text_of(content, field_name="messages", text_types=_TEXT_PARTS)
         messages.append(as_text_message(str(message["role"]), text))
-    if given(kwargs.get("tools")):
-        messages.append(as_text_message("system", json_text(kwargs["tools"])))
-        extra += tool_prompt_tokens(model, kwargs.get("tool_choice"))
+    if given(body.get("tools")):
+        messages.append(as_text_message("system", json_text(body["tools"])))
+        extra += tool_prompt_tokens(model, body.get("tool_choice"))
     for name in ("output_format", "output_config"):
-        if given(kwargs.get(name)):
-            messages.append(as_text_message("system", json_text(kwargs[name])))
-    tool_calls, search_content = _server_tools(kwargs.get("tools"))
-    ceiling = kwargs.get("max_tokens")
+        if given(body.get(name)):
+            messages.append(as_text_message("system", _schema_text(body[name])))
+    tool_calls, search_content = _server_tools(body.get("tools"))
+    ceiling = body.get("max_tokens")
     return Call(
         options=options,
         model=model,
@@ -436,37 +595,27 @@ def _messages_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
     )
 
 
-def _without_inline_images(content: object) -> tuple[object, int]:
-    """``content`` without the images sent inline (a tool result's too), and their tokens by
-    Anthropic's published rule; images by URL or file stay, and are refused when counted."""
-    if not isinstance(content, list | tuple):
-        return content, 0
-    kept: list[object] = []
-    tokens = 0
-    for block in content:
-        if isinstance(block, dict) and block.get("type") == "image":
-            counted = anthropic_image_tokens(block)
-            if counted is not None:
-                tokens += counted
-                continue
-        elif isinstance(block, dict) and block.get("type") == "tool_result":
-            inner, inner_tokens = _without_inline_images(block.get("content"))
-            block = {**block, "content": inner}
-            tokens += inner_tokens
-        kept.append(block)
-    return kept, tokens
-
-
 # Anthropic's smallest thinking budget.
 MIN_THINKING_BUDGET = 1024
 
 
 def _send(call: Call, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The arguments sent: the model and ceiling held (and a thinking budget below it), each
+    pinned where the caller put it (a named argument or ``extra_body``)."""
     sent = dict(kwargs)
-    sent["model"] = call.model_sent
-    sent["max_tokens"] = call.ceiling_sent
-    call.reasons = _thinks(kwargs)
-    thinking = kwargs.get("thinking")
+    extra = dict(kwargs["extra_body"]) if isinstance(kwargs.get("extra_body"), Mapping) else None
+
+    def pin(name: str, value: object) -> None:
+        if extra is not None and name in extra:
+            extra[name] = value
+        else:
+            sent[name] = value
+
+    pin("model", call.model_sent)
+    pin("max_tokens", call.ceiling_sent)
+    body = with_extra_body(kwargs)
+    call.reasons = _thinks(body)
+    thinking = body.get("thinking")
     budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
     if isinstance(thinking, dict) and isinstance(budget, int) and budget >= call.ceiling_sent:
         # The ceiling held is below the one asked for (clamped or degraded): the thinking
@@ -478,7 +627,9 @@ def _send(call: Call, kwargs: dict[str, Any]) -> dict[str, Any]:
                 f"({MIN_THINKING_BUDGET}). Ask for less thinking or a larger limit.",
                 field="thinking",
             )
-        sent["thinking"] = {**thinking, "budget_tokens": call.ceiling_sent - 1}
+        pin("thinking", {**thinking, "budget_tokens": call.ceiling_sent - 1})
+    if extra is not None:
+        sent["extra_body"] = extra
     return sent
 
 
@@ -537,11 +688,27 @@ def _block_started(call: Call, block: object) -> None:
 UNCLASSIFIED = unclassified(GuardedAnthropic, SDK_CLASSES)
 UNCLASSIFIED_PARAMETERS = {
     where: missing
-    for where, method in (
-        ("messages.create", anthropic.resources.Messages.create),
-        ("messages.stream", anthropic.resources.Messages.stream),
+    for where, parameters, method in (
+        ("messages.create", MESSAGES_PARAMETERS, anthropic.resources.Messages.create),
+        ("messages.stream", MESSAGES_PARAMETERS, anthropic.resources.Messages.stream),
+        ("messages.parse", MESSAGES_PARAMETERS, anthropic.resources.Messages.parse),
+        (
+            "beta.messages.create",
+            BETA_MESSAGES_PARAMETERS,
+            anthropic.resources.beta.messages.Messages.create,
+        ),
+        (
+            "beta.messages.stream",
+            BETA_MESSAGES_PARAMETERS,
+            anthropic.resources.beta.messages.Messages.stream,
+        ),
+        (
+            "beta.messages.parse",
+            BETA_MESSAGES_PARAMETERS,
+            anthropic.resources.beta.messages.Messages.parse,
+        ),
     )
-    if (missing := MESSAGES_PARAMETERS.unclassified(method))
+    if (missing := parameters.unclassified(method))
 }
 if UNCLASSIFIED or UNCLASSIFIED_PARAMETERS:
     logging.getLogger("llm_budgets").warning(
