@@ -2,7 +2,9 @@
 ``openai`` / ``anthropic`` client wrapped by ``guard()``, against a fake provider that bills it by
 the published rules (llm_budgets/testing/fakes/bills.py, which imports nothing from the app).
 After settlement and the expiry sweep: held >= bill, charged == bill (>= where the caller cut the
-stream), and an ordinary call is never refused.
+stream), and an ordinary call is never refused. The ledger is priced with the calculator's own
+rates, so what is compared is the rules (which tokens, at which tier, which fees), not the rate
+table: a wrong figure there is caught by tests/test_fake_bills.py.
 
 A case that fails on main today is listed in ``PENDING`` with why: it is a strict xfail, so the
 change that fixes it fails this test until its entry is removed.
