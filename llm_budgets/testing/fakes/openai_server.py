@@ -67,6 +67,21 @@ def _reasons(body: dict[str, Any]) -> bool:
     return bool(asked) or not model.startswith(_ANSWERS_PLAINLY)
 
 
+def _output_text_deltas(behaviour: Behaviour) -> Iterator[tuple[str, str]]:
+    """A Responses stream's text: ``behaviour.chunks`` deltas of ``behaviour.text``."""
+    for n in range(behaviour.chunks):
+        delta = {
+            "type": "response.output_text.delta",
+            "item_id": "msg_fake",
+            "output_index": 0,
+            "content_index": 0,
+            "delta": behaviour.text,
+            "logprobs": [],
+            "sequence_number": n,
+        }
+        yield "response.output_text.delta", json.dumps(delta)
+
+
 class _Plan:
     """What a realistic answer will be: its usage, tier, tool calls and text."""
 
@@ -284,21 +299,7 @@ class FakeOpenAI(FakeProvider):
             return
         model = seen.body.get("model")
         if seen.path.endswith("/responses"):
-            for n in range(behaviour.chunks):
-                yield (
-                    "response.output_text.delta",
-                    json.dumps(
-                        {
-                            "type": "response.output_text.delta",
-                            "item_id": "msg_fake",
-                            "output_index": 0,
-                            "content_index": 0,
-                            "delta": behaviour.text,
-                            "logprobs": [],
-                            "sequence_number": n,
-                        }
-                    ),
-                )
+            yield from _output_text_deltas(behaviour)
             yield (
                 "response.completed",
                 json.dumps(
@@ -401,21 +402,7 @@ class FakeOpenAI(FakeProvider):
     def _realistic_events(self, seen: Seen, behaviour: Behaviour) -> Iterator[tuple[str, str]]:
         p = self._plan(seen, behaviour)
         if p.responses:
-            for n in range(behaviour.chunks):
-                yield (
-                    "response.output_text.delta",
-                    json.dumps(
-                        {
-                            "type": "response.output_text.delta",
-                            "item_id": "msg_fake",
-                            "output_index": 0,
-                            "content_index": 0,
-                            "delta": behaviour.text,
-                            "logprobs": [],
-                            "sequence_number": n,
-                        }
-                    ),
-                )
+            yield from _output_text_deltas(behaviour)
             answer = self._response(seen, p.text, p.responses_usage() if behaviour.usage else None)
             answer.update(
                 id=p.id, service_tier=p.tier, output=[*p.tool_items, answer["output"][-1]]
