@@ -20,6 +20,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import pydantic
+
 GPT = "gpt-4o"
 GPT5 = "gpt-5"
 AUDIO = "gpt-4o-audio-preview"
@@ -47,6 +49,10 @@ def png(width: int, height: int) -> str:
     return base64.b64encode(raw).decode()
 
 
+class Greeting(pydantic.BaseModel):
+    greeting: str
+
+
 SAY = [{"role": "user", "content": "Say hello, briefly, in English."}]
 LONG_TEXT = "The ledger admits before the call and settles after it. " * 40
 
@@ -67,6 +73,7 @@ class Case:
     fake: dict[str, Any] = field(default_factory=dict)  # knobs set on the fake
     chain: dict[str, Any] | None = None  # an earlier call whose id goes in previous_response_id
     chain_via_extra_body: bool = False
+    warm: bool = False  # the same call once before (a prompt cache written, then read)
     text: str | None = None  # the fake's answer text (parse helpers need JSON)
     note: str = ""
 
@@ -588,6 +595,40 @@ CASES: list[Case] = [
                 }
             ]
         ),
+    ),
+]
+
+_CACHED_SYSTEM = LONG_TEXT * 3
+
+
+def _cached_system(ttl: str | None = None) -> list[dict[str, Any]]:
+    control: dict[str, Any] = {"type": "ephemeral"}
+    if ttl:
+        control["ttl"] = ttl
+    return [{"type": "text", "text": _CACHED_SYSTEM, "cache_control": control}]
+
+
+CASES += [
+    Case(
+        "oai_chat_parse",
+        "openai",
+        "chat.completions.parse",
+        _chat(response_format=Greeting),
+        text='{"greeting": "hello"}',
+    ),
+    Case(
+        "ant_cache_write_1h",
+        "anthropic",
+        "messages.create",
+        _messages(SONNET, system=_cached_system("1h")),
+    ),
+    Case(
+        "ant_cache_read_stream",
+        "anthropic",
+        "messages.create",
+        _messages(SONNET, system=_cached_system(), stream=True),
+        stream=True,
+        warm=True,
     ),
 ]
 

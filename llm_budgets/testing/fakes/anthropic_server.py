@@ -55,6 +55,19 @@ class _Plan:
         ceiling = int(body.get("max_tokens") or 0)
         counted = bills.anthropic_input(body, fake.image_sizes)
         self.prompt_tokens = counted.total
+        # Prompt caching: the prefix up to the last breakpoint is read if an earlier call
+        # wrote it, else written (at the 5-minute or 1-hour write rate).
+        read = written = written_1h = 0
+        prefix = bills.anthropic_cache_prefix(body, fake.image_sizes)
+        if prefix is not None:
+            key, tokens, ttl = prefix
+            if key in fake.cache:
+                read = tokens
+            elif ttl == "1h":
+                written_1h = tokens
+            else:
+                written = tokens
+            fake.cache.add(key)
         results = 0
         self.uses: dict[str, int] = {}
         for tool in body.get("tools") or []:
@@ -74,6 +87,9 @@ class _Plan:
             self.thinking = min(int(thinking.get("budget_tokens") or 0), ceiling - self.visible)
         self.usage = bills.Usage(
             input_tokens=self.prompt_tokens + results,
+            cached_input_tokens=read,
+            cache_write_tokens=written,
+            cache_write_1h_tokens=written_1h,
             output_tokens=self.thinking + self.visible,
             reasoning_tokens=self.thinking,
             tool_calls=self.uses,
@@ -97,11 +113,15 @@ class _Plan:
 
     def usage_json(self, *, output_tokens: int | None = None) -> dict[str, Any]:
         u = self.usage
-        return {
-            "input_tokens": u.input_tokens,
-            "cache_read_input_tokens": 0,
-            "cache_creation_input_tokens": 0,
-            "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
+        cached = u.cached_input_tokens + u.cache_write_tokens + u.cache_write_1h_tokens
+        return {  # Anthropic's input_tokens leave out cache reads and writes
+            "input_tokens": u.input_tokens - cached,
+            "cache_read_input_tokens": u.cached_input_tokens,
+            "cache_creation_input_tokens": u.cache_write_tokens + u.cache_write_1h_tokens,
+            "cache_creation": {
+                "ephemeral_5m_input_tokens": u.cache_write_tokens,
+                "ephemeral_1h_input_tokens": u.cache_write_1h_tokens,
+            },
             "output_tokens": u.output_tokens if output_tokens is None else output_tokens,
             "server_tool_use": {
                 "web_search_requests": self.uses.get("web_search", 0),
@@ -144,6 +164,7 @@ class FakeAnthropic(FakeProvider):
         self.bills: list[bills.Bill] = []
         self.search_result_tokens = SEARCH_RESULT_TOKENS
         self.image_sizes: dict[str, tuple[int, int]] = {}
+        self.cache: set[str] = set()  # prompt prefixes written to the cache
 
     def _usage(self, seen: Seen) -> dict[str, Any]:
         """``self.usage`` as the provider would report it for this request: a server tool's
@@ -240,7 +261,8 @@ class FakeAnthropic(FakeProvider):
 
     def _realistic_events(self, seen: Seen, behaviour: Behaviour) -> Iterator[tuple[str, str]]:
         p = seen.plan = _Plan(self, seen, behaviour)
-        start = {**p.usage_json(output_tokens=1), "input_tokens": p.prompt_tokens}
+        start = p.usage_json(output_tokens=1)  # the prompt's input: search results come later
+        start["input_tokens"] -= p.usage.input_tokens - p.prompt_tokens
         start.pop("server_tool_use")
         yield (
             "message_start",

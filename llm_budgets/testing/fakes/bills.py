@@ -412,6 +412,41 @@ def anthropic_input(body: Mapping[str, Any], sizes: Mapping[str, tuple[int, int]
     return counted
 
 
+def anthropic_cache_prefix(
+    body: Mapping[str, Any], sizes: Mapping[str, tuple[int, int]]
+) -> tuple[str, int, str] | None:
+    """The prompt up to its last ``cache_control`` breakpoint (tools, then system, then
+    messages, as Anthropic caches): a key that names it, its tokens, its TTL ("5m" or "1h").
+    None without a breakpoint."""
+    system = body.get("system")
+    system_blocks = system if isinstance(system, list) else []
+    last: tuple[str, int, int, Mapping[str, Any]] | None = None
+    for i, block in enumerate(system_blocks):
+        if isinstance(block, Mapping) and block.get("cache_control"):
+            last = ("system", i, 0, block["cache_control"])
+    for i, message in enumerate(body.get("messages") or []):
+        content = message.get("content")
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            if isinstance(block, Mapping) and block.get("cache_control"):
+                last = ("messages", i, j, block["cache_control"])
+    if last is None:
+        return None
+    where, i, j, control = last
+    prefix: dict[str, Any] = {
+        "tools": body.get("tools") or [],
+        "tool_choice": body.get("tool_choice"),
+    }
+    if where == "system":
+        prefix["system"] = system_blocks[: i + 1]
+    else:
+        messages = [dict(m) for m in body["messages"][: i + 1]]
+        messages[-1]["content"] = messages[-1]["content"][: j + 1]
+        prefix.update(system=system, messages=messages)
+    tokens = anthropic_input(prefix, sizes).total
+    ttl = "1h" if control.get("ttl") == "1h" else "5m"
+    return json.dumps(prefix, sort_keys=True, default=str), tokens, ttl
+
+
 def _anthropic_content(
     content: object, counted: Counted, sizes: Mapping[str, tuple[int, int]]
 ) -> None:
