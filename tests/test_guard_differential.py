@@ -68,6 +68,7 @@ PENDING: dict[str, str] = {
     + "thinking billed to its budget; the cut stream is charged the visible summary",
     "ant_web_search_stream_stopped_after_search": "the search fee and result tokens come in "
     "message_delta, never read when the caller stops at the first text (item 2)",
+    "ant_web_search_stream_async_stopped_after_search": "the same, through the async client",
     "oai_project_default_tier_priority": "the answer says priority, which the hold did not "
     "price: the hold is left uncertain, the bill never recorded (items 2, 3)",
     "oai_search_results_over_bound": "search results past the guard's 20k-a-search bound: the "
