@@ -53,6 +53,18 @@ class Greeting(pydantic.BaseModel):
     greeting: str
 
 
+def pdf(pages: int) -> str:
+    """A base64 PDF of that many (empty) pages."""
+    kids = " ".join(f"{3 + n} 0 R" for n in range(pages))
+    objects = [
+        "1 0 obj << /Type /Catalog /Pages 2 0 R >> endobj",
+        f"2 0 obj << /Type /Pages /Kids [{kids}] /Count {pages} >> endobj",
+        *(f"{3 + n} 0 obj << /Type /Page /Parent 2 0 R >> endobj" for n in range(pages)),
+    ]
+    raw = "%PDF-1.4\n" + "\n".join(objects) + "\ntrailer << /Root 1 0 R >>\n%%EOF\n"
+    return base64.b64encode(raw.encode()).decode()
+
+
 SAY = [{"role": "user", "content": "Say hello, briefly, in English."}]
 LONG_TEXT = "The ledger admits before the call and settles after it. " * 40
 
@@ -638,6 +650,29 @@ CASES += [
         stream=True,
         asynchronous=True,
         stop_after=1,
+    ),
+    Case(
+        "ant_pdf_document",
+        "anthropic",
+        "messages.create",
+        _messages(
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "document",
+                            "source": {
+                                "type": "base64",
+                                "media_type": "application/pdf",
+                                "data": pdf(3),
+                            },
+                        },
+                        {"type": "text", "text": "Summarise the document."},
+                    ],
+                }
+            ]
+        ),
     ),
     Case(
         "ant_cache_write_1h",

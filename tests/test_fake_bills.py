@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 
 from llm_budgets.testing.fakes import bills
-from tests.guard_corpus import png
+from tests.guard_corpus import pdf, png
 
 
 @pytest.mark.parametrize(
@@ -99,3 +99,9 @@ def test_chat_input_counts_the_documented_overhead() -> None:
     """3 tokens a message, the role and content, 3 to prime the reply (OpenAI's cookbook)."""
     body = {"messages": [{"role": "user", "content": "hello"}]}
     assert bills.openai_chat_input(body, {}).total == 3 + 3 + 1 + 1
+
+
+def test_a_pdf_is_billed_by_its_pages() -> None:
+    assert bills.pdf_pages(pdf(3)) == 3
+    # Each page: 3,000 text tokens and the page image at the 1.15-megapixel cap (1,534).
+    assert bills.anthropic_pdf_tokens(pdf(2)) == 2 * (3_000 + 1_534)

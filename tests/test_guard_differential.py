@@ -81,6 +81,7 @@ PENDING: dict[str, str] = {
     "oai_conversation": "conversation refused (NotGuarded)",
     "oai_image_url_low_detail": "image_url refused even at detail low (a fixed 85 tokens)",
     "ant_plain_text_document": "a plain-text document block refused",
+    "ant_pdf_document": "a PDF document refused (item 3: PDFs by page count)",
     "oai_chat_stream_helper": "chat.completions.stream() refused",
     "oai_responses_stream_helper": "responses.stream() refused",
     "ant_messages_parse": "messages.parse() refused",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -285,6 +286,22 @@ def image_size(url: str, sizes: Mapping[str, tuple[int, int]]) -> tuple[int, int
     return sizes.get(url) or _png_size(url) or REMOTE_IMAGE_SIZE
 
 
+# A PDF page: its text (Anthropic: "typically 1,500-3,000 tokens a page"; the top of the range)
+# and the page as an image (a letter page scaled to the 1.15-megapixel cap).
+PDF_PAGE_TEXT_TOKENS = 3_000
+PDF_PAGE_SIZE = (1224, 1584)
+_PDF_PAGE = re.compile(rb"/Type\s*/Page(?![A-Za-z])")
+
+
+def pdf_pages(data: str) -> int:
+    """The pages of a base64 PDF, by its page objects."""
+    return len(_PDF_PAGE.findall(base64.b64decode(data + "=" * (-len(data) % 4))))
+
+
+def anthropic_pdf_tokens(data: str) -> int:
+    return pdf_pages(data) * (PDF_PAGE_TEXT_TOKENS + anthropic_image_tokens(*PDF_PAGE_SIZE))
+
+
 # An audio input's tokens: 10 a second of 16 kHz 16-bit mono PCM (this harness's rule).
 AUDIO_BYTES_PER_TOKEN = 3200
 
@@ -463,6 +480,8 @@ def _anthropic_content(
             counted.image += anthropic_image_tokens(*image_size(ref, sizes))
         elif kind == "document" and (block.get("source") or {}).get("type") == "text":
             counted.text += claude_tokens(str(block["source"].get("data", "")))
+        elif kind == "document" and (block.get("source") or {}).get("type") == "base64":
+            counted.image += anthropic_pdf_tokens(str(block["source"].get("data", "")))
         elif kind == "tool_result":
             _anthropic_content(block.get("content"), counted, sizes)
         else:
