@@ -675,6 +675,55 @@ CASES += [
         ),
     ),
     Case(
+        "oai_responses_file_search",
+        "openai",
+        "responses.create",
+        _responses(
+            tools=[{"type": "file_search", "vector_store_ids": ["vs_fake"]}], max_tool_calls=2
+        ),
+    ),
+    Case(
+        "ant_web_fetch",
+        "anthropic",
+        "messages.create",
+        _messages(
+            SONNET,
+            tools=[
+                {
+                    "type": "web_fetch_20250910",
+                    "name": "web_fetch",
+                    "max_uses": 2,
+                    "max_content_tokens": 5_000,
+                }
+            ],
+        ),
+    ),
+    Case(
+        "oai_audio_input",
+        "openai",
+        "chat.completions.create",
+        _chat(
+            AUDIO,
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What does the speaker say?"},
+                        {
+                            "type": "input_audio",
+                            "input_audio": {
+                                "data": base64.b64encode(bytes(32_000)).decode(),
+                                "format": "wav",
+                            },
+                        },
+                    ],
+                }
+            ],
+        ),
+        ordinary=False,
+        note="refused until the price table has audio rates; admitted, it must be charged them",
+    ),
+    Case(
         "ant_cache_write_1h",
         "anthropic",
         "messages.create",
