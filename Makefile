@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 DEMO_DB := sqlite:///$(CURDIR)/var/demo.sqlite3
 
-.PHONY: install install-test demo test test-faults test-pgbouncer bench-load bench-pages bench-smoke lint format typecheck migrations-check schema-check compose-check check bench clean
+.PHONY: install install-test demo test test-faults test-pgbouncer bench-load bench-pages bench-smoke guard-table lint format typecheck migrations-check schema-check compose-check check bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ test-pgbouncer: install
 ## PostgreSQL: see docs/reliability.md.
 test-faults: install
 	$(PY) -m pytest -m faults $(PYTEST_ARGS)
+
+## The differential harness over its whole corpus, rewriting its tables in docs/integrations.md
+## ("What the guard holds and charges"): run it when upgrading openai or anthropic.
+guard-table: install
+	LLMB_WRITE_GUARD_TABLE=1 $(PY) -m pytest -p no:randomly -q tests/test_guard_differential.py
 
 lint: install
 	$(BIN)/ruff check .

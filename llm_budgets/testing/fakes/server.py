@@ -31,6 +31,9 @@ class Behaviour:
     finish_reason: str = "stop"
     stall_after: int | None = None  # stop sending after this many stream events, until unstall
     usage: bool = True  # False: a stream ends without its final usage
+    # A caller that stops early: send this many text deltas, then nothing more until the client
+    # closes (so what was sent, and billed, does not depend on how fast the client reads).
+    cut_after_text: int | None = None
 
 
 @dataclass
@@ -40,6 +43,12 @@ class Seen:
     path: str
     body: dict[str, Any]
     chunks_sent: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    # What the provider bills for this request (``bills.Bill``; realistic fakes), once finished.
+    bill: Any = None
+    plan: Any = None  # a realistic fake's plan of its answer
+    # The visible text the stream sent before it ended or was cut.
+    text_sent: str = ""
     finished: threading.Event = field(default_factory=threading.Event)
     client_closed: threading.Event = field(default_factory=threading.Event)
 
@@ -70,7 +79,7 @@ class FakeProvider:
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
-                seen = Seen(path=self.path, body=body)
+                seen = Seen(path=self.path, body=body, headers=dict(self.headers.items()))
                 fake.requests.append(seen)
                 fake.received.set()
                 behaviour = fake.behaviours.popleft() if fake.behaviours else Behaviour()
@@ -84,7 +93,10 @@ class FakeProvider:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # A short poll: ``stop()`` waits for it (the default half second, in every test).
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
         self.thread.start()
 
     @property
@@ -120,12 +132,19 @@ class FakeProvider:
             return
         if not seen.body.get("stream"):
             self._send(handler, 200, self.answer_json(seen, behaviour))
+            self.billed(seen, cut=False)
             return
         handler.send_response(200)
         handler.send_header("content-type", "text/event-stream")
         handler.send_header("transfer-encoding", "chunked")
         handler.end_headers()
+        texts = 0
         for index, (event, data) in enumerate(self.stream_events(seen, behaviour)):
+            text = self.event_text(event, data)
+            if text and behaviour.cut_after_text is not None and texts >= behaviour.cut_after_text:
+                self._stall(handler, seen)
+                self.billed(seen, cut=True)
+                return
             if behaviour.kind == "drop" and index > behaviour.chunks // 2 + 1:
                 handler.connection.shutdown(socket.SHUT_RDWR)
                 return
@@ -139,8 +158,12 @@ class FakeProvider:
             handler.wfile.write(f"{len(raw):x}\r\n".encode() + raw + b"\r\n")
             handler.wfile.flush()
             seen.chunks_sent += 1
+            if text:
+                texts += 1
+                seen.text_sent += text
         handler.wfile.write(b"0\r\n\r\n")
         handler.wfile.flush()
+        self.billed(seen, cut=False)
 
     def _stall(self, handler: BaseHTTPRequestHandler, seen: Seen) -> None:
         """Send nothing more until ``unstall`` (bounded), noticing if the client closes."""
@@ -167,3 +190,11 @@ class FakeProvider:
 
     def stream_events(self, seen: Seen, behaviour: Behaviour) -> Iterator[tuple[str, str]]:
         raise NotImplementedError
+
+    def event_text(self, event: str, data: str) -> str:
+        """The visible text a stream event carries ("" for others)."""
+        return ""
+
+    def billed(self, seen: Seen, *, cut: bool) -> None:
+        """Record what the provider bills for ``seen`` (realistic fakes); ``cut``: the client
+        stopped reading after ``seen.text_sent``."""
