@@ -345,17 +345,7 @@ CASES: list[Case] = [
         "ant_messages_parse",
         "anthropic",
         "messages.parse",
-        _messages(
-            output_format={
-                "type": "json_schema",
-                "schema": {
-                    "type": "object",
-                    "properties": {"greeting": {"type": "string"}},
-                    "required": ["greeting"],
-                    "additionalProperties": False,
-                },
-            }
-        ),
+        _messages(output_format=Greeting),
         issue=FALSE_REFUSAL,
         text='{"greeting": "hello"}',
     ),

@@ -51,51 +51,14 @@ pytestmark = pytest.mark.django_db
 # that fixes it lands (the strict xfail then fails until it is removed).
 _SMUGGLED = "extra_body reaches the provider unchecked and unpriced (item 1): "
 PENDING: dict[str, str] = {
-    # The under-charges (items 1 and 2).
-    "oai_extra_body_priority": _SMUGGLED + "billed at priority; the hold is left uncertain",
-    "oai_extra_body_audio_out": _SMUGGLED + "audio output at audio rates, charged as text",
-    "oai_extra_body_web_search_options": _SMUGGLED + "search fee and content never held",
-    "oai_extra_body_more_tool_calls": _SMUGGLED + "max_tool_calls raised past the held bound",
-    "oai_extra_body_previous_response_id": _SMUGGLED + "earlier turns billed as input, unheld",
-    "oai_extra_body_previous_response_id_stream_stopped": _SMUGGLED
-    + "earlier turns unheld, and the cut stream charged the offline count",
-    "oai_extra_body_conversation": _SMUGGLED + "the conversation billed as input, unheld",
-    "oai_extra_body_stored_prompt": _SMUGGLED + "the stored prompt billed as input, unheld",
-    "ant_extra_body_fast": _SMUGGLED + "fast mode billed 6x; usage.speed is not read",
-    "ant_extra_body_inference_geo": _SMUGGLED
-    + "US inference billed 1.1x; usage.inference_geo is not read",
-    "ant_extra_body_thinking_stream_stopped": _SMUGGLED
-    + "thinking billed to its budget; the cut stream is charged the visible summary",
-    "ant_web_search_stream_stopped_after_search": "the search fee and result tokens come in "
-    "message_delta, never read when the caller stops at the first text (item 2)",
-    "ant_web_search_stream_async_stopped_after_search": "the same, through the async client",
-    "oai_project_default_tier_priority": "the answer says priority, which the hold did not "
-    "price: the hold is left uncertain, the bill never recorded (items 2, 3)",
-    "oai_search_results_over_bound": "search results past the guard's 20k-a-search bound: the "
-    "provider's usage is refused as beyond the hold, the estimate charged (item 2)",
-    "oai_code_interpreter_output_as_input": "code-interpreter output fed back as input is not "
-    "held, and the provider's usage is refused as beyond the hold (item 2)",
     "oai_models_client_leak": "client.models._client is the unguarded client (item 1)",
-    # The false refusals (item 3).
-    "oai_previous_response_id": "previous_response_id refused (NotGuarded)",
-    "oai_conversation": "conversation refused (NotGuarded)",
-    "oai_image_url_low_detail": "image_url refused even at detail low (a fixed 85 tokens)",
-    "ant_plain_text_document": "a plain-text document block refused",
-    "ant_pdf_document": "a PDF document refused (item 3: PDFs by page count)",
-    "oai_chat_stream_helper": "chat.completions.stream() refused",
-    "oai_responses_stream_helper": "responses.stream() refused",
-    "ant_messages_parse": "messages.parse() refused",
-    "ant_beta_messages": "beta.messages refused",
-    "oai_embeddings": "embeddings refused",
-    "oai_n_choices": "n > 1 refused",
-    "oai_priority_catalogue_price": "priority refused: the catalogue's prices list no tier rates",
-    "ant_inference_geo": "inference_geo refused",
-    "oai_prediction": "prediction refused",
-    "oai_no_max_tokens": "no max tokens and no plan default: refused",
-    # Beyond the issue's list.
-    "oai_gpt5_flex": "flex is held and charged as standard, twice its bill (item 3: flex rates)",
-    "oai_image_high_detail_inline": "an inline image refused, though its size is in its header "
-    "(item 3: images by the published rules)",
+}
+
+# Over-charges the guard makes on purpose, each with why (never an under-charge: where the rates
+# are unknown, the guard charges the documented upper bound rather than refuse the call).
+OVER_CHARGED: dict[str, str] = {
+    "oai_priority_catalogue_price": "a price without priority rates is held and charged at "
+    "SERVICE_TIER_MULTIPLIERS' upper bound (2x); gpt-4o's priority rates are 1.7x",
 }
 
 
@@ -120,6 +83,10 @@ def set_prices(mode: str) -> None:
     for provider, models in bills.RATES.items():
         fees = {name: str(fee) for name, fee in bills.FEES[provider].items() if fee}
         for model, table in models.items():
+            if "search-preview" in model:  # a chat search model's price lists its own fee
+                fees_of_model = {**fees, "web_search": fees["web_search_preview_chat"]}
+            else:
+                fees_of_model = fees
             standard = table["standard"]
             service_tiers = {}
             if mode == "tiers":
@@ -135,7 +102,7 @@ def set_prices(mode: str) -> None:
                 model=model,
                 input_per_mtok=fields.pop("input_per_mtok"),
                 output_per_mtok=fields.pop("output_per_mtok"),
-                tool_fees=fees,
+                tool_fees=fees_of_model,
                 service_tiers=service_tiers,
                 tiers=[{"above_input_tokens": long[0], "prices": _rates(long[1])}] if long else [],
                 context_window=bills.CONTEXT_WINDOW.get(model),
@@ -171,7 +138,7 @@ class Row:
             found.append("under-held")
         if self.charged < self.bill:
             found.append("under-charged")
-        elif self.charged > self.bill and not self.cut:
+        elif self.charged > self.bill and not self.cut and self.case.name not in OVER_CHARGED:
             found.append("over-charged")
         return found
 
@@ -348,7 +315,7 @@ def test_the_guard_holds_and_charges_what_the_provider_bills(case: Case) -> None
 
 
 def test_pending_names_real_cases() -> None:
-    assert set(PENDING) <= {case.name for case in CASES}
+    assert set(PENDING) | set(OVER_CHARGED) <= {case.name for case in CASES}
 
 
 def test_the_issue_findings_are_all_in_the_corpus() -> None:

@@ -7,7 +7,6 @@ input costs 1, of output 2: tests/integrations.py)."""
 from __future__ import annotations
 
 import base64
-import json
 import struct
 import zlib
 from collections.abc import Iterator
@@ -46,31 +45,7 @@ EMBEDDER = "text-embedding-3-small"
 
 
 class FakeOpenAIWithEmbeddings(FakeOpenAI):
-    """The fake, answering ``/embeddings`` as OpenAI does (one vector per input, usage), and
-    opening a Responses stream with ``response.created`` (the SDK's ``stream()`` helper needs
-    it)."""
-
-    def stream_events(self, seen: Seen, behaviour: Behaviour) -> Iterator[tuple[str, str]]:
-        if seen.path.endswith("/responses"):
-            created = {**self._response(seen, "", None), "status": "in_progress", "output": []}
-            item = {
-                "type": "message",
-                "id": "msg_fake",
-                "status": "in_progress",
-                "role": "assistant",
-                "content": [],
-            }
-            part = {"type": "output_text", "text": "", "annotations": []}
-            for kind, fields in (
-                ("response.created", {"response": created}),
-                ("response.output_item.added", {"output_index": 0, "item": item}),
-                (
-                    "response.content_part.added",
-                    {"item_id": "msg_fake", "output_index": 0, "content_index": 0, "part": part},
-                ),
-            ):
-                yield kind, json.dumps({"type": kind, "sequence_number": 0, **fields})
-        yield from super().stream_events(seen, behaviour)
+    """The fake, answering ``/embeddings`` as OpenAI does (one vector per input, usage)."""
 
     def answer_json(self, seen: Seen, behaviour: Behaviour) -> dict[str, Any]:
         if not seen.path.endswith("/embeddings"):

@@ -361,8 +361,8 @@ def tool_prompt_tokens(model: str, tool_choice: object) -> int:
 
 
 # Web search results are billed as input of the call; Anthropic publishes no bound. Held per
-# allowed search (the probe of issue #39 saw about 24k a search past the old 20k bound).
-WEB_SEARCH_CONTENT_TOKENS_PER_USE = 2 * SEARCH_CONTENT_TOKENS_PER_USE
+# allowed search at the guard's bound (guarding.SEARCH_CONTENT_TOKENS_PER_USE).
+WEB_SEARCH_CONTENT_TOKENS_PER_USE = SEARCH_CONTENT_TOKENS_PER_USE
 
 
 def _server_tools(tools: object) -> tuple[dict[str, int] | None, int]:

@@ -163,13 +163,19 @@ def proves_nothing_billed(exc: BaseException, *, sdk_errors: SdkErrors) -> bool:
 
 # Search content (search results, retrieved file chunks) is billed as input of the same call.
 # Held per allowed search: this bound, the guard's own (the providers publish none; OpenAI bills
-# some models a fixed 8,000-token block): a call whose results exceed it is billed past its hold.
-SEARCH_CONTENT_TOKENS_PER_USE = 20_000
+# some models a fixed 8,000-token block, and issue #39's probe saw about 24,000 a search): a call
+# whose results exceed it is charged what the provider billed, the excess as overage
+# (``guard.underestimate``).
+SEARCH_CONTENT_TOKENS_PER_USE = 40_000
+# What a code interpreter call's output adds to the input when the model reads it back: the
+# guard's own bound per container call, as above.
+CODE_OUTPUT_TOKENS_PER_USE = 20_000
 # Each server tool's result bound per use, where the guard has one of its own (a web fetch's is
 # the request's ``max_content_tokens``, set by the call builder).
 RESULT_TOKENS_PER_USE = {
     "web_search": SEARCH_CONTENT_TOKENS_PER_USE,
     "file_search": SEARCH_CONTENT_TOKENS_PER_USE,
+    "code_interpreter": CODE_OUTPUT_TOKENS_PER_USE,
 }
 
 

@@ -46,6 +46,7 @@ from llm_budgets.exceptions import InvalidUsage, UnknownPrice
 from llm_budgets.integrations.chains import chain_record, chain_tokens
 from llm_budgets.integrations.guarding import (
     NEUTRAL_PARAMETERS,
+    RESULT_TOKENS_PER_USE,
     SEARCH_CONTENT_TOKENS_PER_USE,
     SWITCH_CHECK_SECONDS,
     Call,
@@ -821,9 +822,7 @@ def _responses_call(options: GuardOptions, kwargs: dict[str, Any]) -> Call:
         service_tier=tier,
         extra_input_tokens=image_tokens
         + sum(
-            SEARCH_CONTENT_TOKENS_PER_USE * calls
-            for name, calls in (tool_calls or {}).items()
-            if name in _SEARCHES
+            RESULT_TOKENS_PER_USE.get(name, 0) * calls for name, calls in (tool_calls or {}).items()
         ),
     )
     left = set()
@@ -853,8 +852,6 @@ SERVER_TOOLS = {
     "image_generation": "image_generation_call",
 }
 _CLIENT_TOOLS = frozenset({"function", "custom"})
-# The tools whose results are billed as input of the call (held per call).
-_SEARCHES = frozenset({"web_search", "file_search"})
 
 
 def _server_tools(kwargs: dict[str, Any]) -> dict[str, int] | None:

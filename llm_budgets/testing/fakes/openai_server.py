@@ -293,12 +293,43 @@ class FakeOpenAI(FakeProvider):
             "usage": self.chat_usage(),
         }
 
+    def _responses_opening(
+        self, seen: Seen, response_id: str = "resp_fake"
+    ) -> Iterator[tuple[str, str]]:
+        """A Responses stream opens as OpenAI's does: ``response.created`` (under the id the
+        stream completes with), the message item and its text part (the SDK's
+        ``responses.stream()`` helper needs them)."""
+        created = {
+            **self._response(seen, "", None),
+            "id": response_id,
+            "status": "in_progress",
+            "output": [],
+        }
+        item = {
+            "type": "message",
+            "id": "msg_fake",
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
+        part = {"type": "output_text", "text": "", "annotations": []}
+        for kind, fields in (
+            ("response.created", {"response": created}),
+            ("response.output_item.added", {"output_index": 0, "item": item}),
+            (
+                "response.content_part.added",
+                {"item_id": "msg_fake", "output_index": 0, "content_index": 0, "part": part},
+            ),
+        ):
+            yield kind, json.dumps({"type": kind, "sequence_number": 0, **fields})
+
     def stream_events(self, seen: Seen, behaviour: Behaviour) -> Iterator[tuple[str, str]]:
         if self.realistic:
             yield from self._realistic_events(seen, behaviour)
             return
         model = seen.body.get("model")
         if seen.path.endswith("/responses"):
+            yield from self._responses_opening(seen)
             yield from _output_text_deltas(behaviour)
             yield (
                 "response.completed",
@@ -402,6 +433,7 @@ class FakeOpenAI(FakeProvider):
     def _realistic_events(self, seen: Seen, behaviour: Behaviour) -> Iterator[tuple[str, str]]:
         p = self._plan(seen, behaviour)
         if p.responses:
+            yield from self._responses_opening(seen, p.id)
             yield from _output_text_deltas(behaviour)
             answer = self._response(seen, p.text, p.responses_usage() if behaviour.usage else None)
             answer.update(
