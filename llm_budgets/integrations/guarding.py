@@ -49,7 +49,7 @@ from llm_budgets.exceptions import (
     KillSwitchActive,
     LedgerUnavailable,
 )
-from llm_budgets.pricing.tokens import count_input_tokens
+from llm_budgets.pricing.tokens import count_input_tokens, text_counter
 from llm_budgets.usage import Usage, usage_validate
 
 if TYPE_CHECKING:
@@ -116,12 +116,14 @@ class OutputCounter:
         self.ceiling = ceiling
         self.tokens = 0
         self.deltas = 0
+        # Looked up once: a stream counts every delta.
+        self._count = text_counter(provider, model)
 
     def add(self, text: str) -> None:
         if not text:
             return
         self.deltas += 1
-        self.tokens += count_input_tokens(provider=self.provider, model=self.model, prompt=text)
+        self.tokens += self._count(text)
 
     @property
     def produced(self) -> int:
