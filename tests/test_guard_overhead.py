@@ -5,7 +5,7 @@ guard's path (a price, a tenant, a kill switch) fails here before it shows in be
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import openai
@@ -14,9 +14,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from llm_budgets import budgets
+from llm_budgets.integrations import guarding
 from llm_budgets.integrations.openai import guard
 from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import Reservation
+from llm_budgets.pricing import tokens
 from llm_budgets.testing.fakes.openai_server import FakeOpenAI
 from llm_budgets.testing.fakes.server import WAIT
 from tests.integrations import GPT, seed_tenant
@@ -91,3 +93,39 @@ def test_a_guarded_call_sends_only_the_holds_and_the_settlements_statements(
     assert guarded == bare, "\n".join(guarded)
     assert set(Reservation.objects.values_list("state", flat=True)) == {"committed"}
     assert counters_drift() == []
+
+
+def test_a_stream_that_ends_with_its_usage_never_counts_its_deltas(
+    fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The per-delta count is only for a stream stopped before the provider's usage arrived;
+    otherwise the provider's count is charged and counting every delta was wasted work."""
+    counted: list[str] = []
+
+    def counter(provider: str | None, model: str) -> Callable[[str], int]:
+        real = tokens.text_counter(provider, model)
+        return lambda text: counted.append(text) or real(text)
+
+    monkeypatch.setattr(guarding, "text_counter", counter)
+    sdk = openai.OpenAI(base_url=f"{fake.base_url}/v1", api_key="sk-test", max_retries=0)
+    client = guard(sdk, tenant="acme", end_user="u-1", switch_check_seconds=3600)
+    fake.then(chunks=5)
+    for _chunk in client.chat.completions.create(
+        model=GPT, messages=MESSAGES, max_completion_tokens=100, stream=True, timeout=WAIT
+    ):
+        pass
+    assert counted == []
+    assert Reservation.objects.get().state == "committed"
+
+
+def test_deltas_counted_late_count_as_each_counted_at_once() -> None:
+    counter = guarding.OutputCounter(provider="openai", model=GPT, ceiling=1000)
+    deltas = ["Hello", " wor", "ld, <|endoftext|>", "", " é" * 30]
+    each = tokens.text_counter("openai", GPT)
+    for text in deltas[:2]:
+        counter.add(text)
+    assert counter.tokens == each("Hello") + each(" wor")
+    for text in deltas[2:]:
+        counter.add(text)
+    assert counter.tokens == sum(each(text) for text in deltas)
+    assert counter.deltas == 4  # an empty delta is no delta

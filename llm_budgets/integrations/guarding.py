@@ -114,16 +114,26 @@ class OutputCounter:
         self.provider = provider
         self.model = model
         self.ceiling = ceiling
-        self.tokens = 0
         self.deltas = 0
-        # Looked up once: a stream counts every delta.
+        self._counted = 0
+        # Deltas are counted when the count is asked for (``tokens``): a stream that ends with
+        # the provider's own usage, the common case, never needs it.
+        self._pending: list[str] = []
         self._count = text_counter(provider, model)
 
     def add(self, text: str) -> None:
         if not text:
             return
         self.deltas += 1
-        self.tokens += self._count(text)
+        self._pending.append(text)
+
+    @property
+    def tokens(self) -> int:
+        """The deltas' tokens, each delta counted on its own."""
+        if self._pending:
+            self._counted += sum(map(self._count, self._pending))
+            self._pending.clear()
+        return self._counted
 
     @property
     def produced(self) -> int:
