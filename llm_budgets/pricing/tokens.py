@@ -122,7 +122,7 @@ class CountCache:
     never changes, so nothing is ever invalidated. Texts shorter than ``shortest`` characters
     are counted again: that costs about what a lookup does."""
 
-    def __init__(self, size: int = 65_536, shortest: int = 256) -> None:
+    def __init__(self, size: int = 16_384, shortest: int = 256) -> None:
         self.size = size
         self.shortest = shortest
         self._counts: OrderedDict[tuple[str, bytes], int] = OrderedDict()
