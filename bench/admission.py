@@ -253,11 +253,12 @@ def vacuum(url: str) -> None:
 
 
 def seed(
-    url: str, scenarios: Sequence[str], stripes: int = STRIPES
+    url: str, scenarios: Sequence[str], stripes: int = STRIPES, *, hot: bool = True
 ) -> tuple[Fixed, dict[str, list[Target]]]:
     """A price, a global cap, tenants each with a cap and an each-end-user ("*") cap, their end
     users, and every counter of the current period: created up front, as admission would at each
-    end user's first call, so that no measured call pays for a first sight."""
+    end user's first call, so that no measured call pays for a first sight. ``hot=False``: no
+    budget is hot (one counter row each, the rows the floor locks; bench/guard.py)."""
     from django.utils import timezone
 
     from llm_budgets import budgets
@@ -272,7 +273,7 @@ def seed(
         output_per_mtok=OUTPUT_PER_MTOK,
         effective_from=now - timedelta(days=1),
     )
-    budgets.set_limit(amount=HIGH_LIMIT, window=Window.MONTH, hot=True, stripes=stripes)
+    budgets.set_limit(amount=HIGH_LIMIT, window=Window.MONTH, hot=hot, stripes=stripes)
     calls: dict[str, list[tuple[str, str, int, int, list[CounterKey]]]] = {}
     for scenario in scenarios:
         tenant_count, user_count = SHAPES[scenario]
@@ -286,7 +287,7 @@ def seed(
                     end_user=end_user,
                     amount=HIGH_LIMIT,
                     window=Window.MONTH,
-                    hot=scenario != "spread",  # spread: only the shared global cap is hot
+                    hot=hot and scenario != "spread",  # spread: only the global cap is hot
                     stripes=stripes,
                 )
             users = EndUser.objects.bulk_create(

@@ -31,7 +31,7 @@ RUNS: dict[str, list[str]] = {
         "admission.py": "--duration 0.5 --workers 1,2 --scenarios hot,spread --repeat 1",
         "async_streams.py": "--streams 10 --chunks 3 --chunk-delay 0.01 --admissions 10",
         "cycle_profile.py": "--cycles 20 --stripes 4",
-        "guard.py": "--calls 10",
+        "guard.py": "--calls 10 --big-calls 2",
         "load.py": "--clients 2 --workers 1 --duration 3 --tenants 2 --end-users 3"
         " --overhead-rounds 3 --port 8197",
         "pages.py": "--lines 200 --end-users 20 --days 3 --tail 20 --rounds 2",

@@ -105,3 +105,37 @@ def test_reserve_counts_messages_itself(no_tiktoken_download: None) -> None:
             prompt="hi",
             max_output_tokens=1,
         )
+
+
+def test_a_text_counted_before_is_not_counted_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard's largest cost of its own is counting (docs/performance.md): a long text seen
+    before (a system prompt, a chat's history) is answered from a cache of counts kept by digest,
+    with the count tiktoken gives, special tokens' text counted as plain text."""
+    cache = tokens.CountCache(size=2)
+    monkeypatch.setattr(tokens, "COUNTS", cache)
+    enc = encoding("o200k_base")
+    encoded: list[str] = []
+    real = enc.encode_ordinary
+    monkeypatch.setattr(enc, "encode_ordinary", lambda text: encoded.append(text) or real(text))
+    history = "The customer asked about <|endoftext|> invoices. " * 20
+    expected = len(enc.encode(history, disallowed_special=()))
+    messages = [{"role": "user", "content": history}]
+    first = count_input_tokens(provider="openai", model="gpt-4o", messages=messages)
+    assert first == 3 + 3 + len(enc.encode("user")) + expected
+    assert encoded.count(history) == 1
+    assert count_input_tokens(provider="openai", model="gpt-4o", messages=messages) == first
+    assert count_input_tokens(provider="openai", model="gpt-4o", prompt=history) == expected
+    assert encoded.count(history) == 1  # answered from the cache twice
+    assert all(isinstance(digest, bytes) for _, digest in cache._counts)  # no text kept
+    for other in ("a" * 300, "b" * 300):  # two more long texts push the first one out
+        count_input_tokens(provider="openai", model="gpt-4o", prompt=other)
+    assert len(cache._counts) == 2
+    count_input_tokens(provider="openai", model="gpt-4o", prompt=history)
+    assert encoded.count(history) == 2
+
+
+def test_a_streams_deltas_are_counted_as_the_prompt_would_be() -> None:
+    for provider, model in (("openai", "gpt-4o"), ("anthropic", "claude-3-5-haiku-latest")):
+        count = tokens.text_counter(provider, model)
+        for text in ("Hello", " world, <|endoftext|>", "é" * 40):
+            assert count(text) == count_input_tokens(provider=provider, model=model, prompt=text)

@@ -55,7 +55,7 @@ from llm_budgets.exceptions import (
     UnknownPrice,
 )
 from llm_budgets.pricing.costs import MODIFIER_JOIN
-from llm_budgets.pricing.tokens import count_input_tokens
+from llm_budgets.pricing.tokens import count_input_tokens, text_counter
 from llm_budgets.usage import Usage, usage_validate
 
 if TYPE_CHECKING:
@@ -120,14 +120,26 @@ class OutputCounter:
         self.provider = provider
         self.model = model
         self.ceiling = ceiling
-        self.tokens = 0
         self.deltas = 0
+        self._counted = 0
+        # Deltas are counted when the count is asked for (``tokens``): a stream that ends with
+        # the provider's own usage, the common case, never needs it.
+        self._pending: list[str] = []
+        self._count = text_counter(provider, model)
 
     def add(self, text: str) -> None:
         if not text:
             return
         self.deltas += 1
-        self.tokens += count_input_tokens(provider=self.provider, model=self.model, prompt=text)
+        self._pending.append(text)
+
+    @property
+    def tokens(self) -> int:
+        """The deltas' tokens, each delta counted on its own."""
+        if self._pending:
+            self._counted += sum(map(self._count, self._pending))
+            self._pending.clear()
+        return self._counted
 
     @property
     def produced(self) -> int:

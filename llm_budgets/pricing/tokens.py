@@ -10,6 +10,11 @@ the reply).
 Every other model gets a conservative bound: one token per UTF-8 byte (a byte-level BPE token
 covers at least one byte, and byte-fallback tokenizers spend at most one token a byte), plus 8
 tokens a message and 8 for the reply, times ``LLM_BUDGETS["TOKEN_ESTIMATE_SAFETY_MARGIN"]``.
+
+Counting is the guard's largest cost of its own (about 0.3 ms per 2,000 tokens, 15 ms per
+100,000: docs/performance.md), so a text counted before is not counted again: a chat sends its
+whole history on every turn, and a system prompt rides on every call. The counts are kept by a
+digest of the text (:class:`CountCache`), never the text itself.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import base64
 import gzip
 import hashlib
 import math
-from collections.abc import Iterable, Mapping
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
 from functools import cache
 from importlib import resources
@@ -109,6 +116,55 @@ def encoding_name(provider: str | None, model: str) -> str | None:
     return name
 
 
+class CountCache:
+    """Token counts of texts counted before, by encoding and a 128-bit digest of the text (no
+    prompt is kept in memory), the least recently used dropped past ``size`` entries. A count
+    never changes, so nothing is ever invalidated. Texts shorter than ``shortest`` characters
+    are counted again: that costs about what a lookup does."""
+
+    def __init__(self, size: int = 16_384, shortest: int = 256) -> None:
+        self.size = size
+        self.shortest = shortest
+        self._counts: OrderedDict[tuple[str, bytes], int] = OrderedDict()
+        self._lock = threading.Lock()  # requests on several threads share one cache
+
+    def count(self, name: str, text: str) -> int:
+        if len(text) < self.shortest:
+            return len(encoding(name).encode_ordinary(text))
+        key = (
+            name,
+            hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest(),
+        )
+        with self._lock:
+            found = self._counts.get(key)
+            if found is not None:
+                self._counts.move_to_end(key)
+                return found
+        counted = len(encoding(name).encode_ordinary(text))
+        with self._lock:
+            self._counts[key] = counted
+            if len(self._counts) > self.size:
+                self._counts.popitem(last=False)
+        return counted
+
+    def clear(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+
+COUNTS = CountCache()
+
+
+def text_counter(provider: str | None, model: str) -> Callable[[str], int]:
+    """Tokens of one text for ``model``, the encoding looked up once (a stream counts each of
+    its deltas with it): exact with tiktoken, else the conservative bound."""
+    name = encoding_name(provider, model)
+    if name is None:
+        return lambda text: _bound([text], 0)
+    encode = encoding(name).encode_ordinary
+    return lambda text: len(encode(text))
+
+
 def _texts(messages: object) -> list[tuple[bool, list[str]]]:
     """Each message: whether it has a name, and its text parts (role, name, content). Non-text
     content is refused."""
@@ -158,10 +214,7 @@ def count_input_tokens(
     if prompt is not None:
         if not isinstance(prompt, str):
             raise InvalidUsage("prompt must be a string.", field="prompt")
-        if name is None:
-            count = _bound([prompt], 0)
-        else:
-            count = len(encoding(name).encode(prompt, disallowed_special=()))
+        count = _bound([prompt], 0) if name is None else COUNTS.count(name, prompt)
     else:
         chats = _texts(messages)
         if name is None:
@@ -170,9 +223,8 @@ def count_input_tokens(
                 BOUND_PER_MESSAGE * len(chats) + BOUND_REPLY,
             )
         else:
-            enc = encoding(name)
             count = TIKTOKEN_REPLY
             for named, parts in chats:
                 count += TIKTOKEN_PER_MESSAGE + TIKTOKEN_PER_NAME * named
-                count += sum(len(enc.encode(part, disallowed_special=())) for part in parts)
+                count += sum(COUNTS.count(name, part) for part in parts)
     return validation.token_count("input_tokens", count)
