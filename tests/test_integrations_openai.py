@@ -26,7 +26,12 @@ from llm_budgets.exceptions import (
     OutputCeilingRequired,
     UnknownPrice,
 )
-from llm_budgets.integrations.guarding import SEARCH_CONTENT_TOKENS_PER_USE, NotGuarded, json_text
+from llm_budgets.integrations.guarding import (
+    CODE_OUTPUT_TOKENS_PER_USE,
+    SEARCH_CONTENT_TOKENS_PER_USE,
+    NotGuarded,
+    json_text,
+)
 from llm_budgets.integrations.openai import guard
 from llm_budgets.models import Plan, Reservation, UsageRecord
 from llm_budgets.pricing.tokens import count_input_tokens
@@ -807,6 +812,7 @@ def test_an_answer_billed_at_a_tier_nothing_prices_is_left_uncertain(fake: FakeO
 def test_file_search_and_code_interpreter_fees_are_held_per_allowed_call_and_charged_per_call(
     fake: FakeOpenAI,
 ) -> None:
+    budgets.set_limit(tenant="acme", amount=Decimal("1000000"), window="month")
     budgets.set_price(
         provider="openai",
         model=GPT,
@@ -827,7 +833,8 @@ def test_file_search_and_code_interpreter_fees_are_held_per_allowed_call_and_cha
         model=GPT, input="q", tools=tools, max_tool_calls=2, max_output_tokens=50
     )
     reservation = only_reservation()
-    # Two file searches' results held as input (the guard's bound), with the fees.
+    # Two file searches' results and two code outputs held as input (the guard's bounds), with
+    # the fees.
     prompt = count_input_tokens(
         provider="openai",
         model=GPT,
@@ -836,7 +843,9 @@ def test_file_search_and_code_interpreter_fees_are_held_per_allowed_call_and_cha
             {"role": "system", "content": json_text(tools)},
         ],
     )
-    assert reservation.input_tokens == prompt + 2 * SEARCH_CONTENT_TOKENS_PER_USE
+    assert reservation.input_tokens == (
+        prompt + 2 * SEARCH_CONTENT_TOKENS_PER_USE + 2 * CODE_OUTPUT_TOKENS_PER_USE
+    )
     assert reservation.amount == input_allowed(reservation.input_tokens) + 2 * 50 + 2 * 3 + 2 * 30
     line = charge_line(reservation)
     assert line.tool_calls == {"file_search": 1, "code_interpreter": 1}
