@@ -9,7 +9,7 @@ nothing pass (:data:`FREE_HEADERS`, plus ``LLM_BUDGETS["GUARD_FREE_HEADERS"]``),
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -102,15 +102,30 @@ _ALLOW = (
 )
 
 
-def _allowed(name: str, value: str, extra: list[str]) -> bool:
-    for entry in (*FREE_HEADERS, *extra):
+def _split(entries: Iterable[str]) -> tuple[frozenset[str], tuple[str, ...], frozenset[str]]:
+    """Entries as exact names, prefixes and ``name: value`` pairs (normalised ``name:value``)."""
+    names, prefixes, pairs = set(), [], set()
+    for entry in entries:
         if ":" in entry:
-            entry_name, entry_value = (part.strip() for part in entry.split(":", 1))
-            if entry_name == name and entry_value == value:
-                return True
-        elif entry == name or (entry.endswith("*") and name.startswith(entry[:-1])):
-            return True
-    return False
+            name, value = (part.strip() for part in entry.split(":", 1))
+            pairs.add(f"{name}:{value}")
+        elif entry.endswith("*"):
+            prefixes.append(entry[:-1])
+        else:
+            names.add(entry)
+    return frozenset(names), tuple(prefixes), frozenset(pairs)
+
+
+_FREE_NAMES, _FREE_PREFIXES, _ = _split(FREE_HEADERS)
+
+
+def _allowed(name: str, value: str, extra: list[str] | None) -> bool:
+    """Whether header ``name`` (lower case) with ``value`` bills nothing: the built-in list
+    first, then the setting (``extra``; None: not read yet)."""
+    if name in _FREE_NAMES or name.startswith(_FREE_PREFIXES):
+        return True
+    names, prefixes, pairs = _split(conf.GUARD_FREE_HEADERS if extra is None else extra)
+    return name in names or name.startswith(prefixes) or f"{name}:{value}" in pairs
 
 
 def check_headers(
@@ -123,14 +138,13 @@ def check_headers(
         return
     if not isinstance(headers, Mapping):
         raise InvalidUsage(f"{field} must be a dict of header names to values.", field=field)
-    extra = conf.GUARD_FREE_HEADERS
     for raw_name, raw_value in headers.items():
         if not given(raw_value):
             continue  # the SDKs' Omit removes a header: nothing is sent
         name, value = str(raw_name).strip().lower(), str(raw_value).strip()
         if name == "anthropic-beta":
-            _check_betas(value, extra, field=field, call=call)
-        elif not _allowed(name, value, extra):
+            _check_betas(value, field=field, call=call)
+        elif not _allowed(name, value, None):
             raise NotGuarded(
                 f"the {raw_name!r} header ({field})",
                 instead="The guard does not know whether it changes what the call bills. "
@@ -138,9 +152,9 @@ def check_headers(
             )
 
 
-def _check_betas(value: str, extra: list[str], *, field: str, call: Call | None) -> None:
+def _check_betas(value: str, *, field: str, call: Call | None) -> None:
     for beta in filter(None, (part.strip() for part in value.split(","))):
-        if beta in FREE_BETAS or _allowed("anthropic-beta", beta, extra):
+        if beta in FREE_BETAS or _allowed("anthropic-beta", beta, None):
             continue
         if beta.startswith(LONG_CONTEXT_BETA):
             if call is not None:
@@ -207,8 +221,11 @@ def check_call(method: Any, kwargs: Mapping[str, Any], call: Call) -> None:
     """Before ``call`` is admitted: ``extra_headers`` merged over the default headers of the
     client ``method`` (a resource's bound method) belongs to, and ``extra_query``."""
     client = getattr(getattr(method, "__self__", None), "_client", None)
-    headers = dict(getattr(client, "_custom_headers", None) or {})
+    custom = getattr(client, "_custom_headers", None)
     extra = kwargs.get("extra_headers")
+    if custom and not given(extra) and "anthropic-beta" not in {k.lower() for k in custom}:
+        custom = None  # checked when the client was guarded: nothing depends on this call
+    headers = dict(custom or {})
     if given(extra):
         if not isinstance(extra, Mapping):
             raise InvalidUsage("extra_headers must be a dict.", field="extra_headers")
