@@ -5,6 +5,7 @@ Real ``openai`` / ``anthropic`` clients against the fake providers on 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import warnings
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ import anthropic
 import httpx2
 import openai
 import pytest
+from asgiref.sync import async_to_sync
 from django.core.checks import run_checks
 from django.test import override_settings
 
@@ -301,6 +303,31 @@ def test_the_guards_own_calls_and_free_requests_pass_the_transport(
         free = "/v1/messages/count_tokens"
     assert [seen.path for seen in fake.requests] == [f"{sdk.prefix}{sdk.path}", free]
     assert Reservation.objects.count() == 1  # the guarded call; the free one holds nothing
+
+
+@pytest.mark.django_db
+def test_a_guarded_call_in_flight_lets_no_other_task_through() -> None:
+    """The mark is per asyncio task (and per thread): while the guard's own request waits for
+    its answer, a raw request from another task on the same client is still refused."""
+    seed_tenant()
+    fake = FakeOpenAI()
+    try:
+        client = _guarded(OPENAI, fake, is_async=True, max_retries=0)
+        fake.then(kind="stall")
+
+        async def scenario() -> None:
+            guarded = asyncio.ensure_future(client.chat.completions.create(**OPENAI.calls[0]))
+            await asyncio.get_running_loop().run_in_executor(None, fake.received.wait, WAIT)
+            with pytest.raises(NotGuarded, match="POST /v1/chat/completions"):
+                await client._target.post(OPENAI.path, body=OPENAI.body, cast_to=object)
+            fake.unstall.set()
+            with contextlib.suppress(openai.APIError):
+                await guarded
+
+        async_to_sync(scenario)()
+        assert [seen.path for seen in fake.requests] == ["/v1/chat/completions"]
+    finally:
+        fake.stop()
 
 
 def test_the_billable_rule() -> None:
