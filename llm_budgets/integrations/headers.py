@@ -230,7 +230,8 @@ def check_call(method: Any, kwargs: Mapping[str, Any], call: Call) -> None:
         if not isinstance(extra, Mapping):
             raise InvalidUsage("extra_headers must be a dict.", field="extra_headers")
         headers.update(extra)
-    check_headers(headers, field="extra_headers", call=call)
+    field = "extra_headers" if given(extra) else "default_headers"
+    check_headers(headers, field=field, call=call)
     extra_query = kwargs.get("extra_query")
     if given(extra_query):
         check_query(extra_query, field="extra_query")

@@ -86,7 +86,11 @@ def _admit(request: httpx2.Request) -> None:
         return
     call = _SENDING.get()
     if call is None or call.hold is None or call.settled:
-        raise NotGuarded(f"{request.method} {request.url.path} outside the guard", instead=_INSTEAD)
+        raise NotGuarded(
+            f"{request.method} {request.url.path} sent around the guard (raw HTTP, a resource's "
+            "_client, a copy of the SDK client)",
+            instead=_INSTEAD,
+        )
 
 
 class GuardTransport(httpx2.BaseTransport):
