@@ -24,7 +24,7 @@ from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.integrations import anthropic as guard_anthropic
 from llm_budgets.integrations import openai as guard_openai
 from llm_budgets.integrations.guarding import NotGuarded
-from llm_budgets.integrations.headers import LONG_CONTEXT_TOKENS
+from llm_budgets.integrations.headers import LONG_CONTEXT_TOKENS, check_call
 from llm_budgets.integrations.proxy import ClientProxy
 from llm_budgets.integrations.transport import billable
 from llm_budgets.models import Reservation
@@ -463,6 +463,9 @@ def test_anthropic_betas_are_read_one_by_one() -> None:
             with_beta.messages.create(model=CLAUDE, max_tokens=100, messages=long_prompt)
         assert len(fake.requests) == 2
         assert Reservation.objects.count() == 2
+        # The beta namespace's betas= are sent as anthropic-beta: read the same way.
+        with pytest.raises(NotGuarded, match=r"mcp-client.*\(betas\)"):
+            check_call(client._target.messages.create, {"betas": ["mcp-client-2025-04-04"]}, None)
     finally:
         fake.stop()
 

@@ -219,7 +219,8 @@ def check_client(client: Any) -> None:
 
 def check_call(method: Any, kwargs: Mapping[str, Any], call: Call) -> None:
     """Before ``call`` is admitted: ``extra_headers`` merged over the default headers of the
-    client ``method`` (a resource's bound method) belongs to, and ``extra_query``."""
+    client ``method`` (a resource's bound method) belongs to, Anthropic's ``betas`` (sent as
+    ``anthropic-beta``), and ``extra_query``."""
     client = getattr(getattr(method, "__self__", None), "_client", None)
     custom = getattr(client, "_custom_headers", None)
     extra = kwargs.get("extra_headers")
@@ -232,6 +233,11 @@ def check_call(method: Any, kwargs: Mapping[str, Any], call: Call) -> None:
         headers.update(extra)
     field = "extra_headers" if given(extra) else "default_headers"
     check_headers(headers, field=field, call=call)
+    betas = kwargs.get("betas")  # anthropic's beta namespace sends them as anthropic-beta
+    if given(betas):
+        if isinstance(betas, str) or not isinstance(betas, list | tuple):
+            raise InvalidUsage("betas must be a list of beta names.", field="betas")
+        _check_betas(",".join(map(str, betas)), field="betas", call=call)
     extra_query = kwargs.get("extra_query")
     if given(extra_query):
         check_query(extra_query, field="extra_query")
