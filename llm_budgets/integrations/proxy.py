@@ -6,7 +6,9 @@
 - refused: raises ``NotGuarded`` before anything is sent (``_refused``).
 
 Anything not classified, such as a resource a new SDK release adds, is refused as well, and
-:func:`unclassified` names it so a test can fail until it is classified.
+:func:`unclassified` names it so a test can fail until it is classified. Below the proxy, the
+SDK client it wraps sends through a transport that refuses what gets around it
+(:mod:`llm_budgets.integrations.transport`, installed by :func:`guarded_copy`).
 """
 
 from __future__ import annotations
@@ -75,8 +77,8 @@ class ClientProxy:
     @property
     def unguarded(self) -> Any:
         """The one escape hatch, for what the guard does not cover (your own hold needed): a
-        copy of the SDK client (``.unguarded`` of a resource: that resource on the copy) on
-        the httpx client that was guarded, with the caller's retries. Using it leaves the
+        fresh copy of the SDK client (``.unguarded`` of a resource: that resource on the copy)
+        on the caller's own httpx client, with the caller's retries. Using it leaves the
         guarded client as guarded as before."""
         client = self._target._client if self._path else self._target
         raw = type(client).copy(
