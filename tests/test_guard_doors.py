@@ -367,6 +367,25 @@ def test_unguarded_is_a_separate_copy_and_leaves_the_guard_in_place(
     assert resource.unguarded._client is not client._target
 
 
+def test_websocket_sessions_of_the_sdk_copy_have_an_address_no_websocket_client_opens() -> None:
+    """Realtime and responses.connect do not go through httpx: the guard's SDK copy, and every
+    copy of it, get a WebSocket address with a scheme no WebSocket client accepts; .unguarded
+    gets the caller's own."""
+    raw = openai.OpenAI(api_key="sk-test", websocket_base_url="wss://gateway.example/v1")
+    client = guard_openai.guard(raw, tenant="acme")
+    copies = [
+        client._target,
+        client._target.with_options(websocket_base_url="wss://elsewhere.example/v1"),
+        client._target.models._client.with_options(max_retries=1),
+        client.with_options(timeout=5)._target,
+    ]
+    for copied in copies:
+        url = copied.realtime.connect(model="gpt-realtime")._prepare_url()
+        assert url.scheme not in {"ws", "wss"}, url
+    assert client.unguarded.websocket_base_url == "wss://gateway.example/v1"
+    assert raw.websocket_base_url == "wss://gateway.example/v1"  # the caller's client untouched
+
+
 # -- headers, query, base_url -----------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ SDK client it wraps sends through a transport that refuses what gets around it
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import replace
 from typing import Any
 
@@ -86,6 +87,8 @@ class ClientProxy:
             http_client=unguarded_http_client(client._client),
             max_retries=self._options.max_retries,
         )
+        if hasattr(raw, "websocket_base_url"):
+            raw.websocket_base_url = _WEBSOCKET_URLS.get(client)
         for name in filter(None, self._path.split(".")):
             raw = getattr(raw, name)
         return raw
@@ -133,6 +136,14 @@ def unclassified(
     return found
 
 
+# WebSocket sessions (openai's realtime, responses.connect) do not go through httpx, so no
+# transport sees them: the SDK copy the guard sends with, and every copy of it, gets a WebSocket
+# address with a scheme no WebSocket client accepts (refused before any network). The caller's
+# own address, per copy, for ``.unguarded``.
+REFUSED_WEBSOCKET_URL = "refused-by-llm-budgets://websockets-are-not-guarded/"
+_WEBSOCKET_URLS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
 def guarded_copy(
     client: Any, options: GuardOptions, kwargs: dict[str, Any]
 ) -> tuple[Any, GuardOptions]:
@@ -141,23 +152,29 @@ def guarded_copy(
     headers, query and base URL checked (:mod:`.headers`). Copies made from it (its own
     ``with_options``, reachable through any resource's ``_client``) keep that transport."""
     kwargs = dict(kwargs)
+    websocket = kwargs.get("websocket_base_url") or _WEBSOCKET_URLS.get(
+        client, getattr(client, "websocket_base_url", None)
+    )
     kwargs["http_client"] = guarded_http_client(kwargs.get("http_client") or client._client)
     copied, options = without_sdk_retries(client, options, kwargs)
     check_client(copied)
-    _keep_transport(copied)
+    _keep_transport(copied, websocket)
     return copied, options
 
 
-def _keep_transport(client: Any) -> None:
-    """Make ``client.with_options`` / ``copy`` guard an ``http_client`` they are given, so no
-    copy of the guarded client sends around the transport."""
+def _keep_transport(client: Any, websocket: Any) -> None:
+    """Make ``client.with_options`` / ``copy`` guard an ``http_client`` they are given and
+    refuse WebSockets again, so no copy of the guarded client sends around the transport."""
     sdk_copy = type(client).copy
+    if hasattr(client, "websocket_base_url"):
+        client.websocket_base_url = REFUSED_WEBSOCKET_URL
+    _WEBSOCKET_URLS[client] = websocket
 
     def copy(**kwargs: Any) -> Any:
         if kwargs.get("http_client") is not None:
             kwargs["http_client"] = guarded_http_client(kwargs["http_client"])
         copied = sdk_copy(client, **kwargs)
-        _keep_transport(copied)
+        _keep_transport(copied, websocket)
         return copied
 
     client.copy = client.with_options = copy
