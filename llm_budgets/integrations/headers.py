@@ -116,15 +116,15 @@ def _split(entries: Iterable[str]) -> tuple[frozenset[str], tuple[str, ...], fro
     return frozenset(names), tuple(prefixes), frozenset(pairs)
 
 
-_FREE_NAMES, _FREE_PREFIXES, _ = _split(FREE_HEADERS)
+_FREE_NAMES, _FREE_PREFIXES, _NO_PAIRS = _split(FREE_HEADERS)
 
 
-def _allowed(name: str, value: str, extra: list[str] | None) -> bool:
+def _allowed(name: str, value: str) -> bool:
     """Whether header ``name`` (lower case) with ``value`` bills nothing: the built-in list
-    first, then the setting (``extra``; None: not read yet)."""
+    first, then the setting (read only when needed: the common headers never reach it)."""
     if name in _FREE_NAMES or name.startswith(_FREE_PREFIXES):
         return True
-    names, prefixes, pairs = _split(conf.GUARD_FREE_HEADERS if extra is None else extra)
+    names, prefixes, pairs = _split(conf.GUARD_FREE_HEADERS)
     return name in names or name.startswith(prefixes) or f"{name}:{value}" in pairs
 
 
@@ -144,7 +144,7 @@ def check_headers(
         name, value = str(raw_name).strip().lower(), str(raw_value).strip()
         if name == "anthropic-beta":
             _check_betas(value, field=field, call=call)
-        elif not _allowed(name, value, None):
+        elif not _allowed(name, value):
             raise NotGuarded(
                 f"the {raw_name!r} header ({field})",
                 instead="The guard does not know whether it changes what the call bills. "
@@ -154,7 +154,7 @@ def check_headers(
 
 def _check_betas(value: str, *, field: str, call: Call | None) -> None:
     for beta in filter(None, (part.strip() for part in value.split(","))):
-        if beta in FREE_BETAS or _allowed("anthropic-beta", beta, None):
+        if beta in FREE_BETAS or _allowed("anthropic-beta", beta):
             continue
         if beta.startswith(LONG_CONTEXT_BETA):
             if call is not None:
