@@ -48,6 +48,7 @@ CHECK_IDS: dict[str, str] = {
     "END_USER_ID": "llm_budgets.E065",
     "API_DOCS_ACCESS": "llm_budgets.E066",
     "API_DOCS_IN_HOST_SCHEMA": "llm_budgets.E067",
+    "GUARD_FREE_HEADERS": "llm_budgets.E140",
     "STRIPE_API_KEY": "llm_budgets.E070",
     "STRIPE_API_BASE": "llm_budgets.E071",
     "STRIPE_METER_EVENT_NAME": "llm_budgets.E072",

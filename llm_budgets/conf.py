@@ -121,6 +121,10 @@ DEFAULTS: dict[str, Any] = {
     # Django integration helper (what a guarded call records). The default, the primary key as a
     # string, puts no personal data (an email, a name) into ledger lines, exports and logs.
     "END_USER_ID": "llm_budgets.host_users.user_pk",
+    # Headers a guarded SDK client may send beside the built-in list of headers that bill
+    # nothing (docs/integrations.md, "Side doors"): a name ("x-my-trace"), a prefix ending in
+    # "*" ("x-my-gateway-*"), or "name: value" for one value ("anthropic-beta: some-beta-1").
+    "GUARD_FREE_HEADERS": [],
     # Stripe metered billing (docs/billing.md). Nothing is sent without an API key.
     "STRIPE_API_KEY": None,
     # Where the Stripe client sends requests; tests point it at a fake server on 127.0.0.1.
@@ -587,6 +591,24 @@ def _address_list(key: str, value: Any) -> list[str]:
     )
 
 
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _free_headers(key: str, value: Any) -> list[str]:
+    """Header names (``*`` at the end: a prefix) or ``name: value`` pairs, lower-cased."""
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        entries = [v.strip().lower() for v in value]
+        if all(_HEADER_NAME.fullmatch(e.split(":", 1)[0].strip()) for e in entries):
+            return entries
+    raise SettingError(
+        key,
+        f"LLM_BUDGETS[{key!r}] must be a list of header names, prefixes ending in '*', or "
+        "'name: value' pairs.",
+        f"Got {value!r}. Example: ['x-my-trace-id', 'x-my-gateway-*', 'anthropic-beta: "
+        "some-beta-1'].",
+    )
+
+
 # Each key's reader: the typed value the code uses, or SettingError.
 READERS: dict[str, Callable[[str, Any], Any]] = {
     "DEFAULT_TTL_SECONDS": _default_ttl,
@@ -623,6 +645,7 @@ READERS: dict[str, Callable[[str, Any], Any]] = {
     "API_DOCS_ACCESS": _choice(*API_DOCS_ACCESSES),
     "API_DOCS_IN_HOST_SCHEMA": _bool,
     "END_USER_ID": _dotted_callable,
+    "GUARD_FREE_HEADERS": _free_headers,
     "STRIPE_API_KEY": _stripe_key,
     "STRIPE_API_BASE": _stripe_base,
     "STRIPE_METER_EVENT_NAME": _meter_event_name,
@@ -805,6 +828,10 @@ class Settings:
     def API_THROTTLE_RATE(self) -> str | None:
         rate = self._get("API_THROTTLE_RATE")
         return None if rate is None else str(rate)
+
+    @property
+    def GUARD_FREE_HEADERS(self) -> list[str]:
+        return list(self._get("GUARD_FREE_HEADERS"))
 
     @property
     def STRIPE_API_KEY(self) -> str | None:

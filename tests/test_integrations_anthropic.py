@@ -564,7 +564,7 @@ def test_inline_images_are_held_by_anthropics_published_rule_tool_results_includ
 
 def test_count_tokens_passes_through_and_diagnostics_is_refused(fake: FakeAnthropic) -> None:
     client = _client(fake.base_url)
-    assert client.messages.count_tokens == client.unguarded.messages.count_tokens  # type: ignore[attr-defined]
+    assert client.messages.count_tokens == client._target.messages.count_tokens  # type: ignore[attr-defined]
     with pytest.raises(NotGuarded, match="diagnostics"):
         client.messages.create(  # type: ignore[attr-defined]
             model=CLAUDE, max_tokens=10, messages=MESSAGES, diagnostics={"x": 1}

@@ -282,7 +282,7 @@ def test_priced_calls_it_cannot_guard_are_refused_and_the_rest_passes_through(
         client.images.generate(model="gpt-image-1", prompt="x")  # type: ignore[attr-defined]
     with pytest.raises(NotGuarded):
         client.chat.completions.with_raw_response  # type: ignore[attr-defined]  # noqa: B018
-    assert client.files is client.unguarded.files  # type: ignore[attr-defined]
+    assert client.files is client._target.files  # type: ignore[attr-defined]
     assert fake.requests == []
 
 
@@ -645,8 +645,8 @@ def test_raw_http_and_unpriced_resources_are_refused(fake: FakeOpenAI, path: str
 
 def test_free_resources_and_configuration_pass_through(fake: FakeOpenAI) -> None:
     client = _client(fake.base_url)
-    assert client.models is client.unguarded.models  # type: ignore[attr-defined]
-    assert client.responses.input_tokens is client.unguarded.responses.input_tokens  # type: ignore[attr-defined]
+    assert client.models is client._target.models  # type: ignore[attr-defined]
+    assert client.responses.input_tokens is client._target.responses.input_tokens  # type: ignore[attr-defined]
     assert client.api_key == "sk-test"  # type: ignore[attr-defined]
 
 

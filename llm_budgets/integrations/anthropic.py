@@ -51,13 +51,14 @@ from llm_budgets.integrations.guarding import (
     text_of,
     with_extra_body,
 )
+from llm_budgets.integrations.headers import check_call
 from llm_budgets.integrations.proxy import (
     CLIENT_CONFIG,
     RAW_HTTP,
     RAW_RESPONSES,
     ClientProxy,
+    guarded_copy,
     unclassified,
-    without_sdk_retries,
 )
 from llm_budgets.integrations.streams import (
     AsyncStreamGuard,
@@ -66,6 +67,7 @@ from llm_budgets.integrations.streams import (
     asend,
     send,
 )
+from llm_budgets.integrations.transport import sending
 from llm_budgets.usage import Usage, from_anthropic
 
 __all__ = ["GuardedAnthropic", "guard"]
@@ -104,9 +106,7 @@ def guard(
         ttl=ttl,
         switch_check_seconds=switch_check_seconds,
     )
-    return GuardedAnthropic(
-        *without_sdk_retries(client, options, {"max_retries": client.max_retries})
-    )
+    return GuardedAnthropic(*guarded_copy(client, options, {"max_retries": client.max_retries}))
 
 
 _RAW = RAW_RESPONSES
@@ -204,7 +204,7 @@ class GuardedAnthropic(_Proxy):
     }
 
     def with_options(self, **kwargs: Any) -> GuardedAnthropic:
-        return GuardedAnthropic(*without_sdk_retries(self._target, self._options, kwargs))
+        return GuardedAnthropic(*guarded_copy(self._target, self._options, kwargs))
 
     copy = with_options
 
@@ -256,13 +256,15 @@ class GuardedStreamManager(_StreamManager):
     gives the SDK's ``MessageStream`` reading a guarded raw stream, settles on ``__exit__``."""
 
     def __enter__(self) -> Any:
+        check_call(self._method, self._kwargs, self._call)
         attempt = 0
         while True:
             call = self._call
             call.admit()
             try:
                 self._manager = self._method(**_send(call, self._kwargs))
-                stream = self._manager.__enter__()
+                with sending(call):
+                    stream = self._manager.__enter__()
             except BaseException as exc:
                 call.failed(exc)
                 delay = retry_delay(exc, attempt=attempt, call=call)
@@ -290,13 +292,15 @@ class AsyncGuardedStreamManager(_StreamManager):
     """The ``AsyncAnthropic`` form of :class:`GuardedStreamManager` (``async with``)."""
 
     async def __aenter__(self) -> Any:
+        check_call(self._method, self._kwargs, self._call)
         attempt = 0
         while True:
             call = self._call
             await call.aadmit()
             try:
                 self._manager = self._method(**_send(call, self._kwargs))
-                stream = await self._manager.__aenter__()
+                with sending(call):
+                    stream = await self._manager.__aenter__()
             except BaseException as exc:
                 await sync_to_async(call.failed)(exc)
                 delay = retry_delay(exc, attempt=attempt, call=call)

@@ -68,8 +68,8 @@ from llm_budgets.integrations.proxy import (
     RAW_HTTP,
     RAW_RESPONSES,
     ClientProxy,
+    guarded_copy,
     unclassified,
-    without_sdk_retries,
 )
 from llm_budgets.integrations.streams import (
     AsyncStreamGuard,
@@ -168,7 +168,7 @@ def guard(
         switch_check_seconds=switch_check_seconds,
         project_tier=project_tier,
     )
-    return GuardedOpenAI(*without_sdk_retries(client, options, {"max_retries": client.max_retries}))
+    return GuardedOpenAI(*guarded_copy(client, options, {"max_retries": client.max_retries}))
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,7 @@ class GuardedOpenAI(_Proxy):
     _refused = _REFUSED_CLIENT
 
     def with_options(self, **kwargs: Any) -> GuardedOpenAI:
-        return GuardedOpenAI(*without_sdk_retries(self._target, self._options, kwargs))
+        return GuardedOpenAI(*guarded_copy(self._target, self._options, kwargs))
 
     copy = with_options
 

@@ -6,16 +6,21 @@
 - refused: raises ``NotGuarded`` before anything is sent (``_refused``).
 
 Anything not classified, such as a resource a new SDK release adds, is refused as well, and
-:func:`unclassified` names it so a test can fail until it is classified.
+:func:`unclassified` names it so a test can fail until it is classified. Below the proxy, the
+SDK client it wraps sends through a transport that refuses what gets around it
+(:mod:`llm_budgets.integrations.transport`, installed by :func:`guarded_copy`).
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import replace
 from typing import Any
 
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.integrations.guarding import GuardOptions, NotGuarded
+from llm_budgets.integrations.headers import check_client
+from llm_budgets.integrations.transport import guarded_http_client, unguarded_http_client
 
 # What both SDKs' clients share (the same generator makes them): configuration that bills
 # nothing, and the raw HTTP and raw-response paths the guard cannot see through.
@@ -72,8 +77,21 @@ class ClientProxy:
 
     @property
     def unguarded(self) -> Any:
-        """The SDK object itself, for what the guard does not cover (your own hold needed)."""
-        return self._target
+        """The one escape hatch, for what the guard does not cover (your own hold needed): a
+        fresh copy of the SDK client (``.unguarded`` of a resource: that resource on the copy)
+        on the caller's own httpx client, with the caller's retries. Using it leaves the
+        guarded client as guarded as before."""
+        client = self._target._client if self._path else self._target
+        raw = type(client).copy(
+            client,
+            http_client=unguarded_http_client(client._client),
+            max_retries=self._options.max_retries,
+        )
+        if hasattr(raw, "websocket_base_url"):
+            raw.websocket_base_url = _WEBSOCKET_URLS.get(client)
+        for name in filter(None, self._path.split(".")):
+            raw = getattr(raw, name)
+        return raw
 
     @property
     def is_async(self) -> bool:
@@ -116,6 +134,50 @@ def unclassified(
         if missing:
             found[path or "client"] = missing
     return found
+
+
+# WebSocket sessions (openai's realtime, responses.connect) do not go through httpx, so no
+# transport sees them: the SDK copy the guard sends with, and every copy of it, gets a WebSocket
+# address with a scheme no WebSocket client accepts (refused before any network). The caller's
+# own address, per copy, for ``.unguarded``.
+REFUSED_WEBSOCKET_URL = "refused-by-llm-budgets://websockets-are-not-guarded/"
+_WEBSOCKET_URLS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def guarded_copy(
+    client: Any, options: GuardOptions, kwargs: dict[str, Any]
+) -> tuple[Any, GuardOptions]:
+    """The SDK client the guard sends with: ``without_sdk_retries``, on an httpx client whose
+    transport refuses billable requests the guard does not send (:mod:`.transport`), its
+    headers, query and base URL checked (:mod:`.headers`). Copies made from it (its own
+    ``with_options``, reachable through any resource's ``_client``) keep that transport."""
+    kwargs = dict(kwargs)
+    websocket = kwargs.get("websocket_base_url") or _WEBSOCKET_URLS.get(
+        client, getattr(client, "websocket_base_url", None)
+    )
+    kwargs["http_client"] = guarded_http_client(kwargs.get("http_client") or client._client)
+    copied, options = without_sdk_retries(client, options, kwargs)
+    check_client(copied)
+    _keep_transport(copied, websocket)
+    return copied, options
+
+
+def _keep_transport(client: Any, websocket: Any) -> None:
+    """Make ``client.with_options`` / ``copy`` guard an ``http_client`` they are given and
+    refuse WebSockets again, so no copy of the guarded client sends around the transport."""
+    sdk_copy = type(client).copy
+    if hasattr(client, "websocket_base_url"):
+        client.websocket_base_url = REFUSED_WEBSOCKET_URL
+    _WEBSOCKET_URLS[client] = websocket
+
+    def copy(**kwargs: Any) -> Any:
+        if kwargs.get("http_client") is not None:
+            kwargs["http_client"] = guarded_http_client(kwargs["http_client"])
+        copied = sdk_copy(client, **kwargs)
+        _keep_transport(copied, websocket)
+        return copied
+
+    client.copy = client.with_options = copy
 
 
 def without_sdk_retries(

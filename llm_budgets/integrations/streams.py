@@ -40,6 +40,8 @@ from django import db
 
 from llm_budgets.exceptions import KillSwitchActive
 from llm_budgets.integrations.guarding import Call, retry_delay
+from llm_budgets.integrations.headers import check_call
+from llm_budgets.integrations.transport import sending
 from llm_budgets.usage import Usage
 
 logger = logging.getLogger("llm_budgets")
@@ -75,11 +77,13 @@ def send(
     """Admit, then call ``method`` with ``kwargs`` pinned to what was held (``pin``: the model
     and ceiling granted), and settle its answer, or return its stream guarded. A failed attempt
     the SDK would retry is settled on its own and retried under a new hold (``retry_delay``)."""
+    check_call(method, kwargs, call)
     attempt = 0
     while True:
         call.admit()
         try:
-            result = method(**pin(call, kwargs))
+            with sending(call):
+                result = method(**pin(call, kwargs))
         except BaseException as exc:
             _settle_failure(sdk, call, exc)
             delay = retry_delay(exc, attempt=attempt, call=call)
@@ -95,11 +99,13 @@ async def asend(
     sdk: Sdk, method: Any, call: Call, kwargs: dict[str, Any], pin: Pin, observe: Observe
 ) -> Any:
     """``send`` for async clients (the ledger is reached through ``sync_to_async``)."""
+    check_call(method, kwargs, call)
     attempt = 0
     while True:
         await call.aadmit()
         try:
-            result = await method(**pin(call, kwargs))
+            with sending(call):
+                result = await method(**pin(call, kwargs))
         except BaseException as exc:
             await sync_to_async(_settle_failure)(sdk, call, exc)
             delay = retry_delay(exc, attempt=attempt, call=call)
