@@ -417,7 +417,7 @@ def test_embeddings_of_an_unpriced_model_are_refused_before_sending(fake: FakeOp
 
 def test_moderations_pass_through_unrefused(fake: FakeOpenAI) -> None:
     client = _client(fake.base_url)
-    assert client.moderations is client.unguarded.moderations
+    assert client.moderations is client._target.moderations
 
 
 def test_a_project_whose_default_tier_is_priority_holds_calls_without_a_tier_at_it(

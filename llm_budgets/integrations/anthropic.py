@@ -51,7 +51,7 @@ from llm_budgets.integrations.guarding import (
     text_of,
     with_extra_body,
 )
-from llm_budgets.integrations.headers import check_call
+from llm_budgets.integrations.headers import FREE_BETAS, check_call
 from llm_budgets.integrations.proxy import (
     CLIENT_CONFIG,
     RAW_HTTP,
@@ -444,27 +444,8 @@ _Messages._parameters = MESSAGES_PARAMETERS
 # the ceiling held, cache writes at the dearest input rate; context management only clears
 # (checked below). Any other beta may change the price: refused until classified. (The same
 # list as the header check's free betas, plus the ones these parameters need.)
-PRICED_BETAS = frozenset(
-    {
-        "prompt-caching-2024-07-31",
-        "extended-cache-ttl-2025-04-11",
-        "pdfs-2024-09-25",
-        "token-counting-2024-11-01",
-        "message-batches-2024-09-24",
-        "files-api-2025-04-14",
-        "output-128k-2025-02-19",
-        "output-300k-2026-03-24",
-        "interleaved-thinking-2025-05-14",
-        "fine-grained-tool-streaming-2025-05-14",
-        "token-efficient-tools-2025-02-19",
-        "structured-outputs-2025-11-13",
-        "search-results-2025-06-09",
-        "web-search-2025-03-05",
-        "web-fetch-2025-09-10",
-        "fast-mode-2026-02-01",
-        "context-management-2025-06-27",
-    }
-)
+# The betas a call may ask for: those the header check lets through (one list for both).
+PRICED_BETAS = FREE_BETAS
 BETA_MESSAGES_PARAMETERS = Parameters(
     priced=MESSAGES_PARAMETERS.priced | {"betas", "context_management"},
     neutral=MESSAGES_PARAMETERS.neutral,

@@ -86,6 +86,10 @@ FREE_BETAS = frozenset(
         "structured-outputs-2025-11-13",
         "search-results-2025-06-09",
         "web-fetch-2025-09-10",
+        "web-search-2025-03-05",
+        "extended-cache-ttl-2025-04-11",
+        # Only clearing edits pass: the body's context_management is checked with the call.
+        "context-management-2025-06-27",
         "fast-mode-2026-02-01",
     }
 )
