@@ -704,39 +704,6 @@ def json_text(value: object) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-# Request fields the guard prices from or pins; ``extra_body`` (which the SDKs merge over the
-# request, taking precedence) may not set them.
-PRICED_FIELDS = frozenset(
-    {
-        "model",
-        "messages",
-        "system",
-        "input",
-        "instructions",
-        "tools",
-        "max_tokens",
-        "max_completion_tokens",
-        "max_output_tokens",
-        "n",
-        "stream",
-        "stream_options",
-    }
-)
-
-
-def refuse_priced_extra_body(kwargs: Mapping[str, Any]) -> None:
-    """``InvalidUsage`` if ``extra_body`` would override what the guard priced or sent."""
-    extra = kwargs.get("extra_body")
-    if isinstance(extra, Mapping):
-        clash = sorted(PRICED_FIELDS & set(extra))
-        if clash:
-            raise InvalidUsage(
-                f"extra_body sets {', '.join(clash)}, which the guard prices or pins: pass them "
-                "as the method's own arguments.",
-                field="extra_body",
-            )
-
-
 def with_extra_body(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """The parameters as the provider receives them: the SDK merges ``extra_body`` into the
     JSON body over the named parameters, so its keys are checked and priced as the same
