@@ -253,6 +253,20 @@ def _transaction(unwritten: tuple[type[BaseException], ...]) -> Iterator[None]:
         wrapper.transaction_mode = mode
 
 
+@contextmanager
+def one_snapshot() -> Iterator[None]:
+    """Reads that must agree with each other (the conservation check): one transaction and, on
+    PostgreSQL, one snapshot. Its default isolation (READ COMMITTED) takes a snapshot per
+    statement, so a settlement committing between two reads would look like drift. Inside a
+    caller's transaction the caller's isolation stands (it can no longer be changed)."""
+    outer = connection.in_atomic_block
+    with transaction.atomic():
+        if not outer and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield
+
+
 def lock_timeout_statement() -> sql.Statement | None:
     """The statement ``bound_lock_wait`` runs, to send ahead of the transaction's first locking
     statement in one round trip (``statements.fetch(..., first=...)``); None where not needed."""

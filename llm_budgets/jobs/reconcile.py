@@ -9,6 +9,7 @@ from decimal import Decimal
 
 from django.db.models import Case, F, Sum, When
 
+from llm_budgets.db.boundary import one_snapshot
 from llm_budgets.engine.counters import rows_by_key
 from llm_budgets.engine.stripes import allowance_excess
 from llm_budgets.engine.types import CounterKey
@@ -35,7 +36,13 @@ def counters_drift() -> list[Drift]:
     """Every counter whose stored totals differ from what the ledger and live holds say.
 
     Each hold counts in its own unit: provider cost, or customer price. Sums are brought to the
-    stored precision: SQLite adds decimals in floating point."""
+    stored precision: SQLite adds decimals in floating point. All of it is read in one snapshot,
+    so settlements committing meanwhile are not mistaken for drift."""
+    with one_snapshot():
+        return _drift()
+
+
+def _drift() -> list[Drift]:
     customer = BudgetUnit.CUSTOMER_PRICE
     spent: dict[int, Decimal] = {}
     for row in (
