@@ -16,6 +16,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
 
 DEFAULTS: dict[str, Any] = {
     # Seconds a hold lives before the sweep expires it (per call: ``reserve(ttl=...)``).
@@ -682,13 +683,32 @@ def setting_read(key: str) -> Any:
     return READERS[key](key, _get(key))
 
 
+# Values read and checked, by key: a call reads about twenty, and Django's settings are fixed
+# once loaded, except where Django says they changed (``override_settings`` in tests).
+_read: dict[str, Any] = {}
+
+
+def _forget(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("LLM_BUDGETS", "DATABASES"):  # the ledger's and replica's aliases check both
+        _read.clear()
+
+
+setting_changed.connect(_forget)
+
+
 class Settings:
     """Shadow of ``settings.LLM_BUDGETS`` with defaults filled in, each value typed and checked
     by its reader."""
 
     def _get(self, key: str) -> Any:
+        try:
+            return _read[key]
+        except KeyError:
+            pass
         reader = READERS.get(key)
-        return _get(key) if reader is None else reader(key, _get(key))
+        value = _get(key) if reader is None else reader(key, _get(key))
+        _read[key] = value
+        return value
 
     @property
     def DEFAULT_TTL_SECONDS(self) -> int:

@@ -8,11 +8,13 @@ from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from uuid import UUID, uuid4
 
 import pytest
-from django.db import connection
+from django.db import connection, models
 from django.db.models import Model
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from llm_budgets import budgets
 from llm_budgets.db import statements as sql
@@ -432,3 +434,71 @@ def test_nothing_runs_in_the_engines_transaction_after_its_commit(
         uncertain.commit(input_tokens=100, output_tokens=10)
     assert late == []
     assert state["commits"] >= 5  # each reserve, commit and release committed in its batch
+
+
+@pytest.mark.parametrize("model", [Reservation, UsageRecord])
+def test_new_builds_what_the_models_constructor_builds(acme: None, model: type[Model]) -> None:
+    """``sql.new`` stands in for ``Model(**values)`` on the hot path: the same attributes (the
+    defaults filled in, a relation given as an instance stored by its key and cached), unsaved."""
+    reservation = _call()
+    tenant = Tenant.objects.get(external_id="acme")
+    values: dict[str, Any] = {
+        Reservation: {"tenant": tenant, "end_user": None, "model": "gpt-4o", "tags": {"a": "b"}},
+        UsageRecord: {"tenant_id": tenant.pk, "reservation": reservation, "cost": Decimal("1.5")},
+    }[model]
+    ours, theirs = sql.new(model, **values), model(**values)
+    varying = {"id", "created_at"}  # defaults drawn per instance (a UUID, the clock)
+    for field in model._meta.concrete_fields:
+        if field.name in varying:
+            assert type(getattr(ours, field.attname)) is type(getattr(theirs, field.attname))
+            continue
+        assert getattr(ours, field.attname) == getattr(theirs, field.attname), field.name
+    for name, value in values.items():
+        assert getattr(ours, name) is value or getattr(ours, name) == value
+    assert ours._state.adding
+    assert ours._state.db is None
+    with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
+        sql.new(model, colour="red")
+
+
+def test_values_sent_as_they_are_are_what_the_fields_would_send(
+    acme: None, on_postgres: bool
+) -> None:
+    """``inserting`` skips a field's preparation for values it would leave unchanged on
+    PostgreSQL (``statements._AS_IS_ON_POSTGRES``): each class with each of its types, and the
+    rows a call inserts, give what the fields' own preparation gives."""
+    if not on_postgres:
+        pytest.skip("every value is prepared by its field elsewhere")
+    samples: dict[type, list[Any]] = {
+        str: ["", "gpt-4o", "ü"],
+        bool: [True, False],
+        Decimal: [Decimal("0"), Decimal("1.2345678901"), Decimal("-3")],
+        UUID: [uuid4()],
+    }
+    for field_class, types in sql._AS_IS_ON_POSTGRES.items():
+        if field_class is models.ForeignKey:
+            continue  # prepared by its target field, checked through the rows below
+        field = (
+            field_class(max_digits=30, decimal_places=10)
+            if field_class is models.DecimalField
+            else field_class()
+        )
+        for kind in types:
+            for value in samples[kind]:
+                prepared = field.get_db_prep_save(value, connection)
+                assert (prepared, type(prepared)) == (value, type(value)), (field_class, value)
+    field = models.DateTimeField()
+    now = timezone.now()
+    assert field.get_db_prep_save(now, connection) is now
+    reservation = _call(tags={"feature": "search"})
+    for obj in [
+        Reservation.objects.get(pk=reservation.pk),
+        UsageRecord.objects.get(reservation=reservation),
+        *reservation.holds.all(),
+    ]:
+        for field, kind in sql._insert_plan(type(obj), connection.vendor):
+            ours = sql._prepared(field, kind, obj, connection)
+            theirs = field.get_db_prep_save(field.pre_save(obj, True), connection)
+            assert type(ours) is type(theirs), field.name
+            # psycopg's JSON wrapper compares by identity: compare what it wraps
+            assert getattr(ours, "obj", ours) == getattr(theirs, "obj", theirs), field.name

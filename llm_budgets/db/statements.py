@@ -16,14 +16,18 @@ none; hosts have ``llm_budgets.signals``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import datetime
+from decimal import Decimal
 from functools import cache
 from typing import Any, TypeVar, cast
+from uuid import UUID
 
 from django.core.exceptions import EmptyResultSet
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.db.models import Field, Model, QuerySet
+from django.db.models.base import ModelState
 from django.db.models.fields import AutoFieldMixin
 
 M = TypeVar("M", bound=Model)
@@ -47,6 +51,7 @@ def table(model: type[Model]) -> str:
     return quote(model._meta.db_table)
 
 
+@cache
 def _field(model: type[Model], name: str) -> Field[Any, Any]:
     return cast(Field, model._meta.get_field(name))
 
@@ -94,9 +99,72 @@ def row_to(model: type[M], row: Sequence[Any], offset: int = 0) -> M:
     for index, col, converters in _converters(model, db.vendor):
         for convert in converters:
             values[index] = convert(values[index], col, db)
-    # Loaded for the default database whichever connection stands in for it (``db.ledger``):
-    # the ORM's relations compare these aliases.
-    return model.from_db(DEFAULT_DB_ALIAS, (), values)
+    return _loaded(model, values)
+
+
+@cache
+def _attnames(model: type[Model]) -> tuple[str, ...]:
+    return tuple(f.attname for f in _fields(model))
+
+
+def _loaded(model: type[M], values: Sequence[Any]) -> M:
+    """What ``model.from_db`` builds from a full row, without ``Model.__init__``'s per-field
+    descriptor calls and init signals (the app's models define no ``__init__`` and connect no
+    init signals): about a tenth of a reserve and commit's client CPU went there. Loaded for the
+    default database whichever connection stands in for it (``db.ledger``): the ORM's relations
+    compare these aliases."""
+    obj = model.__new__(model)
+    state = ModelState()
+    state.adding = False
+    state.db = DEFAULT_DB_ALIAS
+    obj.__dict__["_state"] = state
+    obj.__dict__.update(zip(_attnames(model), values, strict=True))
+    return obj
+
+
+@cache
+def _new_plan(model: type[Model]) -> tuple[dict[str, tuple[str, Any]], tuple[tuple[str, Any], ...]]:
+    """For :func:`new`: per keyword (a field's name or attname), the attname it sets and the
+    relation's field where it takes an instance; and every field's attname with its default."""
+    keywords: dict[str, tuple[str, Any]] = {}
+    defaults = []
+    for field in _fields(model):
+        relation = field if field.is_relation else None
+        keywords[field.name] = (field.attname, relation)
+        keywords[field.attname] = (field.attname, None)
+        defaults.append((field.attname, field.get_default))
+    return keywords, tuple(defaults)
+
+
+def new(model: type[M], /, **values: Any) -> M:
+    """An unsaved instance, as ``model(**values)`` builds one (keywords: field names, a foreign
+    key's attname, or its field name with an instance, which is cached as the ORM caches it),
+    without ``Model.__init__``'s per-field descriptor calls and init signals: for the rows each
+    reserve and commit inserts (the app's models define no ``__init__`` and connect no init
+    signals)."""
+    keywords, defaults = _new_plan(model)
+    obj = model.__new__(model)
+    state = ModelState()
+    attributes = obj.__dict__
+    attributes["_state"] = state
+    for name, value in values.items():
+        try:
+            attname, relation = keywords[name]
+        except KeyError:
+            raise TypeError(
+                f"{model.__name__}() got an unexpected keyword argument {name!r}"
+            ) from None
+        if relation is not None:
+            if value is not None:
+                state.fields_cache[name] = value
+                value = getattr(value, relation.target_field.attname)
+            else:
+                state.fields_cache[name] = None
+        attributes[attname] = value
+    for attname, default in defaults:
+        if attname not in attributes:
+            attributes[attname] = default()
+    return obj
 
 
 def row_to_or_none(model: type[M], row: Sequence[Any], offset: int = 0) -> M | None:
@@ -212,14 +280,60 @@ def _insert_sql(model: type[Model], rows: int) -> str:
     return f"INSERT INTO {table(model)} ({names}) VALUES {', '.join([one] * rows)}"  # noqa: S608
 
 
+# Field classes whose preparation for PostgreSQL leaves a value of the given type as it is
+# (tests/test_statements.py checks it), so :func:`inserting` passes such values straight
+# through. Exact classes only: a subclass may prepare differently. Not integers: Django sends
+# them as psycopg's typed ints, which keep a prepared statement's parameter types.
+_AS_IS_ON_POSTGRES: dict[type[Field[Any, Any]], tuple[type, ...]] = {
+    models.CharField: (str,),
+    models.TextField: (str,),
+    models.BooleanField: (bool,),
+    models.DecimalField: (Decimal,),
+    models.UUIDField: (UUID,),
+    models.ForeignKey: (UUID,),
+}
+
+
+@cache
+def _insert_plan(model: type[Model], vendor: str) -> tuple[tuple[Field[Any, Any], Any], ...]:
+    """Per insert field: the field, and the types its values are sent as they are (empty: the
+    field prepares every value). Aware datetimes count too (``datetime``): PostgreSQL's
+    preparation returns them unchanged."""
+    plan = []
+    for field in _insert_fields(model):
+        kind: tuple[type, ...] = ()
+        if vendor == "postgresql":
+            if type(field) is models.DateTimeField and not (field.auto_now or field.auto_now_add):
+                kind = (datetime,)
+            else:
+                kind = _AS_IS_ON_POSTGRES.get(type(field), ())
+            if kind and type(field) is models.ForeignKey:
+                target = type(field.target_field)
+                if target is not models.UUIDField:  # integers go as psycopg's typed ints
+                    kind = ()
+        plan.append((field, kind))
+    return tuple(plan)
+
+
+def _prepared(field: Field[Any, Any], kind: tuple[type, ...], obj: Model, db: Any) -> Any:
+    """``field``'s value of ``obj`` as the ORM prepares it for an insert."""
+    if kind:
+        value = obj.__dict__[field.attname]
+        if value is None or (
+            type(value) in kind and (type(value) is not datetime or value.tzinfo is not None)
+        ):
+            return value
+    return field.get_db_prep_save(field.pre_save(obj, True), db)
+
+
 def inserting(objs: Sequence[Model]) -> Statement:
     """The statement inserting new rows of one model, for :func:`run`; the objects count as
     saved from here on (the caller runs it in the same transaction). Database-generated primary
     keys are not read back: callers insert rows they do not reuse, or give the key (a UUID)."""
     model = type(objs[0])
-    fields = _insert_fields(model)
     db = _db()
-    params = [f.get_db_prep_save(f.pre_save(obj, True), db) for obj in objs for f in fields]
+    plan = _insert_plan(model, db.vendor)
+    params = [_prepared(field, kind, obj, db) for obj in objs for field, kind in plan]
     for obj in objs:
         obj._state.adding = False
         obj._state.db = DEFAULT_DB_ALIAS
@@ -258,7 +372,11 @@ def _joined(statements: Sequence[Statement]) -> Statement:
     if not first:
         return last, last_params
     clauses = ", ".join(f"w{i} AS ({text})" for i, (text, _) in enumerate(first))
-    return f"WITH {clauses} {last}", [*(p for _, ps in first for p in ps), *last_params]
+    params: list[Any] = []
+    for _, each in first:
+        params += each
+    params += last_params
+    return f"WITH {clauses} {last}", params
 
 
 def fetch_each(statements: Sequence[Statement]) -> list[list[tuple[Any, ...]]]:

@@ -307,7 +307,8 @@ def reservation_admit(
             if request.allow_degrade and tenant_obj.plan is not None
             else []
         )
-        reservation = Reservation(
+        reservation = sql.new(
+            Reservation,
             tenant=tenant_obj,
             end_user=user_obj,
             run=run_obj,
@@ -801,7 +802,7 @@ def _take_holds(
         counter = stripes.target(counters)
         unit = by_key[key].budget.unit
         counter.reserved += reservation.amount_for(unit)
-        holds.append(ReservationHold(reservation=reservation, counter=counter, unit=unit))
+        holds.append(sql.new(ReservationHold, reservation=reservation, counter=counter, unit=unit))
         budget = by_key[key].budget
         if stripes.striped(budget):
             stripes.resplit(counters, by_key[key].limit, budget.stripes)
@@ -815,7 +816,7 @@ def _take_holds(
     for counter in picked:
         unit = by_key[CounterKey.of(counter)].budget.unit
         counter.reserved += reservation.amount_for(unit)
-        holds.append(ReservationHold(reservation=reservation, counter=counter, unit=unit))
+        holds.append(sql.new(ReservationHold, reservation=reservation, counter=counter, unit=unit))
     fields = ["reserved", "allowance", "split_for"] if split else ["reserved"]
     # The transaction's last statement: committed with it where that saves a round trip.
     Counter.objects.write(

@@ -12,11 +12,13 @@ reset, a floor) is :func:`counter_line`; it counts on that counter alone
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from llm_budgets.db import statements as sql
 from llm_budgets.models import BudgetUnit, Counter, Reservation, UsageKind, UsageRecord
 from llm_budgets.money import ZERO
 from llm_budgets.usage import Usage
@@ -59,6 +61,7 @@ IDENTITY: dict[str, str] = {
 }
 
 
+@functools.cache
 def _attname(model: type[Any], name: str) -> str:
     return str(model._meta.get_field(name).attname)
 
@@ -83,7 +86,8 @@ def reservation_line(
     }
     if priced is not None:
         fields["price_id"], fields["pricing_basis"] = priced
-    return UsageRecord(
+    return sql.new(
+        UsageRecord,
         **fields,
         kind=kind,
         cost=cost.provider,
