@@ -18,13 +18,18 @@ def ids(**settings: Any) -> list[str]:
         return [message.id or "" for message in check_settings()]
 
 
-def test_defaults_apply_and_are_re_read_on_every_access() -> None:
+def test_defaults_apply_and_a_change_django_signals_is_read_again() -> None:
+    """Values are kept once read (a call reads about twenty), and read again when Django says
+    the settings changed: entering and leaving ``override_settings`` both count."""
     with override_settings(LLM_BUDGETS={}):
         assert conf.DEFAULT_TTL_SECONDS == 120
         assert conf.EXPIRED_HOLD_POLICY == "charge"
-    with override_settings(LLM_BUDGETS={"DEFAULT_TTL_SECONDS": 30, "LOCK_TIMEOUT_SECONDS": 0.5}):
-        assert conf.DEFAULT_TTL_SECONDS == 30
-        assert Decimal("0.5") == conf.LOCK_TIMEOUT_SECONDS
+        with override_settings(
+            LLM_BUDGETS={"DEFAULT_TTL_SECONDS": 30, "LOCK_TIMEOUT_SECONDS": 0.5}
+        ):
+            assert conf.DEFAULT_TTL_SECONDS == 30
+            assert Decimal("0.5") == conf.LOCK_TIMEOUT_SECONDS
+        assert conf.DEFAULT_TTL_SECONDS == 120
 
 
 def test_the_project_settings_pass_every_check() -> None:
