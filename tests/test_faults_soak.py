@@ -236,7 +236,13 @@ class Soak:
                 return any(row[0] for row in cursor.fetchall())
         elif kind == "worker SIGKILL":
             with self.lock:
-                alive = [s for s in self.slots if s.kind == "api" and s.process.is_alive()]
+                # Only a worker that has done some of its share since it started: otherwise,
+                # once few workers are left, kills can come faster than they progress.
+                alive = [
+                    s
+                    for s in self.slots
+                    if s.kind == "api" and s.process.is_alive() and _progressed(s.name)
+                ]
                 if not alive:
                     return False
                 slot = rng.choice(alive)
@@ -260,6 +266,15 @@ class Soak:
                 tallies[slot.kind].update(result["tally"])
                 seen.update(result["seen"])
         return tallies, seen
+
+
+def _progressed(name: str) -> bool:
+    """Whether worker ``name`` has written progress past its first mark."""
+    try:
+        done = json.loads((VAR / f"faults-soak-progress-{name}.json").read_text())["operations"]
+    except (OSError, ValueError):  # not written yet, or being written
+        return False
+    return bool(done)
 
 
 def _set_up() -> dict[int, Decimal]:
