@@ -398,7 +398,15 @@ def _rest_op(
     else:
         body = {"ttl_seconds": w.rng.randint(1, 60)} if op == "extend" else {}
     owner = keys[w.owners[hold_id]]  # a hold is another tenant's 404
-    answer = call(op, f"reservations/{hold_id}/{op}", body, idem, owner)
+    try:
+        answer = call(op, f"reservations/{hold_id}/{op}", body, idem, owner)
+    except ConnectionError:
+        # Never answered: the settlement may have applied. A client would retry this same
+        # request; it never settles the hold again with other usage (a settled reservation
+        # answers as it was settled: docs/api.md, ledger_unavailable).
+        if op in ("commit", "release"):
+            w.open_holds.remove((hold_id, held_input))
+        raise
     if answer.status_code == 200 and op in ("commit", "release"):
         w.open_holds.remove((hold_id, held_input))
         if op == "commit":
