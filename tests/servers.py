@@ -22,11 +22,29 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class WebProcess:
-    def __init__(self, process: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        port: int,
+        log: Path,
+        launch: tuple[list[str], dict[str, str]] | None = None,
+    ) -> None:
         self.process = process
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
+        self.launch = launch  # (command, environment): what relaunch() starts again
+
+    def relaunch(self) -> None:
+        """Start the process again on the same port once it has died (e.g. after ``kill()``),
+        its output appended to the same log. Returns at once: until the new process listens,
+        connections are refused, as a client of a restarting server sees."""
+        assert self.launch is not None
+        assert self.process.poll() is not None
+        command, env = self.launch
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT
+        )
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -75,21 +93,18 @@ def web_processes(
         for index in range(count):
             port = free_port()
             log = tmp_path / f"web{index}.log"
+            command = [
+                sys.executable,
+                "manage.py",
+                "runserver",
+                "--noreload",
+                "--nothreading",
+                f"127.0.0.1:{port}",
+            ]
             process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "manage.py",
-                    "runserver",
-                    "--noreload",
-                    "--nothreading",
-                    f"127.0.0.1:{port}",
-                ],
-                cwd=ROOT,
-                env=env,
-                stdout=log.open("wb"),
-                stderr=subprocess.STDOUT,
+                command, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT
             )
-            webs.append(WebProcess(process, port, log))
+            webs.append(WebProcess(process, port, log, (command, env)))
         for web in webs:
             _wait_listening(web)
         yield webs

@@ -1,293 +1,400 @@
-"""Soak (issue #17 item 5): a randomised run of reserve, commit under and over, release, extend,
-idempotent retries, sweeps (with the clock moved ahead), kill-switch trips and clears and budget
-raises, in several processes on PostgreSQL at once, while the fault proxy resets their database
-connections at random. Checked continuously (no overspend beyond recorded overage, from another
-connection while it runs) and at the end (conservation, every hold settled after the sweep).
-Commits report input up to the tolerance (issue #38) and output past the ceiling (refused); a
-limit holds in total: no line carries overage, and no refusal is early by the worst case with
-the tolerance.
+"""Soak (issue #17 item 5, issue #38 item 7): randomised operations through the in-process API
+and through REST at once, on PostgreSQL, under a random schedule of faults, checked while it runs
+and at the end.
 
-CI runs it at a reduced size; the full size is a documented command (docs/reliability.md):
+- In-process workers (forked processes, ``tests/soak_workers.py``): reserve, commit under and
+  over, release, extend, idempotent retries, sweeps (with the clock moved ahead), status, and
+  staff actions through their services (kill-switch trips and clears, raises, end users' spend
+  resets, limit changes, voids), on a postpaid tenant and a prepaid one (top-ups, staff credit
+  removals), through the fault proxy.
+- REST workers (forked processes) against two web processes (``tests/servers.py``), which reach
+  PostgreSQL through the same proxy: reserve, retries, commit, release, extend, kill-switch trips
+  and clears with an operator key.
+- Faults, one every 0.1 to 0.6 s: connection cuts (the proxy resets every open connection),
+  backend kills (``pg_terminate_backend`` of a worker's or web process's backend), proxy stalls
+  (nothing forwarded for 0.2 to 0.8 s), SIGKILLed in-process workers (a new one takes over the
+  rest of its share) and SIGKILLed web processes (started again on the same port).
 
-    LLMB_SOAK_OPS=100000 DATABASE_URL=postgres://... make test-faults PYTEST_ARGS="-k soak"
+Checked: no counter past its limit beyond raises and recorded overage, from another connection
+while it runs and at the end; conservation (``counters_drift``); every hold settled after the
+sweep; no line with overage (a limit holds in total, #38); no early refusal by the worst case with
+the tolerance; retries answered with their first reservation; and every acknowledged operation
+recorded exactly once (``tests/soak_checks.py``).
 
-While it runs, each process writes its progress to ``var/faults-soak-progress-<i>.json`` every
-500 operations (operations done, seconds since its start), so a long run can be watched.
+CI runs it at a reduced size (``LLMB_SOAK_OPS``, default 2,000); the full size is a documented
+command (docs/reliability.md). Each worker writes ``var/faults-soak-progress-<name>.json`` every
+50 operations and its journal ``var/faults-soak-journal-<name>.jsonl``; the result goes to
+``var/faults-soak.json``.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import random
+import signal
+import stat
 import threading
 import time
 from collections import Counter as Tally
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import DatabaseError, connection
+from django.db import connection, connections
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.control.raises import budget_raise_grant
-from llm_budgets.engine import settlement
-from llm_budgets.engine.adjustments import end_user_spend_reset
-from llm_budgets.exceptions import (
-    BudgetError,
-    BudgetExceeded,
-    LedgerUnavailable,
-)
+from llm_budgets.billing.credits import account_of, balance_open, credit_add
 from llm_budgets.jobs.reconcile import counters_drift
-from llm_budgets.models import Budget, EndUser, Reservation, ReservationState, UsageRecord
-from llm_budgets.usage import input_allowed
-from tests.concurrency import refused_early, run_processes, worst_case
+from llm_budgets.models import Budget, Reservation, ReservationState, UsageRecord
+from tests.api import new_key
 from tests.factories import seed
 from tests.faultproxy import FaultProxy
+from tests.servers import WebProcess, web_processes
+from tests.soak_checks import journal_entries, not_exactly_once, overspent_counters
+from tests.soak_workers import (
+    END_USER_LIMITS,
+    MODEL,
+    POSTPAID,
+    PREPAID,
+    RATE,
+    api_worker,
+    rest_worker,
+)
+from tests.test_faults_db import via
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
-PROCESSES = 4
 TOTAL_OPS = int(os.environ.get("LLMB_SOAK_OPS", "2000"))
+API_WORKERS, REST_WORKERS, WEBS = 3, 3, 2
+REST_SHARE = 0.2  # of the operations: REST is slower per operation (an HTTP round trip)
 VAR = Path(__file__).resolve().parent.parent / "var"
-PROGRESS_EVERY = 500
-END_USERS = [f"u{n}" for n in range(8)]
-# The soak's model: input and output at 0.03 a token, so the input tolerance costs something.
-MODEL, RATE = "soak", Decimal(30000)
+FAULTS = {"reset": 45, "backend kill": 30, "stall": 8, "worker SIGKILL": 8, "web SIGKILL": 9}
+WEB_KILL_SPACING = 8.0  # seconds between web kills, so that one web process is always up
 
 
-def overspent_counters() -> list[str]:
-    """Invariant 1 with raises: a counter may reach its limit plus every raise granted on its
-    budget (a raise admitted while active stays spent after it ends) plus recorded overage."""
-    from django.db.models import Sum
+@dataclass
+class Slot:
+    """One worker's share of the operations, run by successive processes when one is killed."""
 
-    from llm_budgets.models import BudgetRaise, Counter, UsageRecord
-    from llm_budgets.money import ZERO
+    kind: str  # "api" or "rest"
+    index: int
+    ops: int
+    done: int = 0  # operations counted by killed predecessors
+    generation: int = 0
+    killed: bool = False
+    finished: bool = False
+    error: str = ""
+    process: Any = None
+    results: list[dict[str, dict[str, int]]] = field(default_factory=list)
 
-    overage = {
-        row["reservation__holds__counter"]: row["total"] or ZERO
-        for row in UsageRecord.objects.filter(reservation__holds__isnull=False)
-        .values("reservation__holds__counter")
-        .annotate(total=Sum("overage"))
-    }
-    raised = {
-        row["budget"]: row["total"] or ZERO
-        for row in BudgetRaise.objects.values("budget").annotate(total=Sum("amount"))
-    }
-    return [
-        f"counter {c.pk}: spent {c.spent} + reserved {c.reserved} > limit {c.budget.limit} "
-        f"+ raises {raised.get(c.budget_id, ZERO)} + overage {overage.get(c.pk, ZERO)}"
-        for c in Counter.objects.select_related("budget")
-        if c.spent + c.reserved
-        > c.budget.limit + raised.get(c.budget_id, ZERO) + overage.get(c.pk, ZERO)
-    ]
+    @property
+    def name(self) -> str:
+        return f"{self.kind}{self.index}.{self.generation}"
 
 
-def soak_worker(index: int, proxy_port: int, ops: int) -> dict[str, int]:
-    """One process's share: random operations; returns how many of each ran and how each ended."""
-    connection.settings_dict["PORT"] = proxy_port
-    connection.close()
-    rng = random.Random(1000 + index)
-    tally: Tally[str] = Tally()
-    open_holds: list[Any] = []  # (reservation id, input tokens held)
-    # Each admitted key's request and reservation: a retry repeats the request exactly, as a
-    # client retrying after a lost answer does, and must get the same reservation back.
-    sent: dict[str, tuple[dict[str, Any], Any]] = {}
-    started = time.monotonic()
-    progress = VAR / f"faults-soak-progress-{index}.json"
-    for n in range(ops):
-        if n % PROGRESS_EVERY == 0:
-            elapsed = round(time.monotonic() - started, 1)
-            progress.write_text(json.dumps({"operations": n, "of": ops, "seconds": elapsed}))
-        op = rng.choices(
-            ["reserve", "retry", "commit", "release", "extend", "sweep", "trip", "raise", "reset"],
-            weights=[40, 6, 22, 12, 4, 6, 5, 5, 1],
-        )[0]
-        if op in ("commit", "release", "extend") and not open_holds:
-            tally[f"{op} skipped (no open hold)"] += 1
-            continue
+def _forget_inherited_sockets() -> None:
+    """In a forked worker: let go of the parent's sockets (its database connections, the
+    proxy's pairs) without closing them for the parent. Each is replaced by /dev/null, so that a
+    reset or a kill of a proxied connection reaches its peer, as it would with no fork."""
+    for conn in connections.all(initialized_only=True):
+        conn.connection = None
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
         try:
-            if op == "retry" and sent:
-                key = rng.choice(sorted(sent))
-                request, first = sent[key]
-                if rng.random() < 0.1:  # the key reused for another request: never admitted
-                    op = "retry (changed)"
-                    request = {**request, "max_output_tokens": request["max_output_tokens"] + 1}
-                hold = _reserve(request, key)
-                if hold.id != first:
-                    tally["retry answered another reservation"] += 1
-            elif op in ("reserve", "retry"):
-                op, key = "reserve", f"p{index}-{n}"
-                request = {
-                    "tenant": "acme",
-                    "end_user": rng.choice(END_USERS),
-                    "provider": "fake",
-                    "model": MODEL,
-                    "input_tokens": rng.randint(0, 40),
-                    "max_output_tokens": rng.randint(1, 1000),
-                    "ttl": rng.randint(1, 60),
-                }
-                hold = _reserve(request, key)
-                sent[key] = (request, hold.id)
-                open_holds.append((hold.id, request["input_tokens"]))
-            elif op == "commit" and open_holds:
-                hold_id, held_input = open_holds.pop(rng.randrange(len(open_holds)))
-                # Input up to the tolerance (within the rule: never over the hold); output
-                # under the ceiling and over it (refused, usage_exceeds_hold).
-                budgets.commit(
-                    hold_id,
-                    input_tokens=rng.randint(0, input_allowed(held_input)),
-                    output_tokens=rng.randint(0, 1500),
+            if fd != devnull and stat.S_ISSOCK(os.fstat(fd).st_mode):
+                os.dup2(devnull, fd)
+        except OSError:
+            continue
+    os.close(devnull)
+
+
+def _child(name: str, work: Callable[[], dict[str, dict[str, int]]]) -> None:
+    _forget_inherited_sockets()
+    try:
+        result: dict[str, Any] = {"status": "ok", **work()}
+    except BaseException as exc:
+        result = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        connections.close_all()
+    (VAR / f"faults-soak-result-{name}.json").write_text(json.dumps(result))
+
+
+class Soak:
+    """The workers, the web processes and the fault schedule of one run."""
+
+    def __init__(self, proxy: FaultProxy, webs: list[WebProcess], keys: dict[str, str]) -> None:
+        self.proxy = proxy
+        self.webs = webs
+        self.keys = keys
+        self.context = multiprocessing.get_context("fork")
+        rest_ops = int(TOTAL_OPS * REST_SHARE) // REST_WORKERS
+        api_ops = (TOTAL_OPS - rest_ops * REST_WORKERS) // API_WORKERS
+        self.slots = [Slot("api", i, api_ops) for i in range(API_WORKERS)]
+        self.slots += [Slot("rest", i, rest_ops) for i in range(REST_WORKERS)]
+        self.faults: Tally[str] = Tally()
+        self.lock = threading.Lock()
+        self.last_web_kill = 0.0
+
+    def start(self, slot: Slot) -> None:
+        name, left = slot.name, slot.ops - slot.done
+        seed = 1000 + 100 * slot.index + slot.generation + (50 if slot.kind == "rest" else 0)
+        if slot.kind == "api":
+            port = self.proxy.port
+
+            def work() -> dict[str, dict[str, int]]:
+                return api_worker(name, seed, VAR, port, left)
+
+        else:
+            urls = [web.url for web in self.webs]
+
+            def work() -> dict[str, dict[str, int]]:
+                return rest_worker(name, seed, VAR, urls, self.keys, left)
+
+        slot.killed = False
+        slot.process = self.context.Process(target=_child, args=(name, work))
+        slot.process.start()
+
+    def supervise(self, deadline: float) -> None:
+        """Until every share is done: a worker that ends leaves its result; one this soak
+        killed leaves its progress, and a new worker runs the rest of its share."""
+        connections.close_all()  # forked children must not share the parent's connection
+        for slot in self.slots:
+            self.start(slot)
+        while not all(s.finished for s in self.slots):
+            if time.monotonic() > deadline:
+                raise AssertionError("the soak did not finish in time")
+            time.sleep(0.2)
+            for slot in self.slots:
+                if slot.finished or slot.process.is_alive():
+                    continue
+                with self.lock:
+                    slot.process.join()
+                    name = slot.name
+                    if slot.killed and slot.process.exitcode == -signal.SIGKILL:
+                        progress = json.loads(
+                            (VAR / f"faults-soak-progress-{name}.json").read_text()
+                        )
+                        slot.results.append({"tally": progress["tally"], "seen": progress["seen"]})
+                        slot.done += progress["operations"]
+                        slot.generation += 1
+                        self.start(slot)
+                        continue
+                    result_file = VAR / f"faults-soak-result-{name}.json"
+                    result = json.loads(result_file.read_text()) if result_file.exists() else {}
+                    slot.finished = True
+                    if result.get("status") != "ok":
+                        slot.error = f"{name} exit {slot.process.exitcode}: {result}"
+                    else:
+                        slot.results.append({"tally": result["tally"], "seen": result["seen"]})
+                        slot.done = slot.ops
+
+    def chaos(self, stop: threading.Event) -> None:
+        """One fault every 0.1 to 0.6 s: the first five are one of each kind, in random order
+        (so that even the CI size sees every kind), then drawn by weight."""
+        rng = random.Random(7)
+        first = list(FAULTS)
+        rng.shuffle(first)
+        try:
+            stop.wait(2)  # the workers connect first
+            while not stop.wait(rng.uniform(0.1, 0.6)):
+                kind = first.pop() if first else rng.choices(list(FAULTS), list(FAULTS.values()))[0]
+                if self.fault(kind, rng, stop):
+                    self.faults[kind] += 1
+        finally:
+            self.proxy.heal()
+            connections.close_all()
+
+    def fault(self, kind: str, rng: random.Random, stop: threading.Event) -> bool:
+        if kind == "reset":
+            self.proxy.reset()
+        elif kind == "stall":
+            self.proxy.stall()
+            stop.wait(rng.uniform(0.2, 0.8))
+            self.proxy.heal()
+        elif kind == "backend kill":
+            pairs = list(self.proxy.pairs)
+            if not pairs:
+                return False
+            try:
+                port = rng.choice(pairs).server.getsockname()[1]
+            except OSError:  # closed meanwhile
+                return False
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND client_port = %s",
+                    [port],
                 )
-            elif op == "release" and open_holds:
-                budgets.release(open_holds.pop(rng.randrange(len(open_holds)))[0])
-            elif op == "extend" and open_holds:
-                hold_id = rng.choice(open_holds)[0]
-                settlement.reservation_extend(hold_id, ttl=rng.randint(1, 60))
-            elif op == "sweep":
-                # The clock moved ahead: holds whose TTL passed are settled by the sweep.
-                budgets.sweep(now=timezone.now() + timedelta(seconds=rng.randint(0, 90)))
-            elif op == "trip":
-                user = rng.choice(END_USERS)
-                if rng.random() < 0.5:
-                    budgets.trip(tenant="acme", end_user=user, reason="soak", actor="soak")
-                else:
-                    budgets.clear(tenant="acme", end_user=user, reason="soak", actor="soak")
-            elif op == "raise":
-                # Sizeable raises keep the tenant's budget admitting over a long run, so the
-                # soak keeps exercising admission near its limits rather than refusing.
-                budget_raise_grant(
-                    budget=Budget.objects.filter(tenant__external_id="acme").first(),
-                    amount=str(rng.randint(5, 200)),
-                    until=timezone.now() + timedelta(seconds=rng.randint(1, 30)),
-                    reason="soak",
-                    actor="soak",
-                )
-            elif op == "reset":
-                # Support gives an end user its budget back (adjustment lines, audited).
-                end_user_spend_reset(
-                    end_user=EndUser.objects.get(
-                        tenant__external_id="acme", external_id=rng.choice(END_USERS)
-                    ),
-                    reason="soak",
-                    actor="soak",
-                )
-            tally[f"{op} ok"] += 1
-        except LedgerUnavailable:
-            tally[f"{op} ledger_unavailable"] += 1
-            connection.close()
-        except DatabaseError:
-            tally[f"{op} database_error"] += 1
-            connection.close()
-        except EndUser.DoesNotExist:
-            tally[f"{op} skipped (end user not seen yet)"] += 1
-        except BudgetExceeded as exc:
-            tally[f"{op} {exc.code}"] += 1
-            if refused_early(exc, _worst_case(request)):
-                tally[f"{op} refused early"] += 1
-        except BudgetError as exc:
-            tally[f"{op} {exc.code}"] += 1
-    return dict(tally)
+                return any(row[0] for row in cursor.fetchall())
+        elif kind == "worker SIGKILL":
+            with self.lock:
+                # Only a worker that has done some of its share since it started: otherwise,
+                # once few workers are left, kills can come faster than they progress.
+                alive = [
+                    s
+                    for s in self.slots
+                    if s.kind == "api" and s.process.is_alive() and _progressed(s.name)
+                ]
+                if not alive:
+                    return False
+                slot = rng.choice(alive)
+                slot.killed = True
+                os.kill(slot.process.pid, signal.SIGKILL)
+        elif kind == "web SIGKILL":
+            if time.monotonic() - self.last_web_kill < WEB_KILL_SPACING:
+                return False
+            self.last_web_kill = time.monotonic()
+            web = rng.choice(self.webs)
+            web.kill()
+            web.relaunch()
+        return True
+
+    def outcomes(self) -> tuple[dict[str, Tally[str]], Tally[str]]:
+        """How each operation ended, by kind of worker; what the workers saw per attempt."""
+        tallies: dict[str, Tally[str]] = {"api": Tally(), "rest": Tally()}
+        seen: Tally[str] = Tally()
+        for slot in self.slots:
+            for result in slot.results:
+                tallies[slot.kind].update(result["tally"])
+                seen.update(result["seen"])
+        return tallies, seen
 
 
-def _reserve(request: dict[str, Any], key: str) -> budgets.Hold:
-    return budgets.reserve(**request, idempotency_key=key)
+def _progressed(name: str) -> bool:
+    """Whether worker ``name`` has written progress past its first mark."""
+    try:
+        done = json.loads((VAR / f"faults-soak-progress-{name}.json").read_text())["operations"]
+    except (OSError, ValueError):  # not written yet, or being written
+        return False
+    return bool(done)
 
 
-def _worst_case(request: dict[str, Any]) -> Decimal:
-    """What a request holds: its input, the input tolerance and its output ceiling (#38)."""
-    return worst_case(
-        input_tokens=request["input_tokens"],
-        max_output_tokens=request["max_output_tokens"],
-        input_per_mtok=RATE,
-        output_per_mtok=RATE,
-    )
+def _set_up() -> dict[int, Decimal]:
+    """A postpaid tenant whose month binds about half-way through a run of any size (before
+    that, its end users' day budgets, given back now and then by a spend reset, and the kill
+    switches decide), and a prepaid one whose credit runs out early and is topped up now and
+    then. Returns the ceilings for the overspend check (the end users' highest day limit)."""
+    seed(tenant=POSTPAID, limit=str(max(3000, TOTAL_OPS * 3 // 2)))
+    budgets.set_price(provider="fake", model=MODEL, input_per_mtok=RATE, output_per_mtok=RATE)
+    budgets.set_limit(tenant=POSTPAID, end_user="*", amount=END_USER_LIMITS[1], window="day")
+    budgets.ensure_tenant(tenant=PREPAID, name="Prepay")
+    balance_open(tenant=PREPAID, actor="soak")
+    credit_add(account=account_of(PREPAID), amount=str(max(300, TOTAL_OPS // 10)), actor="soak")
+    per_user = Budget.objects.get(tenant__external_id=POSTPAID, end_user=None, window="day")
+    return {per_user.pk: Decimal(max(END_USER_LIMITS, key=Decimal))}
 
 
 def test_soak(tmp_path: Path) -> None:
     if connection.vendor != "postgresql":
         pytest.skip("the soak runs on PostgreSQL, through the fault proxy")
-    # The tenant's month binds about half-way through a run of any size (3,000 at the CI size),
-    # so the second half runs at the limit; before that the end users' day budgets (given back
-    # now and then by a spend reset) and the kill switches decide. (A raise widens a limit only
-    # while it lasts, so raises alone cannot keep a long run admitting.)
-    seed(limit=str(max(3000, TOTAL_OPS * 3 // 2)))
-    budgets.set_price(provider="fake", model=MODEL, input_per_mtok=RATE, output_per_mtok=RATE)
+    ceilings = _set_up()
+    keys = {
+        POSTPAID: new_key(POSTPAID, name="soak"),
+        PREPAID: new_key(PREPAID, name="soak"),
+        "operator": new_key(None, name="soak operator"),
+    }
     VAR.mkdir(exist_ok=True)
-    budgets.set_limit(tenant="acme", end_user="*", amount="400", window="day")
-    db = connection.settings_dict
-    checks = {"overspend checks": 0, "resets": 0}
+    for old in VAR.glob("faults-soak-*"):
+        old.unlink()
+    checks = {"overspend checks": 0}
     problems: list[str] = []
     stop = threading.Event()
-    with FaultProxy(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)) as proxy:
-
-        def chaos() -> None:
-            rng = random.Random(7)
-            while not stop.wait(rng.uniform(0.1, 0.6)):
-                proxy.reset()
-                checks["resets"] += 1
+    db = connection.settings_dict
+    settings = {"API_THROTTLE_RATE": "1000000/minute"}
+    with (
+        FaultProxy(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)) as proxy,
+        web_processes(WEBS, tmp_path, database_url=via(proxy), llm_budgets=settings) as webs,
+    ):
+        soak = Soak(proxy, webs, keys)
 
         def watch() -> None:
-            from django.db import connections
-
+            # Every 0.5 s, or five times as long as the check took (its reads grow with the
+            # ledger: a full-size run must not spend its cores on them).
+            pause = 0.5
             try:
-                while not stop.wait(0.5):
-                    problems.extend(overspent_counters())
+                while not stop.wait(pause):
+                    began = time.monotonic()
+                    problems.extend(overspent_counters(ceilings))
                     checks["overspend checks"] += 1
+                    pause = max(0.5, 5 * (time.monotonic() - began))
             finally:
                 connections.close_all()
 
-        threads = [threading.Thread(target=chaos), threading.Thread(target=watch)]
+        threads = [
+            threading.Thread(target=soak.chaos, args=(stop,)),
+            threading.Thread(target=watch),
+        ]
+        started = time.monotonic()
         for thread in threads:
             thread.start()
-        started = time.monotonic()
         try:
-            results = run_processes(
-                PROCESSES,
-                lambda i: soak_worker(i, proxy.port, TOTAL_OPS // PROCESSES),
-                timeout=max(3600, TOTAL_OPS),  # the full size: up to a second per operation
-            )
+            soak.supervise(started + max(3600, TOTAL_OPS))
         finally:
             stop.set()
             for thread in threads:
                 thread.join(30)
+            for slot in soak.slots:
+                if slot.process is not None and slot.process.is_alive():
+                    slot.process.kill()
         elapsed = time.monotonic() - started
-    assert [status for status, _ in results] == ["ok"] * PROCESSES, results
+        proxy_counts = dict(proxy.counts)
+    assert [s.error for s in soak.slots if s.error] == []
     assert problems == []
-    tally: Tally[str] = Tally()
-    for _, counts in results:
-        tally.update(counts)
+    tallies, seen = soak.outcomes()
+    tally = tallies["api"] + tallies["rest"]
     budgets.sweep(now=timezone.now() + timedelta(hours=2))
     assert not Reservation.objects.filter(state=ReservationState.HELD).exists()
-    assert overspent_counters() == []
+    assert overspent_counters(ceilings) == []
     # A limit holds in total (#38): every commit within the rule costs at most its hold, so no
     # line carries overage, and no refusal came while its budget had room for the worst case.
     assert not UsageRecord.objects.filter(overage__gt=0).exists()
     assert counters_drift() == []
+    entries = journal_entries(sorted(VAR.glob("faults-soak-journal-*.jsonl")))
+    once = not_exactly_once(entries, rate=RATE / 1_000_000)
     ops = sum(tally.values())
-    assert ops == TOTAL_OPS // PROCESSES * PROCESSES
+    result = {
+        "operations": ops,
+        "api operations": sum(tallies["api"].values()),
+        "rest operations": sum(tallies["rest"].values()),
+        "workers": {"api": API_WORKERS, "rest": REST_WORKERS, "web processes": WEBS},
+        "seconds": round(elapsed, 1),
+        "operations per second": round(ops / elapsed, 1),
+        "cpu seconds (this process and its children)": round(_cpu(), 1),
+        "finished": timezone.now().isoformat(timespec="seconds"),
+        **checks,
+        "faults": dict(sorted(soak.faults.items())),
+        "proxy counts": dict(sorted(proxy_counts.items())),
+        "acknowledged operations checked": len(entries),
+        "not exactly once": once[:50],
+        "outcomes": {kind: dict(sorted(t.items())) for kind, t in tallies.items()},
+        "seen": dict(sorted(seen.items())),
+    }
+    (VAR / "faults-soak.json").write_text(json.dumps(result, indent=2))
+    assert once == [], once[:20]
+    assert ops == sum(s.ops for s in soak.slots)
     assert checks["overspend checks"] >= 1
+    assert all(soak.faults[kind] >= 1 for kind in FAULTS), soak.faults
     # A soak that only refused would prove little: admission kept admitting throughout.
     assert tally["reserve ok"] >= ops // 20, tally
+    assert tallies["rest"]["reserve ok"] > 0, tallies
+    assert tallies["rest"]["commit ok"] > 0, tallies
     # Retries repeat their request: they are answered with the first reservation, never a second
     # hold; a key reused for a different request is refused, never admitted.
     assert tally["retry ok"] > 0, tally
-    assert tally["retry answered another reservation"] == 0, tally
+    assert seen["retry answered another reservation"] == 0, seen
     assert tally["retry (changed) ok"] == 0, tally
-    assert not [k for k in tally if k.endswith("refused early")], tally
-    (VAR / "faults-soak.json").write_text(
-        json.dumps(
-            {
-                "operations": ops,
-                "processes": PROCESSES,
-                "seconds": round(elapsed, 1),
-                "finished": timezone.now().isoformat(timespec="seconds"),
-                **checks,
-                "outcomes": dict(sorted(tally.items())),
-            },
-            indent=2,
-        )
-    )
+    assert not [k for k in seen if k.endswith("refused early")], seen
+
+
+def _cpu() -> float:
+    """CPU seconds used by this process and its waited-for children (workers, web processes)."""
+    usage = os.times()
+    return usage.user + usage.system + usage.children_user + usage.children_system
