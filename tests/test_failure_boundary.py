@@ -211,15 +211,19 @@ def test_in_process_staff_services_and_reads_refuse_as_ledger_unavailable(
 ) -> None:
     """An outage reaches an in-process caller as the app's own ``LedgerUnavailable`` on every
     path, as the REST API's 503 (issue #38, item 7: the fault soak saw raw OperationalError from
-    ``status``, ``set_limit``, the spend resets, ``trip`` and ``clear``)."""
+    ``status``, ``set_limit``, the spend resets, ``trip`` and ``clear``; the soak of 10^6
+    operations' first runs, from the prepaid balance's services)."""
     if not on_postgres:
         pytest.skip("PostgreSQL terminates backends; SQLite has none")
+    from llm_budgets.billing import credits
     from llm_budgets.engine.adjustments import budget_spend_reset
 
     seed(limit="100")
     reserve_30().commit(input_tokens=0, output_tokens=100)
     budgets.trip(tenant="acme", reason="r", actor="a")
     budget = Budget.objects.get()
+    budgets.ensure_tenant(tenant="prepaid", name="Prepaid")
+    account = credits.balance_open(tenant="prepaid")
     calls = {
         "status": lambda: budgets.status(tenant="acme"),
         "set_limit": lambda: budgets.set_limit(tenant="acme", amount=Decimal(5), window="month"),
@@ -233,6 +237,15 @@ def test_in_process_staff_services_and_reads_refuse_as_ledger_unavailable(
             input_tokens=0,
             max_output_tokens=100,
         ),
+        "balance open": lambda: credits.balance_open(tenant="prepaid", top_up_url="https://x"),
+        "account": lambda: credits.account_of("prepaid"),
+        "balance": lambda: credits.balance_state(account),
+        "credit add": lambda: credits.credit_add(account=account, amount="5", reason="r"),
+        "balance adjust": lambda: credits.balance_adjust(
+            tenant="prepaid", amount="1", direction="add", actor="a", reason="r"
+        ),
+        "recharge": lambda: credits.recharge_set(tenant="prepaid", below=None, amount=None),
+        "credit expiry": credits.credits_expire,
     }
     for name, call in calls.items():
         for db in {id(c): c for c in (connections["default"], ledger_db())}.values():

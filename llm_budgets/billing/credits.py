@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from llm_budgets import validation
 from llm_budgets.conf import conf
-from llm_budgets.db.boundary import ledger_transaction
+from llm_budgets.db.boundary import ledger_guard, ledger_transaction
 from llm_budgets.engine.balances import recharge_rules_clear
 from llm_budgets.exceptions import InvalidUsage, NoBalance
 from llm_budgets.models import (
@@ -59,6 +59,7 @@ from llm_budgets.tenancy.tenants import tenant_get
 from llm_budgets.windows import LIFETIME_START
 
 
+@ledger_guard("prepaid balance")
 def balance_open(
     *,
     tenant: str,
@@ -123,6 +124,7 @@ def balance_open(
     return account
 
 
+@ledger_guard("read")
 def account_of(tenant: Tenant | str) -> CreditAccount:
     """The tenant's balance account, or ``NoBalance``."""
     row = tenant if isinstance(tenant, Tenant) else tenant_get(tenant)
@@ -174,6 +176,7 @@ def _rearm(account: CreditAccount, counter: Counter) -> None:
         account.save(update_fields=["recharge_armed"])
 
 
+@ledger_guard("prepaid balance")
 def recharge_set(
     *,
     tenant: str,
@@ -273,6 +276,7 @@ class BalanceState:
         return max(ZERO, self.spent - self.credit)
 
 
+@ledger_guard("read")
 def balance_state(account: CreditAccount) -> BalanceState:
     """The balance now (a read: for pages, the API and reconciliation)."""
     counter = Counter.objects.filter(
@@ -311,6 +315,7 @@ class Deposit:
     debt_paid: Decimal
 
 
+@ledger_guard("prepaid credit")
 def credit_add(
     *,
     account: CreditAccount,
@@ -423,6 +428,7 @@ def attribution(lots: list[CreditLot], used: Decimal) -> dict[int, Decimal]:
     return covered
 
 
+@ledger_guard("credit expiry")
 def credits_expire(*, now: datetime | None = None) -> int:
     """Expire every lot whose ``expires_at`` has passed: each forfeits all that the order of use
     leaves unspent of it, held or not (a hold is not spending: released, it must not make
@@ -643,6 +649,7 @@ def lot_mirror_save(*, lot_id: int, generation: int, mirror: GrantMirror) -> boo
     return True
 
 
+@ledger_guard("prepaid credit")
 def balance_adjust(
     *,
     tenant: str,

@@ -43,7 +43,7 @@ from llm_budgets.billing.credits import (
 from llm_budgets.billing.totals import unpaid_invoices
 from llm_budgets.conf import conf
 from llm_budgets.control.killswitches import kill_switch_clear
-from llm_budgets.db.boundary import ledger_transaction
+from llm_budgets.db.boundary import ledger_guard, ledger_transaction
 from llm_budgets.exceptions import InvalidUsage, NotLinked, PaymentProviderError
 from llm_budgets.models import (
     CreditAccount,
@@ -92,6 +92,7 @@ class CheckoutStarted:
     url: str
 
 
+@ledger_guard("top-up checkout")
 def top_up_checkout(
     *,
     tenant: str,
@@ -218,6 +219,7 @@ def _grant(params: dict[str, Any], key: str) -> str:
     return str(grant.id)
 
 
+@ledger_guard("prepaid credit")
 def credit_grant(
     *,
     tenant: str,
