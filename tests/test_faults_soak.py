@@ -72,7 +72,11 @@ from tests.test_faults_db import via
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
 
 TOTAL_OPS = int(os.environ.get("LLMB_SOAK_OPS", "2000"))
-API_WORKERS, REST_WORKERS, WEBS = 3, 3, 2
+# Processes: the rate is bound by waits on the faults, not by the cores, so a long run takes
+# more of them (docs/reliability.md); CI's size runs with these defaults.
+API_WORKERS = int(os.environ.get("LLMB_SOAK_API_WORKERS", "3"))
+REST_WORKERS = int(os.environ.get("LLMB_SOAK_REST_WORKERS", "3"))
+WEBS = int(os.environ.get("LLMB_SOAK_WEBS", "2"))
 REST_SHARE = 0.2  # of the operations: REST is slower per operation (an HTTP round trip)
 VAR = Path(__file__).resolve().parent.parent / "var"
 FAULTS = {"reset": 45, "backend kill": 30, "stall": 8, "worker SIGKILL": 8, "web SIGKILL": 9}
