@@ -77,6 +77,8 @@ TOTAL_OPS = int(os.environ.get("LLMB_SOAK_OPS", "2000"))
 API_WORKERS = int(os.environ.get("LLMB_SOAK_API_WORKERS", "3"))
 REST_WORKERS = int(os.environ.get("LLMB_SOAK_REST_WORKERS", "3"))
 WEBS = int(os.environ.get("LLMB_SOAK_WEBS", "2"))
+# Seconds between faults, drawn uniformly from this range ("0.1-0.6" in CI).
+FAULT_EVERY = tuple(float(x) for x in os.environ.get("LLMB_SOAK_FAULT_EVERY", "0.1-0.6").split("-"))
 REST_SHARE = 0.2  # of the operations: REST is slower per operation (an HTTP round trip)
 VAR = Path(__file__).resolve().parent.parent / "var"
 FAULTS = {"reset": 45, "backend kill": 30, "stall": 8, "worker SIGKILL": 8, "web SIGKILL": 9}
@@ -201,14 +203,15 @@ class Soak:
                         slot.done = slot.ops
 
     def chaos(self, stop: threading.Event) -> None:
-        """One fault every 0.1 to 0.6 s: the first five are one of each kind, in random order
-        (so that even the CI size sees every kind), then drawn by weight."""
+        """One fault every 0.1 to 0.6 s (``LLMB_SOAK_FAULT_EVERY``): the first five are one of
+        each kind, in random order (so that even the CI size sees every kind), then drawn by
+        weight."""
         rng = random.Random(7)
         first = list(FAULTS)
         rng.shuffle(first)
         try:
             stop.wait(2)  # the workers connect first
-            while not stop.wait(rng.uniform(0.1, 0.6)):
+            while not stop.wait(rng.uniform(*FAULT_EVERY)):
                 kind = first.pop() if first else rng.choices(list(FAULTS), list(FAULTS.values()))[0]
                 if self.fault(kind, rng, stop):
                     self.faults[kind] += 1
