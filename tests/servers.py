@@ -80,9 +80,13 @@ def web_processes(
     *,
     llm_budgets: dict[str, Any] | None = None,
     database_url: str | None = None,
+    environment: dict[str, str] | None = None,
 ) -> Iterator[list[WebProcess]]:
+    """``count`` web processes; ``environment``: more variables for them (e.g.
+    ``CONN_MAX_AGE``, which the project's settings read)."""
     env = {
         **os.environ,
+        **(environment or {}),
         "DJANGO_SETTINGS_MODULE": "tests.server_settings",
         "DATABASE_URL": database_url or subprocess_database_url(),
         "LLMB_TEST_LLM_BUDGETS": json.dumps(llm_budgets or {}),

@@ -318,7 +318,16 @@ def test_soak(tmp_path: Path) -> None:
     settings = {"API_THROTTLE_RATE": "1000000/minute"}
     with (
         FaultProxy(db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)) as proxy,
-        web_processes(WEBS, tmp_path, database_url=via(proxy), llm_budgets=settings) as webs,
+        web_processes(
+            WEBS,
+            tmp_path,
+            database_url=via(proxy),
+            llm_budgets=settings,
+            # Connections kept across requests, as docker-compose.yml runs the app, rather than
+            # two new ones (default and the ledger's) per request. A cut or killed kept
+            # connection is caught by CONN_HEALTH_CHECKS at the next request.
+            environment={"CONN_MAX_AGE": "60"},
+        ) as webs,
     ):
         soak = Soak(proxy, webs, keys)
 
