@@ -31,9 +31,12 @@ def overspent_counters(ceilings: Mapping[int, Decimal] | None = None) -> list[st
     every raise granted on its budget (a raise admitted while active stays spent after it ends)
     plus recorded overage. A prepaid balance's limit is its live credit: a staff removal never
     takes it below spent + held, so it is held to its limit as it is."""
+    # Only the lines with overage (never negative: llmb_usage_overage_non_negative), so the sums
+    # are the same, but the join to holds covers those few lines instead of every line: the
+    # watcher runs this throughout a run whose ledger keeps growing.
     overage = {
         row["reservation__holds__counter"]: row["total"] or ZERO
-        for row in UsageRecord.objects.filter(reservation__holds__isnull=False)
+        for row in UsageRecord.objects.filter(overage__gt=0, reservation__holds__isnull=False)
         .values("reservation__holds__counter")
         .annotate(total=Sum("overage"))
     }
