@@ -89,6 +89,17 @@ class Worker:
         self.journal.write(json.dumps(entry) + "\n")
         self.journal.flush()
 
+    def next_op(self, n: int, of: int, weights: dict[str, int]) -> str | None:
+        """The ``n``-th operation drawn by ``weights`` (progress written every
+        ``PROGRESS_EVERY``), or None where it needs an open hold and there is none (tallied)."""
+        if n % PROGRESS_EVERY == 0:
+            self.progress(n, of)
+        op = self.rng.choices(list(weights), weights=list(weights.values()))[0]
+        if op in ("commit", "release", "extend") and not self.open_holds:
+            self.tally[f"{op} skipped (no open hold)"] += 1
+            return None
+        return op
+
     def progress(self, done: int, of: int) -> None:
         seconds = round(time.monotonic() - self.started, 1)
         (self.var / f"faults-soak-progress-{self.name}.json").write_text(
@@ -169,13 +180,9 @@ def api_worker(
     connection.settings_dict["PORT"] = proxy_port
     connection.close()
     w = Worker(name, seed, var)
-    ops_names, weights = list(API_OPS), list(API_OPS.values())
     for n in range(ops):
-        if n % PROGRESS_EVERY == 0:
-            w.progress(n, ops)
-        op = w.rng.choices(ops_names, weights=weights)[0]
-        if op in ("commit", "release", "extend") and not w.open_holds:
-            w.tally[f"{op} skipped (no open hold)"] += 1
+        op = w.next_op(n, ops, API_OPS)
+        if op is None:
             continue
         request: dict[str, Any] | None = None
         reason = f"soak {name} {n} {op}"
@@ -308,7 +315,6 @@ def rest_worker(
     """``ops`` random operations through REST, over the web processes at ``urls`` (a lost
     answer is retried on another of them); ``keys``: an API key per tenant and ``"operator"``."""
     w = Worker(name, seed, var)
-    ops_names, weights = list(REST_OPS), list(REST_OPS.values())
     client = httpx.Client(timeout=30)
 
     def call(op: str, path: str, body: dict[str, Any], idem: str, key: str) -> httpx.Response:
@@ -331,11 +337,8 @@ def rest_worker(
         raise ConnectionError(op)
 
     for n in range(ops):
-        if n % PROGRESS_EVERY == 0:
-            w.progress(n, ops)
-        op = w.rng.choices(ops_names, weights=weights)[0]
-        if op in ("commit", "release", "extend") and not w.open_holds:
-            w.tally[f"{op} skipped (no open hold)"] += 1
+        op = w.next_op(n, ops, REST_OPS)
+        if op is None:
             continue
         try:
             outcome = _rest_op(w, op, n, call, keys)
