@@ -113,13 +113,19 @@ def _loaded(model: type[M], values: Sequence[Any]) -> M:
     init signals): about a tenth of a reserve and commit's client CPU went there. Loaded for the
     default database whichever connection stands in for it (``db.ledger``): the ORM's relations
     compare these aliases."""
-    obj = model.__new__(model)
-    state = ModelState()
+    obj, state = _bare(model)
     state.adding = False
     state.db = DEFAULT_DB_ALIAS
-    obj.__dict__["_state"] = state
     obj.__dict__.update(zip(_attnames(model), values, strict=True))
     return obj
+
+
+def _bare(model: type[M]) -> tuple[M, ModelState]:
+    """An instance of ``model`` with its state and no field set (:func:`_loaded`, :func:`new`)."""
+    obj = model.__new__(model)
+    state = ModelState()
+    obj.__dict__["_state"] = state
+    return obj, state
 
 
 @cache
@@ -143,10 +149,8 @@ def new(model: type[M], /, **values: Any) -> M:
     reserve and commit inserts (the app's models define no ``__init__`` and connect no init
     signals)."""
     keywords, defaults = _new_plan(model)
-    obj = model.__new__(model)
-    state = ModelState()
+    obj, state = _bare(model)
     attributes = obj.__dict__
-    attributes["_state"] = state
     for name, value in values.items():
         try:
             attname, relation = keywords[name]
