@@ -4,6 +4,7 @@ top-ups credited once with their credit grant (through the fault proxy), refunds
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
@@ -12,6 +13,8 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
+from django.test import override_settings
 from django.utils import timezone
 
 from llm_budgets import budgets
@@ -23,6 +26,7 @@ from llm_budgets.billing.credits import (
     balance_state,
     credit_add,
     credits_expire,
+    order_of_use,
     recharge_set,
 )
 from llm_budgets.billing.recharge import recharges_send
@@ -44,7 +48,7 @@ from llm_budgets.models import (
     TopUp,
 )
 from llm_budgets.testing.fakes.stripe_server import StripeServer
-from tests.factories import reserve_30
+from tests.factories import price_fake, reserve_30
 from tests.faultproxy import FaultProxy
 from tests.prepaid_support import TOP_UP_URL, deliver, pay, prepaid
 from tests.stripe_support import fake_stripe, set_up, stripe_settings
@@ -387,6 +391,73 @@ def test_staff_adjustments_need_a_reason_and_never_go_below_spent(
         tenant="acme", amount="20", direction="remove", actor="s", reason="ok"
     ) == Decimal(30)
     assert AuditEvent.objects.filter(action__in=["credits.add", "credits.remove"]).count() == 2
+
+
+def _lots_with_history(lots: int) -> list[CreditLot]:
+    """A balance with ``lots`` lots of every kind, some expiring, some expired with part of them
+    spent (so still live), created in a shuffled order with ties; returns them oldest first."""
+    price_fake()
+    budgets.ensure_tenant(tenant="acme", name="Acme")
+    balance_open(tenant="acme", actor="s")
+    account = account_of("acme")
+    now = timezone.now()
+    rng = random.Random(38)
+    for _ in range(lots):
+        credit_add(
+            account=account,
+            amount=str(rng.randint(5, 40)),
+            kind=rng.choice([LotKind.PAID, LotKind.PROMOTIONAL]),
+            expires_at=rng.choice([None, now + timedelta(days=1), now + timedelta(days=30)]),
+            actor="s",
+            now=now + timedelta(seconds=rng.randint(0, 3)),
+        )
+    reserve_30().commit(input_tokens=0, output_tokens=1000)  # spent 30, on the first lots used
+    credits_expire(now=now + timedelta(days=2))
+    return list(CreditLot.objects.order_by("created_at", "pk"))
+
+
+def test_a_removal_forfeits_from_the_last_used_lots_first() -> None:
+    """``balance_adjust`` reads the lots a few at a time, newest use first; it forfeits exactly
+    what the rule says when applied to every lot (the order of use, reversed)."""
+    _lots_with_history(40)
+    for amount in ("3", "7", "1", "40", "0.5", "90"):
+        lots = list(CreditLot.objects.all())
+        expected = {lot.pk: lot.forfeited for lot in lots}
+        left = Decimal(amount)
+        for lot in sorted(lots, key=order_of_use, reverse=True):
+            take = min(left, lot.amount - lot.forfeited)
+            expected[lot.pk] += take
+            left -= take
+        balance_adjust(tenant="acme", amount=amount, direction="remove", actor="s", reason="t")
+        assert dict(CreditLot.objects.values_list("pk", "forfeited")) == expected, amount
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_removal_does_not_touch_the_lots_it_leaves_alone(on_postgres: bool) -> None:
+    """A balance with years of top-ups: a removal locks only the lots it forfeits from, so a lot
+    locked elsewhere (a refund of an old top-up) does not hold it up. Before, every lot was read
+    and locked: slower with every top-up, and waiting here until the lock timeout."""
+    if not on_postgres:
+        pytest.skip("row locks: PostgreSQL")
+    import psycopg
+
+    oldest = _lots_with_history(60)[0]
+    forfeited = dict(CreditLot.objects.values_list("pk", "forfeited"))
+    settings = connection.settings_dict
+    with psycopg.connect(
+        host=settings["HOST"],
+        port=settings["PORT"] or 5432,
+        user=settings["USER"],
+        dbname=settings["NAME"],
+    ) as other:
+        table = CreditLot._meta.db_table
+        other.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [oldest.pk])
+        with override_settings(LLM_BUDGETS={"LOCK_TIMEOUT_SECONDS": 1}):
+            balance_adjust(tenant="acme", amount="2", direction="remove", actor="s", reason="t")
+        other.rollback()
+    after = dict(CreditLot.objects.values_list("pk", "forfeited"))
+    assert after[oldest.pk] == forfeited[oldest.pk]
+    assert sum(after.values()) - sum(forfeited.values()) == 2
 
 
 def test_checkout_needs_a_linked_customer_and_says_when_stripe_fails(

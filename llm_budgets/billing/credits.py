@@ -29,7 +29,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.db import transaction
-from django.db.models import F, Sum
+from django.db.models import Case, F, Sum, Value, When
 from django.utils import timezone
 
 from llm_budgets import validation
@@ -404,7 +404,7 @@ def credit_deposit(
     return Deposit(lot, debt_paid)
 
 
-def _order_of_use(lot: CreditLot) -> tuple[object, ...]:
+def order_of_use(lot: CreditLot) -> tuple[object, ...]:
     """Expired lots first (used up to their live part), then promotional, soonest-expiring,
     oldest."""
     far = datetime.max.replace(tzinfo=LIFETIME_START.tzinfo)
@@ -417,11 +417,45 @@ def _order_of_use(lot: CreditLot) -> tuple[object, ...]:
     )
 
 
+def _forfeit_last_used(account: CreditAccount, amount: Decimal, chunk: int = 16) -> None:
+    """Forfeit ``amount`` from the account's lots in reverse order of use (``order_of_use``
+    reversed), reading and locking ``chunk`` lots at a time, so that a removal touches the newest
+    lots only: reading them all made it slower with every top-up the account ever had, while it
+    held the balance's locks (callers hold them). Lots a chunk used up fall out of the next read."""
+    lots = (
+        CreditLot.objects.filter(account=account, amount__gt=F("forfeited"))
+        .alias(
+            unexpired=Case(When(expired_at__isnull=True, then=Value(1)), default=Value(0)),
+            paid=Case(When(kind=LotKind.PROMOTIONAL, then=Value(0)), default=Value(1)),
+        )
+        .order_by(
+            F("unexpired").desc(),
+            F("paid").desc(),
+            F("expires_at").desc(nulls_first=True),  # no expiry: the latest of all
+            F("created_at").desc(),
+            F("pk").desc(),
+        )
+        .select_for_update(of=("self",))
+    )
+    left = amount
+    while left > 0:
+        rows = list(lots[:chunk])
+        for lot in rows:
+            take = min(left, lot.amount - lot.forfeited)
+            lot.forfeited += take
+            lot.save(update_fields=["forfeited"])
+            left -= take
+            if left <= 0:
+                return
+        if len(rows) < chunk:
+            return
+
+
 def attribution(lots: list[CreditLot], used: Decimal) -> dict[int, Decimal]:
     """How much of ``used`` each lot covers, in order of use."""
     left = used
     covered: dict[int, Decimal] = {}
-    for lot in sorted(lots, key=_order_of_use):
+    for lot in sorted(lots, key=order_of_use):
         take = min(lot.amount - lot.forfeited, max(ZERO, left))
         covered[lot.pk] = take
         left -= take
@@ -693,14 +727,7 @@ def balance_adjust(
                 " is neither spent nor held. Remove at most that.",
                 field="amount",
             )
-        left = value
-        lots = list(CreditLot.objects.select_for_update().filter(account=locked))
-        for lot in sorted(lots, key=_order_of_use, reverse=True):
-            take = min(left, lot.amount - lot.forfeited)
-            if take > 0:
-                lot.forfeited += take
-                lot.save(update_fields=["forfeited"])
-                left -= take
+        _forfeit_last_used(locked, value)
         before = locked.budget.limit
         after = _sync_limit(locked)
         AuditEvent.objects.create(
