@@ -44,14 +44,21 @@ def overspent_counters(ceilings: Mapping[int, Decimal] | None = None) -> list[st
         row["budget"]: row["total"] or ZERO
         for row in BudgetRaise.objects.values("budget").annotate(total=Sum("amount"))
     }
-    over = []
+    # A hot budget's period is counted on several rows (stripes): its cap is on their sum.
+    keys: dict[tuple[Any, ...], list[Counter]] = defaultdict(list)
     for c in Counter.objects.select_related("budget"):
-        limit = max(c.budget.limit, (ceilings or {}).get(c.budget_id, c.budget.limit))
-        bound = limit + raised.get(c.budget_id, ZERO) + overage.get(c.pk, ZERO)
-        if c.spent + c.reserved > bound:
+        keys[(c.budget_id, c.end_user_id, c.run_id, c.api_key_id, c.period_start)].append(c)
+    over = []
+    for rows in keys.values():
+        budget = rows[0].budget
+        limit = max(budget.limit, (ceilings or {}).get(budget.pk, budget.limit))
+        spent = sum((c.spent for c in rows), ZERO)
+        reserved = sum((c.reserved for c in rows), ZERO)
+        extra = sum((overage.get(c.pk, ZERO) for c in rows), ZERO)
+        if spent + reserved > limit + raised.get(budget.pk, ZERO) + extra:
             over.append(
-                f"counter {c.pk}: spent {c.spent} + reserved {c.reserved} > limit {limit} "
-                f"+ raises {raised.get(c.budget_id, ZERO)} + overage {overage.get(c.pk, ZERO)}"
+                f"counters {[c.pk for c in rows]}: spent {spent} + reserved {reserved} > limit "
+                f"{limit} + raises {raised.get(budget.pk, ZERO)} + overage {extra}"
             )
     return over
 
