@@ -23,6 +23,22 @@ from llm_budgets.money import MILLION, ZERO, round_charge, round_hold
 from llm_budgets.usage import input_allowed
 
 
+def outside_connection(*, autocommit: bool = False) -> Any:
+    """A psycopg connection of its own to the test database (PostgreSQL), outside Django's: it
+    sees only what is committed and holds its own locks. Close it (``with``)."""
+    import psycopg
+
+    db = connection.settings_dict
+    return psycopg.connect(
+        host=db["HOST"],
+        port=db["PORT"] or 5432,
+        user=db["USER"],
+        password=db["PASSWORD"],
+        dbname=db["NAME"],
+        autocommit=autocommit,
+    )
+
+
 def run_threads(count: int, work: Callable[[int], Any], *, timeout: float = 60) -> list[Any]:
     """Run ``work(i)`` in ``count`` threads started at the same instant. Returns each result or
     the exception it raised, in order."""

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
@@ -48,6 +47,7 @@ from llm_budgets.models import (
     TopUp,
 )
 from llm_budgets.testing.fakes.stripe_server import StripeServer
+from tests.concurrency import outside_connection
 from tests.factories import price_fake, reserve_30
 from tests.faultproxy import FaultProxy
 from tests.prepaid_support import TOP_UP_URL, deliver, pay, prepaid
@@ -439,17 +439,9 @@ def test_a_removal_does_not_touch_the_lots_it_leaves_alone(on_postgres: bool) ->
     and locked: slower with every top-up, and waiting here until the lock timeout."""
     if not on_postgres:
         pytest.skip("row locks: PostgreSQL")
-    import psycopg
-
     oldest = _lots_with_history(60)[0]
     forfeited = dict(CreditLot.objects.values_list("pk", "forfeited"))
-    settings = connection.settings_dict
-    with psycopg.connect(
-        host=settings["HOST"],
-        port=settings["PORT"] or 5432,
-        user=settings["USER"],
-        dbname=settings["NAME"],
-    ) as other:
+    with outside_connection() as other:
         table = CreditLot._meta.db_table
         other.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE", [oldest.pk])
         with override_settings(LLM_BUDGETS={"LOCK_TIMEOUT_SECONDS": 1}):

@@ -32,6 +32,7 @@ from llm_budgets.models import (
     Tenant,
     UsageRecord,
 )
+from tests.concurrency import outside_connection
 from tests.queries import reads, round_trips
 
 pytestmark = pytest.mark.django_db
@@ -273,18 +274,8 @@ def test_a_spread_call_locks_its_counters_and_picks_its_stripe_in_one_round_trip
 
 def _outside(text: str, params: list[object]) -> list[tuple[object, ...]]:
     """Rows read on a connection of their own: what is committed, whatever this one holds."""
-    import psycopg
-
-    settings = connection.settings_dict
-    with psycopg.connect(
-        host=settings["HOST"],
-        port=settings["PORT"] or 5432,
-        user=settings["USER"],
-        password=settings["PASSWORD"],
-        dbname=settings["NAME"],
-        autocommit=True,
-    ) as other:
-        return other.execute(text, params).fetchall()
+    with outside_connection(autocommit=True) as other:
+        return list(other.execute(text, params).fetchall())
 
 
 def _tenant_row(external_id: str) -> sql.Statement:
