@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -25,6 +26,7 @@ from llm_budgets.billing.credits import (
     balance_state,
     credit_add,
     credits_expire,
+    lots_last_used_first,
     order_of_use,
     recharge_set,
 )
@@ -430,6 +432,21 @@ def test_a_removal_forfeits_from_the_last_used_lots_first() -> None:
             left -= take
         balance_adjust(tenant="acme", amount=amount, direction="remove", actor="s", reason="t")
         assert dict(CreditLot.objects.values_list("pk", "forfeited")) == expected, amount
+
+
+def test_postgresql_reads_a_removals_lots_through_their_index(on_postgres: bool) -> None:
+    """The removal's order is the index's (``llmb_lot_last_used_first``): with sequential
+    scans and sorts priced out, the plan is an index scan with no sort, so a removal reads the
+    lots it returns, not every lot the account has had."""
+    if not on_postgres:
+        pytest.skip("the index serves the order on PostgreSQL (SQLite sorts)")
+    _lots_with_history(20)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("SET LOCAL enable_sort = off")
+        plan = lots_last_used_first(account_of("acme")).select_for_update()[:16].explain()
+    assert "llmb_lot_last_used_first" in plan, plan
+    assert "Sort" not in plan, plan
 
 
 @pytest.mark.django_db(transaction=True)

@@ -29,7 +29,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.db import transaction
-from django.db.models import Case, F, Sum, Value, When
+from django.db.models import F, QuerySet, Sum
 from django.utils import timezone
 
 from llm_budgets import validation
@@ -54,6 +54,7 @@ from llm_budgets.models import (
     TopUpState,
     Window,
 )
+from llm_budgets.models.credits import LOT_PAID, LOT_UNEXPIRED
 from llm_budgets.money import ZERO, currency_places, display
 from llm_budgets.tenancy.tenants import tenant_get
 from llm_budgets.windows import LIFETIME_START
@@ -417,26 +418,25 @@ def order_of_use(lot: CreditLot) -> tuple[object, ...]:
     )
 
 
-def _forfeit_last_used(account: CreditAccount, amount: Decimal, chunk: int = 16) -> None:
-    """Forfeit ``amount`` from the account's lots in reverse order of use (``order_of_use``
-    reversed), reading and locking ``chunk`` lots at a time, so that a removal touches the newest
-    lots only: reading them all made it slower with every top-up the account ever had, while it
-    held the balance's locks (callers hold them). Lots a chunk used up fall out of the next read."""
-    lots = (
-        CreditLot.objects.filter(account=account, amount__gt=F("forfeited"))
-        .alias(
-            unexpired=Case(When(expired_at__isnull=True, then=Value(1)), default=Value(0)),
-            paid=Case(When(kind=LotKind.PROMOTIONAL, then=Value(0)), default=Value(1)),
-        )
-        .order_by(
-            F("unexpired").desc(),
-            F("paid").desc(),
-            F("expires_at").desc(nulls_first=True),  # no expiry: the latest of all
-            F("created_at").desc(),
-            F("pk").desc(),
-        )
-        .select_for_update(of=("self",))
+def lots_last_used_first(account: CreditAccount) -> QuerySet[CreditLot]:
+    """The account's lots with credit left to forfeit, in reverse order of use (``order_of_use``
+    reversed), as ``llmb_lot_last_used_first`` orders them: PostgreSQL reads only the lots a
+    slice of it returns, however many the account has had."""
+    return CreditLot.objects.filter(account=account, amount__gt=F("forfeited")).order_by(
+        LOT_UNEXPIRED.desc(),
+        LOT_PAID.desc(),
+        F("expires_at").desc(nulls_first=True),  # no expiry: the latest of all
+        F("created_at").desc(),
+        F("id").desc(),
     )
+
+
+def _forfeit_last_used(account: CreditAccount, amount: Decimal, chunk: int = 16) -> None:
+    """Forfeit ``amount`` from the account's lots last used first, reading and locking ``chunk``
+    lots at a time, so that a removal touches the newest lots only: reading them all made it
+    slower with every top-up the account ever had, while it held the balance's locks (callers
+    hold them). Lots a chunk used up fall out of the next read."""
+    lots = lots_last_used_first(account).select_for_update(of=("self",))
     left = amount
     while left > 0:
         rows = list(lots[:chunk])

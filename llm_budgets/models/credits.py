@@ -7,7 +7,7 @@ of its live lots (``amount - forfeited``); ``billing/credits.py`` alone writes t
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import Case, F, Q, Value, When
 
 from llm_budgets.models.budgets import Budget
 from llm_budgets.models.tenancy import Tenant
@@ -65,6 +65,13 @@ class LotSource(models.TextChoices):
     ADJUSTMENT = "adjustment", "Adjustment by staff"
 
 
+# The order of use reversed (``billing/credits.py``, ``order_of_use``): unexpired lots, paid
+# ones, the latest-expiring (no expiry: the latest of all), the newest. A staff removal forfeits
+# in this order; ``llmb_lot_last_used_first`` serves it on PostgreSQL, where DESC puts NULLs first.
+LOT_UNEXPIRED = Case(When(expired_at__isnull=True, then=Value(1)), default=Value(0))
+LOT_PAID = Case(When(kind=LotKind.PROMOTIONAL, then=Value(0)), default=Value(1))
+
+
 class CreditLot(models.Model):
     """Credit added to a balance. Its live part, ``amount - forfeited``, counts in the limit;
     ``forfeited`` grows when it expires unspent, when staff remove it, and when its payment is
@@ -114,7 +121,16 @@ class CreditLot(models.Model):
                 fields=["expires_at"],
                 condition=Q(expires_at__isnull=False, expired_at__isnull=True),
                 name="llmb_lot_to_expire",
-            )
+            ),
+            models.Index(
+                F("account"),
+                LOT_UNEXPIRED.desc(),
+                LOT_PAID.desc(),
+                F("expires_at").desc(),
+                F("created_at").desc(),
+                F("id").desc(),
+                name="llmb_lot_last_used_first",
+            ),
         ]
 
     def __str__(self) -> str:
