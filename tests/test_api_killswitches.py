@@ -8,6 +8,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.db import OperationalError, connection
 from django.utils import timezone
 
 from llm_budgets import budgets
@@ -279,3 +280,20 @@ def test_allow_degrade_must_be_a_boolean(keys: dict[str, str]) -> None:
     response = reserve(keys["acme"], allow_degrade="maybe")
     assert response.status_code == 400
     assert error(response)["field"] == "allow_degrade"
+
+
+def test_a_connection_cut_while_answering_a_trip_is_a_503(keys: dict[str, str]) -> None:
+    """The answer names the end user, read after the switch is written: a connection cut there
+    is a 503 like any other lost answer, never a 500 (the long fault soak saw one)."""
+    assert trip(keys["operator"], tenant="acme", end_user="alice").status_code == 201
+
+    def cut_on_reading_the_user_by_id(execute: Any, sql: str, *args: Any) -> Any:
+        if 'FROM "llm_budgets_enduser"' in sql and 'WHERE "llm_budgets_enduser"."id" =' in sql:
+            raise OperationalError("server closed the connection unexpectedly")
+        return execute(sql, *args)
+
+    # Tripped again: the open switch is read back, its end user not with it.
+    with connection.execute_wrapper(cut_on_reading_the_user_by_id):
+        response = trip(keys["operator"], tenant="acme", end_user="alice")
+    assert response.status_code == 503, response.content
+    assert response.headers["Retry-After"]
