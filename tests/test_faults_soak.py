@@ -438,7 +438,7 @@ def test_soak(tmp_path: Path) -> None:
     # error (#38 item 7); the soak's own reads are told apart ("not sent").
     assert not [k for k in tally if k.endswith("(database_error)")], tally
     assert not [k for k in seen if k.endswith(" database_error")], seen
-    # Over REST a lost answer is a 503 (or a connection cut), never a 500 (ca04ec9).
+    # Over REST a lost answer is a 503 (or a connection cut), never a 500.
     assert not [k for k in seen if k.endswith(" 500")], seen
 
 

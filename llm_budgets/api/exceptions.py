@@ -18,13 +18,15 @@ from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
+from django.db import DatabaseError
 from django.http import Http404
 from django.utils import timezone
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.utils.encoders import JSONEncoder
 
-from llm_budgets.exceptions import BudgetError, BudgetExceeded, Fault, Wire
+from llm_budgets.db.boundary import ledger_guard, operational
+from llm_budgets.exceptions import BudgetError, BudgetExceeded, Fault, LedgerUnavailable, Wire
 from llm_budgets.models import ApiKey
 from llm_budgets.windows import rolling_window
 
@@ -198,8 +200,24 @@ def _field_errors(detail: Any, prefix: str = "") -> dict[str, list[str]]:
     return {prefix or "non_field_errors": [str(detail)]}
 
 
+def _unavailable(exc: DatabaseError, context: dict[str, Any]) -> LedgerUnavailable:
+    """An outage met outside the view's own ``ledger_guard`` (say, a lazy read while building
+    its answer): the same ``LedgerUnavailable`` (a 503) as any other, never a 500. The long
+    fault soak saw a kill-switch trip answer 500 this way."""
+    request = context.get("request")
+    action = f"{request.method} {request.path}" if request is not None else "a request"
+    try:
+        with ledger_guard(action):
+            raise exc
+    except LedgerUnavailable as unavailable:
+        return unavailable
+    raise AssertionError("ledger_guard turns an operational error into LedgerUnavailable")
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """DRF exception handler for the llm_budgets views (set per view, not project-wide)."""
+    if isinstance(exc, DatabaseError) and operational(exc):
+        exc = _unavailable(exc, context)
     if isinstance(exc, BudgetError):
         return _budget_error_response(exc, context.get("request"))
     if isinstance(exc, Http404):

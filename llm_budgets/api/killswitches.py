@@ -194,11 +194,11 @@ class KillSwitchListView(ApiView, generics.ListAPIView[KillSwitch]):
                 auto_clear_at=serializer.validated_data.get("auto_clear_at"),
                 now=now,
             )
-            # Inside the guard: the scope's label reads the end user, and a cut connection there
-            # is a 503 like any other (the soak saw a 500).
-            body = KillSwitchSerializer(switch).data
         created = switch.tripped_at == now
-        return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        return Response(
+            KillSwitchSerializer(switch).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
 
 
 class KillSwitchClearView(ApiView):
@@ -223,5 +223,4 @@ class KillSwitchClearView(ApiView):
                 reason=serializer.validated_data["reason"],
                 actor=actor_of(api_key_of(request)),
             )
-            body = KillSwitchSerializer(switch).data  # inside the guard, as the trip's
-        return Response(body)
+        return Response(KillSwitchSerializer(switch).data)
