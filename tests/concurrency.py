@@ -18,7 +18,7 @@ from django.test import override_settings
 
 from llm_budgets.engine.counters import rows_by_key
 from llm_budgets.exceptions import BudgetExceeded
-from llm_budgets.models import Counter, UsageRecord
+from llm_budgets.models import BudgetRaise, Counter, UsageRecord
 from llm_budgets.money import MILLION, ZERO, round_charge, round_hold
 from llm_budgets.usage import input_allowed
 
@@ -112,17 +112,26 @@ def patient_lock_waits(seconds: float = 30) -> Iterator[None]:
         yield
 
 
-def overspent_counters(limits: Mapping[int, Decimal] | None = None) -> list[str]:
-    """Counters past their limit by more than the overage recorded on their ledger lines
-    (invariant 1: admission never overspends; only committed calls that ran over may). A hot
-    budget's counter is the sum of its stripes, with the overage recorded on any of them.
-    ``limits``: by budget id, the limit to hold it to instead of its own (e.g. the highest it
-    had, raises included, when staff changed it while its counters were in use)."""
+def overspent_counters(ceilings: Mapping[int, Decimal] | None = None) -> list[str]:
+    """Counters past what invariant 1 allows them (admission never overspends; only committed
+    calls that ran over may): their budget's limit (``ceilings``: by budget id, the highest limit
+    staff may have set it to meanwhile), plus every raise granted on the budget (a raise admitted
+    while active stays spent after it ends), plus the overage recorded on their ledger lines. A
+    hot budget's counter is the sum of its stripes, with the overage recorded on any of them. A
+    prepaid balance's limit is its live credit: a staff removal never takes it below spent +
+    held, so it is held to its limit as it is."""
+    # Only the lines with overage (never negative: llmb_usage_overage_non_negative): the sums are
+    # the same, and the join to holds covers those few lines instead of every line (the soak's
+    # watcher runs this throughout a run whose ledger keeps growing).
     overage = {
         row["reservation__holds__counter"]: round_charge(row["total"] or ZERO)
-        for row in UsageRecord.objects.filter(reservation__holds__isnull=False)
+        for row in UsageRecord.objects.filter(overage__gt=0, reservation__holds__isnull=False)
         .values("reservation__holds__counter")
         .annotate(total=Sum("overage"))
+    }
+    raised = {
+        row["budget"]: row["total"] or ZERO
+        for row in BudgetRaise.objects.values("budget").annotate(total=Sum("amount"))
     }
     rows = list(Counter.objects.select_related("budget").order_by("pk"))
     over = []
@@ -130,11 +139,12 @@ def overspent_counters(limits: Mapping[int, Decimal] | None = None) -> list[str]
         budget = stripes[0].budget
         used = sum((c.spent + c.reserved for c in stripes), ZERO)
         ran_over = sum((overage.get(c.pk, ZERO) for c in stripes), ZERO)
-        limit = (limits or {}).get(budget.pk, budget.limit)
-        if used > limit + ran_over:
+        limit = max(budget.limit, (ceilings or {}).get(budget.pk, budget.limit))
+        granted = raised.get(budget.pk, ZERO)
+        if used > limit + granted + ran_over:
             over.append(
                 f"counter {[c.pk for c in stripes]} ({budget}, {tuple(key)}): spent + reserved "
-                f"{used} > limit {limit} + overage {ran_over}"
+                f"{used} > limit {limit} + raises {granted} + overage {ran_over}"
             )
     return over
 

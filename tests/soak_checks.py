@@ -1,66 +1,26 @@
-"""The soak's checks (tests/test_faults_soak.py): no overspend past the published bound, read
-from another connection while the soak runs and again at the end, and every acknowledged
-operation recorded exactly once, read from the workers' journals (tests/soak_workers.py) against
-the ledger once every worker has stopped and the sweep has run."""
+"""The soak's checks (tests/test_faults_soak.py) of every acknowledged operation recorded exactly
+once, read from the workers' journals (tests/soak_workers.py) against the ledger once every
+worker has stopped and the sweep has run. Its overspend check is the races' own
+(``tests.concurrency.overspent_counters``)."""
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from django.db.models import Count, Sum
+from django.db.models import Count
 
 from llm_budgets.models import (
     AuditEvent,
-    BudgetRaise,
-    Counter,
     Reservation,
     UsageKind,
     UsageRecord,
 )
 from llm_budgets.money import ZERO
-
-
-def overspent_counters(ceilings: Mapping[int, Decimal] | None = None) -> list[str]:
-    """Invariant 1 with raises and staff limit changes: a counter may reach its budget's limit
-    (``ceilings``: by budget id, the highest limit staff may have set it to meanwhile) plus
-    every raise granted on its budget (a raise admitted while active stays spent after it ends)
-    plus recorded overage. A prepaid balance's limit is its live credit: a staff removal never
-    takes it below spent + held, so it is held to its limit as it is."""
-    # Only the lines with overage (never negative: llmb_usage_overage_non_negative), so the sums
-    # are the same, but the join to holds covers those few lines instead of every line: the
-    # watcher runs this throughout a run whose ledger keeps growing.
-    overage = {
-        row["reservation__holds__counter"]: row["total"] or ZERO
-        for row in UsageRecord.objects.filter(overage__gt=0, reservation__holds__isnull=False)
-        .values("reservation__holds__counter")
-        .annotate(total=Sum("overage"))
-    }
-    raised = {
-        row["budget"]: row["total"] or ZERO
-        for row in BudgetRaise.objects.values("budget").annotate(total=Sum("amount"))
-    }
-    # A hot budget's period is counted on several rows (stripes): its cap is on their sum.
-    keys: dict[tuple[Any, ...], list[Counter]] = defaultdict(list)
-    for c in Counter.objects.select_related("budget"):
-        keys[(c.budget_id, c.end_user_id, c.run_id, c.api_key_id, c.period_start)].append(c)
-    over = []
-    for rows in keys.values():
-        budget = rows[0].budget
-        limit = max(budget.limit, (ceilings or {}).get(budget.pk, budget.limit))
-        spent = sum((c.spent for c in rows), ZERO)
-        reserved = sum((c.reserved for c in rows), ZERO)
-        extra = sum((overage.get(c.pk, ZERO) for c in rows), ZERO)
-        if spent + reserved > limit + raised.get(budget.pk, ZERO) + extra:
-            over.append(
-                f"counters {[c.pk for c in rows]}: spent {spent} + reserved {reserved} > limit "
-                f"{limit} + raises {raised.get(budget.pk, ZERO)} + overage {extra}"
-            )
-    return over
 
 
 def journal_entries(paths: Iterable[Path]) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from llm_budgets.engine.admission import reservation_create
 from llm_budgets.engine.settlement import reservation_commit, reservation_release
 from llm_budgets.exceptions import BudgetExceeded, InvalidUsage
 from llm_budgets.jobs.reconcile import allowances_excess, counters_drift
-from llm_budgets.models import AuditEvent, Budget, Counter
+from llm_budgets.models import AuditEvent, Budget, BudgetRaise, Counter
 from llm_budgets.reads.statuses import budget_statuses
 from llm_budgets.tenancy.tenants import tenant_get
 from tests.api import BASE, client_for, new_key
@@ -325,3 +325,26 @@ def test_the_admin_toggles_hot_and_shows_the_cap_as_one_number(admin_client: Cli
     assert all(c.split_for is None for c in _stripes(budget))
     event = AuditEvent.objects.filter(action="budget.change_limit").latest("pk")
     assert (event.actor, event.reason, event.after["hot"]) == ("admin", "calmer now", False)
+
+
+def test_the_overspend_check_sums_stripes_and_allows_raises_and_ceilings() -> None:
+    """The races' and the soak's overspend check (``tests.concurrency``) can fail: a cap past its
+    limit over its stripes is reported until a higher ceiling staff set meanwhile, or a raise,
+    accounts for it."""
+    budget = _hot_cap("100", stripes=4)
+    _reserve(3)
+    Counter.objects.filter(budget=budget, stripe=1).update(spent=Decimal(60))
+    Counter.objects.filter(budget=budget, stripe=2).update(spent=Decimal(60))
+    over = overspent_counters()
+    assert len(over) == 1, over  # 123 on the cap, 60 on no stripe
+    assert "spent + reserved 123.0000000000 > limit 100.0000000000 + raises 0" in over[0]
+    assert overspent_counters({budget.pk: Decimal(130)}) == []
+    assert overspent_counters({budget.pk: Decimal(50)}) == over  # a ceiling never lowers
+    BudgetRaise.objects.create(
+        budget=budget,
+        amount=Decimal(23),
+        starts_at=NOW,
+        ends_at=NOW + timedelta(days=1),
+        reason="t",
+    )
+    assert overspent_counters() == []
