@@ -21,6 +21,7 @@ from llm_budgets import budgets
 from llm_budgets.alerts.endpoints import endpoint_create
 from llm_budgets.billing.credits import (
     account_of,
+    attribution,
     balance_adjust,
     balance_open,
     balance_state,
@@ -42,6 +43,7 @@ from llm_budgets.exceptions import (
 from llm_budgets.models import (
     AlertEvent,
     AuditEvent,
+    Counter,
     CreditLot,
     KillSwitch,
     LotKind,
@@ -467,6 +469,42 @@ def test_a_removal_does_not_touch_the_lots_it_leaves_alone(on_postgres: bool) ->
     after = dict(CreditLot.objects.values_list("pk", "forfeited"))
     assert after[oldest.pk] == forfeited[oldest.pk]
     assert sum(after.values()) - sum(forfeited.values()) == 2
+
+
+def test_lots_expiring_together_forfeit_what_expiring_them_one_at_a_time_would() -> None:
+    """Expiry reads the order of use once per balance: many lots due in one run forfeit exactly
+    what the rule leaves unspent when applied to each lot in turn, after the one before it
+    expired (twice: the second run with expired lots of the first among those used)."""
+    price_fake()
+    budgets.ensure_tenant(tenant="acme", name="Acme")
+    balance_open(tenant="acme", actor="s")
+    account = account_of("acme")
+    now = timezone.now()
+    rng = random.Random(37)
+    for _ in range(30):
+        credit_add(
+            account=account,
+            amount=str(rng.randint(2, 15)),
+            kind=rng.choice([LotKind.PAID, LotKind.PROMOTIONAL]),
+            expires_at=rng.choice([None, *(now + timedelta(days=d) for d in (1, 2, 3))]),
+            actor="s",
+            now=now + timedelta(seconds=rng.randint(0, 3)),
+        )
+    for days, spends in ((2, 4), (4, 3)):
+        for _ in range(spends):
+            reserve_30().commit(input_tokens=0, output_tokens=rng.randint(100, 1000))
+        at = now + timedelta(days=days, hours=1)
+        spent = Counter.objects.get(budget_id=account.budget_id).spent
+        lots = list(CreditLot.objects.all())
+        due = [lot for lot in lots if lot.expired_at is None and lot.expires_at is not None]
+        due = [lot for lot in due if lot.expires_at <= at]
+        for lot in sorted(due, key=lambda x: (x.expires_at, x.pk)):
+            lot.forfeited = lot.amount - attribution(lots, spent)[lot.pk]
+            lot.expired_at = at
+        expected = {lot.pk: lot.forfeited for lot in lots}
+        assert len(due) > 3, days
+        assert credits_expire(now=at) == len(due)
+        assert dict(CreditLot.objects.values_list("pk", "forfeited")) == expected, days
 
 
 def test_checkout_needs_a_linked_customer_and_says_when_stripe_fails(

@@ -482,10 +482,12 @@ def credits_expire(*, now: datetime | None = None) -> int:
             locked, counter = _lock(account)
             lots = list(CreditLot.objects.select_for_update().filter(account=locked))
             before = locked.budget.limit
+            # Read once: a lot expired here keeps exactly what it covers and moves ahead in
+            # the order of use, where every lot is used up, so what each covers stays the same.
+            covered = attribution(lots, counter.spent)
             for lot in sorted(lots, key=lambda x: (x.expires_at is None, x.expires_at, x.pk)):
                 if lot.expires_at is None or lot.expires_at > now or lot.expired_at is not None:
                     continue
-                covered = attribution(lots, counter.spent)
                 unused = lot.amount - lot.forfeited - covered[lot.pk]
                 lot.forfeited += unused
                 lot.expired_at = now
