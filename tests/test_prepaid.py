@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from io import StringIO
 from typing import Any
@@ -397,24 +397,33 @@ def test_staff_adjustments_need_a_reason_and_never_go_below_spent(
     assert AuditEvent.objects.filter(action__in=["credits.add", "credits.remove"]).count() == 2
 
 
-def _lots_with_history(lots: int) -> list[CreditLot]:
-    """A balance with ``lots`` lots of every kind, some expiring, some expired with part of them
-    spent (so still live), created in a shuffled order with ties; returns them oldest first."""
+def _balance_with_lots(
+    lots: int, rng: random.Random, *, amounts: tuple[int, int], expiring_in: tuple[int, ...]
+) -> datetime:
+    """Acme's balance with ``lots`` lots of random amounts (between ``amounts``), kinds and
+    expiries (none, or in one of ``expiring_in`` days), created within a few seconds of each
+    other (ties included); returns when it started."""
     price_fake()
     budgets.ensure_tenant(tenant="acme", name="Acme")
     balance_open(tenant="acme", actor="s")
     account = account_of("acme")
     now = timezone.now()
-    rng = random.Random(38)
     for _ in range(lots):
         credit_add(
             account=account,
-            amount=str(rng.randint(5, 40)),
+            amount=str(rng.randint(*amounts)),
             kind=rng.choice([LotKind.PAID, LotKind.PROMOTIONAL]),
-            expires_at=rng.choice([None, now + timedelta(days=1), now + timedelta(days=30)]),
+            expires_at=rng.choice([None, *(now + timedelta(days=d) for d in expiring_in)]),
             actor="s",
             now=now + timedelta(seconds=rng.randint(0, 3)),
         )
+    return now
+
+
+def _lots_with_history(lots: int) -> list[CreditLot]:
+    """A balance with ``lots`` lots of every kind, some expiring, some expired with part of them
+    spent (so still live), created in a shuffled order with ties; returns them oldest first."""
+    now = _balance_with_lots(lots, random.Random(38), amounts=(5, 40), expiring_in=(1, 30))
     reserve_30().commit(input_tokens=0, output_tokens=1000)  # spent 30, on the first lots used
     credits_expire(now=now + timedelta(days=2))
     return list(CreditLot.objects.order_by("created_at", "pk"))
@@ -475,21 +484,9 @@ def test_lots_expiring_together_forfeit_what_expiring_them_one_at_a_time_would()
     """Expiry reads the order of use once per balance: many lots due in one run forfeit exactly
     what the rule leaves unspent when applied to each lot in turn, after the one before it
     expired (twice: the second run with expired lots of the first among those used)."""
-    price_fake()
-    budgets.ensure_tenant(tenant="acme", name="Acme")
-    balance_open(tenant="acme", actor="s")
-    account = account_of("acme")
-    now = timezone.now()
     rng = random.Random(37)
-    for _ in range(30):
-        credit_add(
-            account=account,
-            amount=str(rng.randint(2, 15)),
-            kind=rng.choice([LotKind.PAID, LotKind.PROMOTIONAL]),
-            expires_at=rng.choice([None, *(now + timedelta(days=d) for d in (1, 2, 3))]),
-            actor="s",
-            now=now + timedelta(seconds=rng.randint(0, 3)),
-        )
+    now = _balance_with_lots(30, rng, amounts=(2, 15), expiring_in=(1, 2, 3))
+    account = account_of("acme")
     for days, spends in ((2, 4), (4, 3)):
         for _ in range(spends):
             reserve_30().commit(input_tokens=0, output_tokens=rng.randint(100, 1000))
