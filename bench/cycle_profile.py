@@ -9,8 +9,10 @@ Seeds as ``bench/admission.py`` does (the database is DROPPED and recreated; its
 ``bench``), then runs the app's cycle alone and prints, per cycle: the client's CPU
 (``process_time``), the PostgreSQL backend's CPU (from ``/proc/<backend pid>/stat``: the server
 must run on this machine), statements and round trips (a pipelined batch counts once) for
-reserve and for commit. CPU, not wall time: it holds on a shared machine. With ``--profile``,
-the client's top functions (cProfile, cumulative).
+reserve and for commit; then the client CPU of the same statements replayed with psycopg alone
+(the cycle's SQL, its round trips and transactions, without the app's Python around it: the
+part of the cycle's cost the statements themselves set). CPU, not wall time: it holds on a
+shared machine. With ``--profile``, the client's top functions (cProfile, cumulative).
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ import pstats
 import random
 import sys
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import admission as bench
@@ -90,14 +95,14 @@ def main() -> None:
     if args.path == "floor":
         _floor(args, fixed, targets[args.scenario])
         return
-    from django.db import connection
-
     from llm_budgets import budgets
+    from llm_budgets.db.ledger import ledger_db
 
     rng = random.Random(1)
     pool = targets[args.scenario]
     for _ in range(50):  # warm: prepared statements, caches
         bench._app_cycle(rng.choice(pool))
+    connection = ledger_db()  # where the cycle's statements go (issue 37)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         backend = cursor.fetchone()[0]
@@ -131,11 +136,100 @@ def main() -> None:
     )
     for name, c in (("reserve", reserve_count), ("commit", commit_count)):
         print(f"{name}: {c.statements / n:.2f} statements, {c.trips / n:.2f} round trips")
+    replayed = _replay(args.database_url, _recorded(rng.choice(pool)), n)
+    print(
+        f"the same statements replayed with psycopg alone: client CPU {replayed * 1000:.3f} "
+        "ms/cycle (what the cycle's SQL costs the client without the app's Python around it)"
+    )
     print(f"load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
     del budgets
     if profiler:
         profiler.dump_stats("/tmp/cycle.prof")
         pstats.Stats(profiler).sort_stats(args.sort).print_stats(args.top)
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """A statement of the app's cycle as psycopg sent it: the pipeline it went in (None: sent on
+    its own), and whether psycopg began a transaction before it (Django's ``atomic()`` turns
+    autocommit off; psycopg sends the BEGIN with the next statement)."""
+
+    query: str
+    params: tuple[Any, ...]
+    pipeline: int | None
+    begins: bool
+
+
+def _recorded(target: bench.Target) -> tuple[list[_Sent], uuid.UUID]:
+    """The statements one app cycle sends, in order, and the id of its reservation."""
+    sent: list[_Sent] = []
+    execute = psycopg.Cursor.execute
+
+    def recording(cursor, query, params=None, **kwargs):  # type: ignore[no-untyped-def]
+        text = query if isinstance(query, str) else query.as_string(cursor)
+        conn = cursor.connection
+        pipeline = None if conn._pipeline is None else id(conn._pipeline)
+        idle = conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        sent.append(_Sent(text, tuple(params or ()), pipeline, not conn.autocommit and idle))
+        return execute(cursor, query, params, **kwargs)
+
+    psycopg.Cursor.execute = recording  # type: ignore[method-assign,assignment]
+    try:
+        reservation = bench._app_cycle(target)
+    finally:
+        psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+    return sent, reservation
+
+
+def _replay(url: str, recorded: tuple[list[_Sent], uuid.UUID], cycles: int) -> float:
+    """Client CPU per cycle of sending ``recorded`` again, ``cycles`` times, on a psycopg
+    connection of its own (``prepare_threshold`` 5, as the app's): in the same round trips (a
+    pipeline's statements together) and transactions (a BEGIN where psycopg sent one, the app's
+    own COMMIT), each cycle with a new reservation id, reading every result. The counters'
+    writes set what the recorded cycle set, so the counters stay as they were; the ledger lines
+    pile up as the app's do."""
+    statements, reservation = recorded
+    trips: list[list[_Sent]] = []
+    for sent in statements:
+        if trips and sent.pipeline is not None and trips[-1][-1].pipeline == sent.pipeline:
+            trips[-1].append(sent)
+        else:
+            trips.append([sent])
+
+    def fresh(params: tuple[Any, ...], new: uuid.UUID) -> tuple[Any, ...]:
+        return tuple(new if value == reservation else value for value in params)
+
+    with psycopg.connect(url, autocommit=True, prepare_threshold=5) as conn:
+
+        def cycle() -> None:
+            new = uuid.uuid4()
+            for trip in trips:
+                if len(trip) == 1 and trip[0].pipeline is None:
+                    if trip[0].begins:
+                        conn.execute("BEGIN")
+                    cursor = conn.execute(trip[0].query, fresh(trip[0].params, new))
+                    if cursor.pgresult is not None and cursor.pgresult.status == _TUPLES_OK:
+                        cursor.fetchall()
+                    continue
+                cursors = [conn.cursor() for _ in trip]
+                with conn.pipeline():
+                    for cursor, sent in zip(cursors, trip, strict=True):
+                        if sent.begins:
+                            conn.execute("BEGIN")
+                        cursor.execute(sent.query, fresh(sent.params, new))
+                for cursor in cursors:
+                    if cursor.pgresult is not None and cursor.pgresult.status == _TUPLES_OK:
+                        cursor.fetchall()
+
+        for _ in range(min(cycles, 50)):  # warm: prepared statements
+            cycle()
+        client0 = time.process_time()
+        for _ in range(cycles):
+            cycle()
+        return (time.process_time() - client0) / cycles
+
+
+_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
 
 
 def _floor(args: argparse.Namespace, fixed: bench.Fixed, pool: list[bench.Target]) -> None:
