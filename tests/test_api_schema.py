@@ -87,7 +87,9 @@ def test_swagger_ui_loads_its_assets_from_the_installed_package() -> None:
     assert any("swagger-ui-bundle.js" in a for a in assets), assets
     for asset in assets:
         assert not asset.startswith(("http:", "https:", "//")), asset
-    assert "cdn" not in html.lower()
+    # A CDN named anywhere (a script's URL built in code, say); not "cdn" inside the page's
+    # random CSRF token, which has it about once in 750 pages.
+    assert not re.search(r"\bcdn\b|cdn\.|cdnjs|jsdelivr|unpkg", html.lower()), html
     for name in ("swagger-ui-bundle.js", "swagger-ui.css", "swagger-ui-standalone-preset.js"):
         assert finders.find(f"drf_spectacular_sidecar/swagger-ui-dist/{name}"), name
 
