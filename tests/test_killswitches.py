@@ -4,6 +4,8 @@ signals, operator email, and a trip on one connection refusing the next admissio
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -11,11 +13,18 @@ from typing import Any
 import pytest
 from django.core import mail
 from django.db import connection
+from django.db.models.signals import pre_save
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, KillSwitchActive
+from llm_budgets.control import killswitches
+from llm_budgets.exceptions import (
+    BudgetExceeded,
+    InvalidUsage,
+    KillSwitchActive,
+    LedgerUnavailable,
+)
 from llm_budgets.models import AuditEvent, KillSwitch, Refusal, RefusalKind, Reservation
 from llm_budgets.signals import kill_switch_cleared, kill_switch_tripped
 from tests.concurrency import run_threads
@@ -132,6 +141,64 @@ def test_tripping_a_tripped_scope_keeps_the_first_switch(acme: None) -> None:
     assert again.id == first.id
     assert again.reason == "first"
     assert KillSwitch.objects.count() == 1
+
+
+@contextmanager
+def _rivals(times: int) -> Iterator[list[bool]]:
+    """Another trip of the same scope wins this trip's insert ``times`` times, and a clear closes
+    each winner's switch before this trip reads it again: the rival's switch is inserted in this
+    trip's transaction just before its own insert (``pre_save``), so that insert fails and the
+    rollback takes the rival's switch too. Yields, for each insert tried, whether a rival won."""
+    tried: list[bool] = []
+
+    def rival_first(sender: Any, instance: KillSwitch, **kwargs: Any) -> None:
+        if instance.pk is not None or instance.reason == "a rival's trip":
+            return
+        rival = len(tried) < times
+        tried.append(rival)
+        if rival:  # bulk_create sends no pre_save: no recursion
+            KillSwitch.objects.bulk_create(
+                [
+                    KillSwitch(
+                        tenant=instance.tenant,
+                        end_user=instance.end_user,
+                        scope_key=instance.scope_key,
+                        reason="a rival's trip",
+                        tripped_at=instance.tripped_at,
+                    )
+                ]
+            )
+
+    pre_save.connect(rival_first, sender=KillSwitch, weak=False, dispatch_uid="rival_first")
+    try:
+        yield tried
+    finally:
+        pre_save.disconnect(sender=KillSwitch, dispatch_uid="rival_first")
+
+
+def test_a_trip_whose_rival_was_cleared_meanwhile_trips_the_scope_anew(acme: None) -> None:
+    """Found by the 10^6 soak (once): the rival's switch gone, the scope is free, so the trip
+    trips it again instead of letting the database's IntegrityError out."""
+    with _rivals(1) as tried:
+        switch = budgets.trip(tenant="acme", end_user="u1", reason="ours", actor="alice")
+    assert tried == [True, False]  # lost the insert, found none open, tripped anew
+    assert (switch.active, switch.reason, switch.tripped_by) == (True, "ours", "alice")
+    assert list(KillSwitch.objects.values_list("reason", flat=True)) == ["ours"]
+    assert AuditEvent.objects.filter(action="kill_switch.trip").count() == 1
+
+
+def test_a_trip_that_keeps_losing_to_rivals_is_ledger_unavailable_and_changes_nothing(
+    acme: None,
+) -> None:
+    attempts = killswitches.TRIP_ATTEMPTS
+    with (
+        _rivals(attempts) as tried,
+        pytest.raises(LedgerUnavailable, match=r"changed nothing\. Retry it"),
+    ):
+        budgets.trip(tenant="acme", end_user="u1", reason="ours")
+    assert tried == [True] * attempts
+    assert not KillSwitch.objects.exists()
+    assert not AuditEvent.objects.filter(action="kill_switch.trip").exists()
 
 
 def test_an_auto_clear_at_reopens_only_when_the_switch_says_so(acme: None) -> None:

@@ -23,13 +23,16 @@ from llm_budgets.alerts.emit import alert_emit
 from llm_budgets.conf import conf
 from llm_budgets.db import statements as sql
 from llm_budgets.db.boundary import ledger_guard, ledger_transaction
-from llm_budgets.exceptions import InvalidUsage, KillSwitchActive
+from llm_budgets.exceptions import InvalidUsage, KillSwitchActive, LedgerUnavailable
 from llm_budgets.models import ApiKey, AuditEvent, EndUser, KillSwitch, Run, Tenant
 from llm_budgets.signals import kill_switch_cleared, kill_switch_tripped
 from llm_budgets.tenancy.runs import run_ensure, run_validate
 from llm_budgets.tenancy.tenants import end_user_ensure, tenant_get
 
 logger = logging.getLogger("llm_budgets")
+# Tries of one trip whose insert loses to a concurrent trip whose switch is then cleared (each
+# such loss leaves the scope free again): one more nearly always succeeds.
+TRIP_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -144,47 +147,63 @@ def kill_switch_trip(
     now = now or timezone.now()
     if auto_clear_at is not None and auto_clear_at <= now:
         raise InvalidUsage("auto_clear_at must be in the future.", field="auto_clear_at")
-    try:
-        with ledger_transaction():
-            existing = _open_for_scope(scope, now)
-            if existing is not None:
-                return existing
-            # A switch whose auto_clear_at passed is closed now, so the scope can be tripped again.
-            KillSwitch.objects.filter(scope_key=scope.key, cleared_at__isnull=True).update(
-                cleared_at=now, cleared_by="auto_clear_at", clear_reason="auto_clear_at passed"
-            )
-            switch = KillSwitch.objects.create(
-                tenant=scope.tenant,
-                end_user=scope.end_user,
-                provider=scope.provider,
-                model=scope.model,
-                api_key=scope.api_key,
-                run=scope.run,
-                scope_key=scope.key,
-                reason=reason_text,
-                tripped_by=actor,
-                tripped_at=now,
-                automatic=automatic,
-                detector=detector,
-                auto_clear_at=auto_clear_at,
-            )
-            AuditEvent.objects.create(
-                action="kill_switch.trip",
-                actor=actor or (f"detector:{detector}" if automatic else ""),
-                tenant=scope.tenant,
-                target=f"kill switch {switch.pk}: {switch.scope_label}",
-                after=_snapshot(switch),
-                reason=reason_text,
-            )
-            _alert(switch, tripped=True)
-            transaction.on_commit(lambda: _announce(switch, tripped=True))
-    except IntegrityError:
-        # A concurrent trip of the same scope won: theirs is the open switch.
-        found = _open_for_scope(scope, now)
-        if found is None:
-            raise
-        return found
-    return switch
+    # A concurrent trip of the same scope may win the insert, and a concurrent clear may then
+    # close its switch before this one reads it: the scope is free again, so trip it anew.
+    for _attempt in range(TRIP_ATTEMPTS):
+        try:
+            with ledger_transaction():
+                existing = _open_for_scope(scope, now)
+                if existing is not None:
+                    return existing
+                # A switch whose auto_clear_at passed is closed now, so the scope can be tripped
+                # again.
+                KillSwitch.objects.filter(scope_key=scope.key, cleared_at__isnull=True).update(
+                    cleared_at=now, cleared_by="auto_clear_at", clear_reason="auto_clear_at passed"
+                )
+                switch = KillSwitch.objects.create(
+                    tenant=scope.tenant,
+                    end_user=scope.end_user,
+                    provider=scope.provider,
+                    model=scope.model,
+                    api_key=scope.api_key,
+                    run=scope.run,
+                    scope_key=scope.key,
+                    reason=reason_text,
+                    tripped_by=actor,
+                    tripped_at=now,
+                    automatic=automatic,
+                    detector=detector,
+                    auto_clear_at=auto_clear_at,
+                )
+                AuditEvent.objects.create(
+                    action="kill_switch.trip",
+                    actor=actor or (f"detector:{detector}" if automatic else ""),
+                    tenant=scope.tenant,
+                    target=f"kill switch {switch.pk}: {switch.scope_label}",
+                    after=_snapshot(switch),
+                    reason=reason_text,
+                )
+                _alert(switch, tripped=True)
+                transaction.on_commit(functools.partial(_announce, switch, tripped=True))
+        except IntegrityError as exc:
+            if not _one_open_per_scope(exc):
+                raise
+            found = _open_for_scope(scope, now)
+            if found is not None:
+                return found  # the concurrent trip won: theirs is the open switch
+            continue
+        return switch
+    raise LedgerUnavailable(
+        "Other trips and clears of the same kill switch scope won this trip's insert "
+        f"{TRIP_ATTEMPTS} times; this call changed nothing. Retry it.",
+        retry_after=1,
+    )
+
+
+def _one_open_per_scope(exc: IntegrityError) -> bool:
+    """Whether ``exc`` is the unique constraint of one open switch per scope (PostgreSQL names
+    it; SQLite names its column)."""
+    return "llmb_killswitch_one_open_per_scope" in str(exc) or "killswitch.scope_key" in str(exc)
 
 
 @ledger_guard("kill switch clear")
