@@ -34,6 +34,7 @@ import admission as bench
 import psycopg
 
 TICKS = os.sysconf("SC_CLK_TCK")
+_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
 
 
 def _backend_cpu(pid: int) -> float:
@@ -201,22 +202,21 @@ def _replay(url: str, recorded: tuple[list[_Sent], uuid.UUID], cycles: int) -> f
 
     with psycopg.connect(url, autocommit=True, prepare_threshold=5) as conn:
 
+        def send(cursor: psycopg.Cursor[Any], sent: _Sent, new: uuid.UUID) -> None:
+            if sent.begins:
+                conn.execute("BEGIN")
+            cursor.execute(sent.query, fresh(sent.params, new))
+
         def cycle() -> None:
             new = uuid.uuid4()
             for trip in trips:
-                if len(trip) == 1 and trip[0].pipeline is None:
-                    if trip[0].begins:
-                        conn.execute("BEGIN")
-                    cursor = conn.execute(trip[0].query, fresh(trip[0].params, new))
-                    if cursor.pgresult is not None and cursor.pgresult.status == _TUPLES_OK:
-                        cursor.fetchall()
-                    continue
                 cursors = [conn.cursor() for _ in trip]
-                with conn.pipeline():
-                    for cursor, sent in zip(cursors, trip, strict=True):
-                        if sent.begins:
-                            conn.execute("BEGIN")
-                        cursor.execute(sent.query, fresh(sent.params, new))
+                if trip[0].pipeline is None:  # sent on its own: a trip of one
+                    send(cursors[0], trip[0], new)
+                else:
+                    with conn.pipeline():
+                        for cursor, sent in zip(cursors, trip, strict=True):
+                            send(cursor, sent, new)
                 for cursor in cursors:
                     if cursor.pgresult is not None and cursor.pgresult.status == _TUPLES_OK:
                         cursor.fetchall()
@@ -227,9 +227,6 @@ def _replay(url: str, recorded: tuple[list[_Sent], uuid.UUID], cycles: int) -> f
         for _ in range(cycles):
             cycle()
         return (time.process_time() - client0) / cycles
-
-
-_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
 
 
 def _floor(args: argparse.Namespace, fixed: bench.Fixed, pool: list[bench.Target]) -> None:

@@ -493,8 +493,11 @@ def test_lots_expiring_together_forfeit_what_expiring_them_one_at_a_time_would()
         at = now + timedelta(days=days, hours=1)
         spent = Counter.objects.get(budget_id=account.budget_id).spent
         lots = list(CreditLot.objects.all())
-        due = [lot for lot in lots if lot.expired_at is None and lot.expires_at is not None]
-        due = [lot for lot in due if lot.expires_at <= at]
+        due = [
+            lot
+            for lot in lots
+            if lot.expired_at is None and lot.expires_at is not None and lot.expires_at <= at
+        ]
         for lot in sorted(due, key=lambda x: (x.expires_at, x.pk)):
             lot.forfeited = lot.amount - attribution(lots, spent)[lot.pk]
             lot.expired_at = at
