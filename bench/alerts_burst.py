@@ -198,6 +198,7 @@ def _deliverer(url: str, port: int) -> None:
     _setup(url)
     from llm_budgets.alerts.delivery import alerts_deliver
     from llm_budgets.models import AlertDelivery
+    from llm_budgets.testing.fakes.server import serve_in_background
 
     seen: list[str] = []
     lock = threading.Lock()
@@ -214,7 +215,7 @@ def _deliverer(url: str, port: int) -> None:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", port), Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_background(server)
     print("ready", flush=True)
     while AlertDelivery.objects.filter(state="pending").exists():
         alerts_deliver()

@@ -9,7 +9,6 @@ app.
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from llm_budgets.alerts.endpoints import endpoint_create, endpoint_secret_rotate
 from llm_budgets.alerts.signing import DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER
 from llm_budgets.jobs.thresholds import thresholds_scan
 from llm_budgets.models import AlertEndpoint, EndpointKind, Price, Tenant
+from llm_budgets.testing.fakes.server import serve_in_background
 
 TENANT = "demo-alerts"
 PROVIDER, MODEL = "demo", "alerts-demo"  # 10,000 per million output tokens: 0.01 a token
@@ -63,7 +63,7 @@ def _receiver() -> tuple[ThreadingHTTPServer, list[Received]]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_background(server)
     return server, got
 
 

@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from llm_budgets.alerts import SignatureInvalid, verify
+from llm_budgets.testing.fakes.server import serve_in_background
 
 
 @dataclass
@@ -113,8 +114,7 @@ def receiver_running(secrets: list[str] | None = None) -> Iterator[Receiver]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(receiver))
     server.daemon_threads = True
     receiver.port = int(server.server_address[1])
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serve_in_background(server)
     try:
         yield receiver
     finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -22,6 +21,7 @@ from llm_budgets.alerts.delivery import alerts_deliver
 from llm_budgets.alerts.endpoints import endpoint_create
 from llm_budgets.alerts.formats import envelope
 from llm_budgets.models import AlertDelivery, AlertDeliveryState, AlertEvent, Tenant
+from llm_budgets.testing.fakes.server import serve_in_background
 from tests.factories import seed
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "alerts.md").read_text()
@@ -99,7 +99,7 @@ def snippet_server() -> Iterator[tuple[str, dict[str, Any], list[int]]]:
             self.end_headers()
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_background(server)
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/", receiver, answered
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import select
 import socket
+import socketserver
 import threading
 import time
 from collections import deque
@@ -16,6 +17,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 WAIT = 10.0  # the bound on every wait in the fakes and their tests
+
+# How often a serving loop looks for ``shutdown()``, which waits until it does: the default half
+# second was paid by every test that stops a server (minutes of each CI leg).
+POLL_SECONDS = 0.02
+
+
+def serve_in_background(server: socketserver.BaseServer) -> threading.Thread:
+    """Serve ``server`` on a daemon thread that notices ``shutdown()`` within
+    :data:`POLL_SECONDS`."""
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": POLL_SECONDS}, daemon=True
+    )
+    thread.start()
+    return thread
 
 
 @dataclass
@@ -93,11 +108,7 @@ class FakeProvider:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        # A short poll: ``stop()`` waits for it (the default half second, in every test).
-        self.thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-        )
-        self.thread.start()
+        self.thread = serve_in_background(self.server)
 
     @property
     def base_url(self) -> str:

@@ -38,6 +38,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from llm_budgets.testing.fakes.server import serve_in_background
+
 DAY = 24 * 60 * 60
 
 
@@ -127,8 +129,7 @@ class StripeServer:
         handler = type("Handler", (_Handler,), {"fake": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._thread = serve_in_background(self._server)
         return self
 
     def stop(self) -> None:
