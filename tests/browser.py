@@ -5,10 +5,11 @@ Never a downloaded browser: ``.ci/run`` installs Debian's chromium with apt when
 comes with the ``dev`` extra. Without either, browser tests fail under ``CI=true`` and skip
 elsewhere (``tests.services.require``).
 
-Use the session fixture ``chromium_browser`` with pytest-django's ``live_server`` and mark the
-test ``@pytest.mark.browser``. Playwright's sync API runs an event loop in the test thread, so the
-fixture sets ``DJANGO_ALLOW_ASYNC_UNSAFE`` for the session (Django would otherwise refuse ORM calls
-made from that thread with ``SynchronousOnlyOperation``). ``screenshot(page, name)`` saves
+Use the session fixture ``chromium_browser`` with pytest-django's ``live_server``; a test that
+uses it is marked ``browser`` (``tests/conftest.py``), which ``-m 'not browser'`` leaves out.
+Playwright's sync API runs an event loop in the test thread, so the fixture sets
+``DJANGO_ALLOW_ASYNC_UNSAFE`` for the session (Django would otherwise refuse ORM calls made from
+that thread with ``SynchronousOnlyOperation``). ``screenshot(page, name)`` saves
 ``test-artifacts/screenshots/<name>.png`` (gitignored) for a person to look at.
 
 That loop stays *running* in the main thread from the first browser test until the session ends

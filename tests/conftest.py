@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 from django.db import connection
+from django.test import override_settings
 
 # The PgBouncer leg (make test-pgbouncer): every connection goes through a transaction pooler.
 if os.environ.get("LLMB_PGBOUNCER"):
@@ -13,11 +15,50 @@ if os.environ.get("LLMB_PGBOUNCER"):
 else:
     collect_ignore = ["test_pooler.py"]
 # The real-browser fixture, for every test module (tests/browser.py).
-from tests.browser import browser_tests_last, chromium_browser  # noqa: F401
+from tests.browser import browser_tests_last, chromium_browser, uses_browser  # noqa: F401
+
+
+def _flush_by_delete() -> None:
+    """After each test that commits for real (``transaction=True``), Django empties every table
+    with one ``TRUNCATE`` of all of them, which on PostgreSQL makes new files for each table and
+    index: about 0.3 s a test, most of the PostgreSQL leg's database time. ``DELETE`` empties
+    tables of a few rows in milliseconds. Django's foreign keys are deferrable, so the order does
+    not matter. Sequences are not restarted, as ``TRUNCATE`` without ``reset_sequences`` does not
+    (no test asks for it; that case keeps Django's statement)."""
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncating = DatabaseOperations.sql_flush
+
+    def sql_flush(
+        self: DatabaseOperations,
+        style: Any,
+        tables: Sequence[str],
+        *,
+        reset_sequences: bool = False,
+        allow_cascade: bool = False,
+    ) -> list[str]:
+        if reset_sequences or not tables:
+            return truncating(
+                self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
+            )
+        deletes = [f"DELETE FROM {self.quote_name(name)}" for name in tables]
+        return ["SET CONSTRAINTS ALL DEFERRED", *deletes]
+
+    DatabaseOperations.sql_flush = sql_flush  # type: ignore[method-assign,assignment]
+
+
+_flush_by_delete()
 
 # The host matrix's generated projects run their own tests (tests/hosts/inside) in their own
 # process, with their own settings (tests/test_host_matrix.py); this suite must not collect them.
 collect_ignore.append("hosts/inside")
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # A test that drives chromium is a browser test for ``-m`` too (CI's SQLite legs leave them
+    # out), whether or not it carries the mark.
+    if uses_browser(item):
+        item.add_marker(pytest.mark.browser)
 
 
 @pytest.hookimpl(trylast=True)
@@ -54,6 +95,14 @@ def ledger_allowed(items: list[pytest.Item]) -> None:
 def pytest_report_header() -> str:
     url = os.environ.get("DATABASE_URL", "(default SQLite)")
     return f"llm_budgets: DATABASE_URL={url}"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _fast_password_hashing() -> Iterator[None]:
+    """MD5 for every test user's password: Django's PBKDF2 costs about a quarter of a second of
+    CPU per hash and per login, in every leg, and no test here is about hashing."""
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
+        yield
 
 
 @pytest.fixture

@@ -29,11 +29,6 @@ def _demo() -> dict[str, Any]:
     return json.loads(_run("llm_budgets_demo", "--json"))  # type: ignore[no-any-return]
 
 
-@pytest.fixture
-def fast_passwords(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def test_demo_counts_the_race_and_the_leak_and_reruns() -> None:
     report = _demo()
     race, failures = report["race"], report["failures"]
@@ -91,7 +86,6 @@ def test_demo_exits_non_zero_when_a_failed_call_keeps_its_hold(
         _run("llm_budgets_demo")
 
 
-@pytest.mark.usefixtures("fast_passwords")
 def test_demo_data_is_idempotent_and_resets_the_admin_password() -> None:
     first = json.loads(_run("llm_budgets_demo_data", "--json"))
     assert first["created"]["llm_budgets.Tenant"] == 3

@@ -37,7 +37,6 @@ SENTENCES = {
 
 @pytest.fixture
 def folks(settings: Any) -> People:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     usage_data()
     return people()
 
@@ -74,7 +73,6 @@ def assert_everywhere(folks: People, expected: Decimal) -> None:
 
 
 def test_a_charge_shows_everywhere_with_the_rollup_job_never_run(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     budgets.ensure_tenant(tenant="acme", timezone="Europe/Amsterdam")
     from tests.factories import seed
 

@@ -26,7 +26,6 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def folks(settings: Any) -> People:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     usage_data()
     return people()
 

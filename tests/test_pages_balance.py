@@ -24,7 +24,6 @@ PAGE, FORM = "/usage/balance/", "/usage/balance/top-up"
 
 @pytest.fixture
 def folks(settings: Any) -> Any:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     with StripeServer() as fake:
         settings.LLM_BUDGETS = stripe_settings(fake.base_url)
         usage_data()

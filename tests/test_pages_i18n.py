@@ -173,7 +173,6 @@ def _untranslated(html: str) -> list[str]:
 
 @pytest.fixture
 def folks(settings: Any) -> People:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     usage_data()
     return people()
 

@@ -106,7 +106,6 @@ def test_it_says_when_the_budget_runs_out_and_only_if_before_the_reset() -> None
 @pytest.mark.django_db
 @pytest.mark.usefixtures("application_clock")
 def test_status_and_the_rest_api_show_the_projection(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     from tests.api import BASE, client_for, new_key
 
     # 3.00 a day for a week (100 output tokens at the fixture's 0.03), against a month of 100.
@@ -154,7 +153,6 @@ def test_status_and_the_rest_api_show_the_projection(settings: Any) -> None:
 @pytest.mark.django_db
 @pytest.mark.usefixtures("application_clock")
 def test_a_daily_budget_is_projected_to_the_end_of_its_day(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     # 3.00 a day for a week, each at noon (UTC, the tenant's zone), under a month of 100.
     for day in range(1, 8):
         with time_machine.travel(datetime(2026, 11, day, 12, tzinfo=UTC), tick=False):

@@ -43,7 +43,6 @@ SITE = {"confirm_site": "https://host.example/"}
 
 @pytest.fixture
 def folks(settings: Any) -> People:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     settings.LLM_BUDGETS = {**getattr(settings, "LLM_BUDGETS", {}), "ALERTS_ALLOW_HTTP": True}
     usage_data()
     found = people()
