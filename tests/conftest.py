@@ -24,7 +24,7 @@ def _flush_by_delete() -> None:
     index: about 0.3 s a test, most of the PostgreSQL leg's database time. ``DELETE`` empties
     tables of a few rows in milliseconds. Django's foreign keys are deferrable, so the order does
     not matter. Sequences are not restarted, as ``TRUNCATE`` without ``reset_sequences`` does not
-    (no test asks for it; that case keeps Django's statement)."""
+    (no test asks for it, nor for ``allow_cascade``: those cases keep Django's statement)."""
     from django.db.backends.postgresql.operations import DatabaseOperations
 
     truncating = DatabaseOperations.sql_flush
@@ -37,7 +37,7 @@ def _flush_by_delete() -> None:
         reset_sequences: bool = False,
         allow_cascade: bool = False,
     ) -> list[str]:
-        if reset_sequences or not tables:
+        if reset_sequences or allow_cascade or not tables:
             return truncating(
                 self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
             )
@@ -55,8 +55,8 @@ collect_ignore.append("hosts/inside")
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    # A test that drives chromium is a browser test for ``-m`` too (CI's SQLite legs leave them
-    # out), whether or not it carries the mark.
+    # A test that drives chromium is a browser test for ``-m`` too (CI runs them in a leg of
+    # their own), whether or not it carries the mark.
     if uses_browser(item):
         item.add_marker(pytest.mark.browser)
 

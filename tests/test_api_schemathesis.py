@@ -9,6 +9,7 @@ directly, one strategy per operation.)"""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +83,14 @@ def record(name: str, count: int) -> None:
     """How many cases ran, in var/schemathesis-cases.json (figures of docs/reliability.md)."""
     out = Path(__file__).resolve().parent.parent / "var" / "schemathesis-cases.json"
     out.parent.mkdir(exist_ok=True)
-    counts = json.loads(out.read_text()) if out.exists() else {}
-    out.write_text(json.dumps({**counts, name: count}, indent=2, sort_keys=True))
+    try:
+        counts = json.loads(out.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        counts = {}
+    # Written whole, then renamed over: CI's legs record side by side.
+    staged = out.with_name(f"{out.name}.{os.getpid()}")
+    staged.write_text(json.dumps({**counts, name: count}, indent=2, sort_keys=True))
+    os.replace(staged, out)
 
 
 def known_good_cases(operations: dict[str, Any], reservation_id: str) -> list[Any]:
