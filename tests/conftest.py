@@ -22,9 +22,10 @@ def _flush_by_delete() -> None:
     """After each test that commits for real (``transaction=True``), Django empties every table
     with one ``TRUNCATE`` of all of them, which on PostgreSQL makes new files for each table and
     index: about 0.3 s a test (files of such tests ran in half the time without it). ``DELETE``
-    empties tables of a few rows in milliseconds. Django's foreign keys are deferrable, so the order does
-    not matter. Sequences are not restarted, as ``TRUNCATE`` without ``reset_sequences`` does not
-    (no test asks for it, nor for ``allow_cascade``: those cases keep Django's statement)."""
+    empties tables of a few rows in milliseconds. Django's foreign keys are deferrable, so the
+    order does not matter. Sequences are not restarted, as ``TRUNCATE`` without
+    ``reset_sequences`` does not (no test asks for it, nor for ``allow_cascade``: those cases keep
+    Django's statement)."""
     from django.db.backends.postgresql.operations import DatabaseOperations
 
     truncating = DatabaseOperations.sql_flush
