@@ -68,8 +68,8 @@ def main() -> None:
     from django.test.utils import CaptureQueriesContext
 
     from llm_budgets import budgets
+    from llm_budgets.billing import outbox
     from llm_budgets.db import statements as sql
-    from llm_budgets.engine import outbox
     from llm_budgets.models import BillingLine
 
     call_command("migrate", verbosity=0)

@@ -41,6 +41,7 @@ class LlmBudgetsConfig(AppConfig):
 
         ledger_database_install()
         configuration_watch()
+        ledger_parts_register()
 
         post_migrate.connect(roles_sync, sender=self, dispatch_uid="llm_budgets.roles_sync")
 
@@ -48,3 +49,14 @@ class LlmBudgetsConfig(AppConfig):
 
         for signal in (signals.kill_switch_tripped, signals.kill_switch_cleared):
             signal.connect(events.kill_switch_logged, dispatch_uid="llm_budgets.events")
+
+
+def ledger_parts_register() -> None:
+    """The parts that write in the ledger's transactions (``llm_budgets.hooks``): Stripe's outbox
+    and recharges, the alert events. Each moves to its own app's ``ready()`` when it becomes one."""
+    from llm_budgets.alerts.ledger_hooks import AlertHooks
+    from llm_budgets.billing.ledger_hooks import StripeHooks
+    from llm_budgets.hooks import hooks_register
+
+    hooks_register("stripe", StripeHooks())
+    hooks_register("alerts", AlertHooks())

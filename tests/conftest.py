@@ -139,7 +139,7 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 def _forget_linked_tenants() -> None:
     # The outbox caches which tenant ids are linked to Stripe, per process. A test's rollback
     # lets SQLite hand the same ids to the next test's tenants, which would then look linked.
-    from llm_budgets.engine.outbox import linked_cache_clear
+    from llm_budgets.billing.outbox import linked_cache_clear
 
     linked_cache_clear()
 

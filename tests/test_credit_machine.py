@@ -42,10 +42,10 @@ from hypothesis.stateful import (
 )
 
 from llm_budgets.billing import topups
+from llm_budgets.billing.balances import recharge_rules_clear
 from llm_budgets.billing.credits import account_of, balance_state, credits_expire, recharge_set
 from llm_budgets.billing.recharge import recharges_send
 from llm_budgets.engine.admission import reservation_create
-from llm_budgets.engine.balances import recharge_rules_clear
 from llm_budgets.engine.settlement import reservation_commit, reservation_release
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.models import CreditAccount, CreditLot, TopUp, TopUpKind, TopUpState

@@ -55,8 +55,10 @@ LAYERS: list[tuple[str, list[str]]] = [
             "llm_budgets.events",
             "llm_budgets.metrics",
             "llm_budgets.logformat",
+            "llm_budgets.hooks",  # where optional parts meet the ledger
             "llm_budgets.alerts.emit",
             "llm_budgets.alerts.endpoints",
+            "llm_budgets.alerts.ledger_hooks",
         ],
     ),
     ("engine", ["llm_budgets.engine"]),

@@ -286,13 +286,13 @@ CASES: dict[str, Case] = {
         lambda: Counter.objects.exclude(stripe=None).count(),
         setup=_hot_setup,
     ),
-    "engine/balances.py": Case(
+    "billing/balances.py": Case(
         LEDGER,
         lambda: reserve_30().commit(input_tokens=0, output_tokens=1000),  # 30: below 80
         lambda: TopUp.objects.count(),
         setup=_prepaid_setup,
     ),
-    "engine/outbox.py": Case(
+    "billing/outbox.py": Case(
         LEDGER,
         lambda: reserve_30().commit(input_tokens=0, output_tokens=1000),
         lambda: BillingLine.objects.count(),

@@ -137,7 +137,7 @@ def test_a_switch_past_its_auto_clear_time_is_not_counted_open(
 
 
 def test_the_stripe_outbox_backlog_and_parked_deliveries_are_read_at_scrape_time() -> None:
-    from llm_budgets.engine.outbox import linked_cache_clear
+    from llm_budgets.billing.outbox import linked_cache_clear
     from llm_budgets.models import MeterDelivery, MeterDeliveryState, Tenant
 
     seed(limit="1000")

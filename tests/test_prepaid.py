@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from llm_budgets import budgets
 from llm_budgets.alerts.endpoints import endpoint_create
+from llm_budgets.billing.balances import recharge_rules_clear
 from llm_budgets.billing.credits import (
     account_of,
     attribution,
@@ -33,7 +34,6 @@ from llm_budgets.billing.credits import (
 )
 from llm_budgets.billing.recharge import recharges_send
 from llm_budgets.billing.topups import credit_grant, top_up_checkout
-from llm_budgets.engine.balances import recharge_rules_clear
 from llm_budgets.exceptions import (
     BudgetExceeded,
     InvalidUsage,

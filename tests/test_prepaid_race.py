@@ -12,6 +12,7 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
+from llm_budgets.billing.balances import recharge_rules_clear
 from llm_budgets.billing.credits import (
     account_of,
     balance_state,
@@ -21,7 +22,6 @@ from llm_budgets.billing.credits import (
 )
 from llm_budgets.billing.recharge import recharges_send
 from llm_budgets.db.boundary import ledger_transaction
-from llm_budgets.engine.balances import recharge_rules_clear
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.models import CreditLot, LotKind, TopUp, TopUpKind
 from llm_budgets.testing.fakes.stripe_server import StripeServer

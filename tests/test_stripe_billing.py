@@ -449,7 +449,7 @@ def test_a_line_committed_by_a_process_unaware_of_a_new_link_is_caught_up(
 ) -> None:
     import time
 
-    from llm_budgets.engine import outbox
+    from llm_budgets.billing import outbox
     from llm_budgets.models import StripeCustomerLink
 
     with at(H + timedelta(minutes=1)):
@@ -473,7 +473,7 @@ def test_a_line_committed_by_a_process_unaware_of_a_new_link_is_caught_up(
 def test_the_linked_tenant_cache_never_skips_a_tenant_it_knows_is_linked(
     fake_stripe: StripeServer,
 ) -> None:
-    from llm_budgets.engine import outbox
+    from llm_budgets.billing import outbox
 
     set_up(fake_stripe)
     outbox.linked_cache_clear()

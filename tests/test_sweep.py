@@ -137,7 +137,7 @@ def test_uncertain_holds_are_left_to_the_reconcile_job() -> None:
 
 @pytest.mark.django_db
 def test_a_batch_bills_each_estimate_once_for_linked_tenants_only() -> None:
-    from llm_budgets.engine.outbox import linked_cache_clear
+    from llm_budgets.billing.outbox import linked_cache_clear
 
     seed(limit="10000", window="lifetime")
     seed(limit="10000", tenant="other", window="lifetime")

@@ -10,7 +10,7 @@ tests/test_alerts_docs.py. A change to a body that a receiver could notice bumps
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -217,13 +217,3 @@ def body_check(event_type: str, body: object) -> dict[str, Any]:
     if problems:
         raise AlertBodyInvalid(event_type, problems)
     return body
-
-
-def money_field(amount: Decimal) -> str:
-    """Money in a body: the exact decimal as a string (never a float)."""
-    return format(amount, "f")
-
-
-def time_field(at: datetime) -> str:
-    """A time in a body: ISO 8601 in UTC with its offset."""
-    return at.astimezone(UTC).isoformat()

@@ -1,6 +1,6 @@
 """Emit an alert event: the event row and one delivery row per subscribing endpoint, written in the
 caller's transaction, so an event whose cause rolls back is never sent (the outbox pattern, as
-``engine/outbox.py`` does for Stripe). ``alerts.delivery`` sends the rows later.
+``billing/outbox.py`` does for Stripe). ``alerts.delivery`` sends the rows later.
 
 Nobody subscribing is the common case and costs nothing but a set lookup: which (tenant, event
 type) pairs have an enabled endpoint is cached per process (:data:`SUBSCRIBED_TTL`). An endpoint

@@ -27,7 +27,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from llm_budgets.alerts.addresses import NOT_ALLOWED, host_refused
-from llm_budgets.alerts.bodies import TYPES, WARNING_EMAIL_TYPES, time_field
+from llm_budgets.alerts.bodies import TYPES, WARNING_EMAIL_TYPES
 from llm_budgets.alerts.confirmation import (
     ConfirmationInvalid,
     confirmation_read,
@@ -37,6 +37,7 @@ from llm_budgets.alerts.confirmation import (
 from llm_budgets.alerts.emit import alert_emit, subscriptions_cache_clear
 from llm_budgets.conf import conf, email_address_valid
 from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.hooks import time_field
 from llm_budgets.models import (
     AlertDelivery,
     AlertDeliveryState,

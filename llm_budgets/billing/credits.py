@@ -33,9 +33,9 @@ from django.db.models import F, QuerySet, Sum
 from django.utils import timezone
 
 from llm_budgets import validation
+from llm_budgets.billing.balances import recharge_rules_clear
 from llm_budgets.conf import conf
 from llm_budgets.db.boundary import ledger_guard, ledger_transaction
-from llm_budgets.engine.balances import recharge_rules_clear
 from llm_budgets.exceptions import InvalidUsage, NoBalance
 from llm_budgets.models import (
     AuditEvent,

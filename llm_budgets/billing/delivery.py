@@ -30,16 +30,16 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from llm_budgets.alerts.bodies import time_field
 from llm_budgets.alerts.emit import alert_emit
 from llm_budgets.billing.client import stripe_client
-from llm_budgets.conf import conf
-from llm_budgets.engine.outbox import (
+from llm_budgets.billing.outbox import (
     CATCH_UP_MARGIN,
     STRIPE_WINDOW,
     lines_resolve,
     outbox_catch_up,
 )
+from llm_budgets.conf import conf
+from llm_budgets.hooks import time_field
 from llm_budgets.models import (
     BillingLine,
     DeliveryKind,

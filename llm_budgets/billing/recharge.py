@@ -1,5 +1,5 @@
 """Auto-recharge payments: the job that pays each pending recharge row (written by the commit
-that crossed the threshold, ``engine/balances.py``) off-session with the saved card.
+that crossed the threshold, ``billing/balances.py``) off-session with the saved card.
 
 Each row is claimed under its lock (``skip_locked``: two workers never pay the same row), then
 paid with ``PaymentIntent.create(confirm=True, off_session=True)`` and the Idempotency-Key
@@ -19,7 +19,6 @@ from decimal import Decimal
 from django.db.models import Sum
 from django.utils import timezone
 
-from llm_budgets.alerts.bodies import time_field
 from llm_budgets.alerts.emit import alert_emit
 from llm_budgets.billing.client import stripe_client
 from llm_budgets.billing.credits import minor_units
@@ -32,6 +31,7 @@ from llm_budgets.control.killswitches import (
 )
 from llm_budgets.db.boundary import ledger_transaction
 from llm_budgets.exceptions import InvalidUsage
+from llm_budgets.hooks import time_field
 from llm_budgets.models import StripeCustomerLink, TopUp, TopUpKind, TopUpState
 from llm_budgets.money import ZERO, display
 

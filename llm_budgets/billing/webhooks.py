@@ -32,7 +32,6 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from llm_budgets.alerts.bodies import time_field
 from llm_budgets.alerts.emit import alert_emit
 from llm_budgets.billing import topups
 from llm_budgets.billing.links import stripe_customer_unlink
@@ -52,6 +51,7 @@ from llm_budgets.control.killswitches import (
 )
 from llm_budgets.db.ledger import on_ledger
 from llm_budgets.exceptions import Fault, InvalidUsage
+from llm_budgets.hooks import time_field
 from llm_budgets.models import (
     AuditEvent,
     InvoiceSettlement,

@@ -17,13 +17,12 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from llm_budgets import validation
-from llm_budgets.alerts.bodies import time_field
-from llm_budgets.alerts.emit import alert_emit
+from llm_budgets import hooks, validation
 from llm_budgets.conf import conf
 from llm_budgets.db import statements as sql
 from llm_budgets.db.boundary import ledger_guard, ledger_transaction
 from llm_budgets.exceptions import InvalidUsage, KillSwitchActive, LedgerUnavailable
+from llm_budgets.hooks import time_field
 from llm_budgets.models import ApiKey, AuditEvent, EndUser, KillSwitch, Run, Tenant
 from llm_budgets.signals import kill_switch_cleared, kill_switch_tripped
 from llm_budgets.tenancy.runs import run_ensure, run_validate
@@ -413,7 +412,7 @@ def _alert(switch: KillSwitch, *, tripped: bool) -> None:
             "detector": switch.detector,
             "tripped_at": time_field(switch.tripped_at),
         }
-        alert_emit(
+        hooks.event_record(
             "kill_switch.tripped",
             tenant=switch.tenant_id,
             body=body,
@@ -427,7 +426,7 @@ def _alert(switch: KillSwitch, *, tripped: bool) -> None:
             "clear_reason": switch.clear_reason,
             "cleared_at": time_field(switch.cleared_at),
         }
-        alert_emit(
+        hooks.event_record(
             "kill_switch.cleared",
             tenant=switch.tenant_id,
             body=body,

@@ -10,10 +10,10 @@ import hashlib
 import logging
 from datetime import datetime
 
-from llm_budgets.alerts.bodies import money_field, time_field
-from llm_budgets.alerts.emit import alert_emit, subscribed
+from llm_budgets import hooks
 from llm_budgets.db.boundary import ledger_transaction
 from llm_budgets.exceptions import BudgetExceeded, KillSwitchActive
+from llm_budgets.hooks import money_field, time_field
 from llm_budgets.models import Refusal, RefusalKind, Reservation
 from llm_budgets.money import money
 from llm_budgets.windows import rolling_window
@@ -67,16 +67,16 @@ def refusal_record(
 
 def _exhausted(refusal: BudgetExceeded, reservation: Reservation, now: datetime) -> None:
     """The budget.exhausted alert: once per budget, share and period (the dedupe key), so only
-    a period's first refusal writes anything; the later ones cost a set lookup (``alert_emit``).
+    a period's first refusal writes anything; the later ones cost a set lookup (``alerts.emit``).
     A budget every tenant shares is the operators' business alone."""
     tenant_id = None if refusal.shared else reservation.tenant_id
-    if not subscribed("budget.exhausted", tenant_id):
+    if not hooks.event_wanted("budget.exhausted", tenant_id):
         return
     rolling = rolling_window(refusal.window)
     # Once per span of the window's length for a rolling budget, as warnings re-arm.
     period = rolling.span_start(now) if rolling is not None else refusal.period_start or now
     share = hashlib.sha256(refusal.scope.encode()).hexdigest()[:16]
-    alert_emit(
+    hooks.event_record(
         "budget.exhausted",
         tenant=tenant_id,
         body={

@@ -15,10 +15,10 @@ from datetime import datetime
 from django.db.models import Sum
 from django.utils import timezone
 
+from llm_budgets import hooks
 from llm_budgets.control.self_serve import TenantAdmin, self_serve_authorize
 from llm_budgets.db.boundary import ledger_guard, ledger_transaction
 from llm_budgets.engine import lines as ledger_lines
-from llm_budgets.engine import outbox
 from llm_budgets.engine.applicable import applicable_budgets
 from llm_budgets.engine.counters import counters_matching
 from llm_budgets.engine.types import ApplicableBudget, CallScopes
@@ -127,7 +127,7 @@ def usage_void(
         adjustment.save()
         for floor in floors:
             floor.save()
-        outbox.line_add(adjustment)
+        hooks.line_written(adjustment)
         AuditEvent.objects.create(
             action="usage.void",
             actor=actor,
@@ -297,7 +297,7 @@ def _spend_reset(
             )
         for line in lines:
             line.save()
-            outbox.line_add(line)
+            hooks.line_written(line)
         AuditEvent.objects.create(
             action=action,
             actor=actor,

@@ -20,9 +20,7 @@ from django.db import connection, transaction
 from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
-from llm_budgets import validation
-from llm_budgets.alerts.bodies import money_field, time_field
-from llm_budgets.alerts.emit import alerts_emit_many, subscribed_by_any
+from llm_budgets import hooks, validation
 from llm_budgets.conf import conf
 from llm_budgets.db import dbclock
 from llm_budgets.db import statements as sql
@@ -32,7 +30,7 @@ from llm_budgets.db.boundary import (
     lock_timeout_statement,
     retrying_deadlocks,
 )
-from llm_budgets.engine import balances, lines, outbox
+from llm_budgets.engine import lines
 from llm_budgets.engine.lines import NONE, Amounts
 from llm_budgets.engine.underestimates import GuardUnderestimate
 from llm_budgets.events import (
@@ -49,6 +47,7 @@ from llm_budgets.exceptions import (
     UnknownPrice,
     UsageExceedsHold,
 )
+from llm_budgets.hooks import money_field, time_field
 from llm_budgets.models import (
     LIVE_STATES,
     AuditEvent,
@@ -441,20 +440,20 @@ def _commit(
             priced=(price_id, basis),
         )
         committed = _settled(reservation, ReservationState.COMMITTED, now)
-        outbox_rows = outbox.settlement_statements(
+        billed = hooks.settlement_writes(
             reservation, kind=kind, customer_cost=charge.customer, now=now
         )
-        recharges = balances.tenant_may_recharge(reservation.tenant_id)
+        after = hooks.acts_after_charge(reservation.tenant_id)
         _move(
             reservation,
             reserved=-unhold,
             spent=charge,
-            transition_writes=[sql.inserting([line]), *outbox_rows, *audit, committed],
-            last=not recharges,
+            transition_writes=[sql.inserting([line]), *billed, *audit, committed],
+            last=not after,
             now=now,
         )
-        if recharges:  # a prepaid balance with auto-recharge: this commit may cross it
-            balances.recharge_trigger(reservation.tenant_id, now)
+        if after:  # e.g. a prepaid balance with auto-recharge: this commit may cross it
+            hooks.after_charge(reservation.tenant_id, now)
         _announce_settled(reservation, ReservationState.COMMITTED, provider_cost)
     if beyond is not None:  # after the commit: the ledger has it
         event_log(
@@ -572,7 +571,7 @@ def reservation_release(reservation_id: object, *, now: datetime | None = None) 
                 estimated=False,
                 now=now,
             )
-            billed = outbox.settlement_statements(
+            billed = hooks.settlement_writes(
                 reservation,
                 kind=UsageKind.TRUE_UP,
                 customer_cost=-estimate.customer_cost,
@@ -658,7 +657,7 @@ def _charge_held_as_estimated(
     estimate = lines.reservation_line(
         reservation, kind=UsageKind.CHARGE, cost=_held(reservation), estimated=True, now=now
     )
-    billed = outbox.settlement_statements(
+    billed = hooks.settlement_writes(
         reservation, kind=UsageKind.CHARGE, customer_cost=reservation.customer_amount, now=now
     )
     _move(
@@ -695,7 +694,7 @@ def _expired_alerts(ids: Sequence[object], now: datetime | None) -> None:
     """The hold.expired alerts of holds just expired, in the transaction that expired them: one
     read of the batch and a few inserts, and nothing at all (a set lookup) when nobody
     subscribes."""
-    if not ids or not subscribed_by_any("hold.expired"):
+    if not ids or not hooks.event_wanted_by_any("hold.expired"):
         return
     policy = conf.EXPIRED_HOLD_POLICY
     rows = Reservation.objects.filter(pk__in=list(ids)).select_related("tenant", "end_user")
@@ -716,7 +715,7 @@ def _expired_alerts(ids: Sequence[object], now: datetime | None) -> None:
         )
         for r in rows.order_by("expires_at", "pk")
     ]
-    alerts_emit_many("hold.expired", items, now=now, guard="expired holds")
+    hooks.events_record_many("hold.expired", items, now=now, guard="expired holds")
 
 
 # The most holds one sweep transaction expires (its counters wait for it at most that long).
@@ -782,7 +781,7 @@ def _expire_batch(now: datetime | None, size: int) -> list[object]:
         )
     ]
     if charge:
-        writes += [_estimate_lines(these, clock), outbox.estimate_rows(these, clock)]
+        writes += [_estimate_lines(these, clock), *hooks.estimate_writes(these, clock)]
     held = {r.pk: _held(r) for r in reservations}
     released: dict[int, Decimal] = {}  # per counter, what the batch held on it, in its unit
     for rid, counter_id, unit in sql.fetch(_batch_holds_sql(len(ids)), ids):
@@ -867,10 +866,10 @@ def _batch_statement(clock: sql.Statement, size: int, *, charge: bool) -> sql.St
     ]
     if charge:
         estimates, estimates_params = _estimate_lines(("due r", []), clock)
-        rows, rows_params = outbox.estimate_rows(("due r", []), clock)
+        clauses.append((f"lines AS ({estimates})", estimates_params))
         clauses += [
-            (f"lines AS ({estimates})", estimates_params),
-            (f"billed AS ({rows})", rows_params),
+            (f"billed{i} AS ({text})", params)
+            for i, (text, params) in enumerate(hooks.estimate_writes(("due r", []), clock))
         ]
     clauses += [
         (

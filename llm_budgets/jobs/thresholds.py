@@ -28,12 +28,12 @@ from django.db.models import F, Q
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from llm_budgets.alerts.bodies import money_field, time_field
-from llm_budgets.alerts.emit import alert_emit
+from llm_budgets import hooks
 from llm_budgets.alerts.endpoints import warning_recipients
 from llm_budgets.conf import conf
 from llm_budgets.db.boundary import ledger_transaction
 from llm_budgets.engine.types import DIMENSIONS, ApplicableBudget
+from llm_budgets.hooks import money_field, time_field
 from llm_budgets.models import (
     ApiKey,
     Budget,
@@ -304,7 +304,7 @@ def _alert(crossing: ThresholdCrossing) -> None:
     if crossing.kind == CrossingKind.PROJECTED:
         assert crossing.projected is not None
         assert crossing.runs_out_at is not None
-        alert_emit(
+        hooks.event_record(
             "budget.projected_to_exceed",
             tenant=crossing.tenant,
             body={
@@ -314,7 +314,7 @@ def _alert(crossing: ThresholdCrossing) -> None:
             },
         )
     else:
-        alert_emit(
+        hooks.event_record(
             "threshold.crossed",
             tenant=crossing.tenant,
             body={**common, "threshold": crossing.threshold},

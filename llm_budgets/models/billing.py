@@ -28,7 +28,7 @@ class StripeCustomerLink(models.Model):
     linked_by = models.CharField(max_length=255, blank=True)
     unlinked_at = models.DateTimeField(null=True, blank=True)
     # When delivery last added rows that processes unaware of the link missed; empty: not yet
-    # done since the link was made (engine.outbox, "catch-up").
+    # done since the link was made (billing.outbox, "catch-up").
     caught_up_at = models.DateTimeField(null=True, blank=True)
     unlink_reason = models.CharField(max_length=255, blank=True)
     # The tenant kill switch this app tripped on a failed payment: cleared once every invoice

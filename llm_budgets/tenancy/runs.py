@@ -10,10 +10,9 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from llm_budgets import validation
-from llm_budgets.alerts.bodies import time_field
-from llm_budgets.alerts.emit import alert_emit
+from llm_budgets import hooks, validation
 from llm_budgets.exceptions import RunClosed
+from llm_budgets.hooks import time_field
 from llm_budgets.models import AuditEvent, Counter, Run, Tenant
 from llm_budgets.tenancy.tenants import tenant_get
 
@@ -80,7 +79,7 @@ def run_close(
             after={"closed_at": row.closed_at.isoformat()},
             reason=reason,
         )
-        alert_emit(
+        hooks.event_record(
             "run.closed",
             tenant=tenant_obj,
             body={

@@ -8,7 +8,7 @@ that concurrent commits serialise on: one row per crossing, however many commits
 A credited top-up that lifts the balance back to X or more arms it again (``billing/credits``).
 
 Tenants without a rule pay nothing: each process keeps the set of tenants with one, re-read at
-most every ``RULES_TTL`` seconds (as ``engine.outbox`` keeps the linked tenants); a rule set in
+most every ``RULES_TTL`` seconds (as ``billing.outbox`` keeps the linked tenants); a rule set in
 another process applies here within that long.
 """
 
