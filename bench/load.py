@@ -102,7 +102,7 @@ def price_set() -> None:
 def _seed(args: argparse.Namespace) -> list[tuple[str, str]]:
     """Tenants with keys: (external id, key). Every fourth tenant has a small cap (six calls)."""
     from llm_budgets import budgets
-    from llm_budgets.api.keys import api_key_create
+    from llm_budgets.control.api_keys import api_key_create
 
     price_set()
     hot = True if args.hot else None  # hot caps (docs/design/hot-caps.md): striped counters

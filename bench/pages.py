@@ -252,7 +252,7 @@ def _measure(rounds: int) -> None:
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
-    from llm_budgets.api.keys import api_key_create
+    from llm_budgets.control.api_keys import api_key_create
     from llm_budgets.models import Membership, MembershipRole, Tenant
 
     user = User.objects.create_user("bench-admin")

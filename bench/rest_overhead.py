@@ -55,7 +55,7 @@ def main() -> None:
     from rest_framework.test import APIClient
 
     from llm_budgets import budgets
-    from llm_budgets.api.keys import api_key_create
+    from llm_budgets.control.api_keys import api_key_create
 
     price_set()
     budgets.ensure_tenant(tenant="t0", name="T0")

@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework.test import APIClient
 
-from llm_budgets.api.keys import api_key_create
+from llm_budgets.control.api_keys import api_key_create
 
 BASE = "/api/llm-budgets/v1/"
 

@@ -17,7 +17,6 @@ from django.utils import timezone
 from django.utils.html import strip_tags
 
 from llm_budgets import budgets, clock
-from llm_budgets.admin import queries as admin_selectors
 from llm_budgets.admin.ledger import ReservationAdmin, ReservationHoldInline
 from llm_budgets.jobs.rollups import daily_usage_refresh
 from llm_budgets.jobs.thresholds import thresholds_scan
@@ -36,6 +35,7 @@ from llm_budgets.models import (
     ThresholdCrossing,
     UsageRecord,
 )
+from llm_budgets.reads import overviews as admin_selectors
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed
 
 pytestmark = pytest.mark.django_db

@@ -14,7 +14,7 @@ from django.test import Client
 from django.urls import reverse
 
 from llm_budgets import budgets
-from llm_budgets.api.keys import api_key_create
+from llm_budgets.control.api_keys import api_key_create
 from llm_budgets.engine.admission import reservation_create
 from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import (

@@ -15,8 +15,8 @@ import time_machine
 from django.test import override_settings
 from django.utils import timezone
 
-from llm_budgets.api.keys import api_key_revoke
 from llm_budgets.api.throttling import window_now
+from llm_budgets.control.api_keys import api_key_revoke
 from llm_budgets.models import ApiKey
 from tests.api import BASE, client_for, new_key
 from tests.factories import seed

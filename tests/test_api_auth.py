@@ -14,8 +14,8 @@ from django.core.management import call_command
 from django.test import override_settings
 from django.utils import timezone
 
-from llm_budgets.api.keys import api_key_create, api_key_revoke
 from llm_budgets.checks import check_settings
+from llm_budgets.control.api_keys import api_key_create, api_key_revoke
 from llm_budgets.models import ApiKey, AuditEvent, Budget, EndUser, Scope
 from tests.api import BASE, client_for, new_key
 from tests.factories import seed

@@ -14,8 +14,8 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from llm_budgets.api import authentication
-from llm_budgets.api.keys import api_key_revoke
 from llm_budgets.checks import check_settings
+from llm_budgets.control.api_keys import api_key_revoke
 from llm_budgets.models import ApiKey
 from tests.api import BASE, client_for, new_key
 from tests.factories import seed

@@ -12,7 +12,6 @@ import time_machine
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.admin.queries import adjustment_notes
 from llm_budgets.control.raises import budget_raise_grant
 from llm_budgets.engine.adjustments import end_user_spend_reset, usage_void
 from llm_budgets.engine.settlement import (
@@ -31,6 +30,7 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
+from llm_budgets.reads.overviews import adjustment_notes
 from tests.api import BASE, client_for, new_key
 from tests.factories import reserve_30, seed
 

@@ -37,6 +37,7 @@ from llm_budgets.models import (
     CreditLot,
     DailyUsage,
     EndUser,
+    IdempotencyRecord,
     JobRun,
     KillSwitch,
     Membership,
@@ -52,6 +53,7 @@ from llm_budgets.models import (
     TopUp,
     UsageRecord,
 )
+from tests.api import BASE, client_for, new_key, reserve_body
 from tests.factories import price_fake, reserve_30, seed
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -73,6 +75,20 @@ class Case:
     write: Callable[[], object]
     rows: Callable[[], int]
     setup: Callable[[], object] = lambda: None
+
+
+_API_KEY: list[str] = []
+
+
+def _api_reserve_with_key() -> None:
+    """A reserve over REST with an idempotency key (the API's own row: its record)."""
+    response = client_for(_API_KEY[-1]).post(
+        f"{BASE}reservations",
+        reserve_body(end_user="u1"),
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="writers-1",
+    )
+    assert response.status_code == 201, response.content
 
 
 def _tenant_with_spend() -> None:
@@ -354,13 +370,19 @@ CASES: dict[str, Case] = {
         lambda: CreditLot.objects.count(),
         setup=_prepaid_only,
     ),
-    "api/": Case(
+    "control/api_keys.py": Case(
         CALLER,
-        lambda: __import__("llm_budgets.api.keys", fromlist=["x"]).api_key_create(
+        lambda: __import__("llm_budgets.control.api_keys", fromlist=["x"]).api_key_create(
             tenant="acme", name="k"
         ),
         lambda: ApiKey.objects.count(),
         setup=seed,
+    ),
+    "api/": Case(
+        CALLER,
+        lambda: _api_reserve_with_key(),
+        lambda: IdempotencyRecord.objects.count(),
+        setup=lambda: (seed(), _API_KEY.append(new_key("acme"))),
     ),
     "admin/": Case(
         CALLER,

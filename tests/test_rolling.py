@@ -13,7 +13,6 @@ from django.db import IntegrityError, connection
 from django.test.utils import CaptureQueriesContext
 
 from llm_budgets import budgets
-from llm_budgets.admin.queries import tenant_overview
 from llm_budgets.engine import admission, settlement
 from llm_budgets.engine.applicable import applicable_budgets
 from llm_budgets.engine.counters import rolling_buckets
@@ -21,6 +20,7 @@ from llm_budgets.exceptions import BudgetExceeded, InvalidUsage
 from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import Budget, Counter, Reservation, Tenant, UsageRecord
 from llm_budgets.models.budgets import validate_window
+from llm_budgets.reads.overviews import tenant_overview
 from llm_budgets.windows import period_for, rolling_window, window_name
 from tests.concurrency import run_threads
 from tests.factories import FAKE_MODEL, FAKE_PROVIDER, reserve_30, seed

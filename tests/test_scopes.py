@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.api.keys import api_key_create
+from llm_budgets.control.api_keys import api_key_create
 from llm_budgets.control.raises import budget_raise_grant
 from llm_budgets.engine.adjustments import run_spend_reset, usage_void
 from llm_budgets.engine.admission import reservation_create

@@ -170,7 +170,7 @@ def test_every_money_or_access_write_in_the_admin_needs_its_permission() -> None
     budgets.commit(hold.id, input_tokens=0, output_tokens=10)
     tenant = Tenant.objects.get()
     switch = budgets.trip(tenant="acme", reason="t", actor="t")
-    from llm_budgets.api.keys import api_key_create
+    from llm_budgets.control.api_keys import api_key_create
 
     key, _ = api_key_create(tenant="acme", name="k")
     writes = _writes(tenant, Budget.objects.first(), switch, key, UsageRecord.objects.first())

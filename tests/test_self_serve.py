@@ -15,7 +15,7 @@ from django.test import Client
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.api.keys import api_key_create, api_key_revoke
+from llm_budgets.control.api_keys import api_key_create, api_key_revoke
 from llm_budgets.control.limits import budget_remove, budget_set_limit
 from llm_budgets.control.raises import budget_raise_grant, budget_raise_revoke
 from llm_budgets.control.self_serve import TenantAdmin, self_serve_subscribe
@@ -236,7 +236,7 @@ def test_a_tenant_admin_mints_at_most_the_maximum_of_live_keys(
 def test_two_admins_minting_the_last_key_at_once_get_one(
     folks: People, settings: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from llm_budgets.api import keys
+    from llm_budgets.control import api_keys as keys
     from tests.concurrency import run_threads
 
     live = ApiKey.objects.filter(tenant__external_id="acme", revoked=False).count()

@@ -20,8 +20,8 @@ from django.utils import timezone
 from django.utils.html import strip_tags
 
 from llm_budgets import budgets
-from llm_budgets.api.keys import api_key_create
 from llm_budgets.clock import when
+from llm_budgets.control.api_keys import api_key_create
 from llm_budgets.engine.adjustments import usage_void
 from llm_budgets.exceptions import BudgetExceeded
 from llm_budgets.models import (

@@ -19,9 +19,9 @@ from django.utils import timezone
 
 from demo.demonstration import demo_data_load
 from llm_budgets import budgets
-from llm_budgets.api.keys import api_key_create
 from llm_budgets.billing.links import stripe_customer_link
 from llm_budgets.clock import when
+from llm_budgets.control.api_keys import api_key_create
 from llm_budgets.engine.adjustments import usage_void
 from llm_budgets.engine.admission import reservation_create
 from llm_budgets.exceptions import BudgetExceeded

@@ -14,7 +14,7 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from llm_budgets.admin.base import AppAdmin, actor, adopt, when_column
-from llm_budgets.api.keys import api_key_create, api_key_revoke, api_key_self_serve_check
+from llm_budgets.control.api_keys import api_key_create, api_key_revoke, api_key_self_serve_check
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import ApiKey
 

@@ -27,11 +27,11 @@ from llm_budgets.admin.base import (
     when_column,
     when_text,
 )
-from llm_budgets.admin.queries import active_raises, budget_list_statuses
 from llm_budgets.control.limits import ALL_END_USERS, api_key_of, budget_set_limit, tag_pair
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import Budget, Counter, Scope
 from llm_budgets.money import display, round_charge
+from llm_budgets.reads.overviews import active_raises, budget_list_statuses
 from llm_budgets.tenancy.runs import run_validate
 
 # Which owner each scope needs: (tenant, end user). The rest name an API key, a run or a tag of

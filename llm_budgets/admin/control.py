@@ -40,14 +40,6 @@ from llm_budgets.admin.base import (
     when_text,
 )
 from llm_budgets.admin.budgets import budget_phrase
-from llm_budgets.admin.queries import (
-    RECENT_LINES,
-    EndUserOverview,
-    adjustment_notes,
-    refusal_bursts,
-    refusal_groups,
-    voided_ids,
-)
 from llm_budgets.control.killswitches import (
     SwitchScope,
     kill_switch_clear,
@@ -69,6 +61,14 @@ from llm_budgets.models import (
     Tenant,
     UsageKind,
     UsageRecord,
+)
+from llm_budgets.reads.overviews import (
+    RECENT_LINES,
+    EndUserOverview,
+    adjustment_notes,
+    refusal_bursts,
+    refusal_groups,
+    voided_ids,
 )
 from llm_budgets.tenancy.tenants import end_user_ensure
 from llm_budgets.windows import budget_period

@@ -21,8 +21,8 @@ from llm_budgets.admin.base import (
     when_text,
 )
 from llm_budgets.admin.pricing import UnpricedModelFilter
-from llm_budgets.admin.queries import adjustment_notes, voided_ids
 from llm_budgets.models import Reservation, ReservationHold, UsageKind, UsageRecord
+from llm_budgets.reads.overviews import adjustment_notes, voided_ids
 
 
 class UsageColumns:

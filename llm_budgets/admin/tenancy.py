@@ -31,12 +31,6 @@ from llm_budgets.admin.base import (
 )
 from llm_budgets.admin.billing import billing_context
 from llm_budgets.admin.control import TenantControlMixin, control_context, end_user_context
-from llm_budgets.admin.queries import (
-    ScopedSubject,
-    active_raises,
-    end_user_overview,
-    tenant_overview,
-)
 from llm_budgets.conf import conf
 from llm_budgets.control.self_serve import (
     self_serve_ceiling,
@@ -57,6 +51,12 @@ from llm_budgets.models import (
 from llm_budgets.models.fields import validate_email_list
 from llm_budgets.money import display
 from llm_budgets.money import money as money_words
+from llm_budgets.reads.overviews import (
+    ScopedSubject,
+    active_raises,
+    end_user_overview,
+    tenant_overview,
+)
 from llm_budgets.results import BudgetStatus
 from llm_budgets.tenancy.tenants import end_user_ensure, tenant_ensure
 

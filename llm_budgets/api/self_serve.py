@@ -16,11 +16,11 @@ from rest_framework.response import Response
 
 from llm_budgets.api import serializers as s
 from llm_budgets.api.exceptions import HttpError
-from llm_budgets.api.keys import api_key_create, api_key_revoke
 from llm_budgets.api.killswitches import actor_of
 from llm_budgets.api.schema import api_schema
 from llm_budgets.api.scoping import api_key_of, tenant_for
 from llm_budgets.api.views import ApiView, Pagination, errors
+from llm_budgets.control.api_keys import api_key_create, api_key_revoke
 from llm_budgets.control.limits import budget_remove, budget_set_limit
 from llm_budgets.control.raises import budget_raise_grant, budget_raise_revoke
 from llm_budgets.control.self_serve import SELF_SERVE_SCOPES, TenantAdmin, raise_target

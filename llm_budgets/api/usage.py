@@ -20,15 +20,16 @@ from llm_budgets.api.schema import api_schema
 from llm_budgets.api.scoping import tenant_for
 from llm_budgets.api.serializers import StrictSerializer, money_out
 from llm_budgets.api.views import ApiView, Pagination, errors
+from llm_budgets.conf import conf
 from llm_budgets.db.boundary import ledger_guard
 from llm_budgets.money import ZERO, round_charge
-from llm_budgets.pages import figures
+from llm_budgets.reads import live, usage
 from llm_budgets.validation import identifier
 
 
 class UsageQuerySerializer(StrictSerializer):
     group_by = serializers.ChoiceField(
-        choices=list(figures.GROUPS), default="day", help_text="How rows are grouped."
+        choices=list(usage.GROUPS), default="day", help_text="How rows are grouped."
     )
     start = serializers.DateField(
         required=False, help_text="First local day (tenant's timezone); default: period start."
@@ -91,7 +92,7 @@ class UsageSerializer(serializers.Serializer):
 ORDER: dict[str, Callable[[dict[str, Any]], Any]] = {
     "day": lambda r: r["day"],
     "model": lambda r: (-r["total"], r["provider"], r["model"]),
-    "end_user": figures.END_USER_SORTS["amount"],
+    "end_user": usage.END_USER_SORTS["amount"],
 }
 
 
@@ -123,14 +124,14 @@ class TenantUsageView(ApiView):
         data = self.valid(UsageQuerySerializer, request, query=True)
         tenant = tenant_for(request, external_id)
         with ledger_guard("read"):
-            periods = figures.billing_periods(tenant, timezone.now())
+            periods = usage.billing_periods(tenant, timezone.now())
             first, last = periods.days(periods.current)
             start, end = data.get("start") or first, data.get("end") or last
             end_user = None
             if data.get("end_user"):
-                end_user = figures.end_user_named(tenant, data["end_user"])
-            unit = figures.amount_unit(tenant)
-            rows = figures.usage_grouped(
+                end_user = usage.end_user_named(tenant, data["end_user"])
+            unit = usage.amount_unit(tenant)
+            rows = live.usage_grouped(
                 tenant,
                 since=start,
                 until=end,
@@ -149,7 +150,7 @@ class TenantUsageView(ApiView):
                 "start": start,
                 "end": end,
                 "timezone": tenant.timezone,
-                "currency": figures.currency(),
+                "currency": conf.CURRENCY,
                 "unit": unit,
                 "total": round_charge(total),
                 "count": paginator.count,

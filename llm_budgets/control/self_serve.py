@@ -3,9 +3,9 @@
 A :class:`TenantAdmin` says who acts (a host user with the tenant's ``admin`` role, or a tenant
 API key the operators marked ``self_serve``) and for which tenant. Each service that accepts
 ``acting=`` (``control/limits.py``, ``control/raises.py``, ``engine/adjustments.py``,
-``api/keys.py``, and the alert subscriptions below) calls :func:`self_serve_authorize` before it
-writes, so the pages and the REST API cannot drift apart and a view that forgot a check still
-cannot widen anyone's spending: the view's own checks are for showing the right forms only.
+``control/api_keys.py``, and the alert subscriptions below) calls :func:`self_serve_authorize`
+before it writes, so the pages and the REST API cannot drift apart and a view that forgot a check
+still cannot widen anyone's spending: the view's own checks are for showing the right forms only.
 
 The operators decide (docs/pages.md, "Tenant admins act"): the switch, the plan's
 ``self_serve`` overridden by the tenant's (off by default: a billing component should not let

@@ -8,25 +8,20 @@ has; the only ledger lines read are those written since the last rollup run.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from django.core.paginator import Page, Paginator
 from django.db.models import F, Q, Sum
 from django.utils.translation import gettext as _
 
-from llm_budgets.admin.queries import ScopedSubject, tenant_overview
-from llm_budgets.conf import conf
 from llm_budgets.control.killswitches import kill_switches_in_state
 from llm_budgets.engine.applicable import shared_by_tenants
 from llm_budgets.jobs.thresholds import budget_thresholds
 from llm_budgets.models import (
     Budget,
-    BudgetUnit,
     Counter,
     EndUser,
     KillSwitch,
@@ -39,8 +34,10 @@ from llm_budgets.models import (
 from llm_budgets.money import ZERO, round_charge
 from llm_budgets.pages.access import Viewer
 from llm_budgets.reads import live
+from llm_budgets.reads.overviews import ScopedSubject, tenant_overview
 from llm_budgets.reads.projections import with_projections
 from llm_budgets.reads.statuses import budget_statuses, tenant_visible
+from llm_budgets.reads.usage import END_USER_SORTS, Periods, end_user_named
 from llm_budgets.results import BudgetStatus
 from llm_budgets.windows import Period, tenant_period
 
@@ -122,12 +119,6 @@ def _visible(statuses: list[BudgetStatus]) -> list[BudgetStatus]:
 
 
 decimal_of = live.decimal_of
-
-
-def end_user_named(tenant: Tenant, external_id: str) -> EndUser:
-    """The tenant's end user, or an unsaved one (no usage) if the ledger has not seen it."""
-    found = tenant.end_users.filter(external_id=external_id).first()
-    return found or EndUser(tenant=tenant, external_id=external_id)
 
 
 def end_user_of(viewer: Viewer) -> EndUser | None:
@@ -216,59 +207,6 @@ def open_kill_switches(viewer: Viewer, at: datetime) -> list[KillSwitch]:
 # Charts
 
 
-@dataclass(frozen=True)
-class Periods:
-    current: Period
-    previous: Period
-    zone: ZoneInfo
-
-    def days(self, period: Period) -> tuple[date, date]:
-        """First and last local day of a (monthly, so bounded) period."""
-        assert period.end is not None
-        first = period.start.astimezone(self.zone).date()
-        last = (period.end - timedelta(microseconds=1)).astimezone(self.zone).date()
-        return first, last
-
-
-def billing_periods(tenant: Tenant, at: datetime) -> Periods:
-    """The tenant's current and previous billing month (its timezone and billing day)."""
-    current = tenant_period(Window.MONTH, at, tenant)
-    previous = tenant_period(Window.MONTH, current.start - timedelta(microseconds=1), tenant)
-    return Periods(current, previous, ZoneInfo(tenant.timezone))
-
-
-def amount_unit(tenant: Tenant) -> str:
-    """What the charts count: the unit of the tenant's own budget (customer price when the host
-    caps tenants at what it charges them), else provider cost."""
-    unit = (
-        Budget.objects.filter(tenant=tenant, scope=Scope.TENANT)
-        .order_by("window")
-        .values_list("unit", flat=True)
-        .first()
-    )
-    return unit or BudgetUnit.PROVIDER_COST
-
-
-# What a usage row is grouped by in the REST API's ``group_by`` and the pages' tables.
-GROUPS: dict[str, tuple[str, ...]] = {k: live.GROUPS[k] for k in ("day", "model", "end_user")}
-
-
-def usage_grouped(
-    tenant: Tenant,
-    *,
-    since: date,
-    until: date,
-    group_by: str,
-    unit: str,
-    end_user: EndUser | None = None,
-) -> list[dict[str, Any]]:
-    """A tenant's (or one end user's) usage up to now, grouped (``reads.live.usage_grouped``:
-    the closed part from the rollups, the rest from the ledger after their watermark)."""
-    return live.usage_grouped(
-        tenant, since=since, until=until, group_by=group_by, unit=unit, end_user=end_user
-    )
-
-
 def _grouped(
     viewer: Viewer, periods: Periods, group_by: str, unit: str, *, period: Period | None = None
 ) -> list[dict[str, Any]]:
@@ -277,7 +215,7 @@ def _grouped(
     if period is not None and period != periods.current:
         # After a change of timezone the periods' local days may overlap by one: count it once.
         last = min(last, periods.days(periods.current)[0] - timedelta(days=1))
-    return usage_grouped(
+    return live.usage_grouped(
         viewer.tenant,
         since=first,
         until=last,
@@ -383,14 +321,6 @@ def period_budget(viewer: Viewer, at: datetime, unit: str) -> BudgetStatus | Non
     return None
 
 
-END_USER_SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
-    "amount": lambda r: (-r["total"], r["end_user__external_id"] or ""),
-    "calls": lambda r: (-r["n_calls"], r["end_user__external_id"] or ""),
-    "tokens": lambda r: (-r["n_output"], r["end_user__external_id"] or ""),
-    "name": lambda r: r["end_user__external_id"] or "",
-}
-
-
 def spend_by_end_user(
     viewer: Viewer, periods: Periods, unit: str, *, sort: str, page: int
 ) -> tuple[Page[UsageRow], list[UsageRow], Decimal]:
@@ -477,10 +407,6 @@ def budget_kind_label(scope: str, end_user: str | None) -> str:
     if scope == Scope.END_USER:
         return _("User %(name)s") % {"name": end_user}
     return _("Overall service limit")
-
-
-def currency() -> str:
-    return conf.CURRENCY
 
 
 def tenants_to_pick(query: str, *, page: int = 1) -> Page[Tenant]:

@@ -30,7 +30,8 @@ from django.views.decorators.http import require_http_methods
 from llm_budgets import validation
 from llm_budgets.alerts.bodies import TYPES
 from llm_budgets.alerts.endpoints import EndpointNotFound, endpoint_get
-from llm_budgets.api.keys import api_key_create, api_key_revoke
+from llm_budgets.conf import conf
+from llm_budgets.control.api_keys import api_key_create, api_key_revoke
 from llm_budgets.control.limits import ALL, budget_remove, budget_set_limit
 from llm_budgets.control.raises import budget_raise_grant, budget_raise_revoke
 from llm_budgets.control.self_serve import (
@@ -56,9 +57,9 @@ from llm_budgets.models import (
     Scope,
 )
 from llm_budgets.money import money as money_text
-from llm_budgets.pages import figures
 from llm_budgets.pages.access import LoginRequired, TenantChoice, Viewer, viewer_for
 from llm_budgets.pages.views import _context, private
+from llm_budgets.reads import usage
 from llm_budgets.reads.statuses import budget_statuses
 from llm_budgets.windows import Window
 
@@ -291,7 +292,7 @@ def _page(
     forms_ = {**named, **(bound or {})}
     tenant = viewer.tenant
     now = timezone.now()
-    currency = figures.currency()
+    currency = conf.CURRENCY
     ceiling = self_serve_ceiling(tenant)
     budgets = list(
         Budget.objects.filter(tenant=tenant, scope__in=SELF_SERVE_SCOPES)
@@ -468,7 +469,7 @@ def _preview(viewer: Viewer, form: BudgetForm) -> list[str]:
     """What the new limit means now: the user's spend against it ("has spent 4.20 of the new
     5.00 today"), for one user; the ceiling for the rest."""
     data = form.cleaned_data
-    currency = figures.currency()
+    currency = conf.CURRENCY
     new = money_text(data["amount"], currency)
     window = str(data["window"])
     lines = []
@@ -677,7 +678,7 @@ def key_create(request: HttpRequest, viewer: Viewer, acting: TenantAdmin) -> Htt
     expires = form.cleaned_data["expires"]
     expires_at = None
     if expires is not None:
-        zone = figures.billing_periods(viewer.tenant, timezone.now()).zone
+        zone = usage.billing_periods(viewer.tenant, timezone.now()).zone
         # The end of the chosen day in the tenant's timezone.
         expires_at = datetime.combine(expires + timedelta(days=1), datetime.min.time(), zone)
     try:

@@ -26,6 +26,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.http import require_GET
 
 from llm_budgets.billing.totals import billed_so_far
+from llm_budgets.conf import conf
 from llm_budgets.control.self_serve import self_serve_enabled
 from llm_budgets.money import money as money_text
 from llm_budgets.pages import charts, export, figures
@@ -36,6 +37,7 @@ from llm_budgets.pages.access import (
     may_view_any_tenant,
     viewer_for,
 )
+from llm_budgets.reads import usage
 from llm_budgets.windows import Window
 
 View = Callable[..., HttpResponseBase]
@@ -78,7 +80,7 @@ def _context(request: HttpRequest, viewer: Viewer, section: str, **extra: Any) -
         "tenant": viewer.tenant,
         "tenant_name": viewer.tenant.name or viewer.tenant.external_id,
         "section": section,
-        "currency": figures.currency(),
+        "currency": conf.CURRENCY,
         "tenant_query": tenant_query,
         "tenant_timezone": viewer.tenant.timezone,
         # The "Budgets" tab: a tenant admin's, where the operators turned self-serve on.
@@ -112,7 +114,7 @@ def _tenant_picker(request: HttpRequest, target: str) -> HttpResponse:
         "tenant_name": "",
         "tenant_query": "",
         "tenant_timezone": "",
-        "currency": figures.currency(),
+        "currency": conf.CURRENCY,
         "section": "tenants",
         "page": page,
         "query": query,
@@ -133,8 +135,8 @@ def _page_number(request: HttpRequest) -> int:
 def overview(request: HttpRequest, viewer: Viewer) -> HttpResponse:
     now = timezone.now()
     data = figures.overview(viewer, now)
-    periods = figures.billing_periods(viewer.tenant, now)
-    unit = figures.amount_unit(viewer.tenant)
+    periods = usage.billing_periods(viewer.tenant, now)
+    unit = usage.amount_unit(viewer.tenant)
     context = _context(
         request,
         viewer,
@@ -165,9 +167,9 @@ def overview(request: HttpRequest, viewer: Viewer) -> HttpResponse:
 @tenant_page
 def models(request: HttpRequest, viewer: Viewer) -> HttpResponse:
     now = timezone.now()
-    periods = figures.billing_periods(viewer.tenant, now)
-    unit = figures.amount_unit(viewer.tenant)
-    currency = figures.currency()
+    periods = usage.billing_periods(viewer.tenant, now)
+    unit = usage.amount_unit(viewer.tenant)
+    currency = conf.CURRENCY
 
     def money(value: Decimal) -> str:
         return money_text(value, currency)
@@ -223,11 +225,11 @@ def _running(days: list[figures.DayBar], today: int) -> list[tuple[figures.DayBa
 @tenant_page
 def users(request: HttpRequest, viewer: Viewer) -> HttpResponse:
     now = timezone.now()
-    periods = figures.billing_periods(viewer.tenant, now)
-    unit = figures.amount_unit(viewer.tenant)
-    currency = figures.currency()
+    periods = usage.billing_periods(viewer.tenant, now)
+    unit = usage.amount_unit(viewer.tenant)
+    currency = conf.CURRENCY
     sort = request.GET.get("sort", "amount")
-    if sort not in figures.END_USER_SORTS:
+    if sort not in usage.END_USER_SORTS:
         sort = "amount"
     page, top, total = figures.spend_by_end_user(
         viewer, periods, unit, sort=sort, page=_page_number(request)
@@ -279,7 +281,7 @@ def _day(request: HttpRequest, name: str) -> date | None:
 
 @tenant_page
 def export_csv(request: HttpRequest, viewer: Viewer) -> HttpResponseBase:
-    periods = figures.billing_periods(viewer.tenant, timezone.now())
+    periods = usage.billing_periods(viewer.tenant, timezone.now())
     first, last = periods.days(periods.current)
     try:
         start = _day(request, "start") or first

@@ -12,7 +12,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from llm_budgets.api.keys import api_key_create
+from llm_budgets.control.api_keys import api_key_create
 from llm_budgets.exceptions import BudgetError
 
 

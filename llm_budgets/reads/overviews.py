@@ -1,4 +1,5 @@
-"""Reads for the admin's tenant page: where each of a tenant's budgets stands, its open holds.
+"""Reads for the tenant and end-user overviews (the admin's pages and the tenant pages): where each
+of a tenant's budgets stands, its open holds.
 
 Every function here runs a fixed number of queries, however many end users, budgets or holds the
 tenant has: the admin page must stay fast for the biggest tenant.
