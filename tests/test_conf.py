@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -97,10 +98,74 @@ def test_unlockable_sqlite_gets_a_warning() -> None:
 
 def test_every_setting_has_one_reader_and_one_check() -> None:
     from llm_budgets.checks import CHECK_IDS
-    from llm_budgets.conf import DEFAULTS, READERS
+    from llm_budgets.conf import DEFAULTS, READERS, SETTINGS, Settings
 
-    assert set(READERS) == set(DEFAULTS) == set(CHECK_IDS)
+    assert list(READERS) == list(DEFAULTS) == list(CHECK_IDS) == list(SETTINGS)
     assert len(set(CHECK_IDS.values())) == len(CHECK_IDS)
+    assert all(re.fullmatch(r"llm_budgets\.E\d{3}", check) for check in CHECK_IDS.values())
+    for key, setting in SETTINGS.items():
+        assert getattr(Settings, key) is setting
+        assert setting.key == key
+        assert setting.doc.strip()
+        assert DEFAULTS[key] is setting.default
+        assert READERS[key] is setting.read
+
+
+# Each setting declared once (issue [split], item 4): an app declares its own keys in its own
+# class, read from the same LLM_BUDGETS dict and known to the same checks.
+
+
+def test_a_setting_declared_elsewhere_is_read_and_checked_like_the_apps_own() -> None:
+    from llm_budgets.conf import SETTINGS, Setting, SettingError
+
+    def read(key: str, value: Any) -> tuple[int, ...]:
+        if isinstance(value, list) and all(isinstance(v, int) for v in value):
+            return tuple(value)
+        raise SettingError(key, f"LLM_BUDGETS[{key!r}] must be a list of integers.", "Got it.")
+
+    class ContribSettings:
+        CONTRIB_SIZES = Setting(default=[1, 2], read=read, check="llm_budgets.E999", doc="Sizes.")
+
+    contrib = ContribSettings()
+    try:
+        with override_settings(LLM_BUDGETS={}):
+            assert contrib.CONTRIB_SIZES == (1, 2)
+            assert check_settings() == []
+        with override_settings(LLM_BUDGETS={"CONTRIB_SIZES": [3]}):
+            assert contrib.CONTRIB_SIZES == (3,)
+            assert check_settings() == []  # not an unknown key (E002)
+        assert ids(CONTRIB_SIZES="3") == ["llm_budgets.E999"]
+    finally:
+        del SETTINGS["CONTRIB_SIZES"]
+    assert ids(CONTRIB_SIZES=[3]) == ["llm_budgets.E002"]
+
+
+def test_a_key_declared_twice_is_refused() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from llm_budgets.conf import SETTINGS, Setting, Settings
+
+    with pytest.raises((ImproperlyConfigured, RuntimeError)) as refused:
+
+        class Again:
+            CURRENCY = Setting(default="EUR", read=Settings.CURRENCY.read, check="E", doc="Again.")
+
+    # Python 3.11 wraps an error of __set_name__ in a RuntimeError.
+    assert "declared twice" in str(refused.value.__cause__ or refused.value)
+    assert SETTINGS["CURRENCY"] is Settings.CURRENCY
+
+
+def test_a_list_or_dict_read_is_a_copy() -> None:
+    """A caller changing what it read changes neither the kept value nor the default."""
+    from llm_budgets.conf import DEFAULTS
+
+    with override_settings(LLM_BUDGETS={}):
+        conf.WARNING_THRESHOLDS.append(1)
+        conf.SELF_SERVE_HIDDEN_ACTIONS.append("budgets")
+        conf.PREPAID_PACKAGES["free"] = Decimal(0)
+        assert conf.WARNING_THRESHOLDS == [50, 80, 100] == DEFAULTS["WARNING_THRESHOLDS"]
+        assert conf.SELF_SERVE_HIDDEN_ACTIONS == [] == DEFAULTS["SELF_SERVE_HIDDEN_ACTIONS"]
+        assert conf.PREPAID_PACKAGES == {} == DEFAULTS["PREPAID_PACKAGES"]
 
 
 @pytest.mark.parametrize(
