@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -166,6 +168,37 @@ def test_a_list_or_dict_read_is_a_copy() -> None:
         assert conf.WARNING_THRESHOLDS == [50, 80, 100] == DEFAULTS["WARNING_THRESHOLDS"]
         assert conf.SELF_SERVE_HIDDEN_ACTIONS == [] == DEFAULTS["SELF_SERVE_HIDDEN_ACTIONS"]
         assert conf.PREPAID_PACKAGES == {} == DEFAULTS["PREPAID_PACKAGES"]
+
+
+def settings_doc_rows() -> list[list[str]]:
+    """The rows of docs/settings.md's tables of keys (``| Key | Default | Check | ...``), each
+    its cells."""
+    doc = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
+    rows, in_table = [], False
+    for line in doc.read_text().splitlines():
+        if line.startswith("| Key | Default | Check |"):
+            in_table = True
+        elif not line.startswith("|"):
+            in_table = False
+        elif in_table and line.startswith("| `"):
+            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_docs_settings_md_has_a_row_for_every_declared_key_as_declared() -> None:
+    """Its Key, Default and Check columns are the declarations' (the declaration is the truth)."""
+    from llm_budgets.conf import SETTINGS
+
+    rows = settings_doc_rows()
+    documented = [cells[0].strip("`") for cells in rows]
+    assert sorted(set(SETTINGS) - set(documented)) == []  # declared, not documented
+    assert sorted(set(documented) - set(SETTINGS)) == []  # documented, not declared
+    assert len(documented) == len(set(documented))  # no key twice
+    for key, default, check, *_ in rows:
+        setting = SETTINGS[key.strip("`")]
+        value = ast.literal_eval(default.strip("`"))
+        assert (type(value), value) == (type(setting.default), setting.default), key
+        assert re.findall(r"llm_budgets\.[EW]\d{3}", check)[:1] == [setting.check], key
 
 
 @pytest.mark.parametrize(
