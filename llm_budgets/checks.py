@@ -8,71 +8,8 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
-from llm_budgets.conf import DEFAULTS, SettingError, setting_read
+from llm_budgets.conf import CHECK_IDS, SETTINGS, SettingError, setting_read
 from llm_budgets.schedule import STRIPE_TASKS, TASKS
-
-# The check id of each key; the check itself is the key's reader in ``llm_budgets.conf``, the same
-# code that gives the app the value.
-CHECK_IDS: dict[str, str] = {
-    "DEFAULT_TTL_SECONDS": "llm_budgets.E003",
-    "LOCK_TIMEOUT_SECONDS": "llm_budgets.E004",
-    "EXPIRED_HOLD_POLICY": "llm_budgets.E005",
-    "USAGE_BEYOND_HOLD": "llm_budgets.E010",
-    "USAGE_BEYOND_HOLD_MAX_PERCENT": "llm_budgets.E011",
-    "CURRENCY": "llm_budgets.E006",
-    "MAX_TOKENS_PER_CALL": "llm_budgets.E007",
-    "MAX_TTL_SECONDS": "llm_budgets.E008",
-    "API_THROTTLE_RATE": "llm_budgets.E009",
-    "NEW_END_USERS_PER_DAY": "llm_budgets.E012",
-    "NEW_RUNS_PER_DAY": "llm_budgets.E013",
-    "API_AUTH_FAILURE_RATE": "llm_budgets.E090",
-    "TRUSTED_PROXIES": "llm_budgets.E091",
-    "UNCERTAIN_SETTLE_RULE": "llm_budgets.E020",
-    "UNCERTAIN_MAX_AGE_SECONDS": "llm_budgets.E021",
-    "WARNING_THRESHOLDS": "llm_budgets.E022",
-    "WARNING_DELIVERY": "llm_budgets.E023",
-    "WARNING_CLAIM_TIMEOUT_SECONDS": "llm_budgets.E024",
-    "WARNING_FROM_EMAIL": "llm_budgets.E025",
-    "RETENTION_RELEASED_DAYS": "llm_budgets.E026",
-    "ROLLUP_LOOKBACK_DAYS": "llm_budgets.E027",
-    "RETENTION_REFUSALS_DAYS": "llm_budgets.E028",
-    "TOKEN_ESTIMATE_SAFETY_MARGIN": "llm_budgets.E030",
-    "SERVICE_TIER_MULTIPLIERS": "llm_budgets.E031",
-    "OPERATOR_EMAILS": "llm_budgets.E040",
-    "POOLER": "llm_budgets.E060",
-    "HEALTH_SWEEP_MAX_LAG_SECONDS": "llm_budgets.E061",
-    "READ_REPLICA": "llm_budgets.E062",
-    "LEDGER_DATABASE": "llm_budgets.E051",
-    "API_KEY_CACHE_SECONDS": "llm_budgets.E063",
-    "TENANT_RESOLVER": "llm_budgets.E064",
-    "END_USER_ID": "llm_budgets.E065",
-    "API_DOCS_ACCESS": "llm_budgets.E066",
-    "API_DOCS_IN_HOST_SCHEMA": "llm_budgets.E067",
-    "GUARD_FREE_HEADERS": "llm_budgets.E140",
-    "STRIPE_API_KEY": "llm_budgets.E070",
-    "STRIPE_API_BASE": "llm_budgets.E071",
-    "STRIPE_METER_EVENT_NAME": "llm_budgets.E072",
-    "STRIPE_WEBHOOK_SECRET": "llm_budgets.E073",
-    "STRIPE_ON_PAYMENT_FAILED": "llm_budgets.E074",
-    "STRIPE_MAX_ATTEMPTS": "llm_budgets.E075",
-    "STRIPE_RETRY_BASE_SECONDS": "llm_budgets.E076",
-    "STRIPE_RECONCILE_DAYS": "llm_budgets.E077",
-    "SELF_SERVE_HIDDEN_ACTIONS": "llm_budgets.E130",
-    "SELF_SERVE_MAX_API_KEYS": "llm_budgets.E131",
-    "PREPAID_PACKAGES": "llm_budgets.E078",
-    "PREPAID_TOP_UP_MAX": "llm_budgets.E079",
-    "ALERTS_ALLOW_HTTP": "llm_budgets.E101",
-    "ALERTS_ALLOWED_ADDRESSES": "llm_budgets.E102",
-    "ALERTS_TIMEOUT_SECONDS": "llm_budgets.E103",
-    "ALERTS_MAX_RESPONSE_BYTES": "llm_budgets.E104",
-    "ALERTS_RETRY_BASE_SECONDS": "llm_budgets.E105",
-    "ALERTS_RETRY_MAX_SECONDS": "llm_budgets.E106",
-    "ALERTS_RETRY_HORIZON_SECONDS": "llm_budgets.E107",
-    "ALERTS_DISABLE_AFTER_FAILURES": "llm_budgets.E108",
-    "ALERTS_SECRET_OVERLAP_SECONDS": "llm_budgets.E109",
-    "ALERTS_SECRET_OVERLAP_MAX_SECONDS": "llm_budgets.E112",
-    "ALERTS_EMAIL_CONFIRM_SECONDS": "llm_budgets.E113",
-}
 
 
 def setting_or(key: str, fallback: Any) -> Any:
@@ -92,6 +29,9 @@ def reads_default_database(databases: list[str] | None) -> bool:
 
 @register(Tags.compatibility)
 def check_settings(**kwargs: Any) -> list[CheckMessage]:
+    """Every key of ``LLM_BUDGETS`` is declared (``llm_budgets.conf.SETTINGS``: this app's keys
+    and those of any app whose conf module is imported), and each declared key's value passes its
+    reader, reported under the check id of its declaration."""
     user = getattr(settings, "LLM_BUDGETS", {})
     if not isinstance(user, dict):
         return [
@@ -102,11 +42,11 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
             )
         ]
     errors: list[CheckMessage] = []
-    for key in sorted(set(user) - set(DEFAULTS)):
+    for key in sorted(set(user) - set(SETTINGS)):
         errors.append(
             Error(
                 f"LLM_BUDGETS has an unknown key {key!r}.",
-                hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
+                hint=f"Known keys: {', '.join(sorted(SETTINGS))}.",
                 id="llm_budgets.E002",
             )
         )

@@ -1,188 +1,44 @@
 """The app's settings: one dict, ``settings.LLM_BUDGETS``, read through a typed object.
 
-Every access re-reads ``django.conf.settings`` so ``override_settings`` just works. Each key has
-one reader (:data:`READERS`) that returns the typed value the code uses or raises
-:class:`SettingError` saying what is wrong; the system checks in :mod:`llm_budgets.checks` call
-the same readers, so they validate exactly what the code reads, and a bad value is never coerced
-silently into another one. The readers are plain type and range tests: cheap on the admission
-path.
+Each key is declared once, as a :class:`Setting` class attribute of :class:`Settings`: its name
+(the attribute's), default, reader, system check id and a line saying what it does. Everything
+else is derived from those declarations: the typed attribute (``conf.DEFAULT_TTL_SECONDS`` is an
+``int`` for mypy too), :data:`DEFAULTS`, :data:`READERS` and :data:`CHECK_IDS`, the per-key
+checks and the unknown-key check (:mod:`llm_budgets.checks`), and the test that holds
+docs/settings.md to them.
+
+A reader returns the typed value the code uses or raises :class:`SettingError` saying what is
+wrong; the system checks call the same readers, so they validate exactly what the code reads, and
+a bad value is never coerced silently into another one. The readers are plain type and range
+tests: cheap on the admission path. Values are read once and kept until Django signals that
+``LLM_BUDGETS`` (or ``DATABASES``) changed, so ``override_settings`` just works.
+
+Another app (the contrib apps to come: ``llm_budgets.contrib.stripe``, ``.alerts``, ``.pages``)
+declares its own keys the same way in its own conf module, read from the same ``LLM_BUDGETS``
+dict::
+
+    class StripeSettings:
+        STRIPE_MAX_ATTEMPTS = Setting(default=8, read=..., check="llm_budgets.E075", doc="...")
+
+    conf = StripeSettings()
+
+Declaring a key registers it in :data:`SETTINGS`, the one registry every check reads, so the
+unknown-key check (``llm_budgets.E002``) knows it and its own check runs, once the module is
+imported (an app's checks module imports its conf module); a key declared twice is an error at
+import. Every key is still declared here for now.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from copy import copy
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, Generic, TypeVar, cast, overload
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
-
-DEFAULTS: dict[str, Any] = {
-    # Seconds a hold lives before the sweep expires it (per call: ``reserve(ttl=...)``).
-    "DEFAULT_TTL_SECONDS": 120,
-    # How long admission waits for a counter lock before refusing with LedgerUnavailable.
-    "LOCK_TIMEOUT_SECONDS": 3,
-    # What the sweep does with an overdue hold: "charge" its amount as estimated spend
-    # (a timeout is no proof the provider stopped), or "release" it.
-    "EXPIRED_HOLD_POLICY": "charge",
-    # A commit reporting usage its hold could not have produced (docs/limits.md, "Usage a hold
-    # admits") is refused ("refuse", UsageExceedsHold). "record": such usage is charged anyway,
-    # if it costs at most USAGE_BEYOND_HOLD_MAX_PERCENT more than the hold, as overage, with a
-    # WARNING event and an audit row staff see (for hosts that cannot state a call's input).
-    "USAGE_BEYOND_HOLD": "refuse",
-    "USAGE_BEYOND_HOLD_MAX_PERCENT": 100,
-    # Currency of prices and limits (ISO 4217). One currency per installation for now.
-    "CURRENCY": "USD",
-    # Token counts above this are refused as absurd (InvalidUsage), per field and per call.
-    "MAX_TOKENS_PER_CALL": 10_000_000,
-    # Longest TTL a caller may ask for, in seconds.
-    "MAX_TTL_SECONDS": 24 * 60 * 60,
-    # New end users and new runs a tenant's calls may bring in per 24 hours (created by admitted
-    # calls only), or None for no cap: beyond it a call naming a new one is refused (NewIdCapped);
-    # calls for ones seen before still run.
-    "NEW_END_USERS_PER_DAY": 10_000,
-    "NEW_RUNS_PER_DAY": 100_000,
-    # Addresses emailed when a kill switch is tripped or cleared. Empty: no email.
-    "OPERATOR_EMAILS": [],
-    # Multiplier (>= 1) on the conservative token bound used for prompts of models that tiktoken
-    # cannot count (see llm_budgets/pricing/tokens.py).
-    "TOKEN_ESTIMATE_SAFETY_MARGIN": "1.10",
-    # Billing modifiers a price does not list rates for (``Price.service_tiers``), priced as a
-    # multiplier of the rates that apply, per provider: the providers' published figures
-    # (docs/pricing.md, "Billing modifiers"). An operator may override or add a provider or a
-    # modifier; a modifier in neither place is refused (UnknownPrice), never charged standard.
-    "SERVICE_TIER_MULTIPLIERS": {
-        "openai": {"priority": "2", "flex": "0.5"},
-        "anthropic": {"fast": "6", "geo_us": "1.1"},
-    },
-    # Requests per API key for the REST API (DRF rate syntax "N/second|minute|hour|day"), or None
-    # for no limit. Counted in Django's default cache: use a shared one with several processes.
-    "API_THROTTLE_RATE": "600/minute",
-    # Seconds each web process keeps an API key's row after reading it, so authenticating needs
-    # no database read; 0: read it on every request. A key revoked or changed in another process
-    # is seen within this long (in the same process at once).
-    "API_KEY_CACHE_SECONDS": 0,
-    # Failed API-key authentications per source address (``TRUSTED_PROXIES``) before that source
-    # is refused with 429 until the window ends, or None for no limit; a known key that is
-    # revoked or expired counts against itself instead, at the same rate. Counted in the
-    # database, across processes.
-    "API_AUTH_FAILURE_RATE": "20/minute",
-    # How many reverse proxies in front of the app append to X-Forwarded-For. 0: none, the
-    # source address is REMOTE_ADDR and X-Forwarded-For (client-controlled) is ignored; n: the
-    # n-th entry from its right, the address the farthest of them saw.
-    "TRUSTED_PROXIES": 0,
-    # Jobs (docs/operations.md). An UNCERTAIN reservation (outcome unknown) older than
-    # UNCERTAIN_MAX_AGE_SECONDS is settled by rule: "charge" its hold as estimated spend, or
-    # "release" it.
-    "UNCERTAIN_SETTLE_RULE": "charge",
-    "UNCERTAIN_MAX_AGE_SECONDS": 60 * 60,
-    # Warning emails: percentages of a budget (plan and budget may override), and whether a
-    # crash between sending and recording re-sends ("at_least_once") or gives up ("at_most_once").
-    "WARNING_THRESHOLDS": [50, 80, 100],
-    "WARNING_DELIVERY": "at_least_once",
-    # A claim to send older than this is taken to be a crashed sender.
-    "WARNING_CLAIM_TIMEOUT_SECONDS": 10 * 60,
-    # Sender address of warning emails; None: settings.DEFAULT_FROM_EMAIL.
-    "WARNING_FROM_EMAIL": None,
-    # Retention: released (never charged) reservations are deleted this many days after settling.
-    # Ledger lines, and reservations that have any, are never deleted.
-    "RETENTION_RELEASED_DAYS": 30,
-    # Refusal records (why a call was refused) are deleted this many days after the refusal.
-    "RETENTION_REFUSALS_DAYS": 90,
-    # The daily rollup job rebuilds this many recent local days (late true-ups land in the past).
-    "ROLLUP_LOOKBACK_DAYS": 3,
-    # The connection pooler between the app and PostgreSQL, if any: None (none, or Django's own
-    # pool), "session" or "transaction" (PgBouncer's pool modes). With "transaction" the checks
-    # warn about settings that break under it (docs/scaling.md).
-    "POOLER": None,
-    # Alias in DATABASES of a read replica for reads that tolerate lag (pages, rollups, reports),
-    # used inside llm_budgets.routers.replica_reads() with ReplicaRouter; None: the primary.
-    "READ_REPLICA": None,
-    # The connection the ledger's transactions run on (docs/operations.md, "The ledger's own
-    # connection"): None, a second connection to the default database the app adds as
-    # "llm_budgets_ledger"; an alias of DATABASES (the same database through a pooler, say); or
-    # "default", to run them inside the caller's transaction (a host's rollback then erases
-    # charges).
-    "LEDGER_DATABASE": None,
-    # Health endpoint (docs/operations.md): a hold overdue by more than this many seconds means
-    # the expiry sweep is not keeping up, and the health check fails.
-    "HEALTH_SWEEP_MAX_LAG_SECONDS": 300,
-    # Who may read the API's own schema and Swagger page (docs/api.md): "staff" (active staff
-    # users logged in to the host, e.g. through the admin), "public" (anyone) or "off" (404).
-    "API_DOCS_ACCESS": "staff",
-    # Whether the API's endpoints also appear in a schema the host generates (its own
-    # drf-spectacular view or `manage.py spectacular`). Off: only the app's own schema has them.
-    "API_DOCS_IN_HOST_SCHEMA": False,
-    # Tenant pages (docs/pages.md): dotted path to a callable (request) -> tenant external id or
-    # None (no access). The default reads the Membership model, managed in the admin.
-    "TENANT_RESOLVER": "llm_budgets.pages.access.membership_tenant",
-    # Who a host user is in the ledger (docs/pages.md, "Who an end user is"): dotted path to a
-    # callable (user) -> end user external id, used by the pages (a member's own usage) and the
-    # Django integration helper (what a guarded call records). The default, the primary key as a
-    # string, puts no personal data (an email, a name) into ledger lines, exports and logs.
-    "END_USER_ID": "llm_budgets.host_users.user_pk",
-    # Headers a guarded SDK client may send beside the built-in list of headers that bill
-    # nothing (docs/integrations.md, "Side doors"): a name ("x-my-trace"), a prefix ending in
-    # "*" ("x-my-gateway-*"), or "name: value" for one value ("anthropic-beta: some-beta-1").
-    "GUARD_FREE_HEADERS": [],
-    # Stripe metered billing (docs/billing.md). Nothing is sent without an API key.
-    "STRIPE_API_KEY": None,
-    # Where the Stripe client sends requests; tests point it at a fake server on 127.0.0.1.
-    "STRIPE_API_BASE": "https://api.stripe.com",
-    # The meter's event name (a plan may have its own: StripePlanMeter).
-    "STRIPE_METER_EVENT_NAME": "llm_usage",
-    # Signing secret of the webhook endpoint (whsec_...). Without it every webhook is refused.
-    "STRIPE_WEBHOOK_SECRET": None,
-    # invoice.payment_failed for a linked customer: "ignore", or "trip" a tenant kill switch.
-    "STRIPE_ON_PAYMENT_FAILED": "ignore",
-    # Transient delivery failures (connection, 5xx, 429) retry with exponential backoff from
-    # STRIPE_RETRY_BASE_SECONDS, up to STRIPE_MAX_ATTEMPTS attempts; then the row is parked.
-    "STRIPE_MAX_ATTEMPTS": 8,
-    "STRIPE_RETRY_BASE_SECONDS": 30,
-    # Reconciliation compares this many past days of delivered hours with Stripe's summaries.
-    "STRIPE_RECONCILE_DAYS": 3,
-    # Self-serve (docs/pages.md, "Tenant admins act"): actions a host hides from tenant admins
-    # on the pages and the API alike, from SELF_SERVE_ACTIONS ("budgets", "raises",
-    # "reset_spend", "api_keys", "alerts"); which tenants may act at all is the plan's and the
-    # tenant's self_serve switch (off by default).
-    "SELF_SERVE_HIDDEN_ACTIONS": [],
-    # API keys a tenant may hold (live: not revoked, not expired) for its admins to create more
-    # themselves; each key has its own rate limit (API_THROTTLE_RATE), so this bounds a tenant's
-    # total rate too. The operators may create more.
-    "SELF_SERVE_MAX_API_KEYS": 10,
-    # Prepaid top-up packages the tenant pages and API offer: {"name": "amount"}, e.g.
-    # {"starter": "10", "team": "100"} (docs/billing.md, "Prepaid balances").
-    "PREPAID_PACKAGES": {},
-    # The most one top-up of a typed amount may pay (the tenant pages and the REST API), in the
-    # installation's currency; None: no maximum. Packages are the operators' own.
-    "PREPAID_TOP_UP_MAX": "10000",
-    # Alerts (docs/alerts.md). Plain http:// endpoints: refused unless DEBUG or this is True
-    # (local receivers, tests); True outside DEBUG is an error (check llm_budgets.E110).
-    "ALERTS_ALLOW_HTTP": False,
-    # Private, loopback, link-local and reserved addresses an endpoint may resolve to outside
-    # DEBUG (IPs or networks, e.g. ["127.0.0.1"] in tests); every other such address is refused
-    # (server-side request forgery).
-    "ALERTS_ALLOWED_ADDRESSES": [],
-    # Seconds one attempt may take (connect, send, the whole answer), and the most of the answer
-    # read (the rest is not read).
-    "ALERTS_TIMEOUT_SECONDS": 10,
-    "ALERTS_MAX_RESPONSE_BYTES": 64 * 1024,
-    # Retries: exponential from ALERTS_RETRY_BASE_SECONDS, each wait at most
-    # ALERTS_RETRY_MAX_SECONDS, with jitter; a delivery still failing ALERTS_RETRY_HORIZON_SECONDS
-    # after its first attempt is given up ("failed").
-    "ALERTS_RETRY_BASE_SECONDS": 10,
-    "ALERTS_RETRY_MAX_SECONDS": 60 * 60,
-    "ALERTS_RETRY_HORIZON_SECONDS": 3 * 24 * 60 * 60,
-    # An endpoint whose attempts failed this many times in a row is disabled, its owner emailed.
-    "ALERTS_DISABLE_AFTER_FAILURES": 20,
-    # How long the old secret stays valid after a rotation (both sign meanwhile), by default and
-    # at most (a rotation asking more is refused).
-    "ALERTS_SECRET_OVERLAP_SECONDS": 24 * 60 * 60,
-    "ALERTS_SECRET_OVERLAP_MAX_SECONDS": 7 * 24 * 60 * 60,
-    # How long the link that confirms an email address of a tenant's endpoint stays valid.
-    "ALERTS_EMAIL_CONFIRM_SECONDS": 24 * 60 * 60,
-}
 
 EXPIRED_HOLD_POLICIES = ("charge", "release")
 STRIPE_PAYMENT_FAILED_ACTIONS = ("ignore", "trip")
@@ -454,7 +310,7 @@ def _dotted_callable(key: str, value: Any) -> str:
     """A dotted path to a callable, e.g. ``TENANT_RESOLVER``; the path is returned."""
     from django.utils.module_loading import import_string
 
-    example = DEFAULTS[key]
+    example = SETTINGS[key].default
     hint = f"Got {value!r}; e.g. {example!r} (see docs/pages.md)."
     try:
         found = import_string(value) if isinstance(value, str) else None
@@ -610,77 +466,102 @@ def _free_headers(key: str, value: Any) -> list[str]:
     )
 
 
-# Each key's reader: the typed value the code uses, or SettingError.
-READERS: dict[str, Callable[[str, Any], Any]] = {
-    "DEFAULT_TTL_SECONDS": _default_ttl,
-    "LOCK_TIMEOUT_SECONDS": _lock_timeout,
-    "EXPIRED_HOLD_POLICY": _choice(*EXPIRED_HOLD_POLICIES),
-    "USAGE_BEYOND_HOLD": _choice(*USAGE_BEYOND_HOLD_RULES),
-    "USAGE_BEYOND_HOLD_MAX_PERCENT": _positive_int,
-    "CURRENCY": _currency,
-    "MAX_TOKENS_PER_CALL": _positive_int,
-    "MAX_TTL_SECONDS": _max_ttl,
-    "NEW_END_USERS_PER_DAY": _optional_cap,
-    "NEW_RUNS_PER_DAY": _optional_cap,
-    "OPERATOR_EMAILS": _email_list,
-    "TOKEN_ESTIMATE_SAFETY_MARGIN": _safety_margin,
-    "SERVICE_TIER_MULTIPLIERS": _multipliers,
-    "API_THROTTLE_RATE": _throttle_rate,
-    "API_AUTH_FAILURE_RATE": _throttle_rate,
-    "UNCERTAIN_SETTLE_RULE": _choice(*UNCERTAIN_SETTLE_RULES),
-    "UNCERTAIN_MAX_AGE_SECONDS": _positive_int,
-    "WARNING_THRESHOLDS": _thresholds,
-    "WARNING_DELIVERY": _choice(*WARNING_DELIVERIES),
-    "WARNING_CLAIM_TIMEOUT_SECONDS": _positive_int,
-    "WARNING_FROM_EMAIL": _optional_email,
-    "RETENTION_RELEASED_DAYS": _positive_int,
-    "RETENTION_REFUSALS_DAYS": _positive_int,
-    "ROLLUP_LOOKBACK_DAYS": _positive_int,
-    "POOLER": _pooler,
-    "READ_REPLICA": _read_replica,
-    "LEDGER_DATABASE": _ledger_database,
-    "HEALTH_SWEEP_MAX_LAG_SECONDS": _positive_int,
-    "API_KEY_CACHE_SECONDS": _api_key_cache_seconds,
-    "TRUSTED_PROXIES": _trusted_proxies,
-    "TENANT_RESOLVER": _dotted_callable,
-    "API_DOCS_ACCESS": _choice(*API_DOCS_ACCESSES),
-    "API_DOCS_IN_HOST_SCHEMA": _bool,
-    "END_USER_ID": _dotted_callable,
-    "GUARD_FREE_HEADERS": _free_headers,
-    "STRIPE_API_KEY": _stripe_key,
-    "STRIPE_API_BASE": _stripe_base,
-    "STRIPE_METER_EVENT_NAME": _meter_event_name,
-    "STRIPE_WEBHOOK_SECRET": _webhook_secret,
-    "STRIPE_ON_PAYMENT_FAILED": _choice(*STRIPE_PAYMENT_FAILED_ACTIONS),
-    "STRIPE_MAX_ATTEMPTS": _positive_int,
-    "STRIPE_RETRY_BASE_SECONDS": _positive_int,
-    "STRIPE_RECONCILE_DAYS": _positive_int,
-    "SELF_SERVE_HIDDEN_ACTIONS": _self_serve_actions,
-    "SELF_SERVE_MAX_API_KEYS": _positive_int,
-    "PREPAID_PACKAGES": _packages,
-    "PREPAID_TOP_UP_MAX": _optional_amount,
-    "ALERTS_ALLOW_HTTP": _bool,
-    "ALERTS_ALLOWED_ADDRESSES": _address_list,
-    "ALERTS_TIMEOUT_SECONDS": _positive_int,
-    "ALERTS_MAX_RESPONSE_BYTES": _positive_int,
-    "ALERTS_RETRY_BASE_SECONDS": _positive_int,
-    "ALERTS_RETRY_MAX_SECONDS": _positive_int,
-    "ALERTS_RETRY_HORIZON_SECONDS": _positive_int,
-    "ALERTS_DISABLE_AFTER_FAILURES": _positive_int,
-    "ALERTS_SECRET_OVERLAP_SECONDS": _overlap,
-    "ALERTS_SECRET_OVERLAP_MAX_SECONDS": _positive_int,
-    "ALERTS_EMAIL_CONFIRM_SECONDS": _positive_int,
-}
+T = TypeVar("T")
+V = TypeVar("V")
+
+
+class Setting(Generic[T]):
+    """One key of ``LLM_BUDGETS``, declared as a class attribute (its name is the key): the
+    default, the reader that types and checks a value, the id of the system check that runs that
+    reader, and one line saying what the key does. On an instance it reads as the typed value
+    (a list or dict as a copy, so a caller cannot change the value kept); on the class, the
+    declaration itself."""
+
+    def __init__(
+        self, *, default: Any, read: Callable[[str, Any], T], check: str, doc: str
+    ) -> None:
+        self.default, self.read, self.check, self.doc = default, read, check, doc
+        self.key = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if name in SETTINGS:
+            raise ImproperlyConfigured(f"LLM_BUDGETS[{name!r}] is declared twice.")
+        self.key = name
+        SETTINGS[name] = self
+
+    def value(self) -> T:
+        """The typed value, read and checked once, then kept until Django signals a change."""
+        try:
+            return cast(T, _read[self.key])
+        except KeyError:
+            pass
+        value = _read[self.key] = self.read(self.key, _get(self.key))
+        return value
+
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> Setting[T]: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> T: ...
+
+    def __get__(self, instance: object, owner: type | None = None) -> Setting[T] | T:
+        if instance is None:
+            return self
+        value = self.value()
+        return copy(value) if isinstance(value, list | dict) else value
+
+
+class _OrDefaultFromEmail(Setting[str | None]):
+    """An address whose ``None`` reads as Django's ``settings.DEFAULT_FROM_EMAIL``, looked up at
+    every access (it is Django's setting, not one of ours)."""
+
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> _OrDefaultFromEmail: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> str: ...
+
+    def __get__(self, instance: object, owner: type | None = None) -> _OrDefaultFromEmail | str:
+        if instance is None:
+            return self
+        return self.value() or str(settings.DEFAULT_FROM_EMAIL)
+
+
+# Every key declared so far, by name, in the order declared: this module's, and those of any app
+# whose conf module has been imported.
+SETTINGS: dict[str, Setting[Any]] = {}
+
+
+class _Column(Mapping[str, V]):
+    """One part of every declaration, by key: a live view of :data:`SETTINGS`."""
+
+    def __init__(self, part: Callable[[Setting[Any]], V]) -> None:
+        self._part = part
+
+    def __getitem__(self, key: str) -> V:
+        return self._part(SETTINGS[key])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(SETTINGS)
+
+    def __len__(self) -> int:
+        return len(SETTINGS)
+
+
+DEFAULTS: Mapping[str, Any] = _Column(lambda setting: setting.default)
+READERS: Mapping[str, Callable[[str, Any], Any]] = _Column(lambda setting: setting.read)
+CHECK_IDS: Mapping[str, str] = _Column(lambda setting: setting.check)
 
 
 def _get(key: str) -> Any:
+    default = SETTINGS[key].default
     user = getattr(settings, "LLM_BUDGETS", None) or {}
-    return user.get(key, DEFAULTS[key]) if isinstance(user, dict) else DEFAULTS[key]
+    return user.get(key, default) if isinstance(user, dict) else default
 
 
 def setting_read(key: str) -> Any:
     """The typed value of ``LLM_BUDGETS[key]`` (or its default); ``SettingError`` if unusable."""
-    return READERS[key](key, _get(key))
+    return SETTINGS[key].read(key, _get(key))
 
 
 # Values read and checked, by key: a call reads about twenty, and Django's settings are fixed
@@ -698,258 +579,384 @@ setting_changed.connect(_forget)
 
 class Settings:
     """Shadow of ``settings.LLM_BUDGETS`` with defaults filled in, each value typed and checked
-    by its reader."""
+    by its reader. docs/settings.md has a row for every key (a test holds it to these)."""
 
-    def _get(self, key: str) -> Any:
-        try:
-            return _read[key]
-        except KeyError:
-            pass
-        reader = READERS.get(key)
-        value = _get(key) if reader is None else reader(key, _get(key))
-        _read[key] = value
-        return value
-
-    @property
-    def DEFAULT_TTL_SECONDS(self) -> int:
-        return int(self._get("DEFAULT_TTL_SECONDS"))
-
-    @property
-    def LOCK_TIMEOUT_SECONDS(self) -> Decimal:
-        return Decimal(self._get("LOCK_TIMEOUT_SECONDS"))
-
-    @property
-    def EXPIRED_HOLD_POLICY(self) -> str:
-        return str(self._get("EXPIRED_HOLD_POLICY"))
-
-    @property
-    def USAGE_BEYOND_HOLD(self) -> str:
-        return str(self._get("USAGE_BEYOND_HOLD"))
-
-    @property
-    def USAGE_BEYOND_HOLD_MAX_PERCENT(self) -> int:
-        return int(self._get("USAGE_BEYOND_HOLD_MAX_PERCENT"))
-
-    @property
-    def CURRENCY(self) -> str:
-        return str(self._get("CURRENCY"))
-
-    @property
-    def MAX_TOKENS_PER_CALL(self) -> int:
-        return int(self._get("MAX_TOKENS_PER_CALL"))
-
-    @property
-    def MAX_TTL_SECONDS(self) -> int:
-        return int(self._get("MAX_TTL_SECONDS"))
-
-    @property
-    def OPERATOR_EMAILS(self) -> list[str]:
-        return list(self._get("OPERATOR_EMAILS"))
-
-    @property
-    def UNCERTAIN_SETTLE_RULE(self) -> str:
-        return str(self._get("UNCERTAIN_SETTLE_RULE"))
-
-    @property
-    def UNCERTAIN_MAX_AGE_SECONDS(self) -> int:
-        return int(self._get("UNCERTAIN_MAX_AGE_SECONDS"))
-
-    @property
-    def WARNING_THRESHOLDS(self) -> list[int]:
-        return [int(p) for p in self._get("WARNING_THRESHOLDS")]
-
-    @property
-    def WARNING_DELIVERY(self) -> str:
-        return str(self._get("WARNING_DELIVERY"))
-
-    @property
-    def WARNING_CLAIM_TIMEOUT_SECONDS(self) -> int:
-        return int(self._get("WARNING_CLAIM_TIMEOUT_SECONDS"))
-
-    @property
-    def WARNING_FROM_EMAIL(self) -> str:
-        value = self._get("WARNING_FROM_EMAIL")
-        return str(value) if value else str(settings.DEFAULT_FROM_EMAIL)
-
-    @property
-    def RETENTION_RELEASED_DAYS(self) -> int:
-        return int(self._get("RETENTION_RELEASED_DAYS"))
-
-    @property
-    def NEW_END_USERS_PER_DAY(self) -> int | None:
-        value: int | None = self._get("NEW_END_USERS_PER_DAY")
-        return value
-
-    @property
-    def NEW_RUNS_PER_DAY(self) -> int | None:
-        value: int | None = self._get("NEW_RUNS_PER_DAY")
-        return value
-
-    @property
-    def RETENTION_REFUSALS_DAYS(self) -> int:
-        return int(self._get("RETENTION_REFUSALS_DAYS"))
-
-    @property
-    def ROLLUP_LOOKBACK_DAYS(self) -> int:
-        return int(self._get("ROLLUP_LOOKBACK_DAYS"))
-
-    @property
-    def API_KEY_CACHE_SECONDS(self) -> int:
-        return int(self._get("API_KEY_CACHE_SECONDS"))
-
-    @property
-    def TRUSTED_PROXIES(self) -> int:
-        return int(self._get("TRUSTED_PROXIES"))
-
-    @property
-    def POOLER(self) -> str | None:
-        value = self._get("POOLER")
-        return None if value is None else str(value)
-
-    @property
-    def READ_REPLICA(self) -> str | None:
-        value = self._get("READ_REPLICA")
-        return None if value is None else str(value)
-
-    @property
-    def LEDGER_DATABASE(self) -> str | None:
-        value = self._get("LEDGER_DATABASE")
-        return None if value is None else str(value)
-
-    @property
-    def HEALTH_SWEEP_MAX_LAG_SECONDS(self) -> int:
-        return int(self._get("HEALTH_SWEEP_MAX_LAG_SECONDS"))
-
-    @property
-    def TENANT_RESOLVER(self) -> str:
-        return str(self._get("TENANT_RESOLVER"))
-
-    @property
-    def API_DOCS_ACCESS(self) -> str:
-        return str(self._get("API_DOCS_ACCESS"))
-
-    @property
-    def API_DOCS_IN_HOST_SCHEMA(self) -> bool:
-        return bool(self._get("API_DOCS_IN_HOST_SCHEMA"))
-
-    @property
-    def END_USER_ID(self) -> str:
-        return str(self._get("END_USER_ID"))
-
-    @property
-    def TOKEN_ESTIMATE_SAFETY_MARGIN(self) -> Decimal:
-        return Decimal(self._get("TOKEN_ESTIMATE_SAFETY_MARGIN"))
-
-    @property
-    def SERVICE_TIER_MULTIPLIERS(self) -> dict[str, dict[str, Decimal]]:
-        return dict(self._get("SERVICE_TIER_MULTIPLIERS"))
-
-    @property
-    def API_THROTTLE_RATE(self) -> str | None:
-        rate = self._get("API_THROTTLE_RATE")
-        return None if rate is None else str(rate)
-
-    @property
-    def GUARD_FREE_HEADERS(self) -> list[str]:
-        return list(self._get("GUARD_FREE_HEADERS"))
-
-    @property
-    def STRIPE_API_KEY(self) -> str | None:
-        return self._get("STRIPE_API_KEY")  # type: ignore[no-any-return]
-
-    @property
-    def STRIPE_API_BASE(self) -> str:
-        return str(self._get("STRIPE_API_BASE"))
-
-    @property
-    def STRIPE_METER_EVENT_NAME(self) -> str:
-        return str(self._get("STRIPE_METER_EVENT_NAME"))
-
-    @property
-    def PREPAID_PACKAGES(self) -> dict[str, Decimal]:
-        return dict(self._get("PREPAID_PACKAGES"))
-
-    @property
-    def STRIPE_WEBHOOK_SECRET(self) -> str | None:
-        return self._get("STRIPE_WEBHOOK_SECRET")  # type: ignore[no-any-return]
-
-    @property
-    def STRIPE_ON_PAYMENT_FAILED(self) -> str:
-        return str(self._get("STRIPE_ON_PAYMENT_FAILED"))
-
-    @property
-    def STRIPE_MAX_ATTEMPTS(self) -> int:
-        return int(self._get("STRIPE_MAX_ATTEMPTS"))
-
-    @property
-    def STRIPE_RETRY_BASE_SECONDS(self) -> int:
-        return int(self._get("STRIPE_RETRY_BASE_SECONDS"))
-
-    @property
-    def STRIPE_RECONCILE_DAYS(self) -> int:
-        return int(self._get("STRIPE_RECONCILE_DAYS"))
-
-    @property
-    def API_AUTH_FAILURE_RATE(self) -> str | None:
-        rate = self._get("API_AUTH_FAILURE_RATE")
-        return None if rate is None else str(rate)
-
-    @property
-    def SELF_SERVE_HIDDEN_ACTIONS(self) -> list[str]:
-        return self._get("SELF_SERVE_HIDDEN_ACTIONS")  # type: ignore[no-any-return]
-
-    @property
-    def SELF_SERVE_MAX_API_KEYS(self) -> int:
-        return int(self._get("SELF_SERVE_MAX_API_KEYS"))
-
-    @property
-    def PREPAID_TOP_UP_MAX(self) -> Decimal | None:
-        value = self._get("PREPAID_TOP_UP_MAX")
-        return None if value is None else Decimal(value)
-
-    @property
-    def ALERTS_ALLOW_HTTP(self) -> bool:
-        return bool(self._get("ALERTS_ALLOW_HTTP"))
-
-    @property
-    def ALERTS_ALLOWED_ADDRESSES(self) -> list[str]:
-        return list(self._get("ALERTS_ALLOWED_ADDRESSES"))
-
-    @property
-    def ALERTS_TIMEOUT_SECONDS(self) -> int:
-        return int(self._get("ALERTS_TIMEOUT_SECONDS"))
-
-    @property
-    def ALERTS_MAX_RESPONSE_BYTES(self) -> int:
-        return int(self._get("ALERTS_MAX_RESPONSE_BYTES"))
-
-    @property
-    def ALERTS_RETRY_BASE_SECONDS(self) -> int:
-        return int(self._get("ALERTS_RETRY_BASE_SECONDS"))
-
-    @property
-    def ALERTS_RETRY_MAX_SECONDS(self) -> int:
-        return int(self._get("ALERTS_RETRY_MAX_SECONDS"))
-
-    @property
-    def ALERTS_RETRY_HORIZON_SECONDS(self) -> int:
-        return int(self._get("ALERTS_RETRY_HORIZON_SECONDS"))
-
-    @property
-    def ALERTS_DISABLE_AFTER_FAILURES(self) -> int:
-        return int(self._get("ALERTS_DISABLE_AFTER_FAILURES"))
-
-    @property
-    def ALERTS_SECRET_OVERLAP_SECONDS(self) -> int:
-        return int(self._get("ALERTS_SECRET_OVERLAP_SECONDS"))
-
-    @property
-    def ALERTS_SECRET_OVERLAP_MAX_SECONDS(self) -> int:
-        return int(self._get("ALERTS_SECRET_OVERLAP_MAX_SECONDS"))
-
-    @property
-    def ALERTS_EMAIL_CONFIRM_SECONDS(self) -> int:
-        return int(self._get("ALERTS_EMAIL_CONFIRM_SECONDS"))
+    DEFAULT_TTL_SECONDS = Setting(
+        default=120,
+        read=_default_ttl,
+        check="llm_budgets.E003",
+        doc="Seconds a hold lives before the sweep expires it (per call: ``reserve(ttl=...)``).",
+    )
+    LOCK_TIMEOUT_SECONDS = Setting(
+        default=3,
+        read=_lock_timeout,
+        check="llm_budgets.E004",
+        doc="How long admission waits for a counter lock before refusing (LedgerUnavailable).",
+    )
+    EXPIRED_HOLD_POLICY = Setting(
+        default="charge",
+        read=_choice(*EXPIRED_HOLD_POLICIES),
+        check="llm_budgets.E005",
+        doc="What the sweep does with an overdue hold: 'charge' its amount as estimated spend "
+        "(a timeout is no proof the provider stopped), or 'release' it.",
+    )
+    USAGE_BEYOND_HOLD = Setting(
+        default="refuse",
+        read=_choice(*USAGE_BEYOND_HOLD_RULES),
+        check="llm_budgets.E010",
+        doc="A commit reporting usage its hold could not have produced is refused ('refuse', "
+        "UsageExceedsHold), or charged as overage with a warning and an audit row ('record').",
+    )
+    USAGE_BEYOND_HOLD_MAX_PERCENT = Setting(
+        default=100,
+        read=_positive_int,
+        check="llm_budgets.E011",
+        doc="With USAGE_BEYOND_HOLD='record': how far above its hold, in percent, a commit may "
+        "cost.",
+    )
+    CURRENCY = Setting(
+        default="USD",
+        read=_currency,
+        check="llm_budgets.E006",
+        doc="Currency of prices and limits (ISO 4217); one per installation.",
+    )
+    MAX_TOKENS_PER_CALL = Setting(
+        default=10_000_000,
+        read=_positive_int,
+        check="llm_budgets.E007",
+        doc="Token counts above this are refused as absurd (InvalidUsage), per field and call.",
+    )
+    MAX_TTL_SECONDS = Setting(
+        default=24 * 60 * 60,
+        read=_max_ttl,
+        check="llm_budgets.E008",
+        doc="Longest TTL a caller may ask for, in seconds; not below DEFAULT_TTL_SECONDS.",
+    )
+    NEW_END_USERS_PER_DAY = Setting(
+        default=10_000,
+        read=_optional_cap,
+        check="llm_budgets.E012",
+        doc="New end users a tenant's admitted calls may bring in per 24 hours, or None: past "
+        "it a call naming a new one is refused (NewIdCapped).",
+    )
+    NEW_RUNS_PER_DAY = Setting(
+        default=100_000,
+        read=_optional_cap,
+        check="llm_budgets.E013",
+        doc="New runs a tenant's admitted calls may bring in per 24 hours, or None.",
+    )
+    OPERATOR_EMAILS = Setting(
+        default=[],
+        read=_email_list,
+        check="llm_budgets.E040",
+        doc="Addresses emailed when a kill switch is tripped or cleared; empty: no email.",
+    )
+    TOKEN_ESTIMATE_SAFETY_MARGIN = Setting(
+        default="1.10",
+        read=_safety_margin,
+        check="llm_budgets.E030",
+        doc="Multiplier (1 to 10) on the conservative token bound for prompts of models that "
+        "tiktoken cannot count (llm_budgets/pricing/tokens.py).",
+    )
+    SERVICE_TIER_MULTIPLIERS = Setting(
+        default={
+            "openai": {"priority": "2", "flex": "0.5"},
+            "anthropic": {"fast": "6", "geo_us": "1.1"},
+        },
+        read=_multipliers,
+        check="llm_budgets.E031",
+        doc="Billing modifiers a price lists no rates for, as multipliers of the rates that "
+        "apply, per provider (docs/pricing.md); a modifier in neither is refused (UnknownPrice).",
+    )
+    API_THROTTLE_RATE = Setting(
+        default="600/minute",
+        read=_throttle_rate,
+        check="llm_budgets.E009",
+        doc="Requests per API key for the REST API ('N/second|minute|hour|day'), or None.",
+    )
+    API_KEY_CACHE_SECONDS = Setting(
+        default=0,
+        read=_api_key_cache_seconds,
+        check="llm_budgets.E063",
+        doc="Seconds each web process keeps an API key's row after reading it (0: read it on "
+        "every request); another process sees a revocation within this long.",
+    )
+    API_AUTH_FAILURE_RATE = Setting(
+        default="20/minute",
+        read=_throttle_rate,
+        check="llm_budgets.E090",
+        doc="Failed API-key authentications per source address (or per known revoked or expired "
+        "key) before it is refused with 429 until the window ends, or None.",
+    )
+    TRUSTED_PROXIES = Setting(
+        default=0,
+        read=_trusted_proxies,
+        check="llm_budgets.E091",
+        doc="How many reverse proxies in front of the app append to X-Forwarded-For (0: none, "
+        "the header is ignored and the source address is REMOTE_ADDR).",
+    )
+    UNCERTAIN_SETTLE_RULE = Setting(
+        default="charge",
+        read=_choice(*UNCERTAIN_SETTLE_RULES),
+        check="llm_budgets.E020",
+        doc="How an UNCERTAIN reservation older than UNCERTAIN_MAX_AGE_SECONDS is settled: "
+        "'charge' its hold as estimated spend, or 'release' it.",
+    )
+    UNCERTAIN_MAX_AGE_SECONDS = Setting(
+        default=60 * 60,
+        read=_positive_int,
+        check="llm_budgets.E021",
+        doc="How long an UNCERTAIN reservation waits for real usage before the rule applies.",
+    )
+    WARNING_THRESHOLDS = Setting(
+        default=[50, 80, 100],
+        read=_thresholds,
+        check="llm_budgets.E022",
+        doc="Percentages of a budget that send a warning email (a plan or budget may override).",
+    )
+    WARNING_DELIVERY = Setting(
+        default="at_least_once",
+        read=_choice(*WARNING_DELIVERIES),
+        check="llm_budgets.E023",
+        doc="Whether a crash between sending a warning and recording it re-sends "
+        "('at_least_once') or gives up ('at_most_once').",
+    )
+    WARNING_CLAIM_TIMEOUT_SECONDS = Setting(
+        default=10 * 60,
+        read=_positive_int,
+        check="llm_budgets.E024",
+        doc="A claim to send a warning older than this is taken to be a crashed sender.",
+    )
+    WARNING_FROM_EMAIL = _OrDefaultFromEmail(
+        default=None,
+        read=_optional_email,
+        check="llm_budgets.E025",
+        doc="Sender address of warning emails; None: settings.DEFAULT_FROM_EMAIL.",
+    )
+    RETENTION_RELEASED_DAYS = Setting(
+        default=30,
+        read=_positive_int,
+        check="llm_budgets.E026",
+        doc="Released (never charged) reservations are deleted this many days after settling; "
+        "ledger lines, and reservations that have any, never are.",
+    )
+    RETENTION_REFUSALS_DAYS = Setting(
+        default=90,
+        read=_positive_int,
+        check="llm_budgets.E028",
+        doc="Refusal records are deleted this many days after the refusal.",
+    )
+    ROLLUP_LOOKBACK_DAYS = Setting(
+        default=3,
+        read=_positive_int,
+        check="llm_budgets.E027",
+        doc="How many recent local days the daily rollup job rebuilds (late true-ups land in "
+        "the past).",
+    )
+    POOLER = Setting(
+        default=None,
+        read=_pooler,
+        check="llm_budgets.E060",
+        doc="The pooler between the app and PostgreSQL: None, 'session' or 'transaction' "
+        "(PgBouncer's modes; the checks then warn about what breaks under it).",
+    )
+    READ_REPLICA = Setting(
+        default=None,
+        read=_read_replica,
+        check="llm_budgets.E062",
+        doc="Alias in DATABASES of a read replica for reads that tolerate lag, used inside "
+        "replica_reads() with ReplicaRouter; None: the primary.",
+    )
+    LEDGER_DATABASE = Setting(
+        default=None,
+        read=_ledger_database,
+        check="llm_budgets.E051",
+        doc="The connection the ledger's transactions run on: None, the app's own second "
+        "connection to the default database; an alias of DATABASES; or 'default', the caller's.",
+    )
+    HEALTH_SWEEP_MAX_LAG_SECONDS = Setting(
+        default=300,
+        read=_positive_int,
+        check="llm_budgets.E061",
+        doc="The health check fails when a hold is overdue by more than this many seconds.",
+    )
+    API_DOCS_ACCESS = Setting(
+        default="staff",
+        read=_choice(*API_DOCS_ACCESSES),
+        check="llm_budgets.E066",
+        doc="Who may read the API's own schema and Swagger page: 'staff', 'public' or 'off'.",
+    )
+    API_DOCS_IN_HOST_SCHEMA = Setting(
+        default=False,
+        read=_bool,
+        check="llm_budgets.E067",
+        doc="Whether the API's endpoints also appear in a schema the host generates.",
+    )
+    TENANT_RESOLVER = Setting(
+        default="llm_budgets.pages.access.membership_tenant",
+        read=_dotted_callable,
+        check="llm_budgets.E064",
+        doc="Tenant pages: dotted path to a callable (request) -> tenant external id or None.",
+    )
+    END_USER_ID = Setting(
+        default="llm_budgets.host_users.user_pk",
+        read=_dotted_callable,
+        check="llm_budgets.E065",
+        doc="Who a host user is in the ledger: dotted path to a callable (user) -> end user "
+        "external id; the default, the primary key, puts no personal data in the ledger.",
+    )
+    GUARD_FREE_HEADERS = Setting(
+        default=[],
+        read=_free_headers,
+        check="llm_budgets.E140",
+        doc="Headers a guarded SDK client may send beside the built-in ones that bill nothing: "
+        "a name, a prefix ending in '*', or 'name: value'.",
+    )
+    STRIPE_API_KEY = Setting(
+        default=None,
+        read=_stripe_key,
+        check="llm_budgets.E070",
+        doc="Stripe metered billing (docs/billing.md): nothing is sent without an API key.",
+    )
+    STRIPE_API_BASE = Setting(
+        default="https://api.stripe.com",
+        read=_stripe_base,
+        check="llm_budgets.E071",
+        doc="Where the Stripe client sends requests; tests point it at a fake server.",
+    )
+    STRIPE_METER_EVENT_NAME = Setting(
+        default="llm_usage",
+        read=_meter_event_name,
+        check="llm_budgets.E072",
+        doc="The meter's event name (a plan may have its own: StripePlanMeter).",
+    )
+    STRIPE_WEBHOOK_SECRET = Setting(
+        default=None,
+        read=_webhook_secret,
+        check="llm_budgets.E073",
+        doc="Signing secret of the webhook endpoint (whsec_...); without it every webhook is "
+        "refused.",
+    )
+    STRIPE_ON_PAYMENT_FAILED = Setting(
+        default="ignore",
+        read=_choice(*STRIPE_PAYMENT_FAILED_ACTIONS),
+        check="llm_budgets.E074",
+        doc="invoice.payment_failed for a linked customer: 'ignore', or 'trip' a tenant kill "
+        "switch.",
+    )
+    STRIPE_MAX_ATTEMPTS = Setting(
+        default=8,
+        read=_positive_int,
+        check="llm_budgets.E075",
+        doc="Attempts of a delivery failing transiently (connection, 5xx, 429) before it is "
+        "parked.",
+    )
+    STRIPE_RETRY_BASE_SECONDS = Setting(
+        default=30,
+        read=_positive_int,
+        check="llm_budgets.E076",
+        doc="Base of the exponential backoff between those attempts.",
+    )
+    STRIPE_RECONCILE_DAYS = Setting(
+        default=3,
+        read=_positive_int,
+        check="llm_budgets.E077",
+        doc="Past days of delivered hours the reconciliation compares with Stripe's summaries.",
+    )
+    SELF_SERVE_HIDDEN_ACTIONS = Setting(
+        default=[],
+        read=_self_serve_actions,
+        check="llm_budgets.E130",
+        doc="Self-serve actions (SELF_SERVE_ACTIONS) a host hides from tenant admins, on the "
+        "pages and the API alike.",
+    )
+    SELF_SERVE_MAX_API_KEYS = Setting(
+        default=10,
+        read=_positive_int,
+        check="llm_budgets.E131",
+        doc="Live API keys a tenant may hold for its admins to create more themselves.",
+    )
+    PREPAID_PACKAGES = Setting(
+        default={},
+        read=_packages,
+        check="llm_budgets.E078",
+        doc='Prepaid top-up packages offered: {"name": "amount"}, e.g. {"starter": "10"}.',
+    )
+    PREPAID_TOP_UP_MAX = Setting(
+        default="10000",
+        read=_optional_amount,
+        check="llm_budgets.E079",
+        doc="The most one top-up of a typed amount may pay, in the installation's currency; "
+        "None: no maximum.",
+    )
+    ALERTS_ALLOW_HTTP = Setting(
+        default=False,
+        read=_bool,
+        check="llm_budgets.E101",
+        doc="Plain http:// alert endpoints: refused unless DEBUG or this (an error outside "
+        "DEBUG, llm_budgets.E110).",
+    )
+    ALERTS_ALLOWED_ADDRESSES = Setting(
+        default=[],
+        read=_address_list,
+        check="llm_budgets.E102",
+        doc="Private or reserved addresses (IPs or networks) an alert endpoint may resolve to "
+        "outside DEBUG; every other such address is refused (SSRF).",
+    )
+    ALERTS_TIMEOUT_SECONDS = Setting(
+        default=10,
+        read=_positive_int,
+        check="llm_budgets.E103",
+        doc="Seconds one delivery attempt may take: connect, send, the whole answer.",
+    )
+    ALERTS_MAX_RESPONSE_BYTES = Setting(
+        default=64 * 1024,
+        read=_positive_int,
+        check="llm_budgets.E104",
+        doc="The most of an endpoint's answer read (the rest is not).",
+    )
+    ALERTS_RETRY_BASE_SECONDS = Setting(
+        default=10,
+        read=_positive_int,
+        check="llm_budgets.E105",
+        doc="Base of the exponential, jittered backoff between delivery attempts.",
+    )
+    ALERTS_RETRY_MAX_SECONDS = Setting(
+        default=60 * 60,
+        read=_positive_int,
+        check="llm_budgets.E106",
+        doc="The longest single wait between delivery attempts.",
+    )
+    ALERTS_RETRY_HORIZON_SECONDS = Setting(
+        default=3 * 24 * 60 * 60,
+        read=_positive_int,
+        check="llm_budgets.E107",
+        doc="A delivery still failing this long after its first attempt is given up ('failed').",
+    )
+    ALERTS_DISABLE_AFTER_FAILURES = Setting(
+        default=20,
+        read=_positive_int,
+        check="llm_budgets.E108",
+        doc="Failed attempts in a row that disable an endpoint (its owner is emailed).",
+    )
+    ALERTS_SECRET_OVERLAP_SECONDS = Setting(
+        default=24 * 60 * 60,
+        read=_overlap,
+        check="llm_budgets.E109",
+        doc="How long the old secret still signs after a rotation, by default.",
+    )
+    ALERTS_SECRET_OVERLAP_MAX_SECONDS = Setting(
+        default=7 * 24 * 60 * 60,
+        read=_positive_int,
+        check="llm_budgets.E112",
+        doc="The longest overlap a rotation may ask for (more is refused).",
+    )
+    ALERTS_EMAIL_CONFIRM_SECONDS = Setting(
+        default=24 * 60 * 60,
+        read=_positive_int,
+        check="llm_budgets.E113",
+        doc="How long the link confirming an email address of a tenant's endpoint stays valid.",
+    )
 
 
 conf = Settings()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import re
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -97,10 +100,105 @@ def test_unlockable_sqlite_gets_a_warning() -> None:
 
 def test_every_setting_has_one_reader_and_one_check() -> None:
     from llm_budgets.checks import CHECK_IDS
-    from llm_budgets.conf import DEFAULTS, READERS
+    from llm_budgets.conf import DEFAULTS, READERS, SETTINGS, Settings
 
-    assert set(READERS) == set(DEFAULTS) == set(CHECK_IDS)
+    assert list(READERS) == list(DEFAULTS) == list(CHECK_IDS) == list(SETTINGS)
     assert len(set(CHECK_IDS.values())) == len(CHECK_IDS)
+    assert all(re.fullmatch(r"llm_budgets\.E\d{3}", check) for check in CHECK_IDS.values())
+    for key, setting in SETTINGS.items():
+        assert getattr(Settings, key) is setting
+        assert setting.key == key
+        assert setting.doc.strip()
+        assert DEFAULTS[key] is setting.default
+        assert READERS[key] is setting.read
+
+
+# Each setting declared once (issue [split], item 4): an app declares its own keys in its own
+# class, read from the same LLM_BUDGETS dict and known to the same checks.
+
+
+def test_a_setting_declared_elsewhere_is_read_and_checked_like_the_apps_own() -> None:
+    from llm_budgets.conf import SETTINGS, Setting, SettingError
+
+    def read(key: str, value: Any) -> tuple[int, ...]:
+        if isinstance(value, list) and all(isinstance(v, int) for v in value):
+            return tuple(value)
+        raise SettingError(key, f"LLM_BUDGETS[{key!r}] must be a list of integers.", "Got it.")
+
+    class ContribSettings:
+        CONTRIB_SIZES = Setting(default=[1, 2], read=read, check="llm_budgets.E999", doc="Sizes.")
+
+    contrib = ContribSettings()
+    try:
+        with override_settings(LLM_BUDGETS={}):
+            assert contrib.CONTRIB_SIZES == (1, 2)
+            assert check_settings() == []
+        with override_settings(LLM_BUDGETS={"CONTRIB_SIZES": [3]}):
+            assert contrib.CONTRIB_SIZES == (3,)
+            assert check_settings() == []  # not an unknown key (E002)
+        assert ids(CONTRIB_SIZES="3") == ["llm_budgets.E999"]
+    finally:
+        del SETTINGS["CONTRIB_SIZES"]
+    assert ids(CONTRIB_SIZES=[3]) == ["llm_budgets.E002"]
+
+
+def test_a_key_declared_twice_is_refused() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from llm_budgets.conf import SETTINGS, Setting, Settings
+
+    with pytest.raises((ImproperlyConfigured, RuntimeError)) as refused:
+
+        class Again:
+            CURRENCY = Setting(default="EUR", read=Settings.CURRENCY.read, check="E", doc="Again.")
+
+    # Python 3.11 wraps an error of __set_name__ in a RuntimeError.
+    assert "declared twice" in str(refused.value.__cause__ or refused.value)
+    assert SETTINGS["CURRENCY"] is Settings.CURRENCY
+
+
+def test_a_list_or_dict_read_is_a_copy() -> None:
+    """A caller changing what it read changes neither the kept value nor the default."""
+    from llm_budgets.conf import DEFAULTS
+
+    with override_settings(LLM_BUDGETS={}):
+        conf.WARNING_THRESHOLDS.append(1)
+        conf.SELF_SERVE_HIDDEN_ACTIONS.append("budgets")
+        conf.PREPAID_PACKAGES["free"] = Decimal(0)
+        assert conf.WARNING_THRESHOLDS == [50, 80, 100] == DEFAULTS["WARNING_THRESHOLDS"]
+        assert conf.SELF_SERVE_HIDDEN_ACTIONS == [] == DEFAULTS["SELF_SERVE_HIDDEN_ACTIONS"]
+        assert conf.PREPAID_PACKAGES == {} == DEFAULTS["PREPAID_PACKAGES"]
+
+
+def settings_doc_rows() -> list[list[str]]:
+    """The rows of docs/settings.md's tables of keys (``| Key | Default | Check | ...``), each
+    its cells."""
+    doc = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
+    rows, in_table = [], False
+    for line in doc.read_text().splitlines():
+        if line.startswith("| Key | Default | Check |"):
+            in_table = True
+        elif not line.startswith("|"):
+            in_table = False
+        elif in_table and line.startswith("| `"):
+            rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_docs_settings_md_has_a_row_for_every_declared_key_as_declared() -> None:
+    """Its Key, Default and Check columns are the declarations' (the declaration is the truth)."""
+    from llm_budgets.conf import SETTINGS
+
+    rows = settings_doc_rows()
+    documented = [cells[0].strip("`") for cells in rows]
+    assert sorted(set(SETTINGS) - set(documented)) == []  # declared, not documented
+    assert sorted(set(documented) - set(SETTINGS)) == []  # documented, not declared
+    assert len(documented) == len(set(documented))  # no key twice
+    for key, default, check, *_ in rows:
+        setting = SETTINGS[key.strip("`")]
+        value = ast.literal_eval(default.strip("`"))
+        assert (type(value), value) == (type(setting.default), setting.default), key
+        assert re.findall(r"llm_budgets\.[EW]\d{3}", check)[:1] == [setting.check], key
 
 
 @pytest.mark.parametrize(
