@@ -59,6 +59,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "llm_budgets.alerts.emit",
             "llm_budgets.alerts.endpoints",
             "llm_budgets.alerts.ledger_hooks",
+            "llm_budgets.alerts.self_serve",
         ],
     ),
     ("engine", ["llm_budgets.engine"]),

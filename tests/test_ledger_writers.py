@@ -171,7 +171,8 @@ def _emit() -> object:
 
 
 def _self_serve_subscribe() -> object:
-    from llm_budgets.control.self_serve import TenantAdmin, self_serve_subscribe
+    from llm_budgets.alerts.self_serve import self_serve_subscribe
+    from llm_budgets.control.self_serve import TenantAdmin
 
     return self_serve_subscribe(
         TenantAdmin(tenant=_acme(), person="ada"),
@@ -266,7 +267,7 @@ CASES: dict[str, Case] = {
         lambda: KillSwitch.objects.count(),
         setup=seed,
     ),
-    "control/self_serve.py": Case(
+    "alerts/self_serve.py": Case(
         CALLER,
         _self_serve_subscribe,
         lambda: AlertEndpoint.objects.count(),

@@ -15,10 +15,11 @@ from django.test import Client
 from django.utils import timezone
 
 from llm_budgets import budgets
+from llm_budgets.alerts.self_serve import self_serve_subscribe
 from llm_budgets.control.api_keys import api_key_create, api_key_revoke
 from llm_budgets.control.limits import budget_remove, budget_set_limit
 from llm_budgets.control.raises import budget_raise_grant, budget_raise_revoke
-from llm_budgets.control.self_serve import TenantAdmin, self_serve_subscribe
+from llm_budgets.control.self_serve import TenantAdmin
 from llm_budgets.engine.adjustments import end_user_spend_reset
 from llm_budgets.exceptions import BudgetExceeded, InvalidUsage, SelfServeDenied
 from llm_budgets.models import (

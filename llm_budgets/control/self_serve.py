@@ -3,7 +3,7 @@
 A :class:`TenantAdmin` says who acts (a host user with the tenant's ``admin`` role, or a tenant
 API key the operators marked ``self_serve``) and for which tenant. Each service that accepts
 ``acting=`` (``control/limits.py``, ``control/raises.py``, ``engine/adjustments.py``,
-``control/api_keys.py``, and the alert subscriptions below) calls :func:`self_serve_authorize`
+``control/api_keys.py``, ``alerts/self_serve.py``) calls :func:`self_serve_authorize`
 before it writes, so the pages and the REST API cannot drift apart and a view that forgot a check
 still cannot widen anyone's spending: the view's own checks are for showing the right forms only.
 
@@ -27,11 +27,9 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from llm_budgets import validation
-from llm_budgets.alerts.endpoints import endpoint_create, endpoint_delete
 from llm_budgets.conf import SELF_SERVE_ACTIONS, conf
 from llm_budgets.exceptions import SelfServeDenied
 from llm_budgets.models import (
-    AlertEndpoint,
     AuditEvent,
     Budget,
     BudgetRaise,
@@ -171,38 +169,6 @@ def raises_active(budget: Budget, now: datetime | None = None) -> Decimal:
         budget=budget, starts_at__lte=now, ends_at__gt=now
     ).aggregate(total=Sum("amount"))["total"]
     return total or Decimal(0)
-
-
-def self_serve_subscribe(
-    acting: TenantAdmin,
-    *,
-    kind: str,
-    target: object,
-    event_types: object,
-    confirm_site: str,
-    description: str = "",
-) -> tuple[AlertEndpoint, str]:
-    """Subscribe an email address or an endpoint of the tenant to alerts: ``endpoint_create``,
-    the alerts' one writer, for ``acting.tenant`` only. Email addresses are each sent a link to
-    ``confirm_site`` (where the tenant's people reach this app) and receive nothing until it is
-    followed."""
-    self_serve_authorize(acting, action="alerts", tenant=acting.tenant)
-    # endpoint_create refuses the operators-only event types for any tenant's endpoint.
-    return endpoint_create(
-        tenant=acting.tenant,
-        kind=kind,
-        target=target,
-        event_types=event_types,
-        description=description,
-        actor=acting.actor,
-        confirm_site=confirm_site,
-    )
-
-
-def self_serve_unsubscribe(acting: TenantAdmin, endpoint: AlertEndpoint) -> None:
-    """Remove one of the tenant's alert endpoints (``endpoint_delete``)."""
-    self_serve_authorize(acting, action="alerts", tenant=endpoint.tenant)
-    endpoint_delete(endpoint, actor=acting.actor)
 
 
 def raise_target(tenant: Tenant, end_user: str, window: str) -> Budget | None:

@@ -30,6 +30,7 @@ from django.views.decorators.http import require_http_methods
 from llm_budgets import validation
 from llm_budgets.alerts.bodies import TYPES
 from llm_budgets.alerts.endpoints import EndpointNotFound, endpoint_get
+from llm_budgets.alerts.self_serve import self_serve_subscribe, self_serve_unsubscribe
 from llm_budgets.conf import conf
 from llm_budgets.control.api_keys import api_key_create, api_key_revoke
 from llm_budgets.control.limits import ALL, budget_remove, budget_set_limit
@@ -42,8 +43,6 @@ from llm_budgets.control.self_serve import (
     self_serve_ceiling,
     self_serve_enabled,
     self_serve_room,
-    self_serve_subscribe,
-    self_serve_unsubscribe,
 )
 from llm_budgets.engine.adjustments import end_user_spend_reset
 from llm_budgets.exceptions import BudgetError, InvalidUsage, SelfServeDenied
