@@ -58,6 +58,7 @@ guard-table: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
 
 format: install
 	$(BIN)/ruff check --fix .
