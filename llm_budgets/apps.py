@@ -16,6 +16,8 @@ class LlmBudgetsConfig(AppConfig):
     name = "llm_budgets"
     verbose_name = "LLM budgets"
     default_auto_field = "django.db.models.BigAutoField"
+    # The app's periodic jobs (``schedule.jobs_installed``).
+    llm_budgets_jobs = "llm_budgets.schedule.JOBS"
 
     def import_models(self) -> None:
         from django.apps import apps

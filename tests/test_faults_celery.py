@@ -292,9 +292,7 @@ def test_beat_down_for_an_hour_runs_each_job_once_on_restart_and_loses_nothing()
             entry.last_run_at = last_run[name]
         first_tick = tick_for(restarted, 1)
         # Each job due once, whatever the downtime: the hourly and daily ones were not yet due.
-        assert sorted(first_tick) == sorted(
-            task for task, every in JOBS.values() if every <= 60 * 60
-        )
+        assert sorted(first_tick) == sorted(job.task for job in JOBS if job.every <= 60 * 60)
         assert first_tick.count("llm_budgets.sweep_expired_holds") == 1
         # Running what was sent settles the hour's backlog.
         for task in first_tick:
