@@ -36,13 +36,17 @@ class LlmBudgetsConfig(AppConfig):
 
         from llm_budgets import checks  # noqa: F401  (registers the system checks)
         from llm_budgets.alerts import checks as alerts_checks  # noqa: F401  (E110, W111)
+        from llm_budgets.api.authentication import key_cache_watch
         from llm_budgets.billing import checks as billing_checks  # noqa: F401  (W070)
+        from llm_budgets.conf import settings_watch
         from llm_budgets.db.ledger import configuration_watch, ledger_database_install
         from llm_budgets.pages import checks as pages_checks  # noqa: F401  (W085, E086)
         from llm_budgets.roles import roles_sync
 
+        settings_watch()
         ledger_database_install()
         configuration_watch()
+        key_cache_watch()
 
         post_migrate.connect(roles_sync, sender=self, dispatch_uid="llm_budgets.roles_sync")
 
