@@ -39,9 +39,9 @@ from llm_budgets.models import (
     UsageRecord,
 )
 from llm_budgets.schedule import BEAT_SCHEDULE, JOBS
+from llm_budgets.testing.faultproxy import FaultProxy
 from tests.celery_processes import celery_processes
 from tests.factories import billing_contacts, reserve_30, reserve_30_at, seed
-from tests.faultproxy import FaultProxy
 from tests.services import REDIS_URL, redis_ping, require, subprocess_database_url
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
