@@ -37,14 +37,14 @@ database), released together by a barrier after a short warm-up, for ``--duratio
   that does not change (counter ids, limits, price, amounts) known in advance. See ``_floor_cycle``.
 
 Added round-trip time (``--rtt-ms 0,0.5,2``): every cell is run once per value, with that many
-milliseconds added to each round trip between the callers (the workers' app and floor
-connections alike) and PostgreSQL. 0 is the direct connection; any other value goes through the
-project's fault proxy (``tests/faultproxy.py`` as a delay line: half the time each way, chunks
-in flight overlapping as on a network) on 127.0.0.1, one proxy process per worker so that the
-proxy is never the bottleneck. ``--proxy-overhead`` adds a leg through the proxy with nothing
-added: the proxy's own cost, to compare with the direct connection. Before the cells the bench
-prints each link's measured added round trip (``SELECT 1`` on an idle connection). Seeding, the
-``VACUUM`` between cells and the near-limit sampler stay on the direct connection.
+milliseconds added to each round trip between the callers (the workers' app and floor connections
+alike) and PostgreSQL. 0 is the direct connection; any other value goes through the project's fault
+proxy (``llm_budgets/testing/faultproxy.py`` as a delay line: half the time each way, chunks in
+flight overlapping as on a network) on 127.0.0.1, one proxy process per worker so that the proxy is
+never the bottleneck. ``--proxy-overhead`` adds a leg through the proxy with nothing added: the
+proxy's own cost, to compare with the direct connection. Before the cells the bench prints each
+link's measured added round trip (``SELECT 1`` on an idle connection). Seeding, the ``VACUUM``
+between cells and the near-limit sampler stay on the direct connection.
 
 Prints one row per (RTT, scenario, workers, path): cycles/s, p50 and p99 cycle latency,
 whole-machine CPU per cycle (busy time from ``/proc/stat`` around the cell, divided by its
@@ -525,7 +525,7 @@ def _proxy_process(upstream: tuple[str, int], control: Connection) -> None:
     _fine_timers()
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    from tests.faultproxy import FaultProxy
+    from llm_budgets.testing.faultproxy import FaultProxy
 
     with FaultProxy(*upstream, delay_line=True) as proxy:
         control.send(proxy.port)
@@ -541,8 +541,8 @@ def _proxy_process(upstream: tuple[str, int], control: Connection) -> None:
 
 
 class ProxyPool:
-    """``size`` proxies to PostgreSQL on 127.0.0.1 (``tests/faultproxy.py`` as a delay line),
-    each in its own process so that the pumping threads of many connections never share one
+    """``size`` proxies to PostgreSQL on 127.0.0.1 (``llm_budgets/testing/faultproxy.py`` as a delay
+    line), each in its own process so that the pumping threads of many connections never share one
     GIL; worker ``i`` of a cell connects through proxy ``i % size``. Started before the cells,
     given each cell's round-trip time, closed at the end."""
 
@@ -983,7 +983,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default="0",
         help="comma-separated round-trip times in milliseconds to add between the callers and "
         "PostgreSQL, each a leg of every cell (default %(default)s: the direct connection; any "
-        "other value goes through tests/faultproxy.py on 127.0.0.1, half of it each way)",
+        "other value goes through llm_budgets/testing/faultproxy.py on 127.0.0.1, half of it each "
+        "way)",
     )
     parser.add_argument(
         "--proxy-overhead",
@@ -1062,8 +1063,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             pool = ProxyPool(upstream, max(args.workers))
             stack.callback(pool.close)
             print(
-                f"proxy: tests/faultproxy.py as a delay line, {len(pool.ports)} processes on "
-                f"127.0.0.1 (one per worker) to {upstream[0]}:{upstream[1]}"
+                f"proxy: llm_budgets/testing/faultproxy.py as a delay line, {len(pool.ports)} "
+                f"processes on 127.0.0.1 (one per worker) to {upstream[0]}:{upstream[1]}"
             )
         if proxied or len(links) > 1:
             for line in describe_links(url, links, pool):

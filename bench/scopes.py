@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests.queries.round_trips
 
 from admission import DEFAULT_URL, recreate_database, setup_django, vacuum
 
@@ -88,7 +87,7 @@ def statements_and_rows(kind: str) -> tuple[int, int, int]:
     """Statements one reserve sends and the round trips they take (savepoints and BEGIN/COMMIT
     aside; statements psycopg pipelines together are one round trip), and rows it holds."""
     from llm_budgets import budgets
-    from tests.queries import round_trips
+    from llm_budgets.testing.queries import round_trips
 
     _call(kind, 0)  # the run, end user and counters exist
     scopes = {k: (v.format(worker=0) if isinstance(v, str) else v) for k, v in KINDS[kind].items()}

@@ -46,7 +46,8 @@ RUNS: dict[str, list[str]] = {
 # also fail on any (admission.py prints "(N errors, e.g. ...)" beside the cell).
 MORE_RUNS: list[tuple[str, str, list[str], str]] = [
     (
-        "admission.py RTT",  # through tests/faultproxy.py in child processes (--rtt-ms)
+        # through llm_budgets/testing/faultproxy.py in child processes (--rtt-ms)
+        "admission.py RTT",
         "admission.py",
         [
             *("--duration", "0.3", "--workers", "1,2", "--scenarios", "hot"),

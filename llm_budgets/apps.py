@@ -16,6 +16,8 @@ class LlmBudgetsConfig(AppConfig):
     name = "llm_budgets"
     verbose_name = "LLM budgets"
     default_auto_field = "django.db.models.BigAutoField"
+    # The app's periodic jobs (``schedule.jobs_installed``).
+    llm_budgets_jobs = "llm_budgets.schedule.JOBS"
 
     def import_models(self) -> None:
         from django.apps import apps
@@ -34,14 +36,18 @@ class LlmBudgetsConfig(AppConfig):
 
         from llm_budgets import checks  # noqa: F401  (registers the system checks)
         from llm_budgets.alerts import checks as alerts_checks  # noqa: F401  (E110, W111)
+        from llm_budgets.api.authentication import key_cache_watch
         from llm_budgets.billing import checks as billing_checks  # noqa: F401  (W070)
+        from llm_budgets.conf import settings_watch
         from llm_budgets.db.ledger import configuration_watch, ledger_database_install
         from llm_budgets.pages import checks as pages_checks  # noqa: F401  (W085, E086)
         from llm_budgets.roles import roles_sync
 
+        settings_watch()
         ledger_database_install()
         configuration_watch()
         ledger_parts_register()
+        key_cache_watch()
 
         post_migrate.connect(roles_sync, sender=self, dispatch_uid="llm_budgets.roles_sync")
 

@@ -9,7 +9,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from llm_budgets.conf import CHECK_IDS, SETTINGS, SettingError, setting_read
-from llm_budgets.schedule import STRIPE_TASKS, TASKS
+from llm_budgets.schedule import jobs_expected, jobs_installed
 
 
 def setting_or(key: str, fallback: Any) -> Any:
@@ -230,11 +230,15 @@ def beat_schedule_tasks() -> set[str]:
     """llm_budgets' tasks in the host's ``CELERY_BEAT_SCHEDULE`` setting."""
     schedule = getattr(settings, "CELERY_BEAT_SCHEDULE", None) or {}
     entries = schedule.values() if isinstance(schedule, dict) else []
-    return {str(e.get("task")) for e in entries if isinstance(e, dict)} & TASKS
+    return {str(e.get("task")) for e in entries if isinstance(e, dict)} & _tasks()
+
+
+def _tasks() -> set[str]:
+    return {job.task for job in jobs_installed()}
 
 
 def _expected_tasks() -> set[str]:
-    return set(TASKS) if setting_or("STRIPE_API_KEY", None) else set(TASKS - STRIPE_TASKS)
+    return {job.task for job in jobs_expected(stripe=bool(setting_or("STRIPE_API_KEY", None)))}
 
 
 @register(Tags.compatibility)
@@ -298,7 +302,9 @@ def _periodic_tasks_missing(databases: list[str] | None) -> list[CheckMessage]:
         return []
     try:
         installed = set(
-            PeriodicTask.objects.filter(task__in=TASKS, enabled=True).values_list("task", flat=True)
+            PeriodicTask.objects.filter(task__in=_tasks(), enabled=True).values_list(
+                "task", flat=True
+            )
         )
     except DatabaseError:
         return []  # not migrated yet, or no database here: /health names jobs that never run

@@ -574,7 +574,10 @@ def _forget(*, setting: str, **kwargs: Any) -> None:
         _read.clear()
 
 
-setting_changed.connect(_forget)
+def settings_watch() -> None:
+    """Connect the receiver that forgets the values read when Django says a setting changed
+    (``override_settings``; ``AppConfig.ready``)."""
+    setting_changed.connect(_forget)
 
 
 class Settings:

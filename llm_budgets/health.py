@@ -10,13 +10,14 @@ Three checks, each cheap and none tenant-specific:
 - ``sweep``: no held reservation is overdue by more than ``HEALTH_SWEEP_MAX_LAG_SECONDS``. An
   overdue hold still counts against its budgets until the sweep expires it, so a sweep that has
   stopped shows as lag, whenever it last ran (with nothing overdue there is nothing to sweep).
-- ``jobs``: every scheduled job (``schedule.JOBS``; the Stripe jobs only with a Stripe key) has
-  finished, as a task or a command, within twice its default interval plus
-  ``HEALTH_SWEEP_MAX_LAG_SECONDS``; a job never recorded counts from when the app was installed
-  (its first migration). The detail names every overdue job: a schedule that lost some jobs (a
-  scheduler that never got them, cron lines left out) shows here. A job whose last run raised
-  fails the check at once, named with its error's class and when, until one of its runs finishes
-  (``jobs/records.py``): a job that runs on time and fails every time is not keeping up either.
+- ``jobs``: every job of the installed apps (``schedule.jobs_installed``; those that need Stripe
+  only with a Stripe key) has finished, as a task or a command, within twice its default
+  interval plus ``HEALTH_SWEEP_MAX_LAG_SECONDS``; a job never recorded counts from when the app
+  was installed (its first migration). The detail names every overdue job: a schedule that lost
+  some jobs (a scheduler that never got them, cron lines left out) shows here. A job whose last
+  run raised fails the check at once, named with its error's class and when, until one of its
+  runs finishes (``jobs/records.py``): a job that runs on time and fails every time is not
+  keeping up either.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from django.utils import timezone
 from llm_budgets.clock import when
 from llm_budgets.conf import conf
 from llm_budgets.models import Counter, JobRun, Reservation, ReservationState
-from llm_budgets.schedule import JOBS, STRIPE_TASKS
+from llm_budgets.schedule import jobs_expected
 
 
 @dataclass(frozen=True)
@@ -170,9 +171,9 @@ def _jobs(now: datetime) -> Check:
     overdue: dict[str, float] = {}
     failing: dict[str, str] = {}
     ages: dict[str, float] = {}
-    for task, seconds in sorted(JOBS.values()):
-        if task in STRIPE_TASKS and not conf.STRIPE_API_KEY:
-            continue  # nothing to deliver or compare without Stripe
+    # Without Stripe the jobs that need it have nothing to deliver or compare.
+    for job in sorted(jobs_expected(stripe=bool(conf.STRIPE_API_KEY)), key=lambda j: j.task):
+        task, seconds = job.task, job.every
         run = runs.get(task)
         last = run.finished_at if run is not None and run.finished_at is not None else installed
         age = 0.0 if last is None else (now - last).total_seconds()

@@ -1,12 +1,15 @@
 """Celery tasks (needs the ``celery`` extra). Each one only calls a service, or fetches by id and
-calls a service; the schedule is in :mod:`llm_budgets.schedule`. Every job also exists as a
-management command, for hosts that run cron instead (docs/operations.md).
+calls a service; each periodic one is the task of a job declared in :mod:`llm_budgets.schedule`,
+named from it (``job_task``). Every job also exists as a management command, for hosts that run
+cron instead (docs/operations.md).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 from celery import shared_task
 from django.db import transaction
@@ -14,6 +17,20 @@ from django.db import transaction
 from llm_budgets.engine import settlement
 from llm_budgets.jobs import anomalies, retention, rollups, thresholds
 from llm_budgets.jobs.records import job_recorded
+from llm_budgets.schedule import (
+    CREDITS_DAILY,
+    DELIVER_ALERTS,
+    DETECT_ANOMALIES,
+    PURGE_RETENTION,
+    RECHARGES_SEND,
+    RECONCILE_UNCERTAIN,
+    ROLLUP_DAILY_USAGE,
+    SCAN_THRESHOLDS,
+    STRIPE_PUSH,
+    STRIPE_RECONCILE,
+    SWEEP_EXPIRED_HOLDS,
+    Job,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -24,20 +41,27 @@ logger = logging.getLogger(__name__)
 JOB = {"ignore_result": True, "acks_late": True, "reject_on_worker_lost": True}
 
 
-@shared_task(name="llm_budgets.sweep_expired_holds", **JOB)
-@job_recorded("llm_budgets.sweep_expired_holds")
+def job_task(job: Job) -> Callable[[Callable[[], int]], Any]:
+    """Make the decorated function the Celery task of ``job``: named ``job.task``, acknowledged
+    late (``JOB``), and each of its runs recorded for ``/health`` (``job_recorded``)."""
+
+    def decorate(function: Callable[[], int]) -> Any:
+        return shared_task(name=job.task, **JOB)(job_recorded(job.task)(function))
+
+    return decorate
+
+
+@job_task(SWEEP_EXPIRED_HOLDS)
 def sweep_expired_holds() -> int:
     return settlement.reservations_sweep()
 
 
-@shared_task(name="llm_budgets.reconcile_uncertain", **JOB)
-@job_recorded("llm_budgets.reconcile_uncertain")
+@job_task(RECONCILE_UNCERTAIN)
 def reconcile_uncertain() -> int:
     return settlement.reservations_reconcile()
 
 
-@shared_task(name="llm_budgets.scan_thresholds", **JOB)
-@job_recorded("llm_budgets.scan_thresholds")
+@job_task(SCAN_THRESHOLDS)
 def scan_thresholds() -> int:
     """Record new crossings, then enqueue one email task for each crossing that is due (new ones
     and any left behind by a crashed sender), once the rows are committed."""
@@ -59,27 +83,23 @@ def send_threshold_warning(crossing_id: int) -> str:
     return thresholds.threshold_warning_send(crossing_id)
 
 
-@shared_task(name="llm_budgets.detect_anomalies", **JOB)
-@job_recorded("llm_budgets.detect_anomalies")
+@job_task(DETECT_ANOMALIES)
 def detect_anomalies() -> int:
     """Automatic kill switches: spend velocity, runaway loops, failure storms (per plan)."""
     return len(anomalies.anomalies_detect())
 
 
-@shared_task(name="llm_budgets.rollup_daily_usage", **JOB)
-@job_recorded("llm_budgets.rollup_daily_usage")
+@job_task(ROLLUP_DAILY_USAGE)
 def rollup_daily_usage() -> int:
     return rollups.daily_usage_refresh()
 
 
-@shared_task(name="llm_budgets.purge_retention", **JOB)
-@job_recorded("llm_budgets.purge_retention")
+@job_task(PURGE_RETENTION)
 def purge_retention() -> int:
     return retention.reservations_purge() + retention.refusals_purge()
 
 
-@shared_task(name="llm_budgets.stripe_push", **JOB)
-@job_recorded("llm_budgets.stripe_push")
+@job_task(STRIPE_PUSH)
 def stripe_push() -> int:
     """Deliver pending usage to Stripe (nothing without STRIPE_API_KEY: usage waits)."""
     from llm_budgets.billing.client import StripeNotConfigured
@@ -91,8 +111,7 @@ def stripe_push() -> int:
         return 0
 
 
-@shared_task(name="llm_budgets.stripe_reconcile", **JOB)
-@job_recorded("llm_budgets.stripe_reconcile")
+@job_task(STRIPE_RECONCILE)
 def stripe_reconcile() -> int:
     """Compare delivered usage with Stripe's summaries; returns the number of differences."""
     from llm_budgets.billing.reconciliation import billing_reconcile
@@ -103,8 +122,7 @@ def stripe_reconcile() -> int:
     return billing_reconcile().differences
 
 
-@shared_task(name="llm_budgets.credits_daily", **JOB)
-@job_recorded("llm_budgets.credits_daily")
+@job_task(CREDITS_DAILY)
 def credits_daily() -> int:
     """Expire due credit lots, bring the Stripe grants of lots whose live part changed into
     step, then reconcile prepaid balances with Stripe; returns the number of differences (each
@@ -126,8 +144,7 @@ def credits_daily() -> int:
     return differences
 
 
-@shared_task(name="llm_budgets.recharges_send", **JOB)
-@job_recorded("llm_budgets.recharges_send")
+@job_task(RECHARGES_SEND)
 def recharges_send() -> int:
     """Pay pending auto-recharges off-session; returns how many were credited."""
     from llm_budgets.billing.recharge import recharges_send as send
@@ -138,8 +155,7 @@ def recharges_send() -> int:
     return send()["credited"]
 
 
-@shared_task(name="llm_budgets.deliver_alerts", **JOB)
-@job_recorded("llm_budgets.deliver_alerts")
+@job_task(DELIVER_ALERTS)
 def deliver_alerts() -> int:
     """Send the alert deliveries that are due (each endpoint's in order); returns how many went."""
     from llm_budgets.alerts.delivery import alerts_deliver

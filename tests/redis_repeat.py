@@ -36,7 +36,7 @@ from pathlib import Path
 import redis
 from kombu import Connection, Producer
 
-from tests.faultproxy import FaultProxy
+from llm_budgets.testing.faultproxy import FaultProxy
 from tests.services import REDIS_URL
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -32,9 +32,9 @@ from llm_budgets.alerts.signing import signature
 from llm_budgets.alerts.transport import address_allowed
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import AlertDelivery, AlertDeliveryState, AlertEndpoint, Tenant
+from llm_budgets.testing.faultproxy import FaultProxy
 from tests.alerts_receiver import Receiver, receiver_running
 from tests.factories import seed
-from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.django_db
 

@@ -130,7 +130,7 @@ def test_the_management_command_reports_trips() -> None:
 
 
 def test_the_scheduled_task_trips_a_runaway_loop() -> None:
-    from llm_budgets.schedule import JOBS
+    from llm_budgets.schedule import DETECT_ANOMALIES
     from llm_budgets.tasks import detect_anomalies
 
     _plan(anomaly_reservations_per_minute=5)
@@ -139,7 +139,7 @@ def test_the_scheduled_task_trips_a_runaway_loop() -> None:
         _reserve_at(now - timedelta(seconds=30 - i))
     assert detect_anomalies.delay().get() == 1
     assert KillSwitch.objects.get().detector == RUNAWAY
-    assert JOBS["llm_budgets: automatic kill switches"] == ("llm_budgets.detect_anomalies", 60)
+    assert (DETECT_ANOMALIES.task, DETECT_ANOMALIES.every) == ("llm_budgets.detect_anomalies", 60)
 
 
 def test_uncertain_holds_count_towards_a_failure_storm() -> None:

@@ -39,9 +39,9 @@ from llm_budgets.models import (
     UsageRecord,
 )
 from llm_budgets.schedule import BEAT_SCHEDULE, JOBS
+from llm_budgets.testing.faultproxy import FaultProxy
 from tests.celery_processes import celery_processes
 from tests.factories import billing_contacts, reserve_30, reserve_30_at, seed
-from tests.faultproxy import FaultProxy
 from tests.services import REDIS_URL, redis_ping, require, subprocess_database_url
 
 pytestmark = [pytest.mark.faults, pytest.mark.django_db(transaction=True)]
@@ -292,9 +292,7 @@ def test_beat_down_for_an_hour_runs_each_job_once_on_restart_and_loses_nothing()
             entry.last_run_at = last_run[name]
         first_tick = tick_for(restarted, 1)
         # Each job due once, whatever the downtime: the hourly and daily ones were not yet due.
-        assert sorted(first_tick) == sorted(
-            task for task, every in JOBS.values() if every <= 60 * 60
-        )
+        assert sorted(first_tick) == sorted(job.task for job in JOBS if job.every <= 60 * 60)
         assert first_tick.count("llm_budgets.sweep_expired_holds") == 1
         # Running what was sent settles the hour's backlog.
         for task in first_tick:

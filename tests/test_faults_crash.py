@@ -28,10 +28,10 @@ from django.utils import timezone
 
 from llm_budgets import budgets
 from llm_budgets.models import Counter, Reservation, ReservationState, UsageRecord
+from llm_budgets.testing.faultproxy import FaultProxy
 from tests.api import BASE, new_key, reserve_body
 from tests.concurrency import RowLocker, patient_lock_waits
 from tests.factories import reserve_30, seed
-from tests.faultproxy import FaultProxy
 from tests.servers import web_processes
 from tests.test_faults_db import invariants, lease_passes, via
 

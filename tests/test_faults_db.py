@@ -1,7 +1,7 @@
 """The ledger through a fault proxy (issue #17 item 1, and the statement-boundary crashes of item
-3): a real web process talks to PostgreSQL through ``tests/faultproxy.py``; the test cuts its
-connection at every point of a request, before and after the server saw each message, takes the
-database away and gives it back.
+3): a real web process talks to PostgreSQL through the fault proxy
+(``llm_budgets/testing/faultproxy.py``); the test cuts its connection at every point of a request,
+before and after the server saw each message, takes the database away and gives it back.
 
 What must hold after every fault: the answer is a 503 with Retry-After (never a 500, never a
 success that did not happen); nothing is half-written (conservation, no overspend, every
@@ -30,10 +30,10 @@ from django.utils import timezone
 
 from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import IdempotencyRecord, Reservation, ReservationState
+from llm_budgets.testing.faultproxy import FaultProxy
 from tests.api import BASE, new_key, reserve_body
 from tests.concurrency import overspent_counters
 from tests.factories import seed
-from tests.faultproxy import FaultProxy
 from tests.servers import WebProcess, web_processes
 from tests.services import subprocess_database_url
 

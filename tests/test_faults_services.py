@@ -1,6 +1,6 @@
-"""The fault proxy (tests/faultproxy.py) between the app and the services it calls over the
-network other than PostgreSQL (issue #17, item 1): the fake Stripe and the fake OpenAI and
-Anthropic servers. (Redis, the Celery broker, is in tests/test_faults_celery.py.)
+"""The fault proxy (llm_budgets/testing/faultproxy.py) between the app and the services it calls
+over the network other than PostgreSQL (issue #17, item 1): the fake Stripe and the fake OpenAI
+and Anthropic servers. (Redis, the Celery broker, is in tests/test_faults_celery.py.)
 
 - Stripe: outbox delivery through refused connections, resets, answers lost after Stripe recorded
   the event, a stall past the client's timeout and latency: every delivery ends sent exactly once
@@ -35,8 +35,8 @@ from llm_budgets.testing.fakes.anthropic_server import FakeAnthropic
 from llm_budgets.testing.fakes.openai_server import FakeOpenAI
 from llm_budgets.testing.fakes.server import WAIT
 from llm_budgets.testing.fakes.stripe_server import StripeServer
+from llm_budgets.testing.faultproxy import FaultProxy
 from tests.factories import reserve_30
-from tests.faultproxy import FaultProxy
 from tests.integrations import CLAUDE, GPT, assert_conserved, only_reservation, seed_tenant
 from tests.stripe_support import ledger_units, set_up, stripe_settings
 

@@ -53,10 +53,10 @@ from llm_budgets import budgets
 from llm_budgets.billing.credits import account_of, balance_open, credit_add
 from llm_budgets.jobs.reconcile import counters_drift
 from llm_budgets.models import Budget, Reservation, ReservationState, UsageRecord
+from llm_budgets.testing.faultproxy import FaultProxy
 from tests.api import new_key
 from tests.concurrency import overspent_counters
 from tests.factories import seed
-from tests.faultproxy import FaultProxy
 from tests.servers import WebProcess, web_processes
 from tests.soak_checks import journal_entries, not_exactly_once
 from tests.soak_workers import (

@@ -20,7 +20,7 @@ from llm_budgets.conf import SettingError
 from llm_budgets.jobs import records
 from llm_budgets.jobs.records import job_finished
 from llm_budgets.models import JobRun
-from llm_budgets.schedule import TASKS
+from llm_budgets.schedule import PURGE_RETENTION, jobs_installed
 from llm_budgets.tasks import purge_retention
 from tests.api import BASE
 from tests.factories import reserve_30, reserve_30_at, seed
@@ -28,7 +28,7 @@ from tests.factories import reserve_30, reserve_30_at, seed
 pytestmark = pytest.mark.django_db
 
 URL = f"{BASE}health"
-PURGE = "llm_budgets.purge_retention"
+PURGE = PURGE_RETENTION.task
 # A retention setting its reader refuses: the purge job really raises, as a task and a command.
 BROKEN_PURGE = {"RETENTION_RELEASED_DAYS": 0}
 
@@ -36,8 +36,8 @@ BROKEN_PURGE = {"RETENTION_RELEASED_DAYS": 0}
 @pytest.fixture(autouse=True)
 def jobs_ran() -> None:
     """Every job has just finished (the ``jobs`` check: tests/test_host_schedule.py)."""
-    for task in TASKS:
-        job_finished(task)
+    for job in jobs_installed():
+        job_finished(job.task)
 
 
 def get() -> tuple[int, dict]:
@@ -71,7 +71,7 @@ def test_nothing_tenant_specific_is_in_it() -> None:
         "lag_seconds",
         "max_lag_seconds",
         "unapplied",
-        *TASKS,  # the jobs check: each overdue job's age
+        *(job.task for job in jobs_installed()),  # the jobs check: each overdue job's age
     }
 
 
@@ -164,8 +164,9 @@ def test_a_job_that_only_ever_failed_is_named_failing_and_overdue() -> None:
     assert installed is not None
     with override_settings(LLM_BUDGETS=BROKEN_PURGE), pytest.raises(SettingError):
         purge_retention()
-    for task in TASKS - {PURGE}:
-        job_finished(task, now=installed + timedelta(days=3))
+    for job in jobs_installed():
+        if job.task != PURGE:
+            job_finished(job.task, now=installed + timedelta(days=3))
     report = health.health_check(now=installed + timedelta(days=3))
     (jobs,) = [check for check in report.checks if check.name == "jobs"]
     assert report.failing == ["jobs"]

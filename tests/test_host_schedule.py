@@ -17,7 +17,7 @@ from llm_budgets.checks import DATABASE_SCHEDULER, check_schedule
 from llm_budgets.health import health_check
 from llm_budgets.jobs.records import job_finished
 from llm_budgets.models import JobRun
-from llm_budgets.schedule import BEAT_SCHEDULE, TASKS, periodic_tasks_install
+from llm_budgets.schedule import BEAT_SCHEDULE, jobs_installed, periodic_tasks_install
 from llm_budgets.tasks import sweep_expired_holds
 
 SWEEP = "llm_budgets.sweep_expired_holds"
@@ -85,8 +85,8 @@ def test_install_schedule_warns_when_the_ready_dict_would_overwrite_its_rows() -
 @pytest.mark.django_db
 def test_health_names_every_overdue_job() -> None:
     started = timezone.now()
-    for task in TASKS:
-        job_finished(task, now=started)
+    for job in jobs_installed():
+        job_finished(job.task, now=started)
     # 400 s on: only the 10 s alert delivery and the 30 s sweep are past twice their interval
     # plus the 300 s slack.
     report = health_check(now=started + timedelta(seconds=400))

@@ -51,9 +51,9 @@ from llm_budgets.models import (
     TopUp,
 )
 from llm_budgets.testing.fakes.stripe_server import StripeServer
+from llm_budgets.testing.faultproxy import FaultProxy
 from tests.concurrency import outside_connection
 from tests.factories import price_fake, reserve_30
-from tests.faultproxy import FaultProxy
 from tests.prepaid_support import TOP_UP_URL, deliver, pay, prepaid
 from tests.stripe_support import fake_stripe, set_up, stripe_settings
 

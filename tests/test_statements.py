@@ -32,8 +32,9 @@ from llm_budgets.models import (
     Tenant,
     UsageRecord,
 )
+from llm_budgets.testing.queries import round_trips
 from tests.concurrency import outside_connection
-from tests.queries import reads, round_trips
+from tests.queries import reads
 
 pytestmark = pytest.mark.django_db
 

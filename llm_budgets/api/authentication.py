@@ -212,9 +212,12 @@ def _forget_keys(**kwargs: Any) -> None:
     _keys.clear()
 
 
-for _model in (ApiKey, Tenant):
-    post_save.connect(_forget_keys, sender=_model, dispatch_uid=f"llmb_forget_keys_{_model}")
-    post_delete.connect(_forget_keys, sender=_model, dispatch_uid=f"llmb_forget_keys_d{_model}")
+def key_cache_watch() -> None:
+    """Connect the receivers that empty this process's key cache when a key or a tenant is saved
+    or deleted (``AppConfig.ready``)."""
+    for model in (ApiKey, Tenant):
+        post_save.connect(_forget_keys, sender=model, dispatch_uid=f"llmb_forget_keys_{model}")
+        post_delete.connect(_forget_keys, sender=model, dispatch_uid=f"llmb_forget_keys_d{model}")
 
 
 # Refusals of a known key with its right secret: counted per key, not per source.

@@ -22,8 +22,8 @@ logger = logging.getLogger(__name__)
 
 
 def job_finished(task: str, *, now: datetime | None = None) -> None:
-    """Record that ``task`` (a name in ``schedule.JOBS``) finished now, clearing a failure
-    recorded before: one upsert."""
+    """Record that ``task`` (a ``Job.task`` of ``llm_budgets.schedule``) finished now, clearing
+    a failure recorded before: one upsert."""
     JobRun.objects.bulk_create(
         [JobRun(task=task, finished_at=now or timezone.now(), failed_at=None, error="")],
         update_conflicts=True,

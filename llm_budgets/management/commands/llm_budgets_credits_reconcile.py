@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from llm_budgets.billing.credit_reconciliation import credits_reconcile
 from llm_budgets.jobs.records import job_recorded
 from llm_budgets.money import display
+from llm_budgets.schedule import CREDITS_DAILY
 
 
 class Command(BaseCommand):
@@ -18,7 +19,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--tenant", action="append", help="Only this tenant (repeatable).")
 
-    @job_recorded("llm_budgets.credits_daily")
+    @job_recorded(CREDITS_DAILY.task)
     def handle(self, *args: Any, **options: Any) -> None:
         reports = credits_reconcile(tenants=options["tenant"])
         bad = 0

@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand
 
 from llm_budgets.alerts.delivery import alerts_deliver
 from llm_budgets.jobs.records import job_recorded
+from llm_budgets.schedule import DELIVER_ALERTS
 
 
 class Command(BaseCommand):
@@ -14,6 +15,6 @@ class Command(BaseCommand):
         "Safe to run twice or in several processes at once."
     )
 
-    @job_recorded("llm_budgets.deliver_alerts")
+    @job_recorded(DELIVER_ALERTS.task)
     def handle(self, *args: Any, **options: Any) -> None:
         self.stdout.write(f"Alerts: {alerts_deliver()}.")

@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand
 
 from llm_budgets.jobs.anomalies import anomalies_detect
 from llm_budgets.jobs.records import job_recorded
+from llm_budgets.schedule import DETECT_ANOMALIES
 
 
 class Command(BaseCommand):
@@ -14,7 +15,7 @@ class Command(BaseCommand):
         "plan's thresholds. Run every minute (cron or Celery beat)."
     )
 
-    @job_recorded("llm_budgets.detect_anomalies")
+    @job_recorded(DETECT_ANOMALIES.task)
     def handle(self, *args: Any, **options: Any) -> None:
         tripped = anomalies_detect()
         for switch in tripped:

@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand
 
 from llm_budgets.jobs.records import job_recorded
 from llm_budgets.jobs.retention import refusals_purge, reservations_purge
+from llm_budgets.schedule import PURGE_RETENTION
 
 
 class Command(BaseCommand):
@@ -15,7 +16,7 @@ class Command(BaseCommand):
         "they refer to, are never deleted."
     )
 
-    @job_recorded("llm_budgets.purge_retention")
+    @job_recorded(PURGE_RETENTION.task)
     def handle(self, *args: Any, **options: Any) -> None:
         purged = reservations_purge()
         refusals = refusals_purge()

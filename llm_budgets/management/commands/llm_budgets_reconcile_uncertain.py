@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand
 
 from llm_budgets.engine.settlement import reservations_reconcile
 from llm_budgets.jobs.records import job_recorded
+from llm_budgets.schedule import RECONCILE_UNCERTAIN
 
 
 class Command(BaseCommand):
@@ -14,7 +15,7 @@ class Command(BaseCommand):
         "UNCERTAIN_SETTLE_RULE (charge the hold as estimated, or release it)."
     )
 
-    @job_recorded("llm_budgets.reconcile_uncertain")
+    @job_recorded(RECONCILE_UNCERTAIN.task)
     def handle(self, *args: Any, **options: Any) -> None:
         settled = reservations_reconcile()
         self.stdout.write(f"Settled {settled} uncertain reservation(s).")

@@ -11,6 +11,7 @@ from llm_budgets.jobs.rollups import (
     daily_usage_rebuild_all,
     daily_usage_refresh,
 )
+from llm_budgets.schedule import ROLLUP_DAILY_USAGE
 
 
 class Command(BaseCommand):
@@ -24,7 +25,7 @@ class Command(BaseCommand):
         parser.add_argument("--until", type=date.fromisoformat, help="Last day (YYYY-MM-DD).")
         parser.add_argument("--all", action="store_true", help="Every day of the ledger.")
 
-    @job_recorded("llm_budgets.rollup_daily_usage")
+    @job_recorded(ROLLUP_DAILY_USAGE.task)
     def handle(self, *args: Any, **options: Any) -> None:
         since, until = options["since"], options["until"]
         if options["all"]:

@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 from llm_budgets.billing.client import StripeNotConfigured
 from llm_budgets.billing.delivery import billing_push
 from llm_budgets.jobs.records import job_recorded
+from llm_budgets.schedule import STRIPE_PUSH
 
 
 class Command(BaseCommand):
@@ -15,7 +16,7 @@ class Command(BaseCommand):
         "and send what is due. Safe to run twice or in several processes at once."
     )
 
-    @job_recorded("llm_budgets.stripe_push")
+    @job_recorded(STRIPE_PUSH.task)
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             result = billing_push()

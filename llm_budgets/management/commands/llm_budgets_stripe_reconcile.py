@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from llm_budgets.billing.reconciliation import billing_reconcile
 from llm_budgets.jobs.records import job_recorded
+from llm_budgets.schedule import STRIPE_RECONCILE
 
 
 class Command(BaseCommand):
@@ -20,7 +21,7 @@ class Command(BaseCommand):
             "--customer", action="append", help="Only this Stripe customer id (repeatable)."
         )
 
-    @job_recorded("llm_budgets.stripe_reconcile")
+    @job_recorded(STRIPE_RECONCILE.task)
     def handle(self, *args: Any, **options: Any) -> None:
         run = billing_reconcile(days=options["days"], customer_ids=options["customer"])
         if run.error:

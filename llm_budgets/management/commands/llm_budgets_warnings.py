@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand
 
 from llm_budgets.jobs.records import job_recorded
 from llm_budgets.jobs.thresholds import threshold_warning_send, thresholds_due, thresholds_scan
+from llm_budgets.schedule import SCAN_THRESHOLDS
 
 
 class Command(BaseCommand):
@@ -14,7 +15,7 @@ class Command(BaseCommand):
         "due (once per budget, period and threshold)."
     )
 
-    @job_recorded("llm_budgets.scan_thresholds")
+    @job_recorded(SCAN_THRESHOLDS.task)
     def handle(self, *args: Any, **options: Any) -> None:
         created = thresholds_scan()
         states = [threshold_warning_send(crossing_id) for crossing_id in thresholds_due()]

@@ -15,9 +15,9 @@ from django_celery_beat.models import IntervalSchedule, PeriodicTask
 from django_celery_beat.schedulers import DatabaseScheduler
 from hostproj.celery import app
 
-from llm_budgets.schedule import BEAT_SCHEDULE, JOBS, STRIPE_TASKS
+from llm_budgets.schedule import BEAT_SCHEDULE, JOBS, SWEEP_EXPIRED_HOLDS
 
-SWEEP = "llm_budgets: expire overdue holds"
+SWEEP = SWEEP_EXPIRED_HOLDS.name
 
 
 def beat_starts() -> None:
@@ -35,7 +35,7 @@ def test_an_operators_edit_survives_beat_starting() -> None:
     beat_starts()
     row.refresh_from_db()
     assert row.interval.every == 45
-    assert row.expire_seconds == JOBS[SWEEP][1]  # the expiry install_schedule set is kept
+    assert row.expire_seconds == SWEEP_EXPIRED_HOLDS.every  # install_schedule's expiry is kept
 
 
 @pytest.mark.django_db
@@ -61,7 +61,7 @@ def test_health_names_every_overdue_job() -> None:
     assert response.status_code == 503
     detail = response.json()["checks"]["jobs"]["detail"]
     # Every job due more often than hourly, and no other (no Stripe key here).
-    due = {task for task, seconds in JOBS.values() if seconds < 3600 and task not in STRIPE_TASKS}
+    due = {job.task for job in JOBS if job.every < 3600 and job.needs != "stripe"}
     assert due
     for task in due:
         assert task in detail, detail

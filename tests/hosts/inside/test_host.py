@@ -118,7 +118,7 @@ def test_schedule_install() -> None:
 
     from llm_budgets.schedule import JOBS
 
-    assert set(JOBS) <= set(PeriodicTask.objects.values_list("name", flat=True))
+    assert {job.name for job in JOBS} <= set(PeriodicTask.objects.values_list("name", flat=True))
 
 
 def guarded_call(user, fake) -> bytes:

@@ -1,5 +1,6 @@
 """A TCP fault proxy of our own, on 127.0.0.1, between a client (the app) and a server
-(PostgreSQL, Redis, a fake HTTP server), driven from tests.
+(PostgreSQL, Redis, a fake HTTP server), driven from tests: this project's fault tests and
+benches, and a host's own (it imports only the standard library).
 
 Faults, each applied to the connections open now and to new ones until ``heal()``:
 
