@@ -16,9 +16,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.billing.delivery import billing_push, hour_of
 from llm_budgets.billing.reconciliation import billing_reconcile
 from llm_budgets.billing.setup import billing_setup
+from llm_budgets.billing.stripe_push import hour_of, stripe_push
 from llm_budgets.engine.admission import reservation_create
 from llm_budgets.engine.settlement import reservation_commit
 from llm_budgets.models import MeterDelivery, MeterDeliveryState, Price
@@ -100,9 +100,9 @@ def stripe_demo_run() -> StripeDemoReport:
             report.ledger_total += _use(500, hour + timedelta(hours=1, minutes=10))
             # Stripe records the first event, then the connection drops before its answer.
             fake.inject("/v1/billing/meter_events", "drop_after")
-            first = billing_push(now=now)
+            first = stripe_push(now=now)
             report.lines.append(f"first push: {first} (Stripe's answer to one event was lost)")
-            again = billing_push(now=now + timedelta(minutes=1))
+            again = stripe_push(now=now + timedelta(minutes=1))
             report.lines.append(f"retry push: {again} (same identifier: Stripe holds it once)")
             report.duplicates_absorbed = fake.state.requests.count(
                 ("POST", "/v1/billing/meter_events")

@@ -102,11 +102,11 @@ def purge_retention() -> int:
 @job_task(STRIPE_PUSH)
 def stripe_push() -> int:
     """Deliver pending usage to Stripe (nothing without STRIPE_API_KEY: usage waits)."""
+    from llm_budgets.billing import stripe_push as job
     from llm_budgets.billing.client import StripeNotConfigured
-    from llm_budgets.billing.delivery import billing_push
 
     try:
-        return billing_push().sent
+        return job.stripe_push().sent
     except StripeNotConfigured:
         return 0
 

@@ -15,7 +15,7 @@ import django
 
 django.setup()
 
-from llm_budgets.billing.delivery import billing_push  # noqa: E402
+from llm_budgets.billing.stripe_push import stripe_push  # noqa: E402
 
 if __name__ == "__main__":
-    print(billing_push(now=datetime.fromisoformat(sys.argv[1])), flush=True)
+    print(stripe_push(now=datetime.fromisoformat(sys.argv[1])), flush=True)

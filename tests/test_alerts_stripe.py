@@ -13,7 +13,7 @@ from django.test import Client
 from llm_budgets import budgets
 from llm_budgets.alerts.bodies import SCHEMAS
 from llm_budgets.alerts.endpoints import endpoint_create
-from llm_budgets.billing.delivery import billing_push
+from llm_budgets.billing.stripe_push import stripe_push
 from llm_budgets.models import AlertDelivery, AlertEvent, Tenant
 from llm_budgets.testing.fakes.stripe_server import StripeServer
 from tests.factories import reserve_30, seed
@@ -81,7 +81,7 @@ def test_a_parked_delivery_alerts_the_operators_only(fake_stripe: StripeServer) 
         operators = subscribe(None)
         reserve_30().commit(input_tokens=0, output_tokens=1000)
     with time_machine.travel(start + timedelta(hours=1, minutes=1), tick=False):
-        assert billing_push().parked == 1
+        assert stripe_push().parked == 1
     (parked,) = AlertEvent.objects.filter(type="stripe.delivery_parked")
     assert parked.tenant is None
     assert parked.body["customer_id"] == "cus_missing"

@@ -122,7 +122,7 @@ def test_a_worker_killed_mid_stripe_push_bills_each_fact_once(
     """Killed after Stripe recorded the first event, before the outbox knew: the redelivered
     push sends the others, and the first once its lease ends (Stripe answers "already have it")."""
     _on_postgres()
-    from llm_budgets.billing.delivery import billing_push, deliveries_build, hour_of
+    from llm_budgets.billing.stripe_push import deliveries_build, hour_of, stripe_push
     from llm_budgets.testing.fakes.stripe_server import MeterEvent, StripeServer
     from tests.stripe_support import ledger_units, set_up, stripe_settings
 
@@ -161,7 +161,7 @@ def test_a_worker_killed_mid_stripe_push_bills_each_fact_once(
                 "the redelivered push sent the other two",
             )
         # The killed sender's lease (5 minutes) ends; the next push finds it at Stripe.
-        assert billing_push(now=timezone.now() + timedelta(minutes=6)).sent == 1
+        assert stripe_push(now=timezone.now() + timedelta(minutes=6)).sent == 1
         identifiers = [e.identifier for e in fake.state.events]
         assert len(identifiers) == len(set(identifiers)) == 3
         assert set(MeterDelivery.objects.values_list("state", flat=True)) == {

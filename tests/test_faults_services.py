@@ -27,7 +27,7 @@ import time_machine
 from django.utils import timezone
 
 from llm_budgets.billing import client as stripe_client_module
-from llm_budgets.billing.delivery import billing_push, deliveries_build, hour_of
+from llm_budgets.billing.stripe_push import deliveries_build, hour_of, stripe_push
 from llm_budgets.integrations import anthropic as anthropic_guard
 from llm_budgets.integrations import openai as openai_guard
 from llm_budgets.models import MeterDelivery, MeterDeliveryState
@@ -91,7 +91,7 @@ def test_stripe_delivery_through_outages_sends_each_fact_exactly_once(
     rounds: list[dict[str, int]] = []
 
     def push(at: Any) -> None:
-        result = billing_push(now=at)
+        result = stripe_push(now=at)
         rounds.append({"sent": result.sent, "retrying": result.retrying, "parked": result.parked})
 
     # 1. Stripe unreachable (connections refused): every delivery waits its first backoff (10 s).
@@ -137,7 +137,7 @@ def test_stripe_delivery_through_outages_sends_each_fact_exactly_once(
     proxy.latency_set(0.05)
     push(now + timedelta(seconds=70))
     assert rounds[-1] == {"sent": 2, "retrying": 0, "parked": 0}
-    assert billing_push(now=now + timedelta(hours=1)).sent == 0  # nothing left
+    assert stripe_push(now=now + timedelta(hours=1)).sent == 0  # nothing left
 
     deliveries = MeterDelivery.objects.all()
     assert {d.state for d in deliveries} == {MeterDeliveryState.SENT}

@@ -257,7 +257,7 @@ def test_no_stripe_key_or_webhook_secret_in_logs_errors_history_or_audit(
     from django.core import checks
     from django.utils import timezone
 
-    from llm_budgets.billing.delivery import billing_push
+    from llm_budgets.billing.stripe_push import stripe_push
     from llm_budgets.models import MeterDelivery, MeterDeliveryState
     from llm_budgets.testing.fakes.stripe_server import StripeServer
     from tests.stripe_support import event, set_up, sign, stripe_settings
@@ -275,17 +275,17 @@ def test_no_stripe_key_or_webhook_secret_in_logs_errors_history_or_audit(
             cid = set_up(fake)
             reserve_30().commit(input_tokens=0, output_tokens=100)
         settings.LLM_BUDGETS = {**base, "STRIPE_API_KEY": refused_key}
-        assert billing_push().parked == 1  # Stripe refused the key
+        assert stripe_push().parked == 1  # Stripe refused the key
         delivery = MeterDelivery.objects.get()
         changelist = reverse("admin:llm_budgets_meterdelivery_changelist")
         retried = admin.post(changelist, {"action": "retry", "_selected_action": [delivery.pk]})
         assert retried.status_code == 302
         settings.LLM_BUDGETS = {**base, "STRIPE_API_KEY": stripe_key}
         fake.inject("/v1/billing/meter_events", "500", "drop_after")
-        assert billing_push().retrying == 1
+        assert stripe_push().retrying == 1
         later = timezone.now() + timedelta(minutes=10)
-        assert billing_push(now=later).retrying == 1  # dropped after Stripe recorded it
-        assert billing_push(now=later + timedelta(hours=1)).sent == 1  # the replay
+        assert stripe_push(now=later).retrying == 1  # dropped after Stripe recorded it
+        assert stripe_push(now=later + timedelta(hours=1)).sent == 1  # the replay
         assert MeterDelivery.objects.get().state == MeterDeliveryState.SENT
 
         paid = event("invoice.paid", {"id": "in_1", "customer": cid})

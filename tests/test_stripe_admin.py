@@ -14,8 +14,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from llm_budgets.billing.checks import check_linked_without_key
-from llm_budgets.billing.delivery import billing_push
 from llm_budgets.billing.reconciliation import billing_reconcile
+from llm_budgets.billing.stripe_push import stripe_push
 from llm_budgets.checks import check_settings
 from llm_budgets.models import (
     AuditEvent,
@@ -49,7 +49,7 @@ def parked_delivery(fake: StripeServer) -> MeterDelivery:
         cid = set_up(fake)
         reserve_30().commit(input_tokens=0, output_tokens=1000)
     del fake.state.customers[cid]  # Stripe no longer knows the customer
-    billing_push()
+    stripe_push()
     return MeterDelivery.objects.get()
 
 
@@ -105,7 +105,7 @@ def test_staff_retry_parked_deliveries_with_the_permission(fake_stripe: StripeSe
     parked.refresh_from_db()
     assert parked.state == MeterDeliveryState.PENDING
     assert "retried by carol" in parked.note
-    assert billing_push().sent == 1
+    assert stripe_push().sent == 1
 
 
 def test_link_and_unlink_in_the_admin_are_audited(fake_stripe: StripeServer) -> None:

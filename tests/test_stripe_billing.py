@@ -15,8 +15,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from llm_budgets import budgets
-from llm_budgets.billing.delivery import billing_push, delivery_retry
 from llm_budgets.billing.reconciliation import billing_reconcile
+from llm_budgets.billing.stripe_push import delivery_retry, stripe_push
 from llm_budgets.billing.totals import billed_in_period, billing_status
 from llm_budgets.engine.adjustments import (
     budget_spend_reset,
@@ -72,11 +72,11 @@ def test_a_linked_tenants_usage_reaches_stripe_once_its_hour_has_closed(
         use(500)
     assert BillingLine.objects.count() == 2  # one outbox row per ledger line
     with at(H + timedelta(minutes=50)):
-        assert billing_push().sent == 0  # the hour is still open
+        assert stripe_push().sent == 0  # the hour is still open
     with at(H + timedelta(hours=1, minutes=1)):
-        result = billing_push()
+        result = stripe_push()
         assert (result.built, result.sent) == (1, 1)
-        assert billing_push().sent == 0  # nothing twice
+        assert stripe_push().sent == 0  # nothing twice
     [event] = fake_stripe.live_events(cid)
     # 1500 tokens x 0.03 = 45 USD = 45,000,000 millionths, sent as a string
     assert event.value == Decimal(45_000_000) == ledger_units()
@@ -127,7 +127,7 @@ def test_remainders_are_carried_per_customer_never_rounded_away(
         with at(H + timedelta(hours=hour, minutes=1)):
             use(1000)
         with at(H + timedelta(hours=hour + 1, minutes=2)):
-            billing_push()
+            stripe_push()
     exact = ledger_units()
     assert exact == Decimal("2333.3331")
     assert abs(sent_units(fake_stripe, cid) - exact) <= 1
@@ -141,12 +141,12 @@ def test_late_usage_for_a_sent_hour_goes_out_as_a_delta_never_the_total(
         cid = set_up(fake_stripe)
         use(1000)
     with at(H + timedelta(hours=1, minutes=1)):
-        billing_push()
+        stripe_push()
     # A line booked in that hour arrives late (e.g. a worker that was stuck).
     with at(H + timedelta(minutes=40)):
         use(100)
     with at(H + timedelta(hours=1, minutes=3)):
-        billing_push()
+        stripe_push()
     values = sorted(e.value for e in fake_stripe.live_events(cid))
     assert values == [3_000_000, 30_000_000]
     assert len({e.identifier for e in fake_stripe.live_events(cid)}) == 2
@@ -158,12 +158,12 @@ def test_a_void_of_a_recent_event_cancels_it(fake_stripe: StripeServer) -> None:
         cid = set_up(fake_stripe)
         use(1000)
     with at(H + timedelta(hours=1, minutes=1)):
-        billing_push()
+        stripe_push()
     line = UsageRecord.objects.get()
     with at(H + timedelta(hours=2)):
         usage_void(record_id=line.pk, reason="refund")
     with at(H + timedelta(hours=3, minutes=1)):
-        assert billing_push().sent == 1
+        assert stripe_push().sent == 1
     cancel = MeterDelivery.objects.get(kind=DeliveryKind.CANCEL)
     assert cancel.state == MeterDeliveryState.SENT
     assert cancel.units == -30_000_000
@@ -178,13 +178,13 @@ def test_a_void_after_a_day_is_a_compensating_negative_event(fake_stripe: Stripe
         use(1000)
         use(200)
     with at(H + timedelta(hours=1, minutes=1)):
-        billing_push()
+        stripe_push()
     first = UsageRecord.objects.order_by("pk").first()
     assert first is not None
     with at(H + timedelta(days=2)):
         usage_void(record_id=first.pk, reason="refund")
     with at(H + timedelta(days=2, hours=1, minutes=1)):
-        billing_push()
+        stripe_push()
     assert sorted(e.value for e in fake_stripe.live_events(cid)) == [-30_000_000, 36_000_000]
     assert sent_units(fake_stripe, cid) == ledger_units() == 6_000_000
 
@@ -194,17 +194,17 @@ def test_a_refused_cancel_falls_back_to_a_compensating_event(fake_stripe: Stripe
         cid = set_up(fake_stripe)
         use(1000)
     with at(H + timedelta(hours=1, minutes=1)):
-        billing_push()
+        stripe_push()
     with at(H + timedelta(hours=2)):
         usage_void(record_id=UsageRecord.objects.get().pk, reason="refund")
     # Built as a cancel within 23 h, but sent only after Stripe's 24 h.
     with at(H + timedelta(hours=3, minutes=1)):
-        from llm_budgets.billing.delivery import deliveries_build
+        from llm_budgets.billing.stripe_push import deliveries_build
 
         deliveries_build()
     with at(H + timedelta(hours=26)):
-        billing_push()
-        billing_push()
+        stripe_push()
+        stripe_push()
     assert sent_units(fake_stripe, cid) == ledger_units() == 0
     assert [e.value for e in fake_stripe.live_events(cid)] == [30_000_000, -30_000_000]
 
@@ -216,7 +216,7 @@ def test_a_void_before_sending_nets_out(fake_stripe: StripeServer) -> None:
     with at(H + timedelta(hours=2)):
         usage_void(record_id=UsageRecord.objects.get().pk, reason="mistake")
     with at(H + timedelta(hours=3)):
-        billing_push()
+        stripe_push()
     assert fake_stripe.live_events(cid) == []
     assert MeterDelivery.objects.get().state == MeterDeliveryState.EMPTY
 
@@ -231,7 +231,7 @@ def test_expiry_charges_and_late_true_ups_are_billed(fake_stripe: StripeServer) 
         assert budgets.sweep(now=timezone.now()) == 1
         hold.commit(input_tokens=0, output_tokens=100)  # late: trued down by 27
     with at(H + timedelta(hours=1, minutes=1)):
-        billing_push()
+        stripe_push()
     kinds = sorted(BillingLine.objects.values_list("kind", flat=True))
     assert kinds == ["charge", "true_up"]
     assert sent_units(fake_stripe, cid) == ledger_units() == 3_000_000
@@ -264,7 +264,7 @@ def test_usage_before_linking_is_delivered_when_linked_older_is_reported(
         billing_setup(event_name="llm_usage")
         cid = fake_stripe.add_customer()
         budgets.link_stripe_customer(tenant="acme", customer_id=cid, actor="ops")
-        billing_push()
+        stripe_push()
     assert [e.value for e in fake_stripe.live_events(cid)] == [60_000_000]
     old = MeterDelivery.objects.get(state=MeterDeliveryState.TOO_OLD)
     assert old.amount == Decimal(30)
@@ -279,7 +279,7 @@ def test_unlinking_stops_new_usage_and_keeps_what_is_owed(fake_stripe: StripeSer
         budgets.unlink_stripe_customer(tenant="acme", reason="churned")
         use(500)  # after unlinking: not queued
     with at(H + timedelta(hours=1, minutes=1)):
-        billing_push()
+        stripe_push()
     assert [e.value for e in fake_stripe.live_events(cid)] == [30_000_000]
     assert AuditEvent.objects.filter(action="stripe.unlink", reason="churned").exists()
     with pytest.raises(InvalidUsage):
@@ -287,7 +287,7 @@ def test_unlinking_stops_new_usage_and_keeps_what_is_owed(fake_stripe: StripeSer
     # Relinked: the usage booked meanwhile (within 35 days) is delivered.
     with at(H + timedelta(hours=2)):
         budgets.link_stripe_customer(tenant="acme", customer_id=cid)
-        billing_push()
+        stripe_push()
     assert sent_units(fake_stripe, cid) == ledger_units() == 45_000_000
 
 
@@ -305,17 +305,17 @@ def test_transient_faults_retry_and_bill_once(fake_stripe: StripeServer, fault: 
         use(1000)
     fake_stripe.inject("/v1/billing/meter_events", fault, fault)
     with at(H + timedelta(hours=1, minutes=1)):
-        assert billing_push().retrying == 1
+        assert stripe_push().retrying == 1
     delivery = MeterDelivery.objects.get()
     assert delivery.state == MeterDeliveryState.PENDING
     assert delivery.error_code
     # Backoff: not due again yet, then due after 10 s, then 20 s.
     with at(H + timedelta(hours=1, minutes=1, seconds=5)):
-        assert billing_push().retrying == 0
+        assert stripe_push().retrying == 0
     with at(H + timedelta(hours=1, minutes=1, seconds=11)):
-        assert billing_push().retrying == 1
+        assert stripe_push().retrying == 1
     with at(H + timedelta(hours=1, minutes=2)):
-        assert billing_push().sent == 1
+        assert stripe_push().sent == 1
     assert len(fake_stripe.live_events(cid)) == 1
     assert sent_units(fake_stripe, cid) == ledger_units()
 
@@ -329,9 +329,9 @@ def test_transient_failures_are_parked_after_the_maximum(
         use(1000)
     fake_stripe.inject("/v1/billing/meter_events", "500", "500")
     with at(H + timedelta(hours=1, minutes=1)):
-        billing_push()
+        stripe_push()
     with at(H + timedelta(hours=2)):
-        assert billing_push().parked == 1
+        assert stripe_push().parked == 1
     delivery = MeterDelivery.objects.get()
     assert delivery.state == MeterDeliveryState.PARKED
     assert "2 attempts" in delivery.note
@@ -348,7 +348,7 @@ def test_a_bad_customer_is_parked_with_stripes_error_and_retried_once_fixed(
         budgets.link_stripe_customer(tenant="acme", customer_id="cus_missing")
         use(1000)
     with at(H + timedelta(hours=1, minutes=1)):
-        assert billing_push().parked == 1
+        assert stripe_push().parked == 1
     parked = MeterDelivery.objects.get()
     assert parked.state == MeterDeliveryState.PARKED
     assert "No such customer" in parked.error_message
@@ -356,9 +356,9 @@ def test_a_bad_customer_is_parked_with_stripes_error_and_retried_once_fixed(
     assert billing_status(parked.tenant).by_state[MeterDeliveryState.PARKED][0] == 1
     fake_stripe.add_customer("cus_missing")  # fixed in Stripe
     with at(H + timedelta(hours=1, minutes=5)):
-        assert billing_push().sent == 0  # parked rows wait for a person
+        assert stripe_push().sent == 0  # parked rows wait for a person
         assert delivery_retry(delivery_id=parked.pk, actor="carol")
-        assert billing_push().sent == 1
+        assert stripe_push().sent == 1
     assert sent_units(fake_stripe, "cus_missing") == ledger_units()
 
 
@@ -367,7 +367,7 @@ def test_reconciliation_is_clean_then_finds_a_difference(fake_stripe: StripeServ
         cid = set_up(fake_stripe)
         use(1000)
     with at(H + timedelta(hours=1, minutes=1)):
-        billing_push()
+        stripe_push()
     with at(H + timedelta(hours=3)):
         out = StringIO()
         call_command("llm_budgets_stripe_reconcile", stdout=out)
@@ -424,7 +424,7 @@ def test_billed_so_far_counts_what_stripe_accepted(fake_stripe: StripeServer) ->
         use(1000)
     with at(H + timedelta(hours=1, minutes=1)):
         use(100)  # this hour is still open: not billed yet
-        billing_push()
+        stripe_push()
     tenant = MeterDelivery.objects.get().tenant
     assert billed_in_period(tenant, H, H + timedelta(days=1)) == Decimal(30)
     assert billed_in_period(tenant, H + timedelta(hours=1), H + timedelta(days=1)) == 0
@@ -462,10 +462,10 @@ def test_a_line_committed_by_a_process_unaware_of_a_new_link_is_caught_up(
             outbox.linked_cache_clear()
         assert BillingLine.objects.count() == 0
     with at(H + timedelta(minutes=5)):
-        assert billing_push().queued == 1
+        assert stripe_push().queued == 1
     assert StripeCustomerLink.objects.get().caught_up_at is None  # still within the margin
     with at(H + timedelta(hours=1, minutes=1)):
-        assert billing_push().sent == 1
+        assert stripe_push().sent == 1
     assert StripeCustomerLink.objects.get().caught_up_at is not None
     assert sent_units(fake_stripe, cid) == ledger_units() == 30_000_000
 
@@ -494,7 +494,7 @@ def test_a_plan_may_bill_through_its_own_meter(fake_stripe: StripeServer) -> Non
         use(1000)
     assert BillingLine.objects.get().event_name == "pro_usage"
     with at(H + timedelta(hours=1, minutes=1)):
-        billing_push()
+        stripe_push()
     [event] = fake_stripe.live_events(cid)
     assert event.event_name == "pro_usage"
     assert StripeMeter.objects.count() == 2
@@ -507,7 +507,7 @@ def test_relinking_moves_unsent_usage_to_the_new_customer(fake_stripe: StripeSer
         new = fake_stripe.add_customer()
         budgets.link_stripe_customer(tenant="acme", customer_id=new)
     with at(H + timedelta(hours=1, minutes=1)):
-        billing_push()
+        stripe_push()
     assert fake_stripe.live_events(old) == []
     assert sent_units(fake_stripe, new) == ledger_units() == 30_000_000
 
@@ -527,7 +527,7 @@ def test_voiding_usage_that_was_too_old_to_bill_credits_nothing(
         usage_void(record_id=UsageRecord.objects.get().pk, reason="goodwill")
     assert BillingLine.objects.get().amount == 0
     with at(H + timedelta(hours=1, minutes=1)):
-        billing_push()
+        stripe_push()
     assert fake_stripe.live_events(cid) == []
 
 
@@ -538,7 +538,7 @@ def test_a_reconciliation_that_cannot_reach_stripe_says_so(fake_stripe: StripeSe
         set_up(fake_stripe)
         use(1000)
     with at(H + timedelta(hours=1, minutes=1)):
-        billing_push()
+        stripe_push()
     fake_stripe.inject(
         "/v1/billing/meters/" + StripeMeter.objects.get().meter_id + "/event_summaries", "500"
     )
@@ -561,7 +561,7 @@ def test_the_tenant_pages_show_billed_so_far_to_an_admin_only(fake_stripe: Strip
         assert billed_so_far(tenant, H, H + timedelta(days=1)) is None  # never billed: no figure
         use(1000)
     with at(H + timedelta(hours=1, minutes=1)):
-        billing_push()
+        stripe_push()
     assert billed_so_far(tenant, H, H + timedelta(days=1)) == Decimal(30)
 
     def overview(role: str, end_user: str = "") -> str:
@@ -606,8 +606,8 @@ def test_runs_and_tags_are_billed_to_their_tenant_once(fake_stripe: StripeServer
     adjustments = BillingLine.objects.filter(kind="adjustment")
     assert sorted(line.amount for line in adjustments) == [-15, 0, 0]
     with at(H + timedelta(hours=1, minutes=1)):
-        result = billing_push()
+        result = stripe_push()
         assert result.sent == 1
-        assert billing_push().sent == 0  # nothing twice
+        assert stripe_push().sent == 0  # nothing twice
     # 30 + 6 + 3 billed; the voided 15 never left (netted out before sending).
     assert sent_units(fake_stripe, cid) == ledger_units() == 39_000_000

@@ -17,7 +17,7 @@ import pytest
 import time_machine
 from django.utils import timezone
 
-from llm_budgets.billing.delivery import billing_push, deliveries_build, hour_of
+from llm_budgets.billing.stripe_push import deliveries_build, hour_of, stripe_push
 from llm_budgets.models import MeterDelivery, MeterDeliveryState
 from llm_budgets.testing.fakes.stripe_server import MeterEvent, StripeServer
 from tests.factories import reserve_30
@@ -97,9 +97,9 @@ def test_a_push_killed_between_send_and_record_bills_once_on_rerun(
     if answer == "duplicate_identifier":
         fake_stripe.state.idempotency.clear()  # e.g. the key expired: the identifier still guards
     # The rerun is too early for the dead sender's lease: it sends the other two only.
-    assert billing_push().sent == 2
+    assert stripe_push().sent == 2
     with time_machine.travel(timezone.now() + timedelta(minutes=6), tick=False):
-        assert billing_push().sent == 1
+        assert stripe_push().sent == 1
     assert_each_fact_once(fake_stripe)
     assert len(fake_stripe.state.events) == 3
     if answer == "duplicate_identifier":

@@ -26,8 +26,8 @@ from llm_budgets.admin.base import (
     truncated,
     when_column,
 )
-from llm_budgets.billing.delivery import delivery_retry
 from llm_budgets.billing.links import stripe_customer_link, stripe_customer_unlink
+from llm_budgets.billing.stripe_push import delivery_retry
 from llm_budgets.billing.totals import billing_status, unpaid_invoices
 from llm_budgets.billing.webhook_shapes import body_text
 from llm_budgets.billing.webhooks import webhook_reprocess

@@ -3,7 +3,7 @@ meter events, exactly once (docs/billing.md).
 
 - :mod:`~llm_budgets.billing.links`: link and unlink a tenant to a Stripe customer.
 - :mod:`~llm_budgets.billing.outbox`: the outbox rows written in the ledger line's transaction.
-- :mod:`~llm_budgets.billing.delivery`: aggregation per customer, meter and closed hour; sending.
+- :mod:`~llm_budgets.billing.stripe_push`: aggregation per customer, meter and closed hour; sending.
 - :mod:`~llm_budgets.billing.reconciliation`: delivered hours against Stripe's summaries.
 - :mod:`~llm_budgets.billing.webhooks`: verified, stored, processed-once webhook events.
 - :mod:`~llm_budgets.billing.setup`: the meter and the metered price.

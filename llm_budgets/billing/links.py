@@ -8,13 +8,13 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
-from llm_budgets.billing.delivery import to_units
 from llm_budgets.billing.outbox import (
     STRIPE_WINDOW,
     lines_without_row,
     linked_cache_clear,
     outbox_catch_up,
 )
+from llm_budgets.billing.stripe_push import to_units
 from llm_budgets.conf import conf
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import (

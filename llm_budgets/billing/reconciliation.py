@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from llm_budgets import signals
 from llm_budgets.billing.client import stripe_client
-from llm_budgets.billing.delivery import HOUR, hour_of
+from llm_budgets.billing.stripe_push import HOUR, hour_of
 from llm_budgets.conf import conf
 from llm_budgets.models import (
     DeliveryKind,

@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from llm_budgets.billing.client import StripeNotConfigured
-from llm_budgets.billing.delivery import billing_push
+from llm_budgets.billing.stripe_push import stripe_push
 from llm_budgets.jobs.records import job_recorded
 from llm_budgets.schedule import STRIPE_PUSH
 
@@ -19,7 +19,7 @@ class Command(BaseCommand):
     @job_recorded(STRIPE_PUSH.task)
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            result = billing_push()
+            result = stripe_push()
         except StripeNotConfigured as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(f"Stripe push: {result}.")

@@ -1,5 +1,6 @@
-"""Delivery: pending outbox rows become meter events, one per customer, meter and closed hour,
-and are sent to Stripe exactly once.
+"""The Stripe push (task ``llm_budgets.stripe_push``, command ``llm_budgets_stripe_push``,
+:func:`stripe_push`): pending outbox rows become meter events, one per customer, meter and closed
+hour (each a :class:`MeterDelivery` row), and are sent to Stripe exactly once.
 
 1. **Build** (:func:`deliveries_build`): per customer and meter, in one transaction, lock the
    customer's balance and claim its pending rows of closed hours with
@@ -500,7 +501,7 @@ def delivery_retry(*, delivery_id: int, actor: str = "", now: datetime | None = 
     return bool(changed)
 
 
-def billing_push(*, now: datetime | None = None) -> PushResult:
+def stripe_push(*, now: datetime | None = None) -> PushResult:
     """What ``llm_budgets_stripe_push`` and the Celery task do: queue the rows that processes
     unaware of a recent link missed, build deliveries of closed hours, send what is due."""
     now = now or timezone.now()
@@ -523,10 +524,10 @@ def billing_push(*, now: datetime | None = None) -> PushResult:
 
 __all__ = [
     "PushResult",
-    "billing_push",
     "deliveries_build",
     "deliveries_send",
     "delivery_retry",
     "hour_of",
+    "stripe_push",
     "to_units",
 ]
