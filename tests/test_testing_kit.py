@@ -97,3 +97,17 @@ def test_fake_provider_fixtures_point_the_sdk_clients_at_them(
     assert message.usage.input_tokens == 30
     assert llmb_fake_openai.last.path == "/v1/chat/completions"
     assert llmb_fake_anthropic.last.path == "/v1/messages"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_round_trips_sees_the_statements_of_the_ledgers_own_connection() -> None:
+    """Outside a test's transaction the ledger commits on its own connection (PostgreSQL): the
+    reservation's statements are counted all the same."""
+    from llm_budgets.testing.queries import round_trips
+    from tests.factories import reserve_30, seed
+
+    seed()
+    with round_trips() as trips:
+        reserve_30(end_user="u1")
+    sent = [sql for trip in trips for sql in trip]
+    assert any("llm_budgets_reservation" in sql and "INSERT" in sql for sql in sent), sent
