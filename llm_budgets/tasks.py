@@ -124,20 +124,12 @@ def stripe_reconcile() -> int:
 
 @job_task(CREDITS_DAILY)
 def credits_daily() -> int:
-    """Expire due credit lots, bring the Stripe grants of lots whose live part changed into
-    step, then reconcile prepaid balances with Stripe; returns the number of differences (each
-    logged)."""
-    from llm_budgets.billing.credit_reconciliation import credits_reconcile
-    from llm_budgets.billing.credits import credits_expire
-    from llm_budgets.billing.topups import grants_follow
-    from llm_budgets.conf import conf
+    """Expire due credit lots, bring Stripe's grants into step and reconcile the prepaid balances
+    (``billing.credits_daily``); returns the number of differences (each logged)."""
+    from llm_budgets.billing import credits_daily as job
 
-    credits_expire()
-    if not conf.STRIPE_API_KEY:
-        return 0
-    grants_follow()
     differences = 0
-    for report in credits_reconcile():
+    for report in job.credits_daily():
         for difference in report.differences:
             logger.warning("prepaid balance of %s: %s", report.tenant, difference)
         differences += len(report.differences)

@@ -763,3 +763,32 @@ def test_an_expired_lot_reconciles_once_stripe_has_expired_its_grant_too(
     assert "expired but its Stripe grant" in reconciled()  # Stripe's clock is not there yet
     with time_machine.travel(now + timedelta(hours=2)):
         assert "acme: credit 15.00, available 0.00, Stripe available 0.00: clean" in reconciled()
+
+
+def test_the_daily_command_expires_lots_and_records_the_job_the_report_does_not(
+    fake_stripe: StripeServer,
+) -> None:
+    """The daily job as a command (hosts on cron): it expires due lots, as the task does, and
+    records the job for /health; the reconciliation report alone records nothing."""
+    from llm_budgets.models import JobRun
+    from llm_budgets.schedule import CREDITS_DAILY
+
+    prepaid(fake_stripe)
+    account = account_of("acme")
+    credit_add(account=account, amount="100", kind=LotKind.PAID, actor="t", reason="paid")
+    lot = credit_add(
+        account=account,
+        amount="50",
+        kind=LotKind.PROMOTIONAL,
+        expires_at=timezone.now() + timedelta(days=1),
+        actor="t",
+        reason="trial",
+    )
+    assert balance_state(account_of("acme")).available == Decimal(150)
+    reconciled()
+    assert not JobRun.objects.filter(task=CREDITS_DAILY.task).exists()
+    CreditLot.objects.filter(pk=lot.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    with contextlib.suppress(CommandError):  # exit 1 on a difference: the report says which
+        call_command("llm_budgets_credits_daily", stdout=StringIO())
+    assert balance_state(account_of("acme")).available == Decimal(100)  # the 50 expired
+    assert JobRun.objects.filter(task=CREDITS_DAILY.task).exists()
