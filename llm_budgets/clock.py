@@ -73,3 +73,8 @@ def timezone_choices() -> list[tuple[str, str]]:
     """Every IANA timezone name, for a select list (a timezone is chosen, never typed)."""
     names = sorted(available_timezones() - {"localtime", "Factory"})
     return [(name, name.replace("_", " ")) for name in names]
+
+
+def time_field(at: datetime) -> str:
+    """A time in an event body or another wire format: ISO 8601 in UTC with its offset."""
+    return at.astimezone(UTC).isoformat()

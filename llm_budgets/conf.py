@@ -473,15 +473,17 @@ V = TypeVar("V")
 class Setting(Generic[T]):
     """One key of ``LLM_BUDGETS``, declared as a class attribute (its name is the key): the
     default, the reader that types and checks a value, the id of the system check that runs that
-    reader, and one line saying what the key does. On an instance it reads as the typed value
-    (a list or dict as a copy, so a caller cannot change the value kept); on the class, the
-    declaration itself."""
+    reader, and one line saying what the key does. On an instance it reads as the typed value (a
+    list or dict as a shallow copy: a caller cannot add to or drop from the value kept); on the
+    class, the declaration itself."""
 
     def __init__(
         self, *, default: Any, read: Callable[[str, Any], T], check: str, doc: str
     ) -> None:
         self.default, self.read, self.check, self.doc = default, read, check, doc
         self.key = ""
+        # A list or dict (every such key's default is one) is read as a shallow copy.
+        self.copied = isinstance(default, list | dict)
 
     def __set_name__(self, owner: type, name: str) -> None:
         if name in SETTINGS:
@@ -507,8 +509,11 @@ class Setting(Generic[T]):
     def __get__(self, instance: object, owner: type | None = None) -> Setting[T] | T:
         if instance is None:
             return self
-        value = self.value()
-        return copy(value) if isinstance(value, list | dict) else value
+        try:  # the kept value, without a call: settings are read on the admission path
+            value = cast(T, _read[self.key])
+        except KeyError:
+            value = self.value()
+        return copy(value) if self.copied else value
 
 
 class _OrDefaultFromEmail(Setting[str | None]):

@@ -11,13 +11,13 @@ registered. The core imports no part: a host without a part has none of its writ
 
 Hooks run on the connection the core is writing through (inside ``ledger_connection()``, the
 ledger's own: ``django.db.connection`` routes there), so a hook's ORM writes and the statements
-it returns join the ledger's transaction. tests/test_ledger_writers.py covers each part's hooks.
+it returns join the ledger's transaction (tests/test_hooks.py, tests/test_ledger_writers.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -131,14 +131,11 @@ def line_written(record: UsageRecord) -> None:
         hooks.line_written(record)
 
 
-def acts_after_charge(tenant_id: int) -> bool:
-    return any(hooks.acts_after_charge(tenant_id) for hooks in _registered.values())
-
-
-def after_charge(tenant_id: int, now: datetime) -> None:
-    for hooks in _registered.values():
-        if hooks.acts_after_charge(tenant_id):
-            hooks.after_charge(tenant_id, now)
+def acting_after_charge(tenant_id: int) -> list[LedgerHooks]:
+    """The parts that may act after a charge for this tenant, asked once per settlement: the
+    settlement commits in the round trip of its last writes when there are none, else calls each
+    one's ``after_charge`` (asking again could query while the counters are locked)."""
+    return [hooks for hooks in _registered.values() if hooks.acts_after_charge(tenant_id)]
 
 
 def event_wanted(event_type: str, tenant_id: int | None) -> bool:
@@ -175,13 +172,3 @@ def events_record_many(
 ) -> None:
     for hooks in _registered.values():
         hooks.events_record_many(event_type, items, now=now, guard=guard)
-
-
-def money_field(amount: Decimal) -> str:
-    """Money in an event body: the exact decimal as a string (never a float)."""
-    return format(amount, "f")
-
-
-def time_field(at: datetime) -> str:
-    """A time in an event body: ISO 8601 in UTC with its offset."""
-    return at.astimezone(UTC).isoformat()

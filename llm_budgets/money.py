@@ -120,3 +120,9 @@ def rate_html(amount: Decimal | None, currency: str, unit: str = "1M tokens") ->
         exact(amount, currency),
         rate(amount, currency, unit),
     )
+
+
+def money_field(amount: Decimal) -> str:
+    """Money in an event body or another wire format: the exact decimal as a string (never a
+    float)."""
+    return format(amount, "f")

@@ -126,10 +126,10 @@ def stripe_reconcile() -> int:
 def credits_daily() -> int:
     """Expire due credit lots, bring Stripe's grants into step and reconcile the prepaid balances
     (``billing.credits_daily``); returns the number of differences (each logged)."""
-    from llm_budgets.billing import credits_daily as job
+    from llm_budgets.billing.credits_daily import credits_daily as run_daily
 
     differences = 0
-    for report in job.credits_daily():
+    for report in run_daily():
         for difference in report.differences:
             logger.warning("prepaid balance of %s: %s", report.tenant, difference)
         differences += len(report.differences)
@@ -140,10 +140,7 @@ def credits_daily() -> int:
 def recharges_send() -> int:
     """Pay pending auto-recharges off-session; returns how many were credited."""
     from llm_budgets.billing.recharge import recharges_send as send
-    from llm_budgets.conf import conf
 
-    if not conf.STRIPE_API_KEY:
-        return 0
     return send()["credited"]
 
 

@@ -791,4 +791,6 @@ def test_the_daily_command_expires_lots_and_records_the_job_the_report_does_not(
     with contextlib.suppress(CommandError):  # exit 1 on a difference: the report says which
         call_command("llm_budgets_credits_daily", stdout=StringIO())
     assert balance_state(account_of("acme")).available == Decimal(100)  # the 50 expired
-    assert JobRun.objects.filter(task=CREDITS_DAILY.task).exists()
+    run = JobRun.objects.get(task=CREDITS_DAILY.task)
+    assert run.finished_at is not None
+    assert run.failed_at is None, run.error

@@ -103,9 +103,12 @@ def test_fake_provider_fixtures_point_the_sdk_clients_at_them(
 def test_round_trips_sees_the_statements_of_the_ledgers_own_connection() -> None:
     """Outside a test's transaction the ledger commits on its own connection (PostgreSQL): the
     reservation's statements are counted all the same."""
+    from llm_budgets.db.ledger import ledger_joins_caller
     from llm_budgets.testing.queries import round_trips
     from tests.factories import reserve_30, seed
 
+    if ledger_joins_caller():
+        pytest.skip("the ledger has no connection of its own here (SQLite)")
     seed()
     with round_trips() as trips:
         reserve_30(end_user="u1")

@@ -35,9 +35,9 @@ from llm_budgets.alerts.confirmation import (
     confirmation_token,
 )
 from llm_budgets.alerts.emit import alert_emit, subscriptions_cache_clear
+from llm_budgets.clock import time_field
 from llm_budgets.conf import conf, email_address_valid
 from llm_budgets.exceptions import InvalidUsage
-from llm_budgets.hooks import time_field
 from llm_budgets.models import (
     AlertDelivery,
     AlertDeliveryState,

@@ -18,6 +18,7 @@ Checked per balance:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -174,3 +175,24 @@ def _ours(client: Any, customer: str) -> dict[str, dict[str, Any]]:
         if data.get("voided_at") is None and (METADATA_KEY in metadata or "llmb_lot" in metadata):
             found[data["id"]] = data
     return found
+
+
+def reports_written(write: Callable[[str], object], reports: list[BalanceReport]) -> int:
+    """Write each balance's line and its differences (the commands' output); returns how many
+    differences."""
+    bad = 0
+    for report in reports:
+        stripe = (
+            ""
+            if report.stripe_available is None
+            else f", Stripe available {display(report.stripe_available)}"
+        )
+        write(
+            f"{report.tenant}: credit {display(report.credit)}, available "
+            f"{display(report.available)}{stripe}: "
+            + ("clean" if not report.differences else f"{len(report.differences)} difference(s)")
+        )
+        for difference in report.differences:
+            write(f"  {difference}")
+        bad += len(report.differences)
+    return bad

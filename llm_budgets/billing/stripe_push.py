@@ -39,8 +39,8 @@ from llm_budgets.billing.outbox import (
     lines_resolve,
     outbox_catch_up,
 )
+from llm_budgets.clock import time_field
 from llm_budgets.conf import conf
-from llm_budgets.hooks import time_field
 from llm_budgets.models import (
     BillingLine,
     DeliveryKind,

@@ -42,6 +42,7 @@ from llm_budgets.billing.webhook_shapes import (
     event_identity,
     event_read,
 )
+from llm_budgets.clock import time_field
 from llm_budgets.conf import conf
 from llm_budgets.control.killswitches import (
     PAYMENT_FAILED_DETECTOR,
@@ -51,7 +52,6 @@ from llm_budgets.control.killswitches import (
 )
 from llm_budgets.db.ledger import on_ledger
 from llm_budgets.exceptions import Fault, InvalidUsage
-from llm_budgets.hooks import time_field
 from llm_budgets.models import (
     AuditEvent,
     InvoiceSettlement,

@@ -18,11 +18,11 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from llm_budgets import hooks, validation
+from llm_budgets.clock import time_field
 from llm_budgets.conf import conf
 from llm_budgets.db import statements as sql
 from llm_budgets.db.boundary import ledger_guard, ledger_transaction
 from llm_budgets.exceptions import InvalidUsage, KillSwitchActive, LedgerUnavailable
-from llm_budgets.hooks import time_field
 from llm_budgets.models import ApiKey, AuditEvent, EndUser, KillSwitch, Run, Tenant
 from llm_budgets.signals import kill_switch_cleared, kill_switch_tripped
 from llm_budgets.tenancy.runs import run_ensure, run_validate

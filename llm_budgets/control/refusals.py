@@ -11,11 +11,11 @@ import logging
 from datetime import datetime
 
 from llm_budgets import hooks
+from llm_budgets.clock import time_field
 from llm_budgets.db.boundary import ledger_transaction
 from llm_budgets.exceptions import BudgetExceeded, KillSwitchActive
-from llm_budgets.hooks import money_field, time_field
 from llm_budgets.models import Refusal, RefusalKind, Reservation
-from llm_budgets.money import money
+from llm_budgets.money import money, money_field
 from llm_budgets.windows import rolling_window
 
 logger = logging.getLogger("llm_budgets")

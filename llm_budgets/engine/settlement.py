@@ -21,6 +21,7 @@ from django.db.models import QuerySet, Sum
 from django.utils import timezone
 
 from llm_budgets import hooks, validation
+from llm_budgets.clock import time_field
 from llm_budgets.conf import conf
 from llm_budgets.db import dbclock
 from llm_budgets.db import statements as sql
@@ -47,7 +48,6 @@ from llm_budgets.exceptions import (
     UnknownPrice,
     UsageExceedsHold,
 )
-from llm_budgets.hooks import money_field, time_field
 from llm_budgets.models import (
     LIVE_STATES,
     AuditEvent,
@@ -61,7 +61,7 @@ from llm_budgets.models import (
     UsageKind,
     UsageRecord,
 )
-from llm_budgets.money import ZERO, round_charge
+from llm_budgets.money import ZERO, money_field, round_charge
 from llm_budgets.pricing.costs import actual_cost, customer_charge, worst_case
 from llm_budgets.pricing.prices import price_in_effect
 from llm_budgets.request import service_tier_validate
@@ -443,7 +443,7 @@ def _commit(
         billed = hooks.settlement_writes(
             reservation, kind=kind, customer_cost=charge.customer, now=now
         )
-        after = hooks.acts_after_charge(reservation.tenant_id)
+        after = hooks.acting_after_charge(reservation.tenant_id)
         _move(
             reservation,
             reserved=-unhold,
@@ -452,8 +452,8 @@ def _commit(
             last=not after,
             now=now,
         )
-        if after:  # e.g. a prepaid balance with auto-recharge: this commit may cross it
-            hooks.after_charge(reservation.tenant_id, now)
+        for part in after:  # e.g. a prepaid balance with auto-recharge: this commit may cross it
+            part.after_charge(reservation.tenant_id, now)
         _announce_settled(reservation, ReservationState.COMMITTED, provider_cost)
     if beyond is not None:  # after the commit: the ledger has it
         event_log(

@@ -30,10 +30,10 @@ from django.utils import timezone
 
 from llm_budgets import hooks
 from llm_budgets.alerts.endpoints import warning_recipients
+from llm_budgets.clock import time_field
 from llm_budgets.conf import conf
 from llm_budgets.db.boundary import ledger_transaction
 from llm_budgets.engine.types import DIMENSIONS, ApplicableBudget
-from llm_budgets.hooks import money_field, time_field
 from llm_budgets.models import (
     ApiKey,
     Budget,
@@ -47,6 +47,7 @@ from llm_budgets.models import (
     ThresholdCrossing,
     Window,
 )
+from llm_budgets.money import money_field
 from llm_budgets.reads.projections import with_projections
 from llm_budgets.reads.statuses import statuses_for
 from llm_budgets.signals import threshold_crossed

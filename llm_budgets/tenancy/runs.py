@@ -11,8 +11,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from llm_budgets import hooks, validation
+from llm_budgets.clock import time_field
 from llm_budgets.exceptions import RunClosed
-from llm_budgets.hooks import time_field
 from llm_budgets.models import AuditEvent, Counter, Run, Tenant
 from llm_budgets.tenancy.tenants import tenant_get
 

@@ -5,7 +5,6 @@ from typing import Any
 from django.core.management.base import BaseCommand
 
 from llm_budgets.billing.recharge import recharges_send
-from llm_budgets.conf import conf
 from llm_budgets.jobs.records import job_recorded
 from llm_budgets.schedule import RECHARGES_SEND
 
@@ -18,9 +17,6 @@ class Command(BaseCommand):
 
     @job_recorded(RECHARGES_SEND.task)
     def handle(self, *args: Any, **options: Any) -> None:
-        if not conf.STRIPE_API_KEY:
-            self.stdout.write("Auto-recharges: STRIPE_API_KEY is not set; pending ones wait.")
-            return
         counts = recharges_send()
         self.stdout.write(
             "Auto-recharges: "
