@@ -7,6 +7,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core import mail
@@ -315,7 +316,10 @@ def test_control_pages_render_for_a_superuser(tenant: Tenant, model: type) -> No
     changelist = client.get(reverse(f"admin:llm_budgets_{name}_changelist") + "?q=acme")
     assert changelist.status_code == 200
     row = model.objects.get()
-    assert client.get(reverse(f"admin:llm_budgets_{name}_change", args=[row.pk])).status_code == 200
+    assert (
+        client.get(reverse(f"admin:llm_budgets_{name}_change", args=[quote(row.pk)])).status_code
+        == 200
+    )
     add = client.get(reverse(f"admin:llm_budgets_{name}_add"))
     assert add.status_code == (403 if model is Refusal else 200)
 

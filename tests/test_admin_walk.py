@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 from django.contrib import admin
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.db.models import Model
 from django.test import RequestFactory
@@ -312,7 +313,7 @@ def admin_pages(user: Any) -> tuple[list[tuple[str, str]], list[tuple[str, str, 
         if row is None:
             empty.append(label)
         else:
-            pages.append((f"{label} change", reverse(f"{info}_change", args=[row.pk])))
+            pages.append((f"{label} change", reverse(f"{info}_change", args=[quote(row.pk)])))
             pages.append((f"{label} history", reverse(f"{info}_history", args=[row.pk])))
         if model_admin.has_add_permission(request):
             pages.append((f"{label} add", reverse(f"{info}_add")))
