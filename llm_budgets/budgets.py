@@ -421,26 +421,7 @@ def reserve(
     provider prices ``model``. With ``allow_degrade=True`` the plan's degradation ladder may
     grant a cheaper model or a lower output ceiling: call the provider with ``hold.model`` and
     ``hold.max_output_tokens``."""
-    return Hold(
-        admission.reservation_admit(
-            Request(
-                tenant=tenant,
-                end_user=end_user,
-                provider=provider,
-                model=model,
-                input_tokens=input_tokens,
-                max_output_tokens=max_output_tokens,
-                idempotency_key=idempotency_key,
-                ttl=ttl,
-                messages=messages,
-                prompt=prompt,
-                max_tool_calls=max_tool_calls,
-                allow_degrade=allow_degrade,
-                tags=tags,
-                run=run,
-            )
-        )
-    )
+    return Hold(admission.reservation_admit(Request.from_arguments(locals())))
 
 
 @ledger_guard("quote")
@@ -463,22 +444,7 @@ def quote(
     the unknown-model policy) and the budgets the request would draw on (with the run's and
     the tags' own). Takes what ``reserve`` takes, but ``idempotency_key`` and ``allow_degrade``
     (a quote holds nothing)."""
-    return quotes.request_quote(
-        Request(
-            tenant=tenant,
-            model=model,
-            provider=provider,
-            input_tokens=input_tokens,
-            messages=messages,
-            prompt=prompt,
-            max_output_tokens=max_output_tokens,
-            end_user=end_user,
-            ttl=ttl,
-            max_tool_calls=max_tool_calls,
-            run=run,
-            tags=tags,
-        )
-    )
+    return quotes.request_quote(Request.from_arguments(locals()))
 
 
 def commit(
@@ -652,22 +618,7 @@ def explain(
     """Every budget and kill switch that applies to this would-be request, with its state and
     whether the request would fit. Holds nothing. Takes what ``quote`` takes: what ``reserve``
     takes, but ``idempotency_key`` and ``allow_degrade``."""
-    return explanations.request_explain(
-        Request(
-            tenant=tenant,
-            model=model,
-            provider=provider,
-            input_tokens=input_tokens,
-            messages=messages,
-            prompt=prompt,
-            max_output_tokens=max_output_tokens,
-            end_user=end_user,
-            ttl=ttl,
-            max_tool_calls=max_tool_calls,
-            run=run,
-            tags=tags,
-        )
-    )
+    return explanations.request_explain(Request.from_arguments(locals()))
 
 
 def sweep(*, now: datetime | None = None, batch_size: int = settlement.SWEEP_BATCH) -> int:

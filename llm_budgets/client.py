@@ -647,21 +647,7 @@ class _Api(Generic[HoldT]):
         ``input_tokens``, or ``messages`` / ``prompt`` for the server to count. With
         ``allow_degrade`` the plan's ladder may grant less: read ``hold.model``,
         ``hold.max_output_tokens`` and ``hold.degraded``."""
-        call = Request(
-            tenant=tenant,
-            model=model,
-            input_tokens=input_tokens,
-            max_output_tokens=max_output_tokens,
-            end_user=end_user,
-            provider=provider,
-            ttl=ttl,
-            messages=messages,
-            prompt=prompt,
-            max_tool_calls=max_tool_calls,
-            tags=tags,
-            allow_degrade=allow_degrade,
-            run=run,
-        )
+        call = Request.from_arguments(locals())
         return self._held((yield _post("reservations", call.wire(), idempotency_key)))
 
     def _quote(
@@ -682,20 +668,7 @@ class _Api(Generic[HoldT]):
     ) -> Steps[RemoteQuote]:
         """Explain a price without holding anything: the itemised worst case, the price version
         (or policy) and each budget the request would draw on, with whether it fits now."""
-        call = Request(
-            tenant=tenant,
-            model=model,
-            input_tokens=input_tokens,
-            max_output_tokens=max_output_tokens,
-            end_user=end_user,
-            provider=provider,
-            messages=messages,
-            prompt=prompt,
-            max_tool_calls=max_tool_calls,
-            ttl=ttl,
-            run=run,
-            tags=tags,
-        )
+        call = Request.from_arguments(locals())
         return RemoteQuote.from_json((yield _get("quote", params=call.wire(query=True))))
 
     def _close_run(

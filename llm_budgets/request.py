@@ -90,6 +90,15 @@ class Request:
         """A checked request from these fields (:meth:`checked`)."""
         return cls(**fields).checked()
 
+    @classmethod
+    def from_arguments(cls, arguments: Mapping[str, Any]) -> Request:
+        """The request a surface's own arguments describe, built as given: ``budgets.reserve``,
+        ``quote`` and ``explain`` and the client's pass their ``locals()`` on entry (a method's
+        ``self`` left out), each of their parameters a field of this class
+        (tests/test_request.py), so the fields are named here alone. A name that is no field
+        is a ``TypeError``, as a misspelt keyword is."""
+        return cls(**{name: value for name, value in arguments.items() if name != "self"})
+
     def checked(self) -> Request:
         """This request with every field validated and in its canonical form (identifiers
         NFKC-normalised, ``tags`` and ``max_tool_calls`` as plain dicts, ``service_tier`` ``""``

@@ -234,3 +234,12 @@ def test_a_request_cannot_be_marked_checked_by_hand() -> None:
 
 def test_a_timedelta_ttl_goes_on_the_wire_never_shorter() -> None:
     assert Request(model="m", ttl=timedelta(seconds=1.5)).wire()["ttl_seconds"] == 2
+
+
+def test_a_surfaces_arguments_are_its_request() -> None:
+    """``Request.from_arguments(locals())``: a method's ``self`` is no field; any other name
+    that is none is refused, as a misspelt keyword is."""
+    asked = Request.from_arguments({"self": object(), "tenant": "t", "model": "m", "ttl": 60})
+    assert asked == Request(tenant="t", model="m", ttl=60)
+    with pytest.raises(TypeError):
+        Request.from_arguments({"model": "m", "ttl_seconds": 60})
