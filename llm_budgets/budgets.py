@@ -57,7 +57,7 @@ from llm_budgets.results import (
     hold_state,
 )
 from llm_budgets.tenancy import runs, tenants
-from llm_budgets.usage import Usage
+from llm_budgets.usage import Usage, usage_keywords
 
 logger = logging.getLogger("llm_budgets")
 
@@ -200,15 +200,7 @@ class Hold(HoldPolicy, AsyncHoldPolicy):
         (the public convention: ``input_tokens`` includes cache reads and writes; see
         ``llm_budgets.usage``) or ``usage=llm_budgets.usage.from_anthropic(response.usage)``."""
         self._result = settlement.reservation_commit(
-            self.id,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cached_input_tokens=cached_input_tokens,
-            cache_write_tokens=cache_write_tokens,
-            cache_write_1h_tokens=cache_write_1h_tokens,
-            reasoning_tokens=reasoning_tokens,
-            tool_calls=tool_calls,
-            usage=usage,
+            self.id, **usage_keywords(locals()), usage=usage
         )
         self._reservation.state = self._result.state
         return self._result
@@ -460,17 +452,7 @@ def commit(
     usage: Usage | None = None,
 ) -> CommitResult:
     """Commit a reservation by id (e.g. from another process); counts as in ``Hold.commit``."""
-    return settlement.reservation_commit(
-        hold_id,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        cached_input_tokens=cached_input_tokens,
-        cache_write_tokens=cache_write_tokens,
-        cache_write_1h_tokens=cache_write_1h_tokens,
-        reasoning_tokens=reasoning_tokens,
-        tool_calls=tool_calls,
-        usage=usage,
-    )
+    return settlement.reservation_commit(hold_id, **usage_keywords(locals()), usage=usage)
 
 
 def release(hold_id: UUID | str) -> HoldState:

@@ -36,7 +36,6 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime
 from decimal import Decimal
 from typing import (
-    TYPE_CHECKING,
     Any,
     Concatenate,
     Generic,
@@ -62,9 +61,7 @@ from llm_budgets.results import (
     KillSwitchResult,
     hold_state,
 )
-
-if TYPE_CHECKING:
-    from llm_budgets.usage import Usage
+from llm_budgets.usage import Usage, usage_keywords
 
 logger = logging.getLogger("llm_budgets.client")
 
@@ -501,17 +498,7 @@ class _RemoteHoldData:
         """Charge actual usage; returns ``cost`` and ``overage``. Idempotent. Counts as in
         ``budgets.Hold.commit``: ``input_tokens`` includes cache reads and writes, or pass
         ``usage=llm_budgets.usage.from_anthropic(response.usage)``."""
-        result = yield from self._client._commit(
-            self.id,
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cached_input_tokens=cached_input_tokens,
-            cache_write_tokens=cache_write_tokens,
-            cache_write_1h_tokens=cache_write_1h_tokens,
-            reasoning_tokens=reasoning_tokens,
-            tool_calls=tool_calls,
-            usage=usage,
-        )
+        result = yield from self._client._commit(self.id, **usage_keywords(locals()), usage=usage)
         self._data["state"] = result.state
         return result
 
@@ -712,16 +699,8 @@ class _Api(Generic[HoldT]):
         """Commit a reservation by id; counts as in ``RemoteHold.commit``."""
         if usage is not None:
             body = usage.as_fields()
-        else:  # the fields of ``llm_budgets.usage.Usage``, in its order
-            body = {
-                "input_tokens": input_tokens,
-                "output_tokens": output_tokens,
-                "cached_input_tokens": cached_input_tokens,
-                "cache_write_tokens": cache_write_tokens,
-                "cache_write_1h_tokens": cache_write_1h_tokens,
-                "reasoning_tokens": reasoning_tokens,
-                "tool_calls": tool_calls,
-            }
+        else:
+            body = usage_keywords(locals())
             if not tool_calls:
                 del body["tool_calls"]
         data = yield _post(f"reservations/{hold_id}/commit", body, idempotency_key)

@@ -42,6 +42,14 @@ class Usage:
         return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
 
 
+def usage_keywords(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The usage among a commit's arguments (its ``locals()`` on entry), one keyword per field of
+    :class:`Usage`, in its order: each commit (``budgets.commit``, ``Hold.commit``, the client's,
+    ``settlement.reservation_commit``) takes them all, so they are named here alone. A field a
+    commit does not take is a ``KeyError``."""
+    return {f.name: arguments[f.name] for f in fields(Usage)}
+
+
 def usage_validate(
     *,
     input_tokens: object,

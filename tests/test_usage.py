@@ -10,7 +10,7 @@ import pytest
 from llm_budgets import budgets
 from llm_budgets.exceptions import InvalidUsage
 from llm_budgets.models import UsageRecord
-from llm_budgets.usage import Usage, from_anthropic, from_openai, usage_validate
+from llm_budgets.usage import Usage, from_anthropic, from_openai, usage_keywords, usage_validate
 
 # The same call as each provider reports it: 10,000 input tokens of which 6,000 were read from the
 # cache and 2,000 written to it (500 of those to the 1-hour cache), 300 output tokens.
@@ -169,3 +169,12 @@ def test_both_shapes_charge_the_same_through_commit() -> None:
         2_000,
     )
     assert (line.cache_write_1h_tokens, line.tool_calls) == (500, {"web_search": 2})
+
+
+def test_each_commit_takes_every_field_of_usage_as_a_keyword() -> None:
+    """``usage_keywords(locals())``: Usage's fields among a commit's arguments, the others left
+    out; a commit that lacks one is a KeyError, not a count silently dropped."""
+    counts = Usage(input_tokens=3, output_tokens=2, tool_calls={"web_search": 1}).as_fields()
+    assert usage_keywords({"self": None, "hold_id": "h", **counts, "usage": None}) == counts
+    with pytest.raises(KeyError):
+        usage_keywords({"input_tokens": 3, "output_tokens": 2})

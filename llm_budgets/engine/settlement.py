@@ -67,7 +67,7 @@ from llm_budgets.pricing.prices import price_in_effect
 from llm_budgets.request import service_tier_validate
 from llm_budgets.results import CommitResult as CommitResult  # its home until issue #10
 from llm_budgets.signals import reservation_settled
-from llm_budgets.usage import Usage, usage_validate, usage_within_hold
+from llm_budgets.usage import Usage, usage_keywords, usage_validate, usage_within_hold
 
 
 def _held(reservation: Reservation) -> Amounts:
@@ -341,15 +341,7 @@ def reservation_commit(
     charge up (or down) to the actual cost. Usage the hold could not have produced is refused
     (``usage.usage_within_hold``) unless the host records it (``USAGE_BEYOND_HOLD``)."""
     if usage is None:
-        usage = usage_validate(
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            cached_input_tokens=cached_input_tokens,
-            cache_write_tokens=cache_write_tokens,
-            cache_write_1h_tokens=cache_write_1h_tokens,
-            reasoning_tokens=reasoning_tokens,
-            tool_calls=tool_calls,
-        )
+        usage = usage_validate(**usage_keywords(locals()))
     return _commit(_reservation_id(reservation_id), usage, now or timezone.now())
 
 
