@@ -447,7 +447,6 @@ def test_the_demo_delivers_a_tenants_usage_exactly_once() -> None:
 def test_a_line_committed_by_a_process_unaware_of_a_new_link_is_caught_up(
     fake_stripe: StripeServer,
 ) -> None:
-    import time
 
     from llm_budgets.billing import outbox
     from llm_budgets.models import StripeCustomerLink
@@ -455,7 +454,7 @@ def test_a_line_committed_by_a_process_unaware_of_a_new_link_is_caught_up(
     with at(H + timedelta(minutes=1)):
         cid = set_up(fake_stripe)
         # Another process's cache, read just before the link: it knows of no linked tenant.
-        outbox._linked = (time.monotonic(), frozenset())
+        outbox.LINKED.keep(())
         try:
             use(1000)
         finally:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -25,12 +24,12 @@ from django.db.models import Q
 from django.utils import timezone
 
 from llm_budgets.alerts.bodies import WARNING_EMAIL_TYPES, body_check, schema_of
+from llm_budgets.db.cached import CachedSet
 from llm_budgets.models import AlertDelivery, AlertEndpoint, AlertEvent, EndpointKind, Tenant
 
 logger = logging.getLogger("llm_budgets")
 
 SUBSCRIBED_TTL = 10.0
-_subscribed: tuple[float, frozenset[tuple[int | None, str]]] | None = None
 _lock = threading.Lock()
 
 # Dedupe keys this process emitted (or found taken), so a repeated cause (a budget refusing call
@@ -59,29 +58,21 @@ def delivery_uid() -> str:
     return f"dlv_{uuid.uuid4().hex}"
 
 
-def _subscriptions() -> frozenset[tuple[int | None, str]]:
-    global _subscribed
-    now = time.monotonic()
-    cached = _subscribed
-    if cached is None or now - cached[0] > SUBSCRIBED_TTL:
-        pairs = frozenset(
-            (tenant_id, str(event_type))
-            for tenant_id, kind, types in AlertEndpoint.objects.filter(enabled=True).values_list(
-                "tenant_id", "kind", "event_types"
-            )
-            for event_type in types or ()
-            if not warning_email(kind, tenant_id, event_type)
-        )
-        with _lock:
-            _subscribed = cached = (now, pairs)
-    return cached[1]
+def _subscriptions_read() -> Iterator[tuple[int | None, str]]:
+    for tenant_id, kind, types in AlertEndpoint.objects.filter(enabled=True).values_list(
+        "tenant_id", "kind", "event_types"
+    ):
+        for event_type in types or ():
+            if not warning_email(kind, tenant_id, event_type):
+                yield tenant_id, str(event_type)
+
+
+SUBSCRIPTIONS: CachedSet[tuple[int | None, str]] = CachedSet(SUBSCRIBED_TTL, _subscriptions_read)
 
 
 def subscriptions_cache_clear() -> None:
     """Forget the cached subscriptions (this process re-reads them on its next emit)."""
-    global _subscribed
-    with _lock:
-        _subscribed = None
+    SUBSCRIPTIONS.clear()
 
 
 def alerts_cache_clear() -> None:
@@ -93,7 +84,7 @@ def alerts_cache_clear() -> None:
 
 def subscribed(event_type: str, tenant_id: int | None) -> bool:
     """Whether some enabled endpoint may want ``event_type`` of ``tenant_id`` (cached)."""
-    pairs = _subscriptions()
+    pairs = SUBSCRIPTIONS.get()
     if (None, event_type) in pairs:
         return True
     return (
@@ -105,7 +96,7 @@ def subscribed(event_type: str, tenant_id: int | None) -> bool:
 
 def subscribed_by_any(event_type: str) -> bool:
     """Whether some enabled endpoint, of any owner, subscribes to ``event_type`` (cached)."""
-    return any(pair[1] == event_type for pair in _subscriptions())
+    return any(pair[1] == event_type for pair in SUBSCRIPTIONS.get())
 
 
 def _endpoints_for(event_type: str, tenant_ids: set[int | None]) -> list[AlertEndpoint]:

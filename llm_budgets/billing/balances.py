@@ -8,44 +8,34 @@ that concurrent commits serialise on: one row per crossing, however many commits
 A credited top-up that lifts the balance back to X or more arms it again (``billing/credits``).
 
 Tenants without a rule pay nothing: each process keeps the set of tenants with one, re-read at
-most every ``RULES_TTL`` seconds (as ``billing.outbox`` keeps the linked tenants); a rule set in
+most every 30 seconds (as ``billing.outbox`` keeps the linked tenants); a rule set in
 another process applies here within that long.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from datetime import datetime
 
+from llm_budgets.db.cached import CachedSet
 from llm_budgets.models import Counter, CreditAccount, TopUp, TopUpKind
 from llm_budgets.windows import LIFETIME_START
 
-RULES_TTL = 30.0
-_rules: tuple[float, frozenset[int]] | None = None
-_rules_lock = threading.Lock()
+# Tenants with a recharge rule, re-read at most every 30 seconds per process.
+RULES = CachedSet(
+    30.0,
+    lambda: CreditAccount.objects.filter(recharge_below__isnull=False).values_list(
+        "tenant_id", flat=True
+    ),
+)
 
 
 def tenant_may_recharge(tenant_id: int) -> bool:
-    global _rules
-    now = time.monotonic()
-    cached = _rules
-    if cached is None or now - cached[0] > RULES_TTL:
-        ids = frozenset(
-            CreditAccount.objects.filter(recharge_below__isnull=False).values_list(
-                "tenant_id", flat=True
-            )
-        )
-        with _rules_lock:
-            _rules = cached = (now, ids)
-    return tenant_id in cached[1]
+    return tenant_id in RULES.get()
 
 
 def recharge_rules_clear() -> None:
     """Forget the cached rules (this process re-reads them on its next commit)."""
-    global _rules
-    with _rules_lock:
-        _rules = None
+    RULES.clear()
 
 
 def recharge_trigger(tenant_id: int, now: datetime) -> TopUp | None:

@@ -14,8 +14,6 @@ lines that have none (at linking, and by delivery until ``CATCH_UP_MARGIN`` afte
 from __future__ import annotations
 
 import functools
-import threading
-import time
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -24,6 +22,7 @@ from django.db.models import Exists, OuterRef, Q, Subquery
 
 from llm_budgets.conf import conf
 from llm_budgets.db import statements as sql
+from llm_budgets.db.cached import CachedSet
 from llm_budgets.models import (
     BillingLine,
     Reservation,
@@ -120,37 +119,27 @@ def estimate_rows(source: sql.Statement, clock: sql.Statement) -> sql.Statement:
     return text, [UsageKind.CHARGE.value, conf.STRIPE_METER_EVENT_NAME, *clock[1], *source[1]]
 
 
-# The ids of linked tenants, per process, re-read at most every LINKED_TTL seconds (one small
-# query). Stale for at most that long after a link made by another process: the lines such a
-# process commits meanwhile are added by ``outbox_catch_up``, which delivery runs for every link
-# until CATCH_UP_MARGIN after it was made. A stale "linked" costs nothing: the statement's own
-# join decides.
-LINKED_TTL = 30.0
+# The ids of linked tenants, per process, re-read at most every 30 seconds (one small query).
+# Stale for at most that long after a link made by another process: the lines such a process
+# commits meanwhile are added by ``outbox_catch_up``, which delivery runs for every link until
+# CATCH_UP_MARGIN after it was made. A stale "linked" costs nothing: the statement's own join
+# decides.
 CATCH_UP_MARGIN = timedelta(minutes=10)
-_linked: tuple[float, frozenset[int]] | None = None
-_linked_lock = threading.Lock()
+LINKED = CachedSet(
+    30.0,
+    lambda: StripeCustomerLink.objects.filter(unlinked_at__isnull=True).values_list(
+        "tenant_id", flat=True
+    ),
+)
 
 
 def tenant_may_be_linked(tenant_id: int) -> bool:
-    global _linked
-    now = time.monotonic()
-    cached = _linked
-    if cached is None or now - cached[0] > LINKED_TTL:
-        ids = frozenset(
-            StripeCustomerLink.objects.filter(unlinked_at__isnull=True).values_list(
-                "tenant_id", flat=True
-            )
-        )
-        with _linked_lock:
-            _linked = cached = (now, ids)
-    return tenant_id in cached[1]
+    return tenant_id in LINKED.get()
 
 
 def linked_cache_clear() -> None:
     """Forget the cached linked tenants (this process re-reads them on its next settlement)."""
-    global _linked
-    with _linked_lock:
-        _linked = None
+    LINKED.clear()
 
 
 def _event_name(tenant: Tenant) -> str:
