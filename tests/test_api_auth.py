@@ -193,7 +193,12 @@ def test_each_key_is_throttled_on_its_own() -> None:
     seed()
     cache.clear()
     first, second = client_for(new_key("acme")), client_for(new_key("acme"))
-    with override_settings(LLM_BUDGETS={"API_THROTTLE_RATE": "2/minute"}):
+    # The windows are the clock's minutes: the three requests in one, whenever the test runs.
+    next_minute = timezone.now().replace(second=1, microsecond=0) + timedelta(minutes=1)
+    with (
+        time_machine.travel(next_minute, tick=False),
+        override_settings(LLM_BUDGETS={"API_THROTTLE_RATE": "2/minute"}),
+    ):
         assert [status_of(first).status_code for _ in range(2)] == [200, 200]
         throttled = status_of(first)
         assert throttled.status_code == 429
