@@ -145,6 +145,16 @@ def _forget_linked_tenants() -> None:
 
 
 @pytest.fixture(autouse=True)
+def _forget_response_chains() -> None:
+    # The guards remember answered responses by (tenant, provider, id), per process; the fake
+    # providers number their ids from 1 in each test, so an earlier test's record would hold a
+    # later test's call at the wrong chain.
+    from llm_budgets.integrations.chains import chains_clear
+
+    chains_clear()
+
+
+@pytest.fixture(autouse=True)
 def _forget_alert_subscriptions() -> None:
     # Alerts cache which (tenant, type) pairs have endpoints, per process: ids repeat after a
     # test's rollback too.

@@ -20,7 +20,6 @@ from asgiref.sync import async_to_sync
 
 from llm_budgets import budgets
 from llm_budgets.exceptions import InvalidUsage, OutputCeilingRequired
-from llm_budgets.integrations.chains import chains_clear
 from llm_budgets.integrations.guarding import SEARCH_CONTENT_TOKENS_PER_USE, NotGuarded
 from llm_budgets.integrations.images import openai_image_tokens
 from llm_budgets.integrations.openai import guard
@@ -66,11 +65,9 @@ class FakeOpenAIWithEmbeddings(FakeOpenAI):
 def fake() -> Iterator[FakeOpenAIWithEmbeddings]:
     seed_tenant()
     budgets.set_limit(tenant="acme", amount=Decimal("10000000"), window="month")
-    chains_clear()
     server = FakeOpenAIWithEmbeddings()
     yield server
     server.stop()
-    chains_clear()
 
 
 def _client(base_url: str) -> Any:
